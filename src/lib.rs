@@ -1,0 +1,3 @@
+//! kodx: an LLM agent working in real shells inside a hardened Docker container.
+
+pub mod sandbox;

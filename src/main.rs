@@ -1,0 +1,68 @@
+//! The `kodx` binary.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod doctor;
+
+#[derive(Parser)]
+#[command(
+    name = "kodx",
+    version,
+    about = "An LLM agent in real shells inside a hardened Docker container"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check Docker and the configuration; say what is wrong and how to fix it.
+    Doctor(doctor::DoctorArgs),
+    /// Measure the engine and print figures (median and p95).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn init_tracing() {
+    use tracing_subscriber::{fmt, EnvFilter};
+    let filter = EnvFilter::try_from_env("KODX_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if std::env::var("KODX_LOG_FORMAT").is_ok_and(|v| v == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    // Ctrl-C (or SIGTERM) removes every container this process made, then exits.
+    tokio::spawn(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let n = kodx::sandbox::docker::remove_all_live().await;
+        eprintln!("kodx: interrupted; removed {n} sandbox container(s)");
+        std::process::exit(130);
+    });
+    let result = match cli.command {
+        Command::Doctor(args) => doctor::run(args).await,
+        Command::Bench(cmd) => bench::run(cmd).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kodx: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,1811 @@
+//! Tar streams into and out of the container (SPEC §6).
+//!
+//! Files cross the container boundary only as tar streams. The tar that goes in is built
+//! here from a host directory ([`pack_dir`]) together with a [`Manifest`] of what went in.
+//! The tar that comes out is hostile — a model with root in the container may plant
+//! anything — so it is first parsed into a validated in-memory tree (file contents borrow
+//! from the tar bytes) and only then written out ([`extract`], [`replace_dir`]) or compared
+//! with the baseline ([`change_set`]). A single bad entry refuses the whole operation.
+
+use std::collections::{btree_map, BTreeMap, BTreeSet};
+use std::fs::{self, Metadata, OpenOptions, Permissions};
+use std::io::{self, Write};
+use std::os::unix::fs::{symlink, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
+use tar::{EntryType, Header};
+
+use super::{Result, SandboxError};
+
+/// Longest entry name or symlink target accepted (Linux's PATH_MAX).
+const MAX_NAME_BYTES: usize = 4096;
+/// Most symlinks followed while checking where one symlink leads (Linux's limit).
+const MAX_SYMLINK_HOPS: usize = 40;
+
+/// Size limits for a tar coming out of the container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest single regular file, in bytes.
+    pub max_file_bytes: u64,
+    /// Largest sum of all regular files (hard-link copies included), in bytes.
+    pub max_total_bytes: u64,
+    /// Most entries in the archive.
+    pub max_entries: usize,
+}
+
+impl Default for Limits {
+    /// 100 MiB per file, 2 GiB in total, 500 000 entries.
+    fn default() -> Self {
+        Limits {
+            max_file_bytes: 100 << 20,
+            max_total_bytes: 2 << 30,
+            max_entries: 500_000,
+        }
+    }
+}
+
+/// The baseline: what was copied into the container. Paths are relative to the tree root,
+/// '/'-separated, without a leading "./".
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Manifest {
+    entries: BTreeMap<String, ManifestEntry>,
+}
+
+/// One path of a [`Manifest`]. Modes are the permission bits (`& 0o7777`) as on disk.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ManifestEntry {
+    File {
+        mode: u32,
+        size: u64,
+        sha256: [u8; 32],
+    },
+    Symlink {
+        target: String,
+    },
+    Dir {
+        mode: u32,
+    },
+}
+
+impl Manifest {
+    /// Number of paths (files, symlinks and directories).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when the tree was empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The entry at `path` (relative, e.g. "src/main.rs").
+    pub fn get(&self, path: &str) -> Option<&ManifestEntry> {
+        self.entries.get(path)
+    }
+}
+
+/// The exact difference between a tree taken out of the container and its [`Manifest`],
+/// over files and symlinks (directories are implicit, as in git), sorted by path.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ChangeSet {
+    pub changes: Vec<Change>,
+}
+
+/// One changed path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub path: String,
+    pub kind: ChangeKind,
+}
+
+/// What happened to a path.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChangeKind {
+    /// Not in the baseline (or only as a directory).
+    Added(NewEntry),
+    /// Contents (file data, symlink target, or the kind of entry) and/or permission bits changed.
+    Modified {
+        new: NewEntry,
+        content_changed: bool,
+        mode_changed: bool,
+    },
+    /// In the baseline as a file or symlink, gone now.
+    Deleted,
+}
+
+/// The new state of an added or modified path. File modes are permission bits (`& 0o777`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum NewEntry {
+    File { mode: u32, contents: Vec<u8> },
+    Symlink { target: String },
+}
+
+/// Packs the host directory `src` into a tar whose entries live under `prefix/` (at the top
+/// when `prefix` is ""), with a directory entry (mode 0755) for a non-empty `prefix` itself.
+///
+/// Permission bits (`& 0o7777`) and mtimes are kept, owner is uid/gid 0 ("root"), symlinks
+/// are stored as symlinks with their target text verbatim, and sockets, FIFOs and devices
+/// are skipped. Entries come in sorted order, so the same tree gives the same tar.
+/// Returns the tar and the baseline manifest (paths relative to `src`, without `prefix`).
+/// Names and symlink targets must be UTF-8.
+pub fn pack_dir(src: &Path, prefix: &str) -> Result<(Vec<u8>, Manifest)> {
+    if !prefix.is_empty() {
+        check_rel(prefix).map_err(|why| {
+            SandboxError::InvalidInput(format!("bad archive prefix {prefix:?}: {why}"))
+        })?;
+    }
+    let meta = fs::metadata(src).map_err(io_at("reading", src))?;
+    if !meta.is_dir() {
+        return Err(SandboxError::InvalidInput(format!(
+            "{} is not a directory",
+            src.display()
+        )));
+    }
+    let mut packer = Packer {
+        builder: tar::Builder::new(Vec::new()),
+        manifest: Manifest::default(),
+        prefix,
+    };
+    if !prefix.is_empty() {
+        let mut h = header(EntryType::Directory, 0o755, mtime(&meta), 0);
+        packer
+            .builder
+            .append_data(&mut h, format!("{prefix}/"), io::empty())
+            .map_err(io_at("archiving", src))?;
+    }
+    packer.walk(src, "")?;
+    let tar = packer
+        .builder
+        .into_inner()
+        .map_err(|e| SandboxError::io("finishing the tar", e))?;
+    Ok((tar, packer.manifest))
+}
+
+/// A tar holding one regular file at `path` (relative, e.g. "setup.sh") with `mode`,
+/// uid/gid 0. It ends with the standard two zero blocks (1024 bytes).
+///
+/// # Panics
+/// If `path` is not a relative path without `..` (a programming error: callers pass constants).
+pub fn pack_file(path: &str, contents: &[u8], mode: u32) -> Vec<u8> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut h = header(
+        EntryType::Regular,
+        mode & 0o7777,
+        now,
+        contents.len() as u64,
+    );
+    let mut builder = tar::Builder::new(Vec::new());
+    builder
+        .append_data(&mut h, path, contents)
+        .unwrap_or_else(|e| panic!("pack_file({path:?}): {e}"));
+    builder.into_inner().expect("writing a tar into memory")
+}
+
+/// Validates the hostile `tar` and writes its tree into `dest`, which must not exist yet
+/// (it is created) or be an empty directory.
+///
+/// Every entry must be `root` or under `root/` (Docker's GET archive of
+/// "/workspace/repo" yields "repo", "repo/a.txt", …); that prefix is stripped. An empty
+/// `root` takes the entries as they are. Nothing is written unless the whole archive passes
+/// the safety rules; if writing then fails, what was written is removed again.
+/// Returns the number of regular files written.
+pub fn extract(tar: &[u8], root: &str, dest: &Path, limits: &Limits) -> Result<usize> {
+    let tree = parse(tar, root, limits)?;
+    let created = match fs::symlink_metadata(dest) {
+        Ok(m) if m.is_dir() => {
+            let mut entries = fs::read_dir(dest).map_err(io_at("reading", dest))?;
+            if entries.next().is_some() {
+                return Err(SandboxError::InvalidInput(format!(
+                    "cannot extract into {}: it is not empty",
+                    dest.display()
+                )));
+            }
+            false
+        }
+        Ok(_) => {
+            return Err(SandboxError::InvalidInput(format!(
+                "cannot extract into {}: it exists and is not a directory",
+                dest.display()
+            )))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            fs::create_dir_all(dest).map_err(io_at("creating directory", dest))?;
+            true
+        }
+        Err(e) => {
+            return Err(SandboxError::io(
+                format!("inspecting {}", dest.display()),
+                e,
+            ))
+        }
+    };
+    tree.write(dest).inspect_err(|_| {
+        if created {
+            let _ = fs::remove_dir_all(dest);
+        } else if let Ok(entries) = fs::read_dir(dest) {
+            for entry in entries.flatten() {
+                let _ = remove_any(&entry.path());
+            }
+        }
+    })
+}
+
+/// Replaces `dest` wholesale with the tar's tree (same rules as [`extract`]): the tree is
+/// written into a fresh sibling directory, the old `dest` is moved aside, the new one renamed
+/// into place and the old one removed, so files deleted in the container are gone here too.
+/// Creates `dest`'s parents if needed. On any error `dest` is left untouched and the
+/// temporary directory removed. Returns the number of regular files written.
+pub fn replace_dir(tar: &[u8], root: &str, dest: &Path, limits: &Limits) -> Result<usize> {
+    let tree = parse(tar, root, limits)?;
+    let name = dest.file_name().ok_or_else(|| {
+        SandboxError::InvalidInput(format!("{} has no final component", dest.display()))
+    })?;
+    let name = name.to_string_lossy();
+    let parent = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    fs::create_dir_all(parent).map_err(io_at("creating directory", parent))?;
+
+    let fresh = sibling_dir(parent, &name, "new")?;
+    let written = tree.write(&fresh).and_then(|files| {
+        let trash = swap_into_place(&fresh, dest, parent, &name)?;
+        Ok((files, trash))
+    });
+    let (files, trash) = written.inspect_err(|_| {
+        let _ = fs::remove_dir_all(&fresh);
+    })?;
+    if let Some(trash) = trash {
+        if let Err(e) = fs::remove_dir_all(&trash) {
+            tracing::warn!("could not remove the old tree {}: {e}", trash.display());
+        }
+    }
+    Ok(files)
+}
+
+/// Renames `fresh` to `dest`, first moving an existing `dest` (of whatever type) into a new
+/// trash directory of our own rather than onto a name that might exist (renaming a directory
+/// silently replaces an empty one). Returns the trash directory to remove. On error the old
+/// `dest` is back in place.
+fn swap_into_place(
+    fresh: &Path,
+    dest: &Path,
+    parent: &Path,
+    name: &str,
+) -> Result<Option<PathBuf>> {
+    let trash = match fs::symlink_metadata(dest) {
+        Ok(_) => {
+            let trash = sibling_dir(parent, name, "old")?;
+            if let Err(e) = fs::rename(dest, trash.join("old")) {
+                let _ = fs::remove_dir(&trash);
+                return Err(SandboxError::io(
+                    format!("moving {} aside", dest.display()),
+                    e,
+                ));
+            }
+            Some(trash)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => {
+            return Err(SandboxError::io(
+                format!("inspecting {}", dest.display()),
+                e,
+            ))
+        }
+    };
+    if let Err(e) = fs::rename(fresh, dest) {
+        if let Some(trash) = &trash {
+            let _ = fs::rename(trash.join("old"), dest);
+            let _ = fs::remove_dir(trash);
+        }
+        return Err(SandboxError::io(
+            format!("moving the new tree to {}", dest.display()),
+            e,
+        ));
+    }
+    Ok(trash)
+}
+
+/// The exact change set of the tar's tree against `baseline` (same safety rules as
+/// [`extract`]): files and symlinks only, sorted by path, with a top-level ".git" and
+/// everything under it left out on both sides. Only added and modified contents are kept.
+pub fn change_set(
+    tar: &[u8],
+    root: &str,
+    baseline: &Manifest,
+    limits: &Limits,
+) -> Result<ChangeSet> {
+    let tree = parse(tar, root, limits)?;
+    let mut changes = Vec::new();
+    for (path, node) in &tree.nodes {
+        if is_git(path) {
+            continue;
+        }
+        // (content_changed, mode_changed) against the baseline; None when the path is new.
+        let diff = match (node, baseline.get(path)) {
+            (Node::Dir { .. }, _) => continue,
+            (_, None | Some(ManifestEntry::Dir { .. })) => None,
+            (
+                Node::File { mode, data },
+                Some(ManifestEntry::File {
+                    mode: old, sha256, ..
+                }),
+            ) => Some((sha256_of(data) != *sha256, (mode ^ old) & 0o777 != 0)),
+            (Node::Symlink { target }, Some(ManifestEntry::Symlink { target: old })) => {
+                Some((target != old, false))
+            }
+            _ => Some((true, false)), // a file became a symlink or the other way round
+        };
+        if diff == Some((false, false)) {
+            continue;
+        }
+        let new = match node {
+            Node::File { mode, data } => NewEntry::File {
+                mode: mode & 0o777,
+                contents: data.to_vec(),
+            },
+            Node::Symlink { target } => NewEntry::Symlink {
+                target: target.clone(),
+            },
+            Node::Dir { .. } => continue,
+        };
+        let kind = match diff {
+            None => ChangeKind::Added(new),
+            Some((content_changed, mode_changed)) => ChangeKind::Modified {
+                new,
+                content_changed,
+                mode_changed,
+            },
+        };
+        changes.push(Change {
+            path: path.clone(),
+            kind,
+        });
+    }
+    for (path, entry) in &baseline.entries {
+        let gone = !matches!(
+            tree.nodes.get(path),
+            Some(Node::File { .. } | Node::Symlink { .. })
+        );
+        if gone && !is_git(path) && !matches!(entry, ManifestEntry::Dir { .. }) {
+            changes.push(Change {
+                path: path.clone(),
+                kind: ChangeKind::Deleted,
+            });
+        }
+    }
+    changes.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(ChangeSet { changes })
+}
+
+impl ChangeSet {
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// The added paths.
+    pub fn added(&self) -> impl Iterator<Item = &Change> + '_ {
+        self.changes
+            .iter()
+            .filter(|c| matches!(c.kind, ChangeKind::Added(_)))
+    }
+
+    /// The modified paths.
+    pub fn modified(&self) -> impl Iterator<Item = &Change> + '_ {
+        self.changes
+            .iter()
+            .filter(|c| matches!(c.kind, ChangeKind::Modified { .. }))
+    }
+
+    /// The deleted paths.
+    pub fn deleted(&self) -> impl Iterator<Item = &Change> + '_ {
+        self.changes
+            .iter()
+            .filter(|c| matches!(c.kind, ChangeKind::Deleted))
+    }
+
+    /// E.g. "2 added, 1 modified, 1 deleted"; zero counts are left out, and an empty set
+    /// reads "no changes".
+    pub fn summary(&self) -> String {
+        if self.is_empty() {
+            return "no changes".to_string();
+        }
+        [
+            (self.added().count(), "added"),
+            (self.modified().count(), "modified"),
+            (self.deleted().count(), "deleted"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+    }
+
+    /// Applies the change set to the host tree `dest` (e.g. the host clone of the repo):
+    /// removes deleted paths (and directories they leave empty, as git does), then writes
+    /// added and modified files (permission bits `& 0o777`) and symlinks, creating parent
+    /// directories as needed.
+    ///
+    /// Every path is validated again (relative, no `.`/`..`, not in the top-level ".git";
+    /// symlink targets relative and lexically inside the tree), and nothing is ever written
+    /// or removed through a symlink or over a non-directory parent in `dest`. These checks
+    /// run before anything is changed; only an I/O error (e.g. a path to be replaced by a
+    /// file is a non-empty directory) can stop the work halfway.
+    pub fn apply(&self, dest: &Path) -> Result<()> {
+        let mut written = BTreeSet::new();
+        let mut deleted = BTreeSet::new();
+        for change in &self.changes {
+            let path = change.path.as_str();
+            let refuse = |why: String| unsafe_archive(format!("change to {path:?}: {why}"));
+            check_rel(path).map_err(refuse)?;
+            if is_git(path) {
+                return Err(refuse("paths inside .git are never applied".into()));
+            }
+            match &change.kind {
+                ChangeKind::Deleted => deleted.insert(path),
+                ChangeKind::Added(new) | ChangeKind::Modified { new, .. } => {
+                    if let NewEntry::Symlink { target } = new {
+                        check_link(path, target, &|_| None).map_err(refuse)?;
+                    }
+                    written.insert(path)
+                }
+            };
+        }
+        for path in &written {
+            if let Some(ancestor) = ancestors(path).find(|a| written.contains(a)) {
+                return Err(unsafe_archive(format!(
+                    "change to {path:?}: {ancestor:?} is written as a file or symlink by the same change set"
+                )));
+            }
+        }
+        for change in &self.changes {
+            checked_path(dest, &change.path, Walk::Precheck { deleted: &deleted })?;
+        }
+
+        for path in &deleted {
+            let Some(full) = checked_path(dest, path, Walk::Lookup)? else {
+                continue;
+            };
+            match fs::symlink_metadata(&full) {
+                Ok(m) if m.is_dir() => {} // directories are implicit; a write may replace it
+                Ok(_) => fs::remove_file(&full).map_err(io_at("removing", &full))?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(SandboxError::io(
+                        format!("inspecting {}", full.display()),
+                        e,
+                    ))
+                }
+            }
+            for ancestor in ancestors(path).collect::<Vec<_>>().into_iter().rev() {
+                if fs::remove_dir(dest.join(ancestor)).is_err() {
+                    break;
+                }
+            }
+        }
+        for change in &self.changes {
+            let (ChangeKind::Added(new) | ChangeKind::Modified { new, .. }) = &change.kind else {
+                continue;
+            };
+            let full =
+                checked_path(dest, &change.path, Walk::Create)?.expect("parents were created");
+            match fs::symlink_metadata(&full) {
+                Ok(m) if m.is_dir() => fs::remove_dir(&full)
+                    .map_err(io_at("replacing the directory (it must be empty)", &full))?,
+                Ok(_) => fs::remove_file(&full).map_err(io_at("replacing", &full))?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(SandboxError::io(
+                        format!("inspecting {}", full.display()),
+                        e,
+                    ))
+                }
+            }
+            match new {
+                NewEntry::File { mode, contents } => write_new_file(&full, contents, *mode)?,
+                NewEntry::Symlink { target } => {
+                    symlink(target, &full).map_err(io_at("creating the symlink", &full))?
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---- packing -------------------------------------------------------------------------
+
+struct Packer<'p> {
+    builder: tar::Builder<Vec<u8>>,
+    manifest: Manifest,
+    prefix: &'p str,
+}
+
+impl Packer<'_> {
+    /// Appends the contents of the host directory `dir` (at `rel` in the tree), sorted by name.
+    fn walk(&mut self, dir: &Path, rel: &str) -> Result<()> {
+        let mut names = fs::read_dir(dir)
+            .and_then(|entries| {
+                entries
+                    .map(|e| e.map(|e| e.file_name()))
+                    .collect::<io::Result<Vec<_>>>()
+            })
+            .map_err(io_at("reading the directory", dir))?;
+        names.sort();
+        for name in names {
+            let path = dir.join(&name);
+            let name = name.to_str().ok_or_else(|| {
+                SandboxError::InvalidInput(format!("file name is not UTF-8: {}", path.display()))
+            })?;
+            let rel = if rel.is_empty() {
+                name.to_string()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let tar_path = if self.prefix.is_empty() {
+                rel.clone()
+            } else {
+                format!("{}/{rel}", self.prefix)
+            };
+            let meta = fs::symlink_metadata(&path).map_err(io_at("inspecting", &path))?;
+            let mode = meta.mode() & 0o7777;
+            let kind = meta.file_type();
+            let entry = if kind.is_dir() {
+                let mut h = header(EntryType::Directory, mode, mtime(&meta), 0);
+                self.builder
+                    .append_data(&mut h, format!("{tar_path}/"), io::empty())
+                    .map_err(io_at("archiving", &path))?;
+                ManifestEntry::Dir { mode }
+            } else if kind.is_file() {
+                let data = fs::read(&path).map_err(io_at("reading", &path))?;
+                let mut h = header(EntryType::Regular, mode, mtime(&meta), data.len() as u64);
+                self.builder
+                    .append_data(&mut h, &tar_path, data.as_slice())
+                    .map_err(io_at("archiving", &path))?;
+                ManifestEntry::File {
+                    mode,
+                    size: data.len() as u64,
+                    sha256: sha256_of(&data),
+                }
+            } else if kind.is_symlink() {
+                let target = fs::read_link(&path).map_err(io_at("reading the symlink", &path))?;
+                let target = target.into_os_string().into_string().map_err(|t| {
+                    SandboxError::InvalidInput(format!(
+                        "symlink target is not UTF-8: {} -> {t:?}",
+                        path.display()
+                    ))
+                })?;
+                self.append_symlink(&tar_path, &target, mode, mtime(&meta))
+                    .map_err(io_at("archiving", &path))?;
+                ManifestEntry::Symlink { target }
+            } else {
+                continue; // sockets, FIFOs, devices
+            };
+            self.manifest.entries.insert(rel.clone(), entry);
+            if kind.is_dir() {
+                self.walk(&path, &rel)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends a symlink with its target bytes exactly as given (the tar crate's own
+    /// link-name setter normalises "a//b", "./a", "a/"), using a GNU long-link entry for
+    /// targets that do not fit the 100-byte header field.
+    fn append_symlink(
+        &mut self,
+        path: &str,
+        target: &str,
+        mode: u32,
+        mtime: u64,
+    ) -> io::Result<()> {
+        let target = target.as_bytes();
+        let mut h = header(EntryType::Symlink, mode, mtime, 0);
+        if target.len() > h.as_old().linkname.len() {
+            let mut long = Header::new_gnu();
+            long.set_path("././@LongLink")?;
+            long.set_entry_type(EntryType::GNULongLink);
+            long.set_size(target.len() as u64 + 1);
+            long.set_cksum();
+            self.builder
+                .append(&long, [target, b"\0"].concat().as_slice())?;
+            h.set_link_name_literal(&target[..h.as_old().linkname.len()])?;
+        } else {
+            h.set_link_name_literal(target)?;
+        }
+        self.builder.append_data(&mut h, path, io::empty())
+    }
+}
+
+/// A GNU header owned by root; path, link name and checksum are set when appending.
+fn header(kind: EntryType, mode: u32, mtime: u64, size: u64) -> Header {
+    let mut h = Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(mtime);
+    h.set_size(size);
+    if let Some(gnu) = h.as_gnu_mut() {
+        gnu.uname[..4].copy_from_slice(b"root");
+        gnu.gname[..4].copy_from_slice(b"root");
+    }
+    h
+}
+
+fn mtime(meta: &Metadata) -> u64 {
+    u64::try_from(meta.mtime()).unwrap_or(0)
+}
+
+fn sha256_of(data: &[u8]) -> [u8; 32] {
+    Sha256::digest(data).into()
+}
+
+// ---- reading a hostile tar -----------------------------------------------------------
+
+/// A tree read from a hostile tar that passed every check. Paths are relative to the root,
+/// every ancestor of a node is a `Dir` node, and file data borrows from the tar bytes.
+struct Tree<'a> {
+    root_mode: Option<u32>,
+    nodes: BTreeMap<String, Node<'a>>,
+}
+
+enum Node<'a> {
+    Dir { mode: u32 },
+    File { mode: u32, data: &'a [u8] },
+    Symlink { target: String },
+}
+
+fn parse<'a>(tar: &'a [u8], root: &str, limits: &Limits) -> Result<Tree<'a>> {
+    if !root.is_empty() && (root.contains('/') || check_rel(root).is_err()) {
+        return Err(SandboxError::InvalidInput(format!(
+            "bad archive root {root:?}: it must be a single file name"
+        )));
+    }
+    let malformed = |e: io::Error| unsafe_archive(format!("malformed tar: {e}"));
+    let mut tree = Tree {
+        root_mode: None,
+        nodes: BTreeMap::new(),
+    };
+    let mut total: u64 = 0;
+    let mut archive = tar::Archive::new(tar);
+    for (index, entry) in archive.entries().map_err(malformed)?.enumerate() {
+        let entry = entry.map_err(malformed)?;
+        if index >= limits.max_entries {
+            return Err(unsafe_archive(format!(
+                "the archive has too many entries (limit max_entries = {})",
+                limits.max_entries
+            )));
+        }
+        let kind = entry.header().entry_type();
+        if kind.is_pax_global_extensions() {
+            continue; // archive-wide metadata; the tar crate does not apply it to paths
+        }
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let refuse = |why: String| unsafe_archive(format!("{name:?}: {why}"));
+        let rel = strip_root(&entry.path_bytes(), root).map_err(refuse)?;
+        let mode = entry
+            .header()
+            .mode()
+            .map_err(|e| refuse(format!("bad mode field: {e}")))?
+            & 0o7777;
+        let mut count = |size: u64| {
+            total = total.saturating_add(size);
+            if total > limits.max_total_bytes {
+                Err(refuse(format!(
+                    "the files add up to more than {} bytes (limit max_total_bytes)",
+                    limits.max_total_bytes
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        let node = match kind {
+            EntryType::Regular | EntryType::Continuous => {
+                let size = entry.size();
+                if size > limits.max_file_bytes {
+                    return Err(refuse(format!(
+                        "file of {size} bytes is over the limit max_file_bytes = {}",
+                        limits.max_file_bytes
+                    )));
+                }
+                count(size)?;
+                let start = usize::try_from(entry.raw_file_position()).ok();
+                let data = start
+                    .and_then(|s| tar.get(s..s.checked_add(usize::try_from(size).ok()?)?))
+                    .ok_or_else(|| refuse("the archive ends inside this file".into()))?;
+                Node::File { mode, data }
+            }
+            EntryType::Directory => Node::Dir { mode },
+            EntryType::Symlink => {
+                let target = entry.link_name_bytes().unwrap_or_default();
+                let target = String::from_utf8(target.into_owned())
+                    .map_err(|_| refuse("symlink target is not UTF-8".into()))?;
+                check_target_syntax(&target).map_err(|why| refuse(format!("symlink: {why}")))?;
+                Node::Symlink { target }
+            }
+            EntryType::Link => {
+                let raw = entry.link_name_bytes().unwrap_or_default();
+                let target = strip_root(&raw, root).map_err(|why| {
+                    refuse(format!(
+                        "hard link to {:?}: {why}",
+                        String::from_utf8_lossy(&raw)
+                    ))
+                })?;
+                match tree.nodes.get(&target) {
+                    Some(Node::File { mode, data }) if !target.is_empty() => {
+                        count(data.len() as u64)?;
+                        Node::File { mode: *mode, data }
+                    }
+                    _ => {
+                        let raw = String::from_utf8_lossy(&raw);
+                        return Err(refuse(format!(
+                            "hard link to {raw:?}: not an earlier regular file of the archive"
+                        )));
+                    }
+                }
+            }
+            EntryType::Char | EntryType::Block => {
+                return Err(refuse("device file (character or block device)".into()))
+            }
+            other => return Err(refuse(format!("unsupported entry type {other:?}"))),
+        };
+        tree.insert(rel, node).map_err(refuse)?;
+    }
+    for (path, node) in &tree.nodes {
+        if let Node::Symlink { target } = node {
+            let lookup = |p: &str| match tree.nodes.get(p) {
+                Some(Node::Symlink { target }) => Some(target.as_str()),
+                _ => None,
+            };
+            check_link(path, target, &lookup).map_err(|why| {
+                let shown = if root.is_empty() {
+                    path.clone()
+                } else {
+                    format!("{root}/{path}")
+                };
+                unsafe_archive(format!("symlink {shown:?} -> {target:?}: {why}"))
+            })?;
+        }
+    }
+    Ok(tree)
+}
+
+impl<'a> Tree<'a> {
+    /// Adds a node, creating implicit parent directories. Refuses a path below a symlink or
+    /// a file, and a second entry for a path unless both are directories.
+    fn insert(&mut self, rel: String, node: Node<'a>) -> Result<(), String> {
+        if rel.is_empty() {
+            let Node::Dir { mode } = node else {
+                return Err("the root of the tree is not a directory".into());
+            };
+            self.root_mode = Some(mode);
+            return Ok(());
+        }
+        let mut missing = Vec::new();
+        for parent in ancestors(&rel).collect::<Vec<_>>().into_iter().rev() {
+            match self.nodes.get(parent) {
+                Some(Node::Dir { .. }) => break, // its own ancestors were checked already
+                Some(Node::Symlink { .. }) => {
+                    return Err(format!("would be written through the symlink {parent:?}"))
+                }
+                Some(Node::File { .. }) => return Err(format!("its parent {parent:?} is a file")),
+                None => missing.push(parent.to_string()),
+            }
+        }
+        for parent in missing {
+            self.nodes.insert(parent, Node::Dir { mode: 0o755 });
+        }
+        match self.nodes.entry(rel) {
+            btree_map::Entry::Vacant(slot) => {
+                slot.insert(node);
+            }
+            btree_map::Entry::Occupied(mut slot) => match (slot.get_mut(), node) {
+                (Node::Dir { mode }, Node::Dir { mode: new }) => *mode = new,
+                _ => return Err("a second entry for the same path".into()),
+            },
+        }
+        Ok(())
+    }
+
+    /// Writes the tree into the existing, empty directory `dest`; returns the file count.
+    /// Directory modes are set last (deepest first) so that none blocks the writing.
+    fn write(&self, dest: &Path) -> Result<usize> {
+        let mut files = 0;
+        for (rel, node) in &self.nodes {
+            let path = checked_path(dest, rel, Walk::Create)?.expect("parents were created");
+            match node {
+                Node::Dir { .. } => {
+                    fs::create_dir(&path).map_err(io_at("creating directory", &path))?
+                }
+                Node::File { mode, data } => {
+                    write_new_file(&path, data, *mode)?;
+                    files += 1;
+                }
+                Node::Symlink { target } => {
+                    symlink(target, &path).map_err(io_at("creating the symlink", &path))?
+                }
+            }
+        }
+        let dirs = self
+            .nodes
+            .iter()
+            .rev()
+            .filter_map(|(rel, node)| match node {
+                Node::Dir { mode } => Some((dest.join(rel), *mode)),
+                _ => None,
+            });
+        for (path, mode) in dirs.chain(self.root_mode.map(|m| (dest.to_path_buf(), m))) {
+            // The owner keeps full access so the export can be read, replaced and removed.
+            fs::set_permissions(&path, Permissions::from_mode(mode & 0o777 | 0o700))
+                .map_err(io_at("setting the mode of", &path))?;
+        }
+        Ok(files)
+    }
+}
+
+/// Turns an archive name into a path relative to `root`: refuses non-UTF-8, empty, overlong,
+/// NUL-containing and absolute names, `..` components, and names outside `root`;
+/// drops empty and `.` components.
+fn strip_root(raw: &[u8], root: &str) -> Result<String, String> {
+    let name = std::str::from_utf8(raw).map_err(|_| "name is not UTF-8".to_string())?;
+    if name.is_empty() {
+        return Err("empty name".into());
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(format!("name longer than {MAX_NAME_BYTES} bytes"));
+    }
+    if name.contains('\0') {
+        return Err("NUL byte in name".into());
+    }
+    if name.starts_with('/') {
+        return Err("absolute path".into());
+    }
+    let mut parts = Vec::new();
+    for part in name.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => return Err("path with a `..` component".into()),
+            part => parts.push(part),
+        }
+    }
+    if !root.is_empty() {
+        if parts.first() != Some(&root) {
+            return Err(format!("entry is not under {root:?}"));
+        }
+        parts.remove(0);
+    }
+    Ok(parts.join("/"))
+}
+
+/// A canonical relative path: non-empty, no NUL, not absolute, no empty/`.`/`..` component.
+fn check_rel(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("empty path".into());
+    }
+    if path.contains('\0') {
+        return Err("NUL byte in path".into());
+    }
+    if path.starts_with('/') {
+        return Err("absolute path".into());
+    }
+    if path.split('/').any(|p| matches!(p, "" | "." | "..")) {
+        return Err("path with an empty, `.` or `..` component".into());
+    }
+    Ok(())
+}
+
+fn check_target_syntax(target: &str) -> Result<(), String> {
+    if target.is_empty() {
+        return Err("empty target".into());
+    }
+    if target.len() > MAX_NAME_BYTES {
+        return Err(format!("target longer than {MAX_NAME_BYTES} bytes"));
+    }
+    if target.contains('\0') {
+        return Err("NUL byte in target".into());
+    }
+    if target.starts_with('/') {
+        return Err("absolute target".into());
+    }
+    Ok(())
+}
+
+/// Checks that the symlink at `link` with `target` stays inside the tree when resolved from
+/// the link's own directory. `lookup` gives the target of another symlink in the tree, which
+/// is followed (so a chain of individually harmless links cannot climb out); with a lookup
+/// that knows no links the check is purely lexical.
+fn check_link<'t>(
+    link: &'t str,
+    target: &'t str,
+    lookup: &dyn Fn(&str) -> Option<&'t str>,
+) -> Result<(), String> {
+    let mut dir: Vec<&str> = link.split('/').collect();
+    dir.pop();
+    resolve(&mut dir, target, lookup, &mut 0)
+}
+
+fn resolve<'t>(
+    at: &mut Vec<&'t str>,
+    target: &'t str,
+    lookup: &dyn Fn(&str) -> Option<&'t str>,
+    hops: &mut usize,
+) -> Result<(), String> {
+    check_target_syntax(target)?;
+    for part in target.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if at.pop().is_none() {
+                    return Err("points outside the tree".into());
+                }
+            }
+            part => {
+                at.push(part);
+                if let Some(next) = lookup(&at.join("/")) {
+                    *hops += 1;
+                    if *hops > MAX_SYMLINK_HOPS {
+                        return Err("too many levels of symlinks".into());
+                    }
+                    at.pop();
+                    resolve(at, next, lookup, hops)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The proper ancestors of a relative path, shallowest first: "a/b/c" → "a", "a/b".
+fn ancestors(rel: &str) -> impl Iterator<Item = &str> {
+    rel.match_indices('/').map(move |(i, _)| &rel[..i])
+}
+
+fn is_git(path: &str) -> bool {
+    path == ".git" || path.starts_with(".git/")
+}
+
+// ---- writing on the host -------------------------------------------------------------
+
+/// How [`checked_path`] treats missing parents, and parents that are not directories.
+enum Walk<'s> {
+    /// Create missing parents.
+    Create,
+    /// Stop at a missing parent: there is nothing at the path.
+    Lookup,
+    /// Like `Lookup`, but a parent that `deleted` removes first is no obstacle.
+    Precheck { deleted: &'s BTreeSet<&'s str> },
+}
+
+/// `dest/rel`, after checking each parent below `dest` with `symlink_metadata` (never
+/// following a symlink): a symlink or other non-directory parent is refused. `None` when a
+/// parent is missing (or, in a precheck, deleted first), so nothing is at `rel`.
+fn checked_path(dest: &Path, rel: &str, walk: Walk) -> Result<Option<PathBuf>> {
+    for parent in ancestors(rel) {
+        let path = dest.join(parent);
+        match (fs::symlink_metadata(&path), &walk) {
+            (Ok(m), _) if m.is_dir() => {}
+            (Ok(_), Walk::Precheck { deleted }) if deleted.contains(parent) => return Ok(None),
+            (Ok(m), _) => {
+                return Err(unsafe_archive(if m.file_type().is_symlink() {
+                    format!("{rel:?}: refusing to write through the symlink {parent:?}")
+                } else {
+                    format!("{rel:?}: its parent {parent:?} is not a directory")
+                }))
+            }
+            (Err(e), Walk::Create) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir(&path).map_err(io_at("creating directory", &path))?
+            }
+            (Err(e), _) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            (Err(e), _) => {
+                return Err(SandboxError::io(
+                    format!("inspecting {}", path.display()),
+                    e,
+                ))
+            }
+        }
+    }
+    Ok(Some(dest.join(rel)))
+}
+
+/// Creates a new file (never opening an existing path, so never following a symlink) and
+/// gives it the permission bits of `mode` (`& 0o777`: no setuid, setgid or sticky bit).
+fn write_new_file(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_at("creating", path))?;
+    file.write_all(data).map_err(io_at("writing", path))?;
+    file.set_permissions(Permissions::from_mode(mode & 0o777))
+        .map_err(io_at("setting the mode of", path))
+}
+
+/// A new, empty directory `.{name}.kodx-{tag}-{pid}-{n}` in `parent`.
+fn sibling_dir(parent: &Path, name: &str, tag: &str) -> Result<PathBuf> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = parent.join(format!(".{name}.kodx-{tag}-{}-{n}", std::process::id()));
+        match fs::create_dir(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(SandboxError::io(
+                    format!("creating directory {}", path.display()),
+                    e,
+                ))
+            }
+        }
+    }
+}
+
+fn remove_any(path: &Path) -> io::Result<()> {
+    if fs::symlink_metadata(path)?.is_dir() {
+        fs::remove_dir_all(path)
+    } else {
+        fs::remove_file(path)
+    }
+}
+
+fn unsafe_archive(message: String) -> SandboxError {
+    SandboxError::UnsafeArchive(message)
+}
+
+fn io_at<'p>(what: &'p str, path: &'p Path) -> impl FnOnce(io::Error) -> SandboxError + 'p {
+    move |e| SandboxError::io(format!("{what} {}", path.display()), e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tempfile::TempDir;
+
+    #[derive(Debug, PartialEq)]
+    enum Snap {
+        File(u32, Vec<u8>),
+        Dir(u32),
+        Link(String),
+    }
+
+    /// Everything below `root` (not `root` itself), without following symlinks.
+    fn snapshot(root: &Path) -> BTreeMap<String, Snap> {
+        fn walk(dir: &Path, rel: &str, out: &mut BTreeMap<String, Snap>) {
+            for entry in fs::read_dir(dir).unwrap() {
+                let entry = entry.unwrap();
+                let name = entry.file_name().into_string().unwrap();
+                let rel = if rel.is_empty() {
+                    name
+                } else {
+                    format!("{rel}/{name}")
+                };
+                let path = entry.path();
+                let meta = fs::symlink_metadata(&path).unwrap();
+                let mode = meta.mode() & 0o7777;
+                if meta.file_type().is_symlink() {
+                    let target = fs::read_link(&path).unwrap();
+                    out.insert(rel, Snap::Link(target.to_str().unwrap().to_string()));
+                } else if meta.is_dir() {
+                    out.insert(rel.clone(), Snap::Dir(mode));
+                    walk(&path, &rel, out);
+                } else {
+                    out.insert(rel, Snap::File(mode, fs::read(&path).unwrap()));
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        walk(root, "", &mut out);
+        out
+    }
+
+    fn without_git(mut snap: BTreeMap<String, Snap>) -> BTreeMap<String, Snap> {
+        snap.retain(|path, _| !is_git(path));
+        snap
+    }
+
+    fn put(root: &Path, rel: &str, contents: &str, mode: u32) {
+        let path = root.join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, contents).unwrap();
+        fs::set_permissions(&path, Permissions::from_mode(mode)).unwrap();
+    }
+
+    fn link(root: &Path, rel: &str, target: &str) {
+        let path = root.join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        symlink(target, path).unwrap();
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A tree with every kind of thing pack_dir and extract must carry over exactly.
+    fn sample_tree(root: &Path) {
+        put(root, "a.txt", "alpha\n", 0o644);
+        put(root, "bin/run.sh", "#!/bin/sh\necho hi\n", 0o755);
+        put(root, "secret", "s3cr3t", 0o600);
+        put(root, "nested/deep/x/y.txt", "deep", 0o644);
+        put(root, "name with spaces ü✓.txt", "unicode", 0o644);
+        fs::create_dir(root.join("empty")).unwrap();
+        fs::set_permissions(root.join("bin"), Permissions::from_mode(0o750)).unwrap();
+        link(root, "link", "a.txt");
+        link(root, "dangling", "nested/missing");
+        link(root, "nested/up", "../bin/run.sh");
+        link(root, "odd-link", "./nested//deep/");
+        let long = format!("{}/{}/file.txt", "d".repeat(90), "e".repeat(100));
+        assert!(long.len() >= 200);
+        put(root, &long, "long", 0o640);
+        link(root, "long-link", &long);
+    }
+
+    #[test]
+    fn pack_dir_then_extract_round_trips() {
+        let tmp = TempDir::new().unwrap();
+        let src = tmp.path().join("src");
+        fs::create_dir(&src).unwrap();
+        sample_tree(&src);
+        let want = snapshot(&src);
+
+        let (tar, manifest) = pack_dir(&src, "repo").unwrap();
+        let out = tmp.path().join("out");
+        let files = extract(&tar, "repo", &out, &Limits::default()).unwrap();
+        assert_eq!(snapshot(&out), want);
+        let file_count = want
+            .values()
+            .filter(|s| matches!(s, Snap::File(..)))
+            .count();
+        assert_eq!(files, file_count);
+
+        assert_eq!(manifest.len(), want.len());
+        assert_eq!(
+            manifest.get("bin/run.sh"),
+            Some(&ManifestEntry::File {
+                mode: 0o755,
+                size: 18,
+                sha256: sha256_of(b"#!/bin/sh\necho hi\n"),
+            })
+        );
+        assert_eq!(
+            manifest.get("odd-link"),
+            Some(&ManifestEntry::Symlink {
+                target: "./nested//deep/".into()
+            })
+        );
+        assert_eq!(
+            manifest.get("bin"),
+            Some(&ManifestEntry::Dir { mode: 0o750 })
+        );
+        assert!(manifest.get("repo").is_none() && !manifest.is_empty());
+
+        // Deterministic, owned by root, the prefix directory first.
+        assert_eq!(pack_dir(&src, "repo").unwrap().0, tar);
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let mut entries = archive.entries().unwrap().map(|e| e.unwrap());
+        let first = entries.next().unwrap();
+        assert_eq!(&*first.path_bytes(), b"repo/");
+        assert_eq!(first.header().mode().unwrap(), 0o755);
+        for entry in entries {
+            assert_eq!(entry.header().uid().unwrap(), 0);
+            assert_eq!(entry.header().gid().unwrap(), 0);
+            assert_eq!(entry.header().username().unwrap(), Some("root"));
+        }
+
+        // Without a prefix the entries sit at the top.
+        let (tar, _) = pack_dir(&src, "").unwrap();
+        let top = tmp.path().join("top");
+        extract(&tar, "", &top, &Limits::default()).unwrap();
+        assert_eq!(snapshot(&top), want);
+    }
+
+    #[test]
+    fn pack_dir_skips_sockets() {
+        let tmp = TempDir::new().unwrap();
+        put(tmp.path(), "a", "a", 0o644);
+        let _listener = std::os::unix::net::UnixListener::bind(tmp.path().join("sock")).unwrap();
+        let (_, manifest) = pack_dir(tmp.path(), "repo").unwrap();
+        assert_eq!(manifest.len(), 1);
+        assert!(manifest.get("sock").is_none());
+    }
+
+    #[test]
+    fn pack_file_holds_one_file() {
+        let tar = pack_file("setup.sh", b"echo hi\n", 0o755);
+        assert!(tar.ends_with(&[0; 1024]));
+        let tmp = TempDir::new().unwrap();
+        let out = tmp.path().join("out");
+        assert_eq!(extract(&tar, "", &out, &Limits::default()).unwrap(), 1);
+        assert_eq!(
+            snapshot(&out),
+            BTreeMap::from([("setup.sh".into(), Snap::File(0o755, b"echo hi\n".to_vec()))])
+        );
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let entry = archive.entries().unwrap().next().unwrap().unwrap();
+        assert_eq!(entry.header().uid().unwrap(), 0);
+    }
+
+    #[test]
+    fn extract_refuses_a_non_empty_dest() {
+        let tmp = TempDir::new().unwrap();
+        put(tmp.path(), "dest/x", "x", 0o644);
+        let tar = pack_file("repo/a", b"a", 0o644);
+        let err = extract(&tar, "repo", &tmp.path().join("dest"), &Limits::default()).unwrap_err();
+        assert!(matches!(err, SandboxError::InvalidInput(_)), "{err}");
+    }
+
+    #[test]
+    fn change_set_and_apply() {
+        let tmp = TempDir::new().unwrap();
+        let orig = tmp.path().join("orig");
+        put(&orig, "a.txt", "alpha", 0o644);
+        put(&orig, "same.txt", "same", 0o644);
+        put(&orig, "mode.sh", "x", 0o644);
+        put(&orig, "gone.txt", "bye", 0o644);
+        put(&orig, "f2l.txt", "was a file", 0o644);
+        put(&orig, "dir/keep.txt", "keep", 0o644);
+        put(&orig, "dir/gone2.txt", "bye", 0o644);
+        put(&orig, "only/lonely.txt", "bye", 0o644);
+        put(&orig, ".git/HEAD", "ref: refs/heads/main", 0o644);
+        link(&orig, "link", "a.txt");
+        let (tar0, baseline) = pack_dir(&orig, "repo").unwrap();
+        let unchanged = change_set(&tar0, "repo", &baseline, &Limits::default()).unwrap();
+        assert!(unchanged.is_empty());
+        assert_eq!(unchanged.summary(), "no changes");
+
+        let new = tmp.path().join("new");
+        extract(&tar0, "repo", &new, &Limits::default()).unwrap();
+        put(&new, "a.txt", "alpha changed", 0o644);
+        fs::set_permissions(new.join("mode.sh"), Permissions::from_mode(0o755)).unwrap();
+        fs::remove_file(new.join("gone.txt")).unwrap();
+        fs::remove_file(new.join("dir/gone2.txt")).unwrap();
+        fs::remove_dir_all(new.join("only")).unwrap();
+        fs::remove_file(new.join("f2l.txt")).unwrap();
+        link(&new, "f2l.txt", "a.txt");
+        fs::remove_file(new.join("link")).unwrap();
+        link(&new, "link", "same.txt");
+        put(&new, "new.txt", "brand new", 0o600);
+        put(&new, "sub/new/deep.txt", "deep", 0o644);
+        put(&new, ".git/HEAD", "ref: refs/heads/other", 0o644);
+        put(&new, ".git/objects/ab", "object", 0o444);
+        let (tar1, _) = pack_dir(&new, "repo").unwrap();
+
+        let set = change_set(&tar1, "repo", &baseline, &Limits::default()).unwrap();
+        let file = |mode, contents: &str| NewEntry::File {
+            mode,
+            contents: contents.as_bytes().to_vec(),
+        };
+        let sym = |target: &str| NewEntry::Symlink {
+            target: target.into(),
+        };
+        let modified = |new, content_changed, mode_changed| ChangeKind::Modified {
+            new,
+            content_changed,
+            mode_changed,
+        };
+        let expected = [
+            ("a.txt", modified(file(0o644, "alpha changed"), true, false)),
+            ("dir/gone2.txt", ChangeKind::Deleted),
+            ("f2l.txt", modified(sym("a.txt"), true, false)),
+            ("gone.txt", ChangeKind::Deleted),
+            ("link", modified(sym("same.txt"), true, false)),
+            ("mode.sh", modified(file(0o755, "x"), false, true)),
+            ("new.txt", ChangeKind::Added(file(0o600, "brand new"))),
+            ("only/lonely.txt", ChangeKind::Deleted),
+            ("sub/new/deep.txt", ChangeKind::Added(file(0o644, "deep"))),
+        ];
+        let expected: Vec<Change> = expected
+            .into_iter()
+            .map(|(path, kind)| Change {
+                path: path.into(),
+                kind,
+            })
+            .collect();
+        assert_eq!(set.changes, expected);
+        assert_eq!(set.summary(), "2 added, 4 modified, 3 deleted");
+        assert_eq!(set.added().count(), 2);
+        assert_eq!(set.deleted().count(), 3);
+
+        let host = tmp.path().join("host");
+        extract(&tar0, "repo", &host, &Limits::default()).unwrap();
+        set.apply(&host).unwrap();
+        assert_eq!(without_git(snapshot(&host)), without_git(snapshot(&new)));
+        assert_eq!(
+            fs::read_to_string(host.join(".git/HEAD")).unwrap(),
+            "ref: refs/heads/main"
+        );
+    }
+
+    #[test]
+    fn apply_handles_type_switches() {
+        let tmp = TempDir::new().unwrap();
+        let orig = tmp.path().join("orig");
+        put(&orig, "sub/s.txt", "s", 0o644);
+        link(&orig, "a", "sub"); // becomes a directory
+        put(&orig, "f", "file", 0o644); // becomes a directory
+        put(&orig, "d/x", "x", 0o644); // d becomes a file
+        let (tar0, baseline) = pack_dir(&orig, "repo").unwrap();
+
+        let new = tmp.path().join("new");
+        put(&new, "sub/s.txt", "s", 0o644);
+        put(&new, "a/x", "through?", 0o644);
+        put(&new, "f/inner.txt", "inner", 0o644);
+        put(&new, "d", "now a file", 0o644);
+        let (tar1, _) = pack_dir(&new, "repo").unwrap();
+
+        let set = change_set(&tar1, "repo", &baseline, &Limits::default()).unwrap();
+        assert_eq!(set.summary(), "3 added, 3 deleted");
+        let host = tmp.path().join("host");
+        extract(&tar0, "repo", &host, &Limits::default()).unwrap();
+        set.apply(&host).unwrap();
+        assert_eq!(snapshot(&host), snapshot(&new));
+    }
+
+    #[test]
+    fn replace_dir_swaps_the_whole_tree() {
+        let tmp = TempDir::new().unwrap();
+        let src = tmp.path().join("src");
+        fs::create_dir(&src).unwrap();
+        sample_tree(&src);
+        let (tar, _) = pack_dir(&src, "repo").unwrap();
+
+        let parent = tmp.path().join("exports");
+        let dest = parent.join("repo");
+        put(&dest, "stale.txt", "old", 0o644);
+        put(&dest, "a.txt", "old alpha", 0o644);
+        replace_dir(&tar, "repo", &dest, &Limits::default()).unwrap();
+        assert_eq!(snapshot(&dest), snapshot(&src));
+        assert_eq!(names(&parent), ["repo"]);
+
+        // Parents are created; an absent dest is fine.
+        let deep = tmp.path().join("a/b/c");
+        replace_dir(&tar, "repo", &deep, &Limits::default()).unwrap();
+        assert_eq!(snapshot(&deep), snapshot(&src));
+    }
+
+    #[test]
+    fn hard_link_inside_is_written_as_a_copy() {
+        let tar = raw_tar(&[
+            RawEntry::dir("repo/"),
+            RawEntry::file("repo/a", "data"),
+            RawEntry::hard("repo/b", "repo/a"),
+        ]);
+        let tmp = TempDir::new().unwrap();
+        let out = tmp.path().join("out");
+        assert_eq!(extract(&tar, "repo", &out, &Limits::default()).unwrap(), 2);
+        assert_eq!(fs::read_to_string(out.join("b")).unwrap(), "data");
+        assert_eq!(fs::metadata(out.join("a")).unwrap().nlink(), 1);
+    }
+
+    #[test]
+    fn pax_long_names_work() {
+        let long = format!("repo/{}/f.txt", "p".repeat(150));
+        let target = format!("{}/f.txt", "p".repeat(150));
+        let mut b = tar::Builder::new(Vec::new());
+        append_pax(&mut b, &[("path", &long)]);
+        let mut h = Header::new_ustar();
+        h.set_path("repo/truncated").unwrap();
+        h.set_size(4);
+        h.set_mode(0o600);
+        h.set_cksum();
+        b.append(&h, &b"long"[..]).unwrap();
+        append_pax(&mut b, &[("linkpath", &target)]);
+        let mut h = Header::new_ustar();
+        h.set_path("repo/l").unwrap();
+        h.set_entry_type(EntryType::Symlink);
+        h.set_link_name("x").unwrap();
+        h.set_mode(0o777);
+        h.set_size(0);
+        h.set_cksum();
+        b.append(&h, io::empty()).unwrap();
+        let tar = b.into_inner().unwrap();
+
+        let tmp = TempDir::new().unwrap();
+        let out = tmp.path().join("out");
+        extract(&tar, "repo", &out, &Limits::default()).unwrap();
+        let rel = long.strip_prefix("repo/").unwrap();
+        assert_eq!(fs::read_to_string(out.join(rel)).unwrap(), "long");
+        assert_eq!(fs::read_link(out.join("l")).unwrap(), Path::new(&target));
+        assert!(!out.join("truncated").exists());
+    }
+
+    fn append_pax(b: &mut tar::Builder<Vec<u8>>, records: &[(&str, &str)]) {
+        let mut body = Vec::new();
+        for (key, value) in records {
+            let base = key.len() + value.len() + 3; // ' ', '=', '\n'
+            let mut len = base + 1;
+            while base + len.to_string().len() != len {
+                len = base + len.to_string().len();
+            }
+            body.extend(format!("{len} {key}={value}\n").into_bytes());
+        }
+        let mut h = Header::new_ustar();
+        h.set_path("PaxHeaders/x").unwrap();
+        h.set_entry_type(EntryType::XHeader);
+        h.set_size(body.len() as u64);
+        h.set_cksum();
+        b.append(&h, body.as_slice()).unwrap();
+    }
+
+    /// A tar entry with raw name bytes, bypassing the tar crate's own path checks.
+    struct RawEntry {
+        name: Vec<u8>,
+        kind: EntryType,
+        data: Vec<u8>,
+        link: Vec<u8>,
+    }
+
+    impl RawEntry {
+        fn new(name: impl Into<Vec<u8>>, kind: EntryType, data: &str, link: &str) -> Self {
+            RawEntry {
+                name: name.into(),
+                kind,
+                data: data.as_bytes().to_vec(),
+                link: link.as_bytes().to_vec(),
+            }
+        }
+        fn file(name: &str, data: &str) -> Self {
+            Self::new(name, EntryType::Regular, data, "")
+        }
+        fn dir(name: &str) -> Self {
+            Self::new(name, EntryType::Directory, "", "")
+        }
+        fn sym(name: &str, target: &str) -> Self {
+            Self::new(name, EntryType::Symlink, "", target)
+        }
+        fn hard(name: &str, target: &str) -> Self {
+            Self::new(name, EntryType::Link, "", target)
+        }
+    }
+
+    fn raw_tar(entries: &[RawEntry]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for e in entries {
+            let mut h = Header::new_gnu();
+            h.as_old_mut().name[..e.name.len()].copy_from_slice(&e.name);
+            h.as_old_mut().linkname[..e.link.len()].copy_from_slice(&e.link);
+            h.set_entry_type(e.kind);
+            h.set_mode(0o644);
+            h.set_size(e.data.len() as u64);
+            h.set_cksum();
+            b.append(&h, e.data.as_slice()).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    /// Runs extract, replace_dir and change_set on a hostile tar: each must refuse with an
+    /// UnsafeArchive message containing `needle`, leave an existing dest as it was, and
+    /// write nothing next to it (no `outside` file, no leftover temp dir).
+    fn assert_refused(case: &str, make: impl Fn(&Path) -> Vec<u8>, limits: &Limits, needle: &str) {
+        let tmp = TempDir::new().unwrap();
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        let tar = make(&outside);
+        let dest = tmp.path().join("dest");
+        let check = |op: &str, result: Result<()>| match result {
+            Err(SandboxError::UnsafeArchive(m)) => {
+                assert!(
+                    m.contains(needle),
+                    "{case}/{op}: {m:?} does not mention {needle:?}"
+                )
+            }
+            other => panic!("{case}/{op}: expected UnsafeArchive, got {other:?}"),
+        };
+        check("extract", extract(&tar, "repo", &dest, limits).map(drop));
+        assert!(!dest.exists(), "{case}: extract left {}", dest.display());
+        put(&dest, "keep", "kept", 0o644);
+        check(
+            "replace_dir",
+            replace_dir(&tar, "repo", &dest, limits).map(drop),
+        );
+        assert_eq!(
+            snapshot(&dest),
+            BTreeMap::from([("keep".into(), Snap::File(0o644, b"kept".to_vec()))]),
+            "{case}: replace_dir touched dest"
+        );
+        check(
+            "change_set",
+            change_set(&tar, "repo", &Manifest::default(), limits).map(drop),
+        );
+        assert!(names(&outside).is_empty(), "{case}: wrote outside");
+        assert_eq!(names(tmp.path()), ["dest", "outside"], "{case}: leftovers");
+    }
+
+    #[test]
+    fn hostile_archives_are_refused() {
+        let d = Limits::default;
+        // Builds the tar, given the path of the `outside` directory.
+        type Make = Box<dyn Fn(&Path) -> Vec<u8>>;
+        type Case = (&'static str, Make, Limits, &'static str);
+        let tar = |entries: Vec<RawEntry>| -> Make {
+            let bytes = raw_tar(&entries);
+            Box::new(move |_| bytes.clone())
+        };
+        let cases: Vec<Case> = vec![
+            (
+                "absolute path",
+                Box::new(|outside| {
+                    let name = format!("{}/pwned", outside.display());
+                    raw_tar(&[RawEntry::file(&name, "x")])
+                }),
+                d(),
+                "absolute path",
+            ),
+            (
+                "../escape",
+                tar(vec![RawEntry::file("../outside/x", "x")]),
+                d(),
+                "`..`",
+            ),
+            (
+                "root/../x",
+                tar(vec![
+                    RawEntry::dir("repo/"),
+                    RawEntry::file("repo/../outside/x", "x"),
+                ]),
+                d(),
+                "`..`",
+            ),
+            (
+                "symlink to /etc",
+                tar(vec![RawEntry::sym("repo/l", "/etc")]),
+                d(),
+                "absolute target",
+            ),
+            (
+                "symlink ../../outside",
+                tar(vec![RawEntry::sym("repo/l", "../../outside")]),
+                d(),
+                "outside the tree",
+            ),
+            (
+                "symlink ../outside",
+                tar(vec![RawEntry::sym("repo/l", "../outside")]),
+                d(),
+                "outside the tree",
+            ),
+            (
+                "chained symlinks",
+                tar(vec![
+                    RawEntry::sym("repo/a/b/s", "../.."),
+                    RawEntry::sym("repo/t", "a/b/s/../outside"),
+                ]),
+                d(),
+                "outside the tree",
+            ),
+            (
+                "symlink loop",
+                tar(vec![
+                    RawEntry::sym("repo/x", "y"),
+                    RawEntry::sym("repo/y", "x"),
+                ]),
+                d(),
+                "too many levels",
+            ),
+            (
+                "file through a symlink",
+                tar(vec![
+                    RawEntry::dir("repo/sub/"),
+                    RawEntry::sym("repo/link", "sub"),
+                    RawEntry::file("repo/link/pwned", "x"),
+                ]),
+                d(),
+                "through the symlink",
+            ),
+            (
+                "symlink replacing a directory",
+                tar(vec![
+                    RawEntry::file("repo/d/x", "x"),
+                    RawEntry::sym("repo/d", "x"),
+                ]),
+                d(),
+                "second entry",
+            ),
+            (
+                "hard link to /etc/passwd",
+                tar(vec![RawEntry::hard("repo/h", "/etc/passwd")]),
+                d(),
+                "hard link",
+            ),
+            (
+                "hard link outside",
+                tar(vec![RawEntry::hard("repo/h", "repo/../outside/x")]),
+                d(),
+                "hard link",
+            ),
+            (
+                "hard link to a later entry",
+                tar(vec![
+                    RawEntry::hard("repo/h", "repo/later"),
+                    RawEntry::file("repo/later", "x"),
+                ]),
+                d(),
+                "not an earlier regular file",
+            ),
+            (
+                "hard link to a directory",
+                tar(vec![
+                    RawEntry::dir("repo/d/"),
+                    RawEntry::hard("repo/h", "repo/d"),
+                ]),
+                d(),
+                "not an earlier regular file",
+            ),
+            (
+                "char device",
+                tar(vec![RawEntry::new("repo/null", EntryType::Char, "", "")]),
+                d(),
+                "device file",
+            ),
+            (
+                "block device",
+                tar(vec![RawEntry::new("repo/sda", EntryType::Block, "", "")]),
+                d(),
+                "device file",
+            ),
+            (
+                "fifo",
+                tar(vec![RawEntry::new("repo/fifo", EntryType::Fifo, "", "")]),
+                d(),
+                "unsupported entry type",
+            ),
+            (
+                "entry outside root",
+                tar(vec![RawEntry::file("other/x", "x")]),
+                d(),
+                "not under",
+            ),
+            (
+                "root is a symlink",
+                tar(vec![RawEntry::sym("repo", "sub")]),
+                d(),
+                "not a directory",
+            ),
+            (
+                "non-UTF-8 name",
+                tar(vec![RawEntry::new(
+                    b"repo/\xff".as_slice(),
+                    EntryType::Regular,
+                    "x",
+                    "",
+                )]),
+                d(),
+                "UTF-8",
+            ),
+            (
+                "file over max_file_bytes",
+                tar(vec![RawEntry::file("repo/big", "0123456789A")]),
+                Limits {
+                    max_file_bytes: 10,
+                    ..d()
+                },
+                "max_file_bytes = 10",
+            ),
+            (
+                "total over max_total_bytes",
+                tar(vec![
+                    RawEntry::file("repo/a", "0123456789"),
+                    RawEntry::file("repo/b", "0123456789"),
+                ]),
+                Limits {
+                    max_total_bytes: 15,
+                    ..d()
+                },
+                "max_total_bytes",
+            ),
+            (
+                "hard links count toward the total",
+                tar(vec![
+                    RawEntry::file("repo/a", "0123456789"),
+                    RawEntry::hard("repo/b", "repo/a"),
+                ]),
+                Limits {
+                    max_total_bytes: 15,
+                    ..d()
+                },
+                "max_total_bytes",
+            ),
+            (
+                "too many entries",
+                tar(vec![
+                    RawEntry::dir("repo/"),
+                    RawEntry::file("repo/a", ""),
+                    RawEntry::file("repo/b", ""),
+                    RawEntry::file("repo/c", ""),
+                ]),
+                Limits {
+                    max_entries: 3,
+                    ..d()
+                },
+                "max_entries = 3",
+            ),
+            (
+                "truncated archive",
+                Box::new(|_| {
+                    let mut bytes = raw_tar(&[RawEntry::file("repo/a", &"x".repeat(2000))]);
+                    bytes.truncate(1024);
+                    bytes
+                }),
+                d(),
+                "ends inside",
+            ),
+            (
+                "garbage",
+                Box::new(|_| vec![0xff; 1024]),
+                d(),
+                "malformed tar",
+            ),
+        ];
+        for (case, make, limits, needle) in cases {
+            assert_refused(case, make, &limits, needle);
+        }
+    }
+
+    #[test]
+    fn apply_refuses_unsafe_changes() {
+        let tmp = TempDir::new().unwrap();
+        let outside = tmp.path().join("outside");
+        put(&outside, "victim", "precious", 0o644);
+        let dest = tmp.path().join("dest");
+        link(&dest, "evil", "../outside");
+        let added = |path: &str| Change {
+            path: path.into(),
+            kind: ChangeKind::Added(NewEntry::File {
+                mode: 0o644,
+                contents: b"x".to_vec(),
+            }),
+        };
+        let deleted = |path: &str| Change {
+            path: path.into(),
+            kind: ChangeKind::Deleted,
+        };
+        let cases = [
+            (
+                vec![added("good.txt"), added("evil/x")],
+                "through the symlink",
+            ),
+            (vec![deleted("evil/victim")], "through the symlink"),
+            (vec![added("good.txt"), added("../x")], "`..`"),
+            (vec![added("/abs")], "absolute"),
+            (vec![added("a/./b")], "`.`"),
+            (vec![added("")], "empty path"),
+            (vec![added(".git/hooks/pre-commit")], ".git"),
+            (vec![added("f"), added("f/g")], "same change set"),
+            (
+                vec![Change {
+                    path: "l".into(),
+                    kind: ChangeKind::Added(NewEntry::Symlink {
+                        target: "../outside".into(),
+                    }),
+                }],
+                "outside the tree",
+            ),
+        ];
+        for (changes, needle) in cases {
+            let set = ChangeSet { changes };
+            match set.apply(&dest) {
+                Err(SandboxError::UnsafeArchive(m)) => {
+                    assert!(m.contains(needle), "{m:?} does not mention {needle:?}")
+                }
+                other => panic!("{set:?}: expected UnsafeArchive, got {other:?}"),
+            }
+            assert_eq!(names(&dest), ["evil"], "{set:?} changed dest");
+            assert_eq!(names(&outside), ["victim"]);
+            assert_eq!(
+                fs::read_to_string(outside.join("victim")).unwrap(),
+                "precious"
+            );
+        }
+    }
+}

@@ -1,0 +1,887 @@
+//! The Docker engine behind the sandbox: connecting, hardened containers, copying files in
+//! and out as tar streams, the setup script, the network cut, and removal on every path.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::models::{ContainerCreateBody, HostConfig, NetworkDisconnectRequest};
+use bollard::query_parameters::{
+    CreateContainerOptions, CreateImageOptions, DownloadFromContainerOptions,
+    ListContainersOptions, RemoveContainerOptions, UploadToContainerOptions,
+};
+use bollard::Docker;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+
+use super::archive::{self, ChangeSet, Limits, Manifest};
+use super::shell::{self, FeedOutput, Shell};
+use super::term;
+use super::{Result, Sandbox, SandboxError};
+
+/// Label every kodx container carries: the run id.
+pub const RUN_LABEL: &str = "kodx.run";
+/// Label naming the process that owns the container: `<hostname>/<pid>`.
+pub const OWNER_LABEL: &str = "kodx.owner";
+
+/// Resource limits of one sandbox container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceLimits {
+    pub memory_bytes: i64,
+    pub nano_cpus: i64,
+    pub pids: i64,
+}
+
+impl Default for ResourceLimits {
+    fn default() -> Self {
+        ResourceLimits {
+            memory_bytes: 4 << 30,
+            nano_cpus: 2_000_000_000,
+            pids: 1024,
+        }
+    }
+}
+
+/// Everything needed to start one run's sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub run_id: String,
+    pub image: String,
+    /// Host directory copied to `/workspace/repo`; `None` gives an empty `/workspace`.
+    pub repo_dir: Option<PathBuf>,
+    pub setup_script: Option<String>,
+    pub setup_timeout: Duration,
+    pub disable_network_after_setup: bool,
+    pub limits: ResourceLimits,
+    /// Bytes of output one `feed_chars` returns at most (the middle is cut past that).
+    pub output_cap: usize,
+    pub archive_limits: Limits,
+}
+
+impl SandboxSpec {
+    pub fn new(run_id: impl Into<String>, image: impl Into<String>) -> Self {
+        SandboxSpec {
+            run_id: run_id.into(),
+            image: image.into(),
+            repo_dir: None,
+            setup_script: None,
+            setup_timeout: Duration::from_secs(600),
+            disable_network_after_setup: false,
+            limits: ResourceLimits::default(),
+            output_cap: 20_000,
+            archive_limits: Limits::default(),
+        }
+    }
+}
+
+/// Capabilities kept: what `apt-get`, `pip`, `chown` and servers on high ports need.
+/// Everything else Docker grants by default (NET_RAW, MKNOD, SYS_CHROOT, SETFCAP, SETPCAP,
+/// AUDIT_WRITE) is dropped.
+const KEPT_CAPABILITIES: [&str; 8] = [
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "NET_BIND_SERVICE",
+];
+
+/// A connection to a Docker engine.
+#[derive(Clone)]
+pub struct Engine {
+    docker: Docker,
+    host: String,
+    api_version: String,
+}
+
+fn engine_host() -> String {
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unix:///var/run/docker.sock".to_string())
+}
+
+fn unavailable(host: &str, reason: impl ToString) -> SandboxError {
+    let reason = reason.to_string();
+    let hint = if reason.contains("ermission denied") {
+        "Run kodx as a user that may use the Docker socket (e.g. in the `docker` group), or set DOCKER_HOST.".to_string()
+    } else {
+        "Start the Docker engine (`sudo systemctl start docker`, or `sudo dockerd &`), or point DOCKER_HOST \
+         at a running one (tcp://HOST:2376 with DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH for TLS). \
+         `kodx doctor` checks it."
+            .to_string()
+    };
+    SandboxError::EngineUnavailable {
+        host: host.to_string(),
+        reason,
+        hint,
+    }
+}
+
+impl Engine {
+    /// Connects to `DOCKER_HOST` (TLS when `DOCKER_TLS_VERIFY` is set) or the local socket,
+    /// negotiates the API version and checks that the engine answers.
+    pub async fn connect() -> Result<Engine> {
+        let host = engine_host();
+        let tls = std::env::var("DOCKER_TLS_VERIFY").is_ok_and(|v| !v.is_empty() && v != "0");
+        let docker = if tls {
+            Docker::connect_with_ssl_defaults()
+        } else {
+            Docker::connect_with_defaults()
+        }
+        .map_err(|e| unavailable(&host, e))?;
+        let docker = tokio::time::timeout(Duration::from_secs(10), docker.negotiate_version())
+            .await
+            .map_err(|_| unavailable(&host, "no answer within 10s"))?
+            .map_err(|e| unavailable(&host, e))?;
+        let api_version = docker.client_version().to_string();
+        tracing::info!(host = %host, api_version = %api_version, "connected to the Docker engine");
+        Ok(Engine {
+            docker,
+            host,
+            api_version,
+        })
+    }
+
+    pub fn docker(&self) -> &Docker {
+        &self.docker
+    }
+
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The Docker API version in use after negotiation (e.g. `1.41`).
+    pub fn api_version(&self) -> &str {
+        &self.api_version
+    }
+
+    /// Makes sure `image` is present, pulling it when absent. `progress` gets one line per
+    /// pull status change.
+    pub async fn ensure_image(&self, image: &str, mut progress: impl FnMut(&str)) -> Result<()> {
+        if self.docker.inspect_image(image).await.is_ok() {
+            return Ok(());
+        }
+        progress(&format!("pulling image {image}"));
+        let (name, tag) = split_image(image);
+        let mut stream = self.docker.create_image(
+            Some(CreateImageOptions {
+                from_image: Some(name.to_string()),
+                tag: Some(tag.to_string()),
+                ..Default::default()
+            }),
+            None,
+            None,
+        );
+        let mut last = String::new();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(info) => {
+                    if let Some(status) = info.status {
+                        let line = match info.id {
+                            Some(id) => format!("{id}: {status}"),
+                            None => status,
+                        };
+                        if line != last {
+                            progress(&line);
+                            last = line;
+                        }
+                    }
+                }
+                Err(e) => {
+                    return Err(SandboxError::ImageUnavailable {
+                        image: image.to_string(),
+                        reason: format!(
+                            "it is not on this engine and pulling it failed: {e}. Pull or build it \
+                             yourself (`docker pull {image}`), or choose another with --image"
+                        ),
+                    })
+                }
+            }
+        }
+        self.docker
+            .inspect_image(image)
+            .await
+            .map(|_| ())
+            .map_err(|e| SandboxError::ImageUnavailable {
+                image: image.to_string(),
+                reason: format!("the pull ended but the image is still missing: {e}"),
+            })
+    }
+
+    /// Starts a run's sandbox: a hardened container with the repository copied in, the setup
+    /// script run to the end and the network cut when asked. On any error the container is
+    /// removed before returning.
+    pub async fn start(&self, spec: &SandboxSpec) -> Result<DockerSandbox> {
+        self.start_with_progress(spec, |_| {}).await
+    }
+
+    /// As [`Engine::start`], reporting each phase to `progress`.
+    pub async fn start_with_progress(
+        &self,
+        spec: &SandboxSpec,
+        mut progress: impl FnMut(&str),
+    ) -> Result<DockerSandbox> {
+        validate_run_id(&spec.run_id)?;
+        // Pack on a blocking thread while the image is checked.
+        let pack = spec.repo_dir.clone().map(|dir| {
+            tokio::task::spawn_blocking(move || {
+                let meta = std::fs::metadata(&dir).map_err(|e| {
+                    SandboxError::io(format!("reading the directory {}", dir.display()), e)
+                })?;
+                if !meta.is_dir() {
+                    return Err(SandboxError::InvalidInput(format!(
+                        "{} is not a directory",
+                        dir.display()
+                    )));
+                }
+                archive::pack_dir(&dir, "repo")
+            })
+        });
+        self.ensure_image(&spec.image, &mut progress).await?;
+        let workdir = if spec.repo_dir.is_some() {
+            "/workspace/repo"
+        } else {
+            "/workspace"
+        };
+        progress("creating container");
+        let id = self.create_container(spec, workdir).await?;
+        let sandbox = DockerSandbox::new(self.docker.clone(), id, spec, workdir);
+        match self.prepare(&sandbox, spec, pack, &mut progress).await {
+            Ok(()) => Ok(sandbox),
+            Err(e) => {
+                let _ = sandbox.destroy().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn create_container(&self, spec: &SandboxSpec, workdir: &str) -> Result<String> {
+        let labels = HashMap::from([
+            (RUN_LABEL.to_string(), spec.run_id.clone()),
+            (OWNER_LABEL.to_string(), owner_id()),
+        ]);
+        let host_config = HostConfig {
+            init: Some(true),
+            privileged: Some(false),
+            security_opt: Some(vec!["no-new-privileges:true".to_string()]),
+            cap_drop: Some(vec!["ALL".to_string()]),
+            cap_add: Some(KEPT_CAPABILITIES.iter().map(|c| c.to_string()).collect()),
+            memory: Some(spec.limits.memory_bytes),
+            memory_swap: Some(spec.limits.memory_bytes),
+            nano_cpus: Some(spec.limits.nano_cpus),
+            pids_limit: Some(spec.limits.pids),
+            network_mode: Some("bridge".to_string()),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            // Keeps the container alive without anything installed in the image; the
+            // engine's init (PID 1) reaps what the model's shells leave behind.
+            cmd: Some(vec![
+                "/bin/sh".to_string(),
+                "-c".to_string(),
+                "while :; do sleep 86400; done".to_string(),
+            ]),
+            entrypoint: Some(vec![]),
+            working_dir: Some(workdir.to_string()),
+            labels: Some(labels),
+            tty: Some(false),
+            host_config: Some(host_config),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(format!("kodx-{}", spec.run_id)),
+                    ..Default::default()
+                }),
+                body,
+            )
+            .await
+            .map_err(|e| {
+                SandboxError::docker(format!("creating the container from {}", spec.image), e)
+            })?;
+        let id = created.id;
+        register_live(&self.docker, &id);
+        Ok(id)
+    }
+
+    async fn prepare(
+        &self,
+        sandbox: &DockerSandbox,
+        spec: &SandboxSpec,
+        pack: Option<tokio::task::JoinHandle<Result<(Vec<u8>, Manifest)>>>,
+        progress: &mut impl FnMut(&str),
+    ) -> Result<()> {
+        let id = sandbox.id.as_str();
+        self.docker
+            .start_container(id, None)
+            .await
+            .map_err(|e| SandboxError::docker("starting the container", e))?;
+        // kodx's own files in /tmp: the shells' rc file and the setup script.
+        let mut files = vec![(".kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
+        if let Some(script) = &spec.setup_script {
+            files.push(("setup.sh", script.as_bytes(), 0o700));
+        }
+        upload(&self.docker, id, "/tmp", small_tar(&files)).await?;
+        if let Some(pack) = pack {
+            progress("copying the repository");
+            let (tar, manifest) = pack.await.map_err(|e| {
+                SandboxError::InvalidInput(format!("packing the repository: {e}"))
+            })??;
+            upload(&self.docker, id, "/workspace", tar).await?;
+            *sandbox.baseline.lock().unwrap() = manifest;
+        }
+        if let Some(_script) = &spec.setup_script {
+            progress("running the setup script");
+            run_setup(&self.docker, id, &sandbox.workdir, spec.setup_timeout).await?;
+        }
+        if spec.disable_network_after_setup {
+            progress("cutting the network");
+            cut_network(&self.docker, id).await?;
+        }
+        progress("starting the shell");
+        sandbox.create_new_shell("default").await?;
+        Ok(())
+    }
+
+    /// Removes `kodx.run` containers that no live run owns: those whose run id `keep` says
+    /// no to. Returns how many were removed.
+    pub async fn sweep(&self, keep: impl Fn(&HashMap<String, String>) -> bool) -> Result<usize> {
+        let list = self
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(HashMap::from([(
+                    "label".to_string(),
+                    vec![RUN_LABEL.to_string()],
+                )])),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| SandboxError::docker("listing kodx containers", e))?;
+        let mut removed = 0;
+        for c in list {
+            let labels = c.labels.unwrap_or_default();
+            if keep(&labels) {
+                continue;
+            }
+            if let Some(id) = c.id {
+                if remove(&self.docker, &id).await.is_ok() {
+                    tracing::info!(container = %id, run = ?labels.get(RUN_LABEL), "removed an orphaned sandbox container");
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Removes the containers left behind by kodx processes on this host that are no longer
+    /// running (a crash, a `kill -9`). Containers of live processes and other hosts are kept.
+    pub async fn sweep_dead_owners(&self) -> Result<usize> {
+        let host = hostname();
+        self.sweep(|labels| match labels.get(OWNER_LABEL) {
+            Some(owner) => match owner.rsplit_once('/') {
+                Some((h, pid)) if h == host => pid
+                    .parse::<u32>()
+                    .is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists()),
+                _ => true,
+            },
+            None => true,
+        })
+        .await
+    }
+}
+
+fn split_image(image: &str) -> (&str, &str) {
+    // `registry:5000/name:tag` — the tag is after the last colon that follows the last slash.
+    let slash = image.rfind('/').map_or(0, |i| i + 1);
+    if image.contains('@') {
+        return (image, "");
+    }
+    match image[slash..].rfind(':') {
+        Some(i) => (&image[..slash + i], &image[slash + i + 1..]),
+        None => (image, "latest"),
+    }
+}
+
+fn validate_run_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(SandboxError::InvalidInput(format!(
+            "run id {id:?} must be 1-64 characters of letters, digits, '-' or '_'"
+        )))
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown".to_string())
+}
+
+fn owner_id() -> String {
+    format!("{}/{}", hostname(), std::process::id())
+}
+
+async fn upload(docker: &Docker, id: &str, path: &str, tar: Vec<u8>) -> Result<()> {
+    docker
+        .upload_to_container(
+            id,
+            Some(UploadToContainerOptions {
+                path: path.to_string(),
+                ..Default::default()
+            }),
+            bollard::body_full(Bytes::from(tar)),
+        )
+        .await
+        .map_err(|e| SandboxError::docker(format!("copying files to {path} in the container"), e))
+}
+
+/// Runs `/tmp/setup.sh` with bash (sh when the image has no bash) in `workdir`, to the end
+/// or its timeout; removes the script afterwards.
+async fn run_setup(docker: &Docker, id: &str, workdir: &str, timeout: Duration) -> Result<()> {
+    let script =
+        "if command -v bash >/dev/null 2>&1; then bash /tmp/setup.sh; else sh /tmp/setup.sh; fi; \
+                  rc=$?; rm -f /tmp/setup.sh; exit $rc";
+    let exec = docker
+        .create_exec(
+            id,
+            CreateExecOptions {
+                cmd: Some(vec!["/bin/sh", "-c", script]),
+                env: Some(vec!["DEBIAN_FRONTEND=noninteractive"]),
+                working_dir: Some(workdir),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| SandboxError::docker("creating the setup script's process", e))?;
+    let StartExecResults::Attached { mut output, .. } = docker
+        .start_exec(&exec.id, None)
+        .await
+        .map_err(|e| SandboxError::docker("starting the setup script", e))?
+    else {
+        return Err(SandboxError::InvalidInput(
+            "setup script started detached".into(),
+        ));
+    };
+    const TAIL: usize = 64 * 1024;
+    let mut tail: Vec<u8> = Vec::new();
+    let collect = async {
+        while let Some(Ok(item)) = output.next().await {
+            if let LogOutput::StdOut { message } | LogOutput::StdErr { message } = item {
+                tail.extend_from_slice(&message);
+                if tail.len() > 2 * TAIL {
+                    tail.drain(..tail.len() - TAIL);
+                }
+            }
+        }
+    };
+    let finished = tokio::time::timeout(timeout, collect).await.is_ok();
+    let tail_text = last_lines(&term::clean(&tail), 40);
+    if !finished {
+        return Err(SandboxError::SetupTimedOut {
+            timeout,
+            tail: tail_text,
+        });
+    }
+    let code = docker
+        .inspect_exec(&exec.id)
+        .await
+        .map_err(|e| SandboxError::docker("reading the setup script's exit code", e))?
+        .exit_code
+        .unwrap_or(-1);
+    if code != 0 {
+        return Err(SandboxError::SetupFailed {
+            exit_code: code,
+            tail: tail_text,
+        });
+    }
+    Ok(())
+}
+
+/// A tar of a few small files (kodx's own files in /tmp).
+fn small_tar(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
+    let mut tar = Vec::new();
+    for (path, contents, mode) in files {
+        tar.extend(archive::pack_file(path, contents, *mode));
+        tar.truncate(tar.len() - 1024); // drop each archive's end-of-archive blocks
+    }
+    tar.extend([0u8; 1024]);
+    tar
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.trim_end().lines().collect();
+    let start = lines.len().saturating_sub(n);
+    let mut out = lines[start..].join("\n");
+    if out.len() > 8000 {
+        let cut = out.len() - 8000;
+        let cut = (cut..out.len())
+            .find(|&i| out.is_char_boundary(i))
+            .unwrap_or(0);
+        out = out[cut..].to_string();
+    }
+    out
+}
+
+/// Disconnects the container from every network and checks that none is left.
+async fn cut_network(docker: &Docker, id: &str) -> Result<()> {
+    let networks = |info: bollard::models::ContainerInspectResponse| -> Vec<String> {
+        info.network_settings
+            .and_then(|n| n.networks)
+            .map(|n| n.into_keys().collect())
+            .unwrap_or_default()
+    };
+    let info = docker
+        .inspect_container(id, None)
+        .await
+        .map_err(|e| SandboxError::docker("inspecting the container's networks", e))?;
+    for net in networks(info) {
+        docker
+            .disconnect_network(
+                &net,
+                NetworkDisconnectRequest {
+                    container: id.to_string(),
+                    force: Some(true),
+                },
+            )
+            .await
+            .map_err(|e| SandboxError::docker(format!("disconnecting network {net}"), e))?;
+    }
+    let left = networks(
+        docker
+            .inspect_container(id, None)
+            .await
+            .map_err(|e| SandboxError::docker("checking the network cut", e))?,
+    );
+    if !left.is_empty() {
+        return Err(SandboxError::InvalidInput(format!(
+            "the network cut failed: the container is still on {}",
+            left.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+async fn remove(docker: &Docker, id: &str) -> Result<()> {
+    let res = docker
+        .remove_container(
+            id,
+            Some(RemoveContainerOptions {
+                force: true,
+                v: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+    unregister_live(id);
+    match res {
+        Ok(()) => Ok(()),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => Ok(()),
+        Err(e) => Err(SandboxError::docker(format!("removing container {id}"), e)),
+    }
+}
+
+/// Containers this process created and has not removed yet, for removal on Ctrl-C.
+fn live() -> &'static Mutex<HashMap<String, Docker>> {
+    static LIVE: OnceLock<Mutex<HashMap<String, Docker>>> = OnceLock::new();
+    LIVE.get_or_init(Default::default)
+}
+
+fn register_live(docker: &Docker, id: &str) {
+    live()
+        .lock()
+        .unwrap()
+        .insert(id.to_string(), docker.clone());
+}
+
+fn unregister_live(id: &str) {
+    live().lock().unwrap().remove(id);
+}
+
+/// Removes every container this process still owns. For signal handlers: call it, then
+/// exit.
+pub async fn remove_all_live() -> usize {
+    let all: Vec<(String, Docker)> = live().lock().unwrap().drain().collect();
+    let n = all.len();
+    futures_util::future::join_all(all.iter().map(|(id, d)| remove(d, id))).await;
+    n
+}
+
+/// Ids of the containers this process still owns.
+pub fn live_containers() -> HashSet<String> {
+    live().lock().unwrap().keys().cloned().collect()
+}
+
+/// One run's container. Removed by [`Sandbox::destroy`], or, if that is never called (a
+/// panic, a dropped future), when the value is dropped.
+pub struct DockerSandbox {
+    docker: Docker,
+    id: String,
+    run_id: String,
+    workdir: String,
+    output_cap: usize,
+    archive_limits: Limits,
+    baseline: Mutex<Manifest>,
+    shells: Mutex<HashMap<String, Arc<Shell>>>,
+    destroyed: AtomicBool,
+}
+
+/// Most shells one sandbox keeps at once.
+pub const MAX_SHELLS: usize = 16;
+
+impl DockerSandbox {
+    fn new(docker: Docker, id: String, spec: &SandboxSpec, workdir: &str) -> Self {
+        DockerSandbox {
+            docker,
+            id,
+            run_id: spec.run_id.clone(),
+            workdir: workdir.to_string(),
+            output_cap: spec.output_cap,
+            archive_limits: spec.archive_limits.clone(),
+            baseline: Mutex::new(Manifest::default()),
+            shells: Mutex::new(HashMap::new()),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn container_id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    fn shell(&self, name: &str) -> Result<Arc<Shell>> {
+        self.shells
+            .lock()
+            .unwrap()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| SandboxError::UnknownShell(name.to_string()))
+    }
+
+    /// Downloads the workspace as a tar, refusing one larger than the archive limits.
+    async fn download_workspace(&self) -> Result<Vec<u8>> {
+        let mut stream = self.docker.download_from_container(
+            &self.id,
+            Some(DownloadFromContainerOptions {
+                path: self.workdir.clone(),
+            }),
+        );
+        // Headers and padding on top of the content limit.
+        let cap = self
+            .archive_limits
+            .max_total_bytes
+            .saturating_add(1024 * self.archive_limits.max_entries as u64);
+        let mut buf = BytesMut::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| SandboxError::docker("downloading the workspace", e))?;
+            buf.extend_from_slice(&chunk);
+            if buf.len() as u64 > cap {
+                return Err(SandboxError::UnsafeArchive(format!(
+                    "the workspace is larger than the export limit of {} bytes",
+                    self.archive_limits.max_total_bytes
+                )));
+            }
+        }
+        Ok(buf.to_vec())
+    }
+
+    fn root_name(&self) -> &str {
+        self.workdir.rsplit('/').next().unwrap_or("workspace")
+    }
+
+    fn remove_blocking(&self) {
+        let docker = self.docker.clone();
+        let id = self.id.clone();
+        // Drop cannot await, and the runtime may be shutting down (a panicking test, the
+        // end of main): remove on a thread of its own and wait for it, bounded.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(rt) = rt {
+                let _ = rt.block_on(remove(&docker, &id));
+            }
+            let _ = tx.send(());
+        });
+        let _ = rx.recv_timeout(Duration::from_secs(15));
+    }
+}
+
+impl Drop for DockerSandbox {
+    fn drop(&mut self) {
+        if !self.destroyed.swap(true, Ordering::SeqCst) {
+            self.shells.lock().unwrap().clear();
+            self.remove_blocking();
+        }
+    }
+}
+
+fn validate_shell_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(SandboxError::InvalidInput(format!(
+            "shell name {name:?} must be 1-64 characters of letters, digits, '-', '_' or '.'"
+        )))
+    }
+}
+
+#[async_trait]
+impl Sandbox for DockerSandbox {
+    async fn create_new_shell(&self, name: &str) -> Result<String> {
+        validate_shell_name(name)?;
+        {
+            let shells = self.shells.lock().unwrap();
+            if !shells.contains_key(name) && shells.len() >= MAX_SHELLS {
+                return Err(SandboxError::InvalidInput(format!(
+                    "{MAX_SHELLS} shells are open already; reuse one, or replace one with create_new_shell(\"<its name>\")"
+                )));
+            }
+        }
+        let shell =
+            Shell::start(&self.docker, &self.id, name, &self.workdir, self.output_cap).await?;
+        let old = self.shells.lock().unwrap().insert(name.to_string(), shell);
+        let replaced = old.is_some();
+        if let Some(pid) = old.and_then(|old| old.pid()) {
+            // Hang up the old shell and its jobs, as closing a terminal would.
+            let kill = format!("kill -HUP {pid} 2>/dev/null; kill -CONT {pid} 2>/dev/null; true");
+            let _ = exec_detached(&self.docker, &self.id, &kill).await;
+        }
+        Ok(format!(
+            "{} shell {name:?} in {}.",
+            if replaced { "Replaced" } else { "Started" },
+            self.workdir
+        ))
+    }
+
+    async fn feed_chars(
+        &self,
+        name: &str,
+        chars: &str,
+        yield_time: Duration,
+    ) -> Result<FeedOutput> {
+        self.shell(name)?.feed(chars, yield_time).await
+    }
+
+    async fn export_workspace(&self, dest: &Path) -> Result<usize> {
+        let tar = self.download_workspace().await?;
+        let root = self.root_name().to_string();
+        let dest = dest.to_path_buf();
+        let limits = self.archive_limits.clone();
+        tokio::task::spawn_blocking(move || archive::replace_dir(&tar, &root, &dest, &limits))
+            .await
+            .map_err(|e| SandboxError::InvalidInput(format!("export task failed: {e}")))?
+    }
+
+    async fn change_set(&self) -> Result<ChangeSet> {
+        let tar = self.download_workspace().await?;
+        let root = self.root_name().to_string();
+        let baseline = self.baseline.lock().unwrap().clone();
+        let limits = self.archive_limits.clone();
+        tokio::task::spawn_blocking(move || archive::change_set(&tar, &root, &baseline, &limits))
+            .await
+            .map_err(|e| SandboxError::InvalidInput(format!("change set task failed: {e}")))?
+    }
+
+    fn workdir(&self) -> &str {
+        &self.workdir
+    }
+
+    async fn destroy(&self) -> Result<()> {
+        if self.destroyed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.shells.lock().unwrap().clear();
+        remove(&self.docker, &self.id).await
+    }
+}
+
+async fn exec_detached(docker: &Docker, id: &str, script: &str) -> Result<()> {
+    let exec = docker
+        .create_exec(
+            id,
+            CreateExecOptions {
+                cmd: Some(vec!["/bin/sh", "-c", script]),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| SandboxError::docker("creating a helper process", e))?;
+    docker
+        .start_exec(
+            &exec.id,
+            Some(bollard::exec::StartExecOptions {
+                detach: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(|e| SandboxError::docker("starting a helper process", e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_names_split_into_name_and_tag() {
+        assert_eq!(split_image("python:3.12"), ("python", "3.12"));
+        assert_eq!(split_image("python"), ("python", "latest"));
+        assert_eq!(
+            split_image("registry:5000/team/img:v1"),
+            ("registry:5000/team/img", "v1")
+        );
+        assert_eq!(
+            split_image("registry:5000/img"),
+            ("registry:5000/img", "latest")
+        );
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(validate_run_id("abc-123_x").is_ok());
+        assert!(validate_run_id("").is_err());
+        assert!(validate_run_id("a/b").is_err());
+        assert!(validate_shell_name("server").is_ok());
+        assert!(validate_shell_name("a b").is_err());
+        assert!(validate_shell_name(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn setup_tail_keeps_last_lines() {
+        let text: String = (0..100).map(|i| format!("l{i}\n")).collect();
+        let t = last_lines(&text, 3);
+        assert_eq!(t, "l97\nl98\nl99");
+    }
+}

@@ -1,0 +1,49 @@
+//! The sandbox engine: one hardened Docker container per run, named PTY shells inside it,
+//! a setup script, a network cut, and safe export of the workspace (SPEC §6).
+//!
+//! [`Sandbox`] is the seam the agent talks to; [`DockerSandbox`] is the real thing, made by
+//! [`Engine::start`].
+
+pub mod archive;
+pub mod docker;
+pub mod error;
+pub mod shell;
+pub mod term;
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use archive::{Change, ChangeKind, ChangeSet, NewEntry};
+pub use docker::{DockerSandbox, Engine, ResourceLimits, SandboxSpec};
+pub use error::{Result, SandboxError};
+pub use shell::{FeedOutput, ShellStatus};
+
+/// The shell `feed_chars` uses when the model names none.
+pub const DEFAULT_SHELL: &str = "default";
+
+/// A run's workspace with named shells, as the model's two tools see it.
+#[async_trait]
+pub trait Sandbox: Send + Sync {
+    /// Starts a fresh shell under `name` in the workspace directory; `"default"` replaces
+    /// the main shell, a new name adds a parallel one. Returns a line for the model.
+    async fn create_new_shell(&self, name: &str) -> Result<String>;
+
+    /// Types `chars` into the shell `name` and returns what it printed since the last read:
+    /// as soon as it is back at its prompt, or partial output at `yield_time`.
+    async fn feed_chars(&self, name: &str, chars: &str, yield_time: Duration)
+        -> Result<FeedOutput>;
+
+    /// Writes the whole final workspace to `dest`, replacing what was there.
+    async fn export_workspace(&self, dest: &Path) -> Result<usize>;
+
+    /// The exact change set against what was copied in.
+    async fn change_set(&self) -> Result<ChangeSet>;
+
+    /// The workspace directory inside the sandbox (`/workspace/repo` or `/workspace`).
+    fn workdir(&self) -> &str;
+
+    /// Removes the sandbox at once. Idempotent.
+    async fn destroy(&self) -> Result<()>;
+}
