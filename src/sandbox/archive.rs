@@ -170,19 +170,27 @@ pub fn pack_dir(src: &Path, prefix: &str) -> Result<(Vec<u8>, Manifest)> {
 /// # Panics
 /// If `path` is not a relative path without `..` (a programming error: callers pass constants).
 pub fn pack_file(path: &str, contents: &[u8], mode: u32) -> Vec<u8> {
+    pack_files(&[(path, contents, mode)])
+}
+
+/// A tar holding the given regular files (`(path, contents, mode)`), uid/gid 0. Parent
+/// directories are implied (Docker creates them). Panics on a path the tar crate rejects.
+pub fn pack_files(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let mut h = header(
-        EntryType::Regular,
-        mode & 0o7777,
-        now,
-        contents.len() as u64,
-    );
     let mut builder = tar::Builder::new(Vec::new());
-    builder
-        .append_data(&mut h, path, contents)
-        .unwrap_or_else(|e| panic!("pack_file({path:?}): {e}"));
+    for (path, contents, mode) in files {
+        let mut h = header(
+            EntryType::Regular,
+            mode & 0o7777,
+            now,
+            contents.len() as u64,
+        );
+        builder
+            .append_data(&mut h, path, *contents)
+            .unwrap_or_else(|e| panic!("pack_files({path:?}): {e}"));
+    }
     builder.into_inner().expect("writing a tar into memory")
 }
 

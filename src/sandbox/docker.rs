@@ -332,7 +332,7 @@ impl Engine {
         if let Some(script) = &spec.setup_script {
             files.push(("setup.sh", script.as_bytes(), 0o700));
         }
-        upload(&self.docker, id, "/tmp", small_tar(&files)).await?;
+        upload(&self.docker, id, "/tmp", archive::pack_files(&files)).await?;
         if let Some(pack) = pack {
             progress("copying the repository");
             let (tar, manifest) = pack.await.map_err(|e| {
@@ -515,17 +515,6 @@ async fn run_setup(docker: &Docker, id: &str, workdir: &str, timeout: Duration) 
         });
     }
     Ok(())
-}
-
-/// A tar of a few small files (kodx's own files in /tmp).
-fn small_tar(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
-    let mut tar = Vec::new();
-    for (path, contents, mode) in files {
-        tar.extend(archive::pack_file(path, contents, *mode));
-        tar.truncate(tar.len() - 1024); // drop each archive's end-of-archive blocks
-    }
-    tar.extend([0u8; 1024]);
-    tar
 }
 
 fn last_lines(text: &str, n: usize) -> String {

@@ -1,0 +1,235 @@
+//! Copy-in, export and change sets, against the real Docker engine.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::Path;
+
+use common::*;
+use kodx::sandbox::{ChangeKind, NewEntry, Sandbox, SandboxError};
+
+fn mode(p: &Path) -> u32 {
+    fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+fn repo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fs::write(d.join("keep.txt"), "unchanged\n").unwrap();
+    fs::write(d.join("edit.txt"), "old\n").unwrap();
+    fs::write(d.join("gone.txt"), "bye\n").unwrap();
+    fs::write(d.join("run.sh"), "echo run\n").unwrap();
+    fs::set_permissions(d.join("run.sh"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(d.join("tool.sh"), "echo tool\n").unwrap();
+    fs::set_permissions(d.join("tool.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::create_dir(d.join("sub")).unwrap();
+    fs::write(d.join("sub/a.txt"), "a\n").unwrap();
+    symlink("keep.txt", d.join("link")).unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn copy_in_keeps_modes_and_symlinks_and_change_set_is_exact() {
+    let Some(engine) = engine().await else { return };
+    let src = repo();
+    let mut spec = spec("changes");
+    spec.repo_dir = Some(src.path().to_path_buf());
+    let sb = start(&engine, &spec).await;
+    let out = sb
+        .feed_chars(
+            "default",
+            "pwd; stat -c '%a %n' run.sh tool.sh; readlink link; cat sub/a.txt",
+            10 * SEC,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        out.output, "/workspace/repo\n644 run.sh\n755 tool.sh\nkeep.txt\na\n",
+        "{out:?}"
+    );
+    assert!(
+        sb.change_set().await.unwrap().is_empty(),
+        "nothing changed yet"
+    );
+
+    let edit = "echo new > edit.txt; rm gone.txt; chmod +x run.sh; ln -sfn sub/a.txt link; \
+                mkdir -p new/dir && printf 'x' > new/dir/added.txt; git init -q . 2>/dev/null; true";
+    sb.feed_chars("default", edit, 10 * SEC).await.unwrap();
+    let cs = sb.change_set().await.unwrap();
+    let got: Vec<(String, String)> = cs
+        .changes
+        .iter()
+        .map(|c| {
+            let kind = match &c.kind {
+                ChangeKind::Added(_) => "added".to_string(),
+                ChangeKind::Deleted => "deleted".to_string(),
+                ChangeKind::Modified {
+                    content_changed,
+                    mode_changed,
+                    ..
+                } => {
+                    format!("modified content={content_changed} mode={mode_changed}")
+                }
+            };
+            (c.path.clone(), kind)
+        })
+        .collect();
+    let want: Vec<(String, String)> = [
+        ("edit.txt", "modified content=true mode=false"),
+        ("gone.txt", "deleted"),
+        ("link", "modified content=true mode=false"),
+        ("new/dir/added.txt", "added"),
+        ("run.sh", "modified content=false mode=true"),
+    ]
+    .iter()
+    .map(|(p, k)| (p.to_string(), k.to_string()))
+    .collect();
+    assert_eq!(
+        got, want,
+        "the .git created in the container is not part of the change set"
+    );
+    let link = cs.changes.iter().find(|c| c.path == "link").unwrap();
+    assert!(
+        matches!(&link.kind, ChangeKind::Modified { new: NewEntry::Symlink { target }, .. } if target == "sub/a.txt")
+    );
+    assert_eq!(cs.summary(), "1 added, 3 modified, 1 deleted");
+
+    // Applying the change set to the original tree gives the container's tree.
+    let applied = tempfile::tempdir().unwrap();
+    let copy = applied.path().join("repo");
+    std::process::Command::new("cp")
+        .arg("-a")
+        .arg(src.path())
+        .arg(&copy)
+        .status()
+        .unwrap();
+    cs.apply(&copy).unwrap();
+    assert_eq!(fs::read_to_string(copy.join("edit.txt")).unwrap(), "new\n");
+    assert!(!copy.join("gone.txt").exists());
+    assert_eq!(mode(&copy.join("run.sh")), 0o755);
+    assert_eq!(
+        fs::read_link(copy.join("link")).unwrap(),
+        Path::new("sub/a.txt")
+    );
+    assert_eq!(
+        fs::read_to_string(copy.join("new/dir/added.txt")).unwrap(),
+        "x"
+    );
+
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}
+
+#[tokio::test]
+async fn export_replaces_the_destination_with_the_final_workspace() {
+    let Some(engine) = engine().await else { return };
+    let src = repo();
+    let mut spec = spec("export");
+    spec.repo_dir = Some(src.path().to_path_buf());
+    let sb = start(&engine, &spec).await;
+    sb.feed_chars(
+        "default",
+        "rm gone.txt; echo made > made.txt; chmod 600 keep.txt",
+        10 * SEC,
+    )
+    .await
+    .unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let dest = out_dir.path().join("changes");
+    fs::create_dir(&dest).unwrap();
+    fs::write(dest.join("stale.txt"), "from an earlier export").unwrap();
+    fs::write(dest.join("gone.txt"), "stale copy").unwrap();
+    let n = sb.export_workspace(&dest).await.unwrap();
+    assert_eq!(n, 6, "regular files written");
+    let mut names: Vec<String> = fs::read_dir(&dest)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["edit.txt", "keep.txt", "link", "made.txt", "run.sh", "sub", "tool.sh"]
+    );
+    assert_eq!(fs::read_to_string(dest.join("made.txt")).unwrap(), "made\n");
+    assert_eq!(mode(&dest.join("keep.txt")), 0o600);
+    assert_eq!(mode(&dest.join("tool.sh")), 0o755);
+    assert_eq!(
+        fs::read_link(dest.join("link")).unwrap(),
+        Path::new("keep.txt")
+    );
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}
+
+#[tokio::test]
+async fn clean_workspace_without_repository() {
+    let Some(engine) = engine().await else { return };
+    let spec = spec("clean");
+    let sb = start(&engine, &spec).await;
+    let out = sb
+        .feed_chars("default", "pwd; ls -A | wc -l", 10 * SEC)
+        .await
+        .unwrap();
+    assert_eq!(out.output, "/workspace\n0\n");
+    sb.feed_chars("default", "echo 'print(1)' > app.py", 10 * SEC)
+        .await
+        .unwrap();
+    let cs = sb.change_set().await.unwrap();
+    assert_eq!(cs.changes.len(), 1);
+    assert_eq!(cs.changes[0].path, "app.py");
+    assert!(matches!(
+        cs.changes[0].kind,
+        ChangeKind::Added(NewEntry::File { .. })
+    ));
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}
+
+#[tokio::test]
+async fn hostile_workspace_content_is_refused_on_export() {
+    let Some(engine) = engine().await else { return };
+    let src = repo();
+    let mut spec = spec("hostile");
+    spec.repo_dir = Some(src.path().to_path_buf());
+    let sb = start(&engine, &spec).await;
+    let outside = tempfile::tempdir().unwrap();
+    let dest = outside.path().join("export");
+    for (plant, what) in [
+        ("ln -s /etc/passwd abs-link", "abs-link"),
+        ("ln -s ../../../../etc escape", "escape"),
+        ("mkfifo pipe", "pipe"),
+    ] {
+        sb.feed_chars("default", plant, 10 * SEC).await.unwrap();
+        let err = sb.export_workspace(&dest).await.unwrap_err();
+        assert!(
+            matches!(err, SandboxError::UnsafeArchive(_)),
+            "{plant}: {err:?}"
+        );
+        assert!(err.to_string().contains(what), "{plant}: {err}");
+        let err = sb.change_set().await.unwrap_err();
+        assert!(
+            matches!(err, SandboxError::UnsafeArchive(_)),
+            "{plant}: {err:?}"
+        );
+        assert!(!dest.exists(), "nothing written for {plant}");
+        sb.feed_chars("default", &format!("rm -f {what}"), 10 * SEC)
+            .await
+            .unwrap();
+    }
+    // A file over the size limit is refused too.
+    let mut spec2 = spec.clone();
+    drop(sb);
+    assert_gone(&engine, &spec.run_id).await;
+    spec2.run_id = run_id("oversize");
+    spec2.archive_limits.max_file_bytes = 1000;
+    let sb = start(&engine, &spec2).await;
+    sb.feed_chars("default", "head -c 5000 /dev/zero > big.bin", 10 * SEC)
+        .await
+        .unwrap();
+    let err = sb.change_set().await.unwrap_err();
+    assert!(err.to_string().contains("big.bin"), "{err}");
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec2.run_id).await;
+    assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0);
+}
