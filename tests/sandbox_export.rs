@@ -233,3 +233,32 @@ async fn hostile_workspace_content_is_refused_on_export() {
     assert_gone(&engine, &spec2.run_id).await;
     assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0);
 }
+
+#[tokio::test]
+async fn the_repositorys_own_escaping_symlinks_do_not_block_export() {
+    let Some(engine) = engine().await else { return };
+    let src = repo();
+    symlink("../shared/config", src.path().join("config")).unwrap();
+    let mut spec = spec("own-links");
+    spec.repo_dir = Some(src.path().to_path_buf());
+    let sb = start(&engine, &spec).await;
+    sb.feed_chars("default", "echo change >> edit.txt", 10 * SEC)
+        .await
+        .unwrap();
+    let cs = sb.change_set().await.unwrap();
+    assert_eq!(cs.summary(), "1 modified");
+    let out = tempfile::tempdir().unwrap();
+    sb.export_workspace(&out.path().join("x")).await.unwrap();
+    assert_eq!(
+        fs::read_link(out.path().join("x/config")).unwrap(),
+        Path::new("../shared/config")
+    );
+    // Re-pointed by the container: refused like any new escaping link.
+    sb.feed_chars("default", "ln -sfn ../../etc config", 10 * SEC)
+        .await
+        .unwrap();
+    let err = sb.change_set().await.unwrap_err();
+    assert!(err.to_string().contains("config"), "{err}");
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}

@@ -203,7 +203,7 @@ pub fn pack_files(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
 /// the safety rules; if writing then fails, what was written is removed again.
 /// Returns the number of regular files written.
 pub fn extract(tar: &[u8], root: &str, dest: &Path, limits: &Limits) -> Result<usize> {
-    let tree = parse(tar, root, limits)?;
+    let tree = parse(tar, root, limits, None)?;
     let created = match fs::symlink_metadata(dest) {
         Ok(m) if m.is_dir() => {
             let mut entries = fs::read_dir(dest).map_err(io_at("reading", dest))?;
@@ -248,8 +248,17 @@ pub fn extract(tar: &[u8], root: &str, dest: &Path, limits: &Limits) -> Result<u
 /// into place and the old one removed, so files deleted in the container are gone here too.
 /// Creates `dest`'s parents if needed. On any error `dest` is left untouched and the
 /// temporary directory removed. Returns the number of regular files written.
-pub fn replace_dir(tar: &[u8], root: &str, dest: &Path, limits: &Limits) -> Result<usize> {
-    let tree = parse(tar, root, limits)?;
+///
+/// A symlink leaving the tree is accepted only when `baseline` (what was copied in) has
+/// the very same link: the user's own repository had it, the container did not make it.
+pub fn replace_dir(
+    tar: &[u8],
+    root: &str,
+    dest: &Path,
+    limits: &Limits,
+    baseline: Option<&Manifest>,
+) -> Result<usize> {
+    let tree = parse(tar, root, limits, baseline)?;
     let name = dest.file_name().ok_or_else(|| {
         SandboxError::InvalidInput(format!("{} has no final component", dest.display()))
     })?;
@@ -328,7 +337,7 @@ pub fn change_set(
     baseline: &Manifest,
     limits: &Limits,
 ) -> Result<ChangeSet> {
-    let tree = parse(tar, root, limits)?;
+    let tree = parse(tar, root, limits, Some(baseline))?;
     let mut changes = Vec::new();
     for (path, node) in &tree.nodes {
         if is_git(path) {
@@ -670,7 +679,14 @@ enum Node<'a> {
     Symlink { target: String },
 }
 
-fn parse<'a>(tar: &'a [u8], root: &str, limits: &Limits) -> Result<Tree<'a>> {
+/// `baseline`: symlinks identical to the baseline's are not checked for leaving the tree
+/// (they came from the host as they are); nothing is ever written through any symlink.
+fn parse<'a>(
+    tar: &'a [u8],
+    root: &str,
+    limits: &Limits,
+    baseline: Option<&Manifest>,
+) -> Result<Tree<'a>> {
     if !root.is_empty() && (root.contains('/') || check_rel(root).is_err()) {
         return Err(SandboxError::InvalidInput(format!(
             "bad archive root {root:?}: it must be a single file name"
@@ -768,6 +784,13 @@ fn parse<'a>(tar: &'a [u8], root: &str, limits: &Limits) -> Result<Tree<'a>> {
     }
     for (path, node) in &tree.nodes {
         if let Node::Symlink { target } = node {
+            let unchanged = baseline.and_then(|b| b.get(path))
+                == Some(&ManifestEntry::Symlink {
+                    target: target.clone(),
+                });
+            if unchanged {
+                continue;
+            }
             let lookup = |p: &str| match tree.nodes.get(p) {
                 Some(Node::Symlink { target }) => Some(target.as_str()),
                 _ => None,
@@ -909,6 +932,8 @@ fn check_rel(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Syntax only (empty, overlong, NUL); whether the target stays inside the tree is
+/// [`check_link`]'s job.
 fn check_target_syntax(target: &str) -> Result<(), String> {
     if target.is_empty() {
         return Err("empty target".into());
@@ -918,9 +943,6 @@ fn check_target_syntax(target: &str) -> Result<(), String> {
     }
     if target.contains('\0') {
         return Err("NUL byte in target".into());
-    }
-    if target.starts_with('/') {
-        return Err("absolute target".into());
     }
     Ok(())
 }
@@ -946,6 +968,9 @@ fn resolve<'t>(
     hops: &mut usize,
 ) -> Result<(), String> {
     check_target_syntax(target)?;
+    if target.starts_with('/') {
+        return Err("absolute target".into());
+    }
     for part in target.split('/') {
         match part {
             "" | "." => {}
@@ -1372,13 +1397,13 @@ mod tests {
         let dest = parent.join("repo");
         put(&dest, "stale.txt", "old", 0o644);
         put(&dest, "a.txt", "old alpha", 0o644);
-        replace_dir(&tar, "repo", &dest, &Limits::default()).unwrap();
+        replace_dir(&tar, "repo", &dest, &Limits::default(), None).unwrap();
         assert_eq!(snapshot(&dest), snapshot(&src));
         assert_eq!(names(&parent), ["repo"]);
 
         // Parents are created; an absent dest is fine.
         let deep = tmp.path().join("a/b/c");
-        replace_dir(&tar, "repo", &deep, &Limits::default()).unwrap();
+        replace_dir(&tar, "repo", &deep, &Limits::default(), None).unwrap();
         assert_eq!(snapshot(&deep), snapshot(&src));
     }
 
@@ -1515,7 +1540,7 @@ mod tests {
         put(&dest, "keep", "kept", 0o644);
         check(
             "replace_dir",
-            replace_dir(&tar, "repo", &dest, limits).map(drop),
+            replace_dir(&tar, "repo", &dest, limits, None).map(drop),
         );
         assert_eq!(
             snapshot(&dest),
@@ -1815,5 +1840,40 @@ mod tests {
                 "precious"
             );
         }
+    }
+
+    #[test]
+    fn escaping_symlinks_from_the_host_are_kept_but_new_ones_refused() {
+        let src = tempfile::tempdir().unwrap();
+        fs::write(src.path().join("a.txt"), "a").unwrap();
+        symlink("../shared/common", src.path().join("common")).unwrap();
+        symlink("/usr/share/dict", src.path().join("dict")).unwrap();
+        let (tar, baseline) = pack_dir(src.path(), "repo").unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let dest = out.path().join("export");
+        // Without a baseline the links are refused; with it they are the user's own.
+        assert!(matches!(
+            replace_dir(&tar, "repo", &dest, &Limits::default(), None),
+            Err(SandboxError::UnsafeArchive(_))
+        ));
+        replace_dir(&tar, "repo", &dest, &Limits::default(), Some(&baseline)).unwrap();
+        assert_eq!(
+            fs::read_link(dest.join("common")).unwrap(),
+            Path::new("../shared/common")
+        );
+        assert!(change_set(&tar, "repo", &baseline, &Limits::default())
+            .unwrap()
+            .is_empty());
+        // The same name pointing elsewhere outside, or a new link through the kept one: refused.
+        fs::remove_file(src.path().join("dict")).unwrap();
+        symlink("/etc", src.path().join("dict")).unwrap();
+        symlink("common/../../x", src.path().join("via")).unwrap();
+        let (tar2, _) = pack_dir(src.path(), "repo").unwrap();
+        let err = change_set(&tar2, "repo", &baseline, &Limits::default()).unwrap_err();
+        assert!(err.to_string().contains("dict"), "{err}");
+        fs::remove_file(src.path().join("dict")).unwrap();
+        let (tar3, _) = pack_dir(src.path(), "repo").unwrap();
+        let err = change_set(&tar3, "repo", &baseline, &Limits::default()).unwrap_err();
+        assert!(err.to_string().contains("via"), "{err}");
     }
 }

@@ -787,9 +787,12 @@ impl Sandbox for DockerSandbox {
         let root = self.root_name().to_string();
         let dest = dest.to_path_buf();
         let limits = self.archive_limits.clone();
-        tokio::task::spawn_blocking(move || archive::replace_dir(&tar, &root, &dest, &limits))
-            .await
-            .map_err(|e| SandboxError::InvalidInput(format!("export task failed: {e}")))?
+        let baseline = self.baseline.lock().unwrap().clone();
+        tokio::task::spawn_blocking(move || {
+            archive::replace_dir(&tar, &root, &dest, &limits, Some(&baseline))
+        })
+        .await
+        .map_err(|e| SandboxError::InvalidInput(format!("export task failed: {e}")))?
     }
 
     async fn change_set(&self) -> Result<ChangeSet> {
