@@ -231,7 +231,49 @@ async fn several_lines_heredocs_and_escape_codes() {
         .await
         .unwrap();
     assert_eq!(out.output, "red\n", "{out:?}");
-    // A program reading the terminal gets its input in the next call, as a REPL does.
+    // A long heredoc (line by line, each taken at its PS2 prompt) stays quick and exact.
+    let body: String = (0..300)
+        .map(|i| format!("row {i} with 'quotes' and $dollars\n"))
+        .collect();
+    let t = Instant::now();
+    let out = sb
+        .feed_chars(
+            "default",
+            &format!("cat > big.txt <<'EOF'\n{body}EOF\nwc -l < big.txt"),
+            30 * SEC,
+        )
+        .await
+        .unwrap();
+    assert!(out.output.ends_with("300\n"), "{}", out.output);
+    assert!(t.elapsed() < 5 * SEC, "{:?}", t.elapsed());
+    let out = sb
+        .feed_chars("default", "md5sum < big.txt", 10 * SEC)
+        .await
+        .unwrap();
+    let want = md5_of(body.as_bytes());
+    assert!(out.output.starts_with(&want), "{out:?} vs {want}");
+    // Lines for a program that reads the terminal reach it, in the same call.
+    let t = Instant::now();
+    let out = sb
+        .feed_chars("default", "read x\nvalue\necho got=$x", 10 * SEC)
+        .await
+        .unwrap();
+    assert!(out.output.contains("got=value\n"), "{out:?}");
+    assert_eq!(out.status, ShellStatus::Ready { exit_code: Some(0) });
+    assert!(t.elapsed() < 3 * SEC);
+    let out = sb
+        .feed_chars(
+            "default",
+            "python3 -c 'print(int(input()) * 2)'\n21\necho after",
+            10 * SEC,
+        )
+        .await
+        .unwrap();
+    assert!(
+        out.output.contains("42\n") && out.output.contains("after\n"),
+        "{out:?}"
+    );
+    // Or in the next call, as with a REPL.
     let out = sb
         .feed_chars("default", "read -p 'name? ' x", 10 * SEC)
         .await
@@ -250,6 +292,24 @@ async fn several_lines_heredocs_and_escape_codes() {
     assert_eq!(out.output, "got=value\n");
     sb.destroy().await.unwrap();
     assert_gone(&engine, &spec.run_id).await;
+}
+
+/// md5 via the host's md5sum, to compare with the container's.
+fn md5_of(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("md5sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 #[tokio::test]

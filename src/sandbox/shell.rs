@@ -35,6 +35,9 @@ const SETTLE_AT_PROMPT: Duration = Duration::from_millis(50);
 /// Output quiet time after which a line that looks like an interactive prompt
 /// (`>>> `, `Password: `, `[Y/n] `) is taken as a program waiting for input.
 const SETTLE_AT_OTHER_PROMPT: Duration = Duration::from_millis(200);
+/// Output quiet time after which a typed line counts as taken by a running command when
+/// no prompt came back, so the next line can be typed.
+const LINE_TAKEN_QUIET: Duration = Duration::from_millis(30);
 /// How long a new shell may take to print its first prompt.
 const SHELL_START_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -251,11 +254,32 @@ impl Shell {
         // One writer at a time: a second call waits for the first to return.
         let mut input = self.input.lock().await;
         let prompts_before = self.state.lock().unwrap().decoder.prompts();
-        if !keys.bytes.is_empty() && !self.state.lock().unwrap().closed {
-            // Typing counts as activity: quiet time is measured from here.
-            self.state.lock().unwrap().last_output = Instant::now();
+        let deadline = tokio::time::Instant::now() + yield_time;
+        // Line by line: the next line is typed once the shell (or the program it runs) has
+        // taken this one. Typed all at once, lines meant for a program that reads the
+        // terminal (`read`, `input()`) are swallowed by readline's typeahead handling.
+        let mut lines = keys.bytes.split_inclusive(|&b| b == b'\n').peekable();
+        while let Some(line) = lines.next() {
+            if self.state.lock().unwrap().closed {
+                break;
+            }
+            let typed = {
+                let mut st = self.state.lock().unwrap();
+                // Typing counts as activity: quiet time is measured from here.
+                st.last_output = Instant::now();
+                st.decoder.prompts()
+            };
+            let rest_at_once = tokio::time::Instant::now() >= deadline;
+            let bytes: Vec<u8> = if rest_at_once {
+                line.iter()
+                    .chain(lines.by_ref().flatten())
+                    .copied()
+                    .collect()
+            } else {
+                line.to_vec()
+            };
             let write = async {
-                input.write_all(&keys.bytes).await?;
+                input.write_all(&bytes).await?;
                 input.flush().await
             };
             if let Err(e) = write.await {
@@ -264,7 +288,11 @@ impl Shell {
                     e,
                 ));
             }
+            if lines.peek().is_some() {
+                self.wait_taken(typed + 1, deadline).await;
+            }
         }
+        let yield_time = deadline.saturating_duration_since(tokio::time::Instant::now());
         let expected = prompts_before + keys.lines.max(usize::from(keys.control_only));
         let idle = keys
             .bytes
@@ -309,6 +337,29 @@ impl Shell {
             omitted_bytes,
             elapsed: started.elapsed(),
         })
+    }
+
+    /// Waits until a typed line was taken: a prompt (PS1 or PS2) beyond `prompts`, or
+    /// output quiet for a moment (a command runs, or a program waits for input).
+    async fn wait_taken(&self, prompts: usize, deadline: tokio::time::Instant) {
+        let mut changed = self.changed.clone();
+        loop {
+            let quiet_left = {
+                let st = self.state.lock().unwrap();
+                if st.closed || st.decoder.prompts() >= prompts {
+                    return;
+                }
+                LINE_TAKEN_QUIET.saturating_sub(st.last_output.elapsed())
+            };
+            if quiet_left.is_zero() || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            let wake = (tokio::time::Instant::now() + quiet_left).min(deadline);
+            tokio::select! {
+                _ = changed.changed() => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
     }
 
     /// Waits until the shell is done with what was typed: back at its prompt with
