@@ -172,7 +172,7 @@ async fn bench_sandbox(args: SandboxArgs) -> anyhow::Result<ExitCode> {
         args.image
     ));
     engine
-        .ensure_image(&args.image, |line| progress(line))
+        .ensure_image(&args.image, progress)
         .await
         .with_context(|| format!("making sure the image {} is present", args.image))?;
 
@@ -206,7 +206,11 @@ async fn bench_sandbox(args: SandboxArgs) -> anyhow::Result<ExitCode> {
         .context("the shell measurements")?;
 
     // 4. Copy-in and change-set export of a generated repository.
-    let (copy_in, export) = export_measurements(&engine, &args, &session)
+    let ExportFigures {
+        copy_in,
+        upload,
+        export,
+    } = export_measurements(&engine, &args, &session)
         .await
         .context("the change-set measurements")?;
 
@@ -261,6 +265,27 @@ async fn bench_sandbox(args: SandboxArgs) -> anyhow::Result<ExitCode> {
         stats: shell_stats,
         note: None,
     });
+    // The same samples split: a name's first use starts one exec; replacing a name also
+    // hangs up the old shell (one more, detached, exec).
+    if shells.len() > SHELL_NAMES {
+        let (first, again) = shells.split_at(SHELL_NAMES);
+        for (key, name, part) in [
+            (
+                "new_shell_first_use",
+                "  of which: first use of a name",
+                first,
+            ),
+            ("new_shell_replace", "  of which: replacing a name", again),
+        ] {
+            rows.push(Row {
+                key,
+                name: name.to_string(),
+                stats: stats_of(part)?,
+                target: None,
+                note: None,
+            });
+        }
+    }
     let copy_stats = stats_of(&copy_in)?;
     rows.push(Row {
         key: "copy_in",
@@ -272,6 +297,15 @@ async fn bench_sandbox(args: SandboxArgs) -> anyhow::Result<ExitCode> {
         stats: copy_stats,
         target: None,
     });
+    if let Some(stats) = Stats::of(&upload) {
+        rows.push(Row {
+            key: "copy_in_upload",
+            name: "  of which: packing + upload of the tar".to_string(),
+            stats,
+            target: None,
+            note: None,
+        });
+    }
     let export_stats = stats_of(&export)?;
     rows.push(Row {
         key: "change_set_export",
@@ -438,11 +472,22 @@ async fn new_shells(sandbox: &DockerSandbox, reps: u32) -> anyhow::Result<Vec<f6
     for i in 0..reps as usize {
         let name = format!("b{}", i % SHELL_NAMES);
         let t = Instant::now();
-        sandbox
+        let said = sandbox
             .create_new_shell(&name)
             .await
             .with_context(|| format!("create_new_shell({name:?}) #{}", i + 1))?;
         samples.push(ms(t.elapsed()));
+        // The first SHELL_NAMES calls start shells, the later ones replace them.
+        let want = if i < SHELL_NAMES {
+            "Started"
+        } else {
+            "Replaced"
+        };
+        ensure!(
+            said.starts_with(want),
+            "create_new_shell({name:?}) #{} answered {said:?}; expected it to start with {want:?}",
+            i + 1
+        );
         last = name;
     }
     // Untimed check that what was made is a working shell: a command there ends at the
@@ -480,13 +525,23 @@ fn write_tree(root: &Path, files: usize) -> anyhow::Result<u64> {
     Ok(bytes)
 }
 
+/// Samples of [`export_measurements`], in milliseconds.
+struct ExportFigures {
+    /// The whole `engine.start` with the repository.
+    copy_in: Vec<f64>,
+    /// Its phase from packing-and-uploading the tar to the shell start.
+    upload: Vec<f64>,
+    /// `change_set()`.
+    export: Vec<f64>,
+}
+
 /// `export_reps` × (start with the generated repository — the copy-in sample —, change 3
 /// files in the shell, `change_set()` — the export sample —, destroy).
 async fn export_measurements(
     engine: &Engine,
     args: &SandboxArgs,
     session: &str,
-) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+) -> anyhow::Result<ExportFigures> {
     let files = args.files as usize;
     progress(&format!("writing a repository of {files} files"));
     let dir = tempfile::Builder::new()
@@ -505,6 +560,7 @@ async fn export_measurements(
     let (a, b, c) = (tree_file(0), tree_file(1), tree_file(2));
     let change = format!("echo appended >> {a} && echo appended >> {b} && rm {c}");
     let mut copy_in = Vec::new();
+    let mut upload = Vec::new();
     let mut export = Vec::new();
     for i in 1..=args.export_reps {
         progress(&format!(
@@ -513,12 +569,25 @@ async fn export_measurements(
         ));
         let mut spec = SandboxSpec::new(format!("bench-{session}-export-{i}"), &args.image);
         spec.repo_dir = Some(dir.path().to_path_buf());
+        // The same as `engine.start`, with the phases timed: the copy runs from "copying
+        // the repository" (the host-side packing is awaited there) to "starting the shell".
+        let mut copying = None;
+        let mut shell_at = None;
         let t = Instant::now();
         let sandbox = engine
-            .start(&spec)
+            .start_with_progress(&spec, |phase| {
+                if phase.starts_with("copying") {
+                    copying = Some(Instant::now());
+                } else if phase.starts_with("starting the shell") {
+                    shell_at = Some(Instant::now());
+                }
+            })
             .await
             .with_context(|| format!("starting sandbox {} with the repository", spec.run_id))?;
         copy_in.push(ms(t.elapsed()));
+        if let (Some(a), Some(b)) = (copying, shell_at) {
+            upload.push(ms(b.duration_since(a)));
+        }
         let result: anyhow::Result<f64> = async {
             run_ok(&sandbox, "default", &change).await?;
             let t = Instant::now();
@@ -554,7 +623,11 @@ async fn export_measurements(
     }
     dir.close()
         .context("removing the benchmark repository's temporary directory")?;
-    Ok((copy_in, export))
+    Ok(ExportFigures {
+        copy_in,
+        upload,
+        export,
+    })
 }
 
 // ---------------------------------------------------------------------------------------

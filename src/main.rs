@@ -1,6 +1,8 @@
 //! The `kodx` binary.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
@@ -42,22 +44,33 @@ fn init_tracing() {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    // Ctrl-C (or SIGTERM) removes every container this process made, then exits.
-    tokio::spawn(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+    // Ctrl-C (or SIGTERM) removes every container this process made, then exits 130.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let on_signal = tokio::spawn({
+        let interrupted = interrupted.clone();
+        async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            interrupted.store(true, Ordering::SeqCst);
+            let n = kodx::sandbox::docker::remove_all_live().await;
+            eprintln!("kodx: interrupted; removed {n} sandbox container(s)");
+            std::process::exit(130);
         }
-        let n = kodx::sandbox::docker::remove_all_live().await;
-        eprintln!("kodx: interrupted; removed {n} sandbox container(s)");
-        std::process::exit(130);
     });
     let result = match cli.command {
         Command::Doctor(args) => doctor::run(args).await,
         Command::Bench(cmd) => bench::run(cmd).await,
     };
+    if interrupted.load(Ordering::SeqCst) {
+        // The work failed because its containers are being removed: let the handler
+        // finish that and exit 130.
+        let _ = on_signal.await;
+    }
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -373,3 +373,20 @@ async fn sh_without_bash_works_too() {
     sb.destroy().await.unwrap();
     assert_gone(&engine, &spec.run_id).await;
 }
+
+#[tokio::test]
+async fn many_quick_commands_each_return_exactly_their_output() {
+    let Some(engine) = engine().await else { return };
+    let spec = spec("many");
+    let sb = start(&engine, &spec).await;
+    for i in 0..400 {
+        let out = sb
+            .feed_chars("default", &format!("echo n{i}"), 10 * SEC)
+            .await
+            .unwrap();
+        assert_eq!(out.output, format!("n{i}\n"), "call {i}: {out:?}");
+        assert_eq!(out.status, ShellStatus::Ready { exit_code: Some(0) });
+    }
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}

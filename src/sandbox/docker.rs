@@ -93,6 +93,9 @@ const KEPT_CAPABILITIES: [&str; 8] = [
     "NET_BIND_SERVICE",
 ];
 
+/// The repository being packed into a tar (with its baseline) on a blocking thread.
+type PackTask = tokio::task::JoinHandle<Result<(Vec<u8>, Manifest)>>;
+
 /// A connection to a Docker engine.
 #[derive(Clone)]
 pub struct Engine {
@@ -319,7 +322,7 @@ impl Engine {
         &self,
         sandbox: &DockerSandbox,
         spec: &SandboxSpec,
-        pack: Option<tokio::task::JoinHandle<Result<(Vec<u8>, Manifest)>>>,
+        pack: Option<PackTask>,
         progress: &mut impl FnMut(&str),
     ) -> Result<()> {
         let id = sandbox.id.as_str();
@@ -762,9 +765,15 @@ impl Sandbox for DockerSandbox {
         let old = self.shells.lock().unwrap().insert(name.to_string(), shell);
         let replaced = old.is_some();
         if let Some(pid) = old.and_then(|old| old.pid()) {
-            // Hang up the old shell and its jobs, as closing a terminal would.
+            // Hang up the old shell and its jobs, as closing a terminal would; in the
+            // background, so the new shell is not kept waiting for it.
             let kill = format!("kill -HUP {pid} 2>/dev/null; kill -CONT {pid} 2>/dev/null; true");
-            let _ = exec_detached(&self.docker, &self.id, &kill).await;
+            let (docker, id) = (self.docker.clone(), self.id.clone());
+            tokio::spawn(async move {
+                if let Err(e) = exec_detached(&docker, &id, &kill).await {
+                    tracing::debug!(error = %e, "hanging up a replaced shell");
+                }
+            });
         }
         Ok(format!(
             "{} shell {name:?} in {}.",

@@ -520,6 +520,23 @@ mod tests {
     }
 
     #[test]
+    fn redraw_split_across_reads_leaves_no_stray_prompt() {
+        // As traced in a benchmark: the redraw's blanks, `\r` and prompt arrive after
+        // the take that returned the command's output.
+        let mut d = Decoder::new("n", 4096);
+        let p = prompt("n", "0");
+        d.feed(format!("echo hi\r\nhi\r\n{p}{}", " ".repeat(990)).as_bytes());
+        assert_eq!(d.at_prompt(), Some(PromptKind::Command { exit: Some(0) }));
+        assert_eq!(d.take().0.text, "echo hi\nhi\n");
+        d.feed(format!("{}\r", " ".repeat(8)).as_bytes());
+        d.feed(p.as_bytes());
+        d.feed(format!("echo x\r\nx\r\n{p}").as_bytes());
+        let (pending, kind) = d.take();
+        assert_eq!(pending.text, "echo x\nx\n");
+        assert_eq!(kind, Some(PromptKind::Command { exit: Some(0) }));
+    }
+
+    #[test]
     fn other_nonce_or_plain_text_is_not_a_prompt() {
         let mut d = Decoder::new("mine", 1024);
         d.feed(prompt("theirs", "0").as_bytes());
