@@ -760,21 +760,27 @@ impl Sandbox for DockerSandbox {
                 )));
             }
         }
-        let shell =
-            Shell::start(&self.docker, &self.id, name, &self.workdir, self.output_cap).await?;
-        let old = self.shells.lock().unwrap().insert(name.to_string(), shell);
-        let replaced = old.is_some();
-        if let Some(pid) = old.and_then(|old| old.pid()) {
-            // Hang up the old shell and its jobs, as closing a terminal would; in the
-            // background, so the new shell is not kept waiting for it.
-            let kill = format!("kill -HUP {pid} 2>/dev/null; kill -CONT {pid} 2>/dev/null; true");
-            let (docker, id) = (self.docker.clone(), self.id.clone());
-            tokio::spawn(async move {
-                if let Err(e) = exec_detached(&docker, &id, &kill).await {
-                    tracing::debug!(error = %e, "hanging up a replaced shell");
-                }
-            });
-        }
+        let old_pid = self
+            .shells
+            .lock()
+            .unwrap()
+            .get(name)
+            .and_then(|old| old.pid());
+        let shell = Shell::start(
+            &self.docker,
+            &self.id,
+            name,
+            &self.workdir,
+            self.output_cap,
+            old_pid,
+        )
+        .await?;
+        let replaced = self
+            .shells
+            .lock()
+            .unwrap()
+            .insert(name.to_string(), shell)
+            .is_some();
         Ok(format!(
             "{} shell {name:?} in {}.",
             if replaced { "Replaced" } else { "Started" },
@@ -825,30 +831,6 @@ impl Sandbox for DockerSandbox {
         self.shells.lock().unwrap().clear();
         remove(&self.docker, &self.id).await
     }
-}
-
-async fn exec_detached(docker: &Docker, id: &str, script: &str) -> Result<()> {
-    let exec = docker
-        .create_exec(
-            id,
-            CreateExecOptions {
-                cmd: Some(vec!["/bin/sh", "-c", script]),
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| SandboxError::docker("creating a helper process", e))?;
-    docker
-        .start_exec(
-            &exec.id,
-            Some(bollard::exec::StartExecOptions {
-                detach: true,
-                ..Default::default()
-            }),
-        )
-        .await
-        .map_err(|e| SandboxError::docker("starting a helper process", e))?;
-    Ok(())
 }
 
 #[cfg(test)]

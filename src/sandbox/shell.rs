@@ -129,13 +129,16 @@ fn looks_like_prompt(line: &str) -> bool {
 }
 
 impl Shell {
-    /// Starts a shell in `workdir` and waits for its first prompt.
+    /// Starts a shell in `workdir` and waits for its first prompt. `hang_up`: the pid of a
+    /// shell this one replaces; it and its jobs are hung up first, as closing its terminal
+    /// would, in the same exec (no extra round trip to the engine).
     pub async fn start(
         docker: &Docker,
         container: &str,
         name: &str,
         workdir: &str,
         output_cap: usize,
+        hang_up: Option<u32>,
     ) -> Result<Arc<Shell>> {
         let nonce = format!("{:016x}", rand::random::<u64>());
         let osc = |status: &str| format!("\x1b]{};kodx;{nonce};{status}\x07", term::OSC_ID);
@@ -154,8 +157,11 @@ impl Shell {
             format!("KODX_PS1=\\[{}\\]$ ", osc("$?;$$")),
             format!("KODX_PS2=\\[{}\\]> ", osc("c")),
         ];
+        let hang_up = hang_up
+            .map(|pid| format!("kill -HUP {pid} 2>/dev/null; kill -CONT {pid} 2>/dev/null; "))
+            .unwrap_or_default();
         let script = format!(
-            "if command -v bash >/dev/null 2>&1; then exec bash --noprofile --rcfile {BASHRC_PATH} -i; else exec sh -i; fi"
+            "{hang_up}if command -v bash >/dev/null 2>&1; then exec bash --noprofile --rcfile {BASHRC_PATH} -i; else exec sh -i; fi"
         );
         let exec = docker
             .create_exec(
