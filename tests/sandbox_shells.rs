@@ -313,6 +313,35 @@ fn md5_of(data: &[u8]) -> String {
 }
 
 #[tokio::test]
+async fn typing_into_a_program_that_does_not_read_returns_at_the_yield_time() {
+    let Some(engine) = engine().await else { return };
+    let spec = spec("no-reader");
+    let sb = start(&engine, &spec).await;
+    // A foreground program in raw mode that never reads: the PTY fills and writes block.
+    // (In canonical mode the kernel drops the excess instead, so typing never blocks.)
+    let raw = "python3 -c 'import tty,time; tty.setraw(0); time.sleep(100)'";
+    sb.feed_chars("default", raw, Duration::from_millis(500))
+        .await
+        .unwrap();
+    let big = "x".repeat(300_000);
+    let t = Instant::now();
+    let out = sb
+        .feed_chars("default", &big, Duration::from_millis(1500))
+        .await
+        .unwrap();
+    assert!(t.elapsed() < 10 * SEC, "{:?}", t.elapsed());
+    assert!(
+        out.untyped_bytes > 0,
+        "{:?} {}",
+        out.status,
+        &out.output[..out.output.len().min(300)]
+    );
+    assert!(out.render().contains("were not typed"), "{}", out.render());
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}
+
+#[tokio::test]
 async fn shells_are_created_replaced_and_reported_when_they_exit() {
     let Some(engine) = engine().await else { return };
     let spec = spec("lifecycle");

@@ -38,6 +38,8 @@ const SETTLE_AT_OTHER_PROMPT: Duration = Duration::from_millis(200);
 /// Output quiet time after which a typed line counts as taken by a running command when
 /// no prompt came back, so the next line can be typed.
 const LINE_TAKEN_QUIET: Duration = Duration::from_millis(30);
+/// Typing always gets at least this long, even with a yield time of zero.
+const MIN_TYPING: Duration = Duration::from_millis(200);
 /// How long a new shell may take to print its first prompt.
 const SHELL_START_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -63,6 +65,9 @@ pub struct FeedOutput {
     pub status: ShellStatus,
     /// Bytes of output left out by the cap.
     pub omitted_bytes: usize,
+    /// Bytes of the input that could not be typed by the yield time (at most one line's
+    /// worth may have been typed in part): the program was not reading its terminal.
+    pub untyped_bytes: usize,
     pub elapsed: Duration,
 }
 
@@ -95,6 +100,12 @@ impl FeedOutput {
             ),
         };
         out.push_str(&note);
+        if self.untyped_bytes > 0 {
+            out.push_str(&format!(
+                "\n[{} bytes of the input were not typed: the program is not reading its terminal]",
+                term::group_thousands(self.untyped_bytes)
+            ));
+        }
         out
     }
 }
@@ -265,6 +276,7 @@ impl Shell {
         // taken this one. Typed all at once, lines meant for a program that reads the
         // terminal (`read`, `input()`) are swallowed by readline's typeahead handling.
         let mut lines = keys.bytes.split_inclusive(|&b| b == b'\n').peekable();
+        let mut untyped = 0;
         while let Some(line) = lines.next() {
             if self.state.lock().unwrap().closed {
                 break;
@@ -288,11 +300,25 @@ impl Shell {
                 input.write_all(&bytes).await?;
                 input.flush().await
             };
-            if let Err(e) = write.await {
-                return Err(SandboxError::io(
-                    format!("typing into shell {:?}", self.name),
-                    e,
-                ));
+            // A program that stops reading its terminal fills the PTY: typing must not
+            // block past the yield time.
+            match tokio::time::timeout_at(
+                deadline.max(tokio::time::Instant::now() + MIN_TYPING),
+                write,
+            )
+            .await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    return Err(SandboxError::io(
+                        format!("typing into shell {:?}", self.name),
+                        e,
+                    ))
+                }
+                Err(_) => {
+                    untyped = bytes.len() + lines.by_ref().map(<[u8]>::len).sum::<usize>();
+                    break;
+                }
             }
             if lines.peek().is_some() {
                 self.wait_taken(typed + 1, deadline).await;
@@ -341,6 +367,7 @@ impl Shell {
             output,
             status,
             omitted_bytes,
+            untyped_bytes: untyped,
             elapsed: started.elapsed(),
         })
     }
@@ -441,6 +468,7 @@ mod tests {
             output: "hi".into(),
             status: ShellStatus::Ready { exit_code: Some(0) },
             omitted_bytes: 0,
+            untyped_bytes: 0,
             elapsed: Duration::from_millis(3),
         };
         assert_eq!(f.render(), "hi\n[exit status: 0]");
