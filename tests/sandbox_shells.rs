@@ -397,8 +397,23 @@ async fn sh_without_bash_works_too() {
         .await
         .unwrap();
     assert_eq!(out.output, "hi from sh\n", "{out:?}");
+    // busybox ash expands $? in its prompt too.
     let out = sb.feed_chars("default", "false", 10 * SEC).await.unwrap();
-    assert!(matches!(out.status, ShellStatus::Ready { .. }), "{out:?}");
+    assert_eq!(
+        out.status,
+        ShellStatus::Ready { exit_code: Some(1) },
+        "{out:?}"
+    );
+    let out = sb
+        .feed_chars("default", "cd /tmp\npwd", 10 * SEC)
+        .await
+        .unwrap();
+    assert!(out.output.contains("/tmp\n"), "{out:?}");
+    assert_eq!(
+        out.status,
+        ShellStatus::Ready { exit_code: Some(0) },
+        "{out:?}"
+    );
     sb.destroy().await.unwrap();
     assert_gone(&engine, &spec.run_id).await;
 }
