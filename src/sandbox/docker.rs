@@ -300,6 +300,8 @@ impl Engine {
             host_config: Some(host_config),
             ..Default::default()
         };
+        // Held until the container is registered, so an interrupt's cleanup cannot miss it.
+        let _creating = creation_gate().read().await;
         let created = self
             .docker
             .create_container(
@@ -459,9 +461,10 @@ async fn upload(docker: &Docker, id: &str, path: &str, tar: Vec<u8>) -> Result<(
 /// Runs `/tmp/setup.sh` with bash (sh when the image has no bash) in `workdir`, to the end
 /// or its timeout; removes the script afterwards.
 async fn run_setup(docker: &Docker, id: &str, workdir: &str, timeout: Duration) -> Result<()> {
-    let script =
-        "if command -v bash >/dev/null 2>&1; then bash /tmp/setup.sh; else sh /tmp/setup.sh; fi; \
-                  rc=$?; rm -f /tmp/setup.sh; exit $rc";
+    // One stream (2>&1): the tail a maintainer reads keeps the order the script wrote it
+    // in; two pipes read side by side can put an error line before the output it followed.
+    let script = "if command -v bash >/dev/null 2>&1; then bash /tmp/setup.sh 2>&1; \
+                  else sh /tmp/setup.sh 2>&1; fi; rc=$?; rm -f /tmp/setup.sh; exit $rc";
     let exec = docker
         .create_exec(
             id,
@@ -611,9 +614,17 @@ fn unregister_live(id: &str) {
     live().lock().unwrap().remove(id);
 }
 
-/// Removes every container this process still owns. For signal handlers: call it, then
-/// exit.
+/// Creations in flight hold it for reading; the cleanup on interrupt takes it for writing.
+fn creation_gate() -> &'static tokio::sync::RwLock<()> {
+    static GATE: OnceLock<tokio::sync::RwLock<()>> = OnceLock::new();
+    GATE.get_or_init(Default::default)
+}
+
+/// Removes every container this process still owns, including one being created right
+/// now, and lets no new one be created afterwards. For signal handlers: call it, then exit.
 pub async fn remove_all_live() -> usize {
+    // Never released: the process is about to exit, and must not make new containers.
+    std::mem::forget(creation_gate().write().await);
     let all: Vec<(String, Docker)> = live().lock().unwrap().drain().collect();
     let n = all.len();
     futures_util::future::join_all(all.iter().map(|(id, d)| remove(d, id))).await;
