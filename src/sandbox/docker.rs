@@ -333,11 +333,12 @@ impl Engine {
             .await
             .map_err(|e| SandboxError::docker("starting the container", e))?;
         // kodx's own files in /tmp: the shells' rc file and the setup script.
-        let mut files = vec![(".kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
+        // Uploaded at `/` so that an image without /tmp gets one.
+        let mut files = vec![("tmp/.kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
         if let Some(script) = &spec.setup_script {
-            files.push(("setup.sh", script.as_bytes(), 0o700));
+            files.push(("tmp/setup.sh", script.as_bytes(), 0o700));
         }
-        upload(&self.docker, id, "/tmp", archive::pack_files(&files)).await?;
+        upload(&self.docker, id, "/", archive::pack_files(&files)).await?;
         if let Some(pack) = pack {
             progress("copying the repository");
             let (tar, manifest) = pack.await.map_err(|e| {
