@@ -2,25 +2,13 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use bollard::query_parameters::ListContainersOptions;
 use common::*;
 
 async fn owned_by(engine: &kodx::sandbox::Engine, owner: &str) -> usize {
-    engine
-        .docker()
-        .list_containers(Some(ListContainersOptions {
-            all: true,
-            filters: Some(HashMap::from([(
-                "label".to_string(),
-                vec![format!("kodx.owner={owner}")],
-            )])),
-            ..Default::default()
-        }))
+    containers_labelled(engine, &format!("kodx.owner={owner}"))
         .await
-        .unwrap()
         .len()
 }
 

@@ -54,13 +54,18 @@ pub fn spec(test: &str) -> SandboxSpec {
 
 /// Containers carrying this run id, running or not.
 pub async fn containers_of(engine: &Engine, run_id: &str) -> Vec<String> {
+    containers_labelled(engine, &format!("kodx.run={run_id}")).await
+}
+
+/// Containers with the label `key=value`, running or not.
+pub async fn containers_labelled(engine: &Engine, label: &str) -> Vec<String> {
     engine
         .docker()
         .list_containers(Some(ListContainersOptions {
             all: true,
             filters: Some(HashMap::from([(
                 "label".to_string(),
-                vec![format!("kodx.run={run_id}")],
+                vec![label.to_string()],
             )])),
             ..Default::default()
         }))
