@@ -262,3 +262,17 @@ async fn the_repositorys_own_escaping_symlinks_do_not_block_export() {
     sb.destroy().await.unwrap();
     assert_gone(&engine, &spec.run_id).await;
 }
+
+#[tokio::test]
+async fn a_missing_repository_directory_is_refused_before_any_container() {
+    let Some(engine) = engine().await else { return };
+    let mut spec = spec("no-repo");
+    spec.repo_dir = Some("/nonexistent/kodx-repo".into());
+    let err = engine.start(&spec).await.err().expect("refused");
+    assert!(err.to_string().contains("/nonexistent/kodx-repo"), "{err}");
+    assert!(containers_of(&engine, &spec.run_id).await.is_empty());
+    let file = tempfile::NamedTempFile::new().unwrap();
+    spec.repo_dir = Some(file.path().to_path_buf());
+    let err = engine.start(&spec).await.err().expect("refused");
+    assert!(err.to_string().contains("is not a directory"), "{err}");
+}

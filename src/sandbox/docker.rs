@@ -233,21 +233,24 @@ impl Engine {
         mut progress: impl FnMut(&str),
     ) -> Result<DockerSandbox> {
         validate_run_id(&spec.run_id)?;
-        // Pack on a blocking thread while the image is checked.
-        let pack = spec.repo_dir.clone().map(|dir| {
-            tokio::task::spawn_blocking(move || {
-                let meta = std::fs::metadata(&dir).map_err(|e| {
+        if let Some(dir) = &spec.repo_dir {
+            let is_dir = std::fs::metadata(dir)
+                .map_err(|e| {
                     SandboxError::io(format!("reading the directory {}", dir.display()), e)
-                })?;
-                if !meta.is_dir() {
-                    return Err(SandboxError::InvalidInput(format!(
-                        "{} is not a directory",
-                        dir.display()
-                    )));
-                }
-                archive::pack_dir(&dir, "repo")
-            })
-        });
+                })?
+                .is_dir();
+            if !is_dir {
+                return Err(SandboxError::InvalidInput(format!(
+                    "{} is not a directory",
+                    dir.display()
+                )));
+            }
+        }
+        // Pack on a blocking thread while the image is checked and the container made.
+        let pack = spec
+            .repo_dir
+            .clone()
+            .map(|dir| tokio::task::spawn_blocking(move || archive::pack_dir(&dir, "repo")));
         self.ensure_image(&spec.image, &mut progress).await?;
         let workdir = if spec.repo_dir.is_some() {
             "/workspace/repo"
