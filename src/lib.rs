@@ -1,3 +1,4 @@
 //! kodx: an LLM agent working in real shells inside a hardened Docker container.
 
+pub mod model;
 pub mod sandbox;
