@@ -1,4 +1,5 @@
 //! kodx: an LLM agent working in real shells inside a hardened Docker container.
 
 pub mod model;
+pub mod providers;
 pub mod sandbox;

@@ -1,6 +1,8 @@
 //! Shared helpers for the tests that run against the real Docker engine.
 #![allow(dead_code)]
 
+pub mod fake_anthropic;
+
 use std::collections::HashMap;
 use std::time::Duration;
 

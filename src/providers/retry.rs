@@ -1,0 +1,122 @@
+//! One retry policy for model APIs: 429, 5xx, 529 and timeouts are retried with exponential
+//! backoff and jitter, honouring `retry-after`, bounded in attempts and in total time.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    /// The first backoff; each next one doubles, up to `max_delay`.
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+    /// No retry starts once this much time has passed since the first attempt.
+    pub max_total: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 6,
+            base_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(60),
+            max_total: Duration::from_secs(300),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Whether an HTTP status is worth another attempt.
+    pub fn retryable_status(status: u16) -> bool {
+        matches!(status, 408 | 409 | 429 | 500..=599)
+    }
+
+    /// The wait before attempt `attempt + 1` (attempt counts from 1): `retry-after` when the
+    /// server sent one (capped at `max_delay`), else exponential backoff with up to 50%
+    /// added jitter.
+    pub fn delay(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        if let Some(after) = retry_after {
+            return after.min(self.max_delay);
+        }
+        let exp = self
+            .base_delay
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
+        let exp = exp.min(self.max_delay);
+        let jitter = exp.mul_f64(rand::random::<f64>() * 0.5);
+        (exp + jitter).min(self.max_delay)
+    }
+}
+
+/// Parses a `retry-after` header: seconds (possibly fractional), or `retry-after-ms`.
+pub fn parse_retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    if let Some(ms) = headers
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+    {
+        return (ms.is_finite() && ms >= 0.0).then(|| Duration::from_secs_f64(ms / 1000.0));
+    }
+    let secs = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<f64>()
+        .ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses() {
+        for s in [408, 409, 429, 500, 502, 503, 529] {
+            assert!(RetryPolicy::retryable_status(s), "{s}");
+        }
+        for s in [400, 401, 403, 404, 413, 422] {
+            assert!(!RetryPolicy::retryable_status(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_and_is_capped() {
+        let p = RetryPolicy {
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(2),
+            ..Default::default()
+        };
+        for attempt in 1..=4 {
+            let d = p.delay(attempt, None);
+            let base = Duration::from_millis(100 << (attempt - 1));
+            assert!(d >= base && d <= base.mul_f64(1.5), "{attempt}: {d:?}");
+        }
+        assert!(p.delay(20, None) <= Duration::from_secs(2));
+    }
+
+    #[test]
+    fn retry_after_wins_and_is_capped() {
+        let p = RetryPolicy::default();
+        assert_eq!(
+            p.delay(1, Some(Duration::from_secs(3))),
+            Duration::from_secs(3)
+        );
+        assert_eq!(p.delay(1, Some(Duration::from_secs(3600))), p.max_delay);
+    }
+
+    #[test]
+    fn retry_after_headers() {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert("retry-after", "2".parse().unwrap());
+        assert_eq!(parse_retry_after(&h), Some(Duration::from_secs(2)));
+        h.insert("retry-after-ms", "250".parse().unwrap());
+        assert_eq!(parse_retry_after(&h), Some(Duration::from_millis(250)));
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(
+            "retry-after",
+            "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap(),
+        );
+        assert_eq!(parse_retry_after(&h), None);
+    }
+}

@@ -1,0 +1,318 @@
+//! A fake Anthropic Messages API on loopback: checks what kodx sends the way the real API
+//! does (headers, required fields, tool schema shape, tool_use/tool_result pairing, cache
+//! breakpoints) and answers from a script. An invalid request gets the API's 400 shape.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use serde_json::{json, Value};
+
+pub enum Scripted {
+    /// 200 with this Messages API body.
+    Reply(Value),
+    /// An error status with an optional `retry-after` (seconds).
+    Error {
+        status: u16,
+        retry_after: Option<u32>,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+#[derive(Default)]
+struct Inner {
+    script: VecDeque<Scripted>,
+    requests: Vec<Recorded>,
+    rejected: Vec<String>,
+}
+
+#[derive(Clone)]
+pub struct FakeAnthropic {
+    pub url: String,
+    key: String,
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl FakeAnthropic {
+    pub async fn start(key: &str) -> FakeAnthropic {
+        let inner = Arc::new(Mutex::new(Inner::default()));
+        let fake = FakeAnthropic {
+            url: String::new(),
+            key: key.to_string(),
+            inner,
+        };
+        let app = Router::new()
+            .route("/v1/messages", post(handle))
+            .with_state(fake.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        FakeAnthropic { url, ..fake }
+    }
+
+    pub fn push(&self, s: Scripted) {
+        self.inner.lock().unwrap().script.push_back(s);
+    }
+
+    /// A reply with text and/or tool calls, and the usage to bill.
+    pub fn reply(&self, content: Vec<Value>, stop_reason: &str, usage: Value) {
+        self.push(Scripted::Reply(json!({
+            "id": format!("msg_{}", rand::random::<u32>()),
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-4-5-20250929",
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": null,
+            "usage": usage,
+        })));
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.inner.lock().unwrap().requests.clone()
+    }
+
+    /// Requests refused as invalid, with the reason; a test expects none.
+    pub fn rejected(&self) -> Vec<String> {
+        self.inner.lock().unwrap().rejected.clone()
+    }
+}
+
+fn api_error(status: StatusCode, kind: &str, message: &str) -> Response {
+    (
+        status,
+        [("content-type", "application/json")],
+        json!({"type": "error", "error": {"type": kind, "message": message}}).to_string(),
+    )
+        .into_response()
+}
+
+async fn handle(State(fake): State<FakeAnthropic>, headers: HeaderMap, body: Bytes) -> Response {
+    if headers.get("x-api-key").and_then(|v| v.to_str().ok()) != Some(fake.key.as_str()) {
+        return api_error(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid x-api-key",
+        );
+    }
+    let body: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return reject(&fake, format!("body is not JSON: {e}")),
+    };
+    if let Err(reason) = validate(&headers, &body) {
+        return reject(&fake, reason);
+    }
+    let next = {
+        let mut inner = fake.inner.lock().unwrap();
+        inner.requests.push(Recorded {
+            headers: headers.clone(),
+            body,
+        });
+        inner.script.pop_front()
+    };
+    match next {
+        Some(Scripted::Reply(v)) => (
+            StatusCode::OK,
+            [("content-type", "application/json")],
+            v.to_string(),
+        )
+            .into_response(),
+        Some(Scripted::Error {
+            status,
+            retry_after,
+        }) => {
+            let status = StatusCode::from_u16(status).unwrap();
+            let mut resp = api_error(status, "overloaded_error", "Overloaded");
+            if let Some(secs) = retry_after {
+                resp.headers_mut()
+                    .insert("retry-after", secs.to_string().parse().unwrap());
+            }
+            resp
+        }
+        None => api_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "api_error",
+            "the fake's script is empty",
+        ),
+    }
+}
+
+fn reject(fake: &FakeAnthropic, reason: String) -> Response {
+    fake.inner.lock().unwrap().rejected.push(reason.clone());
+    api_error(StatusCode::BAD_REQUEST, "invalid_request_error", &reason)
+}
+
+fn validate(headers: &HeaderMap, b: &Value) -> Result<(), String> {
+    let version = headers
+        .get("anthropic-version")
+        .and_then(|v| v.to_str().ok());
+    if version != Some("2023-06-01") {
+        return Err(format!("anthropic-version header: {version:?}"));
+    }
+    if !headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"))
+    {
+        return Err("content-type must be application/json".into());
+    }
+    let obj = b.as_object().ok_or("body must be an object")?;
+    for key in obj.keys() {
+        let known = [
+            "model",
+            "max_tokens",
+            "messages",
+            "system",
+            "tools",
+            "temperature",
+            "top_p",
+            "top_k",
+            "stop_sequences",
+            "tool_choice",
+            "metadata",
+            "stream",
+        ];
+        if !known.contains(&key.as_str()) {
+            return Err(format!("{key}: Extra inputs are not permitted"));
+        }
+    }
+    if b["model"].as_str().is_none_or(|m| m.is_empty()) {
+        return Err("model: Field required".into());
+    }
+    if b["max_tokens"].as_u64().is_none_or(|n| n < 1) {
+        return Err("max_tokens: must be an integer >= 1".into());
+    }
+    if let Some(t) = b.get("temperature") {
+        if !t.as_f64().is_some_and(|t| (0.0..=1.0).contains(&t)) {
+            return Err("temperature: must be between 0 and 1".into());
+        }
+    }
+    let mut breakpoints = 0;
+    let mut count_cache = |v: &Value, at: &str| -> Result<(), String> {
+        if let Some(cc) = v.get("cache_control") {
+            if cc != &json!({"type": "ephemeral"}) {
+                return Err(format!(
+                    "{at}.cache_control: must be {{\"type\": \"ephemeral\"}}"
+                ));
+            }
+            breakpoints += 1;
+        }
+        Ok(())
+    };
+    match &b["system"] {
+        Value::Null | Value::String(_) => {}
+        Value::Array(blocks) => {
+            for (i, blk) in blocks.iter().enumerate() {
+                if blk["type"] != "text" || !blk["text"].is_string() {
+                    return Err(format!("system.{i}: must be a text block"));
+                }
+                count_cache(blk, &format!("system.{i}"))?;
+            }
+        }
+        _ => return Err("system: must be a string or a list of text blocks".into()),
+    }
+    if let Some(tools) = b.get("tools") {
+        for (i, t) in tools
+            .as_array()
+            .ok_or("tools: must be a list")?
+            .iter()
+            .enumerate()
+        {
+            let name = t["name"].as_str().unwrap_or("");
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(format!("tools.{i}.name: invalid"));
+            }
+            if t["input_schema"]["type"] != "object" {
+                return Err(format!("tools.{i}.input_schema.type: must be object"));
+            }
+            count_cache(t, &format!("tools.{i}"))?;
+        }
+    }
+    let messages = b["messages"].as_array().ok_or("messages: Field required")?;
+    if messages.is_empty() {
+        return Err("messages: at least one message is required".into());
+    }
+    if messages[0]["role"] != "user" {
+        return Err("messages.0.role: the first message must use the user role".into());
+    }
+    let mut open_tool_uses: Vec<String> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let role = m["role"]
+            .as_str()
+            .ok_or(format!("messages.{i}.role: required"))?;
+        if role != "user" && role != "assistant" {
+            return Err(format!("messages.{i}.role: must be user or assistant"));
+        }
+        let blocks: Vec<Value> = match &m["content"] {
+            Value::String(s) => vec![json!({"type": "text", "text": s})],
+            Value::Array(a) if !a.is_empty() => a.clone(),
+            _ => {
+                return Err(format!(
+                    "messages.{i}.content: must be a string or non-empty list"
+                ))
+            }
+        };
+        let mut answered = Vec::new();
+        let mut new_uses = Vec::new();
+        for (j, blk) in blocks.iter().enumerate() {
+            let at = format!("messages.{i}.content.{j}");
+            count_cache(blk, &at)?;
+            match blk["type"].as_str() {
+                Some("text") if blk["text"].is_string() => {}
+                Some("tool_use") if role == "assistant" => {
+                    let id = blk["id"].as_str().ok_or(format!("{at}.id: required"))?;
+                    if !blk["name"].is_string() || !blk["input"].is_object() {
+                        return Err(format!("{at}: tool_use needs name and an object input"));
+                    }
+                    new_uses.push(id.to_string());
+                }
+                Some("tool_result") if role == "user" => {
+                    let id = blk["tool_use_id"]
+                        .as_str()
+                        .ok_or(format!("{at}.tool_use_id: required"))?;
+                    if !open_tool_uses.iter().any(|u| u == id) {
+                        return Err(format!("{at}: unexpected tool_use_id {id}"));
+                    }
+                    answered.push(id.to_string());
+                }
+                other => return Err(format!("{at}.type: {other:?} not allowed here")),
+            }
+        }
+        if role == "user" {
+            if let Some(missing) = open_tool_uses.iter().find(|u| !answered.contains(u)) {
+                return Err(format!(
+                    "messages.{i}: tool_use {missing} has no tool_result"
+                ));
+            }
+            open_tool_uses.clear();
+        } else {
+            if !open_tool_uses.is_empty() {
+                return Err(format!("messages.{i}: tool_use ids were not answered"));
+            }
+            open_tool_uses = new_uses;
+        }
+    }
+    if breakpoints > 4 {
+        return Err(format!(
+            "A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."
+        ));
+    }
+    Ok(())
+}
