@@ -3,12 +3,14 @@
 //! exercise the real code.
 
 pub mod anthropic;
+pub mod openai;
 pub mod retry;
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use anthropic::AnthropicClient;
+pub use openai::OpenAiClient;
 pub use retry::RetryPolicy;
 
 /// An API key: never printed, never in a `Debug`.

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod fake_anthropic;
+pub mod fake_openai;
 
 use std::collections::HashMap;
 use std::time::Duration;
