@@ -128,7 +128,7 @@ fn validate(b: &Value) -> Result<(), String> {
         return Err("you must provide a model parameter".into());
     }
     let has_max = b.get("max_tokens").or(b.get("max_completion_tokens"));
-    if !has_max.and_then(Value::as_u64).is_some_and(|n| n >= 1) {
+    if has_max.and_then(Value::as_u64).is_none_or(|n| n < 1) {
         return Err("max_tokens or max_completion_tokens must be an integer >= 1".into());
     }
     if let Some(tools) = b.get("tools") {
