@@ -504,7 +504,7 @@ mod tests {
         // Nothing shipped that is not on the list above.
         assert_eq!(pricing.models().count(), count);
         // The model of the example program file.
-        let example = include_str!("../../shared/examples/python-kodx-program.yaml");
+        let example = include_str!("../tests/data/python-kodx-program.yaml");
         assert!(example.contains("name: claude-sonnet-4-20250514"));
         assert_eq!(
             pricing.price("claude-sonnet-4-20250514").unwrap(),

@@ -2,5 +2,6 @@
 
 pub mod cost;
 pub mod model;
+pub mod program;
 pub mod providers;
 pub mod sandbox;
