@@ -1,5 +1,6 @@
 //! kodx: an LLM agent working in real shells inside a hardened Docker container.
 
+pub mod agent;
 pub mod cost;
 pub mod model;
 pub mod program;
