@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod doctor;
+mod run;
 
 #[derive(Parser)]
 #[command(
@@ -22,6 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// One agent run on a local directory (options of the Python kodx).
+    Run(Box<run::RunArgs>),
     /// Check Docker and the configuration; say what is wrong and how to fix it.
     Doctor(doctor::DoctorArgs),
     /// Measure the engine and print figures (median and p95).
@@ -63,6 +66,7 @@ async fn main() -> ExitCode {
         }
     });
     let result = match cli.command {
+        Command::Run(args) => run::run(*args).await,
         Command::Doctor(args) => doctor::run(args).await,
         Command::Bench(cmd) => bench::run(cmd).await,
     };

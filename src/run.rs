@@ -1,0 +1,378 @@
+//! `kodx run`: one agent run on a local directory, with the Python kodx's options (SPEC §8).
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use kodx::agent::{Agent, AgentConfig, Outcome, Progress, Record, StopReason};
+use kodx::cost::{format_usd, Pricing};
+use kodx::model::{Provider, Usage};
+use kodx::program::{self, Overrides, Program, RepoConfig};
+use kodx::providers::{AnthropicClient, OpenAiClient};
+use kodx::sandbox::{Engine, Sandbox, SandboxError, SandboxSpec};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Program file (YAML/TOML), or a built-in: assistant, ask, code. Default: assistant.
+    program_path: Option<PathBuf>,
+    /// Directory copied into the container ("" for a clean container).
+    #[arg(long, default_value = ".")]
+    repo_dir: String,
+    /// The prompt (else --prompt-file, else standard input).
+    #[arg(long, short = 'p')]
+    prompt: Option<String>,
+    /// Read the prompt from this file.
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    /// Docker image [default: the program's, else $KODX_IMAGE, else python:3.12].
+    #[arg(long)]
+    image: Option<String>,
+    /// Script run in the container before the task (bash, network on).
+    #[arg(long)]
+    setup_script: Option<PathBuf>,
+    /// Write the final workspace here (replacing what is there).
+    #[arg(long)]
+    export_dir: Option<PathBuf>,
+    /// Hard cost limit in USD [default: the program's, else .kodx/config.toml's, else 1.00].
+    #[arg(long)]
+    cost_limit: Option<f64>,
+    /// Most model calls [default: the program's, else 50].
+    #[arg(long)]
+    max_iterations: Option<u32>,
+    /// Cut the container's network after the setup script.
+    #[arg(long)]
+    disable_network_after_setup: bool,
+    /// Print the result as JSON instead of the last message.
+    #[arg(long)]
+    json: bool,
+    /// Write the JSON result to this file.
+    #[arg(long)]
+    json_output_file: Option<PathBuf>,
+    /// Only the result: no progress on stderr.
+    #[arg(long, short = 'q')]
+    quiet: bool,
+    /// Model name (overrides the program's).
+    #[arg(long)]
+    model: Option<String>,
+    /// Wall-clock limit of the run in seconds.
+    #[arg(long, default_value_t = 1800)]
+    timeout: u64,
+    /// Write every model request/response and tool call/result here as JSON lines.
+    #[arg(long)]
+    transcript: Option<PathBuf>,
+    /// Extra prices (TOML, same shape as config/pricing.toml).
+    #[arg(long, env = "KODX_PRICING")]
+    pricing: Option<PathBuf>,
+}
+
+/// Progress on stderr: one line rewritten in place on a terminal, plain lines otherwise.
+struct Reporter {
+    quiet: bool,
+    tty: bool,
+    lines: Vec<String>,
+}
+
+impl Reporter {
+    fn note(&mut self, line: &str) {
+        self.lines.push(line.to_string());
+        if self.quiet {
+            return;
+        }
+        if self.tty {
+            eprint!("\r\x1b[2K{line}\n");
+        } else {
+            eprintln!("{line}");
+        }
+    }
+
+    fn progress(&mut self, p: &Progress) {
+        if self.quiet {
+            return;
+        }
+        let line = format!(
+            "step {} · {} · {} of {} · {}s",
+            p.step,
+            p.action,
+            format_usd(p.spent),
+            format_usd(p.limit),
+            p.elapsed.as_secs()
+        );
+        if self.tty {
+            let width = 120;
+            let shown: String = line.chars().take(width).collect();
+            eprint!("\r\x1b[2K{shown}");
+            let _ = std::io::stderr().flush();
+        } else {
+            eprintln!("{line}");
+        }
+    }
+
+    fn done(&mut self) {
+        if self.tty && !self.quiet {
+            eprint!("\r\x1b[2K");
+        }
+    }
+}
+
+fn read_prompt(args: &RunArgs) -> anyhow::Result<String> {
+    let prompt = if let Some(p) = &args.prompt {
+        p.clone()
+    } else if let Some(f) = &args.prompt_file {
+        std::fs::read_to_string(f)
+            .with_context(|| format!("reading the prompt file {}", f.display()))?
+    } else if !std::io::stdin().is_terminal() {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading the prompt from standard input")?;
+        s
+    } else {
+        String::new()
+    };
+    if prompt.trim().is_empty() {
+        bail!("no prompt: pass --prompt \"…\", --prompt-file FILE, or pipe it on standard input");
+    }
+    Ok(prompt)
+}
+
+fn load_program(args: &RunArgs, repo: Option<&Path>) -> anyhow::Result<(Program, Option<f64>)> {
+    let repo_config = match repo {
+        Some(dir) => RepoConfig::load(dir)?,
+        None => None,
+    };
+    let program = match &args.program_path {
+        Some(path) if !path.exists() => {
+            let name = path.to_string_lossy();
+            Program::builtin(&name).with_context(|| {
+                format!(
+                    "no program file {} (and no built-in of that name: {})",
+                    path.display(),
+                    Program::builtin_names().join(", ")
+                )
+            })?
+        }
+        Some(path) => Program::load(path)?,
+        None => Program::builtin("assistant").expect("the built-in assistant"),
+    };
+    Ok((program, repo_config.and_then(|c| c.cost_limit)))
+}
+
+fn provider_for(program: &Program) -> anyhow::Result<Box<dyn Provider>> {
+    Ok(match program.model.provider {
+        program::Provider::Anthropic => {
+            Box::new(AnthropicClient::from_env().map_err(anyhow::Error::msg)?)
+        }
+        program::Provider::OpenAi => {
+            Box::new(OpenAiClient::from_env().map_err(anyhow::Error::msg)?)
+        }
+    })
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let mut out = Reporter {
+        quiet: args.quiet,
+        tty: std::io::stderr().is_terminal(),
+        lines: Vec::new(),
+    };
+    // Everything a user can get wrong is checked before a container starts.
+    let repo = if args.repo_dir.is_empty() {
+        None
+    } else {
+        let dir = Path::new(&args.repo_dir);
+        Some(
+            dir.canonicalize()
+                .with_context(|| format!("--repo-dir {}: cannot use it", dir.display()))?,
+        )
+    };
+    let prompt = read_prompt(&args)?;
+    let (program, repo_cost_limit) = load_program(&args, repo.as_deref())?;
+    let setup_script = match &args.setup_script {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading the setup script {}", f.display()))?,
+        ),
+        None => None,
+    };
+    let program = program.with_overrides(&Overrides {
+        model: args.model.clone(),
+        image: args.image.clone(),
+        setup_script,
+        disable_network_after_setup: args.disable_network_after_setup.then_some(true),
+        cost_limit: args.cost_limit,
+        max_iterations: args.max_iterations,
+        command_timeout: None,
+    });
+    let mut pricing = Pricing::builtin();
+    if let Some(file) = &args.pricing {
+        pricing = pricing.merged(Pricing::from_file(file)?);
+    }
+    let price = pricing.price(&program.model.name)?;
+    let cost_limit = program.limits.cost_limit.or(repo_cost_limit).unwrap_or(1.0);
+    if !(cost_limit.is_finite() && cost_limit > 0.0) {
+        bail!("--cost-limit must be a positive amount in USD, got {cost_limit}");
+    }
+    let provider = provider_for(&program)?;
+    let image = program
+        .docker
+        .image
+        .clone()
+        .or_else(|| std::env::var("KODX_IMAGE").ok().filter(|i| !i.is_empty()))
+        .unwrap_or_else(|| "python:3.12".to_string());
+
+    let mut transcript = match &args.transcript {
+        Some(path) => Some(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("creating the transcript {}", path.display()))?,
+        )),
+        None => None,
+    };
+
+    let engine = Engine::connect().await?;
+    let _ = engine.sweep_dead_owners().await;
+    let run_id = format!("run-{:012x}", rand::random::<u64>() >> 16);
+    let mut spec = SandboxSpec::new(run_id, image);
+    spec.repo_dir = repo.clone();
+    spec.setup_script = program.docker.setup_script.clone();
+    spec.disable_network_after_setup = program.docker.disable_network_after_setup.unwrap_or(false);
+    if let Some(secs) = program.limits.command_timeout {
+        spec.setup_timeout = spec.setup_timeout.max(Duration::from_secs(secs));
+    }
+
+    let mut config = AgentConfig::new(
+        program.model.name.clone(),
+        program.system_prompt.clone(),
+        price,
+    );
+    config.cost_limit = cost_limit;
+    config.max_iterations = program.max_iterations().unwrap_or(50);
+    config.timeout = Duration::from_secs(args.timeout.max(1));
+    if let Some(secs) = program.limits.command_timeout {
+        config.command_timeout = Duration::from_secs(secs);
+    }
+    if let Some(m) = program.parameters.max_tokens {
+        config.max_tokens = m;
+    }
+    config.temperature = program.parameters.temperature;
+
+    let started = std::time::Instant::now();
+    let sandbox = match engine
+        .start_with_progress(&spec, |line| out.note(&format!("kodx: {line}")))
+        .await
+    {
+        Ok(sb) => sb,
+        Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {
+            out.note(&format!("kodx: {e}"));
+            let outcome = Outcome {
+                stop_reason: StopReason::SetupFailed,
+                last_message: String::new(),
+                api_calls: 0,
+                usage: Usage::default(),
+                usd_cost: 0.0,
+                cost_limit,
+                duration: started.elapsed(),
+                model: program.model.name.clone(),
+                detail: Some(e.to_string()),
+            };
+            return finish(&args, &mut out, &outcome);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let agent = Agent {
+        provider: provider.as_ref(),
+        sandbox: &sandbox,
+        config,
+        cancel: CancellationToken::new(),
+    };
+    let mut write_error = None;
+    let outcome = agent
+        .run(
+            &prompt,
+            |p| out.progress(p),
+            |r: &Record| {
+                if let Some(w) = transcript.as_mut() {
+                    let line = serde_json::to_string(r).unwrap_or_default();
+                    if let Err(e) = writeln!(w, "{line}") {
+                        write_error.get_or_insert(e);
+                    }
+                }
+            },
+        )
+        .await;
+    out.done();
+    if let Some(w) = transcript.as_mut() {
+        if let Err(e) = w.flush() {
+            write_error.get_or_insert(e);
+        }
+    }
+    if let Some(e) = write_error {
+        out.note(&format!("kodx: writing the transcript failed: {e}"));
+    }
+    let exported = match &args.export_dir {
+        Some(dir) => sandbox
+            .export_workspace(dir)
+            .await
+            .map(|n| (dir.clone(), n))
+            .map_err(|e| e.to_string()),
+        None => Err(String::new()),
+    };
+    let _ = sandbox.destroy().await;
+    match exported {
+        Ok((dir, n)) => out.note(&format!(
+            "kodx: exported the workspace ({n} files) to {}",
+            dir.display()
+        )),
+        Err(e) if !e.is_empty() => out.note(&format!("kodx: the export failed: {e}")),
+        Err(_) => {}
+    }
+    if let Some(detail) = &outcome.detail {
+        out.note(&format!(
+            "kodx: stopped ({}): {detail}",
+            outcome.stop_reason.as_str()
+        ));
+    }
+    finish(&args, &mut out, &outcome)
+}
+
+/// Prints the result (the last message, or JSON) and returns the exit code: 0 only for
+/// `end_turn`.
+fn finish(args: &RunArgs, out: &mut Reporter, outcome: &Outcome) -> anyhow::Result<ExitCode> {
+    out.note(&format!(
+        "kodx: {} · {} API calls · {} of {} · {:.1}s",
+        outcome.stop_reason.as_str(),
+        outcome.api_calls,
+        format_usd(outcome.usd_cost),
+        format_usd(outcome.cost_limit),
+        outcome.duration.as_secs_f64()
+    ));
+    let result = json!({
+        "api_calls": outcome.api_calls,
+        "usd_cost": outcome.usd_cost,
+        "last_message": outcome.last_message,
+        "stderr": out.lines,
+        "stop_reason": outcome.stop_reason.as_str(),
+        "input_tokens": outcome.usage.input_tokens,
+        "output_tokens": outcome.usage.output_tokens,
+        "cache_read_tokens": outcome.usage.cache_read_tokens,
+        "cache_write_tokens": outcome.usage.cache_write_tokens,
+        "duration_s": outcome.duration.as_secs_f64(),
+        "model": outcome.model,
+    });
+    if let Some(file) = &args.json_output_file {
+        std::fs::write(file, serde_json::to_string_pretty(&result)? + "\n")
+            .with_context(|| format!("writing {}", file.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else if !outcome.last_message.is_empty() {
+        println!("{}", outcome.last_message);
+    }
+    Ok(if outcome.stop_reason == StopReason::EndTurn {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,258 @@
+//! `kodx run` end to end: the real binary, a fake Anthropic API on loopback, the real sandbox.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+
+use common::fake_anthropic::FakeAnthropic;
+use common::*;
+use serde_json::{json, Value};
+
+const KEY: &str = "sk-ant-cli-test-0123456789";
+
+fn kodx(fake: &FakeAnthropic) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"));
+    cmd.env("ANTHROPIC_BASE_URL", &fake.url)
+        .env("ANTHROPIC_API_KEY", KEY)
+        .env("KODX_IMAGE", image())
+        .env_remove("KODX_PRICING")
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn tool(id: &str, input: Value) -> Value {
+    json!({"type": "tool_use", "id": id, "name": "feed_chars", "input": input})
+}
+
+fn usage(i: u64, o: u64) -> Value {
+    json!({"input_tokens": i, "output_tokens": o, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+}
+
+#[tokio::test]
+async fn run_changes_a_repo_copy_exports_it_and_reports_json() {
+    let Some(_engine) = engine().await else {
+        return;
+    };
+    let fake = FakeAnthropic::start(KEY).await;
+    fake.reply(
+        vec![tool(
+            "t1",
+            json!({"chars": "cat input.txt | tr a-z A-Z > output.txt"}),
+        )],
+        "tool_use",
+        usage(1000, 30),
+    );
+    fake.reply(
+        vec![json!({"type": "text", "text": "Wrote output.txt."})],
+        "end_turn",
+        usage(1100, 10),
+    );
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::write(repo.path().join("input.txt"), "shout\n").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let export = out.path().join("export");
+    let transcript = out.path().join("t.jsonl");
+    let json_file = out.path().join("result.json");
+    let output = kodx(&fake)
+        .args([
+            "run",
+            "code",
+            "-p",
+            "Uppercase input.txt into output.txt",
+            "--json",
+            "--quiet",
+        ])
+        .arg("--repo-dir")
+        .arg(repo.path())
+        .arg("--export-dir")
+        .arg(&export)
+        .arg("--transcript")
+        .arg(&transcript)
+        .arg("--json-output-file")
+        .arg(&json_file)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
+    let result: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    for key in [
+        "api_calls",
+        "usd_cost",
+        "last_message",
+        "stderr",
+        "stop_reason",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "duration_s",
+        "model",
+    ] {
+        assert!(result.get(key).is_some(), "missing {key}: {result}");
+    }
+    assert_eq!(result["stop_reason"], "end_turn");
+    assert_eq!(result["api_calls"], 2);
+    assert_eq!(result["last_message"], "Wrote output.txt.");
+    assert_eq!(result["input_tokens"], 2100);
+    let want = (2100.0 * 3.0 + 40.0 * 15.0) / 1e6;
+    assert!((result["usd_cost"].as_f64().unwrap() - want).abs() < 1e-12);
+    let on_disk: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_file).unwrap()).unwrap();
+    assert_eq!(on_disk, result);
+    // The host repository is untouched; the export holds the change.
+    assert!(!repo.path().join("output.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(export.join("output.txt")).unwrap(),
+        "SHOUT\n"
+    );
+    // The transcript is JSON lines without the key; the built-in code prompt was sent.
+    let t = std::fs::read_to_string(&transcript).unwrap();
+    assert!(!t.contains(KEY));
+    assert!(t.lines().all(|l| serde_json::from_str::<Value>(l).is_ok()));
+    assert!(t.lines().count() >= 6, "{t}");
+    assert!(fake.requests()[0].body["system"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("Do NOT commit"));
+    assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+}
+
+#[tokio::test]
+async fn the_python_kodx_program_file_runs_with_cli_overrides_and_stdin_prompt() {
+    let Some(_engine) = engine().await else {
+        return;
+    };
+    let fake = FakeAnthropic::start(KEY).await;
+    fake.reply(
+        vec![json!({"type": "text", "text": "Hello from the program."})],
+        "end_turn",
+        usage(500, 10),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let setup = dir.path().join("setup.sh");
+    std::fs::write(&setup, "echo setting up\n").unwrap();
+    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/python-kodx-program.yaml");
+    let mut child = kodx(&fake)
+        .arg("run")
+        .arg(&program)
+        .args(["--repo-dir", "", "--cost-limit", "0.5"])
+        .arg("--image")
+        .arg(image())
+        .arg("--setup-script")
+        .arg(&setup)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncWriteExt;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"Say hello.").await.unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "Hello from the program.\n"
+    );
+    assert!(stderr.contains("of $0.50"), "{stderr}");
+    let body = &fake.requests()[0].body;
+    assert_eq!(
+        body["model"], "claude-sonnet-4-20250514",
+        "the program's model"
+    );
+    assert_eq!(body["max_tokens"], 20000, "the program's max_tokens");
+    assert_eq!(body["messages"][0]["content"][0]["text"], "Say hello.");
+}
+
+#[tokio::test]
+async fn limits_and_user_errors_give_non_zero_exits_and_clear_messages() {
+    let Some(engine) = engine().await else { return };
+    let fake = FakeAnthropic::start(KEY).await;
+    fake.reply(
+        vec![tool("t1", json!({"chars": "true"}))],
+        "tool_use",
+        usage(100, 5),
+    );
+    let output = kodx(&fake)
+        .args([
+            "run",
+            "-p",
+            "loop",
+            "--repo-dir",
+            "",
+            "--max-iterations",
+            "1",
+            "--json",
+            "-q",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let result: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(result["stop_reason"], "max_iterations");
+
+    // A failing setup script: setup_failed with its exit code, and no container left.
+    let dir = tempfile::tempdir().unwrap();
+    let setup = dir.path().join("setup.sh");
+    std::fs::write(&setup, "echo broken >&2; exit 4\n").unwrap();
+    let output = kodx(&fake)
+        .args(["run", "-p", "x", "--repo-dir", "", "--json", "-q"])
+        .arg("--setup-script")
+        .arg(&setup)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let result: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(result["stop_reason"], "setup_failed");
+    assert!(
+        result["stderr"].to_string().contains("exit code 4"),
+        "{result}"
+    );
+    assert!(result["stderr"].to_string().contains("broken"), "{result}");
+
+    // No API key, an unknown model, a bad program file, no prompt: one clear line each.
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["run", "-p", "x", "--repo-dir", ""],
+            "ANTHROPIC_API_KEY is not set",
+        ),
+        (
+            vec![
+                "run",
+                "-p",
+                "x",
+                "--repo-dir",
+                "",
+                "--model",
+                "claude-imaginary-9",
+            ],
+            "no price for model",
+        ),
+        (
+            vec!["run", "/nonexistent/prog.yaml", "-p", "x"],
+            "no program file /nonexistent/prog.yaml",
+        ),
+        (vec!["run", "--repo-dir", ""], "no prompt"),
+        (
+            vec!["run", "-p", "x", "--repo-dir", "/nonexistent/dir"],
+            "--repo-dir /nonexistent/dir",
+        ),
+    ];
+    for (i, (args, want)) in cases.into_iter().enumerate() {
+        let mut cmd = kodx(&fake);
+        if i == 0 {
+            cmd.env_remove("ANTHROPIC_API_KEY");
+        }
+        let output = cmd.args(&args).output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_ne!(output.status.code(), Some(0), "{args:?}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+    let _ = engine;
+}
