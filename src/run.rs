@@ -144,7 +144,18 @@ fn load_program(args: &RunArgs, repo: Option<&Path>) -> anyhow::Result<(Program,
         Some(dir) => RepoConfig::load(dir)?,
         None => None,
     };
+    // `ask` / `code` name the repository's own program when its .kodx/config.toml sets one
+    // (as the Python kodx does), else the built-in of that name.
+    let configured = |name: &str| match (name, &repo_config) {
+        ("ask", Some(c)) => c.ask_program.clone(),
+        ("code", Some(c)) => c.code_program.clone(),
+        _ => None,
+    };
     let program = match &args.program_path {
+        Some(path) if !path.exists() && configured(&path.to_string_lossy()).is_some() => {
+            let file = configured(&path.to_string_lossy()).expect("checked");
+            Program::load(&file)?
+        }
         Some(path) if !path.exists() => {
             let name = path.to_string_lossy();
             Program::builtin(&name).with_context(|| {

@@ -304,3 +304,65 @@ async fn bad_tool_calls_go_back_to_the_model_and_repeated_ones_end_the_run() {
     sb.destroy().await.unwrap();
     assert_gone(&engine, &spec.run_id).await;
 }
+
+#[tokio::test]
+async fn the_loop_works_the_same_over_an_openai_compatible_server() {
+    use common::fake_openai::FakeOpenAi;
+    use kodx::providers::OpenAiClient;
+    let Some(engine) = engine().await else { return };
+    let fake = FakeOpenAi::start(None).await;
+    fake.reply(
+        None,
+        &[
+            ("c1", "feed_chars", "{not json"),
+            ("c2", "feed_chars", r#"{"chars":"echo via openai > o.txt"}"#),
+        ],
+        (800, 20, 0),
+    );
+    fake.reply(Some("All done."), &[], (900, 5, 768));
+    let spec = spec("agent-openai");
+    let sb = start(&engine, &spec).await;
+    let client = OpenAiClient::new(&fake.url, None);
+    let price = Pricing::builtin().price("gpt-4.1").unwrap();
+    let mut cfg = AgentConfig::new("gpt-4.1", "You work in a container.", price);
+    cfg.command_timeout = Duration::from_secs(10);
+    let agent = Agent {
+        provider: &client,
+        sandbox: &sb,
+        config: cfg,
+        cancel: CancellationToken::new(),
+    };
+    let outcome = agent.run("Write o.txt", |_| {}, |_| {}).await;
+    assert_eq!(outcome.stop_reason, StopReason::EndTurn, "{outcome:?}");
+    assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+    let sent = &fake.requests()[1]["messages"];
+    let tool_msgs: Vec<&Value> = sent
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(tool_msgs.len(), 2);
+    assert!(
+        tool_msgs[0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("must be a JSON object"),
+        "{tool_msgs:?}"
+    );
+    assert!(tool_msgs[1]["content"]
+        .as_str()
+        .unwrap()
+        .contains("[exit status: 0]"));
+    // gpt-4.1: $2 input, $8 output, $0.50 cached input per million.
+    let want = ((800.0 + 132.0) * 2.0 + 25.0 * 8.0 + 768.0 * 0.5) / 1e6;
+    assert!(
+        (outcome.usd_cost - want).abs() < 1e-12,
+        "{} vs {want}",
+        outcome.usd_cost
+    );
+    let cs = sb.change_set().await.unwrap();
+    assert_eq!(cs.changes[0].path, "o.txt");
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}

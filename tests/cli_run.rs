@@ -256,3 +256,42 @@ async fn limits_and_user_errors_give_non_zero_exits_and_clear_messages() {
     }
     let _ = engine;
 }
+
+#[tokio::test]
+async fn a_repositorys_kodx_config_names_its_code_program_and_cost_limit() {
+    let Some(_engine) = engine().await else {
+        return;
+    };
+    let fake = FakeAnthropic::start(KEY).await;
+    fake.reply(
+        vec![json!({"type": "text", "text": "done"})],
+        "end_turn",
+        usage(100, 5),
+    );
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::create_dir(repo.path().join(".kodx")).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/python-kodx-config.toml"),
+        repo.path().join(".kodx/config.toml"),
+    )
+    .unwrap();
+    let program = "model:\n  name: claude-haiku-4-5\n  provider: anthropic\nprompt:\n  system: the repo's own code program\n";
+    std::fs::write(repo.path().join(".kodx/code.yaml"), program).unwrap();
+    std::fs::write(repo.path().join(".kodx/ask.yaml"), program).unwrap();
+    let output = kodx(&fake)
+        .args(["run", "code", "-p", "x", "--cost-limit", "0.25"])
+        .arg("--repo-dir")
+        .arg(repo.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let body = &fake.requests()[0].body;
+    assert_eq!(body["system"][0]["text"], "the repo's own code program");
+    assert_eq!(body["model"], "claude-haiku-4-5");
+}
