@@ -366,3 +366,37 @@ async fn the_loop_works_the_same_over_an_openai_compatible_server() {
     sb.destroy().await.unwrap();
     assert_gone(&engine, &spec.run_id).await;
 }
+
+#[tokio::test]
+async fn a_reply_cut_at_max_tokens_is_continued_not_taken_as_the_end() {
+    let Some(engine) = engine().await else { return };
+    let fake = FakeAnthropic::start(KEY).await;
+    fake.reply(
+        vec![json!({"type": "text", "text": "The answer is a long"})],
+        "max_tokens",
+        usage(10, 1024, 0, 0),
+    );
+    fake.reply(
+        vec![json!({"type": "text", "text": "list, now complete."})],
+        "end_turn",
+        usage(10, 20, 0, 0),
+    );
+    let spec = spec("agent-max-tokens");
+    let sb = start(&engine, &spec).await;
+    let (outcome, _) = run(&fake, &sb, config(), CancellationToken::new()).await;
+    assert_eq!(outcome.stop_reason, StopReason::EndTurn);
+    assert_eq!(outcome.api_calls, 2);
+    assert_eq!(outcome.last_message, "list, now complete.");
+    let second = &fake.requests()[1].body["messages"];
+    let last = second.as_array().unwrap().last().unwrap();
+    assert!(
+        last["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("cut off"),
+        "{last}"
+    );
+    assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}
