@@ -243,11 +243,18 @@ async fn limits_and_user_errors_give_non_zero_exits_and_clear_messages() {
             vec!["run", "-p", "x", "--repo-dir", "/nonexistent/dir"],
             "--repo-dir /nonexistent/dir",
         ),
+        (
+            vec!["run", "-p", "x", "--repo-dir", ""],
+            "Start the Docker engine",
+        ),
     ];
     for (i, (args, want)) in cases.into_iter().enumerate() {
         let mut cmd = kodx(&fake);
         if i == 0 {
             cmd.env_remove("ANTHROPIC_API_KEY");
+        }
+        if i == 5 {
+            cmd.env("DOCKER_HOST", "unix:///nonexistent/docker.sock");
         }
         let output = cmd.args(&args).output().await.unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
