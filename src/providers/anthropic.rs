@@ -2,13 +2,11 @@
 //! reasons, and prompt caching on the system prompt and the growing conversation so that
 //! repeated context is billed at the cache-read price.
 
-use std::time::Instant;
-
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::retry::{parse_retry_after, RetryPolicy};
+use super::retry::{send_with_retry, RetryPolicy};
 use super::{http_client, join_url, ApiKey};
 use crate::model::{
     Block, Message, ModelStop, Provider, ProviderError, Request, Response, Role, Usage,
@@ -216,50 +214,21 @@ impl Provider for AnthropicClient {
     async fn complete(&self, request: &Request) -> Result<Response, ProviderError> {
         let url = join_url(&self.base_url, "v1/messages");
         let body = request_body(request);
-        let started = Instant::now();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let sent = http_client()
-                .post(&url)
-                .header("x-api-key", self.key.expose())
-                .header("anthropic-version", API_VERSION)
-                .json(&body)
-                .send()
-                .await;
-            let (last, retry_after) = match sent {
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    let retry_after = parse_retry_after(resp.headers());
-                    let bytes = resp.bytes().await.unwrap_or_default();
-                    if (200..300).contains(&status) {
-                        return parse_response(&bytes);
-                    }
-                    let message = self.key.redact(&error_message(&bytes));
-                    if !RetryPolicy::retryable_status(status) {
-                        return Err(ProviderError::Api {
-                            provider: NAME,
-                            status,
-                            message,
-                        });
-                    }
-                    (format!("HTTP {status}: {message}"), retry_after)
-                }
-                Err(e) => (self.key.redact(&format!("request failed: {e}")), None),
-            };
-            let delay = self.retry.delay(attempt, retry_after);
-            if attempt >= self.retry.max_attempts
-                || started.elapsed() + delay > self.retry.max_total
-            {
-                return Err(ProviderError::Exhausted {
-                    provider: NAME,
-                    attempts: attempt,
-                    last,
-                });
-            }
-            tracing::warn!(attempt, ?delay, error = %last, "Anthropic API call failed; retrying");
-            tokio::time::sleep(delay).await;
-        }
+        let bytes = send_with_retry(
+            NAME,
+            &self.retry,
+            || {
+                http_client()
+                    .post(&url)
+                    .header("x-api-key", self.key.expose())
+                    .header("anthropic-version", API_VERSION)
+                    .json(&body)
+            },
+            error_message,
+            |text| self.key.redact(text),
+        )
+        .await?;
+        parse_response(&bytes)
     }
 }
 

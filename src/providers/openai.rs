@@ -1,13 +1,11 @@
 //! OpenAI-compatible Chat Completions (`POST {OPENAI_BASE_URL}/chat/completions`): tools as
 //! functions. Works with OpenAI and with vLLM, Ollama and llama.cpp servers.
 
-use std::time::Instant;
-
 use async_trait::async_trait;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::retry::{parse_retry_after, RetryPolicy};
+use super::retry::{send_with_retry, RetryPolicy};
 use super::{http_client, join_url, ApiKey};
 use crate::model::{Block, ModelStop, Provider, ProviderError, Request, Response, Role, Usage};
 
@@ -268,47 +266,21 @@ impl Provider for OpenAiClient {
     async fn complete(&self, request: &Request) -> Result<Response, ProviderError> {
         let url = join_url(&self.base_url, "chat/completions");
         let body = request_body(request, is_openai(&self.base_url));
-        let started = Instant::now();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut req = http_client().post(&url).json(&body);
-            if let Some(key) = &self.key {
-                req = req.bearer_auth(key.expose());
-            }
-            let (last, retry_after) = match req.send().await {
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    let retry_after = parse_retry_after(resp.headers());
-                    let bytes = resp.bytes().await.unwrap_or_default();
-                    if (200..300).contains(&status) {
-                        return parse_response(&bytes);
-                    }
-                    let message = self.redact(&error_message(&bytes));
-                    if !RetryPolicy::retryable_status(status) {
-                        return Err(ProviderError::Api {
-                            provider: NAME,
-                            status,
-                            message,
-                        });
-                    }
-                    (format!("HTTP {status}: {message}"), retry_after)
+        let bytes = send_with_retry(
+            NAME,
+            &self.retry,
+            || {
+                let req = http_client().post(&url).json(&body);
+                match &self.key {
+                    Some(key) => req.bearer_auth(key.expose()),
+                    None => req,
                 }
-                Err(e) => (self.redact(&format!("request failed: {e}")), None),
-            };
-            let delay = self.retry.delay(attempt, retry_after);
-            if attempt >= self.retry.max_attempts
-                || started.elapsed() + delay > self.retry.max_total
-            {
-                return Err(ProviderError::Exhausted {
-                    provider: NAME,
-                    attempts: attempt,
-                    last,
-                });
-            }
-            tracing::warn!(attempt, ?delay, error = %last, "OpenAI-compatible API call failed; retrying");
-            tokio::time::sleep(delay).await;
-        }
+            },
+            error_message,
+            |text| self.redact(text),
+        )
+        .await?;
+        parse_response(&bytes)
     }
 }
 

@@ -47,6 +47,54 @@ impl RetryPolicy {
     }
 }
 
+/// Sends a request built by `build` until it succeeds, fails for good, or the policy's
+/// budget runs out. Returns the body of the first 2xx answer. `error_message` reads an
+/// error body; `redact` removes secrets from every message.
+pub(crate) async fn send_with_retry(
+    provider: &'static str,
+    policy: &RetryPolicy,
+    build: impl Fn() -> reqwest::RequestBuilder,
+    error_message: impl Fn(&[u8]) -> String,
+    redact: impl Fn(&str) -> String,
+) -> Result<bytes::Bytes, crate::model::ProviderError> {
+    use crate::model::ProviderError;
+    let started = std::time::Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let (last, retry_after) = match build().send().await {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let retry_after = parse_retry_after(resp.headers());
+                let bytes = resp.bytes().await.unwrap_or_default();
+                if (200..300).contains(&status) {
+                    return Ok(bytes);
+                }
+                let message = redact(&error_message(&bytes));
+                if !RetryPolicy::retryable_status(status) {
+                    return Err(ProviderError::Api {
+                        provider,
+                        status,
+                        message,
+                    });
+                }
+                (format!("HTTP {status}: {message}"), retry_after)
+            }
+            Err(e) => (redact(&format!("request failed: {e}")), None),
+        };
+        let delay = policy.delay(attempt, retry_after);
+        if attempt >= policy.max_attempts || started.elapsed() + delay > policy.max_total {
+            return Err(ProviderError::Exhausted {
+                provider,
+                attempts: attempt,
+                last,
+            });
+        }
+        tracing::warn!(provider, attempt, ?delay, error = %last, "model API call failed; retrying");
+        tokio::time::sleep(delay).await;
+    }
+}
+
 /// Parses a `retry-after` header: seconds (possibly fractional), or `retry-after-ms`.
 pub fn parse_retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     if let Some(ms) = headers
