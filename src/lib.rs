@@ -1,8 +1,10 @@
 //! kodx: an LLM agent working in real shells inside a hardened Docker container.
 
 pub mod agent;
+pub mod command;
 pub mod cost;
 pub mod model;
 pub mod program;
 pub mod providers;
 pub mod sandbox;
+pub mod webhook;
