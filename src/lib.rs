@@ -2,9 +2,11 @@
 
 pub mod agent;
 pub mod command;
+pub mod comment;
 pub mod cost;
 pub mod model;
 pub mod program;
 pub mod providers;
+pub mod repo_config;
 pub mod sandbox;
 pub mod webhook;

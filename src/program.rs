@@ -585,7 +585,7 @@ impl SchemaError {
 
 /// serde's "unknown field `x`, expected one of `a`, `b`" (or "expected `a` or `b`", or
 /// "there are no fields") → (`x`, [`a`, `b`]).
-fn parse_unknown_field(message: &str) -> Option<(String, Vec<String>)> {
+pub(crate) fn parse_unknown_field(message: &str) -> Option<(String, Vec<String>)> {
     let rest = message.strip_prefix("unknown field `")?;
     let (key, rest) = rest.split_once('`')?;
     let expected = rest

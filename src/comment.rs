@@ -1,0 +1,811 @@
+//! The status comment (SPEC §5, §10): the hidden metadata line that ties a comment to its
+//! run, the redaction of token shapes in everything kodx posts, and the Markdown body of
+//! each phase of a run (queued, setting up, working, done) with the cost summary.
+//!
+//! Pure functions only: no I/O, no clock.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::agent::{Outcome, StopReason};
+use crate::cost::format_usd;
+
+/// GitHub rejects comment bodies longer than this many characters.
+pub const GITHUB_COMMENT_LIMIT: usize = 65_536;
+
+/// What the rendered body is kept under (in bytes, which are never fewer than characters),
+/// leaving room for slack.
+pub const BODY_LIMIT: usize = GITHUB_COMMENT_LIMIT - 1_536;
+
+/// What a token is replaced with.
+pub const REDACTED: &str = "[REDACTED]";
+
+/// The version written into the metadata line.
+pub const METADATA_VERSION: u64 = 1;
+
+const METADATA_OPEN: &str = "<!-- kodx:";
+const METADATA_CLOSE: &str = " -->";
+/// The longest run id `find_run_id` accepts.
+const MAX_RUN_ID_LEN: usize = 128;
+/// The longest command line shown (characters after redaction).
+const MAX_COMMAND_CHARS: usize = 2_000;
+/// The longest failure text shown.
+const MAX_FAILURE_CHARS: usize = 8_000;
+
+// ---------------------------------------------------------------------------------------
+// Metadata
+// ---------------------------------------------------------------------------------------
+
+/// The hidden first line of every status comment: `<!-- kodx:{"run":"<id>","v":1} -->`.
+///
+/// `<` and `>` are written as `\u003c` / `\u003e`, which is still valid JSON and means the
+/// line can never contain `-->` (or any other end of an HTML comment) before its own end.
+pub fn metadata(run_id: &str) -> String {
+    let json = serde_json::json!({ "run": run_id, "v": METADATA_VERSION }).to_string();
+    let json = json.replace('<', "\\u003c").replace('>', "\\u003e");
+    format!("{METADATA_OPEN}{json}{METADATA_CLOSE}")
+}
+
+/// The run id from the first well-formed metadata line of `body`.
+///
+/// A line counts only when it starts at the beginning of a line with `<!-- kodx:`, ends with
+/// ` -->`, holds a JSON object with `"v": 1` and a non-empty string `"run"` (at most 128
+/// characters, no control characters), and has no `>` inside the JSON text (what
+/// `metadata` writes never has one). Anything else is ignored.
+pub fn find_run_id(body: &str) -> Option<String> {
+    body.lines().find_map(parse_metadata_line)
+}
+
+fn parse_metadata_line(line: &str) -> Option<String> {
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    let rest = line.strip_prefix(METADATA_OPEN)?;
+    let json = rest.strip_suffix(METADATA_CLOSE)?;
+    if json.contains('>') || json.contains('<') {
+        return None;
+    }
+    let value: Value = serde_json::from_str(json).ok()?;
+    let obj = value.as_object()?;
+    if obj.get("v")?.as_u64()? != METADATA_VERSION {
+        return None;
+    }
+    let run = obj.get("run")?.as_str()?;
+    if run.is_empty() || run.chars().count() > MAX_RUN_ID_LEN || run.chars().any(char::is_control) {
+        return None;
+    }
+    Some(run.to_string())
+}
+
+/// Breaks any metadata opener in text that came from the model or the repository, so that a
+/// line in an answer can never pass for the comment's own metadata.
+fn defuse_metadata(text: &str) -> String {
+    text.replace(METADATA_OPEN, "<!-- kodx :")
+}
+
+// ---------------------------------------------------------------------------------------
+// Redaction
+// ---------------------------------------------------------------------------------------
+
+/// Replaces token shapes with `[REDACTED]` (SPEC §10):
+///
+/// - `ghp_`, `gho_`, `ghu_`, `ghs_`, `ghr_` followed by 36 or more `[A-Za-z0-9]`;
+/// - `github_pat_` followed by 22 or more `[A-Za-z0-9_]`;
+/// - `sk-` followed by 20 or more `[A-Za-z0-9_-]` (OpenAI and Anthropic keys: `sk-proj-…`,
+///   `sk-ant-…`);
+/// - `x-access-token:<anything up to @ or whitespace>` → `x-access-token:[REDACTED]`
+///   (the prefix matched without regard to case).
+///
+/// The first three only count at the start of a word (not right after `[A-Za-z0-9_]`), so
+/// `task-…` is not taken for a key. Shorter look-alikes stay as they are. One pass, linear in
+/// the length of `text`.
+pub fn redact(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    // Start of the not yet copied part of `text`.
+    let mut copied = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let at_word_start = i == 0 || !is_word_byte(bytes[i - 1]);
+        if let Some(end) = at_word_start.then(|| token_end(bytes, i)).flatten() {
+            out.push_str(&text[copied..i]);
+            out.push_str(REDACTED);
+            i = end;
+            copied = end;
+            continue;
+        }
+        if let Some((secret_start, end)) = access_token_secret(text, i) {
+            out.push_str(&text[copied..secret_start]);
+            out.push_str(REDACTED);
+            i = end;
+            copied = end;
+            continue;
+        }
+        i += 1;
+    }
+    out.push_str(&text[copied..]);
+    out
+}
+
+fn is_word_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// The end of the token starting at `i`, when one of the prefixed shapes starts there.
+///
+/// The run scanned after a prefix either reaches the minimum length (and is then skipped as a
+/// whole by the caller) or is shorter than that minimum, so the work per position is bounded
+/// and the whole scan stays linear.
+fn token_end(bytes: &[u8], i: usize) -> Option<usize> {
+    let rest = &bytes[i..];
+    let (prefix_len, min, class): (usize, usize, fn(u8) -> bool) =
+        if rest.starts_with(b"github_pat_") {
+            (11, 22, is_word_byte)
+        } else if rest.len() >= 4
+            && rest.starts_with(b"gh")
+            && matches!(rest[2], b'p' | b'o' | b'u' | b's' | b'r')
+            && rest[3] == b'_'
+        {
+            (4, 36, |b: u8| b.is_ascii_alphanumeric())
+        } else if rest.starts_with(b"sk-") {
+            (3, 20, |b: u8| is_word_byte(b) || b == b'-')
+        } else {
+            return None;
+        };
+    let run = rest[prefix_len..].iter().take_while(|&&b| class(b)).count();
+    (run >= min).then_some(i + prefix_len + run)
+}
+
+/// When `x-access-token:` starts at byte `i` of `text`: the start and end of what follows it
+/// up to `@` or whitespace (the secret), when that is not empty.
+fn access_token_secret(text: &str, i: usize) -> Option<(usize, usize)> {
+    const PREFIX: &str = "x-access-token:";
+    let head = text.as_bytes().get(i..i + PREFIX.len())?;
+    if !head.eq_ignore_ascii_case(PREFIX.as_bytes()) {
+        return None;
+    }
+    let start = i + PREFIX.len();
+    let tail = &text[start..];
+    let len = tail
+        .find(|c: char| c == '@' || c.is_whitespace())
+        .unwrap_or(tail.len());
+    (len > 0).then_some((start, start + len))
+}
+
+// ---------------------------------------------------------------------------------------
+// The status comment
+// ---------------------------------------------------------------------------------------
+
+/// Which command a run answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunKind {
+    /// `/kodx code`: changes, a pull request or a pushed commit.
+    Code,
+    /// `/kodx ask`: an answer only.
+    Ask,
+}
+
+/// Where a run is, as its status comment shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Phase {
+    Queued,
+    SettingUp,
+    Working { step: u32, spent: f64, limit: f64 },
+    Done(Box<Done>),
+}
+
+/// The end of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Done {
+    pub kind: RunKind,
+    pub outcome: Outcome,
+    /// The answer (ask) or the summary of the change (code). When empty,
+    /// `outcome.last_message` is shown.
+    pub text: String,
+    /// The pull request (or pushed commit) of a code run that changed something.
+    pub pr_url: Option<String>,
+    /// What failed after the agent ended (e.g. the push), or overriding `outcome.detail`.
+    pub failure: Option<String>,
+}
+
+impl Done {
+    /// The run ended its turn and nothing failed after it.
+    pub fn succeeded(&self) -> bool {
+        self.outcome.stop_reason == StopReason::EndTurn && self.failure.is_none()
+    }
+}
+
+/// The whole body of the status comment for `phase`: the metadata line, a header, the
+/// command, for a finished run its result and the cost summary, and the run id. Everything
+/// from the model, the repository or the user is redacted; the body stays under GitHub's
+/// comment limit (an over-long answer is cut in the middle, with a note).
+pub fn render(run_id: &str, command_line: &str, phase: &Phase) -> String {
+    let mut head = String::new();
+    head.push_str(&metadata(run_id));
+    head.push('\n');
+    head.push_str("### ");
+    head.push_str(&header(phase));
+    head.push_str("\n\n");
+    let command = cut_middle(&clean(command_line), MAX_COMMAND_CHARS);
+    for line in command.lines() {
+        head.push_str("> ");
+        head.push_str(line);
+        head.push('\n');
+    }
+    head.push('\n');
+
+    let mut tail = String::new();
+    let mut answer = String::new();
+    if let Phase::Done(done) = phase {
+        answer = done_body(done, &mut head, &mut tail);
+        tail.push_str(&cost_summary(&done.outcome));
+        tail.push('\n');
+    }
+    tail.push_str(&format!(
+        "<sub>kodx run <code>{}</code></sub>\n",
+        escape_html(run_id)
+    ));
+
+    let budget = BODY_LIMIT.saturating_sub(head.len() + tail.len() + 2);
+    let answer = cut_middle_bytes(&answer, budget);
+    let mut body = head;
+    if !answer.is_empty() {
+        body.push_str(&answer);
+        if !answer.ends_with('\n') {
+            body.push('\n');
+        }
+        body.push('\n');
+    }
+    body.push_str(&tail);
+    if body.len() > BODY_LIMIT {
+        // Only reachable with an absurd run id; never post something GitHub refuses.
+        let mut end = BODY_LIMIT;
+        while !body.is_char_boundary(end) {
+            end -= 1;
+        }
+        body.truncate(end);
+    }
+    body
+}
+
+/// The one-line header of each phase.
+fn header(phase: &Phase) -> String {
+    match phase {
+        Phase::Queued => "⏳ queued".into(),
+        Phase::SettingUp => "⚙️ setting up the container".into(),
+        Phase::Working { step, spent, limit } => format!(
+            "🛠️ working — step {step}, {} of {}",
+            format_usd(*spent),
+            format_usd(*limit)
+        ),
+        Phase::Done(done) if done.succeeded() => match done.kind {
+            RunKind::Ask => "✅ answered".into(),
+            RunKind::Code if done.pr_url.is_some() => "✅ done".into(),
+            RunKind::Code => "✅ done — no changes".into(),
+        },
+        Phase::Done(done) => format!("❌ {}", failure_title(done)),
+    }
+}
+
+fn failure_title(done: &Done) -> &'static str {
+    match done.outcome.stop_reason {
+        StopReason::EndTurn | StopReason::Error => "failed",
+        StopReason::CostLimitExceeded => "stopped — cost limit reached",
+        StopReason::MaxIterations => "stopped — step limit reached",
+        StopReason::Timeout => "stopped — time limit reached",
+        StopReason::ToolError => "stopped — repeated tool failures",
+        StopReason::SetupFailed => "setup script failed",
+        StopReason::Cancelled => "cancelled",
+    }
+}
+
+/// Writes the fixed parts of a finished run into `head`/`tail` and returns the (cleaned)
+/// free text that goes between them: the one part that may be cut to fit.
+fn done_body(done: &Done, head: &mut String, tail: &mut String) -> String {
+    let text = if done.text.trim().is_empty() {
+        &done.outcome.last_message
+    } else {
+        &done.text
+    };
+    let text = clean(text);
+    if done.succeeded() {
+        match (done.kind, &done.pr_url) {
+            (RunKind::Ask, _) => {}
+            (RunKind::Code, Some(url)) => {
+                head.push_str(&format!("**Pull request:** {}\n\n", clean(url)));
+            }
+            (RunKind::Code, None) => {
+                head.push_str("No changes were made to the repository.\n\n");
+            }
+        }
+        return text;
+    }
+    let failure = done
+        .failure
+        .as_deref()
+        .or(done.outcome.detail.as_deref())
+        .map(clean)
+        .unwrap_or_else(|| default_failure(done.outcome.stop_reason));
+    head.push_str(&fenced(&cut_middle(&failure, MAX_FAILURE_CHARS)));
+    head.push('\n');
+    if let Some(url) = &done.pr_url {
+        head.push_str(&format!("**Pull request:** {}\n\n", clean(url)));
+    }
+    if text.trim().is_empty() {
+        return String::new();
+    }
+    head.push_str("<details><summary>The agent's last message</summary>\n\n");
+    tail.insert_str(0, "</details>\n\n");
+    text
+}
+
+fn default_failure(reason: StopReason) -> String {
+    match reason {
+        StopReason::Cancelled => "The run was cancelled.".into(),
+        StopReason::EndTurn => "The run failed after the agent finished.".into(),
+        _ => "Internal error: see the logs of this run id.".into(),
+    }
+}
+
+/// The cost summary, always shown for a finished run.
+pub fn cost_summary(outcome: &Outcome) -> String {
+    let u = &outcome.usage;
+    format!(
+        "| model | API calls | input | output | cache write | cache read | cost | duration | stop |\n\
+         |---|--:|--:|--:|--:|--:|--:|--:|---|\n\
+         | {} | {} | {} | {} | {} | {} | {} of {} | {} | `{}` |\n",
+        escape_cell(&clean(&outcome.model)),
+        outcome.api_calls,
+        thousands(u.input_tokens),
+        thousands(u.output_tokens),
+        thousands(u.cache_write_tokens),
+        thousands(u.cache_read_tokens),
+        format_usd(outcome.usd_cost),
+        format_usd(outcome.cost_limit),
+        format_duration(outcome.duration),
+        outcome.stop_reason.as_str(),
+    )
+}
+
+/// `42s`, `1m 12s`, `2h 3m 4s` (whole seconds, rounded down).
+pub fn format_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
+    if h > 0 {
+        format!("{h}h {m}m {s}s")
+    } else if m > 0 {
+        format!("{m}m {s}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// `1234567` → `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Text from outside kodx, ready to post: redacted, metadata openers defused.
+fn clean(text: &str) -> String {
+    defuse_metadata(&redact(text))
+}
+
+fn escape_cell(text: &str) -> String {
+    text.replace('|', "\\|").replace(['\n', '\r'], " ")
+}
+
+fn escape_html(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// `text` in a code fence longer than any run of backticks inside it.
+fn fenced(text: &str) -> String {
+    let mut longest = 0;
+    let mut run = 0;
+    for c in text.chars() {
+        run = if c == '`' { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    let fence = "`".repeat((longest + 1).max(3));
+    let nl = if text.ends_with('\n') { "" } else { "\n" };
+    format!("{fence}text\n{text}{nl}{fence}\n")
+}
+
+/// `text` cut to at most `max` characters (plus the note), the middle left out.
+fn cut_middle(text: &str, max: usize) -> String {
+    let chars = text.chars().count();
+    if chars <= max {
+        return text.to_string();
+    }
+    let head_end = text.char_indices().nth(max / 2).map_or(text.len(), |p| p.0);
+    let tail_start = text
+        .char_indices()
+        .nth(chars - max / 2)
+        .map_or(text.len(), |p| p.0);
+    join_cut(text, head_end, tail_start)
+}
+
+/// `text` cut to at most `max` bytes including the note, the middle left out (on line
+/// boundaries when one is near).
+fn cut_middle_bytes(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    // Room for the note, whose numbers have at most 20 digits.
+    let keep = max.saturating_sub(cut_note(usize::MAX).len());
+    let mut head_end = keep / 2;
+    while !text.is_char_boundary(head_end) {
+        head_end -= 1;
+    }
+    let mut tail_start = text.len() - (keep - keep / 2);
+    while !text.is_char_boundary(tail_start) {
+        tail_start += 1;
+    }
+    const NEAR: usize = 2_000;
+    if let Some(nl) = text[..head_end].rfind('\n') {
+        if head_end - nl <= NEAR {
+            head_end = nl + 1;
+        }
+    }
+    if let Some(nl) = text[tail_start..].find('\n') {
+        if nl < NEAR && tail_start + nl + 1 < text.len() {
+            tail_start += nl + 1;
+        }
+    }
+    join_cut(text, head_end, tail_start)
+}
+
+fn join_cut(text: &str, head_end: usize, tail_start: usize) -> String {
+    let left_out = text[head_end..tail_start].chars().count();
+    let head = &text[..head_end];
+    let sep = if head.is_empty() || head.ends_with('\n') {
+        ""
+    } else {
+        "\n"
+    };
+    format!("{head}{sep}{}{}", cut_note(left_out), &text[tail_start..])
+}
+
+fn cut_note(left_out: usize) -> String {
+    format!("\n*[… {left_out} characters cut from the middle to fit a GitHub comment …]*\n\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Usage;
+
+    fn outcome(reason: StopReason, last: &str) -> Outcome {
+        Outcome {
+            stop_reason: reason,
+            last_message: last.into(),
+            api_calls: 7,
+            usage: Usage {
+                input_tokens: 12_345,
+                output_tokens: 678,
+                cache_write_tokens: 1_000,
+                cache_read_tokens: 2_000_000,
+            },
+            usd_cost: 0.0234,
+            cost_limit: 2.0,
+            duration: Duration::from_secs(72),
+            model: "claude-sonnet-4-5".into(),
+            detail: None,
+        }
+    }
+
+    fn done(kind: RunKind, reason: StopReason, text: &str) -> Done {
+        Done {
+            kind,
+            outcome: outcome(reason, text),
+            text: text.into(),
+            pr_url: None,
+            failure: None,
+        }
+    }
+
+    const GHS: &str = "ghs_abcdefghijklmnopqrstuvwxyz0123456789";
+
+    // --- metadata ---
+
+    #[test]
+    fn metadata_round_trip() {
+        let line = metadata("r-01HX");
+        assert_eq!(line, r#"<!-- kodx:{"run":"r-01HX","v":1} -->"#);
+        assert_eq!(find_run_id(&line), Some("r-01HX".into()));
+        let body = render("r-01HX", "/kodx ask why", &Phase::Queued);
+        assert!(body.starts_with("<!-- kodx:"));
+        assert_eq!(find_run_id(&body), Some("r-01HX".into()));
+        assert_eq!(
+            find_run_id(&format!("{line}\r\nrest")),
+            Some("r-01HX".into())
+        );
+    }
+
+    #[test]
+    fn run_id_cannot_break_out_of_the_comment() {
+        for id in [
+            "a-->b",
+            "--><script>",
+            "x --> <!-- kodx:{\"run\":\"y\",\"v\":1} -->",
+        ] {
+            let line = metadata(id);
+            let inner = line
+                .strip_prefix(METADATA_OPEN)
+                .unwrap()
+                .strip_suffix(METADATA_CLOSE)
+                .unwrap();
+            assert!(!inner.contains('>'), "{line}");
+            assert!(!inner.contains("-->"), "{line}");
+            assert_eq!(line.matches("-->").count(), 1);
+            assert!(line.contains("\\u003e"));
+            assert_eq!(find_run_id(&line).as_deref(), Some(id));
+        }
+    }
+
+    #[test]
+    fn malformed_or_forged_metadata_is_ignored() {
+        let ok = metadata("r1");
+        for bad in [
+            format!("text {ok}"),
+            format!(" {ok}"),
+            format!("> {ok}"),
+            "<!-- kodx:{\"run\":\"r1\",\"v\":1 -->".into(),
+            "<!-- kodx:not json -->".into(),
+            "<!-- kodx:{\"run\":\"r1\",\"v\":2} -->".into(),
+            "<!-- kodx:{\"run\":\"\",\"v\":1} -->".into(),
+            "<!-- kodx:{\"run\":7,\"v\":1} -->".into(),
+            "<!-- kodx:{\"v\":1} -->".into(),
+            "<!-- kodx:[\"r1\"] -->".into(),
+            "<!-- kodx:{\"run\":\"a>b\",\"v\":1} -->".into(),
+            "<!-- kodx:{\"run\":\"r1\",\"v\":1} --> trailing".into(),
+            "<!-- kodx:{\"run\":\"r1\",\"v\":1}-->".into(),
+            format!("<!-- kodx:{{\"run\":\"{}\",\"v\":1}} -->", "x".repeat(200)),
+            String::new(),
+        ] {
+            assert_eq!(find_run_id(&bad), None, "{bad}");
+        }
+        // The first valid line wins; a forged one later does not replace it.
+        let body = format!("{ok}\n{}", metadata("forged"));
+        assert_eq!(find_run_id(&body), Some("r1".into()));
+        // A metadata line in the model's answer is defused in the rendered body.
+        let mut d = done(RunKind::Ask, StopReason::EndTurn, "");
+        d.text = format!("{}\nhi", metadata("forged"));
+        let body = render("real", "/kodx ask", &Phase::Done(Box::new(d)));
+        let body_without_first = body.split_once('\n').unwrap().1;
+        assert_eq!(find_run_id(body_without_first), None);
+        assert_eq!(find_run_id(&body), Some("real".into()));
+    }
+
+    // --- redaction ---
+
+    #[test]
+    fn each_token_shape_is_redacted() {
+        let a36 = "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8";
+        assert_eq!(a36.len(), 36);
+        for prefix in ["ghp_", "gho_", "ghu_", "ghs_", "ghr_"] {
+            let text = format!("token {prefix}{a36} end");
+            assert_eq!(redact(&text), "token [REDACTED] end", "{prefix}");
+            let longer = format!("({prefix}{a36}XYZ)");
+            assert_eq!(redact(&longer), "([REDACTED])");
+        }
+        let pat = format!("github_pat_{}", "11ABCDEFG_0123456789abcdefghijkl");
+        assert_eq!(redact(&format!("key={pat}\n")), "key=[REDACTED]\n");
+        for key in [
+            "sk-abcdefghijklmnopqrst",
+            "sk-proj-Ab_cd-EF0123456789xyzXYZ",
+            "sk-ant-api03-AbCdEf_GhIjKl-MnOpQrStUvWx",
+        ] {
+            assert_eq!(redact(&format!("\"{key}\"")), "\"[REDACTED]\"", "{key}");
+        }
+        assert_eq!(
+            redact("https://x-access-token:ghs_short@github.com/o/r.git"),
+            "https://x-access-token:[REDACTED]@github.com/o/r.git"
+        );
+        assert_eq!(
+            redact("X-Access-Token:abc def"),
+            "X-Access-Token:[REDACTED] def"
+        );
+        assert_eq!(
+            redact(&format!("{GHS} and {GHS}")),
+            "[REDACTED] and [REDACTED]"
+        );
+        assert_eq!(redact("ü ghs_ü sk-é"), "ü ghs_ü sk-é");
+    }
+
+    #[test]
+    fn near_misses_are_kept() {
+        let a35 = "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r";
+        for text in [
+            format!("ghp_{a35}"),
+            format!("ghx_{a35}XX"),
+            format!("xghp_{a35}XX"),
+            "github_pat_short".into(),
+            format!("github_pat-{}", "a".repeat(30)),
+            "sk-abcdefghijklmnopqrs".into(),
+            "task-manager-for-everything-here".into(),
+            "disk-usage-report-for-everything".into(),
+            "sk- abcdefghijklmnopqrstuvwxyz".into(),
+            "x-access-token:".into(),
+            "x-access-token: secret".into(),
+            "the ghs_ prefix and sk-ant keys".into(),
+            String::new(),
+        ] {
+            assert_eq!(redact(&text), text, "{text}");
+        }
+    }
+
+    #[test]
+    fn redaction_is_linear_on_adversarial_input() {
+        let text = "sk-".repeat(200_000) + &"ghp_".repeat(100_000);
+        let out = redact(&text);
+        assert_eq!(out, "[REDACTED]");
+        let short = "sk-a ".repeat(100_000);
+        assert_eq!(redact(&short), short);
+    }
+
+    // --- render ---
+
+    #[test]
+    fn render_queued_setting_up_working() {
+        let q = render("r1", "/kodx code fix it", &Phase::Queued);
+        assert!(q.contains("⏳ queued"));
+        assert!(q.contains("> /kodx code fix it"));
+        assert!(q.contains("<code>r1</code>"));
+        let s = render("r1", "/kodx code fix it", &Phase::SettingUp);
+        assert!(s.contains("⚙️ setting up the container"));
+        let w = render(
+            "r1",
+            "/kodx code fix it",
+            &Phase::Working {
+                step: 3,
+                spent: 0.0123,
+                limit: 2.0,
+            },
+        );
+        assert!(w.contains("🛠️ working — step 3, $0.0123 of $2.00"), "{w}");
+        for body in [q, s, w] {
+            assert!(!body.contains("| model |"));
+        }
+    }
+
+    #[test]
+    fn command_line_is_redacted() {
+        let body = render("r1", &format!("/kodx ask is {GHS} valid?"), &Phase::Queued);
+        assert!(!body.contains(GHS));
+        assert!(body.contains("is [REDACTED] valid?"));
+    }
+
+    fn assert_cost_summary(body: &str, reason: &str) {
+        for piece in [
+            "| model | API calls | input | output | cache write | cache read | cost | duration | stop |",
+            "| claude-sonnet-4-5 | 7 | 12,345 | 678 | 1,000 | 2,000,000 | $0.0234 of $2.00 | 1m 12s |",
+            &format!("`{reason}`"),
+        ] {
+            assert!(body.contains(piece), "missing {piece:?} in\n{body}");
+        }
+    }
+
+    #[test]
+    fn render_done_ask() {
+        let answer = format!("The answer is 42. Your key {GHS} leaked.");
+        let body = render(
+            "r1",
+            "/kodx ask what?",
+            &Phase::Done(Box::new(done(RunKind::Ask, StopReason::EndTurn, &answer))),
+        );
+        assert!(body.contains("✅ answered"));
+        assert!(body.contains("The answer is 42. Your key [REDACTED] leaked."));
+        assert!(!body.contains(GHS));
+        assert_cost_summary(&body, "end_turn");
+    }
+
+    #[test]
+    fn render_done_code_with_pr() {
+        let mut d = done(RunKind::Code, StopReason::EndTurn, "Fixed the parser.");
+        d.pr_url = Some("https://github.com/o/r/pull/5".into());
+        let body = render("r1", "/kodx code fix", &Phase::Done(Box::new(d)));
+        assert!(body.contains("✅ done"));
+        assert!(body.contains("**Pull request:** https://github.com/o/r/pull/5"));
+        assert!(body.contains("Fixed the parser."));
+        assert_cost_summary(&body, "end_turn");
+    }
+
+    #[test]
+    fn render_done_code_without_changes() {
+        let mut d = done(RunKind::Code, StopReason::EndTurn, "");
+        d.outcome.last_message = "Nothing to change: already fixed.".into();
+        let body = render("r1", "/kodx code fix", &Phase::Done(Box::new(d)));
+        assert!(body.contains("✅ done — no changes"));
+        assert!(body.contains("No changes were made"));
+        assert!(body.contains("Nothing to change: already fixed."));
+        assert_cost_summary(&body, "end_turn");
+    }
+
+    #[test]
+    fn render_done_failures() {
+        let mut d = done(RunKind::Code, StopReason::SetupFailed, "");
+        d.outcome.detail = Some(format!(
+            "setup script exited with 1:\n```\nnpm ERR! token {GHS}"
+        ));
+        let body = render("r1", "/kodx code fix", &Phase::Done(Box::new(d)));
+        assert!(body.contains("❌ setup script failed"));
+        assert!(body.contains("setup script exited with 1:"));
+        assert!(body.contains("````text\n"));
+        assert!(!body.contains(GHS));
+        assert_cost_summary(&body, "setup_failed");
+
+        let mut d = done(RunKind::Code, StopReason::CostLimitExceeded, "half done");
+        d.outcome.detail = Some("the cost limit of $2.00 is reached".into());
+        let body = render("r1", "/kodx code fix", &Phase::Done(Box::new(d)));
+        assert!(body.contains("❌ stopped — cost limit reached"));
+        assert!(body.contains("<details><summary>The agent's last message</summary>"));
+        assert!(body.contains("half done\n"));
+        assert!(body.contains("</details>"));
+        assert_cost_summary(&body, "cost_limit_exceeded");
+
+        // A failure after the agent ended (e.g. the push) wins over success.
+        let mut d = done(RunKind::Code, StopReason::EndTurn, "Done.");
+        d.failure = Some("pushing the branch failed: x-access-token:abc@host".into());
+        let body = render("r1", "/kodx code fix", &Phase::Done(Box::new(d)));
+        assert!(body.contains("❌ failed"));
+        assert!(body.contains("x-access-token:[REDACTED]@host"));
+        assert_cost_summary(&body, "end_turn");
+
+        let d = done(RunKind::Ask, StopReason::Error, "");
+        let body = render("r-err", "/kodx ask", &Phase::Done(Box::new(d)));
+        assert!(body.contains("Internal error"));
+        assert!(body.contains("<code>r-err</code>"));
+        assert_cost_summary(&body, "error");
+    }
+
+    #[test]
+    fn huge_answer_is_cut_in_the_middle() {
+        let mut answer = String::from("START\n");
+        while answer.len() < 200_000 {
+            answer.push_str("line of the answer with ünïcödé and a token ghp_\n");
+        }
+        answer.push_str("END\n");
+        let body = render(
+            "r1",
+            &"/kodx ask ".repeat(1_000),
+            &Phase::Done(Box::new(done(RunKind::Ask, StopReason::EndTurn, &answer))),
+        );
+        assert!(body.len() <= BODY_LIMIT, "{}", body.len());
+        assert!(body.chars().count() < GITHUB_COMMENT_LIMIT);
+        assert!(
+            body.len() > BODY_LIMIT - 4_000,
+            "uses the room: {}",
+            body.len()
+        );
+        assert!(body.contains("START\n"));
+        assert!(body.contains("END\n"));
+        assert!(body.contains("characters cut from the middle"));
+        assert_cost_summary(&body, "end_turn");
+        assert_eq!(find_run_id(&body), Some("r1".into()));
+
+        let small = cut_middle_bytes("short", 100);
+        assert_eq!(small, "short");
+    }
+
+    #[test]
+    fn durations_and_numbers() {
+        assert_eq!(format_duration(Duration::from_millis(400)), "0s");
+        assert_eq!(format_duration(Duration::from_secs(42)), "42s");
+        assert_eq!(format_duration(Duration::from_secs(72)), "1m 12s");
+        assert_eq!(format_duration(Duration::from_secs(7384)), "2h 3m 4s");
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+}

@@ -1,0 +1,727 @@
+//! A repository's `.github/kodx.yml` (SPEC §2): what a repository may choose for its runs.
+//!
+//! Every key is optional and an empty file means all defaults. The file is strict: an
+//! unknown key or a bad value refuses the run with a message naming the file, the line and
+//! the problem. Limits are clamped to the server's maxima: a repository can lower them
+//! freely and raise them only up to the maximum.
+
+use serde::Deserialize;
+
+use crate::program::parse_unknown_field;
+
+/// Default cost limit of a `/kodx code` run, in USD (SPEC §7).
+pub const DEFAULT_CODE_COST_LIMIT: f64 = 2.00;
+/// Default cost limit of a `/kodx ask` run, in USD (SPEC §7).
+pub const DEFAULT_ASK_COST_LIMIT: f64 = 1.00;
+/// Default number of agent iterations per run.
+pub const DEFAULT_MAX_ITERATIONS: u32 = 50;
+/// Default prefix of the branches kodx pushes.
+pub const DEFAULT_BRANCH_PREFIX: &str = "kodx/";
+/// Longest accepted `pr.branch_prefix`.
+pub const MAX_BRANCH_PREFIX_LEN: usize = 64;
+
+/// The settings of `.github/kodx.yml`. `None` means "not set here": a lower-precedence
+/// source (server config, built-in default) decides.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RepoConfig {
+    pub image: Option<String>,
+    pub setup_script: Option<String>,
+    pub disable_network_after_setup: Option<bool>,
+    pub model: Option<String>,
+    pub cost_limit: CostLimits,
+    pub max_iterations: Option<u32>,
+    pub ask_permission: AskPermission,
+    pub pr: PrConfig,
+}
+
+/// `cost_limit: { code, ask }`, USD per run; each positive and finite when set.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CostLimits {
+    pub code: Option<f64>,
+    pub ask: Option<f64>,
+}
+
+/// Who may run `/kodx ask` (SPEC §4): write and up (default), or anyone with read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AskPermission {
+    #[default]
+    Write,
+    Read,
+}
+
+/// `pr: { draft, branch_prefix }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrConfig {
+    /// Open pull requests as drafts.
+    pub draft: bool,
+    /// Prefix of the branches kodx creates, e.g. `kodx/`.
+    pub branch_prefix: String,
+}
+
+impl Default for PrConfig {
+    fn default() -> Self {
+        PrConfig {
+            draft: false,
+            branch_prefix: DEFAULT_BRANCH_PREFIX.to_string(),
+        }
+    }
+}
+
+/// The kind of run a limit is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunKind {
+    Code,
+    Ask,
+}
+
+impl RunKind {
+    /// The built-in cost limit of this kind of run, in USD.
+    pub fn default_cost_limit(self) -> f64 {
+        match self {
+            RunKind::Code => DEFAULT_CODE_COST_LIMIT,
+            RunKind::Ask => DEFAULT_ASK_COST_LIMIT,
+        }
+    }
+}
+
+/// The server's ceilings, which a repository cannot raise.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ServerMaxima {
+    /// USD per run.
+    pub cost_limit: f64,
+    pub max_iterations: u32,
+}
+
+/// Why `.github/kodx.yml` cannot be used; the message is meant to be shown as it is.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RepoConfigError {
+    #[error("{}: {}{message}", RepoConfig::PATH, line_prefix(*.line))]
+    Invalid {
+        line: Option<usize>,
+        message: String,
+    },
+}
+
+fn line_prefix(line: Option<usize>) -> String {
+    line.map(|l| format!("line {l}: ")).unwrap_or_default()
+}
+
+impl RepoConfig {
+    /// Where the file lives, relative to the repository root (on the default branch).
+    pub const PATH: &'static str = ".github/kodx.yml";
+
+    /// Parses the file's text. Empty text (or only comments) gives the defaults.
+    pub fn parse(text: &str) -> Result<RepoConfig, RepoConfigError> {
+        let value: serde_norway::Value = serde_norway::from_str(text).map_err(|e| {
+            let (_, message, line) = split_error(&e);
+            RepoConfigError::Invalid {
+                line,
+                message: format!("invalid YAML: {message}"),
+            }
+        })?;
+        match value {
+            serde_norway::Value::Null => return Ok(RepoConfig::default()),
+            serde_norway::Value::Mapping(_) => {}
+            other => {
+                return Err(RepoConfigError::Invalid {
+                    line: Some(1),
+                    message: format!(
+                        "expected a mapping of settings (one of: {}), found {}",
+                        TOP_LEVEL_KEYS.join(", "),
+                        kind_of(&other)
+                    ),
+                })
+            }
+        }
+        // Parsed again from the text (not from `value`) so that errors keep their line.
+        let raw: RawRepoConfig = serde_norway::from_str(text).map_err(|e| to_error(&e))?;
+        Ok(raw.into_config())
+    }
+
+    /// The cost limit in USD of a run of this kind: the repository's value, else the
+    /// built-in default ($2.00 code, $1.00 ask), never above the server's maximum.
+    pub fn cost_limit_for(&self, kind: RunKind, max: &ServerMaxima) -> f64 {
+        let chosen = match kind {
+            RunKind::Code => self.cost_limit.code,
+            RunKind::Ask => self.cost_limit.ask,
+        }
+        .unwrap_or_else(|| kind.default_cost_limit());
+        chosen.min(max.cost_limit)
+    }
+
+    /// The iteration limit: the repository's value, else 50, never above the server's
+    /// maximum.
+    pub fn max_iterations(&self, max: &ServerMaxima) -> u32 {
+        self.max_iterations
+            .unwrap_or(DEFAULT_MAX_ITERATIONS)
+            .min(max.max_iterations)
+    }
+}
+
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "image",
+    "setup_script",
+    "disable_network_after_setup",
+    "model",
+    "cost_limit",
+    "max_iterations",
+    "ask_permission",
+    "pr",
+];
+
+// ---- the file's shape, as written; values are checked while deserializing so that
+// ---- serde_norway reports the line of the offending value ----
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, model, cost_limit, max_iterations, ask_permission, pr)"
+)]
+struct RawRepoConfig {
+    image: Option<Text>,
+    setup_script: Option<Text>,
+    disable_network_after_setup: Option<bool>,
+    model: Option<Text>,
+    cost_limit: Option<RawCostLimits>,
+    max_iterations: Option<Iterations>,
+    ask_permission: Option<AskPermission>,
+    pr: Option<RawPr>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with the keys code, ask")]
+struct RawCostLimits {
+    code: Option<Usd>,
+    ask: Option<Usd>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with the keys draft, branch_prefix"
+)]
+struct RawPr {
+    draft: Option<bool>,
+    branch_prefix: Option<BranchPrefix>,
+}
+
+impl RawRepoConfig {
+    fn into_config(self) -> RepoConfig {
+        let cost_limit = self
+            .cost_limit
+            .map_or_else(CostLimits::default, |c| CostLimits {
+                code: c.code.map(|u| u.0),
+                ask: c.ask.map(|u| u.0),
+            });
+        let pr = self.pr.map_or_else(PrConfig::default, |p| PrConfig {
+            draft: p.draft.unwrap_or(false),
+            branch_prefix: p
+                .branch_prefix
+                .map_or_else(|| DEFAULT_BRANCH_PREFIX.to_string(), |b| b.0),
+        });
+        RepoConfig {
+            image: self.image.map(|t| t.0),
+            setup_script: self.setup_script.map(|t| t.0),
+            disable_network_after_setup: self.disable_network_after_setup,
+            model: self.model.map(|t| t.0),
+            cost_limit,
+            max_iterations: self.max_iterations.map(|i| i.0),
+            ask_permission: self.ask_permission.unwrap_or_default(),
+            pr,
+        }
+    }
+}
+
+// The checks run inside the visitors (not after deserializing, as `try_from` would) so that
+// serde_norway attaches the value's own key path and line to the error.
+
+/// A string that was written as one: `image: 5` is refused rather than read as "5".
+struct Text(String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrVisitor("a string", |s| Ok(Text(s.to_string()))))
+    }
+}
+
+/// A positive, finite amount of USD.
+struct Usd(f64);
+
+impl<'de> Deserialize<'de> for Usd {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(NumberVisitor("a positive amount of USD", |v| {
+            if v.is_finite() && v > 0.0 {
+                Ok(Usd(v))
+            } else {
+                Err(format!("must be a positive amount of USD, got {v}"))
+            }
+        }))
+    }
+}
+
+/// An iteration count of at least 1.
+struct Iterations(u32);
+
+impl<'de> Deserialize<'de> for Iterations {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(IntegerVisitor("a whole number of at least 1", |v| {
+            match u32::try_from(v) {
+                Ok(n) if n >= 1 => Ok(Iterations(n)),
+                _ if v < 1 => Err(format!("must be at least 1, got {v}")),
+                _ => Err(format!("must be at most {}, got {v}", u32::MAX)),
+            }
+        }))
+    }
+}
+
+impl<'de> Deserialize<'de> for AskPermission {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrVisitor("\"write\" or \"read\"", |s| match s {
+            "write" => Ok(AskPermission::Write),
+            "read" => Ok(AskPermission::Read),
+            other => Err(format!(
+                "must be \"write\" or \"read\", got \"{}\"",
+                other.escape_default()
+            )),
+        }))
+    }
+}
+
+/// A prefix of a git branch name.
+struct BranchPrefix(String);
+
+impl<'de> Deserialize<'de> for BranchPrefix {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrVisitor("a branch name prefix such as kodx/", |s| {
+            check_branch_prefix(s).map(|()| BranchPrefix(s.to_string()))
+        }))
+    }
+}
+
+/// Accepts any number, checked by the function.
+struct NumberVisitor<T>(&'static str, fn(f64) -> Result<T, String>);
+
+impl<T> serde::de::Visitor<'_> for NumberVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<T, E> {
+        (self.1)(v).map_err(E::custom)
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<T, E> {
+        self.visit_f64(v as f64)
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<T, E> {
+        self.visit_f64(v as f64)
+    }
+}
+
+/// Accepts any integer, checked by the function.
+struct IntegerVisitor<T>(&'static str, fn(i128) -> Result<T, String>);
+
+impl<T> serde::de::Visitor<'_> for IntegerVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<T, E> {
+        (self.1)(v.into()).map_err(E::custom)
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<T, E> {
+        (self.1)(v.into()).map_err(E::custom)
+    }
+}
+
+/// Accepts a string, checked by the function.
+struct StrVisitor<T>(&'static str, fn(&str) -> Result<T, String>);
+
+impl<T> serde::de::Visitor<'_> for StrVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
+        (self.1)(v).map_err(E::custom)
+    }
+}
+
+/// A prefix that stays a valid git ref component start: non-empty, at most 64 characters,
+/// no whitespace or control characters, no `..`, no leading `/` or `-`, none of `~^:?*[\`.
+fn check_branch_prefix(s: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("{why}, got \"{}\"", s.escape_default()));
+    if s.is_empty() {
+        return Err("must not be empty".to_string());
+    }
+    if s.chars().count() > MAX_BRANCH_PREFIX_LEN {
+        return bad(&format!(
+            "must be at most {MAX_BRANCH_PREFIX_LEN} characters"
+        ));
+    }
+    if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return bad("must not contain spaces or control characters");
+    }
+    if s.contains("..") {
+        return bad("must not contain \"..\"");
+    }
+    if s.starts_with('/') || s.starts_with('-') {
+        return bad("must not start with \"/\" or \"-\"");
+    }
+    if let Some(c) = s.chars().find(|c| "~^:?*[\\".contains(*c)) {
+        return bad(&format!("must not contain '{c}'"));
+    }
+    Ok(())
+}
+
+// ---- turning serde_norway's errors into RepoConfigError ----
+
+fn to_error(e: &serde_norway::Error) -> RepoConfigError {
+    let (path, message, line) = split_error(e);
+    let message = if let Some((key, expected)) = parse_unknown_field(&message) {
+        let key = match path {
+            Some(section) => format!("{section}.{key}"),
+            None => key,
+        };
+        format!(
+            "unknown key \"{key}\" (expected one of: {})",
+            expected.join(", ")
+        )
+    } else {
+        match path {
+            Some(key) => format!("invalid value for \"{key}\": {message}"),
+            None => message,
+        }
+    };
+    RepoConfigError::Invalid { line, message }
+}
+
+/// serde_norway renders errors as "[path: ]message[ at line L column C]": the key path
+/// (if any), the bare message and the 1-based line.
+fn split_error(e: &serde_norway::Error) -> (Option<String>, String, Option<usize>) {
+    let mut message = e.to_string();
+    let line = e.location().map(|l| l.line());
+    if let Some(loc) = e.location() {
+        let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+        if let Some(stripped) = message.strip_suffix(&suffix) {
+            message = stripped.to_string();
+        }
+    }
+    if let Some((prefix, rest)) = message.split_once(": ") {
+        let is_path = !prefix.is_empty()
+            && prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.[]".contains(c));
+        if is_path {
+            return (Some(prefix.to_string()), rest.to_string(), line);
+        }
+    }
+    (None, message, line)
+}
+
+fn kind_of(value: &serde_norway::Value) -> &'static str {
+    use serde_norway::Value;
+    match value {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Sequence(_) => "a list",
+        Value::Mapping(_) => "a mapping",
+        Value::Tagged(_) => "a tagged value",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC_EXAMPLE: &str = "\
+image: python:3.12
+setup_script: |
+  pip install -r requirements.txt
+disable_network_after_setup: true
+model: claude-sonnet-4-5
+cost_limit: { code: 2.00, ask: 1.00 }   # USD per run
+max_iterations: 50
+ask_permission: write                    # or: read
+pr: { draft: false, branch_prefix: kodx/ }
+";
+
+    const MAXIMA: ServerMaxima = ServerMaxima {
+        cost_limit: 5.0,
+        max_iterations: 100,
+    };
+
+    fn err(text: &str) -> (Option<usize>, String) {
+        match RepoConfig::parse(text) {
+            Ok(c) => panic!("expected an error for {text:?}, got {c:?}"),
+            Err(e) => {
+                let shown = e.to_string();
+                let RepoConfigError::Invalid { line, .. } = e;
+                (line, shown)
+            }
+        }
+    }
+
+    #[test]
+    fn spec_example_parses_exactly() {
+        let config = RepoConfig::parse(SPEC_EXAMPLE).unwrap();
+        assert_eq!(
+            config,
+            RepoConfig {
+                image: Some("python:3.12".into()),
+                setup_script: Some("pip install -r requirements.txt\n".into()),
+                disable_network_after_setup: Some(true),
+                model: Some("claude-sonnet-4-5".into()),
+                cost_limit: CostLimits {
+                    code: Some(2.0),
+                    ask: Some(1.0),
+                },
+                max_iterations: Some(50),
+                ask_permission: AskPermission::Write,
+                pr: PrConfig {
+                    draft: false,
+                    branch_prefix: "kodx/".into(),
+                },
+            }
+        );
+    }
+
+    #[test]
+    fn empty_file_and_comments_only_are_the_defaults() {
+        for text in ["", "\n\n", "# nothing here\n", "---\n"] {
+            assert_eq!(
+                RepoConfig::parse(text).unwrap(),
+                RepoConfig::default(),
+                "{text:?}"
+            );
+        }
+        let d = RepoConfig::default();
+        assert_eq!(d.ask_permission, AskPermission::Write);
+        assert!(!d.pr.draft);
+        assert_eq!(d.pr.branch_prefix, "kodx/");
+        assert_eq!(d.cost_limit, CostLimits::default());
+    }
+
+    #[test]
+    fn partial_sections_keep_the_other_defaults() {
+        let c = RepoConfig::parse(
+            "ask_permission: read\npr: { draft: true }\ncost_limit: { ask: 3 }\n",
+        )
+        .unwrap();
+        assert_eq!(c.ask_permission, AskPermission::Read);
+        assert_eq!(
+            c.pr,
+            PrConfig {
+                draft: true,
+                branch_prefix: "kodx/".into()
+            }
+        );
+        assert_eq!(
+            c.cost_limit,
+            CostLimits {
+                code: None,
+                ask: Some(3.0)
+            }
+        );
+        assert_eq!(c.image, None);
+        let c = RepoConfig::parse("image: \"5\"\npr:\n  branch_prefix: bots/kodx-\n").unwrap();
+        assert_eq!(c.image.as_deref(), Some("5"));
+        assert_eq!(c.pr.branch_prefix, "bots/kodx-");
+        assert!(!c.pr.draft);
+    }
+
+    #[test]
+    fn unknown_top_level_key_names_file_line_and_choices() {
+        let (line, shown) = err("image: python:3.12\nmodel: x\n\ncost_limt: { code: 1 }\n");
+        assert_eq!(line, Some(4));
+        assert!(
+            shown.starts_with(".github/kodx.yml: line 4: unknown key \"cost_limt\" (expected one of: image, setup_script,"),
+            "{shown}"
+        );
+        assert!(shown.contains("ask_permission, pr)"), "{shown}");
+    }
+
+    #[test]
+    fn unknown_nested_key_names_its_path() {
+        let (line, shown) = err("model: x\npr:\n  drafts: true\n");
+        assert_eq!(line, Some(3));
+        assert_eq!(
+            shown,
+            ".github/kodx.yml: line 3: unknown key \"pr.drafts\" (expected one of: draft, branch_prefix)"
+        );
+        let (line, shown) = err("cost_limit: { code: 1, total: 2 }\n");
+        assert_eq!(line, Some(1));
+        assert!(
+            shown.contains("unknown key \"cost_limit.total\" (expected one of: code, ask)"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_key_and_line() {
+        let cases: &[(&str, usize, &[&str])] = &[
+            (
+                "model: x\ncost_limit:\n  code: -1\n",
+                3,
+                &["\"cost_limit.code\"", "positive", "-1"],
+            ),
+            (
+                "cost_limit: { ask: 0 }\n",
+                1,
+                &["\"cost_limit.ask\"", "positive"],
+            ),
+            (
+                "cost_limit: { ask: .nan }\n",
+                1,
+                &["\"cost_limit.ask\"", "positive"],
+            ),
+            (
+                "cost_limit: { code: .inf }\n",
+                1,
+                &["\"cost_limit.code\"", "positive"],
+            ),
+            ("cost_limit: { code: lots }\n", 1, &["\"cost_limit.code\""]),
+            (
+                "\nmax_iterations: 0\n",
+                2,
+                &["\"max_iterations\"", "at least 1"],
+            ),
+            ("max_iterations: -3\n", 1, &["\"max_iterations\""]),
+            ("max_iterations: 2.5\n", 1, &["\"max_iterations\""]),
+            (
+                "image: a\nask_permission: admin\n",
+                2,
+                &["\"ask_permission\"", "\"write\" or \"read\"", "admin"],
+            ),
+            (
+                "pr:\n  branch_prefix: my bots/\n",
+                2,
+                &["\"pr.branch_prefix\"", "spaces"],
+            ),
+            (
+                "pr: { branch_prefix: a..b/ }\n",
+                1,
+                &["\"pr.branch_prefix\"", "\"..\""],
+            ),
+            (
+                "pr: { branch_prefix: \"\" }\n",
+                1,
+                &["\"pr.branch_prefix\"", "empty"],
+            ),
+            (
+                "pr: { branch_prefix: /kodx }\n",
+                1,
+                &["\"pr.branch_prefix\"", "start"],
+            ),
+            (
+                "pr: { branch_prefix: -kodx }\n",
+                1,
+                &["\"pr.branch_prefix\"", "start"],
+            ),
+            (
+                "pr: { branch_prefix: \"a~b\" }\n",
+                1,
+                &["\"pr.branch_prefix\"", "'~'"],
+            ),
+            (
+                "pr: { branch_prefix: \"a:b\" }\n",
+                1,
+                &["\"pr.branch_prefix\"", "':'"],
+            ),
+            (
+                "pr: { branch_prefix: \"a\\\\b\" }\n",
+                1,
+                &["\"pr.branch_prefix\"", "'\\'"],
+            ),
+            ("pr: { draft: maybe }\n", 1, &["\"pr.draft\""]),
+            (
+                "model: x\nimage: 5\n",
+                2,
+                &["\"image\"", "integer", "string"],
+            ),
+            ("model: 1.5\n", 1, &["\"model\"", "expected a string"]),
+            ("setup_script: [a]\n", 1, &["\"setup_script\"", "string"]),
+            (
+                "disable_network_after_setup: yes please\n",
+                1,
+                &["\"disable_network_after_setup\""],
+            ),
+            ("pr: true\n", 1, &["\"pr\"", "draft, branch_prefix"]),
+        ];
+        for (text, want_line, needles) in cases {
+            let (line, shown) = err(text);
+            assert_eq!(line, Some(*want_line), "{text:?}: {shown}");
+            assert!(
+                shown.starts_with(&format!(".github/kodx.yml: line {want_line}: ")),
+                "{text:?}: {shown}"
+            );
+            for needle in *needles {
+                assert!(shown.contains(needle), "{text:?}: {shown} lacks {needle}");
+            }
+        }
+    }
+
+    #[test]
+    fn branch_prefix_length_limit() {
+        let ok = format!("pr: {{ branch_prefix: {} }}\n", "a".repeat(64));
+        assert_eq!(RepoConfig::parse(&ok).unwrap().pr.branch_prefix.len(), 64);
+        let (line, shown) = err(&format!("pr: {{ branch_prefix: {} }}\n", "a".repeat(65)));
+        assert_eq!(line, Some(1));
+        assert!(shown.contains("at most 64"), "{shown}");
+    }
+
+    #[test]
+    fn not_a_mapping_or_not_yaml() {
+        let (line, shown) = err("- image: x\n");
+        assert_eq!(line, Some(1));
+        assert!(shown.contains("found a list"), "{shown}");
+        let (line, shown) = err("image: x\npr: { draft: true\n");
+        assert!(line.is_some(), "{shown}");
+        assert!(shown.starts_with(".github/kodx.yml: line "), "{shown}");
+        assert!(shown.contains("invalid YAML"), "{shown}");
+    }
+
+    #[test]
+    fn error_without_a_line_omits_it() {
+        let e = RepoConfigError::Invalid {
+            line: None,
+            message: "broken".into(),
+        };
+        assert_eq!(e.to_string(), ".github/kodx.yml: broken");
+    }
+
+    #[test]
+    fn defaults_when_unset() {
+        let c = RepoConfig::default();
+        assert_eq!(c.cost_limit_for(RunKind::Code, &MAXIMA), 2.00);
+        assert_eq!(c.cost_limit_for(RunKind::Ask, &MAXIMA), 1.00);
+        assert_eq!(c.max_iterations(&MAXIMA), 50);
+    }
+
+    #[test]
+    fn repo_can_lower_freely_and_raise_only_to_the_maximum() {
+        let c = RepoConfig::parse("cost_limit: { code: 9.5, ask: 0.25 }\nmax_iterations: 500\n")
+            .unwrap();
+        assert_eq!(c.cost_limit_for(RunKind::Code, &MAXIMA), 5.0);
+        assert_eq!(c.cost_limit_for(RunKind::Ask, &MAXIMA), 0.25);
+        assert_eq!(c.max_iterations(&MAXIMA), 100);
+
+        let c = RepoConfig::parse("cost_limit: { code: 3 }\nmax_iterations: 7\n").unwrap();
+        assert_eq!(c.cost_limit_for(RunKind::Code, &MAXIMA), 3.0);
+        assert_eq!(c.cost_limit_for(RunKind::Ask, &MAXIMA), 1.0);
+        assert_eq!(c.max_iterations(&MAXIMA), 7);
+    }
+
+    #[test]
+    fn defaults_are_clamped_by_a_low_maximum_too() {
+        let low = ServerMaxima {
+            cost_limit: 1.5,
+            max_iterations: 20,
+        };
+        let c = RepoConfig::default();
+        assert_eq!(c.cost_limit_for(RunKind::Code, &low), 1.5);
+        assert_eq!(c.cost_limit_for(RunKind::Ask, &low), 1.0);
+        assert_eq!(c.max_iterations(&low), 20);
+    }
+}
