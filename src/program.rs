@@ -546,10 +546,10 @@ fn check_cost_limit(cost: f64, key: &str, file: &str) -> Result<(), ProgramError
 
 /// A typed-deserialization error, taken apart: the dotted key path it is about (if known),
 /// the message without path or location, and the 1-based line.
-struct SchemaError {
-    path: Option<String>,
-    message: String,
-    line: Option<usize>,
+pub(crate) struct SchemaError {
+    pub(crate) path: Option<String>,
+    pub(crate) message: String,
+    pub(crate) line: Option<usize>,
 }
 
 impl SchemaError {
@@ -598,7 +598,7 @@ pub(crate) fn parse_unknown_field(message: &str) -> Option<(String, Vec<String>)
 }
 
 /// serde_norway renders errors as "[path: ]message[ at line L column C]"; split that up.
-fn split_yaml_error(e: &serde_norway::Error) -> SchemaError {
+pub(crate) fn split_yaml_error(e: &serde_norway::Error) -> SchemaError {
     let mut message = e.to_string();
     if let Some(loc) = e.location() {
         let suffix = format!(" at line {} column {}", loc.line(), loc.column());
@@ -652,7 +652,7 @@ fn from_yaml<T: DeserializeOwned>(text: &str, file: &str) -> Result<T, ProgramEr
     serde_norway::from_str(text).map_err(|e| split_yaml_error(&e).into_error(file))
 }
 
-fn yaml_kind(value: &serde_norway::Value) -> &'static str {
+pub(crate) fn yaml_kind(value: &serde_norway::Value) -> &'static str {
     use serde_norway::Value;
     match value {
         Value::Null => "nothing",

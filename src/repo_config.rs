@@ -7,7 +7,7 @@
 
 use serde::Deserialize;
 
-use crate::program::parse_unknown_field;
+use crate::program::{parse_unknown_field, split_yaml_error, yaml_kind, SchemaError};
 
 /// Default cost limit of a `/kodx code` run, in USD (SPEC §7).
 pub const DEFAULT_CODE_COST_LIMIT: f64 = 2.00;
@@ -113,10 +113,10 @@ impl RepoConfig {
     /// Parses the file's text. Empty text (or only comments) gives the defaults.
     pub fn parse(text: &str) -> Result<RepoConfig, RepoConfigError> {
         let value: serde_norway::Value = serde_norway::from_str(text).map_err(|e| {
-            let (_, message, line) = split_error(&e);
+            let parts = split_yaml_error(&e);
             RepoConfigError::Invalid {
-                line,
-                message: format!("invalid YAML: {message}"),
+                line: parts.line,
+                message: format!("invalid YAML: {}", parts.message),
             }
         })?;
         match value {
@@ -128,7 +128,7 @@ impl RepoConfig {
                     message: format!(
                         "expected a mapping of settings (one of: {}), found {}",
                         TOP_LEVEL_KEYS.join(", "),
-                        kind_of(&other)
+                        yaml_kind(&other)
                     ),
                 })
             }
@@ -376,7 +376,11 @@ fn check_branch_prefix(s: &str) -> Result<(), String> {
 // ---- turning serde_norway's errors into RepoConfigError ----
 
 fn to_error(e: &serde_norway::Error) -> RepoConfigError {
-    let (path, message, line) = split_error(e);
+    let SchemaError {
+        path,
+        message,
+        line,
+    } = split_yaml_error(e);
     let message = if let Some((key, expected)) = parse_unknown_field(&message) {
         let key = match path {
             Some(section) => format!("{section}.{key}"),
@@ -393,42 +397,6 @@ fn to_error(e: &serde_norway::Error) -> RepoConfigError {
         }
     };
     RepoConfigError::Invalid { line, message }
-}
-
-/// serde_norway renders errors as "[path: ]message[ at line L column C]": the key path
-/// (if any), the bare message and the 1-based line.
-fn split_error(e: &serde_norway::Error) -> (Option<String>, String, Option<usize>) {
-    let mut message = e.to_string();
-    let line = e.location().map(|l| l.line());
-    if let Some(loc) = e.location() {
-        let suffix = format!(" at line {} column {}", loc.line(), loc.column());
-        if let Some(stripped) = message.strip_suffix(&suffix) {
-            message = stripped.to_string();
-        }
-    }
-    if let Some((prefix, rest)) = message.split_once(": ") {
-        let is_path = !prefix.is_empty()
-            && prefix
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_-.[]".contains(c));
-        if is_path {
-            return (Some(prefix.to_string()), rest.to_string(), line);
-        }
-    }
-    (None, message, line)
-}
-
-fn kind_of(value: &serde_norway::Value) -> &'static str {
-    use serde_norway::Value;
-    match value {
-        Value::Null => "nothing",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Sequence(_) => "a list",
-        Value::Mapping(_) => "a mapping",
-        Value::Tagged(_) => "a tagged value",
-    }
 }
 
 #[cfg(test)]
