@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod doctor;
 mod run;
+mod serve_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +24,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The GitHub App: webhook receiver, run queue, workers, /healthz and /metrics.
+    Serve(serve_cmd::ServeArgs),
     /// One agent run on a local directory (options of the Python kodx).
     Run(Box<run::RunArgs>),
     /// Check Docker and the configuration; say what is wrong and how to fix it.
@@ -32,9 +35,9 @@ enum Command {
     Bench(bench::BenchCommand),
 }
 
-fn init_tracing() {
+fn init_tracing(default: &str) {
     use tracing_subscriber::{fmt, EnvFilter};
-    let filter = EnvFilter::try_from_env("KODX_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter = EnvFilter::try_from_env("KODX_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if std::env::var("KODX_LOG_FORMAT").is_ok_and(|v| v == "json") {
         builder.json().init();
@@ -46,7 +49,22 @@ fn init_tracing() {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // A server logs what it does; the CLI only what went wrong.
+    init_tracing(if matches!(cli.command, Command::Serve(_)) {
+        "info"
+    } else {
+        "warn"
+    });
+    if let Command::Serve(args) = cli.command {
+        // serve handles its own signals: a shutdown lets runs finish.
+        return match serve_cmd::run(args).await {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("kodx serve: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     // Ctrl-C (or SIGTERM) removes every container this process made, then exits 130.
     let interrupted = Arc::new(AtomicBool::new(false));
     let on_signal = tokio::spawn({
@@ -69,6 +87,7 @@ async fn main() -> ExitCode {
         Command::Run(args) => run::run(*args).await,
         Command::Doctor(args) => doctor::run(args).await,
         Command::Bench(cmd) => bench::run(cmd).await,
+        Command::Serve(_) => unreachable!("handled above"),
     };
     if interrupted.load(Ordering::SeqCst) {
         // The work failed because its containers are being removed: let the handler

@@ -1,1 +1,118 @@
-//! (being written)
+//! `kodx serve`: the GitHub App (SPEC §3–§5, §9, §10).
+//!
+//! The webhook handler ([`http`]) verifies, reads ([`event`]) and stores each command in the
+//! database queue; the [`worker`]s take it from there. `serve` binds nothing itself: it is
+//! given a listener, so tests bind port 0.
+
+pub mod config;
+pub mod context;
+pub mod event;
+pub mod http;
+pub mod metrics;
+pub mod worker;
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::cost::Pricing;
+use crate::db::Db;
+use crate::github::GitHubApp;
+use config::ServeConfig;
+use worker::{EngineSlot, EnvProviders, ProviderFactory, Workers};
+
+/// How `serve` runs beyond its configuration.
+pub struct ServeOptions {
+    /// Start workers. Without them webhooks are only verified and queued (for a separate
+    /// worker process, or to measure the webhook path alone).
+    pub workers: bool,
+    /// Makes the model clients.
+    pub providers: Arc<dyn ProviderFactory>,
+    pub pricing: Pricing,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            workers: true,
+            providers: Arc::new(EnvProviders),
+            pricing: Pricing::builtin(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl http::HealthCheck for EngineSlot {
+    async fn docker(&self) -> Result<(), String> {
+        self.ping().await
+    }
+}
+
+/// Serves webhooks on `listener` until `shutdown`, then lets the runs end (see
+/// `shutdown_grace_secs`) and returns.
+pub async fn serve(
+    config: ServeConfig,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    options: ServeOptions,
+) -> anyhow::Result<()> {
+    let db = Db::open(&config.database_url)
+        .await
+        .with_context(|| format!("DATABASE_URL={}", config.database_url))?;
+    let app = GitHubApp::new(
+        &config.github_api_url,
+        config.app_id,
+        config.private_key.expose(),
+    )
+    .context("the GitHub App's key (PRIVATE_KEY / PRIVATE_KEY_PATH)")?;
+    let metrics = Arc::new(metrics::Metrics::new());
+    let wake = Arc::new(Notify::new());
+    let engine = Arc::new(EngineSlot::default());
+    let workers = Workers::new(
+        db.clone(),
+        app,
+        engine.clone(),
+        config.settings.clone(),
+        metrics.clone(),
+        wake.clone(),
+        options.providers,
+        options.pricing,
+        shutdown.clone(),
+    );
+    let worker_task = options.workers.then(|| {
+        let workers = workers.clone();
+        tokio::spawn(async move {
+            workers.recover().await;
+            workers.run().await;
+        })
+    });
+    let state = http::HttpState {
+        secrets: config.webhook_secrets.clone(),
+        db: db.clone(),
+        metrics,
+        wake,
+        health: engine,
+    };
+    let addr = listener.local_addr().ok();
+    tracing::info!(
+        address = ?addr,
+        github = %config.github_api_url,
+        database = %config.database_url,
+        workers = options.workers,
+        max_concurrent_runs = config.settings.max_concurrent_runs,
+        "kodx serve is listening"
+    );
+    axum::serve(listener, http::router(state))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await
+        .context("the HTTP server failed")?;
+    if let Some(task) = worker_task {
+        let _ = task.await;
+    }
+    db.close().await;
+    tracing::info!("kodx serve stopped");
+    Ok(())
+}

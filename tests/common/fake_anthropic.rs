@@ -16,6 +16,9 @@ use serde_json::{json, Value};
 pub enum Scripted {
     /// 200 with this Messages API body.
     Reply(Value),
+    /// 200 with the body this function makes from the request (e.g. an answer quoting the
+    /// last tool result, which only the container could have produced).
+    Dynamic(Box<dyn Fn(&Value) -> Value + Send>),
     /// An error status with an optional `retry-after` (seconds).
     Error {
         status: u16,
@@ -80,6 +83,38 @@ impl FakeAnthropic {
         })));
     }
 
+    /// An `end_turn` reply whose text is `make(text of the last tool_result)`.
+    pub fn answer_from_last_tool_result(&self, make: impl Fn(&str) -> String + Send + 'static) {
+        self.push(Scripted::Dynamic(Box::new(move |req: &Value| {
+            let last = req["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .and_then(|m| m["content"].as_array())
+                .and_then(|blocks| blocks.iter().rev().find(|b| b["type"] == "tool_result"))
+                .map(|b| match &b["content"] {
+                    Value::String(s) => s.clone(),
+                    Value::Array(parts) => parts
+                        .iter()
+                        .filter_map(|p| p["text"].as_str())
+                        .collect::<Vec<_>>()
+                        .join(""),
+                    _ => String::new(),
+                })
+                .unwrap_or_default();
+            json!({
+                "id": format!("msg_{}", rand::random::<u32>()),
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-sonnet-4-5-20250929",
+                "content": [{"type": "text", "text": make(&last)}],
+                "stop_reason": "end_turn",
+                "stop_sequence": null,
+                "usage": {"input_tokens": 1200, "output_tokens": 40,
+                          "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+            })
+        })));
+    }
+
     pub fn requests(&self) -> Vec<Recorded> {
         self.inner.lock().unwrap().requests.clone()
     }
@@ -118,11 +153,17 @@ async fn handle(State(fake): State<FakeAnthropic>, headers: HeaderMap, body: Byt
         let mut inner = fake.inner.lock().unwrap();
         inner.requests.push(Recorded {
             headers: headers.clone(),
-            body,
+            body: body.clone(),
         });
         inner.script.pop_front()
     };
     match next {
+        Some(Scripted::Dynamic(make)) => (
+            StatusCode::OK,
+            [("content-type", "application/json")],
+            make(&body).to_string(),
+        )
+            .into_response(),
         Some(Scripted::Reply(v)) => (
             StatusCode::OK,
             [("content-type", "application/json")],

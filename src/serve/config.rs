@@ -1,0 +1,389 @@
+//! The configuration of `kodx serve` (SPEC §2): Probot's environment names for what a GitHub
+//! App needs, and a TOML file (`KODX_CONFIG`, default `config/kodx.toml`) for the server's
+//! limits.
+//!
+//! Secrets are held in types that never print themselves.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::repo_config::ServerMaxima;
+use crate::webhook::WebhookSecrets;
+
+/// Where the server config file is looked for when `KODX_CONFIG` is not set.
+pub const DEFAULT_CONFIG_PATH: &str = "config/kodx.toml";
+/// The embedded default database.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://data/kodx.db";
+pub const DEFAULT_GITHUB_API_URL: &str = "https://api.github.com";
+
+/// A PEM private key; `Debug` never shows it.
+#[derive(Clone)]
+pub struct PrivateKey(String);
+
+impl PrivateKey {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for PrivateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PrivateKey([REDACTED])")
+    }
+}
+
+/// Everything `kodx serve` runs with.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub app_id: u64,
+    pub private_key: PrivateKey,
+    pub webhook_secrets: WebhookSecrets,
+    pub github_api_url: String,
+    pub listen: SocketAddr,
+    pub database_url: String,
+    pub public_url: Option<String>,
+    /// Where the settings below came from (`None`: built-in defaults).
+    pub config_file: Option<PathBuf>,
+    pub settings: Settings,
+}
+
+/// The server's own settings (`config/kodx.toml`); every key is optional.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Runs at once on this server.
+    pub max_concurrent_runs: usize,
+    /// The default sandbox image (a repository's `image` wins); `KODX_IMAGE` sets it too.
+    pub image: String,
+    /// The default model (a repository's `model` wins).
+    pub model: Option<String>,
+    /// Ceilings a repository's `.github/kodx.yml` cannot raise.
+    pub max_cost_limit: f64,
+    pub max_iterations: u32,
+    /// Wall-clock limit of one run, in seconds.
+    pub run_timeout_secs: u64,
+    /// How often the status comment may be edited while a run works, in seconds.
+    pub status_interval_secs: f64,
+    /// How long a shutdown waits for running runs before stopping them, in seconds.
+    pub shutdown_grace_secs: u64,
+    /// A run left `running` by a dead process is re-queued this many times in all.
+    pub max_attempts: u32,
+    /// Recent issue comments given to an `ask` run as context.
+    pub context_comments: usize,
+    /// The longest PR diff given to a run as context, in bytes.
+    pub max_diff_bytes: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            max_concurrent_runs: 2,
+            image: "python:3.12".into(),
+            model: None,
+            max_cost_limit: 10.0,
+            max_iterations: 200,
+            run_timeout_secs: 1800,
+            status_interval_secs: 10.0,
+            shutdown_grace_secs: 30,
+            max_attempts: 2,
+            context_comments: 20,
+            max_diff_bytes: 200_000,
+        }
+    }
+}
+
+impl Settings {
+    pub fn maxima(&self) -> ServerMaxima {
+        ServerMaxima {
+            cost_limit: self.max_cost_limit,
+            max_iterations: self.max_iterations,
+        }
+    }
+
+    pub fn status_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.status_interval_secs.max(0.0))
+    }
+
+    fn check(&self, source: &str) -> Result<(), ConfigError> {
+        let bad = |key: &str, why: &str| {
+            Err(ConfigError(format!(
+                "{source}: `{key}` {why} (fix the file or remove the key for the default)"
+            )))
+        };
+        if self.max_concurrent_runs == 0 || self.max_concurrent_runs > 256 {
+            return bad("max_concurrent_runs", "must be between 1 and 256");
+        }
+        if !(self.max_cost_limit.is_finite() && self.max_cost_limit > 0.0) {
+            return bad("max_cost_limit", "must be a positive amount in USD");
+        }
+        if self.max_iterations == 0 {
+            return bad("max_iterations", "must be at least 1");
+        }
+        if self.run_timeout_secs == 0 {
+            return bad("run_timeout_secs", "must be at least 1");
+        }
+        if !(self.status_interval_secs.is_finite() && self.status_interval_secs >= 0.0) {
+            return bad("status_interval_secs", "must be zero or more seconds");
+        }
+        if self.max_attempts == 0 {
+            return bad("max_attempts", "must be at least 1");
+        }
+        if self.image.trim().is_empty() {
+            return bad("image", "must name an image");
+        }
+        Ok(())
+    }
+}
+
+/// A configuration problem, worded for the person starting the server.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl ServeConfig {
+    /// Reads the configuration from the process environment.
+    pub fn from_env() -> Result<ServeConfig, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the configuration through `var` (the environment, or a map in tests).
+    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<ServeConfig, ConfigError> {
+        let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        let mut missing = Vec::new();
+
+        let app_id = match get("APP_ID") {
+            Some(v) => Some(v.trim().parse::<u64>().ok().filter(|&id| id > 0).ok_or_else(|| {
+                ConfigError(format!(
+                    "APP_ID must be the GitHub App's numeric id (App settings → About → App ID), got {v:?}"
+                ))
+            })?),
+            None => {
+                missing.push("APP_ID (the GitHub App's numeric id)");
+                None
+            }
+        };
+        let private_key = match (get("PRIVATE_KEY"), get("PRIVATE_KEY_PATH")) {
+            (Some(pem), _) => Some(PrivateKey(pem.replace("\\n", "\n"))),
+            (None, Some(path)) => Some(PrivateKey(std::fs::read_to_string(&path).map_err(
+                |e| ConfigError(format!("PRIVATE_KEY_PATH={path}: cannot read the key: {e}")),
+            )?)),
+            (None, None) => {
+                missing.push(
+                    "PRIVATE_KEY or PRIVATE_KEY_PATH (the App's private key, downloaded from its settings)",
+                );
+                None
+            }
+        };
+        let webhook_secrets = match get("WEBHOOK_SECRET") {
+            Some(v) => Some(WebhookSecrets::parse(&v).map_err(|e| {
+                ConfigError(format!("WEBHOOK_SECRET: {e}"))
+            })?),
+            None => {
+                missing.push("WEBHOOK_SECRET (the secret set in the App's webhook settings)");
+                None
+            }
+        };
+        if !missing.is_empty() {
+            return Err(ConfigError(format!(
+                "kodx serve needs {}",
+                missing.join(", and ")
+            )));
+        }
+
+        let github_api_url = get("GITHUB_API_URL")
+            .unwrap_or_else(|| DEFAULT_GITHUB_API_URL.into())
+            .trim_end_matches('/')
+            .to_string();
+        if !(github_api_url.starts_with("https://") || github_api_url.starts_with("http://")) {
+            return Err(ConfigError(format!(
+                "GITHUB_API_URL must be an http(s) URL such as https://api.github.com or https://HOST/api/v3, got {github_api_url:?}"
+            )));
+        }
+        let port = match get("PORT") {
+            Some(p) => p.trim().parse::<u16>().map_err(|_| {
+                ConfigError(format!("PORT must be a port number (0–65535), got {p:?}"))
+            })?,
+            None => 3000,
+        };
+        let host = get("HOST").unwrap_or_else(|| "0.0.0.0".into());
+        let ip: IpAddr = host.trim().parse().map_err(|_| {
+            ConfigError(format!(
+                "HOST must be an IP address to listen on (0.0.0.0, 127.0.0.1, ::), got {host:?}"
+            ))
+        })?;
+        let database_url = get("DATABASE_URL").unwrap_or_else(|| DEFAULT_DATABASE_URL.into());
+        let public_url = get("KODX_PUBLIC_URL").map(|u| u.trim_end_matches('/').to_string());
+
+        let (config_file, mut settings) = match get("KODX_CONFIG") {
+            Some(path) => {
+                let path = PathBuf::from(path);
+                let s = load_settings(&path)?;
+                (Some(path), s)
+            }
+            None if Path::new(DEFAULT_CONFIG_PATH).is_file() => {
+                let path = PathBuf::from(DEFAULT_CONFIG_PATH);
+                let s = load_settings(&path)?;
+                (Some(path), s)
+            }
+            None => (None, Settings::default()),
+        };
+        if let Some(image) = get("KODX_IMAGE") {
+            settings.image = image;
+        }
+        Ok(ServeConfig {
+            app_id: app_id.expect("checked"),
+            private_key: private_key.expect("checked"),
+            webhook_secrets: webhook_secrets.expect("checked"),
+            github_api_url,
+            listen: SocketAddr::new(ip, port),
+            database_url,
+            public_url,
+            config_file,
+            settings,
+        })
+    }
+}
+
+/// Reads and checks a server config file.
+pub fn load_settings(path: &Path) -> Result<Settings, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError(format!(
+            "KODX_CONFIG: cannot read {}: {e}",
+            path.display()
+        ))
+    })?;
+    parse_settings(&text, &path.display().to_string())
+}
+
+/// Parses the text of a server config file; `source` names it in errors.
+pub fn parse_settings(text: &str, source: &str) -> Result<Settings, ConfigError> {
+    let settings: Settings = toml::from_str(text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        let message = e.message().trim().to_string();
+        match line {
+            Some(l) => ConfigError(format!("{source}: line {l}: {message}")),
+            None => ConfigError(format!("{source}: {message}")),
+        }
+    })?;
+    settings.check(source)?;
+    Ok(settings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    const BASE: &[(&str, &str)] = &[
+        ("APP_ID", "123"),
+        ("PRIVATE_KEY", "-----BEGIN RSA PRIVATE KEY-----\\nabc\\n-----END RSA PRIVATE KEY-----"),
+        ("WEBHOOK_SECRET", "s3cret"),
+        ("KODX_CONFIG", "/nonexistent/kodx-test-config.toml"),
+    ];
+
+    fn without_config(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+        let mut v: Vec<_> = BASE.iter().copied().filter(|(k, _)| *k != "KODX_CONFIG").collect();
+        v.extend_from_slice(extra);
+        v
+    }
+
+    #[test]
+    fn probot_names_and_defaults() {
+        let c = ServeConfig::from_lookup(lookup(&without_config(&[]))).unwrap();
+        assert_eq!(c.app_id, 123);
+        assert!(c.private_key.expose().contains("\nabc\n"), "literal \\n turned into newlines");
+        assert_eq!(c.github_api_url, DEFAULT_GITHUB_API_URL);
+        assert_eq!(c.listen, "0.0.0.0:3000".parse().unwrap());
+        assert_eq!(c.database_url, DEFAULT_DATABASE_URL);
+        assert!(!format!("{c:?}").contains("abc"), "the key never prints");
+        assert!(!format!("{c:?}").contains("s3cret"), "the secret never prints");
+    }
+
+    #[test]
+    fn all_missing_names_every_variable() {
+        let e = ServeConfig::from_lookup(lookup(&[])).unwrap_err().0;
+        for name in ["APP_ID", "PRIVATE_KEY", "PRIVATE_KEY_PATH", "WEBHOOK_SECRET"] {
+            assert!(e.contains(name), "{e}");
+        }
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = ServeConfig::from_lookup(lookup(&without_config(&[("PORT", "http")]))).unwrap_err();
+        assert!(e.0.contains("PORT"), "{e}");
+        let mut v = without_config(&[]);
+        v.retain(|(k, _)| *k != "APP_ID");
+        v.push(("APP_ID", "my-app"));
+        let e = ServeConfig::from_lookup(lookup(&v)).unwrap_err();
+        assert!(e.0.contains("APP_ID") && e.0.contains("my-app"), "{e}");
+        let e = ServeConfig::from_lookup(lookup(&without_config(&[("HOST", "localhost:80")])))
+            .unwrap_err();
+        assert!(e.0.contains("HOST"), "{e}");
+        let e = ServeConfig::from_lookup(lookup(&without_config(&[(
+            "GITHUB_API_URL",
+            "api.github.com",
+        )])))
+        .unwrap_err();
+        assert!(e.0.contains("GITHUB_API_URL"), "{e}");
+    }
+
+    #[test]
+    fn explicit_config_file_must_exist() {
+        let e = ServeConfig::from_lookup(lookup(BASE)).unwrap_err();
+        assert!(e.0.contains("KODX_CONFIG") && e.0.contains("kodx-test-config"), "{e}");
+    }
+
+    #[test]
+    fn key_from_path_and_enterprise_url() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key.pem");
+        std::fs::write(&key, "PEM").unwrap();
+        let key_s = key.to_str().unwrap().to_string();
+        let mut v: Vec<(String, String)> = without_config(&[])
+            .into_iter()
+            .filter(|(k, _)| *k != "PRIVATE_KEY")
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        v.push(("PRIVATE_KEY_PATH".into(), key_s));
+        v.push(("GITHUB_API_URL".into(), "https://ghe.example.com/api/v3/".into()));
+        let map: HashMap<_, _> = v.into_iter().collect();
+        let c = ServeConfig::from_lookup(|k| map.get(k).cloned()).unwrap();
+        assert_eq!(c.private_key.expose(), "PEM");
+        assert_eq!(c.github_api_url, "https://ghe.example.com/api/v3");
+    }
+
+    #[test]
+    fn settings_file_is_strict() {
+        let s = parse_settings("max_concurrent_runs = 4\nmax_cost_limit = 3.5\n", "kodx.toml")
+            .unwrap();
+        assert_eq!(s.max_concurrent_runs, 4);
+        assert_eq!(s.max_cost_limit, 3.5);
+        assert_eq!(s.max_iterations, Settings::default().max_iterations);
+        let e = parse_settings("max_concurrent = 4\n", "kodx.toml").unwrap_err();
+        assert!(e.0.starts_with("kodx.toml: line 1:") && e.0.contains("max_concurrent"), "{e}");
+        let e = parse_settings("\nmax_concurrent_runs = \"two\"\n", "kodx.toml").unwrap_err();
+        assert!(e.0.contains("line 2"), "{e}");
+        let e = parse_settings("max_concurrent_runs = 0\n", "kodx.toml").unwrap_err();
+        assert!(e.0.contains("max_concurrent_runs"), "{e}");
+    }
+
+    #[test]
+    fn shipped_config_file_parses_to_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_CONFIG_PATH);
+        assert_eq!(load_settings(&path).unwrap(), Settings::default());
+    }
+}

@@ -1,0 +1,468 @@
+//! Webhook payloads into kodx's own event type (SPEC §3, §4).
+//!
+//! Pure: the raw body in, a [`Triage`] out. Only the fields kodx needs are read, into
+//! borrowed structs, so the common case (a comment without a command) costs one pass of
+//! the JSON parser and one of the command parser. The payload is untrusted: a missing
+//! field is a one-line reason, never a panic.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::command::{self, Command, ParseError};
+
+/// What a delivery means to kodx.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Triage {
+    /// Nothing to do; the reason is answered in `{"ignored": …}`.
+    Ignore(Cow<'static, str>),
+    /// An `installation*` event, recorded.
+    Installation {
+        id: i64,
+        account: String,
+        action: String,
+    },
+    /// A `/kodx` command to act on.
+    Command(Box<CommandEvent>),
+}
+
+/// Where a command was written, so kodx can react to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TriggerKind {
+    IssueComment,
+    Issue,
+    ReviewComment,
+}
+
+impl TriggerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TriggerKind::IssueComment => "issue_comment",
+            TriggerKind::Issue => "issue",
+            TriggerKind::ReviewComment => "review_comment",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TriggerKind> {
+        Some(match s {
+            "issue_comment" => TriggerKind::IssueComment,
+            "issue" => TriggerKind::Issue,
+            "review_comment" => TriggerKind::ReviewComment,
+            _ => return None,
+        })
+    }
+}
+
+/// A command found in a delivery, with what is needed to act on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommandEvent {
+    pub installation_id: i64,
+    /// `owner/name`.
+    pub repo: String,
+    pub issue_number: i64,
+    pub is_pull_request: bool,
+    pub author: String,
+    pub author_id: i64,
+    pub trigger: TriggerKind,
+    /// The comment id, or the issue number for a command in an issue body.
+    pub trigger_id: i64,
+    pub clone_url: String,
+    pub default_branch: String,
+    pub command: Result<Command, ParseError>,
+    /// Event-specific context (a review comment's file, line and diff hunk).
+    pub context: Value,
+}
+
+/// A signed delivery kodx cannot read; the text is answered with `400`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRequest(pub String);
+
+#[derive(Deserialize)]
+struct User<'a> {
+    #[serde(borrow)]
+    login: Cow<'a, str>,
+    id: i64,
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+}
+
+impl User<'_> {
+    fn is_bot(&self) -> bool {
+        self.kind.as_deref() == Some("Bot") || self.login.ends_with("[bot]")
+    }
+}
+
+#[derive(Deserialize)]
+struct Repository<'a> {
+    #[serde(borrow)]
+    full_name: Cow<'a, str>,
+    #[serde(borrow)]
+    clone_url: Cow<'a, str>,
+    #[serde(borrow)]
+    default_branch: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct InstallationRef {
+    id: i64,
+}
+
+#[derive(Deserialize)]
+struct Issue<'a> {
+    number: i64,
+    #[serde(borrow, default)]
+    body: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    user: User<'a>,
+    #[serde(default)]
+    pull_request: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct Comment<'a> {
+    id: i64,
+    #[serde(borrow, default)]
+    body: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    user: User<'a>,
+}
+
+#[derive(Deserialize)]
+struct IssueCommentEvent<'a> {
+    #[serde(borrow)]
+    action: Cow<'a, str>,
+    #[serde(borrow)]
+    issue: Issue<'a>,
+    #[serde(borrow)]
+    comment: Comment<'a>,
+    #[serde(borrow)]
+    repository: Repository<'a>,
+    installation: Option<InstallationRef>,
+}
+
+#[derive(Deserialize)]
+struct IssuesEvent<'a> {
+    #[serde(borrow)]
+    action: Cow<'a, str>,
+    #[serde(borrow)]
+    issue: Issue<'a>,
+    #[serde(borrow)]
+    repository: Repository<'a>,
+    installation: Option<InstallationRef>,
+}
+
+#[derive(Deserialize)]
+struct ReviewComment<'a> {
+    id: i64,
+    #[serde(borrow, default)]
+    body: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    user: User<'a>,
+    #[serde(borrow, default)]
+    path: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    diff_hunk: Option<Cow<'a, str>>,
+    #[serde(default)]
+    line: Option<i64>,
+    #[serde(borrow, default)]
+    commit_id: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct PullRef {
+    number: i64,
+}
+
+#[derive(Deserialize)]
+struct ReviewCommentEvent<'a> {
+    #[serde(borrow)]
+    action: Cow<'a, str>,
+    #[serde(borrow)]
+    comment: ReviewComment<'a>,
+    pull_request: PullRef,
+    #[serde(borrow)]
+    repository: Repository<'a>,
+    installation: Option<InstallationRef>,
+}
+
+#[derive(Deserialize)]
+struct Account<'a> {
+    #[serde(borrow)]
+    login: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct InstallationFull<'a> {
+    id: i64,
+    #[serde(borrow)]
+    account: Account<'a>,
+}
+
+#[derive(Deserialize)]
+struct InstallationEvent<'a> {
+    #[serde(borrow)]
+    action: Cow<'a, str>,
+    #[serde(borrow)]
+    installation: InstallationFull<'a>,
+}
+
+fn decode<'a, T: Deserialize<'a>>(event: &str, body: &'a [u8]) -> Result<T, BadRequest> {
+    serde_json::from_slice(body).map_err(|e| {
+        let what = if e.is_syntax() || e.is_eof() {
+            "the body is not valid JSON".to_string()
+        } else {
+            format!("not a `{event}` payload kodx can read: {e}")
+        };
+        BadRequest(what)
+    })
+}
+
+fn installation_id(i: Option<InstallationRef>) -> Result<i64, BadRequest> {
+    i.map(|i| i.id).ok_or_else(|| {
+        BadRequest("the payload has no `installation`: is this webhook sent by the GitHub App?".into())
+    })
+}
+
+const fn ignore(reason: &'static str) -> Result<Triage, BadRequest> {
+    Ok(Triage::Ignore(Cow::Borrowed(reason)))
+}
+
+/// Reads one delivery of `event` (the `X-GitHub-Event` header).
+pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
+    match event {
+        "issue_comment" => {
+            let p: IssueCommentEvent = decode(event, body)?;
+            if p.action != "created" {
+                return ignore("only new comments are read (edits and deletions are not)");
+            }
+            if p.comment.user.is_bot() {
+                return ignore("the comment was written by a bot");
+            }
+            let Some(found) = command::parse(p.comment.body.as_deref().unwrap_or("")) else {
+                return ignore("no /kodx command");
+            };
+            Ok(Triage::Command(Box::new(CommandEvent {
+                installation_id: installation_id(p.installation)?,
+                repo: p.repository.full_name.into_owned(),
+                issue_number: p.issue.number,
+                is_pull_request: p.issue.pull_request.is_some(),
+                author: p.comment.user.login.into_owned(),
+                author_id: p.comment.user.id,
+                trigger: TriggerKind::IssueComment,
+                trigger_id: p.comment.id,
+                clone_url: p.repository.clone_url.into_owned(),
+                default_branch: p.repository.default_branch.into_owned(),
+                command: found,
+                context: Value::Null,
+            })))
+        }
+        "issues" => {
+            let p: IssuesEvent = decode(event, body)?;
+            if p.action != "opened" {
+                return ignore("only newly opened issues are read");
+            }
+            if p.issue.user.is_bot() {
+                return ignore("the issue was opened by a bot");
+            }
+            let Some(found) = command::parse(p.issue.body.as_deref().unwrap_or("")) else {
+                return ignore("no /kodx command");
+            };
+            Ok(Triage::Command(Box::new(CommandEvent {
+                installation_id: installation_id(p.installation)?,
+                repo: p.repository.full_name.into_owned(),
+                issue_number: p.issue.number,
+                is_pull_request: false,
+                author: p.issue.user.login.into_owned(),
+                author_id: p.issue.user.id,
+                trigger: TriggerKind::Issue,
+                trigger_id: p.issue.number,
+                clone_url: p.repository.clone_url.into_owned(),
+                default_branch: p.repository.default_branch.into_owned(),
+                command: found,
+                context: Value::Null,
+            })))
+        }
+        "pull_request_review_comment" => {
+            let p: ReviewCommentEvent = decode(event, body)?;
+            if p.action != "created" {
+                return ignore("only new review comments are read (edits and deletions are not)");
+            }
+            if p.comment.user.is_bot() {
+                return ignore("the comment was written by a bot");
+            }
+            let Some(found) = command::parse(p.comment.body.as_deref().unwrap_or("")) else {
+                return ignore("no /kodx command");
+            };
+            let context = json!({
+                "path": p.comment.path,
+                "line": p.comment.line,
+                "commit_id": p.comment.commit_id,
+                "diff_hunk": p.comment.diff_hunk,
+            });
+            Ok(Triage::Command(Box::new(CommandEvent {
+                installation_id: installation_id(p.installation)?,
+                repo: p.repository.full_name.into_owned(),
+                issue_number: p.pull_request.number,
+                is_pull_request: true,
+                author: p.comment.user.login.into_owned(),
+                author_id: p.comment.user.id,
+                trigger: TriggerKind::ReviewComment,
+                trigger_id: p.comment.id,
+                clone_url: p.repository.clone_url.into_owned(),
+                default_branch: p.repository.default_branch.into_owned(),
+                command: found,
+                context,
+            })))
+        }
+        "installation" | "installation_repositories" => {
+            let p: InstallationEvent = decode(event, body)?;
+            Ok(Triage::Installation {
+                id: p.installation.id,
+                account: p.installation.account.login.into_owned(),
+                action: format!("{event}.{}", p.action),
+            })
+        }
+        "ping" => {
+            // Still has to be JSON: a ping is how a maintainer checks the webhook works.
+            let _: serde::de::IgnoredAny = decode(event, body)?;
+            ignore("ping")
+        }
+        "" => Err(BadRequest("the X-GitHub-Event header is missing".into())),
+        _ => {
+            let _: serde::de::IgnoredAny = decode(event, body)?;
+            Ok(Triage::Ignore(Cow::Owned(format!(
+                "kodx does not act on `{}` events",
+                event.chars().take(64).collect::<String>()
+            ))))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn comment_payload(body: &str, user_type: &str, pr: bool) -> Vec<u8> {
+        let mut issue = json!({
+            "number": 7, "title": "T", "body": "issue body",
+            "user": {"login": "alice", "id": 1, "type": "User"}
+        });
+        if pr {
+            issue["pull_request"] = json!({"url": "https://api.github.com/repos/o/r/pulls/7"});
+        }
+        json!({
+            "action": "created",
+            "issue": issue,
+            "comment": {"id": 99, "body": body, "user": {"login": "bob", "id": 2, "type": user_type}},
+            "repository": {"full_name": "o/r", "clone_url": "https://github.com/o/r.git", "default_branch": "main"},
+            "installation": {"id": 5},
+            "sender": {"login": "bob", "id": 2, "type": user_type}
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    fn command(t: Triage) -> CommandEvent {
+        match t {
+            Triage::Command(c) => *c,
+            other => panic!("expected a command, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn issue_comment_with_command() {
+        let c = command(triage("issue_comment", &comment_payload("/kodx ask why?", "User", false)).unwrap());
+        assert_eq!(c.repo, "o/r");
+        assert_eq!(c.issue_number, 7);
+        assert!(!c.is_pull_request);
+        assert_eq!(c.author, "bob");
+        assert_eq!(c.trigger, TriggerKind::IssueComment);
+        assert_eq!(c.trigger_id, 99);
+        assert_eq!(c.installation_id, 5);
+        assert_eq!(c.command, Ok(Command::Ask { question: "why?".into() }));
+        let c = command(triage("issue_comment", &comment_payload("/kodx code x", "User", true)).unwrap());
+        assert!(c.is_pull_request);
+    }
+
+    #[test]
+    fn ignored_cases() {
+        let t = triage("issue_comment", &comment_payload("just talk", "User", false)).unwrap();
+        assert_eq!(t, Triage::Ignore("no /kodx command".into()));
+        let t = triage("issue_comment", &comment_payload("/kodx ask x", "Bot", false)).unwrap();
+        assert!(matches!(t, Triage::Ignore(r) if r.contains("bot")));
+        let mut edited: Value = serde_json::from_slice(&comment_payload("/kodx ask x", "User", false)).unwrap();
+        edited["action"] = json!("edited");
+        let t = triage("issue_comment", edited.to_string().as_bytes()).unwrap();
+        assert!(matches!(t, Triage::Ignore(r) if r.contains("edits")));
+        let t = triage("push", b"{}").unwrap();
+        assert!(matches!(t, Triage::Ignore(r) if r.contains("push")));
+        assert!(matches!(triage("ping", b"{\"zen\":\"x\"}").unwrap(), Triage::Ignore(r) if r == "ping"));
+    }
+
+    #[test]
+    fn bad_requests() {
+        let e = triage("issue_comment", b"{not json").unwrap_err();
+        assert_eq!(e.0, "the body is not valid JSON");
+        let e = triage("issue_comment", b"{\"action\":\"created\"}").unwrap_err();
+        assert!(e.0.contains("missing field"), "{e}");
+        assert!(!e.0.contains('\n'));
+        let mut p: Value = serde_json::from_slice(&comment_payload("/kodx ask x", "User", false)).unwrap();
+        p.as_object_mut().unwrap().remove("installation");
+        let e = triage("issue_comment", p.to_string().as_bytes()).unwrap_err();
+        assert!(e.0.contains("installation"), "{e}");
+        assert!(triage("push", b"[oops").is_err());
+        assert!(triage("", b"{}").is_err());
+    }
+
+    #[test]
+    fn issue_opened_and_review_comment() {
+        let p = json!({
+            "action": "opened",
+            "issue": {"number": 3, "body": "Please\n/kodx code add a flag", "user": {"login": "carol", "id": 3, "type": "User"}},
+            "repository": {"full_name": "o/r", "clone_url": "u", "default_branch": "trunk"},
+            "installation": {"id": 5}
+        });
+        let c = command(triage("issues", p.to_string().as_bytes()).unwrap());
+        assert_eq!(c.trigger, TriggerKind::Issue);
+        assert_eq!(c.trigger_id, 3);
+        assert_eq!(c.default_branch, "trunk");
+        assert_eq!(c.command, Ok(Command::Code { request: "add a flag".into() }));
+
+        let p = json!({
+            "action": "created",
+            "comment": {"id": 11, "body": "/kodx ask what does this do?", "user": {"login": "dan", "id": 4, "type": "User"},
+                        "path": "src/lib.rs", "diff_hunk": "@@ -1 +1 @@\n-a\n+b", "line": 1, "commit_id": "abc"},
+            "pull_request": {"number": 8},
+            "repository": {"full_name": "o/r", "clone_url": "u", "default_branch": "main"},
+            "installation": {"id": 5}
+        });
+        let c = command(triage("pull_request_review_comment", p.to_string().as_bytes()).unwrap());
+        assert_eq!(c.trigger, TriggerKind::ReviewComment);
+        assert!(c.is_pull_request);
+        assert_eq!(c.issue_number, 8);
+        assert_eq!(c.context["path"], "src/lib.rs");
+        assert_eq!(c.context["diff_hunk"], "@@ -1 +1 @@\n-a\n+b");
+    }
+
+    #[test]
+    fn installation_events_are_recorded() {
+        let p = json!({"action": "created", "installation": {"id": 9, "account": {"login": "acme"}}});
+        let t = triage("installation", p.to_string().as_bytes()).unwrap();
+        assert_eq!(
+            t,
+            Triage::Installation { id: 9, account: "acme".into(), action: "installation.created".into() }
+        );
+    }
+
+    #[test]
+    fn escaped_strings_are_read() {
+        let body = "/kodx ask \u{e9}t\u{e9}? \"quoted\"\nsecond line";
+        let c = command(triage("issue_comment", &comment_payload(body, "User", false)).unwrap());
+        assert_eq!(
+            c.command,
+            Ok(Command::Ask { question: "\u{e9}t\u{e9}? \"quoted\"\nsecond line".into() })
+        );
+    }
+}

@@ -1,0 +1,226 @@
+//! The HTTP side of `kodx serve` (SPEC §3, §10): the webhook endpoint, `/healthz` and
+//! `/metrics`.
+//!
+//! The webhook handler only verifies, reads and stores: a command is written to the
+//! database together with its delivery id, in one transaction, before `202` is answered;
+//! everything slow happens in the workers, which the handler wakes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use tokio::sync::Notify;
+
+use crate::command::ParseError;
+use crate::db::{Accepted, Db, NewDelivery, NewRun};
+use crate::serve::event::{triage, CommandEvent, Triage};
+use crate::serve::metrics::Metrics;
+use crate::webhook::WebhookSecrets;
+
+/// GitHub caps payloads at 25 MB; anything larger is refused with `413`.
+pub const MAX_BODY_BYTES: usize = 25 * 1024 * 1024;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct HttpState {
+    pub secrets: WebhookSecrets,
+    pub db: Db,
+    pub metrics: Arc<Metrics>,
+    /// Woken when a run is queued.
+    pub wake: Arc<Notify>,
+    pub health: Arc<dyn HealthCheck>,
+}
+
+/// What `/healthz` asks besides the database.
+#[async_trait::async_trait]
+pub trait HealthCheck: Send + Sync {
+    /// `Err` names what is wrong with the Docker engine.
+    async fn docker(&self) -> Result<(), String>;
+}
+
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/webhook", post(webhook))
+        .route("/api/github/webhooks", post(webhook))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+fn answer(status: StatusCode, body: serde_json::Value) -> Response {
+    (status, Json(body)).into_response()
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn webhook(State(st): State<HttpState>, headers: HeaderMap, body: Bytes) -> Response {
+    let event = header(&headers, "x-github-event").unwrap_or("").trim();
+    if let Err(e) = st
+        .secrets
+        .verify(header(&headers, "x-hub-signature-256"), &body)
+    {
+        st.metrics.webhook(event, "unauthorized");
+        tracing::warn!(event, "webhook refused: {e}");
+        return answer(StatusCode::UNAUTHORIZED, json!({ "error": e.to_string() }));
+    }
+    let bad = |reason: String| {
+        st.metrics.webhook(event, "bad_request");
+        tracing::warn!(event, "webhook not readable: {reason}");
+        answer(StatusCode::BAD_REQUEST, json!({ "error": reason }))
+    };
+    let Some(delivery) = header(&headers, "x-github-delivery")
+        .map(str::trim)
+        .filter(|d| !d.is_empty() && d.len() <= 128)
+    else {
+        return bad("the X-GitHub-Delivery header is missing or too long".into());
+    };
+    let triaged = match triage(event, &body) {
+        Ok(t) => t,
+        Err(e) => return bad(e.0),
+    };
+    let ignored = |reason: &str| {
+        st.metrics.webhook(event, "ignored");
+        answer(StatusCode::OK, json!({ "ignored": reason }))
+    };
+    let (record, run) = match &triaged {
+        Triage::Ignore(reason) => return ignored(reason),
+        Triage::Installation {
+            id,
+            account,
+            action,
+        } => {
+            if let Err(e) = st.db.record_installation(*id, account, action).await {
+                return internal(&st, event, &e.to_string());
+            }
+            (
+                NewDelivery {
+                    id: delivery.to_string(),
+                    event: event.to_string(),
+                    action: Some(action.clone()),
+                    installation_id: Some(*id),
+                    repo: None,
+                },
+                None,
+            )
+        }
+        Triage::Command(c) => (
+            NewDelivery {
+                id: delivery.to_string(),
+                event: event.to_string(),
+                action: None,
+                installation_id: Some(c.installation_id),
+                repo: Some(c.repo.clone()),
+            },
+            Some(new_run(c)),
+        ),
+    };
+    match st.db.accept(&record, run.as_ref()).await {
+        Ok(Accepted::Queued { run_id }) => {
+            st.metrics.webhook(event, "queued");
+            st.wake.notify_one();
+            if let Triage::Command(c) = &triaged {
+                tracing::info!(run_id = %run_id, repo = %c.repo, issue = c.issue_number,
+                    command = run.as_ref().map(|r| r.kind.as_str()).unwrap_or(""), "run queued");
+            }
+            answer(StatusCode::ACCEPTED, json!({ "run_id": run_id }))
+        }
+        Ok(Accepted::Recorded) => {
+            st.metrics.webhook(event, "recorded");
+            answer(StatusCode::OK, json!({ "ignored": "recorded" }))
+        }
+        Ok(Accepted::Duplicate) => {
+            st.metrics.webhook(event, "duplicate");
+            answer(
+                StatusCode::OK,
+                json!({ "ignored": "duplicate delivery (this X-GitHub-Delivery was handled before)" }),
+            )
+        }
+        Err(e) => internal(&st, event, &e.to_string()),
+    }
+}
+
+fn internal(st: &HttpState, event: &str, error: &str) -> Response {
+    st.metrics.webhook(event, "error");
+    tracing::error!(event, "webhook could not be stored: {error}");
+    // 500 makes GitHub show the failure; the delivery can be redelivered from the App's
+    // settings once the database is back.
+    answer(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        json!({ "error": "kodx could not store this delivery; see the server log" }),
+    )
+}
+
+/// The queued row for a command. Commands that cannot run (empty or over-long request)
+/// are queued as a refusal, which a worker answers with a comment.
+pub fn new_run(c: &CommandEvent) -> NewRun {
+    use crate::command::Command;
+    let (kind, argument) = match &c.command {
+        Ok(Command::Code { request }) => ("code", request.clone()),
+        Ok(Command::Ask { question }) => ("ask", question.clone()),
+        Ok(Command::Cancel) => ("cancel", String::new()),
+        Ok(Command::Help { unknown }) => ("help", unknown.clone().unwrap_or_default()),
+        Err(e @ ParseError::TooLong { .. }) => ("refuse", e.to_string()),
+        Err(e @ ParseError::EmptyRequest { .. }) => ("refuse", e.to_string()),
+    };
+    NewRun {
+        kind: kind.to_string(),
+        installation_id: c.installation_id,
+        repo: c.repo.clone(),
+        issue_number: c.issue_number,
+        is_pull_request: c.is_pull_request,
+        argument,
+        author: c.author.clone(),
+        author_id: c.author_id,
+        trigger_kind: c.trigger.as_str().to_string(),
+        trigger_id: c.trigger_id,
+        clone_url: c.clone_url.clone(),
+        default_branch: c.default_branch.clone(),
+        context: c.context.to_string(),
+    }
+}
+
+async fn healthz(State(st): State<HttpState>) -> Response {
+    let limit = Duration::from_secs(3);
+    let db = match tokio::time::timeout(limit, st.db.ping()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 3 s".to_string()),
+    };
+    let docker = match tokio::time::timeout(limit, st.health.docker()).await {
+        Ok(r) => r,
+        Err(_) => Err("no answer within 3 s".to_string()),
+    };
+    let field = |r: &Result<(), String>| match r {
+        Ok(()) => "ok".to_string(),
+        Err(e) => e.clone(),
+    };
+    let body = json!({ "database": field(&db), "docker": field(&docker) });
+    if db.is_ok() && docker.is_ok() {
+        answer(StatusCode::OK, body)
+    } else {
+        answer(StatusCode::SERVICE_UNAVAILABLE, body)
+    }
+}
+
+async fn metrics(State(st): State<HttpState>) -> Response {
+    if let Ok(Ok(counts)) = tokio::time::timeout(Duration::from_secs(2), st.db.counts()).await {
+        st.metrics.set_queued(counts.queued);
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        st.metrics.render(),
+    )
+        .into_response()
+}

@@ -1,0 +1,1223 @@
+//! The workers of `kodx serve` (SPEC §4, §5, §9): they take what the webhook queued and do
+//! the slow part — permission checks, the repository's config, the status comment, the
+//! clone, the container and the agent — and say on GitHub how it went.
+//!
+//! Two kinds of work leave the queue: short control jobs (`help`, `cancel`, refusals), taken
+//! at once, and runs (`ask`, `code`), at most `max_concurrent_runs` at a time and one per
+//! issue. A run is acknowledged (`eyes`, the status comment) as soon as it is queued, even
+//! while it waits for a free worker.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::agent::{Agent, AgentConfig, Outcome, Progress, Record, StopReason};
+use crate::comment::{self, Done, Phase, RunKind};
+use crate::cost::Pricing;
+use crate::db::{Db, Finish, RecoveryAction, Run, RunStatus};
+use crate::github::{
+    GitHubApp, GitHubError, Installation, Permission, Reaction, ReactionTarget, RepoName,
+};
+use crate::model::{Provider, ProviderError, Request, Response, Usage};
+use crate::program::{self, Overrides, Program};
+use crate::repo_config::{self, AskPermission, RepoConfig};
+use crate::sandbox::{Engine, Sandbox, SandboxError, SandboxSpec};
+use crate::serve::config::Settings;
+use crate::serve::context::{strip_hidden, ContextComment, ReviewContext, RunContext};
+use crate::serve::event::TriggerKind;
+use crate::serve::metrics::Metrics;
+
+/// Makes the model client of a run (from the environment in production).
+pub trait ProviderFactory: Send + Sync {
+    fn make(&self, provider: program::Provider) -> Result<Box<dyn Provider>, String>;
+}
+
+/// Anthropic and OpenAI-compatible clients from `ANTHROPIC_*` / `OPENAI_*`.
+pub struct EnvProviders;
+
+impl ProviderFactory for EnvProviders {
+    fn make(&self, provider: program::Provider) -> Result<Box<dyn Provider>, String> {
+        Ok(match provider {
+            program::Provider::Anthropic => {
+                Box::new(crate::providers::AnthropicClient::from_env()?)
+            }
+            program::Provider::OpenAi => Box::new(crate::providers::OpenAiClient::from_env()?),
+        })
+    }
+}
+
+/// The Docker engine, connected on first use (the server starts without one and says so in
+/// `/healthz`).
+#[derive(Default)]
+pub struct EngineSlot {
+    engine: tokio::sync::Mutex<Option<Engine>>,
+}
+
+impl EngineSlot {
+    pub async fn get(&self) -> Result<Engine, SandboxError> {
+        let mut slot = self.engine.lock().await;
+        if let Some(e) = slot.as_ref() {
+            return Ok(e.clone());
+        }
+        let engine = Engine::connect().await?;
+        *slot = Some(engine.clone());
+        Ok(engine)
+    }
+
+    pub async fn ping(&self) -> Result<(), String> {
+        let engine = self.get().await.map_err(|e| e.to_string())?;
+        engine
+            .docker()
+            .ping()
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("the Docker engine at {} does not answer: {e}", engine.host()))
+    }
+}
+
+/// Everything the workers share.
+pub struct Workers {
+    pub db: Db,
+    pub app: GitHubApp,
+    pub engine: Arc<EngineSlot>,
+    pub settings: Settings,
+    pub metrics: Arc<Metrics>,
+    pub wake: Arc<Notify>,
+    pub providers: Arc<dyn ProviderFactory>,
+    pub pricing: Pricing,
+    /// Identifies this process's claims.
+    pub worker_id: String,
+    /// Stops claiming; running runs get `shutdown_grace_secs`, then are stopped.
+    pub shutdown: CancellationToken,
+    running: Mutex<HashMap<String, RunHandle>>,
+    acknowledging: Mutex<HashSet<String>>,
+    slots: Arc<Semaphore>,
+}
+
+struct RunHandle {
+    cancel: CancellationToken,
+    /// Who cancelled it with `/kodx cancel` (none: shutdown).
+    cancelled_by: Arc<Mutex<Option<String>>>,
+}
+
+/// How a run's work ended before it is written down.
+struct Ending {
+    status: RunStatus,
+    done: Done,
+}
+
+/// A short word for the reason a run was refused, stored as its stop reason.
+const NOT_PERMITTED: &str = "not_permitted";
+const INVALID_CONFIG: &str = "invalid_config";
+
+impl Workers {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        db: Db,
+        app: GitHubApp,
+        engine: Arc<EngineSlot>,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        wake: Arc<Notify>,
+        providers: Arc<dyn ProviderFactory>,
+        pricing: Pricing,
+        shutdown: CancellationToken,
+    ) -> Arc<Workers> {
+        let slots = Arc::new(Semaphore::new(settings.max_concurrent_runs));
+        Arc::new(Workers {
+            db,
+            app,
+            engine,
+            metrics,
+            wake,
+            providers,
+            pricing,
+            worker_id: format!(
+                "{}-{}-{:08x}",
+                hostname(),
+                std::process::id(),
+                rand::random::<u32>()
+            ),
+            shutdown,
+            running: Mutex::new(HashMap::new()),
+            acknowledging: Mutex::new(HashSet::new()),
+            slots,
+            settings,
+        })
+    }
+
+    /// Runs left `running` by a dead process go back to the queue (once), and their
+    /// containers are removed.
+    pub async fn recover(self: &Arc<Self>) {
+        if let Ok(engine) = self.engine.get().await {
+            match engine.sweep_dead_owners().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("removed {n} container(s) left by a dead kodx process"),
+                Err(e) => tracing::warn!("could not sweep old containers: {e}"),
+            }
+        }
+        let recovered = match self
+            .db
+            .recover(&self.worker_id, i64::from(self.settings.max_attempts))
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("recovering runs failed: {e}");
+                return;
+            }
+        };
+        for r in recovered {
+            let run = r.run;
+            let span = run_span(&run);
+            let this = self.clone();
+            async move {
+                match r.action {
+                    RecoveryAction::Requeued => {
+                        tracing::warn!("run was interrupted by a restart; queued again");
+                        this.edit_status(&run, "⏳ queued again — kodx restarted while this run was working")
+                            .await;
+                    }
+                    RecoveryAction::Failed => {
+                        tracing::error!("run was interrupted by restarts too often; failed");
+                        let done = this.failed_done(
+                            &run,
+                            StopReason::Error,
+                            "kodx restarted while this run was working, more than once; it was not started again. Run the command again to retry.".into(),
+                        );
+                        this.post_done(&run, &done).await;
+                        this.metrics.run_finished(&run.kind, "internal_error", 0.0, Duration::ZERO);
+                    }
+                }
+            }
+            .instrument(span)
+            .await;
+        }
+    }
+
+    /// Claims and starts work until shutdown; returns when the last run has ended.
+    pub async fn run(self: Arc<Self>) {
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            if self.shutdown.is_cancelled() {
+                break;
+            }
+            self.dispatch(&mut tasks).await;
+            while tasks.try_join_next().is_some() {}
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = self.shutdown.cancelled() => {}
+            }
+        }
+        // Shutdown: no new work. Runs get the grace period, then are stopped; a stopped run
+        // stays `running` in the database and is queued again when kodx starts.
+        let grace = Duration::from_secs(self.settings.shutdown_grace_secs);
+        if !tasks.is_empty() {
+            tracing::info!(
+                "shutting down: waiting up to {}s for {} task(s)",
+                grace.as_secs(),
+                tasks.len()
+            );
+        }
+        let waited = tokio::time::timeout(grace, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if waited.is_err() {
+            for handle in self.running.lock().expect("lock").values() {
+                handle.cancel.cancel();
+            }
+            while tasks.join_next().await.is_some() {}
+        }
+        let n = crate::sandbox::docker::remove_all_live().await;
+        if n > 0 {
+            tracing::info!("removed {n} sandbox container(s) at shutdown");
+        }
+    }
+
+    async fn dispatch(self: &Arc<Self>, tasks: &mut tokio::task::JoinSet<()>) {
+        // Control jobs first: they are quick and a cancel must not wait for a slot.
+        loop {
+            match self.db.claim_control(&self.worker_id).await {
+                Ok(Some(job)) => {
+                    let this = self.clone();
+                    let span = run_span(&job);
+                    tasks.spawn(async move { this.control(job).await }.instrument(span));
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!("claiming a job failed: {e}");
+                    break;
+                }
+            }
+        }
+        // Acknowledge queued runs (eyes, status comment) even while they wait.
+        match self.db.runs_with_status(RunStatus::Queued).await {
+            Ok(queued) => {
+                self.metrics.set_queued(queued.len() as i64);
+                for run in queued.into_iter().filter(|r| r.is_work()) {
+                    if run.status_comment_id.is_some() && !run.recovered {
+                        continue;
+                    }
+                    if !self.acknowledging.lock().expect("lock").insert(run.id.clone()) {
+                        continue;
+                    }
+                    let this = self.clone();
+                    let span = run_span(&run);
+                    tasks.spawn(
+                        async move {
+                            let id = run.id.clone();
+                            this.acknowledge(&run).await;
+                            this.acknowledging.lock().expect("lock").remove(&id);
+                        }
+                        .instrument(span),
+                    );
+                }
+            }
+            Err(e) => tracing::error!("listing queued runs failed: {e}"),
+        }
+        // Runs, while there are free slots.
+        loop {
+            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+                break;
+            };
+            match self.db.claim_run(&self.worker_id).await {
+                Ok(Some(run)) => {
+                    let this = self.clone();
+                    let span = run_span(&run);
+                    tasks.spawn(
+                        async move {
+                            this.work(run).await;
+                            drop(permit);
+                            this.wake.notify_one();
+                        }
+                        .instrument(span),
+                    );
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!("claiming a run failed: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Acknowledging a run: permission, repository config, eyes, status comment
+    // -----------------------------------------------------------------------------------
+
+    /// Checks who asked and the repository's config, reacts `eyes` and creates the status
+    /// comment. `false` when the run was refused (and finished) instead.
+    async fn acknowledge(&self, run: &Run) -> bool {
+        if run.status_comment_id.is_some() && !run.recovered {
+            return true;
+        }
+        let gh = match self.installation(run).await {
+            Ok(gh) => gh,
+            Err(e) => {
+                tracing::warn!("GitHub is not reachable to acknowledge the run: {e}");
+                return false;
+            }
+        };
+        let Ok(repo) = RepoName::parse(&run.repo) else {
+            self.finish_quietly(run, RunStatus::Failed, "internal_error").await;
+            return false;
+        };
+        // Who may: checked before anything is posted, so a refusal is one short comment.
+        let config = match self.check_permission_and_config(&gh, &repo, run).await {
+            Ok(c) => c,
+            Err(()) => return false,
+        };
+        let _ = config;
+        self.react(&gh, &repo, run, Reaction::Eyes).await;
+        if run.status_comment_id.is_some() {
+            // A recovered run already has its comment: the edit at start says it restarted.
+            return true;
+        }
+        // A comment this run posted before a crash is found by its hidden metadata.
+        if let Some(existing) = self.find_status_comment(&gh, &repo, run).await {
+            let _ = self.db.set_status_comment(&run.id, existing as i64).await;
+            return true;
+        }
+        let body = comment::render(&run.id, &command_line(run), &Phase::Queued);
+        match gh
+            .create_comment(&repo, run.issue_number as u64, &body)
+            .await
+        {
+            Ok(c) => {
+                if let Err(e) = self.db.set_status_comment(&run.id, c.id as i64).await {
+                    tracing::error!("storing the status comment id failed: {e}");
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!("creating the status comment failed: {e}");
+                false
+            }
+        }
+    }
+
+    async fn find_status_comment(&self, gh: &Installation, repo: &RepoName, run: &Run) -> Option<u64> {
+        // Only worth a listing when this run may have posted before (a restart, or a
+        // webhook handled a while ago).
+        let age = crate::db::now_ms() - run.created_at;
+        if !(run.recovered || run.attempts > 0 || age > 30_000) {
+            return None;
+        }
+        let comments = gh
+            .issue_comments(repo, run.issue_number as u64, 100)
+            .await
+            .ok()?;
+        comments
+            .iter()
+            .rev()
+            .find(|c| c.author_is_bot && comment::find_run_id(&c.body).as_deref() == Some(run.id.as_str()))
+            .map(|c| c.id)
+    }
+
+    /// The permission check and `.github/kodx.yml`. On refusal the run is finished and the
+    /// person told why; `Err(())` then.
+    async fn check_permission_and_config(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        run: &Run,
+    ) -> Result<RepoConfig, ()> {
+        let config_text = gh.file_on_default_branch(repo, RepoConfig::PATH).await;
+        let (config, config_error) = match config_text {
+            Ok(None) => (RepoConfig::default(), None),
+            Ok(Some(text)) => match RepoConfig::parse(&text) {
+                Ok(c) => (c, None),
+                Err(e) => (RepoConfig::default(), Some(e.to_string())),
+            },
+            Err(e) => {
+                tracing::warn!("reading {} failed: {e}", RepoConfig::PATH);
+                self.refuse(gh, repo, run, "internal_error", &format!(
+                    "kodx could not read `{}` from the default branch ({e}). Run the command again in a moment.",
+                    RepoConfig::PATH
+                ))
+                .await;
+                return Err(());
+            }
+        };
+        let needed = match (run.kind.as_str(), config.ask_permission) {
+            ("ask", AskPermission::Read) => Permission::Read,
+            ("help", _) => Permission::Read,
+            _ => Permission::Write,
+        };
+        let has = match gh.permission(repo, &run.author).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("permission check failed: {e}");
+                self.refuse(gh, repo, run, "internal_error", &format!(
+                    "kodx could not check @{}'s permission on this repository ({e}). Run the command again in a moment.",
+                    run.author
+                ))
+                .await;
+                return Err(());
+            }
+        };
+        if has < needed {
+            tracing::info!(permission = has.as_str(), "refused: not permitted");
+            let who = match needed {
+                Permission::Read => "people with read access to this repository",
+                _ => "people with write, maintain or admin access to this repository",
+            };
+            let body = format!(
+                "@{} `/kodx {}` can only be run by {who}; your permission here is `{}`.",
+                comment::redact(&run.author),
+                run.kind,
+                has.as_str()
+            );
+            let _ = gh.create_comment(repo, run.issue_number as u64, &body).await;
+            self.finish_quietly(run, RunStatus::Failed, NOT_PERMITTED).await;
+            return Err(());
+        }
+        if let Some(error) = config_error {
+            tracing::info!("refused: invalid repository config");
+            self.refuse(gh, repo, run, INVALID_CONFIG, &format!(
+                "kodx cannot run because the repository's configuration is invalid:\n\n```\n{error}\n```\n\nFix `{}` on the default branch and run the command again.",
+                RepoConfig::PATH
+            ))
+            .await;
+            return Err(());
+        }
+        Ok(config)
+    }
+
+    /// Answers with one comment, reacts `confused` and finishes the run as failed.
+    async fn refuse(&self, gh: &Installation, repo: &RepoName, run: &Run, reason: &str, text: &str) {
+        let body = format!("{}\n\n<sub>kodx run <code>{}</code></sub>", comment::redact(text), run.id);
+        let body = match run.status_comment_id {
+            Some(id) => match gh.update_comment(repo, id as u64, &body).await {
+                Ok(()) => None,
+                Err(_) => Some(body),
+            },
+            None => Some(body),
+        };
+        if let Some(body) = body {
+            let _ = gh.create_comment(repo, run.issue_number as u64, &body).await;
+        }
+        self.react(gh, repo, run, Reaction::Confused).await;
+        self.finish_quietly(run, RunStatus::Failed, reason).await;
+    }
+
+    async fn finish_quietly(&self, run: &Run, status: RunStatus, reason: &str) {
+        let fin = Finish {
+            status,
+            stop_reason: reason.to_string(),
+            cost_usd: 0.0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            api_calls: 0,
+            result: serde_json::json!({ "refused": reason }).to_string(),
+            pr_url: None,
+        };
+        if let Err(e) = self.db.finish(&run.id, &fin).await {
+            tracing::error!("finishing the run failed: {e}");
+        }
+        self.metrics.run_finished(&run.kind, reason, 0.0, Duration::ZERO);
+    }
+
+    async fn react(&self, gh: &Installation, repo: &RepoName, run: &Run, reaction: Reaction) {
+        let target = match TriggerKind::parse(&run.trigger_kind) {
+            Some(TriggerKind::IssueComment) => ReactionTarget::IssueComment(run.trigger_id as u64),
+            Some(TriggerKind::ReviewComment) => {
+                ReactionTarget::ReviewComment(run.trigger_id as u64)
+            }
+            Some(TriggerKind::Issue) | None => ReactionTarget::Issue(run.issue_number as u64),
+        };
+        if let Err(e) = gh.react(repo, target, reaction).await {
+            tracing::warn!("reacting {} failed: {e}", reaction.as_str());
+        }
+    }
+
+    async fn installation(&self, run: &Run) -> Result<Installation, GitHubError> {
+        self.app.installation(run.installation_id as u64).await
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Control jobs
+    // -----------------------------------------------------------------------------------
+
+    async fn control(self: Arc<Self>, job: Run) {
+        let gh = match self.installation(&job).await {
+            Ok(gh) => gh,
+            Err(e) => {
+                tracing::error!("GitHub is not reachable for a {} job: {e}", job.kind);
+                self.finish_quietly(&job, RunStatus::Failed, "internal_error").await;
+                return;
+            }
+        };
+        let Ok(repo) = RepoName::parse(&job.repo) else {
+            self.finish_quietly(&job, RunStatus::Failed, "internal_error").await;
+            return;
+        };
+        let needed = if job.kind == "help" {
+            Permission::Read
+        } else {
+            Permission::Write
+        };
+        let has = match gh.permission(&repo, &job.author).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("permission check failed: {e}");
+                self.finish_quietly(&job, RunStatus::Failed, "internal_error").await;
+                return;
+            }
+        };
+        if has < needed {
+            if job.kind != "help" {
+                let body = format!(
+                    "@{} `/kodx {}` can only be run by people with write, maintain or admin access to this repository; your permission here is `{}`.",
+                    comment::redact(&job.author),
+                    if job.kind == "refuse" { "code" } else { job.kind.as_str() },
+                    has.as_str()
+                );
+                let _ = gh.create_comment(&repo, job.issue_number as u64, &body).await;
+            }
+            self.finish_quietly(&job, RunStatus::Failed, NOT_PERMITTED).await;
+            return;
+        }
+        match job.kind.as_str() {
+            "help" => {
+                let body = help_text(&job.argument);
+                let _ = gh.create_comment(&repo, job.issue_number as u64, &body).await;
+                self.finish_quietly(&job, RunStatus::Succeeded, "help").await;
+            }
+            "cancel" => self.cancel(&gh, &repo, &job).await,
+            _ => {
+                // "refuse": the request could not be read (empty, too long).
+                let body = format!(
+                    "@{} kodx did not start: {}.",
+                    comment::redact(&job.author),
+                    comment::redact(&job.argument)
+                );
+                let _ = gh.create_comment(&repo, job.issue_number as u64, &body).await;
+                self.react(&gh, &repo, &job, Reaction::Confused).await;
+                self.finish_quietly(&job, RunStatus::Failed, "refused").await;
+            }
+        }
+    }
+
+    async fn cancel(&self, gh: &Installation, repo: &RepoName, job: &Run) {
+        let touched = match self.db.cancel_issue(&job.repo, job.issue_number, &job.author).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!("cancelling failed: {e}");
+                self.finish_quietly(job, RunStatus::Failed, "internal_error").await;
+                return;
+            }
+        };
+        let mut n = 0;
+        for t in &touched {
+            n += 1;
+            if t.was_running {
+                if let Some(h) = self.running.lock().expect("lock").get(&t.run.id) {
+                    *h.cancelled_by.lock().expect("lock") = Some(job.author.clone());
+                    h.cancel.cancel();
+                }
+            } else {
+                let done = Done {
+                    kind: run_kind(&t.run),
+                    outcome: zero_outcome(StopReason::Cancelled, 0.0, String::new()),
+                    text: String::new(),
+                    pr_url: None,
+                    failure: Some(format!("Cancelled by @{} before it started.", job.author)),
+                };
+                self.post_done(&t.run, &done).await;
+            }
+        }
+        if n == 0 {
+            let _ = gh
+                .create_comment(
+                    repo,
+                    job.issue_number as u64,
+                    &format!("@{} there is no kodx run to cancel here.", comment::redact(&job.author)),
+                )
+                .await;
+        } else {
+            self.react(gh, repo, job, Reaction::PlusOne).await;
+        }
+        self.finish_quietly(job, RunStatus::Succeeded, "cancel").await;
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Runs
+    // -----------------------------------------------------------------------------------
+
+    async fn work(self: &Arc<Self>, run: Run) {
+        self.metrics.run_started();
+        let started = Instant::now();
+        let cancel = CancellationToken::new();
+        let cancelled_by = Arc::new(Mutex::new(None));
+        self.running.lock().expect("lock").insert(
+            run.id.clone(),
+            RunHandle {
+                cancel: cancel.clone(),
+                cancelled_by: cancelled_by.clone(),
+            },
+        );
+        tracing::info!(attempt = run.attempts, "run started");
+        let ending = self.work_inner(&run, &cancel).await;
+        self.running.lock().expect("lock").remove(&run.id);
+        self.metrics.run_ended();
+        let Some(mut ending) = ending else {
+            return;
+        };
+        if ending.done.outcome.stop_reason == StopReason::Cancelled {
+            let by = cancelled_by.lock().expect("lock").clone();
+            match by {
+                Some(who) => {
+                    ending.status = RunStatus::Cancelled;
+                    ending.done.failure = Some(format!("Cancelled by @{who}."));
+                }
+                None if self.shutdown.is_cancelled() => {
+                    // Stopped by a shutdown: left `running`, queued again at the next start.
+                    tracing::warn!("run stopped by shutdown; it resumes when kodx starts again");
+                    self.edit_status(&run, "⏳ paused — kodx is restarting; this run starts again when it is back")
+                        .await;
+                    return;
+                }
+                None => {}
+            }
+        }
+        let o = &ending.done.outcome;
+        let fin = Finish {
+            status: ending.status,
+            stop_reason: o.stop_reason.as_str().to_string(),
+            cost_usd: o.usd_cost,
+            input_tokens: o.usage.input_tokens as i64,
+            output_tokens: o.usage.output_tokens as i64,
+            cache_read_tokens: o.usage.cache_read_tokens as i64,
+            cache_write_tokens: o.usage.cache_write_tokens as i64,
+            api_calls: i64::from(o.api_calls),
+            result: serde_json::json!({
+                "last_message": comment::redact(&o.last_message),
+                "detail": ending.done.failure.as_deref().or(o.detail.as_deref()).map(comment::redact),
+                "model": o.model,
+            })
+            .to_string(),
+            pr_url: ending.done.pr_url.clone(),
+        };
+        if let Err(e) = self.db.finish(&run.id, &fin).await {
+            tracing::error!("recording the end of the run failed: {e}");
+        }
+        self.metrics.run_finished(
+            &run.kind,
+            o.stop_reason.as_str(),
+            o.usd_cost,
+            started.elapsed(),
+        );
+        tracing::info!(
+            stop_reason = o.stop_reason.as_str(),
+            cost_usd = o.usd_cost,
+            api_calls = o.api_calls,
+            "run finished"
+        );
+        self.post_done(&run, &ending.done).await;
+    }
+
+    /// The run itself. `None` when it was refused (and finished) while being acknowledged.
+    async fn work_inner(self: &Arc<Self>, run: &Run, cancel: &CancellationToken) -> Option<Ending> {
+        let kind = run_kind(run);
+        let internal = |what: String| {
+            tracing::error!("{what}");
+            Some(Ending {
+                status: RunStatus::Failed,
+                done: self.failed_done(
+                    run,
+                    StopReason::Error,
+                    format!("kodx hit an internal error ({what}). Run id `{}`.", run.id),
+                ),
+            })
+        };
+        // A run claimed before it was acknowledged (or recovered) is acknowledged now.
+        let run = match self.db.get_run(&run.id).await {
+            Ok(Some(r)) => r,
+            _ => run.clone(),
+        };
+        let run = &run;
+        if (run.status_comment_id.is_none() || run.recovered) && !self.acknowledge(run).await {
+            // Refused and finished, or GitHub unreachable.
+            if matches!(self.db.get_run(&run.id).await, Ok(Some(r)) if r.status.is_final()) {
+                return None;
+            }
+        }
+        let run = match self.db.get_run(&run.id).await {
+            Ok(Some(r)) => r,
+            _ => run.clone(),
+        };
+        let run = &run;
+        let gh = match self.installation(run).await {
+            Ok(gh) => gh,
+            Err(e) => return internal(format!("GitHub did not give kodx an installation token: {e}")),
+        };
+        let Ok(repo) = RepoName::parse(&run.repo) else {
+            return internal(format!("the repository name {:?} is not valid", run.repo));
+        };
+        // The config again: it may have changed since the run was queued.
+        let config = match gh.file_on_default_branch(&repo, RepoConfig::PATH).await {
+            Ok(Some(text)) => match RepoConfig::parse(&text) {
+                Ok(c) => c,
+                Err(e) => {
+                    return Some(Ending {
+                        status: RunStatus::Failed,
+                        done: self.failed_done(run, StopReason::Error, format!(
+                            "The repository's configuration became invalid: {e}. Fix it on the default branch and run the command again."
+                        )),
+                    })
+                }
+            },
+            Ok(None) => RepoConfig::default(),
+            Err(e) => return internal(format!("reading {} failed: {e}", RepoConfig::PATH)),
+        };
+        if kind == RunKind::Code {
+            return Some(Ending {
+                status: RunStatus::Failed,
+                done: self.failed_done(
+                    run,
+                    StopReason::Error,
+                    "`/kodx code` is not available on this kodx server yet: only `/kodx ask` is. Nothing was spent.".into(),
+                ),
+            });
+        }
+        self.edit_phase(&gh, &repo, run, &Phase::SettingUp).await;
+        let _ = self.db.set_phase(&run.id, "setting_up").await;
+
+        // The program, its limits and its model.
+        let program = Program::builtin(&run.kind).expect("built-in ask and code programs");
+        let rk = match kind {
+            RunKind::Ask => repo_config::RunKind::Ask,
+            RunKind::Code => repo_config::RunKind::Code,
+        };
+        let maxima = self.settings.maxima();
+        let cost_limit = config.cost_limit_for(rk, &maxima);
+        let max_iterations = config.max_iterations(&maxima);
+        let program = program.with_overrides(&Overrides {
+            model: config.model.clone().or_else(|| self.settings.model.clone()),
+            image: Some(config.image.clone().unwrap_or_else(|| self.settings.image.clone())),
+            setup_script: config.setup_script.clone(),
+            disable_network_after_setup: config.disable_network_after_setup,
+            cost_limit: Some(cost_limit),
+            max_iterations: Some(max_iterations),
+            command_timeout: None,
+        });
+        let price = match self.pricing.price(&program.model.name) {
+            Ok(p) => p,
+            Err(e) => {
+                return Some(Ending {
+                    status: RunStatus::Failed,
+                    done: self.failed_done(run, StopReason::Error, format!(
+                        "{e}. Choose a model kodx knows in `{}` (`model:`), or ask the server's operator to add its price.",
+                        RepoConfig::PATH
+                    )),
+                })
+            }
+        };
+        let provider = match self.providers.make(program.model.provider) {
+            Ok(p) => p,
+            Err(e) => return internal(format!("the model API is not configured on this server: {e}")),
+        };
+        let provider = Timed {
+            inner: provider,
+            metrics: self.metrics.clone(),
+        };
+
+        // The context and the clone.
+        let (context, checkout, clone_url) = match self.context(&gh, &repo, run).await {
+            Ok(c) => c,
+            Err(e) => return internal(format!("reading the issue from GitHub failed: {e}")),
+        };
+        let prompt = context.prompt(&run.kind);
+        let workdir = match tempfile::Builder::new().prefix("kodx-run-").tempdir() {
+            Ok(d) => d,
+            Err(e) => return internal(format!("no temporary directory for the clone: {e}")),
+        };
+        let dest = workdir.path().join("repo");
+        let token = gh.token().expose().to_string();
+        let cloned = {
+            let dest = dest.clone();
+            let url = clone_url.clone();
+            let depth = if kind == RunKind::Ask { Some(1) } else { None };
+            tokio::task::spawn_blocking(move || {
+                crate::git::clone(&url, &token, &dest, &checkout, depth)
+            })
+            .await
+        };
+        match cloned {
+            Ok(Ok(c)) => tracing::info!(head = %c.head_sha, "cloned"),
+            Ok(Err(e)) => {
+                return Some(Ending {
+                    status: RunStatus::Failed,
+                    done: self.failed_done(run, StopReason::Error, format!("Cloning the repository failed: {e}")),
+                })
+            }
+            Err(e) => return internal(format!("the clone task failed: {e}")),
+        }
+        if cancel.is_cancelled() {
+            return Some(self.cancelled_early(run, cost_limit, &program));
+        }
+
+        // The container.
+        let engine = match self.engine.get().await {
+            Ok(e) => e,
+            Err(e) => return internal(format!("no Docker engine: {e}")),
+        };
+        let mut spec = SandboxSpec::new(format!("kodx-{}", run.id), program.docker.image.clone().unwrap_or_else(|| self.settings.image.clone()));
+        spec.repo_dir = Some(dest.clone());
+        spec.setup_script = program.docker.setup_script.clone();
+        spec.disable_network_after_setup = program.docker.disable_network_after_setup.unwrap_or(false);
+        let setup_started = Instant::now();
+        let sandbox = tokio::select! {
+            s = engine.start_with_progress(&spec, |line| tracing::info!("{line}")) => s,
+            _ = cancel.cancelled() => return Some(self.cancelled_early(run, cost_limit, &program)),
+        };
+        let sandbox = match sandbox {
+            Ok(s) => s,
+            Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {
+                let mut outcome = zero_outcome(StopReason::SetupFailed, cost_limit, program.model.name.clone());
+                outcome.duration = setup_started.elapsed();
+                outcome.detail = Some(e.to_string());
+                return Some(Ending {
+                    status: RunStatus::Failed,
+                    done: Done { kind, outcome, text: String::new(), pr_url: None, failure: None },
+                });
+            }
+            Err(e) => {
+                return Some(Ending {
+                    status: RunStatus::Failed,
+                    done: self.failed_done(run, StopReason::Error, format!("The container could not be started: {e}")),
+                })
+            }
+        };
+
+        // The agent, with the status comment following its progress.
+        let _ = self.db.set_phase(&run.id, "working").await;
+        let mut config = AgentConfig::new(program.model.name.clone(), program.system_prompt.clone(), price);
+        config.cost_limit = cost_limit;
+        config.max_iterations = max_iterations;
+        config.timeout = Duration::from_secs(self.settings.run_timeout_secs);
+        if let Some(m) = program.parameters.max_tokens {
+            config.max_tokens = m;
+        }
+        config.temperature = program.parameters.temperature;
+        let (progress_tx, progress_rx) = tokio::sync::watch::channel(None::<Progress>);
+        let updater = tokio::spawn(self.clone().follow_progress(gh.clone(), repo.clone(), run.clone(), progress_rx));
+        let (records_tx, records_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let writer = tokio::spawn(write_transcript(self.db.clone(), run.id.clone(), records_rx));
+        let agent = Agent {
+            provider: &provider,
+            sandbox: &sandbox,
+            config,
+            cancel: cancel.clone(),
+        };
+        let outcome = agent
+            .run(
+                &prompt,
+                |p| {
+                    let _ = progress_tx.send(Some(p.clone()));
+                },
+                |r: &Record| {
+                    if let Ok(line) = serde_json::to_string(r) {
+                        let _ = records_tx.send(line);
+                    }
+                },
+            )
+            .await;
+        drop(progress_tx);
+        drop(records_tx);
+        let _ = updater.await;
+        let _ = writer.await;
+        if let Err(e) = sandbox.destroy().await {
+            tracing::warn!("removing the container failed: {e}");
+        }
+        // Ask runs discard the container's changes; the clone goes with `workdir`.
+        drop(workdir);
+        let status = if outcome.stop_reason == StopReason::EndTurn {
+            RunStatus::Succeeded
+        } else {
+            RunStatus::Failed
+        };
+        Some(Ending {
+            status,
+            done: Done {
+                kind,
+                text: outcome.last_message.clone(),
+                outcome,
+                pr_url: None,
+                failure: None,
+            },
+        })
+    }
+
+    fn cancelled_early(&self, run: &Run, cost_limit: f64, program: &Program) -> Ending {
+        let _ = run;
+        Ending {
+            status: RunStatus::Cancelled,
+            done: Done {
+                kind: run_kind(run),
+                outcome: zero_outcome(StopReason::Cancelled, cost_limit, program.model.name.clone()),
+                text: String::new(),
+                pr_url: None,
+                failure: None,
+            },
+        }
+    }
+
+    /// What the model is told, which commit to clone, and from where.
+    async fn context(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        run: &Run,
+    ) -> Result<(RunContext, crate::git::Checkout, String), GitHubError> {
+        let number = run.issue_number as u64;
+        let mut ctx = RunContext {
+            repo: run.repo.clone(),
+            number: run.issue_number,
+            is_pull_request: run.is_pull_request,
+            author: run.author.clone(),
+            request: run.argument.clone(),
+            ..Default::default()
+        };
+        let extra: serde_json::Value = serde_json::from_str(&run.context).unwrap_or_default();
+        if let Some(path) = extra.get("path").and_then(|p| p.as_str()) {
+            ctx.review = Some(ReviewContext {
+                path: path.to_string(),
+                line: extra.get("line").and_then(|l| l.as_i64()),
+                diff_hunk: extra
+                    .get("diff_hunk")
+                    .and_then(|h| h.as_str())
+                    .unwrap_or("")
+                    .to_string(),
+            });
+        }
+        if run.is_pull_request {
+            let pr = gh.pull_request(repo, number).await?;
+            ctx.title = pr.title.clone();
+            ctx.body = pr.body.clone();
+            ctx.branches = Some((pr.head.ref_name.clone(), pr.base.ref_name.clone()));
+            ctx.diff = Some(
+                gh.pull_request_diff(repo, number, self.settings.max_diff_bytes)
+                    .await?,
+            );
+            ctx.comments = self.comments(gh, repo, number).await?;
+            // The PR head: from the base repository (refs/pull/N/head) — a fork is never
+            // cloned with the App's token, and works the same as a same-repo branch.
+            Ok((ctx, crate::git::Checkout::PullHead(number), run.clone_url.clone()))
+        } else {
+            let issue = gh.issue(repo, number).await?;
+            ctx.title = issue.title;
+            ctx.body = issue.body;
+            ctx.comments = self.comments(gh, repo, number).await?;
+            if run.trigger_kind == TriggerKind::Issue.as_str() {
+                // The command is in the body: not repeated as the request.
+            }
+            Ok((ctx, crate::git::Checkout::DefaultBranch, run.clone_url.clone()))
+        }
+    }
+
+    async fn comments(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        number: u64,
+    ) -> Result<Vec<ContextComment>, GitHubError> {
+        if self.settings.context_comments == 0 {
+            return Ok(Vec::new());
+        }
+        let comments = gh
+            .issue_comments(repo, number, self.settings.context_comments)
+            .await?;
+        Ok(comments
+            .into_iter()
+            .filter(|c| !c.author_is_bot)
+            .map(|c| ContextComment {
+                author: c.author,
+                body: strip_hidden(&c.body),
+            })
+            .collect())
+    }
+
+    /// Edits the status comment as the run moves, at most once per `status_interval`.
+    async fn follow_progress(
+        self: Arc<Self>,
+        gh: Installation,
+        repo: RepoName,
+        run: Run,
+        mut rx: tokio::sync::watch::Receiver<Option<Progress>>,
+    ) {
+        let interval = self.settings.status_interval();
+        let mut last_edit: Option<Instant> = None;
+        let mut shown_step = 0;
+        loop {
+            if rx.changed().await.is_err() {
+                return;
+            }
+            if let Some(at) = last_edit {
+                let wait = interval.saturating_sub(at.elapsed());
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            let p = rx.borrow_and_update().clone();
+            let Some(p) = p else { continue };
+            if p.step == shown_step {
+                continue;
+            }
+            shown_step = p.step;
+            self.edit_phase(&gh, &repo, &run, &Phase::Working {
+                step: p.step,
+                spent: p.spent,
+                limit: p.limit,
+            })
+            .await;
+            last_edit = Some(Instant::now());
+        }
+    }
+
+    async fn edit_phase(&self, gh: &Installation, repo: &RepoName, run: &Run, phase: &Phase) {
+        let Some(id) = self.status_comment_id(run).await else {
+            return;
+        };
+        let body = comment::render(&run.id, &command_line(run), phase);
+        if let Err(e) = gh.update_comment(repo, id, &body).await {
+            tracing::warn!("editing the status comment failed: {e}");
+        }
+    }
+
+    async fn status_comment_id(&self, run: &Run) -> Option<u64> {
+        if let Some(id) = run.status_comment_id {
+            return Some(id as u64);
+        }
+        match self.db.get_run(&run.id).await {
+            Ok(Some(r)) => r.status_comment_id.map(|id| id as u64),
+            _ => None,
+        }
+    }
+
+    /// Replaces the status comment's header line with `note` (restarts, shutdown).
+    async fn edit_status(&self, run: &Run, note: &str) {
+        let Ok(gh) = self.installation(run).await else { return };
+        let Ok(repo) = RepoName::parse(&run.repo) else { return };
+        let Some(id) = self.status_comment_id(run).await else { return };
+        let body = format!(
+            "{}\n### {note}\n\n{}\n\n<sub>kodx run <code>{}</code></sub>\n",
+            comment::metadata(&run.id),
+            command_line(run)
+                .lines()
+                .map(|l| format!("> {}", comment::redact(l)))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            run.id
+        );
+        if let Err(e) = gh.update_comment(&repo, id, &body).await {
+            tracing::warn!("editing the status comment failed: {e}");
+        }
+    }
+
+    /// The final status comment and the `rocket` / `confused` reaction.
+    async fn post_done(&self, run: &Run, done: &Done) {
+        let gh = match self.installation(run).await {
+            Ok(gh) => gh,
+            Err(e) => {
+                tracing::error!("GitHub unreachable; the outcome was not posted: {e}");
+                return;
+            }
+        };
+        let Ok(repo) = RepoName::parse(&run.repo) else { return };
+        let body = comment::render(&run.id, &command_line(run), &Phase::Done(Box::new(done.clone())));
+        let posted = match self.status_comment_id(run).await {
+            Some(id) => gh.update_comment(&repo, id, &body).await,
+            None => gh
+                .create_comment(&repo, run.issue_number as u64, &body)
+                .await
+                .map(|_| ()),
+        };
+        if let Err(e) = posted {
+            tracing::error!("posting the outcome failed: {e}");
+        }
+        let reaction = if done.succeeded() {
+            Reaction::Rocket
+        } else {
+            Reaction::Confused
+        };
+        self.react(&gh, &repo, run, reaction).await;
+    }
+
+    fn failed_done(&self, run: &Run, reason: StopReason, failure: String) -> Done {
+        Done {
+            kind: run_kind(run),
+            outcome: zero_outcome(reason, 0.0, String::new()),
+            text: String::new(),
+            pr_url: None,
+            failure: Some(failure),
+        }
+    }
+}
+
+/// Keeps the transcript in the database as records arrive.
+async fn write_transcript(
+    db: Db,
+    run_id: String,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let mut seq = db.next_transcript_seq(&run_id).await.unwrap_or(0);
+    while let Some(line) = rx.recv().await {
+        if let Err(e) = db.append_transcript(&run_id, seq, &line).await {
+            tracing::warn!("writing the transcript failed: {e}");
+        }
+        seq += 1;
+    }
+}
+
+/// Times model calls for `/metrics`.
+struct Timed {
+    inner: Box<dyn Provider>,
+    metrics: Arc<Metrics>,
+}
+
+#[async_trait::async_trait]
+impl Provider for Timed {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn complete(&self, request: &Request) -> Result<Response, ProviderError> {
+        let started = Instant::now();
+        let r = self.inner.complete(request).await;
+        self.metrics.model_call(&request.model, started.elapsed());
+        r
+    }
+}
+
+fn run_kind(run: &Run) -> RunKind {
+    if run.kind == "code" {
+        RunKind::Code
+    } else {
+        RunKind::Ask
+    }
+}
+
+fn zero_outcome(reason: StopReason, cost_limit: f64, model: String) -> Outcome {
+    Outcome {
+        stop_reason: reason,
+        last_message: String::new(),
+        api_calls: 0,
+        usage: Usage::default(),
+        usd_cost: 0.0,
+        cost_limit,
+        duration: Duration::ZERO,
+        model,
+        detail: None,
+    }
+}
+
+/// The command as the status comment quotes it.
+fn command_line(run: &Run) -> String {
+    format!("/kodx {} {}", run.kind, run.argument)
+}
+
+fn run_span(run: &Run) -> tracing::Span {
+    tracing::info_span!("run", repo = %run.repo, issue = run.issue_number, run_id = %run.id, command = %run.kind)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "kodx".into())
+}
+
+/// The answer to `/kodx help` (and to an unknown subcommand).
+pub fn help_text(unknown: &str) -> String {
+    let mut out = String::new();
+    if !unknown.is_empty() {
+        out.push_str(&format!(
+            "kodx does not know `/kodx {}`.\n\n",
+            comment::redact(unknown).replace('`', "'")
+        ));
+    }
+    out.push_str(
+        "**kodx** runs an AI agent in a sandboxed container on a copy of this repository.\n\n\
+         | command | what happens | who may |\n\
+         | --- | --- | --- |\n\
+         | `/kodx ask <question>` | the agent reads the code and answers here | write access (or read, if the repository allows it) |\n\
+         | `/kodx code <request>` | the agent makes the change and opens a pull request | write access |\n\
+         | `/kodx cancel` | stops the runs on this issue or pull request | write access |\n\
+         | `/kodx help` | this message | everyone |\n\n\
+         The command must start a line, outside code blocks and quotes; everything after it is the request. \
+         Limits and the model are set in `.github/kodx.yml`.",
+    );
+    out
+}

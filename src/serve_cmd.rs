@@ -1,0 +1,62 @@
+//! `kodx serve`: reads the configuration, binds, and runs until SIGTERM / Ctrl-C.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use kodx::serve::config::ServeConfig;
+use kodx::serve::{serve, ServeOptions};
+use tokio_util::sync::CancellationToken;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Only receive and queue webhooks; start no workers (another process runs them, or the
+    /// webhook path is being measured).
+    #[arg(long)]
+    no_workers: bool,
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = ServeConfig::from_env()?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (HOST/PORT): is another server using the port?",
+                config.listen
+            )
+        })?;
+    if let Ok(addr) = listener.local_addr() {
+        eprintln!("kodx serve: listening on http://{addr}");
+    }
+    // The first SIGTERM / Ctrl-C stops accepting webhooks and lets runs finish (within
+    // `shutdown_grace_secs`); a second one removes the containers and exits at once.
+    let shutdown = CancellationToken::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            for n in 0.. {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+                if n == 0 {
+                    eprintln!("kodx: shutting down (again to stop at once)");
+                    shutdown.cancel();
+                } else {
+                    let n = kodx::sandbox::docker::remove_all_live().await;
+                    eprintln!("kodx: stopped; removed {n} sandbox container(s)");
+                    std::process::exit(130);
+                }
+            }
+        }
+    });
+    let options = ServeOptions {
+        workers: !args.no_workers,
+        ..ServeOptions::default()
+    };
+    serve(config, listener, shutdown, options).await?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,298 @@
+//! Drives the real `kodx serve` binary for end-to-end tests: a fake GitHub, a real git
+//! server over smart HTTP that only accepts the installation tokens the fake GitHub issued,
+//! a scripted fake Anthropic, a real SQLite file, and the real Docker engine.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use serde_json::{json, Value};
+use sha2::Sha256;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use super::fake_anthropic::FakeAnthropic;
+use super::fake_github::{FakeGitHub, TEST_APP_KEY};
+use super::git_server::GitServer;
+
+pub const APP_ID: u64 = 4242;
+pub const INSTALLATION: u64 = 77;
+pub const SECRET: &str = "it's a secret to everybody";
+pub const MODEL_KEY: &str = "sk-ant-test-key-0123456789";
+pub const REPO: &str = "acme/widgets";
+
+/// A running `kodx serve` and the fakes around it.
+pub struct Served {
+    pub url: String,
+    pub github: FakeGitHub,
+    pub git: GitServer,
+    pub model: FakeAnthropic,
+    pub clone_url: String,
+    pub dir: tempfile::TempDir,
+    pub log: Arc<Mutex<String>>,
+    child: tokio::process::Child,
+    http: reqwest::Client,
+}
+
+/// What the server is started with beyond the defaults.
+#[derive(Default)]
+pub struct Options {
+    pub workers: bool,
+    pub settings: Option<&'static str>,
+    pub extra_env: Vec<(String, String)>,
+}
+
+impl Served {
+    /// Starts the fakes, a repository `acme/widgets` (on the git server and the fake GitHub,
+    /// installation 77, `alice` admin) and `kodx serve` on port 0.
+    pub async fn start(opts: Options) -> Served {
+        let github = FakeGitHub::start(APP_ID).await;
+        github.add_installation(INSTALLATION, "acme");
+        let gh = github.clone();
+        let git = GitServer::start(Arc::new(move |t: &str| {
+            gh.issued_tokens().iter().any(|i| i == t)
+        }));
+        let clone_url = git.create_repo(
+            REPO,
+            "main",
+            &[
+                ("README.md", b"# widgets\n", 0o644),
+                ("src/lib.rs", b"pub fn widget() -> u32 { 42 }\n", 0o644),
+            ],
+        );
+        github.add_repo(INSTALLATION, REPO, "main", &clone_url, true);
+        github.set_permission(REPO, "alice", "admin");
+        let model = FakeAnthropic::start(MODEL_KEY).await;
+        let dir = tempfile::tempdir().unwrap();
+        let settings = dir.path().join("kodx.toml");
+        std::fs::write(
+            &settings,
+            opts.settings.unwrap_or("status_interval_secs = 0.2\nshutdown_grace_secs = 5\n"),
+        )
+        .unwrap();
+        let key = dir.path().join("app-key.pem");
+        std::fs::write(&key, TEST_APP_KEY).unwrap();
+
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"));
+        cmd.arg("serve");
+        if !opts.workers {
+            cmd.arg("--no-workers");
+        }
+        cmd.env("APP_ID", APP_ID.to_string())
+            .env("PRIVATE_KEY_PATH", &key)
+            .env_remove("PRIVATE_KEY")
+            .env("WEBHOOK_SECRET", SECRET)
+            .env("GITHUB_API_URL", github.url())
+            .env("HOST", "127.0.0.1")
+            .env("PORT", "0")
+            .env(
+                "DATABASE_URL",
+                format!("sqlite://{}", dir.path().join("kodx.db").display()),
+            )
+            .env("KODX_CONFIG", &settings)
+            .env("KODX_IMAGE", super::image())
+            .env("ANTHROPIC_API_KEY", MODEL_KEY)
+            .env("ANTHROPIC_BASE_URL", &model.url)
+            .env("KODX_LOG", "info,kodx=debug")
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in &opts.extra_env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("kodx serve starts");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let stderr = child.stderr.take().unwrap();
+        {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut tx = Some(tx);
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(addr) = line.strip_prefix("kodx serve: listening on ") {
+                        if let Some(tx) = tx.take() {
+                            let _ = tx.send(addr.to_string());
+                        }
+                    }
+                    let mut l = log.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            });
+        }
+        let url = match tokio::time::timeout(Duration::from_secs(30), rx).await {
+            Ok(Ok(url)) => url,
+            _ => panic!(
+                "kodx serve did not start; its log:\n{}",
+                log.lock().unwrap()
+            ),
+        };
+        Served {
+            url,
+            github,
+            git,
+            model,
+            clone_url,
+            dir,
+            log,
+            child,
+            http: {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                reqwest::Client::new()
+            },
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Posts a delivery signed with the server's secret.
+    pub async fn deliver(&self, event: &str, delivery: &str, body: &Value) -> (u16, Value) {
+        let body = body.to_string().into_bytes();
+        let sig = sign(SECRET, &body);
+        self.post_raw(event, Some(delivery), Some(&sig), body).await
+    }
+
+    pub async fn post_raw(
+        &self,
+        event: &str,
+        delivery: Option<&str>,
+        signature: Option<&str>,
+        body: Vec<u8>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .post(format!("{}/webhook", self.url))
+            .header("content-type", "application/json")
+            .header("x-github-event", event)
+            .header("user-agent", "GitHub-Hookshot/test");
+        if let Some(d) = delivery {
+            req = req.header("x-github-delivery", d);
+        }
+        if let Some(s) = signature {
+            req = req.header("x-hub-signature-256", s);
+        }
+        let resp = req.body(body).send().await.expect("kodx serve answers");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, json)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .expect("kodx serve answers");
+        (resp.status().as_u16(), resp.text().await.unwrap_or_default())
+    }
+
+    /// Waits until `cond` holds, or fails with the server's log.
+    pub async fn wait_for(&self, what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            if start.elapsed() > timeout {
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}\n--- kodx serve log ---\n{}\n--- comments ---\n{:#?}",
+                    self.log(),
+                    self.github.comments(REPO, 7)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub async fn stop(mut self) -> std::process::ExitStatus {
+        if let Some(pid) = self.child.id() {
+            unsafe_kill(pid, "TERM");
+        }
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("kodx serve exits after SIGTERM")
+            .unwrap()
+    }
+}
+
+fn unsafe_kill(pid: u32, signal: &str) {
+    let _ = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+pub fn sign(secret: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+pub fn delivery_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// An `issue_comment.created` payload as GitHub sends it (the fields kodx reads and a
+/// realistic set of the others).
+pub fn issue_comment(
+    clone_url: &str,
+    number: u64,
+    is_pr: bool,
+    comment_id: u64,
+    author: &str,
+    user_type: &str,
+    body: &str,
+) -> Value {
+    let user = |login: &str, kind: &str| {
+        json!({
+            "login": login, "id": 1000 + login.len(), "node_id": "MDQ6VXNlcjE=",
+            "avatar_url": "https://avatars.githubusercontent.com/u/1?v=4",
+            "url": format!("https://api.github.com/users/{login}"),
+            "html_url": format!("https://github.com/{login}"),
+            "type": kind, "site_admin": false
+        })
+    };
+    let mut issue = json!({
+        "url": format!("https://api.github.com/repos/{REPO}/issues/{number}"),
+        "html_url": format!("https://github.com/{REPO}/issues/{number}"),
+        "id": 5000 + number, "node_id": "I_kwDOA", "number": number,
+        "title": "Widgets are slow", "user": user("carol", "User"),
+        "labels": [], "state": "open", "locked": false, "assignee": null, "assignees": [],
+        "comments": 1, "created_at": "2026-11-20T10:00:00Z", "updated_at": "2026-11-20T10:00:00Z",
+        "closed_at": null, "author_association": "CONTRIBUTOR", "body": "They are slow."
+    });
+    if is_pr {
+        issue["pull_request"] = json!({
+            "url": format!("https://api.github.com/repos/{REPO}/pulls/{number}"),
+            "html_url": format!("https://github.com/{REPO}/pull/{number}"),
+            "diff_url": format!("https://github.com/{REPO}/pull/{number}.diff"),
+            "patch_url": format!("https://github.com/{REPO}/pull/{number}.patch"),
+            "merged_at": null
+        });
+    }
+    json!({
+        "action": "created",
+        "issue": issue,
+        "comment": {
+            "url": format!("https://api.github.com/repos/{REPO}/issues/comments/{comment_id}"),
+            "html_url": format!("https://github.com/{REPO}/issues/{number}#issuecomment-{comment_id}"),
+            "id": comment_id, "node_id": "IC_kwDOA", "user": user(author, user_type),
+            "created_at": "2026-11-22T10:00:00Z", "updated_at": "2026-11-22T10:00:00Z",
+            "author_association": "OWNER", "body": body,
+            "reactions": {"total_count": 0}, "performed_via_github_app": null
+        },
+        "repository": {
+            "id": 123456, "node_id": "R_kgDOA", "name": "widgets", "full_name": REPO,
+            "private": true, "owner": user("acme", "Organization"),
+            "html_url": format!("https://github.com/{REPO}"),
+            "clone_url": clone_url, "default_branch": "main"
+        },
+        "sender": user(author, user_type),
+        "installation": {"id": INSTALLATION, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uNzc="}
+    })
+}
