@@ -1,1 +1,413 @@
-//! (being written)
+//! The GitHub App client (SPEC §2, §4, §5): the App's JWT, installation tokens cached per
+//! installation, and the few REST calls kodx makes, all against an injectable API base URL
+//! (`GITHUB_API_URL`; GitHub Enterprise Server's `https://HOST/api/v3` works the same).
+//!
+//! - [`GitHubApp`] signs JWTs (RS256) and mints installation tokens, keeping one per
+//!   installation until five minutes before it expires; concurrent callers share one mint.
+//! - [`Installation`] holds a token and one octocrab client built on it; its methods turn
+//!   GitHub's JSON into kodx's own small types at once.
+//! - Every call runs under one [`RequestPolicy`]: connect and request timeouts, bounded
+//!   retries with backoff for 502/503/504 and unanswered requests, rate limits waited out
+//!   when the reset is near, else [`GitHubError::RateLimited`].
+//! - Tokens never appear in Debug output, errors or logs ([`Token`] prints `[REDACTED]`).
+
+mod error;
+mod installation;
+mod policy;
+mod types;
+mod util;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+
+pub use error::GitHubError;
+pub use installation::Installation;
+pub use policy::RequestPolicy;
+pub use types::{
+    AppInfo, CommentInfo, CommentRef, IssueInfo, Permission, PullBase, PullHead, PullInfo,
+    PullRepo, Reaction, ReactionTarget, RepoName, RepoNameError, Token,
+};
+
+use policy::Raw;
+
+/// Sent as `User-Agent` on every request (GitHub requires one).
+pub const USER_AGENT: &str = "kodx";
+/// The REST API version kodx is written against.
+pub const API_VERSION: &str = "2022-11-28";
+/// A cached installation token is replaced once it has less than this left.
+pub const TOKEN_REFRESH_MARGIN: Duration = Duration::from_secs(5 * 60);
+
+/// The GitHub App: its id, its private key and the API base. Cheap to clone; share one.
+#[derive(Clone)]
+pub struct GitHubApp {
+    inner: Arc<AppInner>,
+}
+
+struct AppInner {
+    /// Without a trailing slash.
+    api_url: String,
+    app_id: u64,
+    key: EncodingKey,
+    http: reqwest::Client,
+    policy: RequestPolicy,
+    /// One slot per installation; its lock is held while a token is minted, so concurrent
+    /// callers for the same installation wait for that one mint instead of making their own.
+    installations: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Option<Installation>>>>>,
+}
+
+impl fmt::Debug for GitHubApp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GitHubApp")
+            .field("api_url", &self.inner.api_url)
+            .field("app_id", &self.inner.app_id)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(serde::Serialize)]
+struct Claims {
+    iat: u64,
+    exp: u64,
+    iss: String,
+}
+
+impl GitHubApp {
+    /// `private_key_pem` is the PEM text GitHub handed out (PKCS#1 `RSA PRIVATE KEY`, or
+    /// PKCS#8 `PRIVATE KEY`); Probot's conventions are accepted too: literal `\n`
+    /// sequences, surrounding quotes, or the whole PEM file base64-encoded.
+    pub fn new(api_url: &str, app_id: u64, private_key_pem: &str) -> Result<Self, GitHubError> {
+        Self::with_policy(api_url, app_id, private_key_pem, RequestPolicy::default())
+    }
+
+    pub fn with_policy(
+        api_url: &str,
+        app_id: u64,
+        private_key_pem: &str,
+        policy: RequestPolicy,
+    ) -> Result<Self, GitHubError> {
+        let api_url = check_api_url(api_url)?;
+        if app_id == 0 {
+            return Err(GitHubError::Config(
+                "APP_ID must be the App's numeric id (Settings → Developer settings → \
+                 GitHub Apps → App ID), not 0"
+                    .into(),
+            ));
+        }
+        let key = load_key(private_key_pem)?;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::ACCEPT,
+            reqwest::header::HeaderValue::from_static("application/vnd.github+json"),
+        );
+        headers.insert(
+            "x-github-api-version",
+            reqwest::header::HeaderValue::from_static(API_VERSION),
+        );
+        let http = reqwest::Client::builder()
+            .connect_timeout(policy.connect_timeout)
+            .timeout(policy.request_timeout)
+            .user_agent(USER_AGENT)
+            .default_headers(headers)
+            .build()
+            .map_err(|e| GitHubError::Config(format!("cannot build the HTTP client: {e}")))?;
+        let app = GitHubApp {
+            inner: Arc::new(AppInner {
+                api_url,
+                app_id,
+                key,
+                http,
+                policy,
+                installations: Mutex::new(HashMap::new()),
+            }),
+        };
+        // A key that decodes but cannot sign fails here, not at the first webhook.
+        app.app_jwt()?;
+        Ok(app)
+    }
+
+    pub fn app_id(&self) -> u64 {
+        self.inner.app_id
+    }
+
+    pub fn api_url(&self) -> &str {
+        &self.inner.api_url
+    }
+
+    /// A JWT for the App's own endpoints: RS256, `iss` = the App id, issued a minute in the
+    /// past (clock skew) and valid nine minutes (GitHub allows at most ten).
+    pub fn app_jwt(&self) -> Result<String, GitHubError> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let claims = Claims {
+            iat: now.saturating_sub(60),
+            exp: now + 9 * 60,
+            iss: self.inner.app_id.to_string(),
+        };
+        jsonwebtoken::encode(&Header::new(Algorithm::RS256), &claims, &self.inner.key).map_err(
+            |e| {
+                GitHubError::Config(format!(
+                    "cannot sign the App JWT with the private key (PRIVATE_KEY / \
+                     PRIVATE_KEY_PATH): {e}"
+                ))
+            },
+        )
+    }
+
+    /// `GET /app`: the App's id and slug (its bot is `<slug>[bot]`). Checks the key and
+    /// App id together, so `serve` and `doctor` call it at start.
+    pub async fn app_info(&self) -> Result<AppInfo, GitHubError> {
+        let what = "GET /app";
+        let raw = self.app_request(reqwest::Method::GET, "/app", what).await?;
+        let v = raw.json(what)?;
+        let id = v
+            .get("id")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| GitHubError::decode(what, "no number `id`"))?;
+        let slug = v
+            .get("slug")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| GitHubError::decode(what, "no string `slug`"))?
+            .to_string();
+        Ok(AppInfo { id, slug })
+    }
+
+    /// The installation with a token good for at least five more minutes: the cached one,
+    /// else a newly minted one (`POST /app/installations/{id}/access_tokens`). Callers for
+    /// the same installation at the same time share one mint.
+    pub async fn installation(&self, installation_id: u64) -> Result<Installation, GitHubError> {
+        let slot = self
+            .inner
+            .installations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(installation_id)
+            .or_default()
+            .clone();
+        let mut cached = slot.lock().await;
+        if let Some(inst) = cached.as_ref() {
+            if inst.valid_for(TOKEN_REFRESH_MARGIN) {
+                return Ok(inst.clone());
+            }
+        }
+        let inst = self.mint(installation_id).await?;
+        *cached = Some(inst.clone());
+        Ok(inst)
+    }
+
+    /// Drops the cached token of an installation (e.g. after GitHub refused it with 401),
+    /// so the next [`installation`](Self::installation) mints a new one.
+    pub async fn forget_installation(&self, installation_id: u64) {
+        let slot = self
+            .inner
+            .installations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&installation_id)
+            .cloned();
+        if let Some(slot) = slot {
+            *slot.lock().await = None;
+        }
+    }
+
+    async fn mint(&self, installation_id: u64) -> Result<Installation, GitHubError> {
+        let path = format!("/app/installations/{installation_id}/access_tokens");
+        let what = format!("POST {path}");
+        let raw = self
+            .app_request(reqwest::Method::POST, &path, &what)
+            .await?;
+        // The body holds the token: errors name fields, never quote values.
+        let v: serde_json::Value = serde_json::from_slice(&raw.body)
+            .map_err(|_| GitHubError::decode(&what, "the token answer is not JSON"))?;
+        let token = v
+            .get("token")
+            .and_then(|t| t.as_str())
+            .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic()))
+            .ok_or_else(|| GitHubError::decode(&what, "no usable `token` in the answer"))?;
+        let expires_at = v
+            .get("expires_at")
+            .and_then(|t| t.as_str())
+            .and_then(util::parse_rfc3339)
+            .ok_or_else(|| GitHubError::decode(&what, "no RFC 3339 `expires_at` in the answer"))?;
+        tracing::debug!(installation_id, "minted an installation token");
+        Installation::new(
+            &self.inner.api_url,
+            installation_id,
+            Token::new(token),
+            expires_at,
+            self.inner.policy.clone(),
+        )
+    }
+
+    /// A call authenticated as the App (JWT), under the retry policy.
+    async fn app_request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        what: &str,
+    ) -> Result<Raw, GitHubError> {
+        let url = format!("{}{path}", self.inner.api_url);
+        self.inner
+            .policy
+            .run(what, || {
+                let request = self
+                    .app_jwt()
+                    .map(|jwt| {
+                        let r = self
+                            .inner
+                            .http
+                            .request(method.clone(), &url)
+                            .bearer_auth(jwt);
+                        if method == reqwest::Method::POST {
+                            r.header(reqwest::header::CONTENT_TYPE, "application/json")
+                                .body("{}")
+                        } else {
+                            r
+                        }
+                    })
+                    .map_err(|e| e.to_string());
+                async move {
+                    let response = request?
+                        .send()
+                        .await
+                        .map_err(|e| e.without_url().to_string())?;
+                    let status = response.status().as_u16();
+                    let headers = response.headers().clone();
+                    let body = response
+                        .bytes()
+                        .await
+                        .map_err(|e| format!("reading the answer: {}", e.without_url()))?;
+                    Ok(Raw {
+                        status,
+                        headers,
+                        body,
+                    })
+                }
+            })
+            .await
+    }
+}
+
+/// `GITHUB_API_URL` must be an absolute http(s) URL without query or fragment.
+fn check_api_url(api_url: &str) -> Result<String, GitHubError> {
+    let bad = |why: &str| {
+        GitHubError::Config(format!(
+            "GITHUB_API_URL {api_url:?} {why} (expected e.g. https://api.github.com or \
+             https://HOST/api/v3)"
+        ))
+    };
+    let url =
+        reqwest::Url::parse(api_url.trim()).map_err(|e| bad(&format!("is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(bad("is not an http(s) URL"));
+    }
+    if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() {
+        return Err(bad("must not have a query, fragment or user"));
+    }
+    Ok(url.as_str().trim_end_matches('/').to_string())
+}
+
+/// Reads the App's private key, saying what is wrong with it in words a maintainer can act
+/// on. The key itself never appears in the error.
+fn load_key(private_key_pem: &str) -> Result<EncodingKey, GitHubError> {
+    let bad = |why: String| {
+        GitHubError::Config(format!(
+            "the App private key (PRIVATE_KEY / PRIVATE_KEY_PATH) is unusable: {why}"
+        ))
+    };
+    let pem = util::normalize_private_key(private_key_pem).map_err(bad)?;
+    if let Some(problem) = util::pem_label_problem(&pem) {
+        return Err(bad(problem));
+    }
+    EncodingKey::from_rsa_pem(pem.as_bytes()).map_err(|e| {
+        bad(format!(
+            "it is not a valid RSA private key in PEM ({e}); download a new one from the \
+             App's settings page"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = include_str!("../../tests/data/test-app-key.pem");
+
+    #[test]
+    fn keys_load_as_pem_or_with_literal_newlines() {
+        assert!(GitHubApp::new("https://api.github.com", 1, KEY).is_ok());
+        let one_line = KEY.trim().replace('\n', "\\n");
+        assert!(!one_line.contains('\n'));
+        let app = GitHubApp::new("https://api.github.com", 1, &one_line).unwrap();
+        assert_eq!(app.app_jwt().unwrap().split('.').count(), 3);
+    }
+
+    #[test]
+    fn bad_keys_say_what_is_wrong() {
+        let err = |key: &str| {
+            GitHubApp::new("https://api.github.com", 1, key)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err("");
+        assert!(e.contains("PRIVATE_KEY") && e.contains("empty"), "{e}");
+        let e = err("hunter2");
+        assert!(e.contains("not PEM"), "{e}");
+        assert!(!e.contains("hunter2"), "{e}");
+        let e = err(include_str!("../../tests/data/test-app-key.pub.pem"));
+        assert!(e.contains("public key"), "{e}");
+        // Damaged body: the label is right, the DER inside is not.
+        let damaged = KEY.replacen("MII", "MIX", 1);
+        let e = err(&damaged);
+        assert!(e.contains("not a valid RSA private key"), "{e}");
+    }
+
+    #[test]
+    fn config_errors_name_the_variable() {
+        let e = GitHubApp::new("api.github.com", 1, KEY).unwrap_err();
+        assert!(e.to_string().contains("GITHUB_API_URL"), "{e}");
+        let e = GitHubApp::new("ftp://x", 1, KEY).unwrap_err();
+        assert!(e.to_string().contains("GITHUB_API_URL"), "{e}");
+        let e = GitHubApp::new("https://api.github.com", 0, KEY).unwrap_err();
+        assert!(e.to_string().contains("APP_ID"), "{e}");
+        let app = GitHubApp::new("https://ghe.example.com/api/v3/", 7, KEY).unwrap();
+        assert_eq!(app.api_url(), "https://ghe.example.com/api/v3");
+        assert!(!format!("{app:?}").contains("PRIVATE"));
+    }
+
+    #[test]
+    fn jwt_claims() {
+        let app = GitHubApp::new("https://api.github.com", 4242, KEY).unwrap();
+        let jwt = app.app_jwt().unwrap();
+        let payload = jwt.split('.').nth(1).unwrap();
+        let b64 = payload.replace('-', "+").replace('_', "/");
+        let claims: serde_json::Value =
+            serde_json::from_slice(&util::base64_decode(&b64).unwrap()).unwrap();
+        assert_eq!(claims["iss"], "4242");
+        let (iat, exp) = (
+            claims["iat"].as_u64().unwrap(),
+            claims["exp"].as_u64().unwrap(),
+        );
+        assert_eq!(exp - iat, 600);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(iat <= now - 59 && iat >= now - 61, "{iat} vs {now}");
+        let header = jwt
+            .split('.')
+            .next()
+            .unwrap()
+            .replace('-', "+")
+            .replace('_', "/");
+        let header: serde_json::Value =
+            serde_json::from_slice(&util::base64_decode(&header).unwrap()).unwrap();
+        assert_eq!(header["alg"], "RS256");
+    }
+}

@@ -1,0 +1,582 @@
+//! The REST calls kodx makes as one installation, through that installation's octocrab
+//! client. Every answer becomes one of kodx's own types at once.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::http; // the `http` crate, which octocrab's raw request API speaks
+use http_body_util::BodyExt;
+use octocrab::Octocrab;
+use serde_json::{json, Value};
+
+use super::error::GitHubError;
+use super::policy::{Raw, RequestPolicy};
+use super::types::{
+    CommentInfo, CommentRef, IssueInfo, Permission, PullBase, PullHead, PullInfo, PullRepo,
+    Reaction, ReactionTarget, RepoName, Token,
+};
+use super::util::{base64_decode, encode_path, encode_segment, link_page};
+
+const JSON: &str = "application/vnd.github+json";
+const DIFF: &str = "application/vnd.github.diff";
+/// Comments per page when listing (GitHub's maximum).
+const PER_PAGE: usize = 100;
+/// Pages `find_comment` reads at most (10 000 comments).
+const MAX_PAGES: u64 = 100;
+
+/// One installation's access: its token (valid at least five more minutes when handed out
+/// by [`super::GitHubApp::installation`]) and an octocrab client authenticated with it.
+/// Cheap to clone. Ask the App again for each unit of work rather than keeping one for
+/// longer than its token lives (`expires_at`).
+#[derive(Clone)]
+pub struct Installation {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: u64,
+    token: Token,
+    expires_at: SystemTime,
+    octo: Octocrab,
+    policy: RequestPolicy,
+}
+
+impl fmt::Debug for Installation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Installation")
+            .field("id", &self.inner.id)
+            .field("token", &self.inner.token)
+            .field("expires_at", &self.inner.expires_at)
+            .finish()
+    }
+}
+
+impl Installation {
+    /// Builds the installation's octocrab client on `api_url` (paths are appended to it, so
+    /// an Enterprise `…/api/v3` base keeps its prefix). Octocrab's own retries are off: the
+    /// calls below go through kodx's one [`RequestPolicy`].
+    pub(crate) fn new(
+        api_url: &str,
+        id: u64,
+        token: Token,
+        expires_at: SystemTime,
+        policy: RequestPolicy,
+    ) -> Result<Installation, GitHubError> {
+        let config = |e: octocrab::Error| {
+            GitHubError::Config(format!("cannot build the GitHub client for {api_url}: {e}"))
+        };
+        let octo = Octocrab::builder()
+            .base_uri(api_url)
+            .map_err(config)?
+            .personal_token(token.expose().to_string())
+            .add_retry_config(octocrab::service::middleware::retry::RetryConfig::None)
+            .set_connect_timeout(Some(policy.connect_timeout))
+            .set_read_timeout(Some(policy.request_timeout))
+            .set_write_timeout(Some(policy.request_timeout))
+            .add_header(http::header::USER_AGENT, super::USER_AGENT.to_string())
+            .build()
+            .map_err(config)?;
+        Ok(Installation {
+            inner: Arc::new(Inner {
+                id,
+                token,
+                expires_at,
+                octo,
+                policy,
+            }),
+        })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    pub fn token(&self) -> &Token {
+        &self.inner.token
+    }
+
+    /// When the token stops working, as GitHub said.
+    pub fn expires_at(&self) -> SystemTime {
+        self.inner.expires_at
+    }
+
+    /// Whether the token is good for at least `margin` more.
+    pub fn valid_for(&self, margin: Duration) -> bool {
+        SystemTime::now() + margin < self.inner.expires_at
+    }
+
+    /// The octocrab client of this installation, for calls this module does not wrap. Its
+    /// calls do not go through kodx's retry policy.
+    pub fn octocrab(&self) -> &Octocrab {
+        &self.inner.octo
+    }
+
+    // ---------------------------------------------------------------------------------
+    // The calls
+    // ---------------------------------------------------------------------------------
+
+    /// The user's role on the repository. Someone who is not a collaborator (404) has
+    /// `Permission::None`.
+    pub async fn permission(&self, repo: &RepoName, user: &str) -> Result<Permission, GitHubError> {
+        let path = format!(
+            "{}/collaborators/{}/permission",
+            repo_path(repo),
+            encode_segment(user)
+        );
+        let v = match self.get_json(&path).await {
+            Ok(v) => v,
+            Err(e) if e.is_not_found() => return Ok(Permission::None),
+            Err(e) => return Err(e),
+        };
+        let what = format!("GET {path}");
+        let permission = str_field(&v, "permission", &what)?;
+        let role = v.get("role_name").and_then(Value::as_str);
+        let level = Permission::from_api(permission, role);
+        if level == Permission::None && permission != "none" {
+            tracing::warn!(
+                permission,
+                ?role,
+                "unknown GitHub permission; treated as none"
+            );
+        }
+        Ok(level)
+    }
+
+    /// A text file on the default branch; `None` when there is no such file. A directory,
+    /// a symlink or submodule, a file too large for the contents API, or bytes that are not
+    /// UTF-8 are errors.
+    pub async fn file_on_default_branch(
+        &self,
+        repo: &RepoName,
+        path: &str,
+    ) -> Result<Option<String>, GitHubError> {
+        let path = format!(
+            "{}/contents/{}",
+            repo_path(repo),
+            encode_path(path.trim_start_matches('/'))
+        );
+        let what = format!("GET {path}");
+        let v = match self.get_json(&path).await {
+            Ok(v) => v,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if v.is_array() {
+            return Err(GitHubError::decode(
+                &what,
+                "this path is a directory, not a file",
+            ));
+        }
+        let kind = str_field(&v, "type", &what)?;
+        if kind != "file" {
+            return Err(GitHubError::decode(
+                &what,
+                format!("this path is a {kind}, not a file"),
+            ));
+        }
+        let encoding = v.get("encoding").and_then(Value::as_str).unwrap_or("");
+        if encoding != "base64" {
+            let size = v.get("size").and_then(Value::as_u64).unwrap_or(0);
+            return Err(GitHubError::decode(
+                &what,
+                format!(
+                    "the file ({size} bytes) is too large for the contents API \
+                     (encoding {encoding:?})"
+                ),
+            ));
+        }
+        let bytes = base64_decode(str_field(&v, "content", &what)?)
+            .map_err(|e| GitHubError::decode(&what, format!("content: {e}")))?;
+        String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| GitHubError::decode(&what, "the file is not UTF-8 text"))
+    }
+
+    /// An issue (or a pull request seen as an issue).
+    pub async fn issue(&self, repo: &RepoName, number: u64) -> Result<IssueInfo, GitHubError> {
+        let path = format!("{}/issues/{number}", repo_path(repo));
+        let what = format!("GET {path}");
+        let v = self.get_json(&path).await?;
+        Ok(IssueInfo {
+            number: u64_field(&v, "number", &what)?,
+            title: str_field(&v, "title", &what)?.to_string(),
+            body: opt_str(&v, "body"),
+            author: login(&v, &what)?,
+            state: str_field(&v, "state", &what)?.to_string(),
+            is_pull_request: v.get("pull_request").is_some_and(|p| !p.is_null()),
+        })
+    }
+
+    /// The `last` most recent comments of an issue or PR conversation, oldest first.
+    /// Reads the first page, then pages back from the last one (`Link: rel="last"`) until
+    /// it has enough.
+    pub async fn issue_comments(
+        &self,
+        repo: &RepoName,
+        number: u64,
+        last: usize,
+    ) -> Result<Vec<CommentInfo>, GitHubError> {
+        if last == 0 {
+            return Ok(Vec::new());
+        }
+        let (first, link) = self.comments_page(repo, number, 1).await?;
+        let last_page = link.as_deref().and_then(|l| link_page(l, "last"));
+        let mut pages = Vec::new();
+        let mut have = 0;
+        if let Some(last_page) = last_page.filter(|&p| p > 1) {
+            let mut page = last_page;
+            while page > 1 && have < last {
+                let (items, _) = self.comments_page(repo, number, page).await?;
+                have += items.len();
+                pages.push(items);
+                page -= 1;
+            }
+            if have < last {
+                pages.push(first);
+            }
+        } else {
+            pages.push(first);
+        }
+        let mut all: Vec<CommentInfo> = pages.into_iter().rev().flatten().collect();
+        let skip = all.len().saturating_sub(last);
+        all.drain(..skip);
+        Ok(all)
+    }
+
+    /// The first comment (oldest first) of the conversation that `pred` accepts, e.g. kodx's
+    /// status comment recognised by its hidden metadata after a restart.
+    pub async fn find_comment(
+        &self,
+        repo: &RepoName,
+        issue: u64,
+        pred: impl Fn(&CommentInfo) -> bool,
+    ) -> Result<Option<CommentInfo>, GitHubError> {
+        let mut page = 1;
+        loop {
+            let (items, link) = self.comments_page(repo, issue, page).await?;
+            if let Some(found) = items.into_iter().find(|c| pred(c)) {
+                return Ok(Some(found));
+            }
+            match link.as_deref().and_then(|l| link_page(l, "next")) {
+                Some(next) if next > page && next <= MAX_PAGES => page = next,
+                _ => return Ok(None),
+            }
+        }
+    }
+
+    async fn comments_page(
+        &self,
+        repo: &RepoName,
+        number: u64,
+        page: u64,
+    ) -> Result<(Vec<CommentInfo>, Option<String>), GitHubError> {
+        let path = format!("{}/issues/{number}/comments", repo_path(repo));
+        let what = format!("GET {path}");
+        let query = format!("per_page={PER_PAGE}&page={page}");
+        let raw = self
+            .request(http::Method::GET, &path, Some(&query), JSON, None)
+            .await?;
+        let link = raw.header("link").map(str::to_string);
+        let v = raw.json(&what)?;
+        let items = v
+            .as_array()
+            .ok_or_else(|| GitHubError::decode(&what, "expected a list of comments"))?;
+        let comments = items
+            .iter()
+            .map(|c| comment_info(c, &what))
+            .collect::<Result<_, _>>()?;
+        Ok((comments, link))
+    }
+
+    /// A pull request's branches. `is_fork` when the head is in another repository (or its
+    /// fork was deleted).
+    pub async fn pull_request(
+        &self,
+        repo: &RepoName,
+        number: u64,
+    ) -> Result<PullInfo, GitHubError> {
+        let path = format!("{}/pulls/{number}", repo_path(repo));
+        let what = format!("GET {path}");
+        let v = self.get_json(&path).await?;
+        let side = |key: &str| -> Result<(&Value, String, String), GitHubError> {
+            let s = v
+                .get(key)
+                .filter(|s| s.is_object())
+                .ok_or_else(|| GitHubError::decode(&what, format!("no `{key}`")))?;
+            let ref_name = str_field(s, "ref", &what)?.to_string();
+            let sha = str_field(s, "sha", &what)?.to_string();
+            Ok((s, ref_name, sha))
+        };
+        let (head, head_ref, head_sha) = side("head")?;
+        let (base, base_ref, base_sha) = side("base")?;
+        let head_repo = match head.get("repo") {
+            None | Some(Value::Null) => None,
+            Some(r) => Some(pull_repo(r, &what)?),
+        };
+        let base_repo = pull_repo(base.get("repo").unwrap_or(&Value::Null), &what)?;
+        let is_fork = head_repo.as_ref().is_none_or(|h| h.name != base_repo.name);
+        Ok(PullInfo {
+            number: u64_field(&v, "number", &what)?,
+            title: str_field(&v, "title", &what)?.to_string(),
+            body: opt_str(&v, "body"),
+            author: login(&v, &what)?,
+            state: str_field(&v, "state", &what)?.to_string(),
+            head: PullHead {
+                ref_name: head_ref,
+                sha: head_sha,
+                repo: head_repo,
+            },
+            base: PullBase {
+                ref_name: base_ref,
+                sha: base_sha,
+                repo: base_repo,
+            },
+            is_fork,
+            maintainer_can_modify: v
+                .get("maintainer_can_modify")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+        })
+    }
+
+    /// The pull request as a unified diff, cut to at most `max_bytes` (on a character
+    /// boundary) followed by a one-line note saying how much was left out.
+    pub async fn pull_request_diff(
+        &self,
+        repo: &RepoName,
+        number: u64,
+        max_bytes: usize,
+    ) -> Result<String, GitHubError> {
+        let path = format!("{}/pulls/{number}", repo_path(repo));
+        let raw = self
+            .request(http::Method::GET, &path, None, DIFF, None)
+            .await?;
+        let diff = String::from_utf8_lossy(&raw.body);
+        Ok(cut_diff(&diff, max_bytes))
+    }
+
+    /// Posts a comment on an issue or PR conversation.
+    pub async fn create_comment(
+        &self,
+        repo: &RepoName,
+        issue: u64,
+        body: &str,
+    ) -> Result<CommentRef, GitHubError> {
+        let path = format!("{}/issues/{issue}/comments", repo_path(repo));
+        let what = format!("POST {path}");
+        let raw = self
+            .request(
+                http::Method::POST,
+                &path,
+                None,
+                JSON,
+                Some(&json!({ "body": body })),
+            )
+            .await?;
+        let v = raw.json(&what)?;
+        Ok(CommentRef {
+            id: u64_field(&v, "id", &what)?,
+            html_url: str_field(&v, "html_url", &what)?.to_string(),
+        })
+    }
+
+    /// Replaces the body of a comment.
+    pub async fn update_comment(
+        &self,
+        repo: &RepoName,
+        comment_id: u64,
+        body: &str,
+    ) -> Result<(), GitHubError> {
+        let path = format!("{}/issues/comments/{comment_id}", repo_path(repo));
+        self.request(
+            http::Method::PATCH,
+            &path,
+            None,
+            JSON,
+            Some(&json!({ "body": body })),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Adds a reaction. Reacting twice the same way is fine (GitHub answers 200).
+    pub async fn react(
+        &self,
+        repo: &RepoName,
+        target: ReactionTarget,
+        content: Reaction,
+    ) -> Result<(), GitHubError> {
+        let path = match target {
+            ReactionTarget::IssueComment(id) => {
+                format!("{}/issues/comments/{id}/reactions", repo_path(repo))
+            }
+            ReactionTarget::ReviewComment(id) => {
+                format!("{}/pulls/comments/{id}/reactions", repo_path(repo))
+            }
+            ReactionTarget::Issue(number) => {
+                format!("{}/issues/{number}/reactions", repo_path(repo))
+            }
+        };
+        self.request(
+            http::Method::POST,
+            &path,
+            None,
+            JSON,
+            Some(&json!({ "content": content.as_str() })),
+        )
+        .await?;
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Transport
+    // ---------------------------------------------------------------------------------
+
+    async fn get_json(&self, path: &str) -> Result<Value, GitHubError> {
+        let raw = self
+            .request(http::Method::GET, path, None, JSON, None)
+            .await?;
+        raw.json(&format!("GET {path}"))
+    }
+
+    /// One call under the retry policy. `path` starts with `/` and is relative to the API
+    /// base; `query` is already encoded.
+    async fn request(
+        &self,
+        method: http::Method,
+        path: &str,
+        query: Option<&str>,
+        accept: &str,
+        body: Option<&Value>,
+    ) -> Result<Raw, GitHubError> {
+        let what = format!("{method} {path}");
+        let uri = match query {
+            Some(q) => format!("{path}?{q}"),
+            None => path.to_string(),
+        };
+        let octo = &self.inner.octo;
+        self.inner
+            .policy
+            .run(&what, || {
+                let method = method.clone();
+                let uri = uri.clone();
+                async move {
+                    let builder = http::Request::builder()
+                        .method(method)
+                        .uri(uri)
+                        .header(http::header::ACCEPT, accept);
+                    let request = octo
+                        .build_request(builder, body)
+                        .map_err(|e| format!("building the request: {e}"))?;
+                    let response = octo.execute(request).await.map_err(|e| e.to_string())?;
+                    let status = response.status().as_u16();
+                    let headers = response.headers().clone();
+                    let body = response
+                        .into_body()
+                        .collect()
+                        .await
+                        .map_err(|e| format!("reading the answer: {e}"))?
+                        .to_bytes();
+                    Ok(Raw {
+                        status,
+                        headers,
+                        body,
+                    })
+                }
+            })
+            .await
+    }
+}
+
+fn repo_path(repo: &RepoName) -> String {
+    // RepoName only holds URL-safe characters.
+    format!("/repos/{}/{}", repo.owner, repo.name)
+}
+
+/// Cuts `diff` to at most `max_bytes` on a character boundary and says so on a last line.
+fn cut_diff(diff: &str, max_bytes: usize) -> String {
+    if diff.len() <= max_bytes {
+        return diff.to_string();
+    }
+    let mut end = max_bytes;
+    while !diff.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = diff[..end].to_string();
+    if !out.ends_with('\n') && !out.is_empty() {
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "[diff cut: {end} of {} bytes shown]\n",
+        diff.len()
+    ));
+    out
+}
+
+fn str_field<'a>(v: &'a Value, key: &str, what: &str) -> Result<&'a str, GitHubError> {
+    v.get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| GitHubError::decode(what, format!("no string `{key}`")))
+}
+
+fn u64_field(v: &Value, key: &str, what: &str) -> Result<u64, GitHubError> {
+    v.get(key)
+        .and_then(Value::as_u64)
+        .ok_or_else(|| GitHubError::decode(what, format!("no number `{key}`")))
+}
+
+fn opt_str(v: &Value, key: &str) -> String {
+    v.get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn login(v: &Value, what: &str) -> Result<String, GitHubError> {
+    v.get("user")
+        .and_then(|u| u.get("login"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| GitHubError::decode(what, "no `user.login`"))
+}
+
+fn comment_info(c: &Value, what: &str) -> Result<CommentInfo, GitHubError> {
+    Ok(CommentInfo {
+        id: u64_field(c, "id", what)?,
+        author: login(c, what)?,
+        author_is_bot: c
+            .get("user")
+            .and_then(|u| u.get("type"))
+            .and_then(Value::as_str)
+            == Some("Bot"),
+        body: opt_str(c, "body"),
+        created_at: opt_str(c, "created_at"),
+        html_url: opt_str(c, "html_url"),
+    })
+}
+
+fn pull_repo(r: &Value, what: &str) -> Result<PullRepo, GitHubError> {
+    let full_name = str_field(r, "full_name", what)?;
+    let name = full_name
+        .parse()
+        .map_err(|e| GitHubError::decode(what, format!("repo.full_name: {e}")))?;
+    Ok(PullRepo {
+        name,
+        clone_url: str_field(r, "clone_url", what)?.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diffs_are_cut_on_char_boundaries() {
+        assert_eq!(cut_diff("short\n", 100), "short\n");
+        let d = "+é\n".repeat(10); // 4 bytes a line
+        let cut = cut_diff(&d, 6);
+        assert_eq!(cut, "+é\n+\n[diff cut: 5 of 40 bytes shown]\n");
+        assert_eq!(cut_diff("abc", 0), "[diff cut: 0 of 3 bytes shown]\n");
+    }
+}

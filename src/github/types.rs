@@ -1,0 +1,320 @@
+//! kodx's own small types for what it reads from and writes to GitHub: the client turns
+//! every JSON answer into these at once, so no raw JSON leaves `crate::github`.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// An installation access token. Debug and Display print `[REDACTED]`; `expose` is the one
+/// way to read it (for an `Authorization` header or git's credential callback).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    pub fn new(token: impl Into<String>) -> Token {
+        Token(token.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[REDACTED]")
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[REDACTED]")
+    }
+}
+
+/// `owner/name` of a repository.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RepoName {
+    pub owner: String,
+    pub name: String,
+}
+
+impl RepoName {
+    /// Checks both parts against what GitHub allows: an owner of ASCII letters, digits, `-`
+    /// and `_` (Enterprise Managed Users), starting with a letter or digit, at most 39
+    /// characters (100 tolerated for Enterprise Server); a name of letters, digits, `-`, `_`
+    /// and `.`, at most 100 characters, not `.` or `..`.
+    /// Parses `owner/name` (the same as `str::parse`).
+    pub fn parse(full_name: &str) -> Result<RepoName, RepoNameError> {
+        full_name.parse()
+    }
+
+    pub fn new(owner: &str, name: &str) -> Result<RepoName, RepoNameError> {
+        let owner_ok = !owner.is_empty()
+            && owner.len() <= 100
+            && owner.as_bytes()[0].is_ascii_alphanumeric()
+            && owner
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !owner_ok {
+            return Err(RepoNameError(format!("{owner:?} is not a valid owner")));
+        }
+        let name_ok = !name.is_empty()
+            && name.len() <= 100
+            && name != "."
+            && name != ".."
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !name_ok {
+            return Err(RepoNameError(format!(
+                "{name:?} is not a valid repository name"
+            )));
+        }
+        Ok(RepoName {
+            owner: owner.to_string(),
+            name: name.to_string(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a repository name (owner/name): {0}")]
+pub struct RepoNameError(String);
+
+impl FromStr for RepoName {
+    type Err = RepoNameError;
+
+    fn from_str(s: &str) -> Result<RepoName, RepoNameError> {
+        let (owner, name) = s
+            .split_once('/')
+            .ok_or_else(|| RepoNameError(format!("{s:?} has no '/'")))?;
+        RepoName::new(owner, name)
+    }
+}
+
+impl fmt::Display for RepoName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.owner, self.name)
+    }
+}
+
+/// A user's role on a repository, weakest first, so `perm >= Permission::Write` reads as
+/// the check it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Permission {
+    None,
+    Read,
+    Triage,
+    Write,
+    Maintain,
+    Admin,
+}
+
+impl Permission {
+    /// From the collaborator permission answer: `permission` is the base level
+    /// (admin/write/read/none); `role_name` refines write to maintain and read to triage.
+    /// A custom role counts as its base level; anything unknown counts as `None`.
+    pub fn from_api(permission: &str, role_name: Option<&str>) -> Permission {
+        match (permission, role_name) {
+            ("admin", _) => Permission::Admin,
+            ("write", Some("maintain")) => Permission::Maintain,
+            ("write", _) => Permission::Write,
+            ("read", Some("triage")) => Permission::Triage,
+            ("read", _) => Permission::Read,
+            _ => Permission::None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Permission::None => "none",
+            Permission::Read => "read",
+            Permission::Triage => "triage",
+            Permission::Write => "write",
+            Permission::Maintain => "maintain",
+            Permission::Admin => "admin",
+        }
+    }
+}
+
+impl fmt::Display for Permission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `GET /app`: the App itself. The bot's login is `<slug>[bot]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppInfo {
+    pub id: u64,
+    pub slug: String,
+}
+
+impl AppInfo {
+    pub fn bot_login(&self) -> String {
+        format!("{}[bot]", self.slug)
+    }
+}
+
+/// An issue or a pull request seen as an issue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssueInfo {
+    pub number: u64,
+    pub title: String,
+    /// `""` when GitHub says `null`.
+    pub body: String,
+    pub author: String,
+    pub state: String,
+    pub is_pull_request: bool,
+}
+
+/// A comment on an issue or pull request conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommentInfo {
+    pub id: u64,
+    pub author: String,
+    /// `user.type == "Bot"`.
+    pub author_is_bot: bool,
+    pub body: String,
+    /// As GitHub wrote it (RFC 3339, UTC).
+    pub created_at: String,
+    pub html_url: String,
+}
+
+/// Where a comment kodx posted lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommentRef {
+    pub id: u64,
+    pub html_url: String,
+}
+
+/// A repository a pull request branch lives in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullRepo {
+    pub name: RepoName,
+    pub clone_url: String,
+}
+
+/// The branch a pull request brings in. `repo` is `None` when the fork was deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullHead {
+    pub ref_name: String,
+    pub sha: String,
+    pub repo: Option<PullRepo>,
+}
+
+/// The branch a pull request goes into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullBase {
+    pub ref_name: String,
+    pub sha: String,
+    pub repo: PullRepo,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullInfo {
+    pub number: u64,
+    pub title: String,
+    /// `""` when GitHub says `null`.
+    pub body: String,
+    pub author: String,
+    pub state: String,
+    pub head: PullHead,
+    pub base: PullBase,
+    /// The head lives in another repository than the base (or its fork is gone): kodx
+    /// cannot push to it and opens a new PR instead.
+    pub is_fork: bool,
+    pub maintainer_can_modify: bool,
+}
+
+/// What a reaction goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReactionTarget {
+    /// A comment in an issue or PR conversation, by id.
+    IssueComment(u64),
+    /// A comment on a diff line of a PR, by id.
+    ReviewComment(u64),
+    /// The issue or PR itself, by number.
+    Issue(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reaction {
+    Eyes,
+    Rocket,
+    Confused,
+    PlusOne,
+}
+
+impl Reaction {
+    /// The `content` value of the reactions API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reaction::Eyes => "eyes",
+            Reaction::Rocket => "rocket",
+            Reaction::Confused => "confused",
+            Reaction::PlusOne => "+1",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repo_names_parse_strictly() {
+        let r: RepoName = "rust-lang/rust.vim".parse().unwrap();
+        assert_eq!(
+            (r.owner.as_str(), r.name.as_str()),
+            ("rust-lang", "rust.vim")
+        );
+        assert_eq!(r.to_string(), "rust-lang/rust.vim");
+        assert!("my_org_emu/.github".parse::<RepoName>().is_ok());
+        for bad in [
+            "",
+            "owner",
+            "owner/",
+            "/name",
+            "a/b/c",
+            "-owner/name",
+            "own er/name",
+            "owner/na me",
+            "owner/..",
+            "owner/.",
+            "owner/name?x=1",
+            "ow%6ber/name",
+            "owner/näme",
+        ] {
+            assert!(bad.parse::<RepoName>().is_err(), "{bad:?} accepted");
+        }
+        assert!(format!("a/{}", "n".repeat(101))
+            .parse::<RepoName>()
+            .is_err());
+    }
+
+    #[test]
+    fn permissions_map_and_order() {
+        use Permission as P;
+        let p = Permission::from_api;
+        assert_eq!(p("admin", Some("admin")), P::Admin);
+        assert_eq!(p("write", Some("maintain")), P::Maintain);
+        assert_eq!(p("write", Some("write")), P::Write);
+        assert_eq!(p("write", Some("custom-dev")), P::Write);
+        assert_eq!(p("read", Some("triage")), P::Triage);
+        assert_eq!(p("read", None), P::Read);
+        assert_eq!(p("none", Some("maintain")), P::None);
+        assert_eq!(p("owner", None), P::None);
+        assert!(P::None < P::Read && P::Read < P::Triage && P::Triage < P::Write);
+        assert!(P::Write < P::Maintain && P::Maintain < P::Admin);
+    }
+
+    #[test]
+    fn tokens_never_show() {
+        let t = Token::new("ghs_abcdefghijklmnopqrstuvwxyz0123456789");
+        assert_eq!(format!("{t:?}"), "[REDACTED]");
+        assert_eq!(format!("{:?}", Some(&t)), "Some([REDACTED])");
+        assert_eq!(format!("{t}"), "[REDACTED]");
+        assert_eq!(t.expose(), "ghs_abcdefghijklmnopqrstuvwxyz0123456789");
+    }
+}

@@ -1,0 +1,281 @@
+//! Small pure helpers of the GitHub client: base64 (the contents API), RFC 3339 times
+//! (`expires_at`), percent-encoding of path segments, `Link` headers, and the Probot
+//! conventions for `PRIVATE_KEY`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Decodes standard base64, skipping ASCII whitespace (GitHub wraps `content` every 60
+/// characters with `\n`). Padding is optional; anything else is an error.
+pub(crate) fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
+    fn value(c: u8) -> Option<u32> {
+        match c {
+            b'A'..=b'Z' => Some((c - b'A') as u32),
+            b'a'..=b'z' => Some((c - b'a') as u32 + 26),
+            b'0'..=b'9' => Some((c - b'0') as u32 + 52),
+            b'+' => Some(62),
+            b'/' => Some(63),
+            _ => None,
+        }
+    }
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let (mut acc, mut bits, mut padding) = (0u32, 0u32, 0usize);
+    for &c in text.as_bytes() {
+        if c.is_ascii_whitespace() {
+            continue;
+        }
+        if c == b'=' {
+            padding += 1;
+            continue;
+        }
+        if padding > 0 {
+            return Err("base64 data continues after '='".into());
+        }
+        let v = value(c).ok_or_else(|| format!("invalid base64 character {:?}", c as char))?;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    // 6 leftover bits cannot come from whole bytes; more than two '=' is never valid.
+    if bits >= 6 || padding > 2 {
+        return Err("truncated base64 data".into());
+    }
+    Ok(out)
+}
+
+/// Parses an RFC 3339 time as GitHub writes it (`2016-07-11T22:14:10Z`, optionally with
+/// fractional seconds or a `+hh:mm` offset).
+pub(crate) fn parse_rfc3339(text: &str) -> Option<SystemTime> {
+    let b = text.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let s = text.get(r)?;
+        s.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| s.parse().ok())?
+    };
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
+        return None;
+    }
+    if second > 60 {
+        return None;
+    }
+    let mut rest = &text[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        rest = &frac[digits..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let (h, m) = rest[1..].split_once(':')?;
+            if h.len() != 2 || m.len() != 2 {
+                return None;
+            }
+            sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60)
+        }
+    };
+    let days = days_from_civil(year, month, day);
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset;
+    u64::try_from(secs)
+        .ok()
+        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Percent-encodes one path segment: everything but RFC 3986 unreserved characters.
+pub(crate) fn encode_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Percent-encodes a repository file path segment by segment, keeping the `/`s.
+pub(crate) fn encode_path(path: &str) -> String {
+    path.split('/')
+        .map(encode_segment)
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// The `page` number of the link with relation `rel` in a `Link` header
+/// (`<https://…?per_page=100&page=3>; rel="last", …`).
+pub(crate) fn link_page(link: &str, rel: &str) -> Option<u64> {
+    link.split(',').find_map(|part| {
+        let (url, params) = part.trim().split_once(';')?;
+        let is_rel = params.split(';').any(|p| {
+            let p = p.trim();
+            p == format!("rel=\"{rel}\"") || p == format!("rel={rel}")
+        });
+        if !is_rel {
+            return None;
+        }
+        let url = url.trim().strip_prefix('<')?.strip_suffix('>')?;
+        let (_, query) = url.split_once('?')?;
+        query.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            (k == "page").then(|| v.parse().ok()).flatten()
+        })
+    })
+}
+
+/// Turns the `PRIVATE_KEY` value into PEM text the way Probot does: literal `\n` sequences
+/// become newlines, surrounding quotes and blanks go, and a value without a PEM header is
+/// tried as base64 of the whole PEM file.
+pub(crate) fn normalize_private_key(raw: &str) -> Result<String, String> {
+    let mut text = raw.trim();
+    for quote in ['"', '\''] {
+        if text.len() >= 2 && text.starts_with(quote) && text.ends_with(quote) {
+            text = text[1..text.len() - 1].trim();
+        }
+    }
+    let text = text.replace("\\r\\n", "\n").replace("\\n", "\n");
+    let text = text.replace("\r\n", "\n");
+    if text.is_empty() {
+        return Err("it is empty".into());
+    }
+    if text.contains("-----BEGIN") {
+        return Ok(text);
+    }
+    match base64_decode(&text)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+    {
+        Some(decoded) if decoded.contains("-----BEGIN") => Ok(decoded.trim().to_string()),
+        _ => Err(
+            "it is not PEM text (no \"-----BEGIN RSA PRIVATE KEY-----\" line), \
+                  nor base64 of a PEM file"
+                .into(),
+        ),
+    }
+}
+
+/// Why a PEM block is not an RSA private key, from its label, when that can be told.
+pub(crate) fn pem_label_problem(pem: &str) -> Option<String> {
+    let label = pem
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("-----BEGIN "))?
+        .trim_end_matches('-')
+        .trim();
+    match label {
+        "RSA PRIVATE KEY" | "PRIVATE KEY" => None,
+        "ENCRYPTED PRIVATE KEY" => Some(
+            "it is encrypted with a passphrase; give the unencrypted key GitHub handed out".into(),
+        ),
+        "PUBLIC KEY" | "RSA PUBLIC KEY" => {
+            Some("it is a public key; the App needs its private key".into())
+        }
+        "EC PRIVATE KEY" | "OPENSSH PRIVATE KEY" | "CERTIFICATE" => Some(format!(
+            "it is a \"{label}\" block; GitHub App keys are RSA (\"RSA PRIVATE KEY\")"
+        )),
+        other => Some(format!("it is a \"{other}\" block, not an RSA private key")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_round_trips_and_ignores_newlines() {
+        assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(base64_decode("aGVsbG8").unwrap(), b"hello");
+        assert_eq!(base64_decode("aGVs\nbG8h\n").unwrap(), b"hello!");
+        assert_eq!(base64_decode("").unwrap(), b"");
+        assert_eq!(base64_decode("/+8=").unwrap(), vec![0xff, 0xef]);
+        assert!(base64_decode("aGVsbG8*").is_err());
+        assert!(base64_decode("a").is_err());
+        assert!(base64_decode("aG=Vs").is_err());
+    }
+
+    #[test]
+    fn rfc3339_times() {
+        let t = |s: &str| parse_rfc3339(s).map(|t| t.duration_since(UNIX_EPOCH).unwrap().as_secs());
+        assert_eq!(t("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(t("2016-07-11T22:14:10Z"), Some(1_468_275_250));
+        assert_eq!(t("2024-02-29T12:00:00.123Z"), Some(1_709_208_000));
+        assert_eq!(t("2016-07-12T00:14:10+02:00"), Some(1_468_275_250));
+        assert_eq!(t("2016-07-11T22:14:10"), None);
+        assert_eq!(t("2016-13-11T22:14:10Z"), None);
+        assert_eq!(t("yesterday"), None);
+    }
+
+    #[test]
+    fn paths_are_encoded_per_segment() {
+        assert_eq!(encode_segment("dependabot[bot]"), "dependabot%5Bbot%5D");
+        assert_eq!(encode_path(".github/kodx.yml"), ".github/kodx.yml");
+        assert_eq!(encode_path("a b/c?d#"), "a%20b/c%3Fd%23");
+    }
+
+    #[test]
+    fn link_header_pages() {
+        let link = "<https://api.github.com/repositories/1/issues/2/comments?per_page=100&page=2>; \
+                    rel=\"next\", <https://api.github.com/repositories/1/issues/2/comments?per_page=100&page=3>; rel=\"last\"";
+        assert_eq!(link_page(link, "next"), Some(2));
+        assert_eq!(link_page(link, "last"), Some(3));
+        assert_eq!(link_page(link, "prev"), None);
+        assert_eq!(link_page("", "last"), None);
+    }
+
+    #[test]
+    fn private_key_conventions() {
+        let pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----";
+        let literal = pem.replace('\n', "\\n");
+        assert_eq!(normalize_private_key(&literal).unwrap(), pem);
+        assert_eq!(
+            normalize_private_key(&format!("\"{literal}\"\n")).unwrap(),
+            pem
+        );
+        assert_eq!(
+            normalize_private_key(&pem.replace('\n', "\r\n")).unwrap(),
+            pem
+        );
+        let b64 = "LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpNSUlCCi0tLS0tRU5EIFJTQSBQUklWQVRFIEtFWS0tLS0t";
+        assert_eq!(normalize_private_key(b64).unwrap(), pem);
+        assert!(normalize_private_key("  ").unwrap_err().contains("empty"));
+        assert!(normalize_private_key("not a key")
+            .unwrap_err()
+            .contains("PEM"));
+        assert_eq!(pem_label_problem(pem), None);
+        assert!(pem_label_problem("-----BEGIN PUBLIC KEY-----\n")
+            .unwrap()
+            .contains("public key"));
+        assert!(pem_label_problem("-----BEGIN ENCRYPTED PRIVATE KEY-----\n")
+            .unwrap()
+            .contains("passphrase"));
+    }
+}

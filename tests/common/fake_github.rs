@@ -1,0 +1,1809 @@
+//! A stateful fake GitHub REST API on loopback, for tests of the GitHub App client and the
+//! server. It follows GitHub's shapes (field names, status codes, `{"message",
+//! "documentation_url", "status"}` errors, `Link` pagination) and checks credentials for
+//! real: App endpoints verify the RS256 JWT against `tests/data/test-app-key.pub.pem`, every
+//! other endpoint wants an installation token it issued, unexpired, for the repository's
+//! installation. A request that is malformed (bad JSON, a missing or wrong field, an unknown
+//! reaction, an unknown path or method, no `User-Agent`) is answered as GitHub would and
+//! recorded in `refused()`; tests assert that list is empty.
+//!
+//! Test API (all methods are synchronous; the server runs on the test's runtime):
+//!
+//! - `FakeGitHub::start(app_id).await`, `FakeGitHub::start_with_prefix(app_id, "/api/v3")`
+//!   (GitHub Enterprise layout); `url()` is the API base to give the client, `root()` the
+//!   host part; `TEST_APP_KEY` is the App's private key (PKCS#1 PEM).
+//! - App: `slug()` (default `kodx`), `set_slug(..)`, `bot_login()` (`<slug>[bot]`).
+//! - State: `add_installation(id, account)`, `add_repo(installation, "owner/name",
+//!   default_branch, clone_url, private)`, `set_permission(repo, user, "admin" | "maintain" |
+//!   "write" | "triage" | "read" | "none")`, `set_file(repo, path, text)`,
+//!   `set_file_bytes(repo, path, bytes)`, `add_issue(repo, number, title, body, author)`
+//!   (an empty body is served as `null`), `add_pull(repo, number, title, body, author,
+//!   FakeHead { ref_name, sha, repo: Option<full name>, clone_url }, FakeBase { ref_name, sha },
+//!   diff)` (a PR is also an issue), `add_comment(repo, number, author, body, is_bot) -> id`,
+//!   `add_review_comment(repo, pull, author, body) -> id`.
+//! - Behaviour: `set_token_lifetime(Duration)` (default 1 h), `fail_next(path_prefix,
+//!   status, count)` (the next `count` requests whose path, without the API prefix, starts
+//!   with `path_prefix` get `status`), `set_rate_limited(Some(reset_in) | None)` (installation
+//!   calls answer 403 with `x-ratelimit-remaining: 0` until the reset), `revoke_tokens()`.
+//! - Observations: `comments(repo, number) -> Vec<FakeComment { id, user, body, is_bot,
+//!   edits }>` (`edits`: the bodies PATCHed in, in order), `reactions() -> Vec<(target,
+//!   content, by)>` (target like `o/r/issues/comments/5`, `o/r/pulls/comments/6`,
+//!   `o/r/issues/7`), `requests() -> Vec<FakeRequest { method, path, query, authorization,
+//!   body, headers }>` (everything received, in order), `refused() -> Vec<String>`,
+//!   `unauthorized() -> Vec<String>` (401s given, with the reason), `issued_tokens()`.
+//!
+//! New endpoints go in `api_routes` with a handler taking `(State, Path, Req)`; handlers use
+//! `auth_installation` / `auth_app`, `refuse`, `gh_error` and the `*_json` shape builders.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, OriginalUri, Path, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use rand::Rng;
+use serde_json::{json, Value};
+
+/// The test App's private key (PKCS#1, as GitHub hands them out).
+pub const TEST_APP_KEY: &str = include_str!("../data/test-app-key.pem");
+const TEST_APP_PUBLIC_KEY: &str = include_str!("../data/test-app-key.pub.pem");
+const DOCS: &str = "https://docs.github.com/rest";
+const REACTIONS: [&str; 8] = [
+    "+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes",
+];
+const MAX_COMMENT_CHARS: usize = 65_536;
+
+#[derive(Clone, Debug)]
+pub struct FakeHead {
+    pub ref_name: String,
+    pub sha: String,
+    /// `owner/name` of the head repository; `None` when the fork was deleted.
+    pub repo: Option<String>,
+    pub clone_url: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct FakeBase {
+    pub ref_name: String,
+    pub sha: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FakeComment {
+    pub id: u64,
+    pub user: String,
+    pub body: String,
+    pub is_bot: bool,
+    /// The bodies PATCHed in, in order; `body` is the last of them (or the original).
+    pub edits: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct FakeRequest {
+    pub method: String,
+    /// The full path, API prefix included.
+    pub path: String,
+    pub query: Option<String>,
+    pub authorization: Option<String>,
+    pub body: String,
+    pub headers: HeaderMap,
+}
+
+struct Pull {
+    head: FakeHead,
+    base: FakeBase,
+    diff: String,
+}
+
+struct Issue {
+    number: u64,
+    title: String,
+    body: String,
+    author: String,
+    pull: Option<Pull>,
+    comments: Vec<u64>,
+    created_at: String,
+}
+
+struct Repo {
+    id: u64,
+    full_name: String,
+    installation: u64,
+    default_branch: String,
+    clone_url: String,
+    private: bool,
+    files: BTreeMap<String, Vec<u8>>,
+    permissions: HashMap<String, String>,
+    issues: BTreeMap<u64, Issue>,
+}
+
+struct Comment {
+    id: u64,
+    /// Lower-case `owner/name`.
+    repo: String,
+    issue: u64,
+    user: String,
+    is_bot: bool,
+    body: String,
+    edits: Vec<String>,
+    created_at: String,
+    updated_at: String,
+}
+
+struct ReviewComment {
+    repo: String,
+    pull: u64,
+}
+
+struct Reaction {
+    id: u64,
+    target: String,
+    content: String,
+    by: String,
+    created_at: String,
+}
+
+struct Failure {
+    path_prefix: String,
+    status: u16,
+    count: u32,
+}
+
+struct IssuedToken {
+    installation: u64,
+    expires_at: SystemTime,
+}
+
+struct StateInner {
+    slug: String,
+    installations: BTreeMap<u64, String>,
+    /// By lower-case `owner/name` (GitHub names are case-insensitive).
+    repos: BTreeMap<String, Repo>,
+    comments: BTreeMap<u64, Comment>,
+    review_comments: BTreeMap<u64, ReviewComment>,
+    reactions: Vec<Reaction>,
+    tokens: HashMap<String, IssuedToken>,
+    issued: Vec<String>,
+    token_lifetime: Duration,
+    failures: Vec<Failure>,
+    rate_limited_until: Option<SystemTime>,
+    requests: Vec<FakeRequest>,
+    refused: Vec<String>,
+    unauthorized: Vec<String>,
+    user_ids: HashMap<String, u64>,
+    next_id: u64,
+}
+
+impl StateInner {
+    fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn user_id(&mut self, login: &str) -> u64 {
+        let next = 1000 + self.user_ids.len() as u64;
+        *self.user_ids.entry(login.to_string()).or_insert(next)
+    }
+}
+
+struct Shared {
+    url: String,
+    root: String,
+    prefix: String,
+    app_id: u64,
+    public_key: DecodingKey,
+    state: Mutex<StateInner>,
+}
+
+#[derive(Clone)]
+pub struct FakeGitHub {
+    inner: Arc<Shared>,
+}
+
+impl FakeGitHub {
+    pub async fn start(app_id: u64) -> FakeGitHub {
+        Self::start_with_prefix(app_id, "").await
+    }
+
+    /// Serves the API under `prefix` (e.g. `/api/v3`, as GitHub Enterprise Server does);
+    /// requests outside it are refused.
+    pub async fn start_with_prefix(app_id: u64, prefix: &str) -> FakeGitHub {
+        let prefix = prefix.trim_end_matches('/').to_string();
+        assert!(
+            prefix.is_empty() || prefix.starts_with('/'),
+            "prefix must start with /"
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let root = format!("http://{}", listener.local_addr().unwrap());
+        let fake = FakeGitHub {
+            inner: Arc::new(Shared {
+                url: format!("{root}{prefix}"),
+                root,
+                prefix: prefix.clone(),
+                app_id,
+                public_key: DecodingKey::from_rsa_pem(TEST_APP_PUBLIC_KEY.as_bytes())
+                    .expect("tests/data/test-app-key.pub.pem"),
+                state: Mutex::new(StateInner {
+                    slug: "kodx".into(),
+                    installations: BTreeMap::new(),
+                    repos: BTreeMap::new(),
+                    comments: BTreeMap::new(),
+                    review_comments: BTreeMap::new(),
+                    reactions: Vec::new(),
+                    tokens: HashMap::new(),
+                    issued: Vec::new(),
+                    token_lifetime: Duration::from_secs(3600),
+                    failures: Vec::new(),
+                    rate_limited_until: None,
+                    requests: Vec::new(),
+                    refused: Vec::new(),
+                    unauthorized: Vec::new(),
+                    user_ids: HashMap::new(),
+                    next_id: 1_000_000,
+                }),
+            }),
+        };
+        let api = api_routes()
+            .method_not_allowed_fallback(no_such_route)
+            .fallback(no_such_route);
+        let app = if prefix.is_empty() {
+            api
+        } else {
+            Router::new().nest(&prefix, api).fallback(no_such_route)
+        };
+        let app = app
+            .layer(axum::middleware::from_fn_with_state(fake.clone(), record))
+            .with_state(fake.clone());
+        tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        fake
+    }
+
+    /// The API base URL (with the prefix, if any).
+    pub fn url(&self) -> String {
+        self.inner.url.clone()
+    }
+
+    /// `http://127.0.0.1:PORT`, without the API prefix.
+    pub fn root(&self) -> String {
+        self.inner.root.clone()
+    }
+
+    pub fn app_id(&self) -> u64 {
+        self.inner.app_id
+    }
+
+    fn state(&self) -> MutexGuard<'_, StateInner> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Test API: state
+    // ---------------------------------------------------------------------------------
+
+    pub fn slug(&self) -> String {
+        self.state().slug.clone()
+    }
+
+    pub fn set_slug(&self, slug: &str) {
+        self.state().slug = slug.to_string();
+    }
+
+    pub fn bot_login(&self) -> String {
+        format!("{}[bot]", self.slug())
+    }
+
+    pub fn add_installation(&self, id: u64, account: &str) {
+        self.state().installations.insert(id, account.to_string());
+    }
+
+    pub fn add_repo(
+        &self,
+        installation: u64,
+        full_name: &str,
+        default_branch: &str,
+        clone_url: &str,
+        private: bool,
+    ) {
+        let mut st = self.state();
+        assert!(
+            st.installations.contains_key(&installation),
+            "add_installation({installation}) first"
+        );
+        assert!(full_name.split('/').count() == 2, "owner/name");
+        let id = st.next_id();
+        st.repos.insert(
+            full_name.to_lowercase(),
+            Repo {
+                id,
+                full_name: full_name.to_string(),
+                installation,
+                default_branch: default_branch.to_string(),
+                clone_url: clone_url.to_string(),
+                private,
+                files: BTreeMap::new(),
+                permissions: HashMap::new(),
+                issues: BTreeMap::new(),
+            },
+        );
+    }
+
+    fn with_repo<T>(&self, repo: &str, f: impl FnOnce(&mut Repo) -> T) -> T {
+        let mut st = self.state();
+        let r = st
+            .repos
+            .get_mut(&repo.to_lowercase())
+            .unwrap_or_else(|| panic!("add_repo({repo}) first"));
+        f(r)
+    }
+
+    pub fn set_permission(&self, repo: &str, user: &str, role: &str) {
+        assert!(
+            ["admin", "maintain", "write", "triage", "read", "none"].contains(&role),
+            "unknown role {role}"
+        );
+        self.with_repo(repo, |r| {
+            r.permissions.insert(user.to_lowercase(), role.to_string())
+        });
+    }
+
+    pub fn set_file(&self, repo: &str, path: &str, contents: &str) {
+        self.set_file_bytes(repo, path, contents.as_bytes());
+    }
+
+    pub fn set_file_bytes(&self, repo: &str, path: &str, contents: &[u8]) {
+        self.with_repo(repo, |r| {
+            r.files
+                .insert(path.trim_matches('/').to_string(), contents.to_vec())
+        });
+    }
+
+    pub fn add_issue(&self, repo: &str, number: u64, title: &str, body: &str, author: &str) {
+        self.insert_issue(repo, number, title, body, author, None);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_pull(
+        &self,
+        repo: &str,
+        number: u64,
+        title: &str,
+        body: &str,
+        author: &str,
+        head: FakeHead,
+        base: FakeBase,
+        diff: &str,
+    ) {
+        let pull = Pull {
+            head,
+            base,
+            diff: diff.to_string(),
+        };
+        self.insert_issue(repo, number, title, body, author, Some(pull));
+    }
+
+    fn insert_issue(
+        &self,
+        repo: &str,
+        number: u64,
+        title: &str,
+        body: &str,
+        author: &str,
+        pull: Option<Pull>,
+    ) {
+        self.with_repo(repo, |r| {
+            r.issues.insert(
+                number,
+                Issue {
+                    number,
+                    title: title.to_string(),
+                    body: body.to_string(),
+                    author: author.to_string(),
+                    pull,
+                    comments: Vec::new(),
+                    created_at: iso8601(SystemTime::now()),
+                },
+            )
+        });
+    }
+
+    /// A comment written by someone (`is_bot`: `user.type == "Bot"`); returns its id.
+    pub fn add_comment(
+        &self,
+        repo: &str,
+        number: u64,
+        author: &str,
+        body: &str,
+        is_bot: bool,
+    ) -> u64 {
+        let mut st = self.state();
+        let key = repo.to_lowercase();
+        assert!(
+            st.repos
+                .get(&key)
+                .is_some_and(|r| r.issues.contains_key(&number)),
+            "add_issue({repo}, {number}) first"
+        );
+        let id = st.next_id();
+        let now = iso8601(SystemTime::now());
+        st.comments.insert(
+            id,
+            Comment {
+                id,
+                repo: key.clone(),
+                issue: number,
+                user: author.to_string(),
+                is_bot,
+                body: body.to_string(),
+                edits: Vec::new(),
+                created_at: now.clone(),
+                updated_at: now,
+            },
+        );
+        st.repos
+            .get_mut(&key)
+            .unwrap()
+            .issues
+            .get_mut(&number)
+            .unwrap()
+            .comments
+            .push(id);
+        id
+    }
+
+    /// A comment on a diff line of a pull request (only reactions use it); returns its id.
+    pub fn add_review_comment(&self, repo: &str, pull: u64, _author: &str, _body: &str) -> u64 {
+        let mut st = self.state();
+        let key = repo.to_lowercase();
+        assert!(
+            st.repos
+                .get(&key)
+                .and_then(|r| r.issues.get(&pull))
+                .is_some_and(|i| i.pull.is_some()),
+            "add_pull({repo}, {pull}) first"
+        );
+        let id = st.next_id();
+        st.review_comments
+            .insert(id, ReviewComment { repo: key, pull });
+        id
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Test API: behaviour
+    // ---------------------------------------------------------------------------------
+
+    /// How long newly issued installation tokens live (default one hour).
+    pub fn set_token_lifetime(&self, lifetime: Duration) {
+        self.state().token_lifetime = lifetime;
+    }
+
+    /// Every installation token issued so far stops working (as after the App's key was
+    /// rotated or the installation suspended).
+    pub fn revoke_tokens(&self) {
+        self.state().tokens.clear();
+    }
+
+    /// The next `count` requests whose path (without the API prefix) starts with
+    /// `path_prefix` are answered `status` before anything else is looked at.
+    pub fn fail_next(&self, path_prefix: &str, status: u16, count: u32) {
+        self.state().failures.push(Failure {
+            path_prefix: path_prefix.to_string(),
+            status,
+            count,
+        });
+    }
+
+    /// Installation calls answer GitHub's primary rate-limit 403 until `reset_in` from now;
+    /// `None` lifts it.
+    pub fn set_rate_limited(&self, reset_in: Option<Duration>) {
+        self.state().rate_limited_until = reset_in.map(|d| SystemTime::now() + d);
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Test API: observations
+    // ---------------------------------------------------------------------------------
+
+    pub fn comments(&self, repo: &str, number: u64) -> Vec<FakeComment> {
+        let st = self.state();
+        let Some(issue) = st
+            .repos
+            .get(&repo.to_lowercase())
+            .and_then(|r| r.issues.get(&number))
+        else {
+            return Vec::new();
+        };
+        issue
+            .comments
+            .iter()
+            .map(|id| {
+                let c = &st.comments[id];
+                FakeComment {
+                    id: c.id,
+                    user: c.user.clone(),
+                    body: c.body.clone(),
+                    is_bot: c.is_bot,
+                    edits: c.edits.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// `(target, content, by)` in the order given.
+    pub fn reactions(&self) -> Vec<(String, String, String)> {
+        self.state()
+            .reactions
+            .iter()
+            .map(|r| (r.target.clone(), r.content.clone(), r.by.clone()))
+            .collect()
+    }
+
+    pub fn requests(&self) -> Vec<FakeRequest> {
+        self.state().requests.clone()
+    }
+
+    /// Requests refused as malformed, with the reason; a test expects none.
+    pub fn refused(&self) -> Vec<String> {
+        self.state().refused.clone()
+    }
+
+    /// 401s given, with the reason.
+    pub fn unauthorized(&self) -> Vec<String> {
+        self.state().unauthorized.clone()
+    }
+
+    pub fn issued_tokens(&self) -> Vec<String> {
+        self.state().issued.clone()
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// Routing, recording, common checks
+// -------------------------------------------------------------------------------------
+
+fn api_routes() -> Router<FakeGitHub> {
+    Router::new()
+        .route("/app", get(get_app))
+        .route(
+            "/app/installations/{id}/access_tokens",
+            post(create_access_token),
+        )
+        .route("/repos/{owner}/{repo}", get(get_repo))
+        .route(
+            "/repos/{owner}/{repo}/collaborators/{user}/permission",
+            get(get_permission),
+        )
+        .route("/repos/{owner}/{repo}/contents/{*path}", get(get_contents))
+        .route("/repos/{owner}/{repo}/issues/{number}", get(get_issue))
+        .route(
+            "/repos/{owner}/{repo}/issues/{number}/comments",
+            get(list_comments).post(create_comment),
+        )
+        .route(
+            "/repos/{owner}/{repo}/issues/{number}/reactions",
+            post(react_issue),
+        )
+        .route(
+            "/repos/{owner}/{repo}/issues/comments/{id}",
+            get(get_comment).patch(update_comment),
+        )
+        .route(
+            "/repos/{owner}/{repo}/issues/comments/{id}/reactions",
+            post(react_issue_comment),
+        )
+        .route("/repos/{owner}/{repo}/pulls/{number}", get(get_pull))
+        .route(
+            "/repos/{owner}/{repo}/pulls/comments/{id}/reactions",
+            post(react_review_comment),
+        )
+}
+
+/// Records every request, applies `fail_next`, and checks what GitHub checks of every
+/// request (a `User-Agent`, a supported API version).
+async fn record(State(fake): State<FakeGitHub>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, 64 << 20).await {
+        Ok(b) => b,
+        Err(_) => return gh_error(413, "Request body too large"),
+    };
+    let path = parts.uri.path().to_string();
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let what = format!("{} {path}", parts.method);
+    let failure = {
+        let mut st = fake.state();
+        st.requests.push(FakeRequest {
+            method: parts.method.to_string(),
+            path: path.clone(),
+            query: parts.uri.query().map(str::to_string),
+            authorization: header("authorization"),
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+            headers: parts.headers.clone(),
+        });
+        if header("user-agent").is_none_or(|ua| ua.trim().is_empty()) {
+            st.refused.push(format!("{what}: no User-Agent"));
+            return gh_error(
+                403,
+                "Request forbidden by administrative rules. Please make sure your request has \
+                 a User-Agent header (https://docs.github.com/en/rest/overview/resources-in-the-rest-api#user-agent-required).",
+            );
+        }
+        if let Some(v) = header("x-github-api-version").filter(|v| v != "2022-11-28") {
+            st.refused.push(format!("{what}: API version {v:?}"));
+            return gh_error(400, &format!("API version '{v}' is not supported."));
+        }
+        let inner_path = path
+            .strip_prefix(&fake.inner.prefix)
+            .unwrap_or(&path)
+            .to_string();
+        st.failures
+            .iter_mut()
+            .find(|f| f.count > 0 && inner_path.starts_with(&f.path_prefix))
+            .map(|f| {
+                f.count -= 1;
+                f.status
+            })
+    };
+    if let Some(status) = failure {
+        let message = StatusCode::from_u16(status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("Server Error");
+        return gh_error(status, message);
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+async fn no_such_route(State(fake): State<FakeGitHub>, req: Req) -> Response {
+    refuse(&fake, &req, 404, "Not Found", "no such endpoint or method")
+}
+
+/// What handlers need of a request: method, full path, query, headers, body.
+struct Req {
+    method: Method,
+    path: String,
+    query: HashMap<String, String>,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl<S: Send + Sync> FromRequest<S> for Req {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        let (parts, body) = req.into_parts();
+        let uri = parts
+            .extensions
+            .get::<OriginalUri>()
+            .map(|u| u.0.clone())
+            .unwrap_or(parts.uri.clone());
+        let body = axum::body::to_bytes(body, 64 << 20)
+            .await
+            .map_err(|_| gh_error(413, "Request body too large"))?;
+        Ok(Req {
+            method: parts.method,
+            path: uri.path().to_string(),
+            query: parse_query(uri.query().unwrap_or("")),
+            headers: parts.headers,
+            body,
+        })
+    }
+}
+
+impl Req {
+    fn what(&self) -> String {
+        format!("{} {}", self.method, self.path)
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The JSON object body, or a refusal shaped like GitHub's.
+    #[allow(clippy::result_large_err)]
+    fn json_object(&self, fake: &FakeGitHub) -> Result<serde_json::Map<String, Value>, Response> {
+        match serde_json::from_slice::<Value>(&self.body) {
+            Ok(Value::Object(map)) => Ok(map),
+            Ok(_) => Err(refuse(
+                fake,
+                self,
+                400,
+                "Invalid request.\n\nFor 'links/0/schema', the body is not an object.",
+                "the body is not a JSON object",
+            )),
+            Err(e) => Err(refuse(
+                fake,
+                self,
+                400,
+                "Problems parsing JSON",
+                &format!("the body is not JSON: {e}"),
+            )),
+        }
+    }
+}
+
+fn gh_error(status: u16, message: &str) -> Response {
+    let status = StatusCode::from_u16(status).unwrap();
+    (
+        status,
+        [("content-type", "application/json; charset=utf-8")],
+        json!({
+            "message": message,
+            "documentation_url": DOCS,
+            "status": status.as_u16().to_string(),
+        })
+        .to_string(),
+    )
+        .into_response()
+}
+
+/// Answers like GitHub and records the request as malformed.
+fn refuse(fake: &FakeGitHub, req: &Req, status: u16, message: &str, reason: &str) -> Response {
+    fake.state()
+        .refused
+        .push(format!("{}: {reason}", req.what()));
+    gh_error(status, message)
+}
+
+fn json_response(status: u16, body: Value) -> Response {
+    (
+        StatusCode::from_u16(status).unwrap(),
+        [("content-type", "application/json; charset=utf-8")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// An `Accept` header this endpoint answers in JSON: absent, `*/*`, or GitHub's JSON types.
+fn accepts_json(req: &Req) -> bool {
+    req.header("accept").is_none_or(|a| {
+        a.split(',').any(|t| {
+            let t = t.split(';').next().unwrap_or("").trim();
+            matches!(
+                t,
+                "*/*"
+                    | "application/json"
+                    | "application/vnd.github+json"
+                    | "application/vnd.github.v3+json"
+            )
+        })
+    })
+}
+
+// -------------------------------------------------------------------------------------
+// Authentication
+// -------------------------------------------------------------------------------------
+
+fn unauthorized(fake: &FakeGitHub, req: &Req, message: &str, reason: &str) -> Response {
+    fake.state()
+        .unauthorized
+        .push(format!("{}: {reason}", req.what()));
+    gh_error(401, message)
+}
+
+fn credential(req: &Req) -> Option<(String, String)> {
+    let value = req.header("authorization")?;
+    let (scheme, rest) = value.split_once(' ')?;
+    Some((scheme.to_ascii_lowercase(), rest.trim().to_string()))
+}
+
+/// Checks the App JWT as GitHub does: RS256 by the App's key, `iss` the App id (string or
+/// number), not expired, `iat` not in the future, at most ten minutes between the two.
+#[allow(clippy::result_large_err)]
+fn auth_app(fake: &FakeGitHub, req: &Req) -> Result<(), Response> {
+    let fail = |reason: &str, message: &str| Err(unauthorized(fake, req, message, reason));
+    let credential = credential(req);
+    let Some(("bearer", jwt)) = credential.as_ref().map(|(s, t)| (s.as_str(), t.as_str())) else {
+        return fail("no Bearer JWT", "A JSON web token could not be decoded");
+    };
+    let mut validation = Validation::new(Algorithm::RS256);
+    validation.set_required_spec_claims(&["exp", "iat", "iss"]);
+    validation.leeway = 0;
+    validation.validate_aud = false;
+    let claims = match jsonwebtoken::decode::<Value>(jwt, &fake.inner.public_key, &validation) {
+        Ok(data) => data.claims,
+        Err(e) => {
+            return fail(
+                &format!("JWT rejected: {e}"),
+                "A JSON web token could not be decoded",
+            )
+        }
+    };
+    let now = now_secs() as i64;
+    let (Some(iat), Some(exp)) = (claims["iat"].as_i64(), claims["exp"].as_i64()) else {
+        return fail(
+            "iat/exp not integers",
+            "A JSON web token could not be decoded",
+        );
+    };
+    if iat > now + 60 {
+        return fail(
+            "iat in the future",
+            "'Issued at' claim ('iat') must be an Integer representing the time that the assertion was issued.",
+        );
+    }
+    if exp - iat > 600 {
+        return fail(
+            "exp more than 10 minutes after iat",
+            "'Expiration time' claim ('exp') is too far in the future",
+        );
+    }
+    let app_id = fake.inner.app_id;
+    let iss_ok = claims["iss"].as_str() == Some(app_id.to_string().as_str())
+        || claims["iss"].as_u64() == Some(app_id);
+    if !iss_ok {
+        return fail(
+            &format!("iss {} is not the App id", claims["iss"]),
+            "Integration not found",
+        );
+    }
+    Ok(())
+}
+
+/// Checks an installation token (`token X` or `Bearer X`) and that `repo` belongs to its
+/// installation; returns the repository's key. Also serves the rate limit when one is set.
+#[allow(clippy::result_large_err)]
+fn auth_installation(
+    fake: &FakeGitHub,
+    req: &Req,
+    owner: &str,
+    repo: &str,
+) -> Result<String, Response> {
+    let token = match credential(req) {
+        Some((scheme, token)) if scheme == "token" || scheme == "bearer" => token,
+        _ => {
+            return Err(unauthorized(
+                fake,
+                req,
+                "Requires authentication",
+                "no installation token",
+            ))
+        }
+    };
+    let key = format!("{owner}/{repo}").to_lowercase();
+    let mut st = fake.state();
+    let installation = match st.tokens.get(&token) {
+        Some(t) if t.expires_at > SystemTime::now() => t.installation,
+        Some(_) => {
+            drop(st);
+            return Err(unauthorized(fake, req, "Bad credentials", "expired token"));
+        }
+        None => {
+            drop(st);
+            return Err(unauthorized(fake, req, "Bad credentials", "unknown token"));
+        }
+    };
+    if let Some(until) = st.rate_limited_until {
+        if until > SystemTime::now() {
+            let reset = until.duration_since(UNIX_EPOCH).unwrap().as_secs();
+            let mut resp = gh_error(
+                403,
+                &format!("API rate limit exceeded for installation ID {installation}."),
+            );
+            let h = resp.headers_mut();
+            h.insert("x-ratelimit-limit", "5000".parse().unwrap());
+            h.insert("x-ratelimit-remaining", "0".parse().unwrap());
+            h.insert("x-ratelimit-reset", reset.to_string().parse().unwrap());
+            h.insert("x-ratelimit-resource", "core".parse().unwrap());
+            return Err(resp);
+        }
+        st.rate_limited_until = None;
+    }
+    match st.repos.get(&key) {
+        Some(r) if r.installation == installation => Ok(key),
+        _ => Err(gh_error(404, "Not Found")),
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// Shapes
+// -------------------------------------------------------------------------------------
+
+fn user_json(st: &mut StateInner, login: &str, is_bot: bool) -> Value {
+    let id = st.user_id(login);
+    json!({
+        "login": login,
+        "id": id,
+        "node_id": format!("U_{id}"),
+        "type": if is_bot { "Bot" } else { "User" },
+        "site_admin": false,
+        "html_url": format!("https://github.com/{login}"),
+    })
+}
+
+fn repo_json(fake: &FakeGitHub, st: &mut StateInner, key: &str) -> Value {
+    let (id, full_name, default_branch, clone_url, private) = {
+        let r = &st.repos[key];
+        (
+            r.id,
+            r.full_name.clone(),
+            r.default_branch.clone(),
+            r.clone_url.clone(),
+            r.private,
+        )
+    };
+    let (owner, name) = full_name.split_once('/').unwrap();
+    let owner_json = user_json(st, owner, false);
+    json!({
+        "id": id,
+        "node_id": format!("R_{id}"),
+        "name": name,
+        "full_name": full_name,
+        "owner": owner_json,
+        "private": private,
+        "fork": false,
+        "default_branch": default_branch,
+        "clone_url": clone_url,
+        "html_url": format!("{}/{full_name}", fake.inner.root),
+        "url": format!("{}/repos/{full_name}", fake.inner.url),
+        "visibility": if private { "private" } else { "public" },
+    })
+}
+
+fn comment_json(fake: &FakeGitHub, st: &mut StateInner, id: u64) -> Value {
+    let c = &st.comments[&id];
+    let (user, is_bot, body, issue, created, updated) = (
+        c.user.clone(),
+        c.is_bot,
+        c.body.clone(),
+        c.issue,
+        c.created_at.clone(),
+        c.updated_at.clone(),
+    );
+    let full_name = st.repos[&c.repo].full_name.clone();
+    let user = user_json(st, &user, is_bot);
+    json!({
+        "id": id,
+        "node_id": format!("IC_{id}"),
+        "url": format!("{}/repos/{full_name}/issues/comments/{id}", fake.inner.url),
+        "html_url": format!("{}/{full_name}/issues/{issue}#issuecomment-{id}", fake.inner.root),
+        "issue_url": format!("{}/repos/{full_name}/issues/{issue}", fake.inner.url),
+        "body": body,
+        "user": user,
+        "created_at": created,
+        "updated_at": updated,
+        "author_association": if is_bot { "NONE" } else { "CONTRIBUTOR" },
+        "performed_via_github_app": null,
+    })
+}
+
+fn issue_json(fake: &FakeGitHub, st: &mut StateInner, key: &str, number: u64) -> Value {
+    let full_name = st.repos[key].full_name.clone();
+    let i = &st.repos[key].issues[&number];
+    let (title, body, author, is_pull, count, created) = (
+        i.title.clone(),
+        i.body.clone(),
+        i.author.clone(),
+        i.pull.is_some(),
+        i.comments.len(),
+        i.created_at.clone(),
+    );
+    let user = user_json(st, &author, author.ends_with("[bot]"));
+    let id = 5_000_000 + number;
+    let mut v = json!({
+        "id": id,
+        "node_id": format!("I_{id}"),
+        "number": number,
+        "title": title,
+        "body": if body.is_empty() { Value::Null } else { Value::String(body) },
+        "user": user,
+        "state": "open",
+        "locked": false,
+        "labels": [],
+        "assignees": [],
+        "comments": count,
+        "created_at": created,
+        "updated_at": created,
+        "closed_at": null,
+        "author_association": "CONTRIBUTOR",
+        "url": format!("{}/repos/{full_name}/issues/{number}", fake.inner.url),
+        "repository_url": format!("{}/repos/{full_name}", fake.inner.url),
+        "html_url": format!("{}/{full_name}/issues/{number}", fake.inner.root),
+    });
+    if is_pull {
+        v["pull_request"] = json!({
+            "url": format!("{}/repos/{full_name}/pulls/{number}", fake.inner.url),
+            "html_url": format!("{}/{full_name}/pull/{number}", fake.inner.root),
+            "diff_url": format!("{}/{full_name}/pull/{number}.diff", fake.inner.root),
+            "patch_url": format!("{}/{full_name}/pull/{number}.patch", fake.inner.root),
+            "merged_at": null,
+        });
+    }
+    v
+}
+
+fn pull_json(fake: &FakeGitHub, st: &mut StateInner, key: &str, number: u64) -> Value {
+    let issue = issue_json(fake, st, key, number);
+    let base_repo = repo_json(fake, st, key);
+    let p = st.repos[key].issues[&number].pull.as_ref().unwrap();
+    let (head, base) = (p.head.clone(), p.base.clone());
+    let head_repo = match &head.repo {
+        None => Value::Null,
+        Some(full) if full.to_lowercase() == key => base_repo.clone(),
+        Some(full) => {
+            let (owner, name) = full.split_once('/').unwrap_or((full, full));
+            let owner_json = user_json(st, owner, false);
+            json!({
+                "id": 9_000_000 + st.user_id(full),
+                "name": name,
+                "full_name": full,
+                "owner": owner_json,
+                "private": false,
+                "fork": true,
+                "default_branch": "main",
+                "clone_url": head.clone_url,
+                "html_url": format!("{}/{full}", fake.inner.root),
+            })
+        }
+    };
+    let head_owner = head
+        .repo
+        .as_deref()
+        .and_then(|f| f.split_once('/'))
+        .map(|(o, _)| o.to_string())
+        .unwrap_or_else(|| "ghost".into());
+    let base_owner = base_repo["owner"]["login"].as_str().unwrap().to_string();
+    let head_user = user_json(st, &head_owner, false);
+    let base_user = base_repo["owner"].clone();
+    json!({
+        "id": issue["id"],
+        "node_id": format!("PR_{number}"),
+        "number": number,
+        "state": "open",
+        "locked": false,
+        "title": issue["title"],
+        "body": issue["body"],
+        "user": issue["user"],
+        "draft": false,
+        "merged": false,
+        "mergeable": null,
+        "maintainer_can_modify": false,
+        "url": format!("{}/repos/{}/pulls/{number}", fake.inner.url, base_repo["full_name"].as_str().unwrap()),
+        "html_url": issue["pull_request"]["html_url"],
+        "diff_url": issue["pull_request"]["diff_url"],
+        "created_at": issue["created_at"],
+        "updated_at": issue["updated_at"],
+        "head": {
+            "label": format!("{head_owner}:{}", head.ref_name),
+            "ref": head.ref_name,
+            "sha": head.sha,
+            "user": head_user,
+            "repo": head_repo,
+        },
+        "base": {
+            "label": format!("{base_owner}:{}", base.ref_name),
+            "ref": base.ref_name,
+            "sha": base.sha,
+            "user": base_user,
+            "repo": base_repo,
+        },
+    })
+}
+
+// -------------------------------------------------------------------------------------
+// Handlers: the App
+// -------------------------------------------------------------------------------------
+
+async fn get_app(State(fake): State<FakeGitHub>, req: Req) -> Response {
+    if let Err(r) = auth_app(&fake, &req) {
+        return r;
+    }
+    let slug = fake.slug();
+    let mut st = fake.state();
+    let owner = user_json(&mut st, "kodx-org", false);
+    json_response(
+        200,
+        json!({
+            "id": fake.inner.app_id,
+            "slug": slug,
+            "node_id": format!("A_{}", fake.inner.app_id),
+            "name": slug,
+            "owner": owner,
+            "description": "kodx test App",
+            "external_url": "https://example.com",
+            "html_url": format!("{}/apps/{slug}", fake.inner.root),
+            "created_at": "2024-01-01T00:00:00Z",
+            "updated_at": "2024-01-01T00:00:00Z",
+            "permissions": {"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read"},
+            "events": ["issue_comment", "issues", "pull_request_review_comment"],
+            "installations_count": st.installations.len(),
+        }),
+    )
+}
+
+async fn create_access_token(
+    State(fake): State<FakeGitHub>,
+    Path(id): Path<String>,
+    req: Req,
+) -> Response {
+    if let Err(r) = auth_app(&fake, &req) {
+        return r;
+    }
+    if !req.body.is_empty() {
+        let body = match req.json_object(&fake) {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        for (k, v) in &body {
+            let ok = match k.as_str() {
+                "repositories" => v.as_array().is_some_and(|a| a.iter().all(Value::is_string)),
+                "repository_ids" => v.as_array().is_some_and(|a| a.iter().all(Value::is_u64)),
+                "permissions" => v.is_object(),
+                _ => true,
+            };
+            if !ok {
+                return refuse(&fake, &req, 422, "Invalid request.", &format!("bad `{k}`"));
+            }
+        }
+    }
+    let Ok(id) = id.parse::<u64>() else {
+        return refuse(
+            &fake,
+            &req,
+            404,
+            "Not Found",
+            "installation id is not a number",
+        );
+    };
+    let mut st = fake.state();
+    if !st.installations.contains_key(&id) {
+        return gh_error(404, "Not Found");
+    }
+    let token: String = format!(
+        "ghs_{}",
+        rand::rng()
+            .sample_iter(&rand::distr::Alphanumeric)
+            .take(36)
+            .map(char::from)
+            .collect::<String>()
+    );
+    let expires_at = SystemTime::now() + st.token_lifetime;
+    st.tokens.insert(
+        token.clone(),
+        IssuedToken {
+            installation: id,
+            expires_at,
+        },
+    );
+    st.issued.push(token.clone());
+    json_response(
+        201,
+        json!({
+            "token": token,
+            "expires_at": iso8601(expires_at),
+            "permissions": {"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read"},
+            "repository_selection": "selected",
+        }),
+    )
+}
+
+// -------------------------------------------------------------------------------------
+// Handlers: repositories
+// -------------------------------------------------------------------------------------
+
+async fn get_repo(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo)): Path<(String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let mut st = fake.state();
+    json_response(200, repo_json(&fake, &mut st, &key))
+}
+
+async fn get_permission(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, user)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let mut st = fake.state();
+    let Some(role) = st.repos[&key]
+        .permissions
+        .get(&user.to_lowercase())
+        .cloned()
+    else {
+        return gh_error(404, &format!("{user} is not a user"));
+    };
+    let permission = match role.as_str() {
+        "admin" => "admin",
+        "maintain" | "write" => "write",
+        "triage" | "read" => "read",
+        _ => "none",
+    };
+    let mut user_v = user_json(&mut st, &user, user.ends_with("[bot]"));
+    user_v["permissions"] = json!({
+        "admin": role == "admin",
+        "maintain": matches!(role.as_str(), "admin" | "maintain"),
+        "push": matches!(role.as_str(), "admin" | "maintain" | "write"),
+        "triage": matches!(role.as_str(), "admin" | "maintain" | "write" | "triage"),
+        "pull": role != "none",
+    });
+    user_v["role_name"] = json!(role);
+    json_response(
+        200,
+        json!({"permission": permission, "role_name": role, "user": user_v}),
+    )
+}
+
+async fn get_contents(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, path)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    if !accepts_json(&req) {
+        return refuse(&fake, &req, 415, "Unsupported 'Accept' header", "Accept");
+    }
+    let path = path.trim_matches('/').to_string();
+    let st = fake.state();
+    let r = &st.repos[&key];
+    if let Some(git_ref) = req.query.get("ref") {
+        if *git_ref != r.default_branch {
+            return gh_error(404, &format!("No commit found for the ref {git_ref}"));
+        }
+    }
+    let urls = |p: &str, kind: &str| {
+        json!({
+            "url": format!("{}/repos/{}/contents/{p}?ref={}", fake.inner.url, r.full_name, r.default_branch),
+            "html_url": format!("{}/{}/{kind}/{}/{p}", fake.inner.root, r.full_name, r.default_branch),
+        })
+    };
+    if let Some(bytes) = r.files.get(&path) {
+        let name = path.rsplit('/').next().unwrap_or(&path);
+        let u = urls(&path, "blob");
+        return json_response(
+            200,
+            json!({
+                "type": "file",
+                "encoding": "base64",
+                "size": bytes.len(),
+                "name": name,
+                "path": path,
+                "content": base64_wrapped(bytes),
+                "sha": fake_sha(bytes),
+                "url": u["url"],
+                "html_url": u["html_url"],
+                "git_url": null,
+                "download_url": null,
+                "_links": {"self": u["url"], "html": u["html_url"], "git": null},
+            }),
+        );
+    }
+    let dir_prefix = format!("{path}/");
+    let mut entries: BTreeMap<String, Value> = BTreeMap::new();
+    for (p, bytes) in r.files.range(dir_prefix.clone()..) {
+        let Some(rest) = p.strip_prefix(&dir_prefix) else {
+            break;
+        };
+        let (name, is_dir) = match rest.split_once('/') {
+            Some((d, _)) => (d.to_string(), true),
+            None => (rest.to_string(), false),
+        };
+        let full = format!("{dir_prefix}{name}");
+        let u = urls(&full, if is_dir { "tree" } else { "blob" });
+        entries.entry(name.clone()).or_insert_with(|| {
+            json!({
+                "type": if is_dir { "dir" } else { "file" },
+                "name": name,
+                "path": full,
+                "size": if is_dir { 0 } else { bytes.len() },
+                "sha": fake_sha(full.as_bytes()),
+                "url": u["url"],
+                "html_url": u["html_url"],
+            })
+        });
+    }
+    if entries.is_empty() {
+        return gh_error(404, "Not Found");
+    }
+    json_response(200, Value::Array(entries.into_values().collect()))
+}
+
+// -------------------------------------------------------------------------------------
+// Handlers: issues, comments, pulls
+// -------------------------------------------------------------------------------------
+
+/// The issue number in a path, or a refusal (our client never sends a non-number).
+#[allow(clippy::result_large_err)]
+fn number(fake: &FakeGitHub, req: &Req, text: &str) -> Result<u64, Response> {
+    text.parse().map_err(|_| {
+        refuse(
+            fake,
+            req,
+            404,
+            "Not Found",
+            &format!("{text:?} is not a number"),
+        )
+    })
+}
+
+async fn get_issue(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, n)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let n = match number(&fake, &req, &n) {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    if !accepts_json(&req) {
+        return refuse(&fake, &req, 415, "Unsupported 'Accept' header", "Accept");
+    }
+    let mut st = fake.state();
+    if !st.repos[&key].issues.contains_key(&n) {
+        return gh_error(404, "Not Found");
+    }
+    json_response(200, issue_json(&fake, &mut st, &key, n))
+}
+
+async fn list_comments(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, n)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let n = match number(&fake, &req, &n) {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let mut paging = [("per_page", 30u64), ("page", 1u64)];
+    for (name, value) in paging.iter_mut() {
+        if let Some(text) = req.query.get(*name) {
+            match text.parse::<u64>() {
+                Ok(v) if v >= 1 => *value = v,
+                _ => {
+                    return refuse(
+                        &fake,
+                        &req,
+                        422,
+                        "Invalid request.",
+                        &format!("{name}={text:?}"),
+                    )
+                }
+            }
+        }
+    }
+    let (per_page, page) = (paging[0].1.min(100), paging[1].1);
+    let mut st = fake.state();
+    let Some(issue) = st.repos[&key].issues.get(&n) else {
+        return gh_error(404, "Not Found");
+    };
+    let ids = issue.comments.clone();
+    let full_name = st.repos[&key].full_name.clone();
+    let last_page = (ids.len() as u64).div_ceil(per_page).max(1);
+    let start = ((page - 1) * per_page) as usize;
+    let items: Vec<Value> = ids
+        .iter()
+        .skip(start)
+        .take(per_page as usize)
+        .map(|&id| comment_json(&fake, &mut st, id))
+        .collect();
+    let mut resp = json_response(200, Value::Array(items));
+    if last_page > 1 {
+        let link = |p: u64, rel: &str| {
+            format!(
+                "<{}/repos/{full_name}/issues/{n}/comments?per_page={per_page}&page={p}>; rel=\"{rel}\"",
+                fake.inner.url
+            )
+        };
+        let mut links = Vec::new();
+        if page > 1 {
+            links.push(link((page - 1).min(last_page), "prev"));
+        }
+        if page < last_page {
+            links.push(link(page + 1, "next"));
+            links.push(link(last_page, "last"));
+        }
+        if page > 1 {
+            links.push(link(1, "first"));
+        }
+        resp.headers_mut()
+            .insert("link", links.join(", ").parse().unwrap());
+    }
+    resp
+}
+
+/// The `body` of a comment write: a non-blank string of at most 65 536 characters.
+#[allow(clippy::result_large_err)]
+fn comment_body(fake: &FakeGitHub, req: &Req) -> Result<String, Response> {
+    let body = req.json_object(fake)?;
+    match body.get("body") {
+        Some(Value::String(s)) if s.trim().is_empty() => Err(refuse(
+            fake,
+            req,
+            422,
+            "Validation Failed",
+            "`body` is blank",
+        )),
+        Some(Value::String(s)) if s.chars().count() > MAX_COMMENT_CHARS => Err(refuse(
+            fake,
+            req,
+            422,
+            "Validation Failed",
+            "`body` is too long (maximum is 65536 characters)",
+        )),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(refuse(
+            fake,
+            req,
+            422,
+            "Invalid request.\n\nFor 'properties/body', the value is not a string.",
+            "`body` is not a string",
+        )),
+        None => Err(refuse(
+            fake,
+            req,
+            422,
+            "Invalid request.\n\n\"body\" wasn't supplied.",
+            "no `body`",
+        )),
+    }
+}
+
+async fn create_comment(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, n)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let n = match number(&fake, &req, &n) {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let body = match comment_body(&fake, &req) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if !fake.state().repos[&key].issues.contains_key(&n) {
+        return gh_error(404, "Not Found");
+    }
+    let bot = fake.bot_login();
+    let id = fake.add_comment(&key, n, &bot, &body, true);
+    let mut st = fake.state();
+    json_response(201, comment_json(&fake, &mut st, id))
+}
+
+/// The comment `id` if it is in repository `key`.
+#[allow(clippy::result_large_err)]
+fn comment_in(fake: &FakeGitHub, req: &Req, key: &str, id: &str) -> Result<u64, Response> {
+    let id = number(fake, req, id)?;
+    match fake.state().comments.get(&id) {
+        Some(c) if c.repo == key => Ok(id),
+        _ => Err(gh_error(404, "Not Found")),
+    }
+}
+
+async fn get_comment(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, id)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let id = match comment_in(&fake, &req, &key, &id) {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    let mut st = fake.state();
+    json_response(200, comment_json(&fake, &mut st, id))
+}
+
+async fn update_comment(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, id)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let id = match comment_in(&fake, &req, &key, &id) {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    let body = match comment_body(&fake, &req) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let mut st = fake.state();
+    let c = st.comments.get_mut(&id).unwrap();
+    c.body = body.clone();
+    c.edits.push(body);
+    c.updated_at = iso8601(SystemTime::now());
+    json_response(200, comment_json(&fake, &mut st, id))
+}
+
+async fn get_pull(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, n)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let n = match number(&fake, &req, &n) {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let accept = req.header("accept").unwrap_or("").to_string();
+    let wants_diff = accept.contains("application/vnd.github.diff")
+        || accept.contains("application/vnd.github.v3.diff");
+    if !wants_diff && !accepts_json(&req) {
+        return refuse(&fake, &req, 415, "Unsupported 'Accept' header", "Accept");
+    }
+    let mut st = fake.state();
+    let Some(pull) = st.repos[&key].issues.get(&n).and_then(|i| i.pull.as_ref()) else {
+        return gh_error(404, "Not Found");
+    };
+    if wants_diff {
+        return (
+            StatusCode::OK,
+            [("content-type", "application/vnd.github.diff; charset=utf-8")],
+            pull.diff.clone(),
+        )
+            .into_response();
+    }
+    json_response(200, pull_json(&fake, &mut st, &key, n))
+}
+
+// -------------------------------------------------------------------------------------
+// Handlers: reactions
+// -------------------------------------------------------------------------------------
+
+fn react(fake: &FakeGitHub, req: &Req, target: String) -> Response {
+    let body = match req.json_object(fake) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let content = match body.get("content") {
+        Some(Value::String(c)) if REACTIONS.contains(&c.as_str()) => c.clone(),
+        Some(c) => {
+            return refuse(
+                fake,
+                req,
+                422,
+                "Validation Failed",
+                &format!("`content` {c} is not a reaction"),
+            )
+        }
+        None => {
+            return refuse(
+                fake,
+                req,
+                422,
+                "Invalid request.\n\n\"content\" wasn't supplied.",
+                "no `content`",
+            )
+        }
+    };
+    let by = fake.bot_login();
+    let mut st = fake.state();
+    let existing = st
+        .reactions
+        .iter()
+        .position(|r| r.target == target && r.content == content && r.by == by);
+    let (status, index) = match existing {
+        Some(i) => (200, i),
+        None => {
+            let id = st.next_id();
+            st.reactions.push(Reaction {
+                id,
+                target,
+                content,
+                by: by.clone(),
+                created_at: iso8601(SystemTime::now()),
+            });
+            (201, st.reactions.len() - 1)
+        }
+    };
+    let (id, content, created_at) = {
+        let r = &st.reactions[index];
+        (r.id, r.content.clone(), r.created_at.clone())
+    };
+    let user = user_json(&mut st, &by, true);
+    json_response(
+        status,
+        json!({
+            "id": id,
+            "node_id": format!("REA_{id}"),
+            "user": user,
+            "content": content,
+            "created_at": created_at,
+        }),
+    )
+}
+
+async fn react_issue(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, n)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let n = match number(&fake, &req, &n) {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let full_name = {
+        let st = fake.state();
+        if !st.repos[&key].issues.contains_key(&n) {
+            return gh_error(404, "Not Found");
+        }
+        st.repos[&key].full_name.clone()
+    };
+    react(&fake, &req, format!("{full_name}/issues/{n}"))
+}
+
+async fn react_issue_comment(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, id)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let id = match comment_in(&fake, &req, &key, &id) {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    let full_name = fake.state().repos[&key].full_name.clone();
+    react(&fake, &req, format!("{full_name}/issues/comments/{id}"))
+}
+
+async fn react_review_comment(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, id)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let id = match number(&fake, &req, &id) {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    let full_name = {
+        let st = fake.state();
+        match st.review_comments.get(&id) {
+            Some(c) if c.repo == key && st.repos[&key].issues.contains_key(&c.pull) => {}
+            _ => return gh_error(404, "Not Found"),
+        }
+        st.repos[&key].full_name.clone()
+    };
+    react(&fake, &req, format!("{full_name}/pulls/comments/{id}"))
+}
+
+// -------------------------------------------------------------------------------------
+// Helpers
+// -------------------------------------------------------------------------------------
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// `2016-07-11T22:14:10Z`.
+fn iso8601(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Base64 wrapped every 60 characters, each line ending in `\n`, as the contents API does.
+fn base64_wrapped(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut flat = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                flat.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                flat.push('=');
+            }
+        }
+    }
+    let mut out = String::new();
+    for line in flat.as_bytes().chunks(60) {
+        out.push_str(std::str::from_utf8(line).unwrap());
+        out.push('\n');
+    }
+    out
+}
+
+fn fake_sha(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(&sha2::Sha256::digest(bytes)[..20])
+}
+
+fn parse_query(query: &str) -> HashMap<String, String> {
+    query
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match b[i] {
+            b'%' if i + 2 < b.len() && hex(b[i + 1]).is_some() && hex(b[i + 2]).is_some() => {
+                out.push((hex(b[i + 1]).unwrap() * 16 + hex(b[i + 2]).unwrap()) as u8);
+                i += 3;
+                continue;
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
