@@ -13,7 +13,15 @@ async fn served() -> Served {
 }
 
 fn ask(s: &Served, comment_id: u64) -> serde_json::Value {
-    issue_comment(&s.clone_url, 7, false, comment_id, "alice", "User", "/kodx ask why?")
+    issue_comment(
+        &s.clone_url,
+        7,
+        false,
+        comment_id,
+        "alice",
+        "User",
+        "/kodx ask why?",
+    )
 }
 
 #[tokio::test]
@@ -24,13 +32,28 @@ async fn signatures_are_checked_before_anything_else() {
     let cases: Vec<(&str, Option<String>)> = vec![
         ("missing", None),
         ("malformed", Some("sha256=zz".into())),
-        ("no prefix", Some(sign(SECRET, &body).trim_start_matches("sha256=").to_string())),
+        (
+            "no prefix",
+            Some(
+                sign(SECRET, &body)
+                    .trim_start_matches("sha256=")
+                    .to_string(),
+            ),
+        ),
         ("wrong secret", Some(sign("another secret", &body))),
-        ("sha1 only", Some("sha1=0123456789abcdef0123456789abcdef01234567".into())),
+        (
+            "sha1 only",
+            Some("sha1=0123456789abcdef0123456789abcdef01234567".into()),
+        ),
     ];
     for (what, sig) in cases {
         let (status, answer) = s
-            .post_raw("issue_comment", Some(&delivery_id()), sig.as_deref(), body.clone())
+            .post_raw(
+                "issue_comment",
+                Some(&delivery_id()),
+                sig.as_deref(),
+                body.clone(),
+            )
             .await;
         assert_eq!(status, 401, "{what}: {answer}");
         assert!(answer["error"].is_string(), "{what}: {answer}");
@@ -46,7 +69,10 @@ async fn signatures_are_checked_before_anything_else() {
     assert_eq!(status, 401);
     // Nothing was queued or sent to GitHub.
     let (_, metrics) = s.get("/metrics").await;
-    assert!(metrics.contains("kodx_webhooks_total{event=\"issue_comment\",result=\"unauthorized\"} 6"), "{metrics}");
+    assert!(
+        metrics.contains("kodx_webhooks_total{event=\"issue_comment\",result=\"unauthorized\"} 6"),
+        "{metrics}"
+    );
     assert!(s.github.requests().is_empty());
 }
 
@@ -56,22 +82,36 @@ async fn status_codes_of_the_table() {
     // Over 25 MiB: 413, whatever the signature.
     let big = vec![b' '; 25 * 1024 * 1024 + 1];
     let sig = sign(SECRET, &big);
-    let (status, _) = s.post_raw("issue_comment", Some(&delivery_id()), Some(&sig), big).await;
+    let (status, _) = s
+        .post_raw("issue_comment", Some(&delivery_id()), Some(&sig), big)
+        .await;
     assert_eq!(status, 413);
     // Signed but not JSON: 400 with a one-line reason.
     let body = b"{not json".to_vec();
     let (status, answer) = s
-        .post_raw("issue_comment", Some(&delivery_id()), Some(&sign(SECRET, &body)), body)
+        .post_raw(
+            "issue_comment",
+            Some(&delivery_id()),
+            Some(&sign(SECRET, &body)),
+            body,
+        )
         .await;
     assert_eq!(status, 400);
     assert_eq!(answer["error"], "the body is not valid JSON");
     // JSON missing fields this event needs: 400 naming the field.
     let (status, answer) = s
-        .deliver("issue_comment", &delivery_id(), &json!({"action": "created", "issue": {}}))
+        .deliver(
+            "issue_comment",
+            &delivery_id(),
+            &json!({"action": "created", "issue": {}}),
+        )
         .await;
     assert_eq!(status, 400);
     let reason = answer["error"].as_str().unwrap();
-    assert!(reason.contains("missing field") && !reason.contains('\n'), "{reason}");
+    assert!(
+        reason.contains("missing field") && !reason.contains('\n'),
+        "{reason}"
+    );
     // No delivery id: 400.
     let body = ask(&s, 2).to_string().into_bytes();
     let (status, answer) = s
@@ -79,21 +119,55 @@ async fn status_codes_of_the_table() {
         .await;
     assert_eq!(status, 400, "{answer}");
     // Other events, ping, edits, no command, bot authors: 200 with the reason.
-    let (status, answer) = s.deliver("push", &delivery_id(), &json!({"ref": "refs/heads/main"})).await;
-    assert_eq!((status, answer["ignored"].as_str().unwrap().contains("push")), (200, true), "{answer}");
-    let (status, answer) = s.deliver("ping", &delivery_id(), &json!({"zen": "Keep it logically awesome."})).await;
+    let (status, answer) = s
+        .deliver("push", &delivery_id(), &json!({"ref": "refs/heads/main"}))
+        .await;
+    assert_eq!(
+        (status, answer["ignored"].as_str().unwrap().contains("push")),
+        (200, true),
+        "{answer}"
+    );
+    let (status, answer) = s
+        .deliver(
+            "ping",
+            &delivery_id(),
+            &json!({"zen": "Keep it logically awesome."}),
+        )
+        .await;
     assert_eq!((status, answer), (200, json!({"ignored": "ping"})));
     let mut edited = ask(&s, 3);
     edited["action"] = json!("edited");
     let (status, answer) = s.deliver("issue_comment", &delivery_id(), &edited).await;
     assert_eq!(status, 200, "{answer}");
-    let plain = issue_comment(&s.clone_url, 7, false, 4, "alice", "User", "no command here, `/kodx ask` in code");
+    let plain = issue_comment(
+        &s.clone_url,
+        7,
+        false,
+        4,
+        "alice",
+        "User",
+        "no command here, `/kodx ask` in code",
+    );
     let (status, answer) = s.deliver("issue_comment", &delivery_id(), &plain).await;
-    assert_eq!((status, answer), (200, json!({"ignored": "no /kodx command"})));
-    let bot = issue_comment(&s.clone_url, 7, false, 5, "kodx[bot]", "Bot", "/kodx ask loop?");
+    assert_eq!(
+        (status, answer),
+        (200, json!({"ignored": "no /kodx command"}))
+    );
+    let bot = issue_comment(
+        &s.clone_url,
+        7,
+        false,
+        5,
+        "kodx[bot]",
+        "Bot",
+        "/kodx ask loop?",
+    );
     let (status, answer) = s.deliver("issue_comment", &delivery_id(), &bot).await;
     assert_eq!(status, 200);
-    assert!(answer["ignored"].as_str().unwrap().contains("bot"), "{answer}");
+    assert!(
+        answer["ignored"].as_str().unwrap().contains("bot"),
+        "{answer}"
+    );
 }
 
 #[tokio::test]
@@ -107,12 +181,22 @@ async fn a_command_is_queued_durably_once_per_delivery() {
     // GitHub redelivers: answered 200, nothing new.
     let (status, answer) = s.deliver("issue_comment", &id, &ask(&s, 10)).await;
     assert_eq!(status, 200);
-    assert!(answer["ignored"].as_str().unwrap().contains("duplicate"), "{answer}");
+    assert!(
+        answer["ignored"].as_str().unwrap().contains("duplicate"),
+        "{answer}"
+    );
     // The run is in the SQLite file, written before the 202 (workers are off here).
-    let db = kodx::db::Db::open(&format!("sqlite://{}", s.dir.path().join("kodx.db").display()))
+    let db = kodx::db::Db::open(&format!(
+        "sqlite://{}",
+        s.dir.path().join("kodx.db").display()
+    ))
+    .await
+    .unwrap();
+    let run = db
+        .get_run(&run_id)
         .await
-        .unwrap();
-    let run = db.get_run(&run_id).await.unwrap().expect("the run is stored");
+        .unwrap()
+        .expect("the run is stored");
     assert_eq!(run.kind, "ask");
     assert_eq!(run.argument, "why?");
     assert_eq!(run.author, "alice");
@@ -120,8 +204,14 @@ async fn a_command_is_queued_durably_once_per_delivery() {
     assert_eq!(run.trigger_id, 10);
     assert_eq!(db.counts().await.unwrap().queued, 1);
     let (_, metrics) = s.get("/metrics").await;
-    assert!(metrics.contains("kodx_webhooks_total{event=\"issue_comment\",result=\"queued\"} 1"), "{metrics}");
-    assert!(metrics.contains("kodx_webhooks_total{event=\"issue_comment\",result=\"duplicate\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("kodx_webhooks_total{event=\"issue_comment\",result=\"queued\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kodx_webhooks_total{event=\"issue_comment\",result=\"duplicate\"} 1"),
+        "{metrics}"
+    );
     assert!(metrics.contains("kodx_runs_queued 1"), "{metrics}");
 }
 
@@ -130,7 +220,9 @@ async fn concurrent_redeliveries_queue_one_run() {
     let s = served().await;
     let id = delivery_id();
     let body = ask(&s, 11);
-    let answers = futures_util::future::join_all((0..16).map(|_| s.deliver("issue_comment", &id, &body))).await;
+    let answers =
+        futures_util::future::join_all((0..16).map(|_| s.deliver("issue_comment", &id, &body)))
+            .await;
     let queued = answers.iter().filter(|(st, _)| *st == 202).count();
     let dup = answers.iter().filter(|(st, _)| *st == 200).count();
     assert_eq!((queued, dup), (1, 15), "{answers:?}");
@@ -146,9 +238,12 @@ async fn installation_events_are_recorded() {
     });
     let (status, answer) = s.deliver("installation", &delivery_id(), &payload).await;
     assert_eq!(status, 200, "{answer}");
-    let db = kodx::db::Db::open(&format!("sqlite://{}", s.dir.path().join("kodx.db").display()))
-        .await
-        .unwrap();
+    let db = kodx::db::Db::open(&format!(
+        "sqlite://{}",
+        s.dir.path().join("kodx.db").display()
+    ))
+    .await
+    .unwrap();
     let inst = db.installation(991).await.unwrap().expect("recorded");
     assert_eq!(inst.account, "octo-org");
 }
@@ -166,7 +261,9 @@ async fn healthz_names_what_is_wrong_and_metrics_are_prometheus_text() {
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["database"], "ok");
     assert_ne!(v["docker"], "ok");
-    let (status, _) = s.deliver("ping", &delivery_id(), &json!({"zen": "z"})).await;
+    let (status, _) = s
+        .deliver("ping", &delivery_id(), &json!({"zen": "z"}))
+        .await;
     assert_eq!(status, 200);
     let (status, text) = s.get("/metrics").await;
     assert_eq!(status, 200);
@@ -219,7 +316,10 @@ async fn bad_configuration_is_one_clear_line() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("APP_ID") && err.contains("WEBHOOK_SECRET"), "{err}");
+    assert!(
+        err.contains("APP_ID") && err.contains("WEBHOOK_SECRET"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 
     let dir = tempfile::tempdir().unwrap();
@@ -230,7 +330,10 @@ async fn bad_configuration_is_one_clear_line() {
         .env("WEBHOOK_SECRET", "x")
         .env("PORT", "0")
         .env("HOST", "127.0.0.1")
-        .env("DATABASE_URL", format!("sqlite://{}/kodx.db", dir.path().display()))
+        .env(
+            "DATABASE_URL",
+            format!("sqlite://{}/kodx.db", dir.path().display()),
+        )
         .env("KODX_CONFIG", dir.path().join("missing.toml"))
         .output()
         .await

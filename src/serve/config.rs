@@ -168,9 +168,11 @@ impl ServeConfig {
         };
         let private_key = match (get("PRIVATE_KEY"), get("PRIVATE_KEY_PATH")) {
             (Some(pem), _) => Some(PrivateKey(pem.replace("\\n", "\n"))),
-            (None, Some(path)) => Some(PrivateKey(std::fs::read_to_string(&path).map_err(
-                |e| ConfigError(format!("PRIVATE_KEY_PATH={path}: cannot read the key: {e}")),
-            )?)),
+            (None, Some(path)) => {
+                Some(PrivateKey(std::fs::read_to_string(&path).map_err(|e| {
+                    ConfigError(format!("PRIVATE_KEY_PATH={path}: cannot read the key: {e}"))
+                })?))
+            }
             (None, None) => {
                 missing.push(
                     "PRIVATE_KEY or PRIVATE_KEY_PATH (the App's private key, downloaded from its settings)",
@@ -179,9 +181,10 @@ impl ServeConfig {
             }
         };
         let webhook_secrets = match get("WEBHOOK_SECRET") {
-            Some(v) => Some(WebhookSecrets::parse(&v).map_err(|e| {
-                ConfigError(format!("WEBHOOK_SECRET: {e}"))
-            })?),
+            Some(v) => Some(
+                WebhookSecrets::parse(&v)
+                    .map_err(|e| ConfigError(format!("WEBHOOK_SECRET: {e}")))?,
+            ),
             None => {
                 missing.push("WEBHOOK_SECRET (the secret set in the App's webhook settings)");
                 None
@@ -250,12 +253,8 @@ impl ServeConfig {
 
 /// Reads and checks a server config file.
 pub fn load_settings(path: &Path) -> Result<Settings, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigError(format!(
-            "KODX_CONFIG: cannot read {}: {e}",
-            path.display()
-        ))
-    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("KODX_CONFIG: cannot read {}: {e}", path.display())))?;
     parse_settings(&text, &path.display().to_string())
 }
 
@@ -290,13 +289,20 @@ mod tests {
 
     const BASE: &[(&str, &str)] = &[
         ("APP_ID", "123"),
-        ("PRIVATE_KEY", "-----BEGIN RSA PRIVATE KEY-----\\nabc\\n-----END RSA PRIVATE KEY-----"),
+        (
+            "PRIVATE_KEY",
+            "-----BEGIN RSA PRIVATE KEY-----\\nabc\\n-----END RSA PRIVATE KEY-----",
+        ),
         ("WEBHOOK_SECRET", "s3cret"),
         ("KODX_CONFIG", "/nonexistent/kodx-test-config.toml"),
     ];
 
     fn without_config(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
-        let mut v: Vec<_> = BASE.iter().copied().filter(|(k, _)| *k != "KODX_CONFIG").collect();
+        let mut v: Vec<_> = BASE
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != "KODX_CONFIG")
+            .collect();
         v.extend_from_slice(extra);
         v
     }
@@ -305,18 +311,29 @@ mod tests {
     fn probot_names_and_defaults() {
         let c = ServeConfig::from_lookup(lookup(&without_config(&[]))).unwrap();
         assert_eq!(c.app_id, 123);
-        assert!(c.private_key.expose().contains("\nabc\n"), "literal \\n turned into newlines");
+        assert!(
+            c.private_key.expose().contains("\nabc\n"),
+            "literal \\n turned into newlines"
+        );
         assert_eq!(c.github_api_url, DEFAULT_GITHUB_API_URL);
         assert_eq!(c.listen, "0.0.0.0:3000".parse().unwrap());
         assert_eq!(c.database_url, DEFAULT_DATABASE_URL);
         assert!(!format!("{c:?}").contains("abc"), "the key never prints");
-        assert!(!format!("{c:?}").contains("s3cret"), "the secret never prints");
+        assert!(
+            !format!("{c:?}").contains("s3cret"),
+            "the secret never prints"
+        );
     }
 
     #[test]
     fn all_missing_names_every_variable() {
         let e = ServeConfig::from_lookup(lookup(&[])).unwrap_err().0;
-        for name in ["APP_ID", "PRIVATE_KEY", "PRIVATE_KEY_PATH", "WEBHOOK_SECRET"] {
+        for name in [
+            "APP_ID",
+            "PRIVATE_KEY",
+            "PRIVATE_KEY_PATH",
+            "WEBHOOK_SECRET",
+        ] {
             assert!(e.contains(name), "{e}");
         }
     }
@@ -344,7 +361,10 @@ mod tests {
     #[test]
     fn explicit_config_file_must_exist() {
         let e = ServeConfig::from_lookup(lookup(BASE)).unwrap_err();
-        assert!(e.0.contains("KODX_CONFIG") && e.0.contains("kodx-test-config"), "{e}");
+        assert!(
+            e.0.contains("KODX_CONFIG") && e.0.contains("kodx-test-config"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -359,7 +379,10 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         v.push(("PRIVATE_KEY_PATH".into(), key_s));
-        v.push(("GITHUB_API_URL".into(), "https://ghe.example.com/api/v3/".into()));
+        v.push((
+            "GITHUB_API_URL".into(),
+            "https://ghe.example.com/api/v3/".into(),
+        ));
         let map: HashMap<_, _> = v.into_iter().collect();
         let c = ServeConfig::from_lookup(|k| map.get(k).cloned()).unwrap();
         assert_eq!(c.private_key.expose(), "PEM");
@@ -368,13 +391,19 @@ mod tests {
 
     #[test]
     fn settings_file_is_strict() {
-        let s = parse_settings("max_concurrent_runs = 4\nmax_cost_limit = 3.5\n", "kodx.toml")
-            .unwrap();
+        let s = parse_settings(
+            "max_concurrent_runs = 4\nmax_cost_limit = 3.5\n",
+            "kodx.toml",
+        )
+        .unwrap();
         assert_eq!(s.max_concurrent_runs, 4);
         assert_eq!(s.max_cost_limit, 3.5);
         assert_eq!(s.max_iterations, Settings::default().max_iterations);
         let e = parse_settings("max_concurrent = 4\n", "kodx.toml").unwrap_err();
-        assert!(e.0.starts_with("kodx.toml: line 1:") && e.0.contains("max_concurrent"), "{e}");
+        assert!(
+            e.0.starts_with("kodx.toml: line 1:") && e.0.contains("max_concurrent"),
+            "{e}"
+        );
         let e = parse_settings("\nmax_concurrent_runs = \"two\"\n", "kodx.toml").unwrap_err();
         assert!(e.0.contains("line 2"), "{e}");
         let e = parse_settings("max_concurrent_runs = 0\n", "kodx.toml").unwrap_err();

@@ -189,7 +189,10 @@ mod tests {
     fn hidden_text_is_removed() {
         assert_eq!(strip_hidden("a<!-- secret -->b"), "ab");
         assert_eq!(strip_hidden("a<!-- x --><!--y-->b<!-- open"), "ab");
-        assert_eq!(strip_hidden("ig\u{200B}nore\u{202E} all\u{FEFF}"), "ignore all");
+        assert_eq!(
+            strip_hidden("ig\u{200B}nore\u{202E} all\u{FEFF}"),
+            "ignore all"
+        );
         assert_eq!(strip_hidden("keep -- > this"), "keep -- > this");
         assert_eq!(strip_hidden("<!-- a --> -->"), " -->");
     }
@@ -214,7 +217,10 @@ mod tests {
         assert!(p.contains("Cache misses"));
         assert!(!p.contains("ignore previous"));
         assert!(p.contains("me too"));
-        assert!(p.contains("`````\nIt misses."), "a longer fence than the text's own: {p}");
+        assert!(
+            p.contains("`````\nIt misses."),
+            "a longer fence than the text's own: {p}"
+        );
         assert!(p.contains("why does it fail?"));
         assert!(p.contains("Do not change any files"));
     }

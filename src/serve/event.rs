@@ -221,7 +221,9 @@ fn decode<'a, T: Deserialize<'a>>(event: &str, body: &'a [u8]) -> Result<T, BadR
 
 fn installation_id(i: Option<InstallationRef>) -> Result<i64, BadRequest> {
     i.map(|i| i.id).ok_or_else(|| {
-        BadRequest("the payload has no `installation`: is this webhook sent by the GitHub App?".into())
+        BadRequest(
+            "the payload has no `installation`: is this webhook sent by the GitHub App?".into(),
+        )
     })
 }
 
@@ -373,7 +375,13 @@ mod tests {
 
     #[test]
     fn issue_comment_with_command() {
-        let c = command(triage("issue_comment", &comment_payload("/kodx ask why?", "User", false)).unwrap());
+        let c = command(
+            triage(
+                "issue_comment",
+                &comment_payload("/kodx ask why?", "User", false),
+            )
+            .unwrap(),
+        );
         assert_eq!(c.repo, "o/r");
         assert_eq!(c.issue_number, 7);
         assert!(!c.is_pull_request);
@@ -381,24 +389,46 @@ mod tests {
         assert_eq!(c.trigger, TriggerKind::IssueComment);
         assert_eq!(c.trigger_id, 99);
         assert_eq!(c.installation_id, 5);
-        assert_eq!(c.command, Ok(Command::Ask { question: "why?".into() }));
-        let c = command(triage("issue_comment", &comment_payload("/kodx code x", "User", true)).unwrap());
+        assert_eq!(
+            c.command,
+            Ok(Command::Ask {
+                question: "why?".into()
+            })
+        );
+        let c = command(
+            triage(
+                "issue_comment",
+                &comment_payload("/kodx code x", "User", true),
+            )
+            .unwrap(),
+        );
         assert!(c.is_pull_request);
     }
 
     #[test]
     fn ignored_cases() {
-        let t = triage("issue_comment", &comment_payload("just talk", "User", false)).unwrap();
+        let t = triage(
+            "issue_comment",
+            &comment_payload("just talk", "User", false),
+        )
+        .unwrap();
         assert_eq!(t, Triage::Ignore("no /kodx command".into()));
-        let t = triage("issue_comment", &comment_payload("/kodx ask x", "Bot", false)).unwrap();
+        let t = triage(
+            "issue_comment",
+            &comment_payload("/kodx ask x", "Bot", false),
+        )
+        .unwrap();
         assert!(matches!(t, Triage::Ignore(r) if r.contains("bot")));
-        let mut edited: Value = serde_json::from_slice(&comment_payload("/kodx ask x", "User", false)).unwrap();
+        let mut edited: Value =
+            serde_json::from_slice(&comment_payload("/kodx ask x", "User", false)).unwrap();
         edited["action"] = json!("edited");
         let t = triage("issue_comment", edited.to_string().as_bytes()).unwrap();
         assert!(matches!(t, Triage::Ignore(r) if r.contains("edits")));
         let t = triage("push", b"{}").unwrap();
         assert!(matches!(t, Triage::Ignore(r) if r.contains("push")));
-        assert!(matches!(triage("ping", b"{\"zen\":\"x\"}").unwrap(), Triage::Ignore(r) if r == "ping"));
+        assert!(
+            matches!(triage("ping", b"{\"zen\":\"x\"}").unwrap(), Triage::Ignore(r) if r == "ping")
+        );
     }
 
     #[test]
@@ -408,7 +438,8 @@ mod tests {
         let e = triage("issue_comment", b"{\"action\":\"created\"}").unwrap_err();
         assert!(e.0.contains("missing field"), "{e}");
         assert!(!e.0.contains('\n'));
-        let mut p: Value = serde_json::from_slice(&comment_payload("/kodx ask x", "User", false)).unwrap();
+        let mut p: Value =
+            serde_json::from_slice(&comment_payload("/kodx ask x", "User", false)).unwrap();
         p.as_object_mut().unwrap().remove("installation");
         let e = triage("issue_comment", p.to_string().as_bytes()).unwrap_err();
         assert!(e.0.contains("installation"), "{e}");
@@ -428,7 +459,12 @@ mod tests {
         assert_eq!(c.trigger, TriggerKind::Issue);
         assert_eq!(c.trigger_id, 3);
         assert_eq!(c.default_branch, "trunk");
-        assert_eq!(c.command, Ok(Command::Code { request: "add a flag".into() }));
+        assert_eq!(
+            c.command,
+            Ok(Command::Code {
+                request: "add a flag".into()
+            })
+        );
 
         let p = json!({
             "action": "created",
@@ -448,11 +484,16 @@ mod tests {
 
     #[test]
     fn installation_events_are_recorded() {
-        let p = json!({"action": "created", "installation": {"id": 9, "account": {"login": "acme"}}});
+        let p =
+            json!({"action": "created", "installation": {"id": 9, "account": {"login": "acme"}}});
         let t = triage("installation", p.to_string().as_bytes()).unwrap();
         assert_eq!(
             t,
-            Triage::Installation { id: 9, account: "acme".into(), action: "installation.created".into() }
+            Triage::Installation {
+                id: 9,
+                account: "acme".into(),
+                action: "installation.created".into()
+            }
         );
     }
 
@@ -462,7 +503,9 @@ mod tests {
         let c = command(triage("issue_comment", &comment_payload(body, "User", false)).unwrap());
         assert_eq!(
             c.command,
-            Ok(Command::Ask { question: "\u{e9}t\u{e9}? \"quoted\"\nsecond line".into() })
+            Ok(Command::Ask {
+                question: "\u{e9}t\u{e9}? \"quoted\"\nsecond line".into()
+            })
         );
     }
 }

@@ -67,7 +67,11 @@ impl Metrics {
             webhooks.clone(),
         );
         let runs = Family::<RunLabels, Counter>::default();
-        registry.register("runs", "Finished runs, by command and outcome", runs.clone());
+        registry.register(
+            "runs",
+            "Finished runs, by command and outcome",
+            runs.clone(),
+        );
         let active = Gauge::default();
         registry.register("runs_active", "Runs working right now", active.clone());
         let queued = Gauge::default();
@@ -178,7 +182,8 @@ mod tests {
         assert!(text.contains("kodx_runs_total{kind=\"ask\",outcome=\"end_turn\"} 1"));
         assert!(text.contains("kodx_runs_active 1"));
         assert!(text.contains("kodx_spend_usd_total 0.25"));
-        assert!(text.contains("kodx_model_request_duration_seconds_count{model=\"claude-sonnet-4-5\"} 1"));
+        assert!(text
+            .contains("kodx_model_request_duration_seconds_count{model=\"claude-sonnet-4-5\"} 1"));
         assert!(text.contains("kodx_run_duration_seconds_count 1"));
     }
 }

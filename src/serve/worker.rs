@@ -70,12 +70,12 @@ impl EngineSlot {
 
     pub async fn ping(&self) -> Result<(), String> {
         let engine = self.get().await.map_err(|e| e.to_string())?;
-        engine
-            .docker()
-            .ping()
-            .await
-            .map(|_| ())
-            .map_err(|e| format!("the Docker engine at {} does not answer: {e}", engine.host()))
+        engine.docker().ping().await.map(|_| ()).map_err(|e| {
+            format!(
+                "the Docker engine at {} does not answer: {e}",
+                engine.host()
+            )
+        })
     }
 }
 
@@ -224,10 +224,8 @@ impl Workers {
                 tasks.len()
             );
         }
-        let waited = tokio::time::timeout(grace, async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
+        let waited =
+            tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
         if waited.is_err() {
             for handle in self.running.lock().expect("lock").values() {
                 handle.cancel.cancel();
@@ -261,19 +259,16 @@ impl Workers {
             Ok(queued) => {
                 self.metrics.set_queued(queued.len() as i64);
                 for run in queued.into_iter().filter(|r| r.is_work()) {
-                    if run.status_comment_id.is_some() && !run.recovered {
-                        continue;
-                    }
-                    if !self.acknowledging.lock().expect("lock").insert(run.id.clone()) {
+                    if run.status_comment_id.is_some()
+                        || self.acknowledging.lock().expect("lock").contains(&run.id)
+                    {
                         continue;
                     }
                     let this = self.clone();
                     let span = run_span(&run);
                     tasks.spawn(
                         async move {
-                            let id = run.id.clone();
-                            this.acknowledge(&run).await;
-                            this.acknowledging.lock().expect("lock").remove(&id);
+                            this.ensure_acknowledged(&run.id).await;
                         }
                         .instrument(span),
                     );
@@ -312,12 +307,43 @@ impl Workers {
     // Acknowledging a run: permission, repository config, eyes, status comment
     // -----------------------------------------------------------------------------------
 
+    /// Acknowledges the run once, whoever asks first (the intake or the worker that claimed
+    /// it); the other waits. The run as it is afterwards, or `None` when it is over (refused).
+    async fn ensure_acknowledged(&self, run_id: &str) -> Option<Run> {
+        loop {
+            if self
+                .acknowledging
+                .lock()
+                .expect("lock")
+                .insert(run_id.to_string())
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let result = async {
+            let run = self.db.get_run(run_id).await.ok().flatten()?;
+            if run.status.is_final() {
+                return None;
+            }
+            if run.status_comment_id.is_none() {
+                self.acknowledge(&run).await;
+            }
+            self.db
+                .get_run(run_id)
+                .await
+                .ok()
+                .flatten()
+                .filter(|r| !r.status.is_final())
+        }
+        .await;
+        self.acknowledging.lock().expect("lock").remove(run_id);
+        result
+    }
+
     /// Checks who asked and the repository's config, reacts `eyes` and creates the status
     /// comment. `false` when the run was refused (and finished) instead.
     async fn acknowledge(&self, run: &Run) -> bool {
-        if run.status_comment_id.is_some() && !run.recovered {
-            return true;
-        }
         let gh = match self.installation(run).await {
             Ok(gh) => gh,
             Err(e) => {
@@ -326,20 +352,19 @@ impl Workers {
             }
         };
         let Ok(repo) = RepoName::parse(&run.repo) else {
-            self.finish_quietly(run, RunStatus::Failed, "internal_error").await;
+            self.finish_quietly(run, RunStatus::Failed, "internal_error")
+                .await;
             return false;
         };
         // Who may: checked before anything is posted, so a refusal is one short comment.
-        let config = match self.check_permission_and_config(&gh, &repo, run).await {
-            Ok(c) => c,
-            Err(()) => return false,
-        };
-        let _ = config;
-        self.react(&gh, &repo, run, Reaction::Eyes).await;
-        if run.status_comment_id.is_some() {
-            // A recovered run already has its comment: the edit at start says it restarted.
-            return true;
+        if self
+            .check_permission_and_config(&gh, &repo, run)
+            .await
+            .is_err()
+        {
+            return false;
         }
+        self.react(&gh, &repo, run, Reaction::Eyes).await;
         // A comment this run posted before a crash is found by its hidden metadata.
         if let Some(existing) = self.find_status_comment(&gh, &repo, run).await {
             let _ = self.db.set_status_comment(&run.id, existing as i64).await;
@@ -363,7 +388,12 @@ impl Workers {
         }
     }
 
-    async fn find_status_comment(&self, gh: &Installation, repo: &RepoName, run: &Run) -> Option<u64> {
+    async fn find_status_comment(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        run: &Run,
+    ) -> Option<u64> {
         // Only worth a listing when this run may have posted before (a restart, or a
         // webhook handled a while ago).
         let age = crate::db::now_ms() - run.created_at;
@@ -377,7 +407,9 @@ impl Workers {
         comments
             .iter()
             .rev()
-            .find(|c| c.author_is_bot && comment::find_run_id(&c.body).as_deref() == Some(run.id.as_str()))
+            .find(|c| {
+                c.author_is_bot && comment::find_run_id(&c.body).as_deref() == Some(run.id.as_str())
+            })
             .map(|c| c.id)
     }
 
@@ -435,8 +467,11 @@ impl Workers {
                 run.kind,
                 has.as_str()
             );
-            let _ = gh.create_comment(repo, run.issue_number as u64, &body).await;
-            self.finish_quietly(run, RunStatus::Failed, NOT_PERMITTED).await;
+            let _ = gh
+                .create_comment(repo, run.issue_number as u64, &body)
+                .await;
+            self.finish_quietly(run, RunStatus::Failed, NOT_PERMITTED)
+                .await;
             return Err(());
         }
         if let Some(error) = config_error {
@@ -452,8 +487,19 @@ impl Workers {
     }
 
     /// Answers with one comment, reacts `confused` and finishes the run as failed.
-    async fn refuse(&self, gh: &Installation, repo: &RepoName, run: &Run, reason: &str, text: &str) {
-        let body = format!("{}\n\n<sub>kodx run <code>{}</code></sub>", comment::redact(text), run.id);
+    async fn refuse(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        run: &Run,
+        reason: &str,
+        text: &str,
+    ) {
+        let body = format!(
+            "{}\n\n<sub>kodx run <code>{}</code></sub>",
+            comment::redact(text),
+            run.id
+        );
         let body = match run.status_comment_id {
             Some(id) => match gh.update_comment(repo, id as u64, &body).await {
                 Ok(()) => None,
@@ -462,7 +508,9 @@ impl Workers {
             None => Some(body),
         };
         if let Some(body) = body {
-            let _ = gh.create_comment(repo, run.issue_number as u64, &body).await;
+            let _ = gh
+                .create_comment(repo, run.issue_number as u64, &body)
+                .await;
         }
         self.react(gh, repo, run, Reaction::Confused).await;
         self.finish_quietly(run, RunStatus::Failed, reason).await;
@@ -484,7 +532,8 @@ impl Workers {
         if let Err(e) = self.db.finish(&run.id, &fin).await {
             tracing::error!("finishing the run failed: {e}");
         }
-        self.metrics.run_finished(&run.kind, reason, 0.0, Duration::ZERO);
+        self.metrics
+            .run_finished(&run.kind, reason, 0.0, Duration::ZERO);
     }
 
     async fn react(&self, gh: &Installation, repo: &RepoName, run: &Run, reaction: Reaction) {
@@ -513,12 +562,14 @@ impl Workers {
             Ok(gh) => gh,
             Err(e) => {
                 tracing::error!("GitHub is not reachable for a {} job: {e}", job.kind);
-                self.finish_quietly(&job, RunStatus::Failed, "internal_error").await;
+                self.finish_quietly(&job, RunStatus::Failed, "internal_error")
+                    .await;
                 return;
             }
         };
         let Ok(repo) = RepoName::parse(&job.repo) else {
-            self.finish_quietly(&job, RunStatus::Failed, "internal_error").await;
+            self.finish_quietly(&job, RunStatus::Failed, "internal_error")
+                .await;
             return;
         };
         let needed = if job.kind == "help" {
@@ -530,7 +581,8 @@ impl Workers {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!("permission check failed: {e}");
-                self.finish_quietly(&job, RunStatus::Failed, "internal_error").await;
+                self.finish_quietly(&job, RunStatus::Failed, "internal_error")
+                    .await;
                 return;
             }
         };
@@ -542,16 +594,22 @@ impl Workers {
                     if job.kind == "refuse" { "code" } else { job.kind.as_str() },
                     has.as_str()
                 );
-                let _ = gh.create_comment(&repo, job.issue_number as u64, &body).await;
+                let _ = gh
+                    .create_comment(&repo, job.issue_number as u64, &body)
+                    .await;
             }
-            self.finish_quietly(&job, RunStatus::Failed, NOT_PERMITTED).await;
+            self.finish_quietly(&job, RunStatus::Failed, NOT_PERMITTED)
+                .await;
             return;
         }
         match job.kind.as_str() {
             "help" => {
                 let body = help_text(&job.argument);
-                let _ = gh.create_comment(&repo, job.issue_number as u64, &body).await;
-                self.finish_quietly(&job, RunStatus::Succeeded, "help").await;
+                let _ = gh
+                    .create_comment(&repo, job.issue_number as u64, &body)
+                    .await;
+                self.finish_quietly(&job, RunStatus::Succeeded, "help")
+                    .await;
             }
             "cancel" => self.cancel(&gh, &repo, &job).await,
             _ => {
@@ -561,19 +619,27 @@ impl Workers {
                     comment::redact(&job.author),
                     comment::redact(&job.argument)
                 );
-                let _ = gh.create_comment(&repo, job.issue_number as u64, &body).await;
+                let _ = gh
+                    .create_comment(&repo, job.issue_number as u64, &body)
+                    .await;
                 self.react(&gh, &repo, &job, Reaction::Confused).await;
-                self.finish_quietly(&job, RunStatus::Failed, "refused").await;
+                self.finish_quietly(&job, RunStatus::Failed, "refused")
+                    .await;
             }
         }
     }
 
     async fn cancel(&self, gh: &Installation, repo: &RepoName, job: &Run) {
-        let touched = match self.db.cancel_issue(&job.repo, job.issue_number, &job.author).await {
+        let touched = match self
+            .db
+            .cancel_issue(&job.repo, job.issue_number, &job.author)
+            .await
+        {
             Ok(t) => t,
             Err(e) => {
                 tracing::error!("cancelling failed: {e}");
-                self.finish_quietly(job, RunStatus::Failed, "internal_error").await;
+                self.finish_quietly(job, RunStatus::Failed, "internal_error")
+                    .await;
                 return;
             }
         };
@@ -601,13 +667,17 @@ impl Workers {
                 .create_comment(
                     repo,
                     job.issue_number as u64,
-                    &format!("@{} there is no kodx run to cancel here.", comment::redact(&job.author)),
+                    &format!(
+                        "@{} there is no kodx run to cancel here.",
+                        comment::redact(&job.author)
+                    ),
                 )
                 .await;
         } else {
             self.react(gh, repo, job, Reaction::PlusOne).await;
         }
-        self.finish_quietly(job, RunStatus::Succeeded, "cancel").await;
+        self.finish_quietly(job, RunStatus::Succeeded, "cancel")
+            .await;
     }
 
     // -----------------------------------------------------------------------------------
@@ -643,8 +713,11 @@ impl Workers {
                 None if self.shutdown.is_cancelled() => {
                     // Stopped by a shutdown: left `running`, queued again at the next start.
                     tracing::warn!("run stopped by shutdown; it resumes when kodx starts again");
-                    self.edit_status(&run, "⏳ paused — kodx is restarting; this run starts again when it is back")
-                        .await;
+                    self.edit_status(
+                        &run,
+                        "⏳ paused — kodx is restarting; this run starts again when it is back",
+                    )
+                    .await;
                     return;
                 }
                 None => {}
@@ -700,26 +773,16 @@ impl Workers {
                 ),
             })
         };
-        // A run claimed before it was acknowledged (or recovered) is acknowledged now.
-        let run = match self.db.get_run(&run.id).await {
-            Ok(Some(r)) => r,
-            _ => run.clone(),
-        };
-        let run = &run;
-        if (run.status_comment_id.is_none() || run.recovered) && !self.acknowledge(run).await {
-            // Refused and finished, or GitHub unreachable.
-            if matches!(self.db.get_run(&run.id).await, Ok(Some(r)) if r.status.is_final()) {
-                return None;
-            }
-        }
-        let run = match self.db.get_run(&run.id).await {
-            Ok(Some(r)) => r,
-            _ => run.clone(),
-        };
+        // A run claimed before it was acknowledged is acknowledged now (or refused).
+        let run = self.ensure_acknowledged(&run.id).await?;
         let run = &run;
         let gh = match self.installation(run).await {
             Ok(gh) => gh,
-            Err(e) => return internal(format!("GitHub did not give kodx an installation token: {e}")),
+            Err(e) => {
+                return internal(format!(
+                    "GitHub did not give kodx an installation token: {e}"
+                ))
+            }
         };
         let Ok(repo) = RepoName::parse(&run.repo) else {
             return internal(format!("the repository name {:?} is not valid", run.repo));
@@ -764,7 +827,12 @@ impl Workers {
         let max_iterations = config.max_iterations(&maxima);
         let program = program.with_overrides(&Overrides {
             model: config.model.clone().or_else(|| self.settings.model.clone()),
-            image: Some(config.image.clone().unwrap_or_else(|| self.settings.image.clone())),
+            image: Some(
+                config
+                    .image
+                    .clone()
+                    .unwrap_or_else(|| self.settings.image.clone()),
+            ),
             setup_script: config.setup_script.clone(),
             disable_network_after_setup: config.disable_network_after_setup,
             cost_limit: Some(cost_limit),
@@ -785,7 +853,11 @@ impl Workers {
         };
         let provider = match self.providers.make(program.model.provider) {
             Ok(p) => p,
-            Err(e) => return internal(format!("the model API is not configured on this server: {e}")),
+            Err(e) => {
+                return internal(format!(
+                    "the model API is not configured on this server: {e}"
+                ))
+            }
         };
         let provider = Timed {
             inner: provider,
@@ -818,7 +890,11 @@ impl Workers {
             Ok(Err(e)) => {
                 return Some(Ending {
                     status: RunStatus::Failed,
-                    done: self.failed_done(run, StopReason::Error, format!("Cloning the repository failed: {e}")),
+                    done: self.failed_done(
+                        run,
+                        StopReason::Error,
+                        format!("Cloning the repository failed: {e}"),
+                    ),
                 })
             }
             Err(e) => return internal(format!("the clone task failed: {e}")),
@@ -832,10 +908,18 @@ impl Workers {
             Ok(e) => e,
             Err(e) => return internal(format!("no Docker engine: {e}")),
         };
-        let mut spec = SandboxSpec::new(format!("kodx-{}", run.id), program.docker.image.clone().unwrap_or_else(|| self.settings.image.clone()));
+        let mut spec = SandboxSpec::new(
+            format!("kodx-{}", run.id),
+            program
+                .docker
+                .image
+                .clone()
+                .unwrap_or_else(|| self.settings.image.clone()),
+        );
         spec.repo_dir = Some(dest.clone());
         spec.setup_script = program.docker.setup_script.clone();
-        spec.disable_network_after_setup = program.docker.disable_network_after_setup.unwrap_or(false);
+        spec.disable_network_after_setup =
+            program.docker.disable_network_after_setup.unwrap_or(false);
         let setup_started = Instant::now();
         let sandbox = tokio::select! {
             s = engine.start_with_progress(&spec, |line| tracing::info!("{line}")) => s,
@@ -844,25 +928,43 @@ impl Workers {
         let sandbox = match sandbox {
             Ok(s) => s,
             Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {
-                let mut outcome = zero_outcome(StopReason::SetupFailed, cost_limit, program.model.name.clone());
+                let mut outcome = zero_outcome(
+                    StopReason::SetupFailed,
+                    cost_limit,
+                    program.model.name.clone(),
+                );
                 outcome.duration = setup_started.elapsed();
                 outcome.detail = Some(e.to_string());
                 return Some(Ending {
                     status: RunStatus::Failed,
-                    done: Done { kind, outcome, text: String::new(), pr_url: None, failure: None },
+                    done: Done {
+                        kind,
+                        outcome,
+                        text: String::new(),
+                        pr_url: None,
+                        failure: None,
+                    },
                 });
             }
             Err(e) => {
                 return Some(Ending {
                     status: RunStatus::Failed,
-                    done: self.failed_done(run, StopReason::Error, format!("The container could not be started: {e}")),
+                    done: self.failed_done(
+                        run,
+                        StopReason::Error,
+                        format!("The container could not be started: {e}"),
+                    ),
                 })
             }
         };
 
         // The agent, with the status comment following its progress.
         let _ = self.db.set_phase(&run.id, "working").await;
-        let mut config = AgentConfig::new(program.model.name.clone(), program.system_prompt.clone(), price);
+        let mut config = AgentConfig::new(
+            program.model.name.clone(),
+            program.system_prompt.clone(),
+            price,
+        );
         config.cost_limit = cost_limit;
         config.max_iterations = max_iterations;
         config.timeout = Duration::from_secs(self.settings.run_timeout_secs);
@@ -871,9 +973,18 @@ impl Workers {
         }
         config.temperature = program.parameters.temperature;
         let (progress_tx, progress_rx) = tokio::sync::watch::channel(None::<Progress>);
-        let updater = tokio::spawn(self.clone().follow_progress(gh.clone(), repo.clone(), run.clone(), progress_rx));
+        let updater = tokio::spawn(self.clone().follow_progress(
+            gh.clone(),
+            repo.clone(),
+            run.clone(),
+            progress_rx,
+        ));
         let (records_tx, records_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-        let writer = tokio::spawn(write_transcript(self.db.clone(), run.id.clone(), records_rx));
+        let writer = tokio::spawn(write_transcript(
+            self.db.clone(),
+            run.id.clone(),
+            records_rx,
+        ));
         let agent = Agent {
             provider: &provider,
             sandbox: &sandbox,
@@ -925,7 +1036,11 @@ impl Workers {
             status: RunStatus::Cancelled,
             done: Done {
                 kind: run_kind(run),
-                outcome: zero_outcome(StopReason::Cancelled, cost_limit, program.model.name.clone()),
+                outcome: zero_outcome(
+                    StopReason::Cancelled,
+                    cost_limit,
+                    program.model.name.clone(),
+                ),
                 text: String::new(),
                 pr_url: None,
                 failure: None,
@@ -973,7 +1088,11 @@ impl Workers {
             ctx.comments = self.comments(gh, repo, number).await?;
             // The PR head: from the base repository (refs/pull/N/head) — a fork is never
             // cloned with the App's token, and works the same as a same-repo branch.
-            Ok((ctx, crate::git::Checkout::PullHead(number), run.clone_url.clone()))
+            Ok((
+                ctx,
+                crate::git::Checkout::PullHead(number),
+                run.clone_url.clone(),
+            ))
         } else {
             let issue = gh.issue(repo, number).await?;
             ctx.title = issue.title;
@@ -982,7 +1101,11 @@ impl Workers {
             if run.trigger_kind == TriggerKind::Issue.as_str() {
                 // The command is in the body: not repeated as the request.
             }
-            Ok((ctx, crate::git::Checkout::DefaultBranch, run.clone_url.clone()))
+            Ok((
+                ctx,
+                crate::git::Checkout::DefaultBranch,
+                run.clone_url.clone(),
+            ))
         }
     }
 
@@ -1035,11 +1158,16 @@ impl Workers {
                 continue;
             }
             shown_step = p.step;
-            self.edit_phase(&gh, &repo, &run, &Phase::Working {
-                step: p.step,
-                spent: p.spent,
-                limit: p.limit,
-            })
+            self.edit_phase(
+                &gh,
+                &repo,
+                &run,
+                &Phase::Working {
+                    step: p.step,
+                    spent: p.spent,
+                    limit: p.limit,
+                },
+            )
             .await;
             last_edit = Some(Instant::now());
         }
@@ -1067,9 +1195,15 @@ impl Workers {
 
     /// Replaces the status comment's header line with `note` (restarts, shutdown).
     async fn edit_status(&self, run: &Run, note: &str) {
-        let Ok(gh) = self.installation(run).await else { return };
-        let Ok(repo) = RepoName::parse(&run.repo) else { return };
-        let Some(id) = self.status_comment_id(run).await else { return };
+        let Ok(gh) = self.installation(run).await else {
+            return;
+        };
+        let Ok(repo) = RepoName::parse(&run.repo) else {
+            return;
+        };
+        let Some(id) = self.status_comment_id(run).await else {
+            return;
+        };
         let body = format!(
             "{}\n### {note}\n\n{}\n\n<sub>kodx run <code>{}</code></sub>\n",
             comment::metadata(&run.id),
@@ -1094,8 +1228,14 @@ impl Workers {
                 return;
             }
         };
-        let Ok(repo) = RepoName::parse(&run.repo) else { return };
-        let body = comment::render(&run.id, &command_line(run), &Phase::Done(Box::new(done.clone())));
+        let Ok(repo) = RepoName::parse(&run.repo) else {
+            return;
+        };
+        let body = comment::render(
+            &run.id,
+            &command_line(run),
+            &Phase::Done(Box::new(done.clone())),
+        );
         let posted = match self.status_comment_id(run).await {
             Some(id) => gh.update_comment(&repo, id, &body).await,
             None => gh

@@ -2,7 +2,10 @@
 #![allow(dead_code)]
 
 pub mod fake_anthropic;
+pub mod fake_github;
 pub mod fake_openai;
+pub mod git_server;
+pub mod serve;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -67,7 +67,8 @@ impl Served {
         let settings = dir.path().join("kodx.toml");
         std::fs::write(
             &settings,
-            opts.settings.unwrap_or("status_interval_secs = 0.2\nshutdown_grace_secs = 5\n"),
+            opts.settings
+                .unwrap_or("status_interval_secs = 0.2\nshutdown_grace_secs = 5\n"),
         )
         .unwrap();
         let key = dir.path().join("app-key.pem");
@@ -190,7 +191,10 @@ impl Served {
             .send()
             .await
             .expect("kodx serve answers");
-        (resp.status().as_u16(), resp.text().await.unwrap_or_default())
+        (
+            resp.status().as_u16(),
+            resp.text().await.unwrap_or_default(),
+        )
     }
 
     /// Waits until `cond` holds, or fails with the server's log.
