@@ -437,3 +437,122 @@ async fn help_empty_and_over_long_requests_are_answered_with_a_comment() {
     assert!(s.model.requests().is_empty());
     assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
 }
+
+#[tokio::test]
+async fn ask_in_a_review_comment_gets_the_hunk_and_the_reactions_go_on_that_comment() {
+    let Some(_engine) = common::engine().await else {
+        return;
+    };
+    let s = served_with_workers().await;
+    let head = s.git.create_pull_ref(
+        REPO,
+        9,
+        &[("src/lib.rs", b"pub fn widget() -> u32 { 43 }\n", 0o644)],
+    );
+    let base = s.git.branch_sha(REPO, "main").unwrap();
+    s.github.add_pull(
+        REPO,
+        9,
+        "Bump the widget",
+        "",
+        "carol",
+        FakeHead {
+            ref_name: "bump".into(),
+            sha: head.clone(),
+            repo: Some(REPO.into()),
+            clone_url: s.clone_url.clone(),
+        },
+        FakeBase {
+            ref_name: "main".into(),
+            sha: base,
+        },
+        "diff --git a/src/lib.rs b/src/lib.rs\n-42\n+43\n",
+    );
+    let text = "/kodx ask why 43?";
+    let id = s.github.add_review_comment(REPO, 9, "alice", text);
+    s.model.reply(
+        vec![json!({"type": "text", "text": "Because the hunk says so."})],
+        "end_turn",
+        usage(500, 8),
+    );
+    let payload = json!({
+        "action": "created",
+        "comment": {
+            "id": id, "body": text, "path": "src/lib.rs", "line": 1, "side": "RIGHT",
+            "commit_id": head, "diff_hunk": "@@ -1 +1 @@\n-pub fn widget() -> u32 { 42 }\n+pub fn widget() -> u32 { 43 }",
+            "user": {"login": "alice", "id": 1005, "type": "User"},
+            "author_association": "OWNER"
+        },
+        "pull_request": {"number": 9, "title": "Bump the widget", "user": {"login": "carol", "id": 9, "type": "User"}},
+        "repository": {"full_name": REPO, "name": "widgets", "clone_url": s.clone_url, "default_branch": "main",
+                       "owner": {"login": "acme", "id": 1, "type": "Organization"}},
+        "installation": {"id": common::serve::INSTALLATION},
+        "sender": {"login": "alice", "id": 1005, "type": "User"}
+    });
+    let (status, answer) = s
+        .deliver("pull_request_review_comment", &delivery_id(), &payload)
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    s.wait_for("the answer", LONG, || {
+        bot_comments(&s, 9)
+            .iter()
+            .any(|c| c.body.contains("Because the hunk says so."))
+    })
+    .await;
+    let first = s.model.requests()[0].body["messages"][0].to_string();
+    assert!(
+        first.contains("review comment on src/lib.rs, line 1"),
+        "{first}"
+    );
+    assert!(first.contains("{ 42 }"), "{first}");
+    let target = format!("{REPO}/pulls/comments/{id}");
+    s.wait_for("rocket on the review comment", LONG, || {
+        s.github
+            .reactions()
+            .iter()
+            .any(|(t, c, _)| t == &target && c == "rocket")
+    })
+    .await;
+    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
+}
+
+#[tokio::test]
+async fn a_command_in_a_new_issue_runs_and_reacts_on_the_issue() {
+    let Some(_engine) = common::engine().await else {
+        return;
+    };
+    let s = served_with_workers().await;
+    let body = "The docs are thin.\n\n/kodx ask what does widget() return?";
+    s.github.add_issue(REPO, 7, "Docs", body, "alice");
+    s.model.reply(
+        vec![json!({"type": "text", "text": "It returns 42."})],
+        "end_turn",
+        usage(400, 6),
+    );
+    let payload = json!({
+        "action": "opened",
+        "issue": {"number": 7, "title": "Docs", "body": body, "state": "open",
+                  "user": {"login": "alice", "id": 1005, "type": "User"}},
+        "repository": {"full_name": REPO, "name": "widgets", "clone_url": s.clone_url, "default_branch": "main",
+                       "owner": {"login": "acme", "id": 1, "type": "Organization"}},
+        "installation": {"id": common::serve::INSTALLATION},
+        "sender": {"login": "alice", "id": 1005, "type": "User"}
+    });
+    let (status, answer) = s.deliver("issues", &delivery_id(), &payload).await;
+    assert_eq!(status, 202, "{answer}");
+    s.wait_for("the answer", LONG, || {
+        bot_comments(&s, 7)
+            .iter()
+            .any(|c| c.body.contains("It returns 42."))
+    })
+    .await;
+    let target = format!("{REPO}/issues/7");
+    s.wait_for("eyes and rocket on the issue", LONG, || {
+        let r = s.github.reactions();
+        ["eyes", "rocket"]
+            .iter()
+            .all(|want| r.iter().any(|(t, c, _)| t == &target && c == want))
+    })
+    .await;
+    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
+}

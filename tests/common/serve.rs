@@ -31,6 +31,8 @@ pub struct Served {
     pub dir: tempfile::TempDir,
     pub log: Arc<Mutex<String>>,
     child: tokio::process::Child,
+    env: Vec<(String, String)>,
+    workers: bool,
     http: reqwest::Client,
 }
 
@@ -74,63 +76,26 @@ impl Served {
         let key = dir.path().join("app-key.pem");
         std::fs::write(&key, TEST_APP_KEY).unwrap();
 
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"));
-        cmd.arg("serve");
-        if !opts.workers {
-            cmd.arg("--no-workers");
-        }
-        cmd.env("APP_ID", APP_ID.to_string())
-            .env("PRIVATE_KEY_PATH", &key)
-            .env_remove("PRIVATE_KEY")
-            .env("WEBHOOK_SECRET", SECRET)
-            .env("GITHUB_API_URL", github.url())
-            .env("HOST", "127.0.0.1")
-            .env("PORT", "0")
-            .env(
-                "DATABASE_URL",
+        let mut env: Vec<(String, String)> = vec![
+            ("APP_ID".into(), APP_ID.to_string()),
+            ("PRIVATE_KEY_PATH".into(), key.display().to_string()),
+            ("WEBHOOK_SECRET".into(), SECRET.into()),
+            ("GITHUB_API_URL".into(), github.url()),
+            ("HOST".into(), "127.0.0.1".into()),
+            ("PORT".into(), "0".into()),
+            (
+                "DATABASE_URL".into(),
                 format!("sqlite://{}", dir.path().join("kodx.db").display()),
-            )
-            .env("KODX_CONFIG", &settings)
-            .env("KODX_IMAGE", super::image())
-            .env("ANTHROPIC_API_KEY", MODEL_KEY)
-            .env("ANTHROPIC_BASE_URL", &model.url)
-            .env("KODX_LOG", "info,kodx=debug")
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for (k, v) in &opts.extra_env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("kodx serve starts");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let stderr = child.stderr.take().unwrap();
-        {
-            let log = log.clone();
-            tokio::spawn(async move {
-                let mut tx = Some(tx);
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if let Some(addr) = line.strip_prefix("kodx serve: listening on ") {
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send(addr.to_string());
-                        }
-                    }
-                    let mut l = log.lock().unwrap();
-                    l.push_str(&line);
-                    l.push('\n');
-                }
-            });
-        }
-        let url = match tokio::time::timeout(Duration::from_secs(30), rx).await {
-            Ok(Ok(url)) => url,
-            _ => panic!(
-                "kodx serve did not start; its log:\n{}",
-                log.lock().unwrap()
             ),
-        };
+            ("KODX_CONFIG".into(), settings.display().to_string()),
+            ("KODX_IMAGE".into(), super::image()),
+            ("ANTHROPIC_API_KEY".into(), MODEL_KEY.into()),
+            ("ANTHROPIC_BASE_URL".into(), model.url.clone()),
+            ("KODX_LOG".into(), "info,kodx=debug".into()),
+        ];
+        env.extend(opts.extra_env.iter().cloned());
+        let log = Arc::new(Mutex::new(String::new()));
+        let (child, url) = spawn(&env, opts.workers, dir.path(), &log).await;
         Served {
             url,
             github,
@@ -140,11 +105,36 @@ impl Served {
             dir,
             log,
             child,
+            env,
+            workers: opts.workers,
             http: {
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 reqwest::Client::new()
             },
         }
+    }
+
+    /// Starts `kodx serve` again on the same database (after `terminate` or `kill`).
+    pub async fn restart(&mut self) {
+        let (child, url) = spawn(&self.env, self.workers, self.dir.path(), &self.log).await;
+        self.child = child;
+        self.url = url;
+    }
+
+    /// SIGTERM, then waits for the process to exit.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        if let Some(pid) = self.child.id() {
+            unsafe_kill(pid, "TERM");
+        }
+        tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("kodx serve exits after SIGTERM")
+            .unwrap()
+    }
+
+    /// SIGKILL: the process dies at once, as in a crash.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
     }
 
     pub fn log(&self) -> String {
@@ -214,14 +204,56 @@ impl Served {
 
     /// Sends SIGTERM and waits for the process to exit.
     pub async fn stop(mut self) -> std::process::ExitStatus {
-        if let Some(pid) = self.child.id() {
-            unsafe_kill(pid, "TERM");
-        }
-        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .expect("kodx serve exits after SIGTERM")
-            .unwrap()
+        self.terminate().await
     }
+}
+
+async fn spawn(
+    env: &[(String, String)],
+    workers: bool,
+    dir: &std::path::Path,
+    log: &Arc<Mutex<String>>,
+) -> (tokio::process::Child, String) {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"));
+    cmd.arg("serve");
+    if !workers {
+        cmd.arg("--no-workers");
+    }
+    cmd.env_remove("PRIVATE_KEY")
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("kodx serve starts");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let stderr = child.stderr.take().unwrap();
+    {
+        let log = log.clone();
+        tokio::spawn(async move {
+            let mut tx = Some(tx);
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(addr) = line.strip_prefix("kodx serve: listening on ") {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr.to_string());
+                    }
+                }
+                let mut l = log.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+    }
+    let url = match tokio::time::timeout(Duration::from_secs(30), rx).await {
+        Ok(Ok(url)) => url,
+        _ => panic!(
+            "kodx serve did not start; its log:\n{}",
+            log.lock().unwrap()
+        ),
+    };
+    (child, url)
 }
 
 fn unsafe_kill(pid: u32, signal: &str) {

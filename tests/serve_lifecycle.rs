@@ -1,0 +1,150 @@
+//! Stopping and restarting `kodx serve` with a run in flight (SPEC §9): a graceful shutdown
+//! stops the run, removes its container and says so; the next start queues the run again
+//! and finishes it in the same status comment. A kill -9 ends the same way.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::serve::{delivery_id, issue_comment, Options, Served, REPO};
+use serde_json::{json, Value};
+
+const LONG: Duration = Duration::from_secs(120);
+
+fn usage(input: u64, output: u64) -> Value {
+    json!({"input_tokens": input, "output_tokens": output,
+           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+}
+
+fn bot_comments(s: &Served) -> Vec<common::fake_github::FakeComment> {
+    s.github
+        .comments(REPO, 7)
+        .into_iter()
+        .filter(|c| c.is_bot)
+        .collect()
+}
+
+async fn run_of(s: &Served, run_id: &str) -> kodx::db::Run {
+    let db = kodx::db::Db::open(&format!(
+        "sqlite://{}",
+        s.dir.path().join("kodx.db").display()
+    ))
+    .await
+    .unwrap();
+    let run = db.get_run(run_id).await.unwrap().unwrap();
+    db.close().await;
+    run
+}
+
+/// Starts a run whose first tool call sleeps, and waits until the command is running.
+async fn start_a_long_run(s: &Served) -> String {
+    s.github.add_issue(REPO, 7, "Slow", "It is slow.", "carol");
+    s.model.reply(
+        vec![json!({"type": "tool_use", "id": "t1", "name": "feed_chars",
+                    "input": {"chars": "sleep 300"}})],
+        "tool_use",
+        usage(1000, 10),
+    );
+    let text = "/kodx ask why is it slow?";
+    let id = s.github.add_comment(REPO, 7, "alice", text, false);
+    let payload = issue_comment(&s.clone_url, 7, false, id, "alice", "User", text);
+    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
+    assert_eq!(status, 202, "{answer}");
+    s.wait_for("the first model call", LONG, || {
+        !s.model.requests().is_empty()
+    })
+    .await;
+    // The tool call is running `sleep 300` in the container now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    answer["run_id"].as_str().unwrap().to_string()
+}
+
+async fn finishes_after_restart(s: &mut Served, run_id: &str) {
+    s.model.reply(
+        vec![json!({"type": "text", "text": "Finished after the restart."})],
+        "end_turn",
+        usage(1000, 10),
+    );
+    s.restart().await;
+    s.wait_for("the answer after the restart", LONG, || {
+        bot_comments(s)
+            .iter()
+            .any(|c| c.body.contains("Finished after the restart."))
+    })
+    .await;
+    let comments = bot_comments(s);
+    assert_eq!(comments.len(), 1, "the same status comment: {comments:#?}");
+    assert!(
+        comments[0]
+            .edits
+            .iter()
+            .any(|e| e.contains("queued again — kodx restarted")),
+        "{:#?}",
+        comments[0].edits
+    );
+    let run = run_of(s, run_id).await;
+    assert_eq!(run.status, kodx::db::RunStatus::Succeeded);
+    assert_eq!(run.attempts, 2);
+    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
+    assert!(s.model.rejected().is_empty(), "{:?}", s.model.rejected());
+}
+
+#[tokio::test]
+async fn sigterm_mid_run_stops_it_cleanly_and_a_restart_finishes_it() {
+    let Some(engine) = common::engine().await else {
+        return;
+    };
+    let mut s = Served::start(Options {
+        workers: true,
+        settings: Some("status_interval_secs = 0.2\nshutdown_grace_secs = 1\n"),
+        ..Options::default()
+    })
+    .await;
+    let run_id = start_a_long_run(&s).await;
+    assert_eq!(
+        common::containers_of(&engine, &format!("kodx-{run_id}"))
+            .await
+            .len(),
+        1
+    );
+    let asked = Instant::now();
+    let status = s.terminate().await;
+    assert!(status.success(), "{status:?}\n{}", s.log());
+    assert!(
+        asked.elapsed() < Duration::from_secs(20),
+        "the grace period is 1 s"
+    );
+    common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
+    let body = bot_comments(&s)[0].body.clone();
+    assert!(body.contains("paused — kodx is restarting"), "{body}");
+    // Left `running` for the next start to pick up.
+    assert_eq!(
+        run_of(&s, &run_id).await.status,
+        kodx::db::RunStatus::Running
+    );
+    finishes_after_restart(&mut s, &run_id).await;
+    common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
+}
+
+#[tokio::test]
+async fn kill_9_mid_run_then_restart_finishes_it_and_removes_the_orphan() {
+    let Some(engine) = common::engine().await else {
+        return;
+    };
+    let mut s = Served::start(Options {
+        workers: true,
+        ..Options::default()
+    })
+    .await;
+    let run_id = start_a_long_run(&s).await;
+    s.kill().await;
+    // The dead process's container is still there until kodx starts again.
+    assert_eq!(
+        common::containers_of(&engine, &format!("kodx-{run_id}"))
+            .await
+            .len(),
+        1
+    );
+    finishes_after_restart(&mut s, &run_id).await;
+    common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
+}
