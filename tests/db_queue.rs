@@ -1,0 +1,310 @@
+//! The run queue under concurrency and process death (SPEC §3, §9), on real SQLite files.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kodx::db::{Accepted, Db, Finish, NewDelivery, NewRun, RunStatus};
+
+fn delivery(id: &str) -> NewDelivery {
+    NewDelivery {
+        id: id.to_owned(),
+        event: "issue_comment".to_owned(),
+        action: Some("created".to_owned()),
+        installation_id: Some(42),
+        repo: Some("octo/widgets".to_owned()),
+    }
+}
+
+fn new_run(kind: &str, issue_number: i64) -> NewRun {
+    NewRun {
+        kind: kind.to_owned(),
+        installation_id: 42,
+        repo: "octo/widgets".to_owned(),
+        issue_number,
+        is_pull_request: false,
+        argument: format!("work on #{issue_number}"),
+        author: "alice".to_owned(),
+        author_id: 7001,
+        trigger_kind: "issue_comment".to_owned(),
+        trigger_id: 1000 + issue_number,
+        clone_url: "https://github.com/octo/widgets.git".to_owned(),
+        default_branch: "main".to_owned(),
+        context: "{}".to_owned(),
+    }
+}
+
+fn succeeded() -> Finish {
+    Finish {
+        status: RunStatus::Succeeded,
+        stop_reason: "end_turn".to_owned(),
+        cost_usd: 0.01,
+        input_tokens: 10,
+        output_tokens: 5,
+        cache_read_tokens: 0,
+        cache_write_tokens: 0,
+        api_calls: 1,
+        result: "{}".to_owned(),
+        pr_url: None,
+    }
+}
+
+fn url(path: &Path) -> String {
+    format!("sqlite://{}", path.display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_redeliveries_queue_exactly_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kodx.db");
+    // Two pools on one file, as two handles of one process (16 connections in all).
+    let a = Db::open(&url(&path)).await.unwrap();
+    let b = Db::open(&url(&path)).await.unwrap();
+    for round in 0..5 {
+        let id = format!("delivery-{round}");
+        let mut tasks = Vec::new();
+        for i in 0..24 {
+            let db = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let id = id.clone();
+            tasks.push(tokio::spawn(async move {
+                db.accept(&delivery(&id), Some(&new_run("code", round)))
+                    .await
+                    .unwrap()
+            }));
+        }
+        let mut queued = Vec::new();
+        let mut duplicates = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Accepted::Queued { run_id } => queued.push(run_id),
+                Accepted::Duplicate => duplicates += 1,
+                Accepted::Recorded => panic!("a delivery with a run is never just recorded"),
+            }
+        }
+        assert_eq!(queued.len(), 1, "round {round}: {queued:?}");
+        assert_eq!(duplicates, 23);
+        let run = a.get_run(&queued[0]).await.unwrap().unwrap();
+        assert_eq!(run.delivery_id, id);
+    }
+    let runs = a.runs_with_status(RunStatus::Queued).await.unwrap();
+    assert_eq!(runs.len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claimers_take_each_run_once_and_one_per_issue() {
+    const RUNS: i64 = 50;
+    const CONTROL: i64 = 10;
+    const CLAIMERS: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kodx.db");
+    let db = Db::open(&url(&path)).await.unwrap();
+    let other = Db::open(&url(&path)).await.unwrap();
+    // 50 agent runs on 4 issues, so most claim attempts find every free run's issue busy,
+    // plus control runs on the same issues.
+    let mut expected = HashSet::new();
+    for n in 0..RUNS {
+        let Accepted::Queued { run_id } = db
+            .accept(&delivery(&format!("d-{n}")), Some(&new_run("ask", n % 4)))
+            .await
+            .unwrap()
+        else {
+            panic!("not queued")
+        };
+        expected.insert(run_id);
+    }
+    for n in 0..CONTROL {
+        db.accept(&delivery(&format!("c-{n}")), Some(&new_run("help", n % 4)))
+            .await
+            .unwrap();
+    }
+
+    let claimed: Arc<Mutex<Vec<String>>> = Arc::default();
+    let control_claimed: Arc<Mutex<Vec<String>>> = Arc::default();
+    // Issues a claimer currently holds. An issue leaves the set BEFORE its run is finished
+    // in the database, so finding it here on a claim means two runs were running at once.
+    let busy_issues: Arc<Mutex<HashSet<i64>>> = Arc::default();
+    // The most runs seen running at once: proves the claimers really overlapped.
+    let peak: Arc<Mutex<usize>> = Arc::default();
+    let mut tasks = Vec::new();
+    for c in 0..CLAIMERS {
+        let db = if c % 2 == 0 {
+            db.clone()
+        } else {
+            other.clone()
+        };
+        let claimed = claimed.clone();
+        let control_claimed = control_claimed.clone();
+        let busy_issues = busy_issues.clone();
+        let peak = peak.clone();
+        tasks.push(tokio::spawn(async move {
+            let worker = format!("w{c}");
+            let mut idle = 0;
+            while idle < 40 {
+                if let Some(run) = db.claim_control(&worker).await.unwrap() {
+                    assert_eq!(run.kind, "help");
+                    control_claimed.lock().unwrap().push(run.id.clone());
+                    assert!(db.finish(&run.id, &succeeded()).await.unwrap());
+                }
+                let Some(run) = db.claim_run(&worker).await.unwrap() else {
+                    idle += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                };
+                idle = 0;
+                assert_eq!(run.status, RunStatus::Running);
+                assert_eq!(run.worker.as_deref(), Some(worker.as_str()));
+                assert_eq!(run.attempts, 1, "claimed twice: {}", run.id);
+                {
+                    let mut busy = busy_issues.lock().unwrap();
+                    assert!(
+                        busy.insert(run.issue_number),
+                        "two runs running on issue {}",
+                        run.issue_number
+                    );
+                    let mut peak = peak.lock().unwrap();
+                    *peak = (*peak).max(busy.len());
+                }
+                claimed.lock().unwrap().push(run.id.clone());
+                // Long enough that the other claimers keep trying this issue meanwhile.
+                tokio::time::sleep(Duration::from_millis(10 + 5 * (run.trigger_id % 3) as u64))
+                    .await;
+                busy_issues.lock().unwrap().remove(&run.issue_number);
+                assert!(db.finish(&run.id, &succeeded()).await.unwrap());
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+
+    let peak = *peak.lock().unwrap();
+    assert!(
+        peak >= 3,
+        "claimers did not overlap: at most {peak} runs at once"
+    );
+    let claimed = claimed.lock().unwrap().clone();
+    let unique: HashSet<String> = claimed.iter().cloned().collect();
+    assert_eq!(
+        claimed.len(),
+        RUNS as usize,
+        "every run claimed exactly once"
+    );
+    assert_eq!(unique, expected);
+    let control_claimed = control_claimed.lock().unwrap().clone();
+    assert_eq!(control_claimed.len(), CONTROL as usize);
+    assert_eq!(
+        control_claimed.iter().collect::<HashSet<_>>().len(),
+        CONTROL as usize
+    );
+    let counts = db.counts().await.unwrap();
+    assert_eq!(counts.succeeded, RUNS + CONTROL);
+    assert_eq!((counts.queued, counts.running), (0, 0));
+}
+
+/// Env var that turns [`helper_child_accepts_then_waits_for_sigkill`] into the child process.
+const CHILD_DB_ENV: &str = "KODX_TEST_DB_KILL_CHILD";
+
+/// Not a test on its own: with `KODX_TEST_DB_KILL_CHILD=<db file>` it is the child process of
+/// `an_accepted_run_survives_sigkill`; without it, it does nothing.
+#[tokio::test]
+async fn helper_child_accepts_then_waits_for_sigkill() {
+    let Ok(path) = std::env::var(CHILD_DB_ENV) else {
+        return;
+    };
+    let db = Db::open(&url(Path::new(&path))).await.unwrap();
+    let Accepted::Queued { run_id } = db
+        .accept(&delivery("killed-delivery"), Some(&new_run("code", 12)))
+        .await
+        .unwrap()
+    else {
+        panic!("not queued")
+    };
+    println!("ACCEPTED {run_id}");
+    // Wait for the parent's SIGKILL, with the pool still open and nothing checkpointed.
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+/// A run `accept` reported is on disk even if the process is SIGKILLed the next instant:
+/// a child process (this test binary again) accepts, prints the run id, and is killed.
+#[cfg(unix)]
+#[tokio::test]
+async fn an_accepted_run_survives_sigkill() {
+    use std::os::unix::process::ExitStatusExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kodx.db");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_child_accepts_then_waits_for_sigkill",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DB_ENV, &path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    // Kill the child on every path, also when an assertion below fails.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = child.stdout.take().unwrap();
+    let mut child = KillOnDrop(child);
+    // A plain thread, not spawn_blocking: a runtime waits for its blocking tasks on drop.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            // libtest prints "test NAME ... " before the test's own output, on the same line.
+            if let Some((_, id)) = line.split_once("ACCEPTED ") {
+                let _ = tx.send(id.trim().to_owned());
+                return;
+            }
+        }
+    });
+    let run_id = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the child accepts within 120 s");
+    child.0.kill().unwrap(); // SIGKILL
+    let status = child.0.wait().unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "child killed by SIGKILL: {status:?}"
+    );
+
+    // The commit is in the write-ahead log, never checkpointed into the main file.
+    let wal = dir.path().join("kodx.db-wal");
+    assert!(
+        std::fs::metadata(&wal)
+            .map(|m| m.len() > 0)
+            .unwrap_or(false),
+        "expected a non-empty {}",
+        wal.display()
+    );
+    let db = Db::open(&url(&path)).await.unwrap();
+    let run = db
+        .get_run(&run_id)
+        .await
+        .unwrap()
+        .expect("the accepted run survives the kill");
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.delivery_id, "killed-delivery");
+    // And the redelivery GitHub sends next is recognised.
+    assert_eq!(
+        db.accept(&delivery("killed-delivery"), Some(&new_run("code", 12)))
+            .await
+            .unwrap(),
+        Accepted::Duplicate
+    );
+}
