@@ -148,3 +148,45 @@ async fn kill_9_mid_run_then_restart_finishes_it_and_removes_the_orphan() {
     finishes_after_restart(&mut s, &run_id).await;
     common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
 }
+
+#[tokio::test]
+async fn kodx_cancel_stops_the_running_run_and_says_who() {
+    let Some(engine) = common::engine().await else {
+        return;
+    };
+    let s = Served::start(Options {
+        workers: true,
+        ..Options::default()
+    })
+    .await;
+    let run_id = start_a_long_run(&s).await;
+    s.github.set_permission(REPO, "bob", "write");
+    let text = "/kodx cancel";
+    let id = s.github.add_comment(REPO, 7, "bob", text, false);
+    let payload = issue_comment(&s.clone_url, 7, false, id, "bob", "User", text);
+    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
+    assert_eq!(status, 202, "{answer}");
+    s.wait_for("the cancelled status", LONG, || {
+        bot_comments(&s)
+            .iter()
+            .any(|c| c.body.contains("Cancelled by @bob"))
+    })
+    .await;
+    common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
+    let body = bot_comments(&s)[0].body.clone();
+    assert!(body.contains("cancelled"), "{body}");
+    assert!(body.contains("$"), "what was spent is shown: {body}");
+    let run = run_of(&s, &run_id).await;
+    assert_eq!(run.status, kodx::db::RunStatus::Cancelled);
+    assert_eq!(run.stop_reason.as_deref(), Some("cancelled"));
+    // +1 on the cancel comment.
+    let target = format!("{REPO}/issues/comments/{id}");
+    assert!(
+        s.github
+            .reactions()
+            .iter()
+            .any(|(t, c, _)| t == &target && c == "+1"),
+        "{:?}",
+        s.github.reactions()
+    );
+}
