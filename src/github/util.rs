@@ -7,43 +7,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Decodes standard base64, skipping ASCII whitespace (GitHub wraps `content` every 60
 /// characters with `\n`). Padding is optional; anything else is an error.
 pub(crate) fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
-    fn value(c: u8) -> Option<u32> {
-        match c {
-            b'A'..=b'Z' => Some((c - b'A') as u32),
-            b'a'..=b'z' => Some((c - b'a') as u32 + 26),
-            b'0'..=b'9' => Some((c - b'0') as u32 + 52),
-            b'+' => Some(62),
-            b'/' => Some(63),
-            _ => None,
-        }
-    }
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    let (mut acc, mut bits, mut padding) = (0u32, 0u32, 0usize);
-    for &c in text.as_bytes() {
-        if c.is_ascii_whitespace() {
-            continue;
-        }
-        if c == b'=' {
-            padding += 1;
-            continue;
-        }
-        if padding > 0 {
-            return Err("base64 data continues after '='".into());
-        }
-        let v = value(c).ok_or_else(|| format!("invalid base64 character {:?}", c as char))?;
-        acc = (acc << 6) | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    // 6 leftover bits cannot come from whole bytes; more than two '=' is never valid.
-    if bits >= 6 || padding > 2 {
-        return Err("truncated base64 data".into());
-    }
-    Ok(out)
+    use base64::engine::{general_purpose, DecodePaddingMode, GeneralPurpose};
+    use base64::Engine as _;
+    const ENGINE: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        general_purpose::PAD.with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    let compact: Vec<u8> = text.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
+    ENGINE
+        .decode(compact)
+        .map_err(|e| format!("invalid base64: {e}"))
 }
 
 /// Parses an RFC 3339 time as GitHub writes it (`2016-07-11T22:14:10Z`, optionally with

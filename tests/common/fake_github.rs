@@ -1747,23 +1747,8 @@ fn iso8601(t: SystemTime) -> String {
 
 /// Base64 wrapped every 60 characters, each line ending in `\n`, as the contents API does.
 fn base64_wrapped(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut flat = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                flat.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
-            } else {
-                flat.push('=');
-            }
-        }
-    }
+    use base64::Engine as _;
+    let flat = base64::engine::general_purpose::STANDARD.encode(bytes);
     let mut out = String::new();
     for line in flat.as_bytes().chunks(60) {
         out.push_str(std::str::from_utf8(line).unwrap());
