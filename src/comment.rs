@@ -189,7 +189,13 @@ pub enum RunKind {
 pub enum Phase {
     Queued,
     SettingUp,
-    Working { step: u32, spent: f64, limit: f64 },
+    Working {
+        step: u32,
+        spent: f64,
+        limit: f64,
+    },
+    /// A run between attempts, e.g. "queued again — kodx restarted" (kodx's own words).
+    Note(String),
     Done(Box<Done>),
 }
 
@@ -272,6 +278,7 @@ fn header(phase: &Phase) -> String {
     match phase {
         Phase::Queued => "⏳ queued".into(),
         Phase::SettingUp => "⚙️ setting up the container".into(),
+        Phase::Note(note) => clean(note),
         Phase::Working { step, spent, limit } => format!(
             "🛠️ working — step {step}, {} of {}",
             format_usd(*spent),
@@ -661,6 +668,16 @@ mod tests {
         assert!(q.contains("⏳ queued"));
         assert!(q.contains("> /kodx code fix it"));
         assert!(q.contains("<code>r1</code>"));
+        let n = render(
+            "r1",
+            "/kodx code fix it",
+            &Phase::Note("⏳ queued again".into()),
+        );
+        assert!(
+            n.contains("### ⏳ queued again\n") && n.contains("> /kodx code fix it"),
+            "{n}"
+        );
+        assert_eq!(find_run_id(&n).as_deref(), Some("r1"));
         let s = render("r1", "/kodx code fix it", &Phase::SettingUp);
         assert!(s.contains("⚙️ setting up the container"));
         let w = render(

@@ -457,16 +457,7 @@ impl Workers {
         };
         if has < needed {
             tracing::info!(permission = has.as_str(), "refused: not permitted");
-            let who = match needed {
-                Permission::Read => "people with read access to this repository",
-                _ => "people with write, maintain or admin access to this repository",
-            };
-            let body = format!(
-                "@{} `/kodx {}` can only be run by {who}; your permission here is `{}`.",
-                comment::redact(&run.author),
-                run.kind,
-                has.as_str()
-            );
+            let body = not_permitted(&run.author, &run.kind, needed, has);
             let _ = gh
                 .create_comment(repo, run.issue_number as u64, &body)
                 .await;
@@ -588,12 +579,7 @@ impl Workers {
         };
         if has < needed {
             if job.kind != "help" {
-                let body = format!(
-                    "@{} `/kodx {}` can only be run by people with write, maintain or admin access to this repository; your permission here is `{}`.",
-                    comment::redact(&job.author),
-                    if job.kind == "refuse" { "code" } else { job.kind.as_str() },
-                    has.as_str()
-                );
+                let body = not_permitted(&job.author, &job.kind, needed, has);
                 let _ = gh
                     .create_comment(&repo, job.issue_number as u64, &body)
                     .await;
@@ -1031,7 +1017,6 @@ impl Workers {
     }
 
     fn cancelled_early(&self, run: &Run, cost_limit: f64, program: &Program) -> Ending {
-        let _ = run;
         Ending {
             status: RunStatus::Cancelled,
             done: Done {
@@ -1098,9 +1083,6 @@ impl Workers {
             ctx.title = issue.title;
             ctx.body = issue.body;
             ctx.comments = self.comments(gh, repo, number).await?;
-            if run.trigger_kind == TriggerKind::Issue.as_str() {
-                // The command is in the body: not repeated as the request.
-            }
             Ok((
                 ctx,
                 crate::git::Checkout::DefaultBranch,
@@ -1204,16 +1186,7 @@ impl Workers {
         let Some(id) = self.status_comment_id(run).await else {
             return;
         };
-        let body = format!(
-            "{}\n### {note}\n\n{}\n\n<sub>kodx run <code>{}</code></sub>\n",
-            comment::metadata(&run.id),
-            command_line(run)
-                .lines()
-                .map(|l| format!("> {}", comment::redact(l)))
-                .collect::<Vec<_>>()
-                .join("\n"),
-            run.id
-        );
+        let body = comment::render(&run.id, &command_line(run), &Phase::Note(note.into()));
         if let Err(e) = gh.update_comment(&repo, id, &body).await {
             tracing::warn!("editing the status comment failed: {e}");
         }
@@ -1337,6 +1310,23 @@ fn hostname() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "kodx".into())
+}
+
+/// The one short comment a person without permission gets.
+fn not_permitted(author: &str, kind: &str, needed: Permission, has: Permission) -> String {
+    let who = match needed {
+        Permission::Read => "people with read access to this repository",
+        _ => "people with write, maintain or admin access to this repository",
+    };
+    let what = match kind {
+        "ask" | "code" | "cancel" => format!("`/kodx {kind}`"),
+        _ => "kodx".to_string(),
+    };
+    format!(
+        "@{} {what} can only be run by {who}; your permission here is `{}`.",
+        comment::redact(author),
+        has.as_str()
+    )
 }
 
 /// The answer to `/kodx help` (and to an unknown subcommand).
