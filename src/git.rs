@@ -10,13 +10,15 @@
 
 use std::cell::RefCell;
 use std::fmt;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::Once;
 
 use git2::{
-    AutotagOption, CredentialType, Direction, ErrorClass, ErrorCode, FetchOptions, PushOptions,
-    RemoteCallbacks, Repository, RepositoryInitOptions,
+    AutotagOption, CredentialType, Direction, ErrorClass, ErrorCode, FetchOptions, IndexAddOption,
+    Oid, PushOptions, RebaseOptions, RemoteCallbacks, Repository, RepositoryInitOptions, Signature,
+    Status, StatusOptions,
 };
 
 /// The user name GitHub expects with an installation token.
@@ -103,8 +105,107 @@ pub enum GitError {
     /// The URL was refused before any request was made.
     #[error("refusing the git URL: {0}")]
     InvalidUrl(String),
+    /// The remote branch moved meanwhile and kodx's commits conflict with the new ones.
+    #[error(
+        "the branch moved on the server meanwhile and kodx's commits conflict with the new \
+         commits in {}; nothing was pushed",
+        list_paths(paths)
+    )]
+    Conflict { paths: Vec<String> },
+    /// A changed file is larger than the limit: nothing was committed.
+    #[error(
+        "the change to `{path}` is {bytes} bytes, over the limit of {limit} bytes for a \
+         changed file; nothing was committed"
+    )]
+    TooLarge {
+        path: String,
+        bytes: u64,
+        limit: u64,
+    },
+    /// The remote branch was still ahead after rebasing onto it `attempts` times.
+    #[error(
+        "the branch `{branch}` kept moving on the server: after {attempts} rebase(s) onto \
+         it the push was still refused as non-fast-forward; kodx never force-pushes"
+    )]
+    Moved { branch: String, attempts: u32 },
     #[error("git failed: {0}")]
     Other(String),
+}
+
+/// `a`, `b` and 3 more — for an error message.
+fn list_paths(paths: &[String]) -> String {
+    const SHOWN: usize = 10;
+    let mut out = paths
+        .iter()
+        .take(SHOWN)
+        .map(|p| format!("`{p}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if paths.len() > SHOWN {
+        out.push_str(&format!(" and {} more", paths.len() - SHOWN));
+    }
+    if out.is_empty() {
+        out.push_str("some files");
+    }
+    out
+}
+
+/// A sentence a maintainer can act on for the reason a git server gave for refusing a push
+/// ([`GitError::Rejected`]): GitHub's workflow-permission, protected-branch, ruleset,
+/// push-protection and file-size refusals are recognised; anything else is `reason` itself.
+pub fn explain_rejection(reason: &str) -> String {
+    let lower = reason.to_ascii_lowercase();
+    let said = format!(" (GitHub said: {reason})");
+    if lower.contains("to create or update workflow")
+        || (lower.contains("workflow") && lower.contains("permission"))
+    {
+        let file = reason
+            .split('`')
+            .find(|part| part.starts_with(".github/workflows/"))
+            .map(|f| format!(", such as `{f}`"))
+            .unwrap_or_default();
+        return format!(
+            "the App is not allowed to change files under .github/workflows/{file} (it lacks \
+             the workflows permission); grant the App the workflows permission, or ask for a \
+             change that leaves .github/workflows/ alone{said}"
+        );
+    }
+    if lower.contains("gh009")
+        || lower.contains("push protection")
+        || lower.contains("secrets detected")
+        || lower.contains("push cannot contain secrets")
+    {
+        return format!(
+            "GitHub's push protection found what looks like a secret in the changes, so the \
+             push was refused; remove the secret from the change and ask again{said}"
+        );
+    }
+    if lower.contains("protected branch") || lower.contains("gh006") {
+        return format!(
+            "the push was refused because the branch is protected (it may require pull \
+             requests, reviews or status checks, or forbid pushes by apps); allow the App to \
+             push to it, or ask kodx to work on another branch{said}"
+        );
+    }
+    if lower.contains("gh013") || lower.contains("repository rule violation") {
+        return format!(
+            "the push was refused by the repository's rules (rulesets) for this branch; \
+             allow the App to bypass them, or ask kodx to work on another branch{said}"
+        );
+    }
+    if lower.contains("gh001") || lower.contains("large files detected") {
+        return format!(
+            "the push was refused because a file exceeds GitHub's file size limit (100 MB)\
+             {said}"
+        );
+    }
+    if lower.contains("non-fast-forward") || lower.contains("fetch first") {
+        return format!(
+            "the branch moved on the server and kodx's commits are not on top of it; kodx \
+             never force-pushes{said}"
+        );
+    }
+    reason.to_string()
 }
 
 /// Sets libgit2's network timeouts. Every function here calls it first; the service may
@@ -290,13 +391,39 @@ pub fn push(
         )));
     }
     let repo = Repository::open(repo_dir).map_err(other)?;
-    let mut remote = repo.remote_anonymous(url).map_err(other)?;
     let spec = format!(
         "{}{local_ref}:refs/heads/{remote_branch}",
         if force { "+" } else { "" }
     );
+    push_once(&session, &repo, url, &spec, remote_branch).map_err(|failure| match failure {
+        PushFailure::Moved(reason) => GitError::Rejected { reason },
+        PushFailure::Failed(e) => e,
+    })
+}
 
+/// Why one push did not go through.
+enum PushFailure {
+    /// The remote branch has commits the local one lacks, or moved during the push.
+    Moved(String),
+    Failed(GitError),
+}
+
+/// Most bytes of the server's side-band messages kept for an error.
+const MAX_REMOTE_MESSAGES: usize = 16 * 1024;
+
+/// Pushes `spec` (whose destination is `refs/heads/<remote_branch>`) over one connection.
+fn push_once(
+    session: &Session<'_>,
+    repo: &Repository,
+    url: &str,
+    spec: &str,
+    remote_branch: &str,
+) -> Result<(), PushFailure> {
+    let mut remote = repo
+        .remote_anonymous(url)
+        .map_err(|e| PushFailure::Failed(other(e)))?;
     let rejections = Rc::new(RefCell::new(Vec::<String>::new()));
+    let messages = Rc::new(RefCell::new(Vec::<u8>::new()));
     let mut callbacks = session.callbacks();
     let seen = rejections.clone();
     callbacks.push_update_reference(move |reference, status| {
@@ -305,25 +432,470 @@ pub fn push(
         }
         Ok(())
     });
+    // A pre-receive hook's output (GitHub's reason for declining) comes over side-band 2.
+    let heard = messages.clone();
+    callbacks.sideband_progress(move |data| {
+        let mut heard = heard.borrow_mut();
+        let room = MAX_REMOTE_MESSAGES.saturating_sub(heard.len());
+        heard.extend_from_slice(&data[..data.len().min(room)]);
+        true
+    });
     let mut push_opts = PushOptions::new();
     push_opts.remote_callbacks(callbacks);
-    remote
-        .push(&[spec.as_str()], Some(&mut push_opts))
-        .map_err(|e| match session.error(e) {
+    let with_messages = |reason: String| {
+        let said = remote_messages(&messages.borrow());
+        let reason = if said.is_empty() {
+            reason
+        } else {
+            format!("{reason}; the server said: {}", said.join(" "))
+        };
+        session.scrub(&reason)
+    };
+    if let Err(e) = remote.push(&[spec], Some(&mut push_opts)) {
+        let not_fast_forward = e.code() == ErrorCode::NotFastForward;
+        return Err(match session.error(e) {
             // libgit2 refuses a non-fast-forward update itself, before sending anything.
-            GitError::Rejected { reason } => GitError::Rejected {
-                reason: format!("refs/heads/{remote_branch}: {reason}"),
-            },
-            e => e,
-        })?;
+            GitError::Rejected { reason } if not_fast_forward => {
+                PushFailure::Moved(format!("refs/heads/{remote_branch}: {reason}"))
+            }
+            GitError::Rejected { reason } => PushFailure::Failed(GitError::Rejected {
+                reason: with_messages(format!("refs/heads/{remote_branch}: {reason}")),
+            }),
+            e => PushFailure::Failed(e),
+        });
+    }
     let rejections = rejections.borrow();
     if rejections.is_empty() {
-        Ok(())
-    } else {
-        Err(GitError::Rejected {
-            reason: session.scrub(&rejections.join("; ")),
-        })
+        return Ok(());
     }
+    let moved = rejections.iter().all(|r| {
+        let r = r.to_ascii_lowercase();
+        [
+            "non-fast-forward",
+            "fetch first",
+            "failed to update ref",
+            "cannot lock ref",
+            "incorrect old value",
+            "stale info",
+        ]
+        .iter()
+        .any(|m| r.contains(m))
+    });
+    let reason = with_messages(rejections.join("; "));
+    Err(if moved {
+        PushFailure::Moved(reason)
+    } else {
+        PushFailure::Failed(GitError::Rejected { reason })
+    })
+}
+
+/// The lines of the server's side-band messages worth repeating: no progress meters.
+fn remote_messages(bytes: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(bytes);
+    text.split(['\n', '\r'])
+        .map(|line| {
+            let line: String = line
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
+            line.trim().to_string()
+        })
+        .filter(|line| !line.is_empty() && !is_progress(line))
+        .take(40)
+        .map(|line| match line.char_indices().nth(500) {
+            Some((cut, _)) => format!("{}…", &line[..cut]),
+            None => line,
+        })
+        .collect()
+}
+
+/// `Resolving deltas: 100% (3/3), done.` and the like.
+fn is_progress(line: &str) -> bool {
+    let Some((label, rest)) = line.split_once(": ") else {
+        return false;
+    };
+    let rest = rest.trim_start();
+    let digits = rest.chars().take_while(char::is_ascii_digit).count();
+    let Some(counts) = rest[digits..].strip_prefix("% (") else {
+        return false;
+    };
+    let Some((done, total)) = counts.split_once(')').and_then(|(c, _)| c.split_once('/')) else {
+        return false;
+    };
+    let number = |n: &str| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit());
+    label.chars().all(|c| c.is_ascii_alphabetic() || c == ' ')
+        && (1..=3).contains(&digits)
+        && number(done)
+        && number(total)
+}
+
+/// A git author or committer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub name: String,
+    pub email: String,
+}
+
+/// What [`commit_all`] commits, and how.
+#[derive(Debug, Clone)]
+pub struct CommitRequest<'a> {
+    /// Author and committer, e.g. `kodx[bot] <123+kodx[bot]@users.noreply.github.com>`.
+    pub author: Identity,
+    /// The subject line: made one line without control characters, and cut to
+    /// [`MAX_SUBJECT_CHARS`] characters (ending in `…`) when longer.
+    pub subject: &'a str,
+    /// Free text after the subject; may be empty.
+    pub body: &'a str,
+    /// `(key, value)` trailers, e.g. `("Co-authored-by", "alice <1005+alice@users.noreply.github.com>")`.
+    /// Keys are letters, digits and `-`; values are made one line.
+    pub trailers: &'a [(String, String)],
+    /// A changed file larger than this refuses the commit.
+    pub max_file_bytes: u64,
+}
+
+/// The commit [`commit_all`] made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    pub sha: String,
+    pub files_changed: usize,
+    /// The paths added, modified or deleted, sorted.
+    pub paths: Vec<String>,
+}
+
+/// Where [`push_rebasing`] left the remote branch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushOutcome {
+    /// The commit the remote branch points at now.
+    pub sha: String,
+    /// Whether the local commits were rebased onto commits pushed by someone else.
+    pub rebased: bool,
+}
+
+/// The longest commit subject [`commit_all`] writes, in characters.
+pub const MAX_SUBJECT_CHARS: usize = 72;
+
+/// Stages every change in the work tree of `repo_dir` relative to `HEAD` — additions,
+/// modifications (content and executable bit), deletions, symlinks — except paths the
+/// repository ignores (`.gitignore`, `.git/info/exclude`; a file already tracked stays
+/// tracked even if it matches), and commits it on the current branch with `req.author` as
+/// author and committer. `Ok(None)` when there is nothing to commit.
+///
+/// A changed file over `req.max_file_bytes` is [`GitError::TooLarge`], found before anything
+/// is staged. An embedded repository (a directory with its own `.git`, e.g. a dependency
+/// the agent cloned) is left out with a warning in the log. Hooks are never run.
+pub fn commit_all(repo_dir: &Path, req: &CommitRequest<'_>) -> Result<Option<Committed>, GitError> {
+    let repo = Repository::open(repo_dir).map_err(other)?;
+    if repo.is_bare() {
+        return Err(GitError::Other(format!(
+            "{} is a bare repository",
+            repo_dir.display()
+        )));
+    }
+    let signature = Signature::now(&req.author.name, &req.author.email)
+        .map_err(|e| GitError::Other(format!("invalid commit identity: {}", e.message())))?;
+    let message = commit_message(req)?;
+    let parent = match repo.head() {
+        Ok(head) => Some(head.peel_to_commit().map_err(other)?),
+        Err(e) if e.code() == ErrorCode::UnbornBranch => None,
+        Err(e) => return Err(other(e)),
+    };
+
+    check_sizes(&repo, req.max_file_bytes)?;
+
+    let workdir = repo
+        .workdir()
+        .ok_or_else(|| GitError::Other("the repository has no work tree".into()))?
+        .to_path_buf();
+    let mut index = repo.index().map_err(other)?;
+    // libgit2 offers a directory only for an embedded repository (a directory with its own
+    // `.git`), which it cannot add: it stays out, as an ignored file would.
+    let mut skip_embedded = |path: &Path, _spec: &[u8]| -> i32 {
+        let is_dir = std::fs::symlink_metadata(workdir.join(path)).is_ok_and(|m| m.is_dir());
+        if is_dir {
+            tracing::warn!(path = %path.display(), "not committing an embedded git repository");
+            1
+        } else {
+            0
+        }
+    };
+    index
+        .add_all(["*"], IndexAddOption::DEFAULT, Some(&mut skip_embedded))
+        .map_err(other)?;
+    index.update_all(["*"], None).map_err(other)?;
+    let tree_id = index.write_tree().map_err(other)?;
+    index.write().map_err(other)?;
+
+    let old_tree = parent
+        .as_ref()
+        .map(|c| c.tree())
+        .transpose()
+        .map_err(other)?;
+    if old_tree.as_ref().map(|t| t.id()) == Some(tree_id) {
+        return Ok(None);
+    }
+    let tree = repo.find_tree(tree_id).map_err(other)?;
+    if old_tree.is_none() && tree.is_empty() {
+        return Ok(None);
+    }
+    let diff = repo
+        .diff_tree_to_tree(old_tree.as_ref(), Some(&tree), None)
+        .map_err(other)?;
+    let mut paths: Vec<String> = diff
+        .deltas()
+        .filter_map(|d| d.new_file().path().or(d.old_file().path()))
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    paths.sort();
+    paths.dedup();
+
+    let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
+    let sha = repo
+        .commit(
+            Some("HEAD"),
+            &signature,
+            &signature,
+            &message,
+            &tree,
+            &parents,
+        )
+        .map_err(other)?;
+    Ok(Some(Committed {
+        sha: sha.to_string(),
+        files_changed: paths.len(),
+        paths,
+    }))
+}
+
+/// Fails with [`GitError::TooLarge`] for the first changed, not ignored file over `limit`.
+fn check_sizes(repo: &Repository, limit: u64) -> Result<(), GitError> {
+    let workdir = repo
+        .workdir()
+        .ok_or_else(|| GitError::Other("the repository has no work tree".into()))?;
+    let mut opts = StatusOptions::new();
+    opts.include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .include_ignored(false)
+        .exclude_submodules(true);
+    let statuses = repo.statuses(Some(&mut opts)).map_err(other)?;
+    let mut changed: Vec<Vec<u8>> = statuses
+        .iter()
+        .filter(|s| !s.status().is_empty() && !s.status().contains(Status::IGNORED))
+        .map(|s| s.path_bytes().to_vec())
+        .collect();
+    changed.sort();
+    for path in changed {
+        let full = workdir.join(std::ffi::OsStr::from_bytes(&path));
+        let Ok(meta) = std::fs::symlink_metadata(full) else {
+            continue; // deleted
+        };
+        // A directory here is an embedded repository, which is not committed.
+        if !meta.is_dir() && meta.len() > limit {
+            return Err(GitError::TooLarge {
+                path: String::from_utf8_lossy(&path).into_owned(),
+                bytes: meta.len(),
+                limit,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `subject`, a blank line, the body (if any), a blank line and the trailers (if any).
+fn commit_message(req: &CommitRequest<'_>) -> Result<String, GitError> {
+    let mut message = clean_subject(req.subject);
+    if message.is_empty() {
+        message.push_str("Apply changes");
+    }
+    message.push('\n');
+    let body = clean_body(req.body);
+    if !body.is_empty() {
+        message.push('\n');
+        message.push_str(&body);
+        message.push('\n');
+    }
+    let mut trailers = String::new();
+    for (key, value) in req.trailers {
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return Err(GitError::Other(format!(
+                "invalid commit trailer key `{key}`"
+            )));
+        }
+        let value = one_line(value);
+        if !value.is_empty() {
+            trailers.push_str(&format!("{key}: {value}\n"));
+        }
+    }
+    if !trailers.is_empty() {
+        message.push('\n');
+        message.push_str(&trailers);
+    }
+    Ok(message)
+}
+
+/// `text` on one line: every run of whitespace or control characters becomes one space.
+fn one_line(text: &str) -> String {
+    text.split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One line of at most [`MAX_SUBJECT_CHARS`] characters, ending in `…` when cut.
+fn clean_subject(subject: &str) -> String {
+    let line = one_line(subject);
+    if line.chars().count() <= MAX_SUBJECT_CHARS {
+        return line;
+    }
+    let cut: String = line.chars().take(MAX_SUBJECT_CHARS - 1).collect();
+    format!("{}…", cut.trim_end())
+}
+
+/// The body with `\n` line ends, no other control characters but tabs, no trailing spaces.
+fn clean_body(body: &str) -> String {
+    body.replace("\r\n", "\n")
+        .split(['\n', '\r'])
+        .map(|line| {
+            line.chars()
+                .filter(|c| *c == '\t' || !c.is_control())
+                .collect::<String>()
+                .trim_end()
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        .trim_matches('\n')
+        .to_string()
+}
+
+/// Pushes the current branch's `HEAD` to `refs/heads/<remote_branch>` at `url`, never
+/// forcing. When the server refuses because the remote branch moved (non-fast-forward), the
+/// branch is fetched (into `refs/remotes/origin/<remote_branch>`), the local commits are
+/// rebased onto it (authors kept, committer kept with a new time), the work tree follows,
+/// and the push is tried again: up to `attempts` rebases, then [`GitError::Moved`].
+///
+/// A rebase conflict is [`GitError::Conflict`] with nothing pushed and the local branch as
+/// it was. Other refusals are [`GitError::Rejected`] with the server's reason, including
+/// what a declining pre-receive hook said (see [`explain_rejection`]).
+pub fn push_rebasing(
+    repo_dir: &Path,
+    url: &str,
+    token: &str,
+    remote_branch: &str,
+    attempts: u32,
+) -> Result<PushOutcome, GitError> {
+    init();
+    let session = Session::new(url, token)?;
+    check_branch_name(remote_branch)?;
+    let repo = Repository::open(repo_dir).map_err(other)?;
+    let spec = format!("HEAD:refs/heads/{remote_branch}");
+    let tracking = format!("refs/remotes/origin/{remote_branch}");
+    let fetch_spec = format!("+refs/heads/{remote_branch}:{tracking}");
+    let mut rebased = 0;
+    loop {
+        let head = head_commit(&repo)?;
+        match push_once(&session, &repo, url, &spec, remote_branch) {
+            Ok(()) => {
+                return Ok(PushOutcome {
+                    sha: head.to_string(),
+                    rebased: rebased > 0,
+                })
+            }
+            Err(PushFailure::Failed(e)) => return Err(e),
+            Err(PushFailure::Moved(reason)) => {
+                if rebased >= attempts {
+                    tracing::info!(branch = remote_branch, reason, "push refused: branch moved");
+                    return Err(GitError::Moved {
+                        branch: remote_branch.to_string(),
+                        attempts,
+                    });
+                }
+                rebased += 1;
+                fetch(repo_dir, url, token, &[&fetch_spec])?;
+                let upstream = repo
+                    .find_reference(&tracking)
+                    .and_then(|r| r.peel_to_commit())
+                    .map_err(other)?
+                    .id();
+                rebase_head_onto(&repo, upstream)?;
+            }
+        }
+    }
+}
+
+/// The commit `HEAD` points at.
+fn head_commit(repo: &Repository) -> Result<Oid, GitError> {
+    repo.head()
+        .and_then(|h| h.peel_to_commit())
+        .map(|c| c.id())
+        .map_err(|e| GitError::Other(format!("no commit to push: {}", e.message())))
+}
+
+/// Rebases the commits of `HEAD` that `upstream` lacks onto `upstream`, in memory, then
+/// moves `HEAD` (its branch) there and checks it out. On a conflict nothing changes.
+fn rebase_head_onto(repo: &Repository, upstream: Oid) -> Result<(), GitError> {
+    let onto = repo.find_annotated_commit(upstream).map_err(other)?;
+    let mut opts = RebaseOptions::new();
+    opts.inmemory(true);
+    let mut rebase = repo
+        .rebase(None, Some(&onto), None, Some(&mut opts))
+        .map_err(other)?;
+    let mut last = upstream;
+    let result = (|| {
+        while let Some(op) = rebase.next() {
+            let original = repo.find_commit(op.map_err(other)?.id()).map_err(other)?;
+            let index = rebase.inmemory_index().map_err(other)?;
+            if index.has_conflicts() {
+                let mut paths = Vec::new();
+                for conflict in index.conflicts().map_err(other)? {
+                    let conflict = conflict.map_err(other)?;
+                    if let Some(entry) = conflict.our.or(conflict.their).or(conflict.ancestor) {
+                        paths.push(String::from_utf8_lossy(&entry.path).into_owned());
+                    }
+                }
+                paths.sort();
+                paths.dedup();
+                return Err(GitError::Conflict { paths });
+            }
+            let who = original.committer();
+            let committer = Signature::now(
+                &String::from_utf8_lossy(who.name_bytes()),
+                &String::from_utf8_lossy(who.email_bytes()),
+            )
+            .map_err(other)?;
+            match rebase.commit(None, &committer, None) {
+                Ok(id) => last = id,
+                // Already upstream: the commit drops out.
+                Err(e) if e.code() == ErrorCode::Applied => {}
+                Err(e) => return Err(other(e)),
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = rebase.abort();
+        return Err(e);
+    }
+    rebase.finish(None).map_err(other)?;
+    drop(rebase);
+
+    let commit = repo.find_commit(last).map_err(other)?;
+    repo.checkout_tree(
+        commit.as_object(),
+        Some(git2::build::CheckoutBuilder::new().force()),
+    )
+    .map_err(other)?;
+    let head = repo.head().map_err(other)?;
+    if head.is_branch() {
+        let name = head
+            .name()
+            .map_err(|_| GitError::Other("the branch name is not UTF-8".into()))?
+            .to_string();
+        repo.reference(&name, last, true, "kodx: rebase onto the remote branch")
+            .map_err(other)?;
+    } else {
+        repo.set_head_detached(last).map_err(other)?;
+    }
+    Ok(())
 }
 
 /// The URL and token of one operation, and what its callbacks learnt.
@@ -533,6 +1105,133 @@ mod tests {
             "unexpected http status code: 404",
         ));
         assert_eq!(e, GitError::NotFound);
+    }
+
+    #[test]
+    fn subjects_are_one_line_and_cut_at_72_chars() {
+        assert_eq!(
+            clean_subject("  Fix\tthe\n\nparser\u{7} "),
+            "Fix the parser"
+        );
+        let long = "é".repeat(100);
+        let cut = clean_subject(&long);
+        assert_eq!(cut.chars().count(), MAX_SUBJECT_CHARS);
+        assert_eq!(cut, format!("{}…", "é".repeat(71)));
+        let exact = "a".repeat(72);
+        assert_eq!(clean_subject(&exact), exact);
+        // No space before the ellipsis.
+        let spaced = format!("{} tail", "a".repeat(70));
+        assert_eq!(clean_subject(&spaced), format!("{}…", "a".repeat(70)));
+    }
+
+    fn req<'a>(
+        subject: &'a str,
+        body: &'a str,
+        trailers: &'a [(String, String)],
+    ) -> CommitRequest<'a> {
+        CommitRequest {
+            author: Identity {
+                name: "kodx[bot]".into(),
+                email: "1+kodx[bot]@users.noreply.github.com".into(),
+            },
+            subject,
+            body,
+            trailers,
+            max_file_bytes: 1,
+        }
+    }
+
+    #[test]
+    fn commit_messages() {
+        let trailers = vec![
+            (
+                "Co-authored-by".to_string(),
+                "alice\n <1+alice@users.noreply.github.com>\r".to_string(),
+            ),
+            ("Kodx-Run".to_string(), "r-1".to_string()),
+            ("Empty".to_string(), " \n".to_string()),
+        ];
+        assert_eq!(
+            commit_message(&req("Subject", "\r\nline one  \r\n\u{1b}[31mline two\n\n", &trailers)).unwrap(),
+            "Subject\n\nline one\n[31mline two\n\nCo-authored-by: alice <1+alice@users.noreply.github.com>\nKodx-Run: r-1\n"
+        );
+        assert_eq!(
+            commit_message(&req("Subject", " \n", &trailers[1..2])).unwrap(),
+            "Subject\n\nKodx-Run: r-1\n"
+        );
+        assert_eq!(
+            commit_message(&req("S", "Body", &[])).unwrap(),
+            "S\n\nBody\n"
+        );
+        assert_eq!(
+            commit_message(&req("\n", "", &[])).unwrap(),
+            "Apply changes\n"
+        );
+        let bad = vec![("Bad: key".to_string(), "v".to_string())];
+        assert!(commit_message(&req("S", "", &bad)).is_err());
+        let bad = vec![("Bad\nKey".to_string(), "v".to_string())];
+        assert!(commit_message(&req("S", "", &bad)).is_err());
+    }
+
+    #[test]
+    fn rejections_are_explained() {
+        let workflow = "refs/heads/main: refusing to allow a GitHub App to create or update \
+                        workflow `.github/workflows/x.yml` without `workflows` permission";
+        let e = explain_rejection(workflow);
+        assert!(
+            e.starts_with("the App is not allowed to change files under .github/workflows/, such as `.github/workflows/x.yml` (it lacks the workflows permission); "),
+            "{e}"
+        );
+        assert!(e.ends_with(&format!("(GitHub said: {workflow})")), "{e}");
+
+        let protected = "refs/heads/main: protected branch hook declined; the server said: \
+                         error: GH006: Protected branch update failed for refs/heads/main.";
+        let e = explain_rejection(protected);
+        assert!(e.contains("the branch is protected"), "{e}");
+
+        let rules = "refs/heads/main: push declined due to repository rule violations; the \
+                     server said: error: GH013: Repository rule violations found for refs/heads/main.";
+        assert!(explain_rejection(rules).contains("rulesets"), "{rules}");
+        let secrets = "refs/heads/main: push declined due to repository rule violations; the \
+                       server said: error: GH013: Repository rule violations found. - GITHUB PUSH PROTECTION";
+        assert!(explain_rejection(secrets).contains("secret"));
+        assert!(explain_rejection("error: GH001: Large files detected.").contains("100 MB"));
+        assert!(explain_rejection("refs/heads/x: non-fast-forward").contains("never force-pushes"));
+        assert_eq!(
+            explain_rejection("refs/heads/x: funny"),
+            "refs/heads/x: funny"
+        );
+    }
+
+    #[test]
+    fn remote_messages_drop_progress() {
+        let raw = b"Resolving deltas:  50% (1/2)\rResolving deltas: 100% (2/2), done.\n\
+                    error: GH006: Protected branch update failed.\n\x1b[31merror\x1b[0m: x\n\n";
+        assert_eq!(
+            remote_messages(raw),
+            [
+                "error: GH006: Protected branch update failed.",
+                "[31merror [0m: x"
+            ]
+        );
+        assert!(remote_messages(b"").is_empty());
+        assert!(!is_progress("error: 100% sure"));
+        assert!(!is_progress("error: 100% (of the time)"));
+        assert!(is_progress(
+            "Writing objects: 100% (3/3), 250 bytes | 250.00 KiB/s, done."
+        ));
+        assert!(is_progress("Counting objects: 100% (3/3), done."));
+    }
+
+    #[test]
+    fn conflict_messages_list_paths() {
+        let e = GitError::Conflict {
+            paths: (0..12).map(|i| format!("f{i}")).collect(),
+        };
+        let m = e.to_string();
+        assert!(m.contains("`f0`, `f1`"), "{m}");
+        assert!(m.contains("and 2 more"), "{m}");
+        assert!(!m.contains("`f10`"), "{m}");
     }
 
     #[test]
