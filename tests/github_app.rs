@@ -10,9 +10,10 @@ mod fake_github;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fake_github::{FakeBase, FakeGitHub, FakeHead, TEST_APP_KEY};
+use fake_github::{FakeBase, FakeGitHub, FakeHead, FakePull, TEST_APP_KEY};
 use kodx::github::{
-    GitHubApp, GitHubError, Permission, Reaction, ReactionTarget, RepoName, TOKEN_REFRESH_MARGIN,
+    GitHubApp, GitHubError, NewPull, Permission, PullRef, Reaction, ReactionTarget, RepoName,
+    RequestPolicy, TOKEN_REFRESH_MARGIN,
 };
 
 const APP_ID: u64 = 4242;
@@ -1018,4 +1019,409 @@ async fn concurrent_installation_clients_are_send_and_shared() {
     assert_eq!(ids.len(), 5);
     assert_eq!(fake.issued_tokens().len(), 1);
     assert_clean(&fake);
+}
+
+// ---------------------------------------------------------------------------------------
+// Pull requests kodx opens, the bot's identity, user ids
+// ---------------------------------------------------------------------------------------
+
+const BRANCH: &str = "kodx/issue-7-1a2b3c4d";
+
+fn new_pull(head: &str) -> NewPull {
+    NewPull {
+        title: "Fix the widget".into(),
+        head: head.into(),
+        base: "main".into(),
+        body: "Closes #7".into(),
+        draft: true,
+    }
+}
+
+/// The fake knows `main` and `BRANCH`, each at its own commit.
+fn with_branches(fake: &FakeGitHub) {
+    fake.set_branch_sha(|repo, branch| {
+        assert_eq!(repo, REPO);
+        match branch {
+            "main" => Some("a".repeat(40)),
+            BRANCH => Some("b".repeat(40)),
+            _ => None,
+        }
+    });
+}
+
+/// Retries without the default half-second backoff.
+fn fast_app(fake: &FakeGitHub) -> GitHubApp {
+    let policy = RequestPolicy {
+        base_delay: Duration::from_millis(5),
+        max_delay: Duration::from_millis(20),
+        ..Default::default()
+    };
+    GitHubApp::with_policy(&fake.url(), APP_ID, TEST_APP_KEY, policy).unwrap()
+}
+
+#[tokio::test]
+async fn create_pull_opens_one_numbered_after_the_issues() {
+    let (fake, app, repo) = setup().await;
+    with_branches(&fake);
+    fake.add_issue(REPO, 1, "One", "", "alice");
+    fake.add_issue(REPO, 7, "Seven", "", "alice");
+    let inst = app.installation(INST).await.unwrap();
+    let pr = inst.create_pull(&repo, &new_pull(BRANCH)).await.unwrap();
+    assert_eq!(
+        pr,
+        PullRef {
+            number: 8,
+            html_url: format!("{}/{REPO}/pull/8", fake.root()),
+            head_ref: BRANCH.into(),
+        }
+    );
+    // What was sent: GitHub's fields, and no maintainer_can_modify on a same-repo head.
+    let posts: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path == "/repos/acme/widgets/pulls")
+        .collect();
+    assert_eq!(posts.len(), 1);
+    let sent: serde_json::Value = serde_json::from_str(&posts[0].body).unwrap();
+    assert_eq!(
+        sent,
+        serde_json::json!({
+            "title": "Fix the widget", "head": BRANCH, "base": "main",
+            "body": "Closes #7", "draft": true,
+        })
+    );
+    assert_eq!(
+        fake.created_pulls(REPO),
+        vec![FakePull {
+            number: 8,
+            title: "Fix the widget".into(),
+            head: BRANCH.into(),
+            base: "main".into(),
+            body: "Closes #7".into(),
+            draft: true,
+            edits: vec![],
+        }]
+    );
+    // It is an issue too (so the status comment can go on it) and a pull request.
+    let issue = inst.issue(&repo, 8).await.unwrap();
+    assert!(issue.is_pull_request);
+    assert_eq!(issue.author, "kodx[bot]");
+    inst.create_comment(&repo, 8, "done").await.unwrap();
+    assert_eq!(fake.comments(REPO, 8).len(), 1);
+    let info = inst.pull_request(&repo, 8).await.unwrap();
+    assert!(!info.is_fork);
+    assert_eq!(info.head.sha, "b".repeat(40));
+    assert_eq!(info.base.sha, "a".repeat(40));
+    assert_eq!(info.head.repo.unwrap().clone_url, info.base.repo.clone_url);
+    // The next issue number is after the pull request.
+    let second = "kodx/issue-8-ffff0000";
+    fake.set_branch_exists(|_, _| true);
+    let pr = inst.create_pull(&repo, &new_pull(second)).await.unwrap();
+    assert_eq!(pr.number, 9);
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn an_open_pull_from_the_same_head_is_pull_exists_and_found() {
+    let (fake, app, repo) = setup().await;
+    with_branches(&fake);
+    let inst = app.installation(INST).await.unwrap();
+    let first = inst.create_pull(&repo, &new_pull(BRANCH)).await.unwrap();
+    assert_eq!(first.number, 1);
+    let err = inst
+        .create_pull(&repo, &new_pull(BRANCH))
+        .await
+        .unwrap_err();
+    match &err {
+        GitHubError::PullExists { head, .. } => assert_eq!(head, &format!("acme:{BRANCH}")),
+        other => panic!("{other}"),
+    }
+    assert_eq!(err.status(), Some(422));
+    assert_eq!(fake.created_pulls(REPO).len(), 1);
+
+    assert_eq!(
+        inst.find_open_pull(&repo, BRANCH).await.unwrap(),
+        Some(first.clone())
+    );
+    let lists = paths(&fake, "GET", "/repos/acme/widgets/pulls");
+    assert_eq!(
+        lists,
+        vec!["/repos/acme/widgets/pulls?state=open&head=acme%3Akodx%2Fissue-7-1a2b3c4d"]
+    );
+    assert_eq!(
+        inst.find_open_pull(&repo, "kodx/other").await.unwrap(),
+        None
+    );
+    // A pull request by someone else from a fork with the same branch name is not ours.
+    fake.add_pull(
+        REPO,
+        50,
+        "Fork",
+        "",
+        "eve",
+        FakeHead {
+            ref_name: "kodx/other".into(),
+            sha: "c".repeat(40),
+            repo: Some("eve/widgets".into()),
+            clone_url: "https://github.com/eve/widgets.git".into(),
+        },
+        FakeBase {
+            ref_name: "main".into(),
+            sha: "a".repeat(40),
+        },
+        "",
+    );
+    assert_eq!(
+        inst.find_open_pull(&repo, "kodx/other").await.unwrap(),
+        None
+    );
+    // Once closed it is no longer open, and a new one may be opened from the same head.
+    fake.close_pull(REPO, first.number);
+    assert_eq!(inst.find_open_pull(&repo, BRANCH).await.unwrap(), None);
+    let again = inst.create_pull(&repo, &new_pull(BRANCH)).await.unwrap();
+    assert_eq!(again.number, 51);
+    assert_eq!(
+        inst.find_open_pull(&repo, BRANCH).await.unwrap(),
+        Some(again)
+    );
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn a_missing_branch_or_no_commits_is_a_422_with_githubs_words() {
+    let (fake, app, repo) = setup().await;
+    with_branches(&fake);
+    let inst = app.installation(INST).await.unwrap();
+    let err = inst
+        .create_pull(&repo, &new_pull("kodx/never-pushed"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, GitHubError::Http { status: 422, .. }),
+        "{err}"
+    );
+    // A head at the base's commit.
+    fake.set_branch_sha(|_, _| Some("a".repeat(40)));
+    let err = inst
+        .create_pull(&repo, &new_pull(BRANCH))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, GitHubError::NoCommits { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("No commits between main and {BRANCH}")),
+        "{err}"
+    );
+    assert!(fake.created_pulls(REPO).is_empty());
+    assert_eq!(
+        paths(&fake, "POST", "/repos/acme/widgets/pulls").len(),
+        2,
+        "422s are not retried"
+    );
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn update_pull_body_edits_the_description() {
+    let (fake, app, repo) = setup().await;
+    with_branches(&fake);
+    let inst = app.installation(INST).await.unwrap();
+    let pr = inst.create_pull(&repo, &new_pull(BRANCH)).await.unwrap();
+    inst.update_pull_body(&repo, pr.number, "Closes #7\n\ncost: $0.0123")
+        .await
+        .unwrap();
+    inst.update_pull_body(&repo, pr.number, "Closes #7\n\ncost: $0.0456")
+        .await
+        .unwrap();
+    let created = &fake.created_pulls(REPO)[0];
+    assert_eq!(
+        created.edits,
+        vec!["Closes #7\n\ncost: $0.0123", "Closes #7\n\ncost: $0.0456"]
+    );
+    assert_eq!(created.title, "Fix the widget");
+    assert_eq!(
+        inst.pull_request(&repo, pr.number).await.unwrap().body,
+        "Closes #7\n\ncost: $0.0456"
+    );
+    let err = inst.update_pull_body(&repo, 99, "x").await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn bot_identity_is_looked_up_once_with_its_noreply_address() {
+    let (fake, app, _) = setup_with_prefix("/api/v3").await;
+    fake.set_slug("kodx-dev");
+    fake.set_bot_user_id(41_898_282);
+    let inst = app.installation(INST).await.unwrap();
+    let (a, b) = tokio::join!(app.bot_identity(&inst), app.bot_identity(&inst));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.login, "kodx-dev[bot]");
+    assert_eq!(a.id, 41_898_282);
+    assert_eq!(
+        a.noreply_email,
+        "41898282+kodx-dev[bot]@users.noreply.github.com"
+    );
+    assert_eq!(a, b);
+    assert_eq!(app.bot_identity(&inst).await.unwrap(), a);
+    assert_eq!(
+        paths(&fake, "GET", "/api/v3/users/"),
+        vec!["/api/v3/users/kodx-dev%5Bbot%5D"],
+        "one lookup for three calls"
+    );
+    assert_eq!(paths(&fake, "GET", "/api/v3/app").len(), 1);
+    // The user lookup carries the installation token, not the App's JWT.
+    let lookup = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.path.starts_with("/api/v3/users/"))
+        .unwrap();
+    assert_eq!(
+        lookup.authorization,
+        Some(format!("Bearer {}", inst.token().expose()))
+    );
+    assert!(fake.unauthorized().is_empty(), "{:?}", fake.unauthorized());
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn user_ids_for_co_author_trailers() {
+    let (fake, app, _) = setup().await;
+    fake.add_user("Alice-Dev", 583_231);
+    let inst = app.installation(INST).await.unwrap();
+    assert_eq!(inst.user_id("Alice-Dev").await.unwrap(), 583_231);
+    assert_eq!(inst.user_id("alice-dev").await.unwrap(), 583_231);
+    let err = inst.user_id("nobody-here").await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    assert!(inst.user_id("").await.unwrap_err().is_not_found());
+    assert_eq!(
+        kodx::github::noreply_email("Alice-Dev", 583_231),
+        "583231+Alice-Dev@users.noreply.github.com"
+    );
+    // The bot has an id even when the test did not choose one.
+    let bot = app.bot_identity(&inst).await.unwrap();
+    assert_eq!(inst.user_id("kodx[bot]").await.unwrap(), bot.id);
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn a_create_pull_answered_502_after_github_opened_it_is_not_sent_again() {
+    let (fake, _, repo) = setup().await;
+    with_branches(&fake);
+    let app = fast_app(&fake);
+    let inst = app.installation(INST).await.unwrap();
+    fake.fail_after_next("/repos/acme/widgets/pulls", 502);
+    let pr = inst.create_pull(&repo, &new_pull(BRANCH)).await.unwrap();
+    assert_eq!(pr.number, 1);
+    assert_eq!(pr.head_ref, BRANCH);
+    assert_eq!(fake.created_pulls(REPO).len(), 1);
+    assert_eq!(paths(&fake, "POST", "/repos/acme/widgets/pulls").len(), 1);
+    assert_eq!(paths(&fake, "GET", "/repos/acme/widgets/pulls").len(), 1);
+
+    // A 503 before GitHub did anything: looked up, not found, sent again, opened once.
+    let other = "kodx/issue-9-00000000";
+    fake.set_branch_exists(|_, _| true);
+    fake.fail_next("/repos/acme/widgets/pulls", 503, 1);
+    let pr = inst.create_pull(&repo, &new_pull(other)).await.unwrap();
+    assert_eq!(pr.number, 2);
+    assert_eq!(fake.created_pulls(REPO).len(), 2);
+    assert_eq!(paths(&fake, "POST", "/repos/acme/widgets/pulls").len(), 3);
+    assert_eq!(paths(&fake, "GET", "/repos/acme/widgets/pulls").len(), 2);
+
+    // GitHub down for good, the look-up failing too (after its own retries): whether the
+    // POST opened anything cannot be told, so it is not sent again.
+    let third = "kodx/issue-10-00000000";
+    fake.fail_next("/repos/acme/widgets/pulls", 502, 5);
+    let err = inst.create_pull(&repo, &new_pull(third)).await.unwrap_err();
+    assert!(
+        matches!(err, GitHubError::Http { status: 502, .. }),
+        "{err}"
+    );
+    assert_eq!(fake.created_pulls(REPO).len(), 2);
+    assert_eq!(paths(&fake, "POST", "/repos/acme/widgets/pulls").len(), 4);
+    assert_eq!(paths(&fake, "GET", "/repos/acme/widgets/pulls").len(), 6);
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn the_fake_refuses_malformed_pull_requests() {
+    let (fake, app, repo) = setup().await;
+    let inst = app.installation(INST).await.unwrap();
+    let token = inst.token().expose().to_string();
+    let http = reqwest::Client::new();
+    let send = |method: reqwest::Method, path: &str, body: &str| {
+        http.request(method, format!("{}{path}", fake.url()))
+            .header("user-agent", "kodx")
+            .header("authorization", format!("token {token}"))
+            .body(body.to_string())
+            .send()
+    };
+    let pulls = "/repos/acme/widgets/pulls";
+    let post = reqwest::Method::POST;
+    for (body, status) in [
+        (r#"{"title":"t","base":"main"}"#, 422),
+        (r#"{"title":7,"head":"b","base":"main"}"#, 422),
+        (
+            r#"{"title":"t","head":"b","base":"main","draft":"yes"}"#,
+            422,
+        ),
+        (
+            r#"{"title":"t","head":"b","base":"main","labels":["x"]}"#,
+            422,
+        ),
+        (
+            r#"{"title":"t","head":"b","base":"main","maintainer_can_modify":true}"#,
+            422,
+        ),
+        ("[]", 400),
+    ] {
+        let r = send(post.clone(), pulls, body).await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{body}");
+    }
+    assert_eq!(fake.refused().len(), 6, "{:?}", fake.refused());
+    assert!(fake.created_pulls(REPO).is_empty());
+
+    // A `head` without `owner:` is ignored by GitHub (every pull request comes back): the
+    // answer is GitHub's, the request is recorded as a kodx bug.
+    let pr = inst.create_pull(&repo, &new_pull(BRANCH)).await.unwrap();
+    let r = send(
+        reqwest::Method::GET,
+        &format!("{pulls}?state=open&head={BRANCH}"),
+        "",
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let listed: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert_eq!(fake.refused().len(), 7, "{:?}", fake.refused());
+    assert!(fake.refused()[6].contains("no `owner:` prefix"));
+    let r = send(reqwest::Method::GET, &format!("{pulls}?state=merged"), "")
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 422);
+    let r = send(
+        reqwest::Method::PATCH,
+        &format!("{pulls}/{}", pr.number),
+        r#"{"body":7}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 422);
+    assert_eq!(fake.refused().len(), 9, "{:?}", fake.refused());
+    assert!(fake.created_pulls(REPO)[0].edits.is_empty());
+    // Unknown users are 404s, not malformed requests; a bad token is a 401.
+    let r = send(reqwest::Method::GET, "/users/nobody", "")
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let r = http
+        .get(format!("{}/users/kodx%5Bbot%5D", fake.url()))
+        .header("user-agent", "kodx")
+        .header("authorization", "token ghs_notissued")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    assert_eq!(fake.refused().len(), 9);
 }

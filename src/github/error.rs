@@ -22,6 +22,15 @@ pub enum GitHubError {
     /// 403/429 with a rate-limit signal whose reset is too far away to wait for.
     #[error("{what}: GitHub rate limit reached; it resets in {}s", reset_in.as_secs())]
     RateLimited { what: String, reset_in: Duration },
+    /// 422 on opening a pull request: one from this head (`owner:branch`) into this base is
+    /// already open; [`Installation::find_open_pull`](super::Installation::find_open_pull)
+    /// finds it.
+    #[error("{what}: a pull request from {head} is already open")]
+    PullExists { what: String, head: String },
+    /// 422 on opening a pull request: the head has no commits the base lacks (GitHub's
+    /// "No commits between BASE and HEAD" in `message`).
+    #[error("{what}: GitHub answered 422: {message}")]
+    NoCommits { what: String, message: String },
     /// Any other non-success status; `message` is GitHub's `message` field.
     #[error("{what}: GitHub answered {status}: {message}")]
     Http {
@@ -49,6 +58,7 @@ impl GitHubError {
             GitHubError::NotFound { .. } => Some(404),
             GitHubError::Unauthorized { .. } => Some(401),
             GitHubError::Forbidden { .. } => Some(403),
+            GitHubError::PullExists { .. } | GitHubError::NoCommits { .. } => Some(422),
             GitHubError::Http { status, .. } => Some(*status),
             _ => None,
         }

@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use super::error::GitHubError;
 use super::policy::{Raw, RequestPolicy};
 use super::types::{
-    CommentInfo, CommentRef, IssueInfo, Permission, PullBase, PullHead, PullInfo, PullRepo,
-    Reaction, ReactionTarget, RepoName, Token,
+    CommentInfo, CommentRef, IssueInfo, NewPull, Permission, PullBase, PullHead, PullInfo, PullRef,
+    PullRepo, Reaction, ReactionTarget, RepoName, Token,
 };
 use super::util::{base64_decode, encode_path, encode_segment, link_page};
 
@@ -429,6 +429,155 @@ impl Installation {
         Ok(())
     }
 
+    /// Opens a pull request from `req.head`, a branch of `repo` itself, into `req.base`
+    /// (`POST /repos/{o}/{r}/pulls`). `maintainer_can_modify` is not sent: it is about heads
+    /// in forks, GitHub advises leaving it out otherwise, and `true` on a same-repository
+    /// pull request has been refused ("Fork collab can only be enabled on cross-repo pull
+    /// requests").
+    ///
+    /// GitHub's 422s become [`GitHubError::PullExists`] (one from this head into this base
+    /// is open: [`find_open_pull`](Self::find_open_pull) finds it) and
+    /// [`GitHubError::NoCommits`]. A POST is not idempotent, so a 502/503/504 or an
+    /// unanswered attempt is never simply sent again: GitHub may have opened the pull request
+    /// before failing, so the open pull requests from `head` are looked up first and the one
+    /// found is returned; only when there is none is the POST sent again (within the
+    /// policy's attempts, with its backoff). A `PullExists` on such a second attempt is that
+    /// pull request too, and is returned as found.
+    pub async fn create_pull(
+        &self,
+        repo: &RepoName,
+        req: &NewPull,
+    ) -> Result<PullRef, GitHubError> {
+        let path = format!("{}/pulls", repo_path(repo));
+        let what = format!("POST {path}");
+        let body = json!({
+            "title": req.title,
+            "head": req.head,
+            "base": req.base,
+            "body": req.body,
+            "draft": req.draft,
+        });
+        let policy = &self.inner.policy;
+        let once = RequestPolicy {
+            max_attempts: 1,
+            ..policy.clone()
+        };
+        let head_label = format!("{}:{}", repo.owner, req.head);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let err = match self
+                .request_with(&once, http::Method::POST, &path, None, JSON, Some(&body))
+                .await
+            {
+                Ok(raw) => return pull_ref(&raw.json(&what)?, &what),
+                Err(e) => pull_error(e, &head_label),
+            };
+            let unclear = matches!(err, GitHubError::Network { .. })
+                || matches!(
+                    err,
+                    GitHubError::Http {
+                        status: 502..=504,
+                        ..
+                    }
+                );
+            let earlier_unclear = attempt > 1 && matches!(err, GitHubError::PullExists { .. });
+            if !unclear && !earlier_unclear {
+                return Err(err);
+            }
+            // GitHub may have opened it before failing: look before sending again.
+            match self.find_open_pull(repo, &req.head).await {
+                Ok(Some(found)) => {
+                    tracing::info!(
+                        %what,
+                        number = found.number,
+                        "an unanswered pull request POST had opened it; using that one"
+                    );
+                    return Ok(found);
+                }
+                Ok(None) if unclear && attempt < policy.max_attempts => {}
+                Ok(None) => return Err(err),
+                Err(lookup) => {
+                    tracing::warn!(%what, error = %lookup, "cannot tell whether the failed POST opened the pull request; not sending it again");
+                    return Err(err);
+                }
+            }
+            let delay = create_backoff(policy, attempt);
+            tracing::warn!(%what, attempt, ?delay, error = %err, "opening the pull request failed; retrying");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// The open pull request whose head is `head_branch` of `repo` itself, if any
+    /// (`GET /repos/{o}/{r}/pulls?state=open&head={owner}:{branch}`; GitHub ignores a `head`
+    /// without the `owner:` prefix, so the answer is checked too).
+    pub async fn find_open_pull(
+        &self,
+        repo: &RepoName,
+        head_branch: &str,
+    ) -> Result<Option<PullRef>, GitHubError> {
+        let path = format!("{}/pulls", repo_path(repo));
+        let what = format!("GET {path}");
+        let query = format!(
+            "state=open&head={}",
+            encode_segment(&format!("{}:{head_branch}", repo.owner))
+        );
+        let raw = self
+            .request(http::Method::GET, &path, Some(&query), JSON, None)
+            .await?;
+        let v = raw.json(&what)?;
+        let items = v
+            .as_array()
+            .ok_or_else(|| GitHubError::decode(&what, "expected a list of pull requests"))?;
+        for item in items {
+            let found = pull_ref(item, &what)?;
+            let head_repo = item
+                .get("head")
+                .and_then(|h| h.get("repo"))
+                .and_then(|r| r.get("full_name"))
+                .and_then(Value::as_str);
+            let same_repo = head_repo.is_some_and(|f| f.eq_ignore_ascii_case(&repo.to_string()));
+            if found.head_ref == head_branch && same_repo {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Replaces the description of a pull request (`PATCH /repos/{o}/{r}/pulls/{n}`).
+    pub async fn update_pull_body(
+        &self,
+        repo: &RepoName,
+        number: u64,
+        body: &str,
+    ) -> Result<(), GitHubError> {
+        let path = format!("{}/pulls/{number}", repo_path(repo));
+        self.request(
+            http::Method::PATCH,
+            &path,
+            None,
+            JSON,
+            Some(&json!({ "body": body })),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The numeric id of a GitHub account (`GET /users/{login}`; a bot's login
+    /// `name[bot]` is percent-encoded), e.g. for a `Co-authored-by:` trailer's noreply
+    /// address. An unknown login is `NotFound`.
+    pub async fn user_id(&self, login: &str) -> Result<u64, GitHubError> {
+        let path = format!("/users/{}", encode_segment(login));
+        if login.is_empty() {
+            return Err(GitHubError::NotFound {
+                what: format!("GET {path}"),
+            });
+        }
+        let what = format!("GET {path}");
+        let v = self.get_json(&path).await?;
+        u64_field(&v, "id", &what)
+    }
+
     // ---------------------------------------------------------------------------------
     // Transport
     // ---------------------------------------------------------------------------------
@@ -450,14 +599,29 @@ impl Installation {
         accept: &str,
         body: Option<&Value>,
     ) -> Result<Raw, GitHubError> {
+        let policy = &self.inner.policy;
+        self.request_with(policy, method, path, query, accept, body)
+            .await
+    }
+
+    /// One call under `policy` (the installation's, or a single-attempt one for calls that
+    /// must not be repeated blindly).
+    async fn request_with(
+        &self,
+        policy: &RequestPolicy,
+        method: http::Method,
+        path: &str,
+        query: Option<&str>,
+        accept: &str,
+        body: Option<&Value>,
+    ) -> Result<Raw, GitHubError> {
         let what = format!("{method} {path}");
         let uri = match query {
             Some(q) => format!("{path}?{q}"),
             None => path.to_string(),
         };
         let octo = &self.inner.octo;
-        self.inner
-            .policy
+        policy
             .run(&what, || {
                 let method = method.clone();
                 let uri = uri.clone();
@@ -556,6 +720,58 @@ fn comment_info(c: &Value, what: &str) -> Result<CommentInfo, GitHubError> {
     })
 }
 
+/// A pull request answer (create, list) as a [`PullRef`].
+fn pull_ref(v: &Value, what: &str) -> Result<PullRef, GitHubError> {
+    Ok(PullRef {
+        number: u64_field(v, "number", what)?,
+        html_url: str_field(v, "html_url", what)?.to_string(),
+        head_ref: v
+            .get("head")
+            .and_then(|h| h.get("ref"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| GitHubError::decode(what, "no string `head.ref`"))?
+            .to_string(),
+    })
+}
+
+/// GitHub's two 422s of opening a pull request that callers act on, told apart by their
+/// `errors[].message` (both have code `custom`).
+fn pull_error(err: GitHubError, head_label: &str) -> GitHubError {
+    match err {
+        GitHubError::Http {
+            status: 422,
+            what,
+            message,
+        } => {
+            if message.contains("A pull request already exists") {
+                GitHubError::PullExists {
+                    what,
+                    head: head_label.to_string(),
+                }
+            } else if message.contains("No commits between") {
+                GitHubError::NoCommits { what, message }
+            } else {
+                GitHubError::Http {
+                    status: 422,
+                    what,
+                    message,
+                }
+            }
+        }
+        other => other,
+    }
+}
+
+/// The policy's backoff before attempt `attempt + 1`: doubling from `base_delay`, with up
+/// to 50% jitter, at most `max_delay`.
+fn create_backoff(policy: &RequestPolicy, attempt: u32) -> Duration {
+    let exp = policy
+        .base_delay
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
+        .min(policy.max_delay);
+    (exp + exp.mul_f64(rand::random::<f64>() * 0.5)).min(policy.max_delay)
+}
+
 fn pull_repo(r: &Value, what: &str) -> Result<PullRepo, GitHubError> {
     let full_name = str_field(r, "full_name", what)?;
     let name = full_name
@@ -570,6 +786,38 @@ fn pull_repo(r: &Value, what: &str) -> Result<PullRepo, GitHubError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pull_422s_are_told_apart() {
+        let http = |message: &str| GitHubError::Http {
+            what: "POST /repos/o/r/pulls".into(),
+            status: 422,
+            message: message.into(),
+        };
+        let e = pull_error(
+            http("Validation Failed (A pull request already exists for o:kodx/x.)"),
+            "o:kodx/x",
+        );
+        assert!(
+            matches!(&e, GitHubError::PullExists { head, .. } if head == "o:kodx/x"),
+            "{e}"
+        );
+        assert_eq!(e.status(), Some(422));
+        let e = pull_error(
+            http("Validation Failed (No commits between main and kodx/x)"),
+            "",
+        );
+        assert!(matches!(e, GitHubError::NoCommits { .. }), "{e}");
+        assert!(
+            e.to_string().contains("No commits between main and kodx/x"),
+            "{e}"
+        );
+        let e = pull_error(http("Validation Failed (invalid)"), "");
+        assert!(matches!(e, GitHubError::Http { status: 422, .. }), "{e}");
+        let policy = RequestPolicy::default();
+        assert!(create_backoff(&policy, 1) >= policy.base_delay);
+        assert!(create_backoff(&policy, 30) <= policy.max_delay);
+    }
 
     #[test]
     fn diffs_are_cut_on_char_boundaries() {

@@ -28,8 +28,9 @@ pub use error::GitHubError;
 pub use installation::Installation;
 pub use policy::RequestPolicy;
 pub use types::{
-    AppInfo, CommentInfo, CommentRef, IssueInfo, Permission, PullBase, PullHead, PullInfo,
-    PullRepo, Reaction, ReactionTarget, RepoName, RepoNameError, Token,
+    noreply_email, AppInfo, BotIdentity, CommentInfo, CommentRef, IssueInfo, NewPull, Permission,
+    PullBase, PullHead, PullInfo, PullRef, PullRepo, Reaction, ReactionTarget, RepoName,
+    RepoNameError, Token,
 };
 
 use policy::Raw;
@@ -57,6 +58,8 @@ struct AppInner {
     /// One slot per installation; its lock is held while a token is minted, so concurrent
     /// callers for the same installation wait for that one mint instead of making their own.
     installations: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Option<Installation>>>>>,
+    /// The bot account once looked up; its lock is held during the lookup.
+    bot: tokio::sync::Mutex<Option<BotIdentity>>,
 }
 
 impl fmt::Debug for GitHubApp {
@@ -123,6 +126,7 @@ impl GitHubApp {
                 http,
                 policy,
                 installations: Mutex::new(HashMap::new()),
+                bot: tokio::sync::Mutex::new(None),
             }),
         };
         // A key that decodes but cannot sign fails here, not at the first webhook.
@@ -176,6 +180,21 @@ impl GitHubApp {
             .ok_or_else(|| GitHubError::decode(what, "no string `slug`"))?
             .to_string();
         Ok(AppInfo { id, slug })
+    }
+
+    /// The App's bot account, for commit authorship: `GET /app` (JWT) gives the slug, then
+    /// `GET /users/<slug>%5Bbot%5D` its id. GitHub takes JWTs only on the App's own
+    /// endpoints, so the user lookup goes through `inst` (any installation's token will
+    /// do). Kept after the first success; callers at the same time share one lookup.
+    pub async fn bot_identity(&self, inst: &Installation) -> Result<BotIdentity, GitHubError> {
+        let mut cached = self.inner.bot.lock().await;
+        if let Some(bot) = cached.as_ref() {
+            return Ok(bot.clone());
+        }
+        let login = self.app_info().await?.bot_login();
+        let bot = BotIdentity::new(&login, inst.user_id(&login).await?);
+        *cached = Some(bot.clone());
+        Ok(bot)
     }
 
     /// The installation with a token good for at least five more minutes: the cached one,

@@ -227,6 +227,51 @@ pub struct PullInfo {
     pub maintainer_can_modify: bool,
 }
 
+/// A pull request for [`Installation::create_pull`](super::Installation::create_pull) to open.
+/// `head` is a branch of the same repository (a bare name, no `owner:`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewPull {
+    pub title: String,
+    pub head: String,
+    pub base: String,
+    pub body: String,
+    pub draft: bool,
+}
+
+/// A pull request kodx opened or found again: enough to link to it and to edit it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullRef {
+    pub number: u64,
+    pub html_url: String,
+    /// The head branch name (`head.ref`).
+    pub head_ref: String,
+}
+
+/// The App's bot account, as commits name it: `login` is `<slug>[bot]`, `noreply_email`
+/// `<id>+<slug>[bot]@users.noreply.github.com` (GitHub links such commits to the bot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BotIdentity {
+    pub login: String,
+    pub id: u64,
+    pub noreply_email: String,
+}
+
+impl BotIdentity {
+    pub fn new(login: &str, id: u64) -> BotIdentity {
+        BotIdentity {
+            login: login.to_string(),
+            id,
+            noreply_email: noreply_email(login, id),
+        }
+    }
+}
+
+/// GitHub's noreply address of an account, `<id>+<login>@users.noreply.github.com`: what a
+/// commit author or a `Co-authored-by:` trailer names to be linked to that account.
+pub fn noreply_email(login: &str, id: u64) -> String {
+    format!("{id}+{login}@users.noreply.github.com")
+}
+
 /// What a reaction goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReactionTarget {
@@ -307,6 +352,19 @@ mod tests {
         assert_eq!(p("owner", None), P::None);
         assert!(P::None < P::Read && P::Read < P::Triage && P::Triage < P::Write);
         assert!(P::Write < P::Maintain && P::Maintain < P::Admin);
+    }
+
+    #[test]
+    fn bot_identity_and_noreply_addresses() {
+        let bot = BotIdentity::new("kodx[bot]", 41898282);
+        assert_eq!(
+            bot.noreply_email,
+            "41898282+kodx[bot]@users.noreply.github.com"
+        );
+        assert_eq!(
+            noreply_email("alice", 7),
+            "7+alice@users.noreply.github.com"
+        );
     }
 
     #[test]

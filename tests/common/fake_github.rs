@@ -20,16 +20,26 @@
 //!   (an empty body is served as `null`), `add_pull(repo, number, title, body, author,
 //!   FakeHead { ref_name, sha, repo: Option<full name>, clone_url }, FakeBase { ref_name, sha },
 //!   diff)` (a PR is also an issue), `add_comment(repo, number, author, body, is_bot) -> id`,
-//!   `add_review_comment(repo, pull, author, body) -> id`.
+//!   `add_review_comment(repo, pull, author, body) -> id`, `close_pull(repo, number)`,
+//!   `add_user(login, id)` (served by `GET /users/{login}`), `set_bot_user_id(id)` (the
+//!   bot `<slug>[bot]` is always served, with an id of its own unless set).
+//! - Branches (for `POST /pulls`): `set_branch_exists(|repo, branch| -> bool)` or
+//!   `set_branch_sha(|repo, branch| -> Option<sha>)` (e.g. the git server's `branch_sha`);
+//!   with neither, every branch exists. `repo` is the full name as given to `add_repo`.
+//!   A head whose sha equals the base's is GitHub's 422 "No commits between BASE and HEAD".
 //! - Behaviour: `set_token_lifetime(Duration)` (default 1 h), `fail_next(path_prefix,
 //!   status, count)` (the next `count` requests whose path, without the API prefix, starts
-//!   with `path_prefix` get `status`), `set_rate_limited(Some(reset_in) | None)` (installation
+//!   with `path_prefix` get `status`), `fail_after_next(path_prefix, status)` (the next such
+//!   request is carried out, then answered `status`: a POST that GitHub performed but whose
+//!   answer was lost), `set_rate_limited(Some(reset_in) | None)` (installation
 //!   calls answer 403 with `x-ratelimit-remaining: 0` until the reset), `revoke_tokens()`.
 //! - Observations: `comments(repo, number) -> Vec<FakeComment { id, user, body, is_bot,
 //!   edits }>` (`edits`: the bodies PATCHed in, in order), `reactions() -> Vec<(target,
 //!   content, by)>` (target like `o/r/issues/comments/5`, `o/r/pulls/comments/6`,
 //!   `o/r/issues/7`), `requests() -> Vec<FakeRequest { method, path, query, authorization,
-//!   body, headers }>` (everything received, in order), `refused() -> Vec<String>`,
+//!   body, headers }>` (everything received, in order), `created_pulls(repo) ->
+//!   Vec<FakePull { number, title, head, base, body, draft, edits }>` (pull requests opened
+//!   through the API, by number), `refused() -> Vec<String>`,
 //!   `unauthorized() -> Vec<String>` (401s given, with the reason), `issued_tokens()`.
 //!
 //! New endpoints go in `api_routes` with a handler taking `(State, Path, Req)`; handlers use
@@ -84,6 +94,24 @@ pub struct FakeComment {
     pub edits: Vec<String>,
 }
 
+/// A pull request opened through `POST /repos/{o}/{r}/pulls`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FakePull {
+    pub number: u64,
+    pub title: String,
+    /// The head branch name.
+    pub head: String,
+    /// The base branch name.
+    pub base: String,
+    pub body: String,
+    pub draft: bool,
+    /// The bodies PATCHed in, in order; `body` is the last of them (or the original).
+    pub edits: Vec<String>,
+}
+
+/// Answers whether a branch exists in a repository, with its sha.
+type BranchSha = Arc<dyn Fn(&str, &str) -> Option<String> + Send + Sync>;
+
 #[derive(Clone, Debug)]
 pub struct FakeRequest {
     pub method: String,
@@ -99,6 +127,10 @@ struct Pull {
     head: FakeHead,
     base: FakeBase,
     diff: String,
+    draft: bool,
+    /// Opened through the API (`created_pulls`).
+    created: bool,
+    edits: Vec<String>,
 }
 
 struct Issue {
@@ -109,6 +141,8 @@ struct Issue {
     pull: Option<Pull>,
     comments: Vec<u64>,
     created_at: String,
+    /// `open` or `closed`.
+    state: String,
 }
 
 struct Repo {
@@ -153,6 +187,8 @@ struct Failure {
     path_prefix: String,
     status: u16,
     count: u32,
+    /// Carry the request out first, then answer `status`.
+    after: bool,
 }
 
 struct IssuedToken {
@@ -178,6 +214,10 @@ struct StateInner {
     unauthorized: Vec<String>,
     user_ids: HashMap<String, u64>,
     next_id: u64,
+    branch_sha: Option<BranchSha>,
+    bot_user_id: Option<u64>,
+    /// `add_user`: by lower-case login, `(login, id)`.
+    users: BTreeMap<String, (String, u64)>,
 }
 
 impl StateInner {
@@ -187,8 +227,20 @@ impl StateInner {
     }
 
     fn user_id(&mut self, login: &str) -> u64 {
-        let next = 1000 + self.user_ids.len() as u64;
-        *self.user_ids.entry(login.to_string()).or_insert(next)
+        if let Some(id) = self.bot_user_id {
+            if login == format!("{}[bot]", self.slug) {
+                return id;
+            }
+        }
+        if let Some(&id) = self.user_ids.get(login) {
+            return id;
+        }
+        let mut next = 1000 + self.user_ids.len() as u64;
+        while self.user_ids.values().any(|&v| v == next) {
+            next += 1;
+        }
+        self.user_ids.insert(login.to_string(), next);
+        next
     }
 }
 
@@ -246,6 +298,9 @@ impl FakeGitHub {
                     unauthorized: Vec::new(),
                     user_ids: HashMap::new(),
                     next_id: 1_000_000,
+                    branch_sha: None,
+                    bot_user_id: None,
+                    users: BTreeMap::new(),
                 }),
             }),
         };
@@ -385,6 +440,9 @@ impl FakeGitHub {
             head,
             base,
             diff: diff.to_string(),
+            draft: false,
+            created: false,
+            edits: Vec::new(),
         };
         self.insert_issue(repo, number, title, body, author, Some(pull));
     }
@@ -409,9 +467,51 @@ impl FakeGitHub {
                     pull,
                     comments: Vec::new(),
                     created_at: iso8601(SystemTime::now()),
+                    state: "open".into(),
                 },
             )
         });
+    }
+
+    /// Closes an issue or pull request (`state: closed`): it no longer counts as open.
+    pub fn close_pull(&self, repo: &str, number: u64) {
+        self.with_repo(repo, |r| {
+            r.issues
+                .get_mut(&number)
+                .unwrap_or_else(|| panic!("no issue or pull request {number}"))
+                .state = "closed".into()
+        });
+    }
+
+    /// A user `GET /users/{login}` knows, with its id (also used in every other answer
+    /// that shows this user).
+    pub fn add_user(&self, login: &str, id: u64) {
+        let mut st = self.state();
+        st.user_ids.insert(login.to_string(), id);
+        st.users
+            .insert(login.to_lowercase(), (login.to_string(), id));
+    }
+
+    /// The id of the App's bot user `<slug>[bot]` everywhere it appears.
+    pub fn set_bot_user_id(&self, id: u64) {
+        self.state().bot_user_id = Some(id);
+    }
+
+    /// Which branches exist, for `POST /pulls` (`repo` as given to `add_repo`); a branch
+    /// that exists gets a sha made from its name.
+    pub fn set_branch_exists(&self, exists: impl Fn(&str, &str) -> bool + Send + Sync + 'static) {
+        self.state().branch_sha = Some(Arc::new(move |repo: &str, branch: &str| {
+            exists(repo, branch).then(|| fake_sha(format!("{repo}:{branch}").as_bytes()))
+        }));
+    }
+
+    /// Which branches exist and at which commit, for `POST /pulls`: the head and base
+    /// shas of a new pull request come from here.
+    pub fn set_branch_sha(
+        &self,
+        sha: impl Fn(&str, &str) -> Option<String> + Send + Sync + 'static,
+    ) {
+        self.state().branch_sha = Some(Arc::new(sha));
     }
 
     /// A comment written by someone (`is_bot`: `user.type == "Bot"`); returns its id.
@@ -497,6 +597,19 @@ impl FakeGitHub {
             path_prefix: path_prefix.to_string(),
             status,
             count,
+            after: false,
+        });
+    }
+
+    /// The next request whose path (without the API prefix) starts with `path_prefix` is
+    /// carried out as usual, then answered `status` instead (GitHub did it, the answer was
+    /// lost). A `fail_next` for the same request wins: then nothing is carried out.
+    pub fn fail_after_next(&self, path_prefix: &str, status: u16) {
+        self.state().failures.push(Failure {
+            path_prefix: path_prefix.to_string(),
+            status,
+            count: 1,
+            after: true,
         });
     }
 
@@ -541,6 +654,29 @@ impl FakeGitHub {
             .reactions
             .iter()
             .map(|r| (r.target.clone(), r.content.clone(), r.by.clone()))
+            .collect()
+    }
+
+    /// Pull requests opened through the API in `repo`, by number.
+    pub fn created_pulls(&self, repo: &str) -> Vec<FakePull> {
+        let st = self.state();
+        let Some(r) = st.repos.get(&repo.to_lowercase()) else {
+            return Vec::new();
+        };
+        r.issues
+            .values()
+            .filter_map(|i| {
+                let p = i.pull.as_ref().filter(|p| p.created)?;
+                Some(FakePull {
+                    number: i.number,
+                    title: i.title.clone(),
+                    head: p.head.ref_name.clone(),
+                    base: p.base.ref_name.clone(),
+                    body: i.body.clone(),
+                    draft: p.draft,
+                    edits: p.edits.clone(),
+                })
+            })
             .collect()
     }
 
@@ -597,7 +733,15 @@ fn api_routes() -> Router<FakeGitHub> {
             "/repos/{owner}/{repo}/issues/comments/{id}/reactions",
             post(react_issue_comment),
         )
-        .route("/repos/{owner}/{repo}/pulls/{number}", get(get_pull))
+        .route(
+            "/repos/{owner}/{repo}/pulls",
+            get(list_pulls).post(create_pull),
+        )
+        .route(
+            "/repos/{owner}/{repo}/pulls/{number}",
+            get(get_pull).patch(update_pull),
+        )
+        .route("/users/{username}", get(get_user))
         .route(
             "/repos/{owner}/{repo}/pulls/comments/{id}/reactions",
             post(react_review_comment),
@@ -621,7 +765,7 @@ async fn record(State(fake): State<FakeGitHub>, req: Request, next: Next) -> Res
             .map(str::to_string)
     };
     let what = format!("{} {path}", parts.method);
-    let failure = {
+    let (failure, failure_after) = {
         let mut st = fake.state();
         st.requests.push(FakeRequest {
             method: parts.method.to_string(),
@@ -647,23 +791,37 @@ async fn record(State(fake): State<FakeGitHub>, req: Request, next: Next) -> Res
             .strip_prefix(&fake.inner.prefix)
             .unwrap_or(&path)
             .to_string();
-        st.failures
-            .iter_mut()
-            .find(|f| f.count > 0 && inner_path.starts_with(&f.path_prefix))
-            .map(|f| {
-                f.count -= 1;
-                f.status
-            })
+        let mut take = |after: bool| {
+            st.failures
+                .iter_mut()
+                .find(|f| f.count > 0 && f.after == after && inner_path.starts_with(&f.path_prefix))
+                .map(|f| {
+                    f.count -= 1;
+                    f.status
+                })
+        };
+        match take(false) {
+            Some(status) => (Some(status), None),
+            None => (None, take(true)),
+        }
     };
-    if let Some(status) = failure {
+    let status_error = |status: u16| {
         let message = StatusCode::from_u16(status)
             .ok()
             .and_then(|s| s.canonical_reason())
             .unwrap_or("Server Error");
-        return gh_error(status, message);
+        gh_error(status, message)
+    };
+    if let Some(status) = failure {
+        return status_error(status);
     }
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    match failure_after {
+        Some(status) => status_error(status),
+        None => response,
+    }
 }
 
 async fn no_such_route(State(fake): State<FakeGitHub>, req: Req) -> Response {
@@ -861,6 +1019,18 @@ fn auth_installation(
     owner: &str,
     repo: &str,
 ) -> Result<String, Response> {
+    let installation = token_installation(fake, req)?;
+    let key = format!("{owner}/{repo}").to_lowercase();
+    match fake.state().repos.get(&key) {
+        Some(r) if r.installation == installation => Ok(key),
+        _ => Err(gh_error(404, "Not Found")),
+    }
+}
+
+/// Checks an installation token (`token X` or `Bearer X`), unexpired, and serves the rate
+/// limit when one is set; returns the token's installation.
+#[allow(clippy::result_large_err)]
+fn token_installation(fake: &FakeGitHub, req: &Req) -> Result<u64, Response> {
     let token = match credential(req) {
         Some((scheme, token)) if scheme == "token" || scheme == "bearer" => token,
         _ => {
@@ -872,7 +1042,6 @@ fn auth_installation(
             ))
         }
     };
-    let key = format!("{owner}/{repo}").to_lowercase();
     let mut st = fake.state();
     let installation = match st.tokens.get(&token) {
         Some(t) if t.expires_at > SystemTime::now() => t.installation,
@@ -901,10 +1070,7 @@ fn auth_installation(
         }
         st.rate_limited_until = None;
     }
-    match st.repos.get(&key) {
-        Some(r) if r.installation == installation => Ok(key),
-        _ => Err(gh_error(404, "Not Found")),
-    }
+    Ok(installation)
 }
 
 // -------------------------------------------------------------------------------------
@@ -982,13 +1148,14 @@ fn comment_json(fake: &FakeGitHub, st: &mut StateInner, id: u64) -> Value {
 fn issue_json(fake: &FakeGitHub, st: &mut StateInner, key: &str, number: u64) -> Value {
     let full_name = st.repos[key].full_name.clone();
     let i = &st.repos[key].issues[&number];
-    let (title, body, author, is_pull, count, created) = (
+    let (title, body, author, is_pull, count, created, state) = (
         i.title.clone(),
         i.body.clone(),
         i.author.clone(),
         i.pull.is_some(),
         i.comments.len(),
         i.created_at.clone(),
+        i.state.clone(),
     );
     let user = user_json(st, &author, author.ends_with("[bot]"));
     let id = 5_000_000 + number;
@@ -999,7 +1166,7 @@ fn issue_json(fake: &FakeGitHub, st: &mut StateInner, key: &str, number: u64) ->
         "title": title,
         "body": if body.is_empty() { Value::Null } else { Value::String(body) },
         "user": user,
-        "state": "open",
+        "state": state,
         "locked": false,
         "labels": [],
         "assignees": [],
@@ -1028,7 +1195,7 @@ fn pull_json(fake: &FakeGitHub, st: &mut StateInner, key: &str, number: u64) -> 
     let issue = issue_json(fake, st, key, number);
     let base_repo = repo_json(fake, st, key);
     let p = st.repos[key].issues[&number].pull.as_ref().unwrap();
-    let (head, base) = (p.head.clone(), p.base.clone());
+    let (head, base, draft) = (p.head.clone(), p.base.clone(), p.draft);
     let head_repo = match &head.repo {
         None => Value::Null,
         Some(full) if full.to_lowercase() == key => base_repo.clone(),
@@ -1061,12 +1228,12 @@ fn pull_json(fake: &FakeGitHub, st: &mut StateInner, key: &str, number: u64) -> 
         "id": issue["id"],
         "node_id": format!("PR_{number}"),
         "number": number,
-        "state": "open",
+        "state": issue["state"],
         "locked": false,
         "title": issue["title"],
         "body": issue["body"],
         "user": issue["user"],
-        "draft": false,
+        "draft": draft,
         "merged": false,
         "mergeable": null,
         "maintainer_can_modify": false,
@@ -1579,6 +1746,533 @@ async fn get_pull(
             .into_response();
     }
     json_response(200, pull_json(&fake, &mut st, &key, n))
+}
+
+/// GitHub's 422 with `errors` (`resource`, `code`, and `field` or `message`).
+fn validation_failed(errors: Value) -> Response {
+    json_response(
+        422,
+        json!({
+            "message": "Validation Failed",
+            "errors": errors,
+            "documentation_url": "https://docs.github.com/rest/pulls/pulls#create-a-pull-request",
+            "status": "422",
+        }),
+    )
+}
+
+/// Records a request as a kodx bug without changing GitHub's answer (for what GitHub
+/// silently ignores).
+fn note_refused(fake: &FakeGitHub, req: &Req, reason: &str) {
+    fake.state()
+        .refused
+        .push(format!("{}: {reason}", req.what()));
+}
+
+/// The keys of a JSON body that are not in `allowed`, refused as GitHub's schema does.
+#[allow(clippy::result_large_err)]
+fn only_keys(
+    fake: &FakeGitHub,
+    req: &Req,
+    body: &serde_json::Map<String, Value>,
+    allowed: &[&str],
+) -> Result<(), Response> {
+    match body.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => Err(refuse(
+            fake,
+            req,
+            422,
+            &format!("Invalid request.\n\n\"{k}\" is not a permitted key."),
+            &format!("unknown key `{k}`"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// An optional field of type `kind` (`string`, `boolean`); `null` counts as absent.
+#[allow(clippy::result_large_err)]
+fn typed_field(
+    fake: &FakeGitHub,
+    req: &Req,
+    body: &serde_json::Map<String, Value>,
+    name: &str,
+    kind: &str,
+) -> Result<Option<Value>, Response> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) if (kind == "string" && v.is_string()) || (kind == "boolean" && v.is_boolean()) => {
+            Ok(Some(v.clone()))
+        }
+        Some(v) => Err(refuse(
+            fake,
+            req,
+            422,
+            &format!("Invalid request.\n\nFor 'properties/{name}', {v} is not a {kind}."),
+            &format!("`{name}` is not a {kind}"),
+        )),
+    }
+}
+
+#[allow(clippy::result_large_err)]
+fn required_string(
+    fake: &FakeGitHub,
+    req: &Req,
+    body: &serde_json::Map<String, Value>,
+    name: &str,
+) -> Result<String, Response> {
+    match typed_field(fake, req, body, name, "string")? {
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(s),
+        Some(_) => Err(refuse(
+            fake,
+            req,
+            422,
+            "Validation Failed",
+            &format!("`{name}` is blank"),
+        )),
+        None => Err(refuse(
+            fake,
+            req,
+            422,
+            &format!("Invalid request.\n\n\"{name}\" wasn't supplied."),
+            &format!("no `{name}`"),
+        )),
+    }
+}
+
+/// A pull request body: at most 65 536 characters (`null` is empty).
+#[allow(clippy::result_large_err)]
+fn pull_body(
+    fake: &FakeGitHub,
+    req: &Req,
+    body: &serde_json::Map<String, Value>,
+) -> Result<Option<String>, Response> {
+    match typed_field(fake, req, body, "body", "string")? {
+        Some(Value::String(s)) if s.chars().count() > MAX_COMMENT_CHARS => Err(refuse(
+            fake,
+            req,
+            422,
+            "Validation Failed",
+            "`body` is too long (maximum is 65536 characters)",
+        )),
+        Some(Value::String(s)) => Ok(Some(s)),
+        _ => Ok(body.contains_key("body").then(String::new)),
+    }
+}
+
+/// `maintainer_can_modify: true` on a head in the same repository, which GitHub refuses
+/// ("Fork collab can only be enabled on cross-repo pull requests").
+#[allow(clippy::result_large_err)]
+fn no_fork_collab(
+    fake: &FakeGitHub,
+    req: &Req,
+    body: &serde_json::Map<String, Value>,
+) -> Result<(), Response> {
+    if typed_field(fake, req, body, "maintainer_can_modify", "boolean")? == Some(json!(true)) {
+        note_refused(
+            fake,
+            req,
+            "maintainer_can_modify on a same-repository pull request",
+        );
+        return Err(validation_failed(json!([{
+            "resource": "PullRequest",
+            "code": "custom",
+            "field": "fork_collab",
+            "message": "Fork collab can only be enabled on cross-repo pull requests",
+        }])));
+    }
+    Ok(())
+}
+
+/// The fields of `POST /pulls`: title, head, base, body (if given), draft.
+#[allow(clippy::result_large_err, clippy::type_complexity)]
+fn new_pull_fields(
+    fake: &FakeGitHub,
+    req: &Req,
+    body: &serde_json::Map<String, Value>,
+) -> Result<(String, String, String, Option<String>, bool), Response> {
+    let allowed = [
+        "title",
+        "head",
+        "base",
+        "body",
+        "draft",
+        "maintainer_can_modify",
+    ];
+    only_keys(fake, req, body, &allowed)?;
+    let title = required_string(fake, req, body, "title")?;
+    let head = required_string(fake, req, body, "head")?;
+    let base = required_string(fake, req, body, "base")?;
+    let text = pull_body(fake, req, body)?;
+    let draft = typed_field(fake, req, body, "draft", "boolean")? == Some(json!(true));
+    no_fork_collab(fake, req, body)?;
+    Ok((title, head, base, text, draft))
+}
+
+/// The fields of `PATCH /pulls/{n}` that were given: title, body, state, base.
+#[allow(clippy::result_large_err, clippy::type_complexity)]
+fn pull_edit_fields(
+    fake: &FakeGitHub,
+    req: &Req,
+    body: &serde_json::Map<String, Value>,
+) -> Result<
+    (
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    ),
+    Response,
+> {
+    let allowed = ["title", "body", "state", "base", "maintainer_can_modify"];
+    only_keys(fake, req, body, &allowed)?;
+    let string = |v: Option<Value>| v.and_then(|v| v.as_str().map(str::to_string));
+    let title = string(typed_field(fake, req, body, "title", "string")?);
+    let text = pull_body(fake, req, body)?;
+    let state = string(typed_field(fake, req, body, "state", "string")?);
+    let base = string(typed_field(fake, req, body, "base", "string")?);
+    no_fork_collab(fake, req, body)?;
+    Ok((title, text, state, base))
+}
+
+async fn list_pulls(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo)): Path<(String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    if !accepts_json(&req) {
+        return refuse(&fake, &req, 415, "Unsupported 'Accept' header", "Accept");
+    }
+    let known = [
+        "state",
+        "head",
+        "base",
+        "sort",
+        "direction",
+        "per_page",
+        "page",
+    ];
+    if let Some(k) = req.query.keys().find(|k| !known.contains(&k.as_str())) {
+        // GitHub ignores unknown parameters; a kodx bug all the same.
+        note_refused(&fake, &req, &format!("unknown query parameter `{k}`"));
+    }
+    let state = req.query.get("state").map_or("open", String::as_str);
+    if !["open", "closed", "all"].contains(&state) {
+        return refuse(
+            &fake,
+            &req,
+            422,
+            "Validation Failed",
+            &format!("state={state:?}"),
+        );
+    }
+    let head = match req.query.get("head") {
+        Some(h) => match h.split_once(':') {
+            Some((o, b)) => Some((o.to_lowercase(), b.to_string())),
+            None => {
+                // GitHub ignores a head without `owner:` and lists every pull request.
+                note_refused(&fake, &req, &format!("head={h:?} has no `owner:` prefix"));
+                None
+            }
+        },
+        None => None,
+    };
+    let base = req.query.get("base").cloned();
+    let mut paging = [("per_page", 30u64), ("page", 1u64)];
+    for (name, value) in paging.iter_mut() {
+        if let Some(text) = req.query.get(*name) {
+            match text.parse::<u64>() {
+                Ok(v) if v >= 1 => *value = v,
+                _ => {
+                    return refuse(
+                        &fake,
+                        &req,
+                        422,
+                        "Invalid request.",
+                        &format!("{name}={text:?}"),
+                    )
+                }
+            }
+        }
+    }
+    let (per_page, page) = (paging[0].1.min(100), paging[1].1);
+    let mut st = fake.state();
+    let r = &st.repos[&key];
+    // Newest first, as GitHub's default `sort=created&direction=desc`.
+    let numbers: Vec<u64> = r
+        .issues
+        .values()
+        .rev()
+        .filter(|i| state == "all" || i.state == state)
+        .filter(|i| {
+            let Some(p) = &i.pull else { return false };
+            let head_ok = head.as_ref().is_none_or(|(o, b)| {
+                let head_owner = p.head.repo.as_deref().and_then(|f| f.split_once('/'));
+                head_owner.is_some_and(|(ho, _)| ho.to_lowercase() == *o) && p.head.ref_name == *b
+            });
+            head_ok && base.as_ref().is_none_or(|b| p.base.ref_name == *b)
+        })
+        .map(|i| i.number)
+        .collect();
+    let full_name = r.full_name.clone();
+    let last_page = (numbers.len() as u64).div_ceil(per_page).max(1);
+    let items: Vec<Value> = numbers
+        .iter()
+        .skip(((page - 1) * per_page) as usize)
+        .take(per_page as usize)
+        .map(|&n| pull_json(&fake, &mut st, &key, n))
+        .collect();
+    let mut resp = json_response(200, Value::Array(items));
+    if page < last_page {
+        let link = |p: u64, rel: &str| {
+            format!(
+                "<{}/repos/{full_name}/pulls?state={state}&per_page={per_page}&page={p}>; rel=\"{rel}\"",
+                fake.inner.url
+            )
+        };
+        let links = [link(page + 1, "next"), link(last_page, "last")].join(", ");
+        resp.headers_mut().insert("link", links.parse().unwrap());
+    }
+    resp
+}
+
+async fn create_pull(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo)): Path<(String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let body = match req.json_object(&fake) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let (title, head, base, text, draft) = match new_pull_fields(&fake, &req, &body) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let (full_name, clone_url, branch_sha) = {
+        let st = fake.state();
+        let r = &st.repos[&key];
+        (
+            r.full_name.clone(),
+            r.clone_url.clone(),
+            st.branch_sha.clone(),
+        )
+    };
+    let repo_owner = full_name.split_once('/').unwrap().0.to_string();
+    let head = match head.split_once(':') {
+        None => head,
+        Some((o, b)) if o.eq_ignore_ascii_case(&repo_owner) && !b.is_empty() => b.to_string(),
+        Some(_) => {
+            return refuse(
+                &fake,
+                &req,
+                422,
+                "Validation Failed",
+                &format!("head {head:?}: heads in other repositories are not modelled"),
+            )
+        }
+    };
+    let sha_of = |branch: &str| match &branch_sha {
+        Some(f) => f(&full_name, branch),
+        None => Some(fake_sha(format!("{full_name}:{branch}").as_bytes())),
+    };
+    let Some(head_sha) = sha_of(&head) else {
+        return validation_failed(json!([
+            {"resource": "PullRequest", "field": "head", "code": "invalid"}
+        ]));
+    };
+    let Some(base_sha) = sha_of(&base) else {
+        return validation_failed(json!([
+            {"resource": "PullRequest", "field": "base", "code": "invalid"}
+        ]));
+    };
+    if head_sha == base_sha {
+        return validation_failed(json!([{
+            "resource": "PullRequest",
+            "code": "custom",
+            "message": format!("No commits between {base} and {head}"),
+        }]));
+    }
+    let bot = fake.bot_login();
+    let mut st = fake.state();
+    let r = st.repos.get_mut(&key).unwrap();
+    let duplicate = r.issues.values().any(|i| {
+        i.state == "open"
+            && i.pull.as_ref().is_some_and(|p| {
+                p.head
+                    .repo
+                    .as_deref()
+                    .is_some_and(|f| f.eq_ignore_ascii_case(&full_name))
+                    && p.head.ref_name == head
+                    && p.base.ref_name == base
+            })
+    });
+    if duplicate {
+        return validation_failed(json!([{
+            "resource": "PullRequest",
+            "code": "custom",
+            "message": format!("A pull request already exists for {repo_owner}:{head}."),
+        }]));
+    }
+    // Issues and pull requests share one sequence of numbers.
+    let number = r.issues.keys().next_back().map_or(1, |n| n + 1);
+    r.issues.insert(
+        number,
+        Issue {
+            number,
+            title,
+            body: text.unwrap_or_default(),
+            author: bot,
+            pull: Some(Pull {
+                head: FakeHead {
+                    ref_name: head,
+                    sha: head_sha,
+                    repo: Some(full_name.clone()),
+                    clone_url,
+                },
+                base: FakeBase {
+                    ref_name: base,
+                    sha: base_sha,
+                },
+                diff: String::new(),
+                draft,
+                created: true,
+                edits: Vec::new(),
+            }),
+            comments: Vec::new(),
+            created_at: iso8601(SystemTime::now()),
+            state: "open".into(),
+        },
+    );
+    let mut resp = json_response(201, pull_json(&fake, &mut st, &key, number));
+    let location = format!("{}/repos/{full_name}/pulls/{number}", fake.inner.url);
+    resp.headers_mut()
+        .insert("location", location.parse().unwrap());
+    resp
+}
+
+async fn update_pull(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, n)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let n = match number(&fake, &req, &n) {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let body = match req.json_object(&fake) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let (title, text, state, base) = match pull_edit_fields(&fake, &req, &body) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if title.as_ref().is_some_and(|t| t.trim().is_empty()) {
+        return refuse(&fake, &req, 422, "Validation Failed", "`title` is blank");
+    }
+    if let Some(s) = state
+        .as_ref()
+        .filter(|s| !["open", "closed"].contains(&s.as_str()))
+    {
+        return refuse(
+            &fake,
+            &req,
+            422,
+            "Validation Failed",
+            &format!("state {s:?}"),
+        );
+    }
+    let mut st = fake.state();
+    let Some(issue) = st
+        .repos
+        .get_mut(&key)
+        .unwrap()
+        .issues
+        .get_mut(&n)
+        .filter(|i| i.pull.is_some())
+    else {
+        return gh_error(404, "Not Found");
+    };
+    if let Some(t) = title {
+        issue.title = t;
+    }
+    if let Some(s) = state {
+        issue.state = s;
+    }
+    let pull = issue.pull.as_mut().unwrap();
+    if let Some(b) = base {
+        pull.base.ref_name = b;
+    }
+    if let Some(text) = text {
+        pull.edits.push(text.clone());
+        issue.body = text;
+    }
+    json_response(200, pull_json(&fake, &mut st, &key, n))
+}
+
+// -------------------------------------------------------------------------------------
+// Handlers: users
+// -------------------------------------------------------------------------------------
+
+/// `GET /users/{username}`: the App's bot and the users of `add_user`. GitHub serves it
+/// without credentials too; credentials given must be a live installation token.
+async fn get_user(
+    State(fake): State<FakeGitHub>,
+    Path(username): Path<String>,
+    req: Req,
+) -> Response {
+    if credential(&req).is_some() {
+        if let Err(r) = token_installation(&fake, &req) {
+            return r;
+        }
+    }
+    if !accepts_json(&req) {
+        return refuse(&fake, &req, 415, "Unsupported 'Accept' header", "Accept");
+    }
+    let (bot, slug) = (fake.bot_login(), fake.slug());
+    let mut st = fake.state();
+    let (login, is_bot) = if username.eq_ignore_ascii_case(&bot) {
+        (bot, true)
+    } else if let Some((login, _)) = st.users.get(&username.to_lowercase()) {
+        (login.clone(), false)
+    } else {
+        return gh_error(404, "Not Found");
+    };
+    let mut v = user_json(&mut st, &login, is_bot);
+    if is_bot {
+        v["html_url"] = json!(format!("{}/apps/{slug}", fake.inner.root));
+    }
+    let extra = json!({
+        "avatar_url": format!("https://avatars.githubusercontent.com/u/{}?v=4", v["id"]),
+        "url": format!("{}/users/{login}", fake.inner.url),
+        "name": null,
+        "company": null,
+        "blog": "",
+        "location": null,
+        "email": null,
+        "bio": null,
+        "public_repos": 0,
+        "followers": 0,
+        "following": 0,
+        "created_at": "2024-01-01T00:00:00Z",
+        "updated_at": "2024-01-01T00:00:00Z",
+    });
+    for (k, val) in extra.as_object().unwrap() {
+        v[k] = val.clone();
+    }
+    json_response(200, v)
 }
 
 // -------------------------------------------------------------------------------------
