@@ -207,8 +207,10 @@ pub struct Done {
     /// The answer (ask) or the summary of the change (code). When empty,
     /// `outcome.last_message` is shown.
     pub text: String,
-    /// The pull request (or pushed commit) of a code run that changed something.
+    /// The pull request a code run opened (or updated).
     pub pr_url: Option<String>,
+    /// A commit a code run pushed onto an existing pull request's branch: (sha, branch).
+    pub pushed: Option<(String, String)>,
     /// What failed after the agent ended (e.g. the push), or overriding `outcome.detail`.
     pub failure: Option<String>,
 }
@@ -286,7 +288,7 @@ fn header(phase: &Phase) -> String {
         ),
         Phase::Done(done) if done.succeeded() => match done.kind {
             RunKind::Ask => "✅ answered".into(),
-            RunKind::Code if done.pr_url.is_some() => "✅ done".into(),
+            RunKind::Code if done.pr_url.is_some() || done.pushed.is_some() => "✅ done".into(),
             RunKind::Code => "✅ done — no changes".into(),
         },
         Phase::Done(done) => format!("❌ {}", failure_title(done)),
@@ -315,12 +317,19 @@ fn done_body(done: &Done, head: &mut String, tail: &mut String) -> String {
     };
     let text = clean(text);
     if done.succeeded() {
-        match (done.kind, &done.pr_url) {
-            (RunKind::Ask, _) => {}
-            (RunKind::Code, Some(url)) => {
+        match (done.kind, &done.pr_url, &done.pushed) {
+            (RunKind::Ask, _, _) => {}
+            (RunKind::Code, Some(url), _) => {
                 head.push_str(&format!("**Pull request:** {}\n\n", clean(url)));
             }
-            (RunKind::Code, None) => {
+            (RunKind::Code, None, Some((sha, branch))) => {
+                head.push_str(&format!(
+                    "**Pushed:** commit `{}` to `{}`.\n\n",
+                    clean(&sha.chars().take(12).collect::<String>()),
+                    clean(branch).replace('`', "'")
+                ));
+            }
+            (RunKind::Code, None, None) => {
                 head.push_str("No changes were made to the repository.\n\n");
             }
         }
@@ -516,6 +525,7 @@ mod tests {
             outcome: outcome(reason, text),
             text: text.into(),
             pr_url: None,
+            pushed: None,
             failure: None,
         }
     }
@@ -730,6 +740,14 @@ mod tests {
     fn render_done_code_with_pr() {
         let mut d = done(RunKind::Code, StopReason::EndTurn, "Fixed the parser.");
         d.pr_url = Some("https://github.com/o/r/pull/5".into());
+        let mut pushed = d.clone();
+        pushed.pr_url = None;
+        pushed.pushed = Some(("0123456789abcdef".into(), "feature".into()));
+        let p = render("r1", "/kodx code fix", &Phase::Done(Box::new(pushed)));
+        assert!(
+            p.contains("✅ done") && p.contains("**Pushed:** commit `0123456789ab` to `feature`."),
+            "{p}"
+        );
         let body = render("r1", "/kodx code fix", &Phase::Done(Box::new(d)));
         assert!(body.contains("✅ done"));
         assert!(body.contains("**Pull request:** https://github.com/o/r/pull/5"));

@@ -76,6 +76,11 @@ pub struct Settings {
     pub context_comments: usize,
     /// The longest PR diff given to a run as context, in bytes.
     pub max_diff_bytes: usize,
+    /// A changed file larger than this refuses a code run's commit, in bytes.
+    pub max_commit_file_bytes: u64,
+    /// Spend per installation per calendar month (UTC), in USD; new runs are refused once
+    /// it is reached. None: no budget.
+    pub monthly_budget_usd: Option<f64>,
 }
 
 impl Default for Settings {
@@ -92,6 +97,8 @@ impl Default for Settings {
             max_attempts: 2,
             context_comments: 20,
             max_diff_bytes: 200_000,
+            max_commit_file_bytes: 10 * 1024 * 1024,
+            monthly_budget_usd: None,
         }
     }
 }
@@ -131,6 +138,14 @@ impl Settings {
         }
         if self.max_attempts == 0 {
             return bad("max_attempts", "must be at least 1");
+        }
+        if let Some(b) = self.monthly_budget_usd {
+            if !(b.is_finite() && b > 0.0) {
+                return bad("monthly_budget_usd", "must be a positive amount in USD");
+            }
+        }
+        if self.max_commit_file_bytes == 0 {
+            return bad("max_commit_file_bytes", "must be at least 1");
         }
         if self.image.trim().is_empty() {
             return bad("image", "must name an image");

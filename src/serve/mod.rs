@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod context;
+pub mod deliver;
 pub mod event;
 pub mod http;
 pub mod metrics;

@@ -20,7 +20,7 @@ use crate::comment::{self, Done, Phase, RunKind};
 use crate::cost::Pricing;
 use crate::db::{Db, Finish, RecoveryAction, Run, RunStatus};
 use crate::github::{
-    GitHubApp, GitHubError, Installation, Permission, Reaction, ReactionTarget, RepoName,
+    GitHubApp, GitHubError, Installation, Permission, PullInfo, Reaction, ReactionTarget, RepoName,
 };
 use crate::model::{Provider, ProviderError, Request, Response, Usage};
 use crate::program::{self, Overrides, Program};
@@ -28,6 +28,7 @@ use crate::repo_config::{self, AskPermission, RepoConfig};
 use crate::sandbox::{Engine, Sandbox, SandboxError, SandboxSpec};
 use crate::serve::config::Settings;
 use crate::serve::context::{strip_hidden, ContextComment, ReviewContext, RunContext};
+use crate::serve::deliver::{self, Target};
 use crate::serve::event::TriggerKind;
 use crate::serve::metrics::Metrics;
 
@@ -108,6 +109,27 @@ struct RunHandle {
 struct Ending {
     status: RunStatus,
     done: Done,
+}
+
+/// How long each phase of a run took (stored with its result, logged, and read by
+/// `bench/pr-latency.sh`).
+#[derive(Default)]
+struct Timings(Mutex<Vec<(&'static str, Duration)>>);
+
+impl Timings {
+    fn add(&self, phase: &'static str, took: Duration) {
+        self.0.lock().expect("lock").push((phase, took));
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        let phases = self.0.lock().expect("lock");
+        serde_json::Value::Object(
+            phases
+                .iter()
+                .map(|(k, d)| (k.to_string(), serde_json::json!(d.as_millis() as u64)))
+                .collect(),
+        )
+    }
 }
 
 /// A short word for the reason a run was refused, stored as its stop reason.
@@ -465,6 +487,11 @@ impl Workers {
                 .await;
             return Err(());
         }
+        if let Some(note) = self.budget_spent(run).await {
+            tracing::info!("refused: monthly budget spent");
+            self.refuse(gh, repo, run, "budget_exceeded", &note).await;
+            return Err(());
+        }
         if let Some(error) = config_error {
             tracing::info!("refused: invalid repository config");
             self.refuse(gh, repo, run, INVALID_CONFIG, &format!(
@@ -475,6 +502,35 @@ impl Workers {
             return Err(());
         }
         Ok(config)
+    }
+
+    /// What is left of the installation's monthly budget, if the server has one.
+    async fn budget_left(&self, run: &Run) -> Option<(f64, f64)> {
+        let budget = self.settings.monthly_budget_usd?;
+        let since = month_start_ms(crate::db::now_ms());
+        let spent = match self.db.spend_since(run.installation_id, since).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!("reading the month's spend failed: {e}");
+                return Some((budget, 0.0));
+            }
+        };
+        Some((budget, spent))
+    }
+
+    /// The refusal text when the installation's monthly budget is spent.
+    async fn budget_spent(&self, run: &Run) -> Option<String> {
+        if !run.is_work() {
+            return None;
+        }
+        let (budget, spent) = self.budget_left(run).await?;
+        (spent >= budget).then(|| {
+            format!(
+                "kodx did not start: this installation's monthly budget of {} is spent ({} used since the 1st, UTC). Runs start again next month, or when the server's operator raises `monthly_budget_usd`.",
+                crate::cost::format_usd(budget),
+                crate::cost::format_usd(spent)
+            )
+        })
     }
 
     /// Answers with one comment, reacts `confused` and finishes the run as failed.
@@ -643,6 +699,7 @@ impl Workers {
                     outcome: zero_outcome(StopReason::Cancelled, 0.0, String::new()),
                     text: String::new(),
                     pr_url: None,
+                    pushed: None,
                     failure: Some(format!("Cancelled by @{} before it started.", job.author)),
                 };
                 self.post_done(&t.run, &done).await;
@@ -683,7 +740,8 @@ impl Workers {
             },
         );
         tracing::info!(attempt = run.attempts, "run started");
-        let ending = self.work_inner(&run, &cancel).await;
+        let timings = Timings::default();
+        let ending = self.work_inner(&run, &cancel, &timings).await;
         self.running.lock().expect("lock").remove(&run.id);
         self.metrics.run_ended();
         let Some(mut ending) = ending else {
@@ -723,6 +781,7 @@ impl Workers {
                 "last_message": comment::redact(&o.last_message),
                 "detail": ending.done.failure.as_deref().or(o.detail.as_deref()).map(comment::redact),
                 "model": o.model,
+                "timings_ms": timings.to_json(),
             })
             .to_string(),
             pr_url: ending.done.pr_url.clone(),
@@ -740,13 +799,19 @@ impl Workers {
             stop_reason = o.stop_reason.as_str(),
             cost_usd = o.usd_cost,
             api_calls = o.api_calls,
+            timings_ms = %timings.to_json(),
             "run finished"
         );
         self.post_done(&run, &ending.done).await;
     }
 
     /// The run itself. `None` when it was refused (and finished) while being acknowledged.
-    async fn work_inner(self: &Arc<Self>, run: &Run, cancel: &CancellationToken) -> Option<Ending> {
+    async fn work_inner(
+        self: &Arc<Self>,
+        run: &Run,
+        cancel: &CancellationToken,
+        timings: &Timings,
+    ) -> Option<Ending> {
         let kind = run_kind(run);
         let internal = |what: String| {
             tracing::error!("{what}");
@@ -789,16 +854,6 @@ impl Workers {
             Ok(None) => RepoConfig::default(),
             Err(e) => return internal(format!("reading {} failed: {e}", RepoConfig::PATH)),
         };
-        if kind == RunKind::Code {
-            return Some(Ending {
-                status: RunStatus::Failed,
-                done: self.failed_done(
-                    run,
-                    StopReason::Error,
-                    "`/kodx code` is not available on this kodx server yet: only `/kodx ask` is. Nothing was spent.".into(),
-                ),
-            });
-        }
         self.edit_phase(&gh, &repo, run, &Phase::SettingUp).await;
         let _ = self.db.set_phase(&run.id, "setting_up").await;
 
@@ -809,7 +864,21 @@ impl Workers {
             RunKind::Code => repo_config::RunKind::Code,
         };
         let maxima = self.settings.maxima();
-        let cost_limit = config.cost_limit_for(rk, &maxima);
+        let mut cost_limit = config.cost_limit_for(rk, &maxima);
+        if let Some((budget, spent)) = self.budget_left(run).await {
+            if spent >= budget {
+                return Some(Ending {
+                    status: RunStatus::Failed,
+                    done: self.failed_done(
+                        run,
+                        StopReason::CostLimitExceeded,
+                        "This installation's monthly budget was spent while the run waited; nothing was started.".into(),
+                    ),
+                });
+            }
+            // A run never spends past the budget.
+            cost_limit = cost_limit.min(budget - spent);
+        }
         let max_iterations = config.max_iterations(&maxima);
         let program = program.with_overrides(&Overrides {
             model: config.model.clone().or_else(|| self.settings.model.clone()),
@@ -851,9 +920,47 @@ impl Workers {
         };
 
         // The context and the clone.
-        let (context, checkout, clone_url) = match self.context(&gh, &repo, run).await {
+        let (context, checkout, clone_url, pull) = match self.context(&gh, &repo, run).await {
             Ok(c) => c,
             Err(e) => return internal(format!("reading the issue from GitHub failed: {e}")),
+        };
+        // Where a code run's change goes; for pull requests, the branch to work on.
+        let (checkout, target) = match (kind, &pull) {
+            (RunKind::Ask, _) => (checkout, None),
+            (RunKind::Code, None) => (
+                checkout,
+                Some(Target::NewPull {
+                    branch: deliver::branch_name(
+                        &config.pr.branch_prefix,
+                        false,
+                        run.issue_number,
+                        &run.id,
+                    ),
+                    base: run.default_branch.clone(),
+                    closes: Some(run.issue_number),
+                    original: None,
+                }),
+            ),
+            (RunKind::Code, Some(pr)) if !pr.is_fork => (
+                crate::git::Checkout::Branch(pr.head.ref_name.clone()),
+                Some(Target::PullBranch {
+                    branch: pr.head.ref_name.clone(),
+                }),
+            ),
+            (RunKind::Code, Some(pr)) => (
+                checkout,
+                Some(Target::NewPull {
+                    branch: deliver::branch_name(
+                        &config.pr.branch_prefix,
+                        true,
+                        run.issue_number,
+                        &run.id,
+                    ),
+                    base: pr.base.ref_name.clone(),
+                    closes: None,
+                    original: Some(run.issue_number),
+                }),
+            ),
         };
         let prompt = context.prompt(&run.kind);
         let workdir = match tempfile::Builder::new().prefix("kodx-run-").tempdir() {
@@ -862,6 +969,7 @@ impl Workers {
         };
         let dest = workdir.path().join("repo");
         let token = gh.token().expose().to_string();
+        let clone_started = Instant::now();
         let cloned = {
             let dest = dest.clone();
             let url = clone_url.clone();
@@ -872,7 +980,10 @@ impl Workers {
             .await
         };
         match cloned {
-            Ok(Ok(c)) => tracing::info!(head = %c.head_sha, "cloned"),
+            Ok(Ok(c)) => {
+                timings.add("clone", clone_started.elapsed());
+                tracing::info!(head = %c.head_sha, "cloned")
+            }
             Ok(Err(e)) => {
                 return Some(Ending {
                     status: RunStatus::Failed,
@@ -912,7 +1023,10 @@ impl Workers {
             _ = cancel.cancelled() => return Some(self.cancelled_early(run, cost_limit, &program)),
         };
         let sandbox = match sandbox {
-            Ok(s) => s,
+            Ok(s) => {
+                timings.add("container", setup_started.elapsed());
+                s
+            }
             Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {
                 let mut outcome = zero_outcome(
                     StopReason::SetupFailed,
@@ -928,6 +1042,7 @@ impl Workers {
                         outcome,
                         text: String::new(),
                         pr_url: None,
+                        pushed: None,
                         failure: None,
                     },
                 });
@@ -946,18 +1061,18 @@ impl Workers {
 
         // The agent, with the status comment following its progress.
         let _ = self.db.set_phase(&run.id, "working").await;
-        let mut config = AgentConfig::new(
+        let mut agent_config = AgentConfig::new(
             program.model.name.clone(),
             program.system_prompt.clone(),
             price,
         );
-        config.cost_limit = cost_limit;
-        config.max_iterations = max_iterations;
-        config.timeout = Duration::from_secs(self.settings.run_timeout_secs);
+        agent_config.cost_limit = cost_limit;
+        agent_config.max_iterations = max_iterations;
+        agent_config.timeout = Duration::from_secs(self.settings.run_timeout_secs);
         if let Some(m) = program.parameters.max_tokens {
-            config.max_tokens = m;
+            agent_config.max_tokens = m;
         }
-        config.temperature = program.parameters.temperature;
+        agent_config.temperature = program.parameters.temperature;
         let (progress_tx, progress_rx) = tokio::sync::watch::channel(None::<Progress>);
         let updater = tokio::spawn(self.clone().follow_progress(
             gh.clone(),
@@ -974,9 +1089,10 @@ impl Workers {
         let agent = Agent {
             provider: &provider,
             sandbox: &sandbox,
-            config,
+            config: agent_config,
             cancel: cancel.clone(),
         };
+        let agent_started = Instant::now();
         let outcome = agent
             .run(
                 &prompt,
@@ -990,30 +1106,203 @@ impl Workers {
                 },
             )
             .await;
+        timings.add("agent", agent_started.elapsed());
         drop(progress_tx);
         drop(records_tx);
         let _ = updater.await;
         let _ = writer.await;
+        // A code run that ended its turn: its exact change set leaves the container.
+        let changes = match (&target, outcome.stop_reason) {
+            (Some(_), StopReason::EndTurn) => {
+                let started = Instant::now();
+                let changes = sandbox.change_set().await;
+                timings.add("export", started.elapsed());
+                Some(changes)
+            }
+            _ => None,
+        };
         if let Err(e) = sandbox.destroy().await {
             tracing::warn!("removing the container failed: {e}");
         }
-        // Ask runs discard the container's changes; the clone goes with `workdir`.
+        let mut done = Done {
+            kind,
+            text: outcome.last_message.clone(),
+            outcome,
+            pr_url: None,
+            pushed: None,
+            failure: None,
+        };
+        if let (Some(target), Some(changes)) = (target, changes) {
+            let delivered = match changes {
+                Ok(changes) => {
+                    self.deliver(
+                        run,
+                        &repo,
+                        &dest,
+                        &clone_url,
+                        &target,
+                        changes,
+                        &done,
+                        config.pr.draft,
+                        timings,
+                    )
+                    .await
+                }
+                Err(e) => Err(format!(
+                    "The changes could not be taken out of the container: {e}"
+                )),
+            };
+            match delivered {
+                Ok(Delivered::Pull(url)) => done.pr_url = Some(url),
+                Ok(Delivered::Pushed { sha, branch }) => done.pushed = Some((sha, branch)),
+                Ok(Delivered::Nothing) => {}
+                Err(failure) => done.failure = Some(failure),
+            }
+        }
+        // The clone (and for ask runs, the container's changes) go with `workdir`.
         drop(workdir);
-        let status = if outcome.stop_reason == StopReason::EndTurn {
+        let status = if done.succeeded() {
             RunStatus::Succeeded
         } else {
             RunStatus::Failed
         };
-        Some(Ending {
-            status,
-            done: Done {
-                kind,
-                text: outcome.last_message.clone(),
-                outcome,
-                pr_url: None,
-                failure: None,
+        Some(Ending { status, done })
+    }
+
+    /// Applies a code run's change set to the host clone, commits it, pushes it and opens
+    /// (or finds) the pull request. `Err` is the sentence the status comment shows.
+    #[allow(clippy::too_many_arguments)]
+    async fn deliver(
+        &self,
+        run: &Run,
+        repo: &RepoName,
+        dest: &std::path::Path,
+        clone_url: &str,
+        target: &Target,
+        changes: crate::sandbox::archive::ChangeSet,
+        done: &Done,
+        draft: bool,
+        timings: &Timings,
+    ) -> Result<Delivered, String> {
+        if changes.is_empty() {
+            return Ok(Delivered::Nothing);
+        }
+        tracing::info!(changes = %changes.summary(), "delivering");
+        // A fresh token: the run may have outlived the one it cloned with.
+        let gh = self
+            .installation(run)
+            .await
+            .map_err(|e| format!("GitHub did not give kodx a token to push with: {e}"))?;
+        let bot = self
+            .app
+            .bot_identity(&gh)
+            .await
+            .map_err(|e| format!("kodx could not read its own GitHub identity: {e}"))?;
+        let summary = done.outcome.last_message.clone();
+        let subject = deliver::title_from(&run.argument, 72);
+        let body = deliver::commit_body(&summary, run.issue_number, run.is_pull_request, &run.id);
+        let trailers = deliver::trailers(&run.author, run.author_id, &run.id);
+        let max_file_bytes = self.settings.max_commit_file_bytes;
+        let token = gh.token().expose().to_string();
+        let committed = {
+            let dest = dest.to_path_buf();
+            let url = clone_url.to_string();
+            let target = target.clone();
+            let token = token.clone();
+            let identity_name = bot.login.clone();
+            let identity_email = bot.noreply_email.clone();
+            type Pushed = Option<(String, String, Duration, Duration)>;
+            tokio::task::spawn_blocking(move || -> Result<Pushed, String> {
+                let started = Instant::now();
+                changes
+                    .apply(&dest)
+                    .map_err(|e| format!("The changes could not be applied to the clone: {e}"))?;
+                let request = crate::git::CommitRequest {
+                    author: crate::git::Identity {
+                        name: identity_name,
+                        email: identity_email,
+                    },
+                    subject: &subject,
+                    body: &body,
+                    trailers: &trailers,
+                    max_file_bytes,
+                };
+                let Some(commit) = crate::git::commit_all(&dest, &request)
+                    .map_err(|e| format!("The change could not be committed: {e}"))?
+                else {
+                    return Ok(None);
+                };
+                tracing::info!(sha = %commit.sha, files = commit.files_changed, "committed");
+                let committed = started.elapsed();
+                let started = Instant::now();
+                match &target {
+                    Target::NewPull { branch, .. } => {
+                        // The run's own branch: a re-run after a restart replaces what an
+                        // earlier attempt pushed there.
+                        crate::git::push(&dest, &url, &token, "HEAD", branch, true)
+                            .map_err(|e| push_failure(&e, branch))?;
+                        Ok(Some((
+                            commit.sha,
+                            branch.clone(),
+                            committed,
+                            started.elapsed(),
+                        )))
+                    }
+                    Target::PullBranch { branch } => {
+                        let pushed = crate::git::push_rebasing(&dest, &url, &token, branch, 3)
+                            .map_err(|e| push_failure(&e, branch))?;
+                        Ok(Some((
+                            pushed.sha,
+                            branch.clone(),
+                            committed,
+                            started.elapsed(),
+                        )))
+                    }
+                }
+            })
+            .await
+            .map_err(|e| format!("kodx hit an internal error while committing: {e}"))??
+        };
+        let Some((sha, branch, commit_took, push_took)) = committed else {
+            return Ok(Delivered::Nothing);
+        };
+        timings.add("commit", commit_took);
+        timings.add("push", push_took);
+        let pr_started = Instant::now();
+        let Target::NewPull { base, .. } = target else {
+            return Ok(Delivered::Pushed { sha, branch });
+        };
+        let cost = comment::cost_summary(&done.outcome);
+        let pull_body = deliver::pull_body(&summary, target, &run.author, &cost, &run.id);
+        let existing = gh.find_open_pull(repo, &branch).await.map_err(|e| {
+            format!("Pushed `{branch}`, but GitHub could not be asked for its pull request: {e}")
+        })?;
+        if let Some(pr) = existing {
+            let _ = gh.update_pull_body(repo, pr.number, &pull_body).await;
+            timings.add("pull_request", pr_started.elapsed());
+            return Ok(Delivered::Pull(pr.html_url));
+        }
+        let new = crate::github::NewPull {
+            title: deliver::title_from(&run.argument, 100),
+            head: branch.clone(),
+            base: base.clone(),
+            body: pull_body,
+            draft,
+        };
+        let created = gh.create_pull(repo, &new).await;
+        timings.add("pull_request", pr_started.elapsed());
+        match created {
+            Ok(pr) => Ok(Delivered::Pull(pr.html_url)),
+            Err(GitHubError::PullExists { .. }) => match gh.find_open_pull(repo, &branch).await {
+                Ok(Some(pr)) => Ok(Delivered::Pull(pr.html_url)),
+                _ => Err(format!(
+                    "Pushed `{branch}`, but its pull request could not be found."
+                )),
             },
-        })
+            Err(e) => Err(format!(
+                "Pushed the change to branch `{branch}`, but opening the pull request failed: {e}"
+            )),
+        }
     }
 
     fn cancelled_early(&self, run: &Run, cost_limit: f64, program: &Program) -> Ending {
@@ -1028,6 +1317,7 @@ impl Workers {
                 ),
                 text: String::new(),
                 pr_url: None,
+                pushed: None,
                 failure: None,
             },
         }
@@ -1039,7 +1329,7 @@ impl Workers {
         gh: &Installation,
         repo: &RepoName,
         run: &Run,
-    ) -> Result<(RunContext, crate::git::Checkout, String), GitHubError> {
+    ) -> Result<(RunContext, crate::git::Checkout, String, Option<PullInfo>), GitHubError> {
         let number = run.issue_number as u64;
         let mut ctx = RunContext {
             repo: run.repo.clone(),
@@ -1077,6 +1367,7 @@ impl Workers {
                 ctx,
                 crate::git::Checkout::PullHead(number),
                 run.clone_url.clone(),
+                Some(pr),
             ))
         } else {
             let issue = gh.issue(repo, number).await?;
@@ -1087,6 +1378,7 @@ impl Workers {
                 ctx,
                 crate::git::Checkout::DefaultBranch,
                 run.clone_url.clone(),
+                None,
             ))
         }
     }
@@ -1233,8 +1525,31 @@ impl Workers {
             outcome: zero_outcome(reason, 0.0, String::new()),
             text: String::new(),
             pr_url: None,
+            pushed: None,
             failure: Some(failure),
         }
+    }
+}
+
+/// Where a code run's change went.
+enum Delivered {
+    Pull(String),
+    Pushed { sha: String, branch: String },
+    Nothing,
+}
+
+/// A push the server refused, in words a maintainer can act on.
+fn push_failure(e: &crate::git::GitError, branch: &str) -> String {
+    match e {
+        crate::git::GitError::Rejected { reason } => format!(
+            "GitHub refused the push to `{branch}`: {}",
+            crate::git::explain_rejection(reason)
+        ),
+        crate::git::GitError::Conflict { paths } => format!(
+            "The branch `{branch}` moved while kodx worked, and kodx's change conflicts with it in {}. Nothing was pushed; run the command again on the new head.",
+            paths.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ")
+        ),
+        other => format!("Pushing to `{branch}` failed: {other}"),
     }
 }
 
@@ -1304,6 +1619,20 @@ fn run_span(run: &Run) -> tracing::Span {
     tracing::info_span!("run", repo = %run.repo, issue = run.issue_number, run_id = %run.id, command = %run.kind)
 }
 
+/// The first millisecond of the current month (UTC) for `now_ms`.
+fn month_start_ms(now_ms: i64) -> i64 {
+    // Days since 1970-01-01 to a civil date and back (Howard Hinnant's algorithms).
+    let days = now_ms.div_euclid(86_400_000);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5; // 0-based day of the month
+    (days - day) * 86_400_000
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/etc/hostname")
         .ok()
@@ -1350,4 +1679,19 @@ pub fn help_text(unknown: &str) -> String {
          Limits and the model are set in `.github/kodx.yml`.",
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn month_start() {
+        // 2026-11-22T10:00:00Z → 2026-11-01T00:00:00Z
+        assert_eq!(month_start_ms(1_795_341_600_000), 1_793_491_200_000);
+        // 2024-03-01T00:00:00Z is its own month start; a leap February before it.
+        assert_eq!(month_start_ms(1_709_251_200_000), 1_709_251_200_000);
+        assert_eq!(month_start_ms(1_709_251_199_999), 1_706_745_600_000);
+        assert_eq!(month_start_ms(0), 0);
+    }
 }

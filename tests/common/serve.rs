@@ -63,6 +63,29 @@ impl Served {
             ],
         );
         github.add_repo(INSTALLATION, REPO, "main", &clone_url, true);
+        // Pull requests can only be opened from branches that exist on the git server.
+        let root = git
+            .bare_path(REPO)
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .to_path_buf();
+        github.set_branch_exists(move |repo, branch| {
+            std::process::Command::new("git")
+                .arg("--git-dir")
+                .arg(root.join(format!("{repo}.git")))
+                .args([
+                    "rev-parse",
+                    "--verify",
+                    "-q",
+                    &format!("refs/heads/{branch}"),
+                ])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+        github.add_user("alice", 1005);
+        github.set_bot_user_id(9999);
         github.set_permission(REPO, "alice", "admin");
         let model = FakeAnthropic::start(MODEL_KEY).await;
         let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,209 @@
+//! The words and names of a code run's delivery (SPEC §5): its branch, its commit message
+//! and its pull request. Pure; the worker does the git and GitHub calls.
+
+use crate::comment;
+
+/// Where the change of a code run goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A new branch in the base repository and a new pull request into `base`: for issues
+    /// (`closes`), and for pull requests from forks (`original`).
+    NewPull {
+        branch: String,
+        base: String,
+        closes: Option<i64>,
+        original: Option<i64>,
+    },
+    /// Commits onto the pull request's own branch (same repository).
+    PullBranch { branch: String },
+}
+
+/// The first 8 characters of a run id: enough to tell a repository's runs apart.
+pub fn short_id(run_id: &str) -> &str {
+    &run_id[..run_id.len().min(8)]
+}
+
+/// `<prefix>issue-<N>-<short run id>` for an issue, `<prefix>pr-<N>-<short run id>` for a
+/// fork's pull request. The prefix was checked when `.github/kodx.yml` was read.
+pub fn branch_name(prefix: &str, is_pull_request: bool, number: i64, run_id: &str) -> String {
+    let what = if is_pull_request { "pr" } else { "issue" };
+    format!("{prefix}{what}-{number}-{}", short_id(run_id))
+}
+
+/// One line of the request, for a commit subject or a PR title: the first non-empty line,
+/// whitespace collapsed, cut to `max` characters with `…`.
+pub fn title_from(request: &str, max: usize) -> String {
+    let line = request
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("Changes requested with /kodx code");
+    let line: String = line
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .filter(|c| !c.is_control())
+        .collect();
+    let mut chars = line.chars();
+    let head: String = chars.by_ref().take(max).collect();
+    if chars.next().is_some() {
+        let mut cut: String = head.chars().take(max.saturating_sub(1)).collect();
+        cut.push('…');
+        cut
+    } else {
+        head
+    }
+}
+
+/// The commit message body (the subject comes from the request): the agent's summary,
+/// where it was asked, and the run id.
+pub fn commit_body(summary: &str, repo_issue: i64, is_pull_request: bool, run_id: &str) -> String {
+    let what = if is_pull_request {
+        "pull request"
+    } else {
+        "issue"
+    };
+    let summary = comment::redact(summary.trim());
+    let summary = cut_chars(&summary, 4_000);
+    let mut body = String::new();
+    if !summary.is_empty() {
+        body.push_str(&summary);
+        body.push_str("\n\n");
+    }
+    body.push_str(&format!(
+        "Made by kodx (run {run_id}) for {what} #{repo_issue}."
+    ));
+    body
+}
+
+/// The trailers: the person who asked as co-author, and the run.
+pub fn trailers(author: &str, author_id: i64, run_id: &str) -> Vec<(String, String)> {
+    vec![
+        (
+            "Co-authored-by".into(),
+            format!(
+                "{author} <{}>",
+                crate::github::noreply_email(author, author_id.max(0) as u64)
+            ),
+        ),
+        ("Kodx-Run".into(), run_id.to_string()),
+    ]
+}
+
+/// The body of the pull request kodx opens.
+pub fn pull_body(
+    summary: &str,
+    target: &Target,
+    author: &str,
+    cost_summary: &str,
+    run_id: &str,
+) -> String {
+    let mut body = String::new();
+    body.push_str(comment::metadata(run_id).as_str());
+    body.push('\n');
+    let summary = cut_chars(&comment::redact(summary.trim()), 30_000);
+    if summary.is_empty() {
+        body.push_str("kodx made the change requested below.\n\n");
+    } else {
+        body.push_str(&summary);
+        body.push_str("\n\n");
+    }
+    match target {
+        Target::NewPull {
+            closes: Some(n), ..
+        } => body.push_str(&format!("Closes #{n}\n\n")),
+        Target::NewPull {
+            original: Some(n), ..
+        } => body.push_str(&format!(
+            "Changes on top of #{n}, whose branch lives in a fork kodx cannot push to.\n\n"
+        )),
+        _ => {}
+    }
+    body.push_str(&format!(
+        "Requested by @{} with `/kodx code`.\n\n",
+        comment::redact(author)
+    ));
+    body.push_str(cost_summary);
+    body.push_str(&format!("\n\n<sub>kodx run <code>{run_id}</code></sub>\n"));
+    body
+}
+
+fn cut_chars(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(max).collect();
+    out.push_str("\n\n[…]");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn branch_names() {
+        assert_eq!(
+            branch_name("kodx/", false, 12, "0123456789ab"),
+            "kodx/issue-12-01234567"
+        );
+        assert_eq!(branch_name("bot-", true, 3, "abc"), "bot-pr-3-abc");
+    }
+
+    #[test]
+    fn titles_are_one_clean_line() {
+        assert_eq!(
+            title_from("\n  add a   --json flag\nmore", 72),
+            "add a --json flag"
+        );
+        let long = "x".repeat(100);
+        let t = title_from(&long, 72);
+        assert_eq!(t.chars().count(), 72);
+        assert!(t.ends_with('…'));
+        assert_eq!(title_from("", 72), "Changes requested with /kodx code");
+        assert_eq!(title_from("tab\there\u{7}bell", 72), "tab herebell");
+    }
+
+    #[test]
+    fn trailers_and_body() {
+        let t = trailers("alice", 1005, "r1");
+        assert_eq!(t[0].1, "alice <1005+alice@users.noreply.github.com>");
+        let b = commit_body(
+            "Did it. ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+            7,
+            false,
+            "r1",
+        );
+        assert!(b.contains("for issue #7") && b.contains("run r1"));
+        assert!(
+            !b.contains("ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
+            "redacted: {b}"
+        );
+    }
+
+    #[test]
+    fn pull_bodies() {
+        let issue = Target::NewPull {
+            branch: "b".into(),
+            base: "main".into(),
+            closes: Some(7),
+            original: None,
+        };
+        let b = pull_body("Summary.", &issue, "alice", "cost", "r1");
+        assert!(
+            b.starts_with("<!-- kodx:")
+                && b.contains("Closes #7")
+                && b.contains("@alice")
+                && b.contains("cost")
+        );
+        let fork = Target::NewPull {
+            branch: "b".into(),
+            base: "main".into(),
+            closes: None,
+            original: Some(8),
+        };
+        let b = pull_body("", &fork, "bob", "cost", "r2");
+        assert!(b.contains("on top of #8") && !b.contains("Closes"));
+    }
+}

@@ -1,0 +1,460 @@
+//! `/kodx code` end to end (SPEC §4, §5): the real `kodx serve`, a fake GitHub, a real git
+//! server over smart HTTP with token auth, a scripted fake Anthropic and the real Docker
+//! engine. The change lands as commits and a pull request; the git server holds exactly it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fake_github::{FakeBase, FakeHead};
+use common::serve::{delivery_id, issue_comment, Options, Served, REPO};
+use serde_json::{json, Value};
+
+const LONG: Duration = Duration::from_secs(120);
+
+fn usage(input: u64, output: u64) -> Value {
+    json!({"input_tokens": input, "output_tokens": output,
+           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+}
+
+fn tool(chars: &str) -> Vec<Value> {
+    vec![
+        json!({"type": "tool_use", "id": format!("t{}", rand::random::<u16>()),
+                "name": "feed_chars", "input": {"chars": chars}}),
+    ]
+}
+
+fn text(t: &str) -> Vec<Value> {
+    vec![json!({"type": "text", "text": t})]
+}
+
+async fn served() -> Served {
+    Served::start(Options {
+        workers: true,
+        ..Options::default()
+    })
+    .await
+}
+
+fn bot_comments(s: &Served, number: u64) -> Vec<common::fake_github::FakeComment> {
+    s.github
+        .comments(REPO, number)
+        .into_iter()
+        .filter(|c| c.is_bot)
+        .collect()
+}
+
+async fn ask_code(s: &Served, number: u64, is_pr: bool, request: &str) -> (String, u64) {
+    let body = format!("/kodx code {request}");
+    let id = s.github.add_comment(REPO, number, "alice", &body, false);
+    let payload = issue_comment(&s.clone_url, number, is_pr, id, "alice", "User", &body);
+    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
+    assert_eq!(status, 202, "{answer}");
+    (answer["run_id"].as_str().unwrap().to_string(), id)
+}
+
+async fn wait_done(s: &Served, number: u64) -> String {
+    s.wait_for("the run to finish", LONG, || {
+        bot_comments(s, number)
+            .iter()
+            .any(|c| c.body.contains("✅") || c.body.contains("❌"))
+    })
+    .await;
+    bot_comments(s, number)[0].body.clone()
+}
+
+fn git_log(s: &Served, rev: &str) -> String {
+    let out = s.git.git(
+        &s.git.bare_path(REPO),
+        &["log", "-1", "--format=%an <%ae>%n%cn%n%B", rev],
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn assert_clean(s: &Served) {
+    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
+    assert!(s.model.rejected().is_empty(), "{:?}", s.model.rejected());
+    for t in s.github.issued_tokens() {
+        for r in s.model.requests() {
+            assert!(!r.body.to_string().contains(&t), "token in a model request");
+        }
+        for n in [7, 8, 9] {
+            for c in s.github.comments(REPO, n) {
+                assert!(!c.body.contains(&t) && c.edits.iter().all(|e| !e.contains(&t)));
+            }
+        }
+        for p in s.github.created_pulls(REPO) {
+            assert!(!p.body.contains(&t), "token in a PR body");
+        }
+        for r in s.git.requests() {
+            assert!(!r.path_and_query.contains(&t), "token in a git URL");
+        }
+        assert!(!s.log().contains(&t), "token in the log");
+    }
+}
+
+#[tokio::test]
+async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
+    let Some(engine) = common::engine().await else {
+        return;
+    };
+    let s = served().await;
+    s.git.commit_on_branch(
+        REPO,
+        "main",
+        &[
+            ("tool.sh", b"#!/bin/sh\necho tool\n", 0o644),
+            ("OLD.md", b"old\n", 0o644),
+            (".gitignore", b"*.log\n", 0o644),
+        ],
+        "more files",
+    );
+    s.github
+        .add_issue(REPO, 7, "Add a greeting", "We need hello.txt.", "carol");
+    // The model looks for the token in the container (it is not there), then changes files.
+    s.model.reply(
+        tool("env; cat .git/config; git remote -v"),
+        "tool_use",
+        usage(2000, 20),
+    );
+    s.model.reply(
+        tool("echo hello > hello.txt && chmod +x tool.sh && git rm -q OLD.md && echo noise > debug.log && sed -i 's/42/43/' src/lib.rs"),
+        "tool_use",
+        usage(2100, 30),
+    );
+    s.model.reply(
+        text("Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget()."),
+        "end_turn",
+        usage(2200, 25),
+    );
+    let (run_id, trigger) = ask_code(&s, 7, false, "add hello.txt and tidy up").await;
+    let body = wait_done(&s, 7).await;
+    assert!(body.contains("✅ done"), "{body}\n{}", s.log());
+
+    // The pull request.
+    let pulls = s.github.created_pulls(REPO);
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    let pr = &pulls[0];
+    let branch = format!("kodx/issue-7-{}", &run_id[..8]);
+    assert_eq!(pr.head, branch);
+    assert_eq!(pr.base, "main");
+    assert_eq!(pr.title, "add hello.txt and tidy up");
+    assert!(pr.body.contains("Closes #7"), "{}", pr.body);
+    assert!(pr.body.contains("Added hello.txt"), "{}", pr.body);
+    assert!(
+        pr.body.contains(&run_id) && pr.body.contains("of $2.00"),
+        "{}",
+        pr.body
+    );
+    assert!(!pr.draft);
+    assert!(body.contains(&format!("pull/{}", pr.number)), "{body}");
+    assert!(body.contains("Added hello.txt"), "{body}");
+
+    // The branch on the git server holds exactly the change.
+    let tree = s.git.ls_tree(REPO, &format!("refs/heads/{branch}"));
+    let mode = |p: &str| tree.iter().find(|(_, path)| path == p).map(|(m, _)| *m);
+    assert_eq!(mode("hello.txt"), Some(0o100644));
+    assert_eq!(
+        mode("tool.sh"),
+        Some(0o100755),
+        "the executable bit: {tree:?}"
+    );
+    assert_eq!(mode("OLD.md"), None, "the deleted file: {tree:?}");
+    assert_eq!(mode("debug.log"), None, "ignored files stay out: {tree:?}");
+    assert_eq!(
+        s.git.file_at(REPO, &branch, "src/lib.rs").unwrap(),
+        b"pub fn widget() -> u32 { 43 }\n"
+    );
+    assert_eq!(
+        s.git.file_at(REPO, &branch, "hello.txt").unwrap(),
+        b"hello\n"
+    );
+    let main = s.git.branch_sha(REPO, "main").unwrap();
+    assert_eq!(
+        s.git.ref_sha(REPO, &format!("{branch}~1")).unwrap(),
+        main,
+        "one commit on top of the default branch"
+    );
+    let log = git_log(&s, &branch);
+    assert!(
+        log.starts_with("kodx[bot] <9999+kodx[bot]@users.noreply.github.com>"),
+        "{log}"
+    );
+    assert!(log.contains("\nadd hello.txt and tidy up\n"), "{log}");
+    assert!(
+        log.contains("Co-authored-by: alice <1005+alice@users.noreply.github.com>"),
+        "{log}"
+    );
+    assert!(log.contains(&format!("Kodx-Run: {run_id}")), "{log}");
+    // The main branch did not move.
+    assert_eq!(s.git.branch_sha(REPO, "main").unwrap(), main);
+
+    // The token was in none of: the container (the model's first tool call looked), the
+    // commit, the PR, the comments, the model requests, the log.
+    let first_result = s.model.requests()[1].body["messages"].to_string();
+    assert!(
+        first_result.contains("[remote \\\"origin\\\"]"),
+        "the model saw .git/config: {first_result}"
+    );
+    for t in s.github.issued_tokens() {
+        assert!(!log.contains(&t));
+    }
+    let reactions = s.github.reactions();
+    let on = format!("{REPO}/issues/comments/{trigger}");
+    assert!(
+        reactions.iter().any(|(t, c, _)| t == &on && c == "rocket"),
+        "{reactions:?}"
+    );
+    assert_clean(&s);
+    common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
+}
+
+#[tokio::test]
+async fn code_on_a_same_repo_pull_request_pushes_onto_its_branch() {
+    let Some(_engine) = common::engine().await else {
+        return;
+    };
+    let s = served().await;
+    let head = s.git.commit_on_branch(
+        REPO,
+        "feature",
+        &[("feature.txt", b"v1\n", 0o644)],
+        "feature",
+    );
+    let base = s.git.branch_sha(REPO, "main").unwrap();
+    s.git
+        .commit(REPO, "refs/pull/8/head", Some(&head), &[], "same");
+    s.github.add_pull(
+        REPO,
+        8,
+        "Feature",
+        "Adds feature.txt",
+        "alice",
+        FakeHead {
+            ref_name: "feature".into(),
+            sha: head.clone(),
+            repo: Some(REPO.into()),
+            clone_url: s.clone_url.clone(),
+        },
+        FakeBase {
+            ref_name: "main".into(),
+            sha: base,
+        },
+        "+v1\n",
+    );
+    s.model
+        .reply(tool("echo v2 > feature.txt"), "tool_use", usage(1000, 10));
+    s.model
+        .reply(text("feature.txt is now v2."), "end_turn", usage(1100, 10));
+    let (_run_id, _) = ask_code(&s, 8, true, "bump feature.txt to v2").await;
+    let body = wait_done(&s, 8).await;
+    assert!(
+        body.contains("✅ done") && body.contains("**Pushed:** commit"),
+        "{body}\n{}",
+        s.log()
+    );
+    let new = s.git.branch_sha(REPO, "feature").unwrap();
+    assert_ne!(new, head);
+    assert_eq!(
+        s.git.ref_sha(REPO, "feature~1").unwrap(),
+        head,
+        "not forced: on top of the old head"
+    );
+    assert_eq!(
+        s.git.file_at(REPO, "feature", "feature.txt").unwrap(),
+        b"v2\n"
+    );
+    assert!(body.contains(&new[..12]), "{body}");
+    assert!(
+        s.github.created_pulls(REPO).is_empty(),
+        "no new pull request"
+    );
+    assert_clean(&s);
+}
+
+#[tokio::test]
+async fn code_on_a_fork_pull_request_opens_a_new_one_and_leaves_the_fork_alone() {
+    let Some(_engine) = common::engine().await else {
+        return;
+    };
+    let s = served().await;
+    let fork_url = s.git.create_repo(
+        "mallory/widgets",
+        "patch",
+        &[
+            ("README.md", b"# widgets\n", 0o644),
+            ("fork.txt", b"fork\n", 0o644),
+        ],
+    );
+    let fork_head = s.git.branch_sha("mallory/widgets", "patch").unwrap();
+    // GitHub keeps the fork's head as refs/pull/9/head in the base repository.
+    let head = s
+        .git
+        .create_pull_ref(REPO, 9, &[("fork.txt", b"fork\n", 0o644)]);
+    let base = s.git.branch_sha(REPO, "main").unwrap();
+    s.github.add_pull(
+        REPO,
+        9,
+        "From a fork",
+        "Adds fork.txt",
+        "mallory",
+        FakeHead {
+            ref_name: "patch".into(),
+            sha: head,
+            repo: Some("mallory/widgets".into()),
+            clone_url: fork_url,
+        },
+        FakeBase {
+            ref_name: "main".into(),
+            sha: base,
+        },
+        "+fork\n",
+    );
+    s.model
+        .reply(tool("echo fixed >> fork.txt"), "tool_use", usage(1000, 10));
+    s.model
+        .reply(text("Appended to fork.txt."), "end_turn", usage(1100, 10));
+    let (run_id, _) = ask_code(&s, 9, true, "append fixed to fork.txt").await;
+    let body = wait_done(&s, 9).await;
+    assert!(body.contains("✅ done"), "{body}\n{}", s.log());
+    let pulls = s.github.created_pulls(REPO);
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    let branch = format!("kodx/pr-9-{}", &run_id[..8]);
+    assert_eq!(pulls[0].head, branch);
+    assert_eq!(pulls[0].base, "main");
+    assert!(
+        pulls[0].body.contains("#9") && !pulls[0].body.contains("Closes"),
+        "{}",
+        pulls[0].body
+    );
+    assert_eq!(
+        s.git.file_at(REPO, &branch, "fork.txt").unwrap(),
+        b"fork\nfixed\n"
+    );
+    assert_eq!(
+        s.git.branch_sha("mallory/widgets", "patch").unwrap(),
+        fork_head,
+        "the fork is never pushed to"
+    );
+    assert!(
+        s.git
+            .requests()
+            .iter()
+            .all(|r| !r.path_and_query.contains("mallory")),
+        "the fork is not even fetched"
+    );
+    assert_clean(&s);
+}
+
+#[tokio::test]
+async fn a_run_without_changes_says_so_with_the_last_message() {
+    let Some(_engine) = common::engine().await else {
+        return;
+    };
+    let s = served().await;
+    s.github.add_issue(REPO, 7, "Nothing", "", "carol");
+    s.model
+        .reply(tool("cat README.md"), "tool_use", usage(500, 5));
+    s.model.reply(
+        text("The README is already right; nothing to change."),
+        "end_turn",
+        usage(600, 5),
+    );
+    let _ = ask_code(&s, 7, false, "fix the README if needed").await;
+    let body = wait_done(&s, 7).await;
+    assert!(body.contains("✅ done — no changes"), "{body}");
+    assert!(
+        body.contains("No changes were made") && body.contains("already right"),
+        "{body}"
+    );
+    assert!(s.github.created_pulls(REPO).is_empty());
+    let branches = s
+        .git
+        .git(&s.git.bare_path(REPO), &["branch", "--list", "kodx/*"]);
+    assert!(branches.stdout.is_empty(), "no branch pushed");
+    assert_clean(&s);
+}
+
+#[tokio::test]
+async fn the_cost_limit_of_the_repository_config_ends_the_run() {
+    let Some(_engine) = common::engine().await else {
+        return;
+    };
+    let s = served().await;
+    s.github.add_issue(REPO, 7, "Big", "", "carol");
+    s.github
+        .set_file(REPO, ".github/kodx.yml", "cost_limit: { code: 0.01 }\n");
+    // 2,000 input tokens at $3/M and 1,000 output at $15/M: $0.021 > $0.01 after one call.
+    s.model
+        .reply(tool("echo x > x.txt"), "tool_use", usage(2000, 1000));
+    s.model
+        .reply(text("never reached"), "end_turn", usage(10, 1));
+    let _ = ask_code(&s, 7, false, "do a lot").await;
+    let body = wait_done(&s, 7).await;
+    assert!(body.contains("cost limit"), "{body}");
+    assert!(body.contains("of $0.01"), "{body}");
+    assert!(
+        s.github.created_pulls(REPO).is_empty(),
+        "a stopped run pushes nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_setup_script_is_reported_with_its_exit_code() {
+    let Some(_engine) = common::engine().await else {
+        return;
+    };
+    let s = served().await;
+    s.github.add_issue(REPO, 7, "Setup", "", "carol");
+    s.github.set_file(
+        REPO,
+        ".github/kodx.yml",
+        "setup_script: |\n  echo installing deps\n  exit 3\n",
+    );
+    let _ = ask_code(&s, 7, false, "anything").await;
+    let body = wait_done(&s, 7).await;
+    assert!(body.contains("setup script failed"), "{body}");
+    assert!(
+        body.contains("3") && body.contains("installing deps"),
+        "{body}"
+    );
+    assert!(
+        s.model.requests().is_empty(),
+        "no model call after a failed setup"
+    );
+}
+
+#[tokio::test]
+async fn kill_9_mid_code_run_then_restart_opens_one_pull_request() {
+    let Some(engine) = common::engine().await else {
+        return;
+    };
+    let mut s = served().await;
+    s.github.add_issue(REPO, 7, "Slow", "", "carol");
+    s.model.reply(
+        tool("echo one > one.txt; sleep 300"),
+        "tool_use",
+        usage(1000, 10),
+    );
+    let (run_id, _) = ask_code(&s, 7, false, "write one.txt").await;
+    s.wait_for("the first model call", LONG, || {
+        !s.model.requests().is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.kill().await;
+    // The restarted run starts over in a fresh container.
+    s.model
+        .reply(tool("echo one > one.txt"), "tool_use", usage(1000, 10));
+    s.model
+        .reply(text("Wrote one.txt."), "end_turn", usage(1000, 10));
+    s.restart().await;
+    let body = wait_done(&s, 7).await;
+    assert!(body.contains("✅ done"), "{body}\n{}", s.log());
+    let pulls = s.github.created_pulls(REPO);
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0].head, format!("kodx/issue-7-{}", &run_id[..8]));
+    assert_eq!(bot_comments(&s, 7).len(), 1, "one status comment");
+    common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
+    assert_clean(&s);
+}
