@@ -1,6 +1,9 @@
 //! A fake Anthropic Messages API on loopback: checks what kodx sends the way the real API
 //! does (headers, required fields, tool schema shape, tool_use/tool_result pairing, cache
 //! breakpoints) and answers from a script. An invalid request gets the API's 400 shape.
+//!
+//! `GET /v1/models` (free; `kodx doctor` uses it to check the key) answers the API's list
+//! shape after the same header checks; `model_listings()` counts the accepted ones.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -9,7 +12,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Value};
 
@@ -37,6 +40,7 @@ struct Inner {
     script: VecDeque<Scripted>,
     requests: Vec<Recorded>,
     rejected: Vec<String>,
+    model_listings: usize,
 }
 
 #[derive(Clone)]
@@ -56,6 +60,7 @@ impl FakeAnthropic {
         };
         let app = Router::new()
             .route("/v1/messages", post(handle))
+            .route("/v1/models", get(list_models))
             .with_state(fake.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -117,6 +122,11 @@ impl FakeAnthropic {
 
     pub fn requests(&self) -> Vec<Recorded> {
         self.inner.lock().unwrap().requests.clone()
+    }
+
+    /// Accepted `GET /v1/models` requests.
+    pub fn model_listings(&self) -> usize {
+        self.inner.lock().unwrap().model_listings
     }
 
     /// Requests refused as invalid, with the reason; a test expects none.
@@ -188,6 +198,43 @@ async fn handle(State(fake): State<FakeAnthropic>, headers: HeaderMap, body: Byt
             "the fake's script is empty",
         ),
     }
+}
+
+/// `GET /v1/models`: the key, then `anthropic-version`, as the real API checks them; the
+/// list shape of the Models API (`data`, `first_id`, `last_id`, `has_more`).
+async fn list_models(State(fake): State<FakeAnthropic>, headers: HeaderMap) -> Response {
+    if headers.get("x-api-key").and_then(|v| v.to_str().ok()) != Some(fake.key.as_str()) {
+        return api_error(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid x-api-key",
+        );
+    }
+    let version = headers
+        .get("anthropic-version")
+        .and_then(|v| v.to_str().ok());
+    if version != Some("2023-06-01") {
+        return reject(&fake, format!("anthropic-version header: {version:?}"));
+    }
+    fake.inner.lock().unwrap().model_listings += 1;
+    let id = "claude-sonnet-4-5-20250929";
+    (
+        StatusCode::OK,
+        [("content-type", "application/json")],
+        json!({
+            "data": [{
+                "type": "model",
+                "id": id,
+                "display_name": "Claude Sonnet 4.5",
+                "created_at": "2025-09-29T00:00:00Z",
+            }],
+            "has_more": false,
+            "first_id": id,
+            "last_id": id,
+        })
+        .to_string(),
+    )
+        .into_response()
 }
 
 fn reject(fake: &FakeAnthropic, reason: String) -> Response {
