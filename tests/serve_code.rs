@@ -458,3 +458,99 @@ async fn kill_9_mid_code_run_then_restart_opens_one_pull_request() {
     common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
     assert_clean(&s);
 }
+
+#[tokio::test]
+async fn a_push_github_refuses_is_explained_in_the_comment() {
+    let Some(_engine) = common::engine().await else {
+        return;
+    };
+    let s = served().await;
+    s.github.add_issue(REPO, 7, "CI", "", "carol");
+    // GitHub's answer to an App without the workflows permission, from a pre-receive hook.
+    let hook = s.git.bare_path(REPO).join("hooks/pre-receive");
+    std::fs::create_dir_all(hook.parent().unwrap()).unwrap();
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\necho 'refusing to allow a GitHub App to create or update workflow `.github/workflows/ci.yml` without `workflows` permission' >&2\nexit 1\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    s.model.reply(
+        tool("mkdir -p .github/workflows && echo 'on: push' > .github/workflows/ci.yml"),
+        "tool_use",
+        usage(1000, 10),
+    );
+    s.model
+        .reply(text("Added a CI workflow."), "end_turn", usage(1000, 10));
+    let _ = ask_code(&s, 7, false, "add CI").await;
+    let body = wait_done(&s, 7).await;
+    assert!(body.contains("❌"), "{body}");
+    assert!(body.contains("workflows"), "{body}");
+    assert!(body.contains("permission"), "{body}");
+    assert!(s.github.created_pulls(REPO).is_empty());
+    assert_clean(&s);
+}
+
+#[tokio::test]
+async fn a_file_over_the_size_limit_refuses_the_commit() {
+    let Some(_engine) = common::engine().await else {
+        return;
+    };
+    let s = Served::start(Options {
+        workers: true,
+        settings: Some("status_interval_secs = 0.2\nmax_commit_file_bytes = 1000\n"),
+        ..Options::default()
+    })
+    .await;
+    s.github.add_issue(REPO, 7, "Big", "", "carol");
+    s.model.reply(
+        tool("head -c 5000 /dev/zero > big.bin"),
+        "tool_use",
+        usage(1000, 10),
+    );
+    s.model
+        .reply(text("Wrote big.bin."), "end_turn", usage(1000, 10));
+    let _ = ask_code(&s, 7, false, "write a big file").await;
+    let body = wait_done(&s, 7).await;
+    assert!(body.contains("❌") && body.contains("big.bin"), "{body}");
+    assert!(body.contains("1000"), "the limit is named: {body}");
+    assert!(s.github.created_pulls(REPO).is_empty());
+}
+
+#[tokio::test]
+async fn a_spent_monthly_budget_refuses_new_runs() {
+    let Some(_engine) = common::engine().await else {
+        return;
+    };
+    let s = Served::start(Options {
+        workers: true,
+        settings: Some("status_interval_secs = 0.2\nmonthly_budget_usd = 0.10\n"),
+        ..Options::default()
+    })
+    .await;
+    s.github.add_issue(REPO, 7, "Budget", "", "carol");
+    // The first run may spend at most what is left of the budget ($0.10, below the $2.00
+    // code limit): one call bills $0.0915, then the next cannot fit and the run stops.
+    s.model
+        .reply(tool("echo x > x.txt"), "tool_use", usage(30_000, 100));
+    s.model
+        .reply(text("never reached"), "end_turn", usage(10, 1));
+    let _ = ask_code(&s, 7, false, "first").await;
+    let body = wait_done(&s, 7).await;
+    assert!(
+        body.contains("of $0.10"),
+        "the run's limit is what is left of the budget: {body}"
+    );
+    assert!(body.contains("cost limit"), "{body}");
+    // Now the month's budget is spent: the next command is refused before anything runs.
+    let calls = s.model.requests().len();
+    let _ = ask_code(&s, 7, false, "second").await;
+    s.wait_for("the refusal", LONG, || {
+        bot_comments(&s, 7)
+            .iter()
+            .any(|c| c.body.contains("monthly budget"))
+    })
+    .await;
+    assert_eq!(s.model.requests().len(), calls, "no model call");
+}

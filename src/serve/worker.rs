@@ -135,6 +135,9 @@ impl Timings {
 /// A short word for the reason a run was refused, stored as its stop reason.
 const NOT_PERMITTED: &str = "not_permitted";
 const INVALID_CONFIG: &str = "invalid_config";
+/// Runs are capped at what is left of the monthly budget, so spend approaches it without
+/// reaching it: with less than this left, the budget counts as spent.
+const MIN_RUN_BUDGET_USD: f64 = 0.01;
 
 impl Workers {
     #[allow(clippy::too_many_arguments)]
@@ -524,9 +527,9 @@ impl Workers {
             return None;
         }
         let (budget, spent) = self.budget_left(run).await?;
-        (spent >= budget).then(|| {
+        (budget - spent < MIN_RUN_BUDGET_USD).then(|| {
             format!(
-                "kodx did not start: this installation's monthly budget of {} is spent ({} used since the 1st, UTC). Runs start again next month, or when the server's operator raises `monthly_budget_usd`.",
+                "kodx did not start: this installation's monthly budget of {} is spent ({} used since the 1st, UTC; runs need at least $0.01 of it left). Runs start again next month, or when the server's operator raises `monthly_budget_usd`.",
                 crate::cost::format_usd(budget),
                 crate::cost::format_usd(spent)
             )
@@ -812,6 +815,7 @@ impl Workers {
         cancel: &CancellationToken,
         timings: &Timings,
     ) -> Option<Ending> {
+        let prepare_started = Instant::now();
         let kind = run_kind(run);
         let internal = |what: String| {
             tracing::error!("{what}");
@@ -866,7 +870,7 @@ impl Workers {
         let maxima = self.settings.maxima();
         let mut cost_limit = config.cost_limit_for(rk, &maxima);
         if let Some((budget, spent)) = self.budget_left(run).await {
-            if spent >= budget {
+            if budget - spent < MIN_RUN_BUDGET_USD {
                 return Some(Ending {
                     status: RunStatus::Failed,
                     done: self.failed_done(
@@ -969,6 +973,7 @@ impl Workers {
         };
         let dest = workdir.path().join("repo");
         let token = gh.token().expose().to_string();
+        timings.add("prepare", prepare_started.elapsed());
         let clone_started = Instant::now();
         let cloned = {
             let dest = dest.clone();
@@ -1121,9 +1126,9 @@ impl Workers {
             }
             _ => None,
         };
-        if let Err(e) = sandbox.destroy().await {
-            tracing::warn!("removing the container failed: {e}");
-        }
+        // The container goes while the change is delivered (it is not needed any more).
+        drop(agent);
+        let teardown = tokio::spawn(async move { sandbox.destroy().await });
         let mut done = Done {
             kind,
             text: outcome.last_message.clone(),
@@ -1158,6 +1163,11 @@ impl Workers {
                 Ok(Delivered::Nothing) => {}
                 Err(failure) => done.failure = Some(failure),
             }
+        }
+        match teardown.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("removing the container failed: {e}"),
+            Err(e) => tracing::warn!("removing the container failed: {e}"),
         }
         // The clone (and for ask runs, the container's changes) go with `workdir`.
         drop(workdir);
