@@ -81,6 +81,7 @@ async fn measure(label: &str, s: &Served, runs: usize) -> Vec<(String, f64)> {
     println!("\n{label}: {runs} runs, medians");
     let mut out = Vec::new();
     for phase in [
+        "prepare",
         "clone",
         "container",
         "agent",
