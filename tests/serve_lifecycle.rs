@@ -190,3 +190,100 @@ async fn kodx_cancel_stops_the_running_run_and_says_who() {
         s.github.reactions()
     );
 }
+
+#[tokio::test]
+async fn a_run_interrupted_twice_fails_with_a_comment_instead_of_looping() {
+    let Some(engine) = common::engine().await else {
+        return;
+    };
+    let mut s = Served::start(Options {
+        workers: true,
+        ..Options::default()
+    })
+    .await;
+    let run_id = start_a_long_run(&s).await;
+    s.kill().await;
+    // Second attempt: the restarted run calls the model again and is killed again.
+    s.model.reply(
+        vec![json!({"type": "tool_use", "id": "t2", "name": "feed_chars",
+                    "input": {"chars": "sleep 300"}})],
+        "tool_use",
+        usage(1000, 10),
+    );
+    s.restart().await;
+    s.wait_for("the second attempt's model call", LONG, || {
+        s.model.requests().len() >= 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.kill().await;
+    s.restart().await;
+    s.wait_for("the failure comment", LONG, || {
+        bot_comments(&s).iter().any(|c| {
+            c.body
+                .contains("restarted while this run was working, more than once")
+        })
+    })
+    .await;
+    let run = run_of(&s, &run_id).await;
+    assert_eq!(run.status, kodx::db::RunStatus::Failed);
+    assert_eq!(run.attempts, 2);
+    assert_eq!(bot_comments(&s).len(), 1, "the same status comment");
+    common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
+    assert_eq!(s.model.requests().len(), 2, "not started a third time");
+}
+
+#[tokio::test]
+async fn kodx_cancel_removes_a_queued_run_before_it_starts() {
+    let Some(_engine) = common::engine().await else {
+        return;
+    };
+    let s = Served::start(Options {
+        workers: true,
+        settings: Some(
+            "status_interval_secs = 0.2\nmax_concurrent_runs = 1\nshutdown_grace_secs = 1\n",
+        ),
+        ..Options::default()
+    })
+    .await;
+    // Issue 7's run takes the only slot; issue 8's waits in the queue.
+    let _running = start_a_long_run(&s).await;
+    s.github.add_issue(REPO, 8, "Other", "", "carol");
+    let text = "/kodx ask what about this?";
+    let id = s.github.add_comment(REPO, 8, "alice", text, false);
+    let payload = issue_comment(&s.clone_url, 8, false, id, "alice", "User", text);
+    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
+    assert_eq!(status, 202, "{answer}");
+    let queued = answer["run_id"].as_str().unwrap().to_string();
+    let on_8 = |s: &Served| -> Vec<common::fake_github::FakeComment> {
+        s.github
+            .comments(REPO, 8)
+            .into_iter()
+            .filter(|c| c.is_bot)
+            .collect()
+    };
+    s.wait_for("the queued status comment", LONG, || {
+        on_8(&s).iter().any(|c| c.body.contains("queued"))
+    })
+    .await;
+    let text = "/kodx cancel";
+    let id = s.github.add_comment(REPO, 8, "alice", text, false);
+    let payload = issue_comment(&s.clone_url, 8, false, id, "alice", "User", text);
+    assert_eq!(
+        s.deliver("issue_comment", &delivery_id(), &payload).await.0,
+        202
+    );
+    s.wait_for("the cancelled comment", LONG, || {
+        on_8(&s)
+            .iter()
+            .any(|c| c.body.contains("Cancelled by @alice before it started"))
+    })
+    .await;
+    let run = run_of(&s, &queued).await;
+    assert_eq!(run.status, kodx::db::RunStatus::Cancelled);
+    assert_eq!(
+        s.model.requests().len(),
+        1,
+        "only issue 7's run called the model"
+    );
+}
