@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::fake_github::{FakeBase, FakeHead};
-use common::serve::{delivery_id, issue_comment, Options, Served, REPO};
+use common::serve::{bot_comments, delivery_id, issue_comment, usage, Options, Served, REPO};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(120);
@@ -16,25 +16,12 @@ fn tool(id: &str, input: Value) -> Value {
     json!({"type": "tool_use", "id": id, "name": "feed_chars", "input": input})
 }
 
-fn usage(input: u64, output: u64) -> Value {
-    json!({"input_tokens": input, "output_tokens": output,
-           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
-}
-
 async fn served_with_workers() -> Served {
     Served::start(Options {
         workers: true,
         ..Options::default()
     })
     .await
-}
-
-fn bot_comments(s: &Served, number: u64) -> Vec<common::fake_github::FakeComment> {
-    s.github
-        .comments(REPO, number)
-        .into_iter()
-        .filter(|c| c.is_bot)
-        .collect()
 }
 
 /// Everything kodx sent or posted must be free of every installation token it was given.

@@ -7,15 +7,10 @@ mod common;
 use std::time::Duration;
 
 use common::fake_github::{FakeBase, FakeHead};
-use common::serve::{delivery_id, issue_comment, Options, Served, REPO};
+use common::serve::{bot_comments, delivery_id, issue_comment, usage, Options, Served, REPO};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(120);
-
-fn usage(input: u64, output: u64) -> Value {
-    json!({"input_tokens": input, "output_tokens": output,
-           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
-}
 
 fn tool(chars: &str) -> Vec<Value> {
     vec![
@@ -34,14 +29,6 @@ async fn served() -> Served {
         ..Options::default()
     })
     .await
-}
-
-fn bot_comments(s: &Served, number: u64) -> Vec<common::fake_github::FakeComment> {
-    s.github
-        .comments(REPO, number)
-        .into_iter()
-        .filter(|c| c.is_bot)
-        .collect()
 }
 
 async fn ask_code(s: &Served, number: u64, is_pr: bool, request: &str) -> (String, u64) {

@@ -6,22 +6,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::serve::{delivery_id, issue_comment, Options, Served, REPO};
-use serde_json::{json, Value};
+use common::serve::{delivery_id, issue_comment, usage, Options, Served, REPO};
+use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(120);
 
-fn usage(input: u64, output: u64) -> Value {
-    json!({"input_tokens": input, "output_tokens": output,
-           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
-}
-
 fn bot_comments(s: &Served) -> Vec<common::fake_github::FakeComment> {
-    s.github
-        .comments(REPO, 7)
-        .into_iter()
-        .filter(|c| c.is_bot)
-        .collect()
+    common::serve::bot_comments(s, 7)
 }
 
 async fn run_of(s: &Served, run_id: &str) -> kodx::db::Run {

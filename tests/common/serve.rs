@@ -286,6 +286,21 @@ fn unsafe_kill(pid: u32, signal: &str) {
         .status();
 }
 
+/// A Messages API `usage` block.
+pub fn usage(input: u64, output: u64) -> Value {
+    json!({"input_tokens": input, "output_tokens": output,
+           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+}
+
+/// The comments kodx (a bot) wrote on issue or PR `number`.
+pub fn bot_comments(s: &Served, number: u64) -> Vec<super::fake_github::FakeComment> {
+    s.github
+        .comments(REPO, number)
+        .into_iter()
+        .filter(|c| c.is_bot)
+        .collect()
+}
+
 pub fn sign(secret: &str, body: &[u8]) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
     mac.update(body);
