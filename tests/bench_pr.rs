@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::serve::{delivery_id, issue_comment, Options, Served, REPO};
+use common::serve::{delivery_id, issue_comment, Served, REPO};
 use serde_json::{json, Value};
 
 fn usage() -> Value {
@@ -112,19 +112,11 @@ async fn webhook_to_pull_request() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(7);
-    let s = Served::start(Options {
-        workers: true,
-        ..Options::default()
-    })
-    .await;
+    let s = Served::with_workers().await;
     let small = measure("small repository (3 files)", &s, runs).await;
     drop(s);
 
-    let s = Served::start(Options {
-        workers: true,
-        ..Options::default()
-    })
-    .await;
+    let s = Served::with_workers().await;
     let contents: Vec<(String, Vec<u8>)> = (0..20_000)
         .map(|i| {
             (

@@ -7,21 +7,13 @@ mod common;
 use std::time::Duration;
 
 use common::fake_github::{FakeBase, FakeHead};
-use common::serve::{bot_comments, delivery_id, issue_comment, usage, Options, Served, REPO};
+use common::serve::{bot_comments, delivery_id, issue_comment, usage, Served, REPO};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(120);
 
 fn tool(id: &str, input: Value) -> Value {
     json!({"type": "tool_use", "id": id, "name": "feed_chars", "input": input})
-}
-
-async fn served_with_workers() -> Served {
-    Served::start(Options {
-        workers: true,
-        ..Options::default()
-    })
-    .await
 }
 
 /// Everything kodx sent or posted must be free of every installation token it was given.
@@ -96,7 +88,7 @@ async fn ask_on_an_issue_answers_from_the_container() {
     let Some(engine) = common::engine().await else {
         return;
     };
-    let s = served_with_workers().await;
+    let s = Served::with_workers().await;
     let nonce = format!("notes-{:016x}", rand::random::<u64>());
     s.git.commit_on_branch(
         REPO,
@@ -215,7 +207,7 @@ async fn ask_on_a_pull_request_reads_its_head_and_diff() {
     let Some(_engine) = common::engine().await else {
         return;
     };
-    let s = served_with_workers().await;
+    let s = Served::with_workers().await;
     let nonce = format!("feature-{:016x}", rand::random::<u64>());
     let head = s
         .git
@@ -282,7 +274,7 @@ async fn ask_on_a_pull_request_reads_its_head_and_diff() {
 
 #[tokio::test]
 async fn a_commenter_without_permission_gets_one_comment_and_no_run() {
-    let s = served_with_workers().await;
+    let s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "T", "B", "carol");
     s.github.set_permission(REPO, "mallory", "read");
     let (status, answer, trigger) = comment(&s, 7, false, "mallory", "/kodx ask leak it").await;
@@ -325,7 +317,7 @@ async fn a_commenter_without_permission_gets_one_comment_and_no_run() {
 
 #[tokio::test]
 async fn read_permission_may_ask_when_the_repository_allows_it() {
-    let s = served_with_workers().await;
+    let s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "T", "B", "carol");
     s.github.set_permission(REPO, "rita", "read");
     s.github
@@ -365,7 +357,7 @@ async fn read_permission_may_ask_when_the_repository_allows_it() {
 
 #[tokio::test]
 async fn an_invalid_repository_config_is_named_with_file_and_line() {
-    let s = served_with_workers().await;
+    let s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "T", "B", "carol");
     s.github.set_file(
         REPO,
@@ -392,7 +384,7 @@ async fn an_invalid_repository_config_is_named_with_file_and_line() {
 
 #[tokio::test]
 async fn help_empty_and_over_long_requests_are_answered_with_a_comment() {
-    let s = served_with_workers().await;
+    let s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "T", "B", "carol");
     assert_eq!(
         comment(&s, 7, false, "alice", "/kodx frobnicate").await.0,
@@ -430,7 +422,7 @@ async fn ask_in_a_review_comment_gets_the_hunk_and_the_reactions_go_on_that_comm
     let Some(_engine) = common::engine().await else {
         return;
     };
-    let s = served_with_workers().await;
+    let s = Served::with_workers().await;
     let head = s.git.create_pull_ref(
         REPO,
         9,
@@ -508,7 +500,7 @@ async fn a_command_in_a_new_issue_runs_and_reacts_on_the_issue() {
     let Some(_engine) = common::engine().await else {
         return;
     };
-    let s = served_with_workers().await;
+    let s = Served::with_workers().await;
     let body = "The docs are thin.\n\n/kodx ask what does widget() return?";
     s.github.add_issue(REPO, 7, "Docs", body, "alice");
     s.model.reply(

@@ -23,14 +23,6 @@ fn text(t: &str) -> Vec<Value> {
     vec![json!({"type": "text", "text": t})]
 }
 
-async fn served() -> Served {
-    Served::start(Options {
-        workers: true,
-        ..Options::default()
-    })
-    .await
-}
-
 async fn ask_code(s: &Served, number: u64, is_pr: bool, request: &str) -> (String, u64) {
     let body = format!("/kodx code {request}");
     let id = s.github.add_comment(REPO, number, "alice", &body, false);
@@ -85,7 +77,7 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     let Some(engine) = common::engine().await else {
         return;
     };
-    let s = served().await;
+    let s = Served::with_workers().await;
     s.git.commit_on_branch(
         REPO,
         "main",
@@ -201,7 +193,7 @@ async fn code_on_a_same_repo_pull_request_pushes_onto_its_branch() {
     let Some(_engine) = common::engine().await else {
         return;
     };
-    let s = served().await;
+    let s = Served::with_workers().await;
     let head = s.git.commit_on_branch(
         REPO,
         "feature",
@@ -264,7 +256,7 @@ async fn code_on_a_fork_pull_request_opens_a_new_one_and_leaves_the_fork_alone()
     let Some(_engine) = common::engine().await else {
         return;
     };
-    let s = served().await;
+    let s = Served::with_workers().await;
     let fork_url = s.git.create_repo(
         "mallory/widgets",
         "patch",
@@ -338,7 +330,7 @@ async fn a_run_without_changes_says_so_with_the_last_message() {
     let Some(_engine) = common::engine().await else {
         return;
     };
-    let s = served().await;
+    let s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "Nothing", "", "carol");
     s.model
         .reply(tool("cat README.md"), "tool_use", usage(500, 5));
@@ -367,7 +359,7 @@ async fn the_cost_limit_of_the_repository_config_ends_the_run() {
     let Some(_engine) = common::engine().await else {
         return;
     };
-    let s = served().await;
+    let s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "Big", "", "carol");
     s.github
         .set_file(REPO, ".github/kodx.yml", "cost_limit: { code: 0.01 }\n");
@@ -391,7 +383,7 @@ async fn a_failing_setup_script_is_reported_with_its_exit_code() {
     let Some(_engine) = common::engine().await else {
         return;
     };
-    let s = served().await;
+    let s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "Setup", "", "carol");
     s.github.set_file(
         REPO,
@@ -416,7 +408,7 @@ async fn kill_9_mid_code_run_then_restart_opens_one_pull_request() {
     let Some(engine) = common::engine().await else {
         return;
     };
-    let mut s = served().await;
+    let mut s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "Slow", "", "carol");
     s.model.reply(
         tool("echo one > one.txt; sleep 300"),
@@ -451,7 +443,7 @@ async fn a_push_github_refuses_is_explained_in_the_comment() {
     let Some(_engine) = common::engine().await else {
         return;
     };
-    let s = served().await;
+    let s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "CI", "", "carol");
     // GitHub's answer to an App without the workflows permission, from a pre-receive hook.
     let hook = s.git.bare_path(REPO).join("hooks/pre-receive");

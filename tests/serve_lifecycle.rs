@@ -122,11 +122,7 @@ async fn kill_9_mid_run_then_restart_finishes_it_and_removes_the_orphan() {
     let Some(engine) = common::engine().await else {
         return;
     };
-    let mut s = Served::start(Options {
-        workers: true,
-        ..Options::default()
-    })
-    .await;
+    let mut s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.kill().await;
     // The dead process's container is still there until kodx starts again.
@@ -145,11 +141,7 @@ async fn kodx_cancel_stops_the_running_run_and_says_who() {
     let Some(engine) = common::engine().await else {
         return;
     };
-    let s = Served::start(Options {
-        workers: true,
-        ..Options::default()
-    })
-    .await;
+    let s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.github.set_permission(REPO, "bob", "write");
     let text = "/kodx cancel";
@@ -187,11 +179,7 @@ async fn a_run_interrupted_twice_fails_with_a_comment_instead_of_looping() {
     let Some(engine) = common::engine().await else {
         return;
     };
-    let mut s = Served::start(Options {
-        workers: true,
-        ..Options::default()
-    })
-    .await;
+    let mut s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.kill().await;
     // Second attempt: the restarted run calls the model again and is killed again.

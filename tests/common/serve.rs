@@ -137,6 +137,15 @@ impl Served {
         }
     }
 
+    /// `start` with workers and the default test settings.
+    pub async fn with_workers() -> Served {
+        Served::start(Options {
+            workers: true,
+            ..Options::default()
+        })
+        .await
+    }
+
     /// Starts `kodx serve` again on the same database (after `terminate` or `kill`).
     pub async fn restart(&mut self) {
         let (child, url) = spawn(&self.env, self.workers, self.dir.path(), &self.log).await;
