@@ -492,20 +492,19 @@ async fn run_setup(docker: &Docker, id: &str, workdir: &str, timeout: Duration) 
             "setup script started detached".into(),
         ));
     };
-    const TAIL: usize = 64 * 1024;
-    let mut tail: Vec<u8> = Vec::new();
+    // Cleaned as it comes: a script may print without end, or escapes that would each
+    // fill a line. The decoder keeps a head and a tail of the text, the message its tail.
+    const KEEP: usize = 32 * 1024;
+    let mut printed = term::Decoder::new("", KEEP);
     let collect = async {
         while let Some(Ok(item)) = output.next().await {
             if let LogOutput::StdOut { message } | LogOutput::StdErr { message } = item {
-                tail.extend_from_slice(&message);
-                if tail.len() > 2 * TAIL {
-                    tail.drain(..tail.len() - TAIL);
-                }
+                printed.feed(&message);
             }
         }
     };
     let finished = tokio::time::timeout(timeout, collect).await.is_ok();
-    let tail_text = last_lines(&term::clean(&tail), 40);
+    let tail_text = last_lines(&printed.take_text(2 * KEEP), 40);
     if !finished {
         return Err(SandboxError::SetupTimedOut {
             timeout,
