@@ -122,8 +122,7 @@ async fn a_setup_script_printing_an_escape_flood_fails_with_a_short_tail() {
     match &err {
         SandboxError::SetupFailed { exit_code, tail } => {
             assert_eq!(*exit_code, 4);
-            assert!(tail.ends_with("pip: no matching distribution"), "{tail}");
-            assert!(tail.len() <= 8000, "{}", tail.len());
+            assert_eq!(tail, "pip: no matching distribution");
         }
         other => panic!("expected SetupFailed, got {other:?}"),
     }

@@ -526,10 +526,15 @@ async fn run_setup(docker: &Docker, id: &str, workdir: &str, timeout: Duration) 
     Ok(())
 }
 
+/// The last `n` lines of `text` (at most 8,000 bytes), without trailing blanks (cursor
+/// moves print them).
 fn last_lines(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.trim_end().lines().collect();
+    let lines: Vec<&str> = text.trim_end().lines().map(str::trim_end).collect();
     let start = lines.len().saturating_sub(n);
-    let mut out = lines[start..].join("\n");
+    let mut out = lines[start..]
+        .join("\n")
+        .trim_start_matches('\n')
+        .to_string();
     if out.len() > 8000 {
         let cut = out.len() - 8000;
         let cut = (cut..out.len())
@@ -880,5 +885,7 @@ mod tests {
         let text: String = (0..100).map(|i| format!("l{i}\n")).collect();
         let t = last_lines(&text, 3);
         assert_eq!(t, "l97\nl98\nl99");
+        assert_eq!(last_lines("a   \n   \nb \n", 40), "a\n\nb");
+        assert_eq!(last_lines("   \nb \n", 40), "b");
     }
 }
