@@ -492,20 +492,19 @@ async fn run_setup(docker: &Docker, id: &str, workdir: &str, timeout: Duration) 
             "setup script started detached".into(),
         ));
     };
-    const TAIL: usize = 64 * 1024;
-    let mut tail: Vec<u8> = Vec::new();
+    // Cleaned as it comes: a script may print without end, or escapes that would each
+    // fill a line. The decoder keeps a head and a tail of the text, the message its tail.
+    const KEEP: usize = 32 * 1024;
+    let mut printed = term::Decoder::new("", KEEP);
     let collect = async {
         while let Some(Ok(item)) = output.next().await {
             if let LogOutput::StdOut { message } | LogOutput::StdErr { message } = item {
-                tail.extend_from_slice(&message);
-                if tail.len() > 2 * TAIL {
-                    tail.drain(..tail.len() - TAIL);
-                }
+                printed.feed(&message);
             }
         }
     };
     let finished = tokio::time::timeout(timeout, collect).await.is_ok();
-    let tail_text = last_lines(&term::clean(&tail), 40);
+    let tail_text = last_lines(&printed.take_text(2 * KEEP), 40);
     if !finished {
         return Err(SandboxError::SetupTimedOut {
             timeout,
@@ -527,10 +526,15 @@ async fn run_setup(docker: &Docker, id: &str, workdir: &str, timeout: Duration) 
     Ok(())
 }
 
+/// The last `n` lines of `text` (at most 8,000 bytes), without trailing blanks (cursor
+/// moves print them).
 fn last_lines(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.trim_end().lines().collect();
+    let lines: Vec<&str> = text.trim_end().lines().map(str::trim_end).collect();
     let start = lines.len().saturating_sub(n);
-    let mut out = lines[start..].join("\n");
+    let mut out = lines[start..]
+        .join("\n")
+        .trim_start_matches('\n')
+        .to_string();
     if out.len() > 8000 {
         let cut = out.len() - 8000;
         let cut = (cut..out.len())
@@ -881,5 +885,7 @@ mod tests {
         let text: String = (0..100).map(|i| format!("l{i}\n")).collect();
         let t = last_lines(&text, 3);
         assert_eq!(t, "l97\nl98\nl99");
+        assert_eq!(last_lines("a   \n   \nb \n", 40), "a\n\nb");
+        assert_eq!(last_lines("   \nb \n", 40), "b");
     }
 }

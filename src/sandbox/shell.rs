@@ -201,7 +201,13 @@ impl Shell {
         };
         // A wide terminal keeps readline from scrolling long command lines sideways.
         let _ = docker
-            .resize_exec(&exec.id, ResizeExecOptions { w: 1000, h: 50 })
+            .resize_exec(
+                &exec.id,
+                ResizeExecOptions {
+                    w: i32::from(term::COLUMNS),
+                    h: 50,
+                },
+            )
             .await;
 
         let keep = output_cap.max(1024) * 2;

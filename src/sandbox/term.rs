@@ -8,11 +8,27 @@
 //! would, and records where those prompts were, with the exit status of the last command.
 //! The nonce is random per shell, so a file that happens to contain such a sequence does not
 //! fool it unless it carries this shell's nonce.
+//!
+//! Whatever a command prints, memory stays bounded: the line being written is at most
+//! [`COLUMNS`] cells (a longer one wraps, as on a terminal), cursor moves stop at the edges,
+//! committed text keeps a head and a tail with the middle counted, and the escape parser
+//! holds at most a fixed amount of an unfinished sequence.
 
 use std::fmt::Write as _;
 
 /// The OSC number kodx's prompts use (a private number no terminal assigns).
 pub const OSC_ID: &str = "7337";
+
+/// Width of the PTY kodx gives its shells, and of the terminal the decoder emulates. Wide,
+/// so readline does not scroll long command lines sideways.
+pub const COLUMNS: u16 = 1000;
+
+/// The prompt checks look at what follows a prompt only up to this many bytes: a prompt,
+/// a line of blanks from a redraw, and some slack. Anything longer is output.
+const SHORT: usize = 4 * COLUMNS as usize;
+
+/// What [`clean`] keeps of the head and of the tail of its input.
+const CLEAN_KEEP: usize = 32 * 1024;
 
 /// A prompt seen in the output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,8 +50,9 @@ struct Mark {
 }
 
 /// Streaming decoder of one shell's output. Feed it raw bytes as they arrive; read the
-/// cleaned text with [`Decoder::take`]. Memory stays bounded: past `2 * keep` bytes the
-/// middle of the pending text is dropped and counted.
+/// cleaned text with [`Decoder::take`]. Memory stays bounded: past `4 * keep` bytes the
+/// middle of the pending text is dropped and counted, a line wraps at [`COLUMNS`], and the
+/// parser (vte without its `std` feature) keeps at most 1 KiB of an unfinished OSC.
 pub struct Decoder {
     parser: vte::Parser,
     screen: Screen,
@@ -45,9 +62,11 @@ struct Screen {
     nonce: String,
     /// Committed text (complete lines, and partial lines cut at a prompt).
     buf: String,
-    /// The line being written, as cells, and the cursor column in it.
+    /// The row being written, as cells (at most `width`), and the cursor column in it: at
+    /// most `width`, which means "past the last column", the next character wraps.
     line: Vec<char>,
     col: usize,
+    width: usize,
     marks: Vec<Mark>,
     /// Prompts seen since the last take (survives compaction).
     prompts: usize,
@@ -78,6 +97,7 @@ impl Decoder {
                 buf: String::new(),
                 line: Vec::new(),
                 col: 0,
+                width: COLUMNS as usize,
                 marks: Vec::new(),
                 prompts: 0,
                 omitted: 0,
@@ -90,7 +110,6 @@ impl Decoder {
 
     pub fn feed(&mut self, bytes: &[u8]) {
         self.parser.advance(&mut self.screen, bytes);
-        self.screen.compact();
     }
 
     /// The shell's pid inside the container, once a prompt has told it.
@@ -110,30 +129,29 @@ impl Decoder {
         if !matches!(mark.kind, PromptKind::Command { .. }) {
             return None;
         }
-        (self.screen.since(mark).trim_end() == "$").then_some(mark.kind)
+        let since = self.screen.since(mark)?;
+        (since.trim_end() == "$").then_some(mark.kind)
     }
 
     /// When the shell has sat at the prompt the last take returned, printing nothing
     /// since (a redraw aside), that prompt.
     pub fn idle_at_prompt(&self) -> Option<PromptKind> {
         let mark = self.screen.marks.last().filter(|m| m.stale)?;
-        matches!(self.screen.since(mark).trim(), "" | "$").then_some(mark.kind)
+        let since = self.screen.since(mark)?;
+        matches!(since.trim(), "" | "$").then_some(mark.kind)
     }
 
-    /// The last line of the pending output (no newline after it), cleaned.
+    /// The last line of the pending output (no newline after it), cleaned; of a long line,
+    /// only about its last [`SHORT`] bytes.
     pub fn last_line(&self) -> String {
-        let line: String = self.screen.line.iter().collect();
-        if line.is_empty() && !self.screen.buf.ends_with('\n') {
-            // A prompt cut the line: the tail of `buf` is that line.
-            let start = self.screen.buf.rfind('\n').map_or(0, |i| i + 1);
-            return self.screen.buf[start..].to_string();
-        }
-        if self.screen.buf.ends_with('\n') || self.screen.buf.is_empty() {
-            line
-        } else {
-            let start = self.screen.buf.rfind('\n').map_or(0, |i| i + 1);
-            format!("{}{}", &self.screen.buf[start..], line)
-        }
+        let buf = &self.screen.buf;
+        // The row being written, after what `buf` holds of the same line (a prompt or a
+        // wrap cut it there).
+        let from = floor_char(buf, buf.len().saturating_sub(SHORT));
+        let start = buf[from..].rfind('\n').map_or(from, |i| from + i + 1);
+        let mut line = buf[start..].to_string();
+        line.extend(self.screen.line.iter());
+        line
     }
 
     /// Whether anything was printed since the last take.
@@ -146,11 +164,16 @@ impl Decoder {
     pub fn take(&mut self) -> (Pending, Option<PromptKind>) {
         let at_prompt = self.at_prompt();
         let s = &mut self.screen;
-        s.commit_line(false);
-        let mut text = std::mem::take(&mut s.buf);
-        if let (Some(_), Some(mark)) = (at_prompt, s.marks.last()) {
-            text.truncate(mark.offset);
+        match (at_prompt, s.marks.last()) {
+            // Only the prompt follows the mark: drop it (and the row it is on).
+            (Some(_), Some(mark)) => {
+                s.buf.truncate(mark.offset);
+                s.line.clear();
+                s.col = 0;
+            }
+            _ => s.commit_line(false),
         }
+        let mut text = std::mem::take(&mut s.buf);
         // The prompt the last take returned, drawn again after it: not new output.
         if s.marks.first().is_some_and(|m| m.stale && m.offset == 0) && text.starts_with("$ ") {
             text.drain(..2);
@@ -171,26 +194,47 @@ impl Decoder {
         };
         (pending, at_prompt)
     }
+
+    /// Takes everything printed since the last take as one text of about `cap` bytes at
+    /// most, its middle cut with a note (see [`cap_middle`]).
+    pub fn take_text(&mut self, cap: usize) -> String {
+        let (p, _) = self.take();
+        cap_middle(&p.text, p.omitted, p.cut_at, cap).0
+    }
 }
 
 impl Screen {
-    /// Everything printed after `mark`.
-    fn since(&self, mark: &Mark) -> String {
-        let mut rest = self.buf[mark.offset..].to_string();
+    /// Everything printed after `mark`, when it is short enough to be a prompt and blanks
+    /// (at most [`SHORT`] bytes committed, plus the row being written); `None` when longer.
+    fn since(&self, mark: &Mark) -> Option<String> {
+        let committed = self.buf.get(mark.offset..)?;
+        if committed.len() > SHORT {
+            return None;
+        }
+        let mut rest = String::with_capacity(committed.len() + self.line.len());
+        rest.push_str(committed);
         rest.extend(self.line.iter());
-        rest
+        Some(rest)
     }
 
-    /// Moves the current line into `buf` (with a newline when `newline`).
+    /// Moves the current line into `buf` (with a newline when `newline`), then bounds
+    /// `buf`.
     fn commit_line(&mut self, newline: bool) {
         self.buf.extend(self.line.drain(..));
         if newline {
             self.buf.push('\n');
         }
         self.col = 0;
+        self.compact();
     }
 
     fn put(&mut self, c: char) {
+        if self.col >= self.width {
+            // Past the last column: the row is full and wraps, as on a terminal. It goes to
+            // `buf` as it is, without a newline, so a line without end is cut in the middle
+            // and counted like many short lines.
+            self.commit_line(false);
+        }
         if self.col < self.line.len() {
             self.line[self.col] = c;
         } else {
@@ -199,7 +243,8 @@ impl Screen {
         self.col += 1;
     }
 
-    /// Bounds memory: keeps the first and the last `keep` bytes, counts the rest.
+    /// Bounds memory: past `4 * keep` bytes, keeps the first and the last `keep` bytes and
+    /// counts the rest.
     fn compact(&mut self) {
         let keep = self.keep;
         if self.buf.len() <= 4 * keep {
@@ -229,16 +274,14 @@ impl Screen {
         // Readline on a dumb terminal redraws its prompt (`$ `, blanks, `\r`, prompt
         // again). Nothing but that prompt and blanks since the last one, on the same
         // line, is a redraw: it replaces the last prompt and does not count again.
-        if let Some(last) = self.marks.last() {
-            let since = self.since(last);
+        if let Some(since) = self.marks.last().and_then(|last| self.since(last)) {
             if !since.contains('\n') && matches!(since.trim(), "" | "$" | ">") {
-                let offset = last.offset;
-                self.buf.truncate(offset);
-                self.line.clear();
-                self.col = 0;
                 if let Some(last) = self.marks.last_mut() {
                     last.kind = kind;
+                    self.buf.truncate(last.offset);
                 }
+                self.line.clear();
+                self.col = 0;
                 return;
             }
         }
@@ -270,7 +313,8 @@ impl vte::Perform for Screen {
         match byte {
             b'\n' => self.commit_line(true),
             b'\r' => self.col = 0,
-            b'\x08' => self.col = self.col.saturating_sub(1),
+            // From past the last column, the cursor is on the last column.
+            b'\x08' => self.col = self.col.min(self.width - 1).saturating_sub(1),
             b'\t' => self.put('\t'),
             _ => {} // BEL and other C0 controls print nothing.
         }
@@ -288,22 +332,24 @@ impl vte::Perform for Screen {
             .next()
             .and_then(|p| p.first().copied())
             .unwrap_or(0);
+        // Cursor moves stop at the edges of the terminal, as on a real one; from past the
+        // last column (a wrap pending), the cursor is on the last column.
+        let last_col = self.width - 1;
+        let n = usize::from(first.max(1));
         match action {
             // Erase in line: 0 = to the right of the cursor, 2 = whole line.
             'K' if first == 0 => self.line.truncate(self.col),
             'K' if first == 2 => self.line.clear(),
-            // Cursor back / forward, as readline uses when redrawing.
-            'D' => self.col = self.col.saturating_sub(first.max(1) as usize),
+            // Cursor back / forward, as readline uses when redrawing. Moving forward past
+            // the end of the line shows blanks there.
+            'D' => self.col = self.col.min(last_col).saturating_sub(n),
             'C' => {
-                for _ in 0..first.max(1) {
-                    if self.col < self.line.len() {
-                        self.col += 1;
-                    } else {
-                        self.put(' ');
-                    }
+                self.col = self.col.min(last_col).saturating_add(n).min(last_col);
+                if self.line.len() < self.col {
+                    self.line.resize(self.col, ' ');
                 }
             }
-            'G' => self.col = (first.max(1) as usize) - 1,
+            'G' => self.col = (n - 1).min(last_col),
             _ => {}
         }
     }
@@ -320,7 +366,8 @@ impl vte::Perform for Screen {
                 self.shell_pid = Some(pid);
             }
         }
-        if params[2] != self.nonce.as_bytes() {
+        // No nonce (`clean`) matches no prompt.
+        if self.nonce.is_empty() || params[2] != self.nonce.as_bytes() {
             return;
         }
         let status = String::from_utf8_lossy(params[3]);
@@ -442,12 +489,12 @@ fn leading_control_escape(s: &str) -> Option<u8> {
     (b < 0x20 || b == 0x7f).then_some(b)
 }
 
-/// Strips escape sequences and applies `\r`/`\b` to a complete piece of output (used for
-/// non-interactive output such as the setup script's).
+/// Strips escape sequences and applies `\r`/`\b` to a complete piece of output. Of a long
+/// one, keeps the first and the last 32 KiB with a note of how much was left out between.
 pub fn clean(bytes: &[u8]) -> String {
-    let mut d = Decoder::new("", usize::MAX / 8);
+    let mut d = Decoder::new("", CLEAN_KEEP);
     d.feed(bytes);
-    d.take().0.text
+    d.take_text(2 * CLEAN_KEEP)
 }
 
 #[cfg(test)]
@@ -673,5 +720,160 @@ mod tests {
         assert_eq!(keystrokes("\\x7f").bytes, vec![0x7f]);
         // Incomplete escape stays literal.
         assert_eq!(keystrokes("\\x0").bytes, b"\\x0\n");
+    }
+
+    /// Bytes the decoder's own buffers hold (capacity, not length).
+    fn footprint(d: &Decoder) -> usize {
+        d.screen.buf.capacity()
+            + d.screen.line.capacity() * std::mem::size_of::<char>()
+            + d.screen.marks.capacity() * std::mem::size_of::<Mark>()
+    }
+
+    /// The `N` of the `[... N bytes of output omitted ...]` note in `text`.
+    fn noted(text: &str) -> usize {
+        let note = text
+            .lines()
+            .find(|l| l.starts_with("[... "))
+            .expect("a note");
+        note.trim_start_matches("[... ")
+            .split(' ')
+            .next()
+            .unwrap()
+            .replace(',', "")
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn huge_cursor_moves_stay_within_the_terminal_width() {
+        let mut d = Decoder::new("n", 1024);
+        for _ in 0..200 {
+            d.feed(b"\x1b[2000000000C");
+            assert!(d.screen.line.len() <= 1000, "{}", d.screen.line.len());
+            assert!(d.screen.col <= 1000, "{}", d.screen.col);
+        }
+        assert!(footprint(&d) <= 16 * 1024, "{}", footprint(&d));
+        // As a 1000-column terminal shows it: the cursor stops at the last column.
+        assert_eq!(
+            clean(b"\x1b[99999999Cx\n"),
+            format!("{}x\n", " ".repeat(999))
+        );
+        assert_eq!(clean(b"ab\x1b[3Cc\n"), "ab   c\n");
+        assert_eq!(clean(b"abcdef\x1b[99999Dx\n"), "xbcdef\n");
+        // Past the end of the line, an absolute move does not pad (as before).
+        assert_eq!(clean(b"abcdef\x1b[3Gx\x1b[65535G\x1b[Ky\n"), "abxdefy\n");
+        // A flood of them, as `cat` of such a file prints it.
+        let flood = "\x1b[99999999C".repeat(3000) + "end\n";
+        let out = clean(flood.as_bytes());
+        assert!(out.len() <= 1100, "{}", out.len());
+        assert!(out.ends_with("end\n"), "{out:?}");
+    }
+
+    #[test]
+    fn a_long_line_wraps_at_the_width_like_a_terminal() {
+        let x = "x".repeat(1500);
+        // Unchanged text; a carriage return goes back to the start of the last row only.
+        assert_eq!(clean(format!("{x}\n").as_bytes()), format!("{x}\n"));
+        assert_eq!(
+            clean(format!("{x}\rY\n").as_bytes()),
+            format!("{}Y{}\n", &x[..1000], &x[..499])
+        );
+        // A full row wraps only when the next character comes.
+        let row = "x".repeat(1000);
+        assert_eq!(
+            clean(format!("{row}\rY\n").as_bytes()),
+            format!("Y{}\n", &row[1..])
+        );
+        assert_eq!(
+            clean(format!("{row}\x08Y\n").as_bytes()),
+            format!("{}Yx\n", &row[2..])
+        );
+        // The prompt after a long line is found, and the line is output.
+        let mut d = Decoder::new("n", 1 << 20);
+        d.feed(format!("{x}{}", prompt("n", "0")).as_bytes());
+        assert_eq!(d.at_prompt(), Some(PromptKind::Command { exit: Some(0) }));
+        assert_eq!(d.take().0.text, x);
+    }
+
+    #[test]
+    fn a_line_without_newline_is_cut_like_many_lines() {
+        let keep = 4096;
+        let mut d = Decoder::new("n", keep);
+        let chunk = [b'a'; 64 * 1024];
+        let mut total = 0;
+        d.feed(b"start:");
+        total += 6;
+        for _ in 0..800 {
+            d.feed(&chunk);
+            total += chunk.len();
+            assert!(footprint(&d) <= 16 * keep, "{}", footprint(&d));
+        }
+        d.feed(b":end");
+        total += 4;
+        d.feed(prompt("n", "0").as_bytes());
+        assert_eq!(d.at_prompt(), Some(PromptKind::Command { exit: Some(0) }));
+        assert!(d.last_line().len() <= 5000, "{}", d.last_line().len());
+        let (p, k) = d.take();
+        assert_eq!(k, Some(PromptKind::Command { exit: Some(0) }));
+        assert!(p.text.starts_with("start:aaa"), "{}", &p.text[..20]);
+        assert!(
+            p.text.ends_with("aaa:end"),
+            "{}",
+            &p.text[p.text.len() - 20..]
+        );
+        assert_eq!(p.text.len() + p.omitted, total);
+        // The model's cut: head, note, tail; the note's count is exact.
+        let (shown, n) = cap_middle(&p.text, p.omitted, p.cut_at, 2000);
+        assert_eq!(noted(&shown), n);
+        let (head, rest) = shown.split_once("\n[... ").unwrap();
+        let tail = rest.split_once(" omitted ...]\n").unwrap().1;
+        assert!(head.starts_with("start:") && tail.ends_with(":end"));
+        assert_eq!(head.len() + n + tail.len(), total);
+        assert!(shown.len() <= 2100, "{}", shown.len());
+    }
+
+    #[test]
+    fn clean_is_bounded_whatever_it_is_given() {
+        let mut big = b"start ".to_vec();
+        big.resize(20 << 20, b'x');
+        big.extend_from_slice(b" end\n");
+        let out = clean(&big);
+        assert!(out.len() <= 100_000, "{}", out.len());
+        assert!(out.starts_with("start xxx") && out.ends_with("xxx end\n"));
+        let (head, rest) = out.split_once("\n[... ").unwrap();
+        let tail = rest.split_once(" omitted ...]\n").unwrap().1;
+        assert_eq!(head.len() + noted(&out) + tail.len(), big.len());
+        // Many lines too.
+        let lines: String = (0..200_000).map(|i| format!("line {i}\n")).collect();
+        let out = clean(lines.as_bytes());
+        assert!(out.len() <= 100_000, "{}", out.len());
+        assert!(out.starts_with("line 0\n") && out.ends_with("line 199999\n"));
+        // An empty nonce matches no prompt: the text is kept as printed.
+        assert_eq!(clean(b"out\n\x1b]7337;kodx;;0;1\x07$ "), "out\n$ ");
+    }
+
+    #[test]
+    fn an_escape_sequence_without_end_is_held_in_a_fixed_buffer() {
+        // An OSC (window title) that never ends: the parser keeps at most a fixed amount.
+        struct Longest(usize);
+        impl vte::Perform for Longest {
+            fn osc_dispatch(&mut self, params: &[&[u8]], _: bool) {
+                self.0 = self.0.max(params.iter().map(|p| p.len()).sum());
+            }
+        }
+        let mut parser = vte::Parser::new();
+        let mut longest = Longest(0);
+        parser.advance(&mut longest, b"\x1b]0;");
+        for _ in 0..100 {
+            parser.advance(&mut longest, &[b't'; 10_000]);
+        }
+        parser.advance(&mut longest, b"\x07");
+        assert!(longest.0 > 0 && longest.0 <= 4096, "{}", longest.0);
+        // And the decoder goes on after it.
+        let mut d = Decoder::new("n", 1024);
+        d.feed(b"\x1b]0;");
+        d.feed(&[b't'; 100_000]);
+        d.feed(b"\x07after\n");
+        assert_eq!(d.take().0.text, "after\n");
     }
 }
