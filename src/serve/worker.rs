@@ -1209,7 +1209,7 @@ impl Workers {
             .await
             .map_err(|e| format!("kodx could not read its own GitHub identity: {e}"))?;
         let summary = done.outcome.last_message.clone();
-        let subject = deliver::title_from(&run.argument, 72);
+        let subject = deliver::commit_subject(&run.argument);
         let body = deliver::commit_body(&summary, run.issue_number, run.is_pull_request, &run.id);
         let trailers = deliver::trailers(&run.author, run.author_id, &run.id);
         let max_file_bytes = self.settings.max_commit_file_bytes;
