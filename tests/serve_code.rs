@@ -208,6 +208,25 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
         reactions.iter().any(|(t, c, _)| t == &on && c == "rocket"),
         "{reactions:?}"
     );
+    // Every token was minted for this repository only, with what a code run uses.
+    for g in s.github.token_grants() {
+        assert_eq!(g.repositories, Some(vec!["widgets".to_string()]), "{g:?}");
+        let p = g.permissions.as_ref().expect("permissions asked for");
+        assert_eq!(
+            (
+                p["contents"].as_str(),
+                p["pull_requests"].as_str(),
+                p["issues"].as_str()
+            ),
+            ("write", "write", "write"),
+            "{g:?}"
+        );
+    }
+    assert!(
+        s.github.forbidden().is_empty(),
+        "{:?}",
+        s.github.forbidden()
+    );
     assert_clean(&s);
     common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
 }
