@@ -48,7 +48,19 @@ pub struct ReviewContext {
 /// Removes what GitHub does not show (SPEC §5): HTML comments (an unclosed one runs to the
 /// end), link reference definitions (`[//]: # (…)`, never rendered), and the characters
 /// [`is_hidden_char`] names. Everything else is kept as written.
+///
+/// Text over 1 MiB (far more than GitHub lets a body or comment hold) is cut to that first,
+/// with a note, so the work and memory stay bounded whatever arrives.
 pub fn strip_hidden(text: &str) -> String {
+    if text.len() > MAX_STRIP_BYTES {
+        let mut end = MAX_STRIP_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut out = strip_hidden(&text[..end]);
+        out.push_str(&format!("\n[… {} more bytes not shown]", text.len() - end));
+        return out;
+    }
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("<!--") {
@@ -172,6 +184,9 @@ pub fn reveal_hidden(text: &str) -> String {
     flush(&mut run, &mut out);
     out
 }
+
+/// The longest text [`strip_hidden`] works on, in bytes.
+const MAX_STRIP_BYTES: usize = 1 << 20;
 
 /// The longest body or comment kept, in bytes; longer ones are cut with a note.
 const MAX_TEXT_BYTES: usize = 20_000;
@@ -545,5 +560,18 @@ mod tests {
         assert!(inside.contains("x[hidden: 1 characters]"), "{inside}");
         assert!(inside.contains("+b <!-- kept -->"), "{inside}");
         assert!(inside.contains("Line: 3"), "{inside}");
+    }
+
+    #[test]
+    fn huge_text_is_cut_before_it_is_parsed() {
+        let text = "[a]: b\n> q\n".repeat(400_000);
+        let started = std::time::Instant::now();
+        let out = strip_hidden(&text);
+        assert!(out.len() < MAX_STRIP_BYTES + 100, "{}", out.len());
+        assert!(out.ends_with(&format!(
+            "[… {} more bytes not shown]",
+            text.len() - MAX_STRIP_BYTES
+        )));
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
     }
 }
