@@ -1,23 +1,23 @@
 //! Finding and parsing a `/kodx` command in a comment or issue body (SPEC §4).
 //!
 //! A command is a line whose first word is exactly `/kodx`, after at most three spaces of
-//! indentation, and which lies outside:
+//! indentation, and which lies outside (as `pulldown-cmark` parses GitHub Markdown):
 //!
-//! - fenced code blocks (```` ``` ```` or `~~~`, any info string; a fence closes only with a
-//!   fence of the same character and at least the same length; an unclosed fence runs to
-//!   the end of the body),
-//! - block quotes (lines starting with `>` after at most three spaces),
-//! - indented code (lines indented by four or more columns; a tab counts to the next
-//!   multiple of four),
-//! - HTML comment blocks (a line starting with `<!--` up to the line holding `-->`), so the
-//!   hidden instructions of issue templates never start a run.
+//! - fenced code blocks (```` ``` ```` or `~~~`; an unclosed fence runs to the end),
+//! - block quotes, including their lazy continuation lines (`> quoted` then `/kodx code x`
+//!   on the next line renders inside the quote), nested quotes and quotes in list items,
+//! - indented code (four or more columns; a tab counts to the next multiple of four),
+//! - HTML blocks and inline HTML, comments included, so the hidden instructions of issue
+//!   templates never start a run,
+//! - code spans, also those running over several lines.
 //!
 //! The first command wins. Its argument is the rest of its line plus every following line,
 //! with leading blank lines and trailing whitespace removed and `\r\n` turned into `\n`;
 //! everything else (indentation, code fences, quotes) is kept as written.
 //!
-//! The body is untrusted: everything here is a single pass, linear in its length, and a
-//! request over [`MAX_REQUEST_BYTES`] is measured without being copied.
+//! The body is untrusted: the search is linear in its length (one hand scan for candidate
+//! lines, one Markdown parse only when there is one), and a request over
+//! [`MAX_REQUEST_BYTES`] is measured without being copied.
 
 use thiserror::Error;
 
@@ -62,58 +62,50 @@ pub fn parse(body: &str) -> Option<Result<Command, ParseError>> {
     Some(parse_after_prefix(&body[after..]))
 }
 
-/// Block context carried from one line to the next.
-enum State {
-    Normal,
-    /// Inside a fenced code block opened by `len` copies of `ch`.
-    Fence {
-        ch: char,
-        len: usize,
-    },
-    /// Inside an HTML comment block, waiting for `-->`.
-    Comment,
+/// The byte offset just past the `/kodx` of the first command line, if any.
+///
+/// Candidate lines are found by hand (cheap, and most bodies have none); the Markdown is
+/// parsed only when there is one, and a candidate counts when its `/kodx` lies outside
+/// every quote, code block, HTML block, code span and inline HTML that `pulldown-cmark`
+/// finds, exactly as GitHub renders the body.
+fn find_command(body: &str) -> Option<usize> {
+    let mut candidates = candidates(body).peekable();
+    candidates.peek()?;
+    let hidden = crate::markdown::quoted_or_code(body);
+    let mut h = 0;
+    for (at, after) in candidates {
+        while h < hidden.len() && hidden[h].end <= at {
+            h += 1;
+        }
+        if hidden.get(h).is_some_and(|r| r.contains(&at)) {
+            continue;
+        }
+        return Some(after);
+    }
+    None
 }
 
-/// The byte offset just past the `/kodx` of the first command line, if any.
-fn find_command(body: &str) -> Option<usize> {
-    let mut state = State::Normal;
+/// `(offset of "/kodx", offset just past it)` of every line that starts with `/kodx` as a
+/// word after at most three columns of indentation (four or more is code, whatever
+/// contains it).
+fn candidates(body: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
     let mut offset = 0;
-    for raw in body.split_inclusive('\n') {
+    body.split_inclusive('\n').filter_map(move |raw| {
         let start = offset;
         offset += raw.len();
         let line = raw.strip_suffix('\n').unwrap_or(raw);
         let line = line.strip_suffix('\r').unwrap_or(line);
         let (indent, rest) = split_indent(line);
-        match state {
-            State::Fence { ch, len } => {
-                if indent < 4 && is_closing_fence(rest, ch, len) {
-                    state = State::Normal;
-                }
-            }
-            State::Comment => {
-                if line.contains("-->") {
-                    state = State::Normal;
-                }
-            }
-            State::Normal => {
-                if indent >= 4 || rest.starts_with('>') {
-                    continue;
-                }
-                if let Some((ch, len)) = opening_fence(rest) {
-                    state = State::Fence { ch, len };
-                } else if let Some(comment) = rest.strip_prefix("<!--") {
-                    if !comment.contains("-->") {
-                        state = State::Comment;
-                    }
-                } else if let Some(tail) = rest.strip_prefix(PREFIX) {
-                    if tail.is_empty() || tail.starts_with([' ', '\t']) {
-                        return Some(start + (line.len() - tail.len()));
-                    }
-                }
-            }
+        if indent >= 4 {
+            return None;
         }
-    }
-    None
+        let tail = rest.strip_prefix(PREFIX)?;
+        if !(tail.is_empty() || tail.starts_with([' ', '\t'])) {
+            return None;
+        }
+        let after = start + (line.len() - tail.len());
+        Some((after - PREFIX.len(), after))
+    })
 }
 
 /// The indentation of `line` in columns (tabs stop every four columns) and the rest.
@@ -127,31 +119,6 @@ fn split_indent(line: &str) -> (usize, &str) {
         }
     }
     (columns, "")
-}
-
-/// The length of the run of `ch` that starts `s`.
-fn run_len(s: &str, ch: char) -> usize {
-    s.len() - s.trim_start_matches(ch).len()
-}
-
-/// `Some((char, length))` when `rest` (indentation removed) opens a fenced code block.
-fn opening_fence(rest: &str) -> Option<(char, usize)> {
-    let ch = rest.chars().next().filter(|c| matches!(c, '`' | '~'))?;
-    let len = run_len(rest, ch);
-    if len < 3 {
-        return None;
-    }
-    // A backtick fence's info string may not hold backticks: "``` x ```" is inline code.
-    if ch == '`' && rest[len..].contains('`') {
-        return None;
-    }
-    Some((ch, len))
-}
-
-/// Whether `rest` (indentation removed) closes a fence opened by `len` copies of `ch`.
-fn is_closing_fence(rest: &str, ch: char, len: usize) -> bool {
-    let run = run_len(rest, ch);
-    run >= len && rest[run..].trim_matches([' ', '\t']).is_empty()
 }
 
 /// Parses what follows `/kodx` (the rest of its line and every following line).
@@ -388,6 +355,69 @@ mod tests {
         ]);
         // Four spaces before `>` is indented code, also not a command.
         none(&["    > /kodx code x"]);
+    }
+
+    #[test]
+    fn lazy_continuation_of_a_quote_is_not_a_command() {
+        // GitHub renders the second line inside the quote.
+        none(&[
+            "> quoted\n/kodx code x",
+            "> quoted\r\n/kodx code x\r\n",
+            "> quoted\n  /kodx code x",
+            "> a\n> b\n/kodx ask why\nmore",
+            "Someone wrote:\n\n> please run\n/kodx code rm -rf the tests",
+        ]);
+        // A blank line (or a blank quote line) ends the paragraph, and so the quote.
+        check(&[
+            ("> quoted\n\n/kodx code x", code("x")),
+            ("> quoted\n>\n/kodx code x", code("x")),
+        ]);
+    }
+
+    #[test]
+    fn nested_quotes_are_not_commands() {
+        none(&[
+            "> > inner\n/kodx code x",
+            "> outer\n> > inner\n/kodx code x",
+            ">>> deep\n/kodx code x",
+            "> > > deep\n> /kodx code x",
+        ]);
+        check(&[("> > inner\n\n/kodx ask y", ask("y"))]);
+    }
+
+    #[test]
+    fn quotes_inside_lists_are_not_commands() {
+        none(&[
+            "- item\n  > quoted\n  /kodx code x",
+            "1. item\n\n   > quoted\n   /kodx code x",
+            "- > quoted\n  /kodx code x",
+        ]);
+        // A list item's own continuation line is shown as text: it is a command.
+        check(&[("- item\n  /kodx code x", code("x"))]);
+    }
+
+    #[test]
+    fn tilde_fences_and_indented_code_are_not_commands() {
+        none(&[
+            "~~~\n/kodx code x\n~~~",
+            "~~~~ text\n~~~\n/kodx code x\n~~~~",
+            "text\n\n    /kodx code x\n",
+            "text\n\n\t/kodx code x",
+            "- item\n\n      ```\n      x\n      ```\n  ~~~\n  /kodx code x\n  ~~~",
+        ]);
+    }
+
+    #[test]
+    fn html_comments_and_blocks_are_not_commands() {
+        none(&[
+            "<!-- /kodx code x -->",
+            "<!--\n/kodx code x -->",
+            "text <!--\n/kodx code x\n-->",
+            "<details>\n/kodx code x\n</details>",
+            "`a\n/kodx code x`",
+        ]);
+        // An inline comment that never closes is text GitHub shows.
+        check(&[("text <!--\n/kodx code x", code("x"))]);
     }
 
     #[test]

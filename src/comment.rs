@@ -83,6 +83,151 @@ fn defuse_metadata(text: &str) -> String {
 }
 
 // ---------------------------------------------------------------------------------------
+// Neutralising what the model wrote
+// ---------------------------------------------------------------------------------------
+
+/// What is put between `@` and a name, or after the first letter of a closing keyword, so
+/// that GitHub neither links nor acts on it. It renders as nothing.
+const BREAK: char = '\u{200B}';
+
+/// The words after which GitHub closes the issue a pull request or commit names.
+const CLOSING_KEYWORDS: [&str; 9] = [
+    "close", "closes", "closed", "fix", "fixes", "fixed", "resolve", "resolves", "resolved",
+];
+
+/// Makes text the model wrote safe to post as kodx (comment, pull request body, commit
+/// message), where it reads the same but does nothing:
+///
+/// - `@name` and `@org/team` outside code become `@\u{200B}name`: shown alike, nobody is
+///   notified (an e-mail address `a@b.com` is not a mention and stays; mentions in code
+///   are not linked by GitHub and stay too; `&#64;name` is treated as `@name`);
+/// - HTML comments outside code are removed, so nothing hidden is posted and no fake
+///   `<!-- kodx:` metadata line reaches kodx's own comment lookup (a `<!--` that removal
+///   would leave behind is written `&lt;!--`);
+/// - closing keywords followed by an issue reference (`Closes #1`, `fixes: owner/repo#2`,
+///   `Resolved https://…/issues/3`, any case) get a zero-width space after their first
+///   letter, everywhere, code included: only kodx's own `Closes #N` closes anything.
+pub fn neutralize(text: &str) -> String {
+    let code = crate::markdown::code(text);
+    let mut out = String::with_capacity(text.len() + text.len() / 16);
+    let mut at = 0;
+    for r in code
+        .iter()
+        .chain(std::iter::once(&(text.len()..text.len())))
+    {
+        if r.start > at {
+            let prose = strip_comments(&text[at..r.start]);
+            let prose = prose
+                .replace("&#64;", "@")
+                .replace("&#x40;", "@")
+                .replace("&commat;", "@");
+            defuse_mentions(&prose, &mut out);
+        }
+        out.push_str(&text[r.start..r.end]);
+        at = r.end;
+    }
+    defuse_keywords(&out)
+}
+
+/// `text` without HTML comments (an unclosed one runs to the end).
+fn strip_comments(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("<!--") {
+        out.push_str(&rest[..start]);
+        rest = match rest[start + 4..].find("-->") {
+            Some(end) => &rest[start + 4 + end + 3..],
+            None => "",
+        };
+    }
+    out.push_str(rest);
+    // "<!<!-- x -->--" leaves a new opener behind: show it instead of hiding.
+    out.replace("<!--", "&lt;!--")
+}
+
+fn is_word_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Appends `text` to `out` with a break after every `@` that starts a mention: one after a
+/// non-word character (or at the start) and before an ASCII letter or digit.
+fn defuse_mentions(text: &str, out: &mut String) {
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        let starts_mention = c == '@'
+            && !out.chars().next_back().is_some_and(is_word_char)
+            && chars.peek().is_some_and(|n| n.is_ascii_alphanumeric());
+        out.push(c);
+        if starts_mention {
+            out.push(BREAK);
+        }
+    }
+}
+
+/// `text` with a break after the first letter of each closing keyword that GitHub would
+/// act on: a whole word from [`CLOSING_KEYWORDS`], an optional `:`, whitespace, then `#N`,
+/// `GH-N`, `owner/repo#N` or an `http(s)://` link.
+fn defuse_keywords(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let word_start = bytes[i].is_ascii_alphabetic()
+            && (i == 0 || !text[..i].chars().next_back().is_some_and(is_word_char));
+        if !word_start {
+            i += 1;
+            continue;
+        }
+        let end = i + bytes[i..]
+            .iter()
+            .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+            .count();
+        let word = &text[i..end];
+        if CLOSING_KEYWORDS
+            .iter()
+            .any(|k| word.eq_ignore_ascii_case(k))
+            && references_an_issue(&text[end..])
+        {
+            out.push_str(&text[copied..i + 1]);
+            out.push(BREAK);
+            copied = i + 1;
+        }
+        i = end;
+    }
+    out.push_str(&text[copied..]);
+    out
+}
+
+/// Whether `rest` (what follows a closing keyword) is `:`? whitespace and an issue reference.
+fn references_an_issue(rest: &str) -> bool {
+    let rest = rest.strip_prefix(':').unwrap_or(rest);
+    let trimmed = rest.trim_start_matches([' ', '\t', '\n', '\r']);
+    if trimmed.len() == rest.len() {
+        return false;
+    }
+    let digit_after = |s: &str| s.chars().next().is_some_and(|c| c.is_ascii_digit());
+    if let Some(n) = trimmed.strip_prefix('#') {
+        return digit_after(n);
+    }
+    if trimmed.len() >= 3 && trimmed[..3].eq_ignore_ascii_case("gh-") {
+        return digit_after(&trimmed[3..]);
+    }
+    if trimmed.starts_with("http://") || trimmed.starts_with("https://") {
+        return true;
+    }
+    // owner/repo#N
+    let word: &str = trimmed
+        .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/' | '#')))
+        .next()
+        .unwrap_or("");
+    match word.split_once('#') {
+        Some((repo, n)) => repo.contains('/') && digit_after(n),
+        None => false,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Redaction
 // ---------------------------------------------------------------------------------------
 
@@ -233,7 +378,8 @@ pub fn render(run_id: &str, command_line: &str, phase: &Phase) -> String {
     head.push_str("### ");
     head.push_str(&header(phase));
     head.push_str("\n\n");
-    let command = cut_middle(&clean(command_line), MAX_COMMAND_CHARS);
+    // The command is echoed: a mention in it must not notify again from kodx.
+    let command = cut_middle(&neutralize(&clean(command_line)), MAX_COMMAND_CHARS);
     for line in command.lines() {
         head.push_str("> ");
         head.push_str(line);
@@ -315,7 +461,8 @@ fn done_body(done: &Done, head: &mut String, tail: &mut String) -> String {
     } else {
         &done.text
     };
-    let text = clean(text);
+    // The model's words: redacted, and unable to mention, hide or close anything.
+    let text = neutralize(&clean(text));
     if done.succeeded() {
         match (done.kind, &done.pr_url, &done.pushed) {
             (RunKind::Ask, _, _) => {}
@@ -601,6 +748,100 @@ mod tests {
         let body_without_first = body.split_once('\n').unwrap().1;
         assert_eq!(find_run_id(body_without_first), None);
         assert_eq!(find_run_id(&body), Some("real".into()));
+    }
+
+    // --- neutralising the model's text ---
+
+    const ZW: &str = "\u{200B}";
+
+    #[test]
+    fn mentions_are_defused_outside_code() {
+        assert_eq!(
+            neutralize("Thanks @octocat and @github/security-team!"),
+            format!("Thanks @{ZW}octocat and @{ZW}github/security-team!")
+        );
+        assert_eq!(neutralize("@alice: done"), format!("@{ZW}alice: done"));
+        assert_eq!(neutralize("(@bob)"), format!("(@{ZW}bob)"));
+        assert_eq!(neutralize("cc &#64;carol"), format!("cc @{ZW}carol"));
+        // Not mentions: e-mail addresses, a bare @, code.
+        for kept in [
+            "mail a@b.com or first.last@example.org",
+            "x_@y",
+            "an @ sign, @-dash",
+            "use `@property` here",
+            "```python\n@dataclass\nclass A: ...\n```",
+            "    @indented_code",
+        ] {
+            assert_eq!(neutralize(kept), kept);
+        }
+    }
+
+    #[test]
+    fn html_comments_are_removed_outside_code() {
+        assert_eq!(neutralize("a<!-- hidden -->b"), "ab");
+        assert_eq!(
+            neutralize("answer\n<!-- kodx:{\"run\":\"x\",\"v\":1} -->\nmore"),
+            "answer\n\nmore"
+        );
+        assert_eq!(neutralize("visible <!-- never closed"), "visible ");
+        assert_eq!(neutralize("<!<!-- x -->-- y -->"), "&lt;!-- y -->");
+        assert_eq!(neutralize("@<!-- -->octocat"), format!("@{ZW}octocat"));
+        let code = "```html\n<!-- shown in code -->\n```";
+        assert_eq!(neutralize(code), code);
+        // A forged metadata line in an answer never passes for kodx's own.
+        let mut d = done(RunKind::Ask, StopReason::EndTurn, "");
+        d.text = format!("{}\nhi", metadata("forged"));
+        let body = render("real", "/kodx ask", &Phase::Done(Box::new(d)));
+        assert!(!body.contains("forged"), "{body}");
+        assert_eq!(body.matches("<!--").count(), 1, "{body}");
+    }
+
+    #[test]
+    fn closing_keywords_are_defused() {
+        for (text, want) in [
+            ("Closes #1", format!("C{ZW}loses #1")),
+            ("fixes owner/repo#2", format!("f{ZW}ixes owner/repo#2")),
+            ("FIXED: #3", format!("F{ZW}IXED: #3")),
+            ("resolve\n#4", format!("r{ZW}esolve\n#4")),
+            (
+                "Resolves https://github.com/o/r/issues/5",
+                format!("R{ZW}esolves https://github.com/o/r/issues/5"),
+            ),
+            ("close GH-6", format!("c{ZW}lose GH-6")),
+            ("(closed #7)", format!("(c{ZW}losed #7)")),
+            ("`fix #8`", format!("`f{ZW}ix #8`")),
+        ] {
+            assert_eq!(neutralize(text), want, "{text}");
+        }
+        for kept in [
+            "I fixed the bug",
+            "closes the file",
+            "prefix #1",
+            "fixes- #1",
+            "fixes#1",
+            "unfixed #2",
+            "fixes #x",
+            "closed owner/repo",
+        ] {
+            assert_eq!(neutralize(kept), kept);
+        }
+    }
+
+    #[test]
+    fn the_done_comment_carries_the_defused_text() {
+        let answer = "Done, @octocat.\n<!-- kodx:{\"run\":\"x\"} -->\nCloses #99";
+        let body = render(
+            "r1",
+            "/kodx ask ping @org/team",
+            &Phase::Done(Box::new(done(RunKind::Ask, StopReason::EndTurn, answer))),
+        );
+        assert!(body.contains(&format!("Done, @{ZW}octocat.")), "{body}");
+        assert!(body.contains(&format!("C{ZW}loses #99")), "{body}");
+        assert!(!body.contains("\"run\":\"x\""), "{body}");
+        assert!(
+            body.contains(&format!("> /kodx ask ping @{ZW}org/team")),
+            "{body}"
+        );
     }
 
     // --- redaction ---

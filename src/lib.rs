@@ -7,6 +7,7 @@ pub mod cost;
 pub mod db;
 pub mod git;
 pub mod github;
+pub mod markdown;
 pub mod model;
 pub mod program;
 pub mod providers;

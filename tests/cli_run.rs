@@ -302,3 +302,147 @@ async fn a_repositorys_kodx_config_names_its_code_program_and_cost_limit() {
     assert_eq!(body["system"][0]["text"], "the repo's own code program");
     assert_eq!(body["model"], "claude-haiku-4-5");
 }
+
+/// A CI checkout keeps its credentials in `.git/config`; none of them may reach the
+/// container (and so the model or the transcript), while git keeps working inside.
+#[tokio::test]
+async fn credentials_in_the_git_config_never_reach_the_container() {
+    let Some(_engine) = engine().await else {
+        return;
+    };
+    let token = format!("ghs_{:036x}", rand::random::<u128>());
+    let home = tempfile::tempdir().unwrap();
+    let repo = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let included = outside.path().join("secrets.inc");
+    std::fs::write(
+        &included,
+        "[http]\n\textraheader = AUTHORIZATION: bearer included-secret-42\n",
+    )
+    .unwrap();
+    let git = |args: &[&str]| {
+        let out = common::git_server::git_command(home.path(), repo.path())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    git(&["init", "-q", "--initial-branch", "main"]);
+    std::fs::write(repo.path().join("README.md"), "hello\n").unwrap();
+    git(&["add", "-A"]);
+    git(&["commit", "-q", "-m", "First commit of the widget"]);
+    let header = format!(
+        "AUTHORIZATION: basic {}",
+        common::git_server::base64_encode(format!("x-access-token:{token}").as_bytes())
+    );
+    for (key, value) in [
+        ("http.https://github.com/.extraheader", header.as_str()),
+        (
+            "remote.origin.url",
+            &format!("https://x-access-token:{token}@github.com/o/r.git"),
+        ),
+        (
+            "remote.origin.pushurl",
+            "https://deploy:pushurl-secret-17@github.com/o/r.git",
+        ),
+        ("remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*"),
+        (
+            "url.https://oauth2:insteadof-secret-99@gitlab.com/.insteadOf",
+            "https://gitlab.com/",
+        ),
+        ("credential.helper", "store --file /root/creds-helper-path"),
+        ("credential.https://github.com.username", "cred-user-name-5"),
+        ("include.path", included.to_str().unwrap()),
+        ("includeIf.gitdir:/.path", included.to_str().unwrap()),
+        ("core.sshCommand", "ssh -i /root/.ssh/ssh-key-path"),
+        ("branch.main.remote", "origin"),
+        ("branch.main.merge", "refs/heads/main"),
+    ] {
+        git(&["config", "--add", key, value]);
+    }
+    let secrets = [
+        token.as_str(),
+        "pushurl-secret-17",
+        "insteadof-secret-99",
+        "creds-helper-path",
+        "cred-user-name-5",
+        "included-secret-42",
+        "ssh-key-path",
+        "eC1hY2Nlc3MtdG9rZW46",
+        outside.path().to_str().unwrap(),
+    ];
+    let config = std::fs::read_to_string(repo.path().join(".git/config")).unwrap();
+    for s in &secrets[..7] {
+        assert!(
+            config.contains(s) || s == &"included-secret-42",
+            "{s}: the host config has it"
+        );
+    }
+
+    let fake = FakeAnthropic::start(KEY).await;
+    fake.reply(
+        vec![tool(
+            "t1",
+            json!({"chars": "cat .git/config; echo '== status'; git status --short --branch; echo '== log'; git log --oneline; echo '== remote'; git remote -v; git config --show-origin --list"}),
+        )],
+        "tool_use",
+        usage(1000, 30),
+    );
+    fake.answer_from_last_tool_result(|out| format!("Seen:\n{out}"));
+    let out = tempfile::tempdir().unwrap();
+    let transcript = out.path().join("t.jsonl");
+    let output = kodx(&fake)
+        .args(["run", "-p", "show the git config", "--json", "--quiet"])
+        .arg("--repo-dir")
+        .arg(repo.path())
+        .arg("--transcript")
+        .arg(&transcript)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
+    let result: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let seen = result["last_message"].as_str().unwrap().to_string();
+    // git works inside: the branch, the commit, the remote without credentials.
+    assert!(seen.contains("## main"), "{seen}");
+    assert!(seen.contains("First commit of the widget"), "{seen}");
+    assert!(
+        seen.contains("origin\thttps://github.com/o/r.git (fetch)"),
+        "{seen}"
+    );
+    assert!(
+        seen.contains("url = \"https://github.com/o/r.git\""),
+        "{seen}"
+    );
+    assert!(seen.contains("[url \"https://gitlab.com/\"]"), "{seen}");
+    assert!(!seen.contains("fatal"), "{seen}");
+    let t = std::fs::read_to_string(&transcript).unwrap();
+    let requests: Vec<String> = fake.requests().iter().map(|r| r.body.to_string()).collect();
+    for s in secrets {
+        assert!(!seen.contains(s), "{s} reached the container:\n{seen}");
+        assert!(!t.contains(s), "{s} in the transcript");
+        assert!(
+            requests.iter().all(|r| !r.contains(s)),
+            "{s} sent to the model"
+        );
+    }
+    for word in [
+        "extraheader",
+        "credential",
+        "include",
+        "sshcommand",
+        "pushurl-secret",
+    ] {
+        assert!(!seen.to_lowercase().contains(word), "{word}:\n{seen}");
+    }
+    // The host repository is untouched.
+    assert_eq!(
+        std::fs::read_to_string(repo.path().join(".git/config")).unwrap(),
+        config
+    );
+}

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use fake_github::{FakeBase, FakeGitHub, FakeHead, FakePull, TEST_APP_KEY};
 use kodx::github::{
     GitHubApp, GitHubError, NewPull, Permission, PullRef, Reaction, ReactionTarget, RepoName,
-    RequestPolicy, TOKEN_REFRESH_MARGIN,
+    RequestPolicy, TokenScope, TOKEN_REFRESH_MARGIN,
 };
 
 const APP_ID: u64 = 4242;
@@ -1424,4 +1424,235 @@ async fn the_fake_refuses_malformed_pull_requests() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 401);
     assert_eq!(fake.refused().len(), 9);
+}
+
+// ---------------------------------------------------------------------------------------
+// Scoped tokens
+// ---------------------------------------------------------------------------------------
+
+#[path = "common/git_server.rs"]
+mod git_server;
+
+/// The git server asks the fake GitHub what each token was minted for.
+fn scoped_git(fake: &FakeGitHub) -> git_server::GitServer {
+    use fake_github::GitVerdict;
+    use git_server::Verdict;
+    let fake = fake.clone();
+    git_server::GitServer::start(Arc::new(move |t, u| {
+        match fake.git_access(t, &u.repo, u.push) {
+            GitVerdict::Allow => Verdict::Allow,
+            GitVerdict::Unauthorized => Verdict::Unauthorized,
+            GitVerdict::Forbidden => Verdict::Forbidden,
+            GitVerdict::NotFound => Verdict::NotFound,
+        }
+    }))
+}
+
+fn perms(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn tokens_are_minted_for_one_repository_and_the_permissions_a_run_uses() {
+    let (fake, app, repo) = setup().await;
+    let read = TokenScope::read(&repo, false);
+    let write = TokenScope::write(&repo);
+    let a = app.installation_for(INST, &read).await.unwrap();
+    let again = app.installation_for(INST, &read).await.unwrap();
+    assert_eq!(
+        a.token().expose(),
+        again.token().expose(),
+        "cached per scope"
+    );
+    let review = app
+        .installation_for(INST, &TokenScope::read(&repo, true))
+        .await
+        .unwrap();
+    let w = app.installation_for(INST, &write).await.unwrap();
+    assert_ne!(a.token().expose(), w.token().expose());
+    assert_ne!(a.token().expose(), review.token().expose());
+    let grants = fake.token_grants();
+    assert_eq!(grants.len(), 3, "{grants:#?}");
+    for g in &grants {
+        assert_eq!(g.installation, INST);
+        assert_eq!(g.repositories, Some(vec!["widgets".to_string()]));
+    }
+    assert_eq!(
+        grants[0].permissions,
+        Some(perms(&[
+            ("contents", "read"),
+            ("issues", "write"),
+            ("pull_requests", "read"),
+            ("metadata", "read"),
+        ]))
+    );
+    assert_eq!(
+        grants[1].permissions.as_ref().unwrap()["pull_requests"],
+        "write",
+        "a reaction on a review comment needs pull_requests: write"
+    );
+    assert_eq!(
+        grants[2].permissions,
+        Some(perms(&[
+            ("contents", "write"),
+            ("issues", "write"),
+            ("pull_requests", "write"),
+            ("metadata", "read"),
+        ]))
+    );
+    // Forgetting the installation drops every scope's token.
+    app.forget_installation(INST).await;
+    let fresh = app.installation_for(INST, &read).await.unwrap();
+    assert_ne!(fresh.token().expose(), a.token().expose());
+    let fresh_w = app.installation_for(INST, &write).await.unwrap();
+    assert_ne!(fresh_w.token().expose(), w.token().expose());
+    assert_eq!(fake.token_grants().len(), 5);
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn a_scoped_token_reaches_only_its_repository_and_permissions() {
+    let (fake, app, repo) = setup().await;
+    fake.add_repo(
+        INST,
+        "acme/secrets",
+        "main",
+        "https://github.com/acme/secrets.git",
+        true,
+    );
+    fake.add_issue("acme/secrets", 1, "Private", "keys", "bob");
+    fake.add_issue(REPO, 2, "Ours", "", "bob");
+    let other: RepoName = "acme/secrets".parse().unwrap();
+    let read = app
+        .installation_for(INST, &TokenScope::read(&repo, false))
+        .await
+        .unwrap();
+    // Its own repository: reads and comments.
+    assert_eq!(read.issue(&repo, 2).await.unwrap().title, "Ours");
+    read.create_comment(&repo, 2, "hi").await.unwrap();
+    // Another repository of the same installation: not found.
+    let err = read.issue(&other, 1).await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    // A read token opens no pull request.
+    let pull = NewPull {
+        title: "t".into(),
+        head: "kodx/x".into(),
+        base: "main".into(),
+        body: "b".into(),
+        draft: false,
+    };
+    let err = read.create_pull(&repo, &pull).await.unwrap_err();
+    assert_eq!(err.status(), Some(403), "{err}");
+    // The unscoped token (every repository) still reads the other one: the scope did it.
+    let all = app.installation(INST).await.unwrap();
+    assert_eq!(all.issue(&other, 1).await.unwrap().title, "Private");
+    let forbidden = fake.forbidden();
+    assert_eq!(forbidden.len(), 2, "{forbidden:#?}");
+    assert!(
+        forbidden[0].contains("not minted for acme/secrets"),
+        "{forbidden:?}"
+    );
+    assert!(forbidden[1].contains("pull_requests"), "{forbidden:?}");
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn a_repository_outside_the_installation_gets_no_token() {
+    let (fake, app, _) = setup().await;
+    fake.add_installation(INST + 1, "globex");
+    fake.add_repo(
+        INST + 1,
+        "globex/app",
+        "main",
+        "https://github.com/globex/app.git",
+        true,
+    );
+    let theirs: RepoName = "globex/app".parse().unwrap();
+    let err = app
+        .installation_for(INST, &TokenScope::write(&theirs))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert_eq!(err.status(), Some(422), "{text}");
+    assert!(
+        text.contains("not accessible to the parent installation"),
+        "{text}"
+    );
+    assert!(
+        text.contains("for app: contents write"),
+        "names what was asked: {text}"
+    );
+    assert!(fake.issued_tokens().is_empty());
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn git_lets_a_read_token_clone_but_not_push_and_no_token_cross_repositories() {
+    if !git_server::git_available() {
+        eprintln!("SKIPPED: no git");
+        return;
+    }
+    let (fake, app, repo) = setup().await;
+    let git = scoped_git(&fake);
+    let url = git.create_repo(REPO, "main", &[("a.txt", b"a\n", 0o644)]);
+    let other_url = git.create_repo("acme/secrets", "main", &[("key", b"k\n", 0o644)]);
+    fake.add_repo(INST, "acme/secrets", "main", &other_url, true);
+    let read = app
+        .installation_for(INST, &TokenScope::read(&repo, false))
+        .await
+        .unwrap();
+    let write = app
+        .installation_for(INST, &TokenScope::write(&repo))
+        .await
+        .unwrap();
+    let (read_token, write_token) = (
+        read.token().expose().to_string(),
+        write.token().expose().to_string(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let result = tokio::task::spawn_blocking({
+        let dir = dir.path().to_path_buf();
+        move || {
+            use kodx::git::{self, Checkout};
+            let dest = dir.join("clone");
+            git::clone(&url, &read_token, &dest, &Checkout::DefaultBranch, None)
+                .expect("a read token clones");
+            std::fs::write(dest.join("b.txt"), "b\n").unwrap();
+            let pushed_read = git::push(&dest, &url, &read_token, "HEAD", "kodx/read", false);
+            let pushed_write = git::push(&dest, &url, &write_token, "HEAD", "kodx/write", false);
+            let cross = git::clone(
+                &other_url,
+                &write_token,
+                &dir.join("other"),
+                &Checkout::DefaultBranch,
+                None,
+            );
+            (pushed_read, pushed_write, cross)
+        }
+    })
+    .await
+    .unwrap();
+    let (pushed_read, pushed_write, cross) = result;
+    let err = pushed_read.expect_err("a read token cannot push");
+    assert!(err.to_string().contains("contents permission"), "{err}");
+    pushed_write.expect("a write token pushes");
+    assert!(git.branch_sha(REPO, "kodx/write").is_some());
+    assert!(git.branch_sha(REPO, "kodx/read").is_none());
+    let err = cross.expect_err("a token for widgets cannot clone secrets");
+    assert!(err.to_string().contains("no such repository"), "{err}");
+    let forbidden = fake.forbidden();
+    assert!(
+        forbidden
+            .iter()
+            .any(|f| f.contains("git push acme/widgets")),
+        "{forbidden:?}"
+    );
+    assert!(
+        forbidden.iter().any(|f| f.contains("git acme/secrets")),
+        "{forbidden:?}"
+    );
+    assert_clean(&fake);
 }

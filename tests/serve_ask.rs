@@ -183,6 +183,20 @@ async fn ask_on_an_issue_answers_from_the_container() {
     assert!(first.contains("what do the notes say?"));
     assert!(s.model.rejected().is_empty(), "{:?}", s.model.rejected());
     assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
+    // Every token was minted for this repository only, read-only on its contents.
+    let grants = s.github.token_grants();
+    assert!(!grants.is_empty());
+    for g in &grants {
+        assert_eq!(g.repositories, Some(vec!["widgets".to_string()]), "{g:?}");
+        let p = g.permissions.as_ref().expect("permissions asked for");
+        assert_eq!(p["contents"], "read", "{g:?}");
+        assert_eq!(p["pull_requests"], "read", "{g:?}");
+    }
+    assert!(
+        s.github.forbidden().is_empty(),
+        "{:?}",
+        s.github.forbidden()
+    );
 
     // The run is recorded with its transcript; no container is left.
     let t = transcript(&s, &run_id).await;
@@ -479,8 +493,10 @@ async fn ask_in_a_review_comment_gets_the_hunk_and_the_reactions_go_on_that_comm
     })
     .await;
     let first = s.model.requests()[0].body["messages"][0].to_string();
+    // The file and line are in the fence with the hunk (a path is the PR author's text).
     assert!(
-        first.contains("review comment on src/lib.rs, line 1"),
+        first.contains("review comment on this file and line")
+            && first.contains("````\\nFile: src/lib.rs\\nLine: 1\\n"),
         "{first}"
     );
     assert!(first.contains("{ 42 }"), "{first}");

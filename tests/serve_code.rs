@@ -102,7 +102,7 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
         usage(2100, 30),
     );
     s.model.reply(
-        text("Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget()."),
+        text("Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @octocat!\n<!-- kodx:{\"run\":\"x\",\"v\":1} -->\nCloses #99"),
         "end_turn",
         usage(2200, 25),
     );
@@ -129,6 +129,26 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     assert!(body.contains(&format!("pull/{}", pr.number)), "{body}");
     assert!(body.contains("Added hello.txt"), "{body}");
 
+    // The model's words mention, hide and close nothing: not in the comment, the pull
+    // request or the commit; kodx's own `Closes #7` stays.
+    let log = git_log(&s, &branch);
+    for (what, text) in [
+        ("comment", &body),
+        ("pull request", &pr.body),
+        ("commit", &log),
+    ] {
+        assert!(!text.contains("@octocat"), "{what}: {text}");
+        assert!(text.contains("Thanks @\u{200B}octocat!"), "{what}: {text}");
+        assert!(!text.contains("Closes #99"), "{what}: {text}");
+        assert!(text.contains("C\u{200B}loses #99"), "{what}: {text}");
+        assert!(!text.contains("\"run\":\"x\""), "{what}: {text}");
+    }
+    assert_eq!(
+        kodx::comment::find_run_id(&body).as_deref(),
+        Some(run_id.as_str())
+    );
+    assert!(pr.body.contains("\nCloses #7\n"), "{}", pr.body);
+
     // The branch on the git server holds exactly the change.
     let tree = s.git.ls_tree(REPO, &format!("refs/heads/{branch}"));
     let mode = |p: &str| tree.iter().find(|(_, path)| path == p).map(|(m, _)| *m);
@@ -154,7 +174,6 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
         main,
         "one commit on top of the default branch"
     );
-    let log = git_log(&s, &branch);
     assert!(
         log.starts_with("kodx[bot] <9999+kodx[bot]@users.noreply.github.com>"),
         "{log}"
@@ -175,6 +194,11 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
         first_result.contains("[remote \\\"origin\\\"]"),
         "the model saw .git/config: {first_result}"
     );
+    // The clone's config went in (rewritten) and git works with it.
+    assert!(
+        first_result.contains(&format!("origin\\t{} (fetch)", s.clone_url)),
+        "git remote -v in the container: {first_result}"
+    );
     for t in s.github.issued_tokens() {
         assert!(!log.contains(&t));
     }
@@ -183,6 +207,25 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     assert!(
         reactions.iter().any(|(t, c, _)| t == &on && c == "rocket"),
         "{reactions:?}"
+    );
+    // Every token was minted for this repository only, with what a code run uses.
+    for g in s.github.token_grants() {
+        assert_eq!(g.repositories, Some(vec!["widgets".to_string()]), "{g:?}");
+        let p = g.permissions.as_ref().expect("permissions asked for");
+        assert_eq!(
+            (
+                p["contents"].as_str(),
+                p["pull_requests"].as_str(),
+                p["issues"].as_str()
+            ),
+            ("write", "write", "write"),
+            "{g:?}"
+        );
+    }
+    assert!(
+        s.github.forbidden().is_empty(),
+        "{:?}",
+        s.github.forbidden()
     );
     assert_clean(&s);
     common::assert_gone(&engine, &format!("kodx-{run_id}")).await;

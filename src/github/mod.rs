@@ -1,9 +1,11 @@
-//! The GitHub App client (SPEC §2, §4, §5): the App's JWT, installation tokens cached per
-//! installation, and the few REST calls kodx makes, all against an injectable API base URL
+//! The GitHub App client (SPEC §2, §4, §5): the App's JWT, installation tokens scoped to
+//! one repository and cached per installation and scope, and the few REST calls kodx makes, all against an injectable API base URL
 //! (`GITHUB_API_URL`; GitHub Enterprise Server's `https://HOST/api/v3` works the same).
 //!
-//! - [`GitHubApp`] signs JWTs (RS256) and mints installation tokens, keeping one per
-//!   installation until five minutes before it expires; concurrent callers share one mint.
+//! - [`GitHubApp`] signs JWTs (RS256) and mints installation tokens, each for one
+//!   repository and the permissions a run uses ([`TokenScope`]), keeping one per
+//!   (installation, scope) until five minutes before it expires; concurrent callers share
+//!   one mint.
 //! - [`Installation`] holds a token and one octocrab client built on it; its methods turn
 //!   GitHub's JSON into kodx's own small types at once.
 //! - Every call runs under one [`RequestPolicy`]: connect and request timeouts, bounded
@@ -28,9 +30,9 @@ pub use error::GitHubError;
 pub use installation::Installation;
 pub use policy::RequestPolicy;
 pub use types::{
-    noreply_email, AppInfo, BotIdentity, CommentInfo, CommentRef, IssueInfo, NewPull, Permission,
-    PullBase, PullHead, PullInfo, PullRef, PullRepo, Reaction, ReactionTarget, RepoName,
-    RepoNameError, Token,
+    noreply_email, Access, AppInfo, BotIdentity, CommentInfo, CommentRef, IssueInfo, NewPull,
+    Permission, PullBase, PullHead, PullInfo, PullRef, PullRepo, Reaction, ReactionTarget,
+    RepoName, RepoNameError, Token, TokenScope,
 };
 
 use policy::Raw;
@@ -41,6 +43,13 @@ pub const USER_AGENT: &str = "kodx";
 pub const API_VERSION: &str = "2022-11-28";
 /// A cached installation token is replaced once it has less than this left.
 pub const TOKEN_REFRESH_MARGIN: Duration = Duration::from_secs(5 * 60);
+/// Past this many cached tokens, the ones that expired and are not being minted are dropped.
+const MAX_CACHED_TOKENS: usize = 256;
+
+/// What the token cache is keyed by: the installation and what the token is for (`None`:
+/// every repository and permission of the installation).
+type CacheKey = (u64, Option<TokenScope>);
+type Slot = Arc<tokio::sync::Mutex<Option<Installation>>>;
 
 /// The GitHub App: its id, its private key and the API base. Cheap to clone; share one.
 #[derive(Clone)]
@@ -55,9 +64,10 @@ struct AppInner {
     key: EncodingKey,
     http: reqwest::Client,
     policy: RequestPolicy,
-    /// One slot per installation; its lock is held while a token is minted, so concurrent
-    /// callers for the same installation wait for that one mint instead of making their own.
-    installations: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Option<Installation>>>>>,
+    /// One slot per installation and scope; its lock is held while a token is minted, so
+    /// concurrent callers for the same token wait for that one mint instead of making their
+    /// own.
+    installations: Mutex<HashMap<CacheKey, Slot>>,
     /// The bot account once looked up; its lock is held during the lookup.
     bot: tokio::sync::Mutex<Option<BotIdentity>>,
 }
@@ -168,7 +178,9 @@ impl GitHubApp {
     /// App id together, so `serve` and `doctor` call it at start.
     pub async fn app_info(&self) -> Result<AppInfo, GitHubError> {
         let what = "GET /app";
-        let raw = self.app_request(reqwest::Method::GET, "/app", what).await?;
+        let raw = self
+            .app_request(reqwest::Method::GET, "/app", what, None)
+            .await?;
         let v = raw.json(what)?;
         let id = v
             .get("id")
@@ -197,49 +209,91 @@ impl GitHubApp {
         Ok(bot)
     }
 
-    /// The installation with a token good for at least five more minutes: the cached one,
-    /// else a newly minted one (`POST /app/installations/{id}/access_tokens`). Callers for
-    /// the same installation at the same time share one mint.
+    /// The installation with a token good for at least five more minutes, for every
+    /// repository and permission the installation has: the cached one, else a newly minted
+    /// one (`POST /app/installations/{id}/access_tokens`). Callers for the same installation
+    /// at the same time share one mint. Runs use [`installation_for`](Self::installation_for).
     pub async fn installation(&self, installation_id: u64) -> Result<Installation, GitHubError> {
-        let slot = self
-            .inner
-            .installations
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(installation_id)
-            .or_default()
-            .clone();
+        self.cached((installation_id, None)).await
+    }
+
+    /// The installation with a token minted for one repository and the permissions `scope`
+    /// names, no more (cached per installation and scope, like
+    /// [`installation`](Self::installation)). A token for an `ask` cannot push, and a token
+    /// for one repository cannot read another of the same installation.
+    pub async fn installation_for(
+        &self,
+        installation_id: u64,
+        scope: &TokenScope,
+    ) -> Result<Installation, GitHubError> {
+        self.cached((installation_id, Some(scope.clone()))).await
+    }
+
+    async fn cached(&self, key: CacheKey) -> Result<Installation, GitHubError> {
+        let slot = {
+            let mut map = self
+                .inner
+                .installations
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if map.len() >= MAX_CACHED_TOKENS && !map.contains_key(&key) {
+                // Keep slots in use (locked) and tokens still good; drop the rest.
+                map.retain(|_, slot| match slot.try_lock() {
+                    Ok(cached) => cached
+                        .as_ref()
+                        .is_some_and(|i| i.valid_for(TOKEN_REFRESH_MARGIN)),
+                    Err(_) => true,
+                });
+            }
+            map.entry(key.clone()).or_default().clone()
+        };
         let mut cached = slot.lock().await;
         if let Some(inst) = cached.as_ref() {
             if inst.valid_for(TOKEN_REFRESH_MARGIN) {
                 return Ok(inst.clone());
             }
         }
-        let inst = self.mint(installation_id).await?;
+        let inst = self.mint(key.0, key.1.as_ref()).await?;
         *cached = Some(inst.clone());
         Ok(inst)
     }
 
-    /// Drops the cached token of an installation (e.g. after GitHub refused it with 401),
-    /// so the next [`installation`](Self::installation) mints a new one.
+    /// Drops the cached tokens of an installation, whatever their scope (e.g. after GitHub
+    /// refused one with 401), so the next call mints new ones.
     pub async fn forget_installation(&self, installation_id: u64) {
-        let slot = self
+        let slots: Vec<Slot> = self
             .inner
             .installations
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&installation_id)
-            .cloned();
-        if let Some(slot) = slot {
+            .iter()
+            .filter(|((id, _), _)| *id == installation_id)
+            .map(|(_, slot)| slot.clone())
+            .collect();
+        for slot in slots {
             *slot.lock().await = None;
         }
     }
 
-    async fn mint(&self, installation_id: u64) -> Result<Installation, GitHubError> {
+    async fn mint(
+        &self,
+        installation_id: u64,
+        scope: Option<&TokenScope>,
+    ) -> Result<Installation, GitHubError> {
         let path = format!("/app/installations/{installation_id}/access_tokens");
-        let what = format!("POST {path}");
+        let what = match scope {
+            None => format!("POST {path}"),
+            Some(s) => format!(
+                "POST {path} (for {}: contents {}, issues {}, pull requests {})",
+                s.repository,
+                s.contents.as_str(),
+                s.issues.as_str(),
+                s.pull_requests.as_str()
+            ),
+        };
+        let body = scope.map_or_else(|| serde_json::json!({}), TokenScope::request_body);
         let raw = self
-            .app_request(reqwest::Method::POST, &path, &what)
+            .app_request(reqwest::Method::POST, &path, &what, Some(&body))
             .await?;
         // The body holds the token: errors name fields, never quote values.
         let v: serde_json::Value = serde_json::from_slice(&raw.body)
@@ -254,7 +308,11 @@ impl GitHubApp {
             .and_then(|t| t.as_str())
             .and_then(util::parse_rfc3339)
             .ok_or_else(|| GitHubError::decode(&what, "no RFC 3339 `expires_at` in the answer"))?;
-        tracing::debug!(installation_id, "minted an installation token");
+        tracing::debug!(
+            installation_id,
+            scoped = scope.is_some(),
+            "minted an installation token"
+        );
         Installation::new(
             &self.inner.api_url,
             installation_id,
@@ -270,7 +328,9 @@ impl GitHubApp {
         method: reqwest::Method,
         path: &str,
         what: &str,
+        body: Option<&serde_json::Value>,
     ) -> Result<Raw, GitHubError> {
+        let body = body.map_or_else(|| "{}".to_string(), |b| b.to_string());
         let url = format!("{}{path}", self.inner.api_url);
         self.inner
             .policy
@@ -285,7 +345,7 @@ impl GitHubApp {
                             .bearer_auth(jwt);
                         if method == reqwest::Method::POST {
                             r.header(reqwest::header::CONTENT_TYPE, "application/json")
-                                .body("{}")
+                                .body(body.clone())
                         } else {
                             r
                         }

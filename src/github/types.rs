@@ -77,6 +77,74 @@ impl RepoName {
     }
 }
 
+/// Read or write, for one permission of an installation token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+impl Access {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Write => "write",
+        }
+    }
+}
+
+/// What an installation token is minted for: one repository (by name, in the
+/// installation's account) and the permissions a piece of work uses (`metadata: read` is
+/// always included). GitHub refuses the token anything else.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TokenScope {
+    /// The repository's name without its owner, as `repositories` wants it.
+    pub repository: String,
+    pub contents: Access,
+    pub issues: Access,
+    pub pull_requests: Access,
+}
+
+impl TokenScope {
+    /// Reading the repository and commenting, as `/kodx ask`, help and cancel do. A
+    /// reaction on a review comment needs `pull_requests: write`, hence `review_comment`.
+    pub fn read(repo: &RepoName, review_comment: bool) -> TokenScope {
+        TokenScope {
+            repository: repo.name.clone(),
+            contents: Access::Read,
+            issues: Access::Write,
+            pull_requests: if review_comment {
+                Access::Write
+            } else {
+                Access::Read
+            },
+        }
+    }
+
+    /// `/kodx code`: pushing a branch and opening or updating a pull request too.
+    pub fn write(repo: &RepoName) -> TokenScope {
+        TokenScope {
+            repository: repo.name.clone(),
+            contents: Access::Write,
+            issues: Access::Write,
+            pull_requests: Access::Write,
+        }
+    }
+
+    /// The body of `POST /app/installations/{id}/access_tokens`.
+    pub fn request_body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "repositories": [self.repository],
+            "permissions": {
+                "contents": self.contents.as_str(),
+                "issues": self.issues.as_str(),
+                "pull_requests": self.pull_requests.as_str(),
+                "metadata": "read",
+            },
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("not a repository name (owner/name): {0}")]
 pub struct RepoNameError(String);

@@ -581,6 +581,12 @@ impl Packer<'_> {
                 ManifestEntry::Dir { mode }
             } else if kind.is_file() {
                 let data = fs::read(&path).map_err(io_at("reading", &path))?;
+                // Credentials in the git config never enter the sandbox (gitconfig.rs).
+                let data = if super::gitconfig::is_config_path(&rel) {
+                    super::gitconfig::sanitize(&data)
+                } else {
+                    data
+                };
                 let mut h = header(EntryType::Regular, mode, mtime(&meta), data.len() as u64);
                 self.builder
                     .append_data(&mut h, &tar_path, data.as_slice())

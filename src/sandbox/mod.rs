@@ -7,6 +7,7 @@
 pub mod archive;
 pub mod docker;
 pub mod error;
+pub mod gitconfig;
 pub mod shell;
 pub mod term;
 

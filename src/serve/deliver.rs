@@ -56,6 +56,12 @@ pub fn title_from(request: &str, max: usize) -> String {
     }
 }
 
+/// The commit subject: the request's first line (see [`title_from`]), unable to close an
+/// issue when the commit lands (only the pull request's own `Closes #N` does).
+pub fn commit_subject(request: &str) -> String {
+    comment::neutralize(&title_from(request, 72))
+}
+
 /// The commit message body (the subject comes from the request): the agent's summary,
 /// where it was asked, and the run id.
 pub fn commit_body(summary: &str, repo_issue: i64, is_pull_request: bool, run_id: &str) -> String {
@@ -64,7 +70,7 @@ pub fn commit_body(summary: &str, repo_issue: i64, is_pull_request: bool, run_id
     } else {
         "issue"
     };
-    let summary = comment::redact(summary.trim());
+    let summary = comment::neutralize(&comment::redact(summary.trim()));
     let summary = cut_chars(&summary, 4_000);
     let mut body = String::new();
     if !summary.is_empty() {
@@ -102,7 +108,11 @@ pub fn pull_body(
     let mut body = String::new();
     body.push_str(comment::metadata(run_id).as_str());
     body.push('\n');
-    let summary = cut_chars(&comment::redact(summary.trim()), 30_000);
+    // The model's words can mention, hide or close nothing; kodx's own `Closes #N` follows.
+    let summary = cut_chars(
+        &comment::neutralize(&comment::redact(summary.trim())),
+        30_000,
+    );
     if summary.is_empty() {
         body.push_str("kodx made the change requested below.\n\n");
     } else {
@@ -205,5 +215,30 @@ mod tests {
         };
         let b = pull_body("", &fork, "bob", "cost", "r2");
         assert!(b.contains("on top of #8") && !b.contains("Closes"));
+    }
+
+    #[test]
+    fn the_models_words_cannot_mention_hide_or_close() {
+        let summary = "Fixed it, @octocat.\n<!-- kodx:{\"run\":\"x\",\"v\":1} -->\nCloses #99";
+        let issue = Target::NewPull {
+            branch: "b".into(),
+            base: "main".into(),
+            closes: Some(7),
+            original: None,
+        };
+        for text in [
+            pull_body(summary, &issue, "alice", "cost", "r1"),
+            commit_body(summary, 7, false, "r1"),
+        ] {
+            assert!(!text.contains("@octocat"), "{text}");
+            assert!(text.contains("@\u{200B}octocat"), "{text}");
+            assert!(!text.contains("Closes #99"), "{text}");
+            assert!(!text.contains("\"run\":\"x\""), "{text}");
+        }
+        let b = pull_body(summary, &issue, "alice", "cost", "r1");
+        assert!(b.contains("\nCloses #7\n"), "kodx's own line stays: {b}");
+        assert!(b.contains("Requested by @alice"), "{b}");
+        assert_eq!(crate::comment::find_run_id(&b).as_deref(), Some("r1"));
+        assert_eq!(commit_subject("fix #12 crash"), "f\u{200B}ix #12 crash");
     }
 }

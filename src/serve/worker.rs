@@ -21,6 +21,7 @@ use crate::cost::Pricing;
 use crate::db::{Db, Finish, RecoveryAction, Run, RunStatus};
 use crate::github::{
     GitHubApp, GitHubError, Installation, Permission, PullInfo, Reaction, ReactionTarget, RepoName,
+    TokenScope,
 };
 use crate::model::{Provider, ProviderError, Request, Response, Usage};
 use crate::program::{self, Overrides, Program};
@@ -599,8 +600,19 @@ impl Workers {
         }
     }
 
+    /// A token for this run's repository only, with the permissions its kind uses: a code
+    /// run may push and open pull requests; an ask, help or cancel reads and comments.
     async fn installation(&self, run: &Run) -> Result<Installation, GitHubError> {
-        self.app.installation(run.installation_id as u64).await
+        let repo = RepoName::parse(&run.repo).map_err(|e| GitHubError::Config(e.to_string()))?;
+        let scope = if run.kind == "code" {
+            TokenScope::write(&repo)
+        } else {
+            let review = TriggerKind::parse(&run.trigger_kind) == Some(TriggerKind::ReviewComment);
+            TokenScope::read(&repo, review)
+        };
+        self.app
+            .installation_for(run.installation_id as u64, &scope)
+            .await
     }
 
     // -----------------------------------------------------------------------------------
@@ -1209,7 +1221,7 @@ impl Workers {
             .await
             .map_err(|e| format!("kodx could not read its own GitHub identity: {e}"))?;
         let summary = done.outcome.last_message.clone();
-        let subject = deliver::title_from(&run.argument, 72);
+        let subject = deliver::commit_subject(&run.argument);
         let body = deliver::commit_body(&summary, run.issue_number, run.is_pull_request, &run.id);
         let trailers = deliver::trailers(&run.author, run.author_id, &run.id);
         let max_file_bytes = self.settings.max_commit_file_bytes;

@@ -3,7 +3,10 @@
 //! "documentation_url", "status"}` errors, `Link` pagination) and checks credentials for
 //! real: App endpoints verify the RS256 JWT against `tests/data/test-app-key.pub.pem`, every
 //! other endpoint wants an installation token it issued, unexpired, for the repository's
-//! installation. A request that is malformed (bad JSON, a missing or wrong field, an unknown
+//! installation, minted for that repository (`repositories`; else 404) and holding the
+//! permission the endpoint needs (`permissions`; else 403 "Resource not accessible by
+//! integration"). A token minted without `repositories`/`permissions` has every repository
+//! of its installation and every permission of the App. A request that is malformed (bad JSON, a missing or wrong field, an unknown
 //! reaction, an unknown path or method, no `User-Agent`) is answered as GitHub would and
 //! recorded in `refused()`; tests assert that list is empty.
 //!
@@ -40,7 +43,13 @@
 //!   body, headers }>` (everything received, in order), `created_pulls(repo) ->
 //!   Vec<FakePull { number, title, head, base, body, draft, edits }>` (pull requests opened
 //!   through the API, by number), `refused() -> Vec<String>`,
-//!   `unauthorized() -> Vec<String>` (401s given, with the reason), `issued_tokens()`.
+//!   `unauthorized() -> Vec<String>` (401s given, with the reason), `issued_tokens()`,
+//!   `token_grants() -> Vec<TokenGrant { token, installation, repositories, permissions }>`
+//!   (what each mint asked for), `forbidden() -> Vec<String>` (requests refused for a
+//!   token's scope, REST and git).
+//! - Git: `git_access(token, "owner/name", push) -> GitVerdict` tells the git server what a
+//!   token may do there (`contents: read` to fetch, `write` to push); `serve::accept_github`
+//!   wires it into `GitServer::start`.
 //!
 //! New endpoints go in `api_routes` with a handler taking `(State, Path, Req)`; handlers use
 //! `auth_installation` / `auth_app`, `refuse`, `gh_error` and the `*_json` shape builders.
@@ -194,6 +203,31 @@ struct Failure {
 struct IssuedToken {
     installation: u64,
     expires_at: SystemTime,
+    /// Lower-case full names the token was minted for; `None`: every repository of the
+    /// installation.
+    repositories: Option<Vec<String>>,
+    /// Permission → `read` | `write` (`metadata` always `read`).
+    permissions: BTreeMap<String, String>,
+}
+
+/// [`FakeGitHub::git_access`]'s answer, for the git server (`git_server::Verdict`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GitVerdict {
+    Allow,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+}
+
+/// What one `POST /app/installations/{id}/access_tokens` asked for and got.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenGrant {
+    pub token: String,
+    pub installation: u64,
+    /// The `repositories` asked for (names as sent); `None` when the request named none.
+    pub repositories: Option<Vec<String>>,
+    /// The `permissions` asked for; `None` when the request named none.
+    pub permissions: Option<BTreeMap<String, String>>,
 }
 
 struct StateInner {
@@ -206,6 +240,9 @@ struct StateInner {
     reactions: Vec<Reaction>,
     tokens: HashMap<String, IssuedToken>,
     issued: Vec<String>,
+    grants: Vec<TokenGrant>,
+    /// Requests refused for a token's scope (repository or permission), with the reason.
+    forbidden: Vec<String>,
     token_lifetime: Duration,
     failures: Vec<Failure>,
     rate_limited_until: Option<SystemTime>,
@@ -289,6 +326,8 @@ impl FakeGitHub {
                     review_comments: BTreeMap::new(),
                     reactions: Vec::new(),
                     tokens: HashMap::new(),
+                    grants: Vec::new(),
+                    forbidden: Vec::new(),
                     issued: Vec::new(),
                     token_lifetime: Duration::from_secs(3600),
                     failures: Vec::new(),
@@ -697,6 +736,54 @@ impl FakeGitHub {
     pub fn issued_tokens(&self) -> Vec<String> {
         self.state().issued.clone()
     }
+
+    /// Every token minted, with the repositories and permissions it was asked for.
+    pub fn token_grants(&self) -> Vec<TokenGrant> {
+        self.state().grants.clone()
+    }
+
+    /// Requests refused because the token was not minted for that repository (404) or
+    /// lacks the permission (403), with the reason.
+    pub fn forbidden(&self) -> Vec<String> {
+        self.state().forbidden.clone()
+    }
+
+    /// What the git server should answer a git request with `token` for `repo` (`owner/name`):
+    /// an unknown or expired token is unauthorized, a repository the token was not minted for
+    /// is not found, a push needs `contents: write` and a fetch `contents: read`.
+    pub fn git_access(&self, token: &str, repo: &str, push: bool) -> GitVerdict {
+        type Verdict = GitVerdict;
+        let mut st = self.state();
+        let key = repo.to_lowercase();
+        let Some(issued) = st.tokens.get(token) else {
+            return Verdict::Unauthorized;
+        };
+        if issued.expires_at <= SystemTime::now() {
+            return Verdict::Unauthorized;
+        }
+        let in_installation = st
+            .repos
+            .get(&key)
+            .is_none_or(|r| r.installation == issued.installation);
+        if !in_installation || !issued.covers(&key) {
+            st.forbidden
+                .push(format!("git {repo}: token not minted for it"));
+            return Verdict::NotFound;
+        }
+        let need: Need = if push {
+            &[("contents", "write")]
+        } else {
+            CONTENTS_READ
+        };
+        if !issued.grants(need) {
+            st.forbidden.push(format!(
+                "git {} {repo}: token lacks {need:?}",
+                if push { "push" } else { "fetch" }
+            ));
+            return Verdict::Forbidden;
+        }
+        Verdict::Allow
+    }
 }
 
 // -------------------------------------------------------------------------------------
@@ -1010,21 +1097,92 @@ fn auth_app(fake: &FakeGitHub, req: &Req) -> Result<(), Response> {
     Ok(())
 }
 
-/// Checks an installation token (`token X` or `Bearer X`) and that `repo` belongs to its
-/// installation; returns the repository's key. Also serves the rate limit when one is set.
+/// The permissions an endpoint needs, any one of them: `(permission, "read" | "write")`.
+/// Empty: metadata only, which every token has.
+type Need = &'static [(&'static str, &'static str)];
+const METADATA: Need = &[];
+const CONTENTS_READ: Need = &[("contents", "read")];
+const ISSUES_READ: Need = &[("issues", "read"), ("pull_requests", "read")];
+const ISSUES_WRITE: Need = &[("issues", "write"), ("pull_requests", "write")];
+const PULLS_READ: Need = &[("pull_requests", "read")];
+const PULLS_WRITE: Need = &[("pull_requests", "write")];
+
+/// What the App may be granted, as `GET /app` says.
+const APP_PERMISSIONS: [(&str, &str); 4] = [
+    ("contents", "write"),
+    ("issues", "write"),
+    ("pull_requests", "write"),
+    ("metadata", "read"),
+];
+
+impl IssuedToken {
+    /// Whether the token may touch the repository `key` (lower-case full name).
+    fn covers(&self, key: &str) -> bool {
+        self.repositories
+            .as_ref()
+            .is_none_or(|r| r.iter().any(|k| k == key))
+    }
+
+    /// Whether the token holds one of `need` (write implies read).
+    fn grants(&self, need: Need) -> bool {
+        need.is_empty()
+            || need.iter().any(|(p, level)| {
+                self.permissions
+                    .get(*p)
+                    .is_some_and(|has| has == "write" || has == level)
+            })
+    }
+}
+
+/// The token of the request as it was issued (unexpired), else the 401 to answer.
+#[allow(clippy::result_large_err)]
+fn bearer(fake: &FakeGitHub, req: &Req) -> Result<String, Response> {
+    match credential(req) {
+        Some((scheme, token)) if scheme == "token" || scheme == "bearer" => Ok(token),
+        _ => Err(unauthorized(
+            fake,
+            req,
+            "Requires authentication",
+            "no installation token",
+        )),
+    }
+}
+
+/// Checks an installation token (`token X` or `Bearer X`), that `repo` belongs to its
+/// installation and to the repositories it was minted for (else 404, as GitHub hides what a
+/// token cannot see), and that it holds a permission in `need` (else 403 "Resource not
+/// accessible by integration", recorded in `forbidden()`). Returns the repository's key.
+/// Also serves the rate limit when one is set.
 #[allow(clippy::result_large_err)]
 fn auth_installation(
     fake: &FakeGitHub,
     req: &Req,
     owner: &str,
     repo: &str,
+    need: Need,
 ) -> Result<String, Response> {
     let installation = token_installation(fake, req)?;
+    let token = bearer(fake, req)?;
     let key = format!("{owner}/{repo}").to_lowercase();
-    match fake.state().repos.get(&key) {
-        Some(r) if r.installation == installation => Ok(key),
-        _ => Err(gh_error(404, "Not Found")),
+    let mut st = fake.state();
+    match st.repos.get(&key) {
+        Some(r) if r.installation == installation => {}
+        _ => return Err(gh_error(404, "Not Found")),
     }
+    let Some(issued) = st.tokens.get(&token) else {
+        return Err(gh_error(404, "Not Found"));
+    };
+    if !issued.covers(&key) {
+        st.forbidden
+            .push(format!("{}: token not minted for {key}", req.what()));
+        return Err(gh_error(404, "Not Found"));
+    }
+    if !issued.grants(need) {
+        st.forbidden
+            .push(format!("{}: token lacks {need:?}", req.what()));
+        return Err(gh_error(403, "Resource not accessible by integration"));
+    }
+    Ok(key)
 }
 
 /// Checks an installation token (`token X` or `Bearer X`), unexpired, and serves the rate
@@ -1298,6 +1456,8 @@ async fn create_access_token(
     if let Err(r) = auth_app(&fake, &req) {
         return r;
     }
+    let mut asked_repos: Option<Vec<String>> = None;
+    let mut asked_perms: Option<BTreeMap<String, String>> = None;
     if !req.body.is_empty() {
         let body = match req.json_object(&fake) {
             Ok(b) => b,
@@ -1307,13 +1467,38 @@ async fn create_access_token(
             let ok = match k.as_str() {
                 "repositories" => v.as_array().is_some_and(|a| a.iter().all(Value::is_string)),
                 "repository_ids" => v.as_array().is_some_and(|a| a.iter().all(Value::is_u64)),
-                "permissions" => v.is_object(),
-                _ => true,
+                "permissions" => v
+                    .as_object()
+                    .is_some_and(|o| o.values().all(|l| l == "read" || l == "write")),
+                _ => false,
             };
             if !ok {
                 return refuse(&fake, &req, 422, "Invalid request.", &format!("bad `{k}`"));
             }
         }
+        if body.contains_key("repository_ids") {
+            return refuse(
+                &fake,
+                &req,
+                422,
+                "Invalid request.",
+                "repository_ids is not served by the fake; send repositories",
+            );
+        }
+        asked_repos = body.get("repositories").map(|a| {
+            a.as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_str().unwrap().to_string())
+                .collect()
+        });
+        asked_perms = body.get("permissions").map(|o| {
+            o.as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+                .collect()
+        });
     }
     let Ok(id) = id.parse::<u64>() else {
         return refuse(
@@ -1325,9 +1510,51 @@ async fn create_access_token(
         );
     };
     let mut st = fake.state();
-    if !st.installations.contains_key(&id) {
+    let Some(account) = st.installations.get(&id).cloned() else {
         return gh_error(404, "Not Found");
-    }
+    };
+    // `repositories` are names in the installation's account.
+    let repositories = match &asked_repos {
+        None => None,
+        Some(names) => {
+            let mut keys = Vec::new();
+            for name in names {
+                let key = format!("{account}/{name}").to_lowercase();
+                if name.contains('/') || st.repos.get(&key).is_none_or(|r| r.installation != id) {
+                    st.forbidden
+                        .push(format!("token for {name:?}: not in installation {id}"));
+                    return gh_error(
+                        422,
+                        "There is at least one repository that does not exist or is not accessible to the parent installation.",
+                    );
+                }
+                keys.push(key);
+            }
+            Some(keys)
+        }
+    };
+    let app: BTreeMap<String, String> = APP_PERMISSIONS
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mut permissions = match &asked_perms {
+        None => app.clone(),
+        Some(asked) => {
+            for (k, v) in asked {
+                let allowed = app.get(k).is_some_and(|a| a == "write" || a == v);
+                if !allowed {
+                    st.forbidden
+                        .push(format!("token asking {k}: {v}, not granted to the App"));
+                    return gh_error(
+                        422,
+                        "The permissions requested are not granted to this installation.",
+                    );
+                }
+            }
+            asked.clone()
+        }
+    };
+    permissions.insert("metadata".into(), "read".into());
     let token: String = format!(
         "ghs_{}",
         rand::rng()
@@ -1342,18 +1569,28 @@ async fn create_access_token(
         IssuedToken {
             installation: id,
             expires_at,
+            repositories: repositories.clone(),
+            permissions: permissions.clone(),
         },
     );
     st.issued.push(token.clone());
-    json_response(
-        201,
-        json!({
-            "token": token,
-            "expires_at": iso8601(expires_at),
-            "permissions": {"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read"},
-            "repository_selection": "selected",
-        }),
-    )
+    st.grants.push(TokenGrant {
+        token: token.clone(),
+        installation: id,
+        repositories: asked_repos,
+        permissions: asked_perms,
+    });
+    let mut answer = json!({
+        "token": token,
+        "expires_at": iso8601(expires_at),
+        "permissions": permissions,
+        "repository_selection": if repositories.is_some() { "selected" } else { "all" },
+    });
+    if let Some(keys) = &repositories {
+        let repos: Vec<Value> = keys.iter().map(|k| repo_json(&fake, &mut st, k)).collect();
+        answer["repositories"] = Value::Array(repos);
+    }
+    json_response(201, answer)
 }
 
 // -------------------------------------------------------------------------------------
@@ -1365,7 +1602,7 @@ async fn get_repo(
     Path((owner, repo)): Path<(String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, METADATA) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -1378,7 +1615,7 @@ async fn get_permission(
     Path((owner, repo, user)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, METADATA) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -1416,7 +1653,7 @@ async fn get_contents(
     Path((owner, repo, path)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, CONTENTS_READ) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -1511,7 +1748,7 @@ async fn get_issue(
     Path((owner, repo, n)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, ISSUES_READ) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -1534,7 +1771,7 @@ async fn list_comments(
     Path((owner, repo, n)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, ISSUES_READ) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -1641,7 +1878,7 @@ async fn create_comment(
     Path((owner, repo, n)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, ISSUES_WRITE) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -1677,7 +1914,7 @@ async fn get_comment(
     Path((owner, repo, id)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, ISSUES_READ) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -1694,7 +1931,7 @@ async fn update_comment(
     Path((owner, repo, id)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, ISSUES_WRITE) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -1719,7 +1956,7 @@ async fn get_pull(
     Path((owner, repo, n)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, PULLS_READ) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -1939,7 +2176,7 @@ async fn list_pulls(
     Path((owner, repo)): Path<(String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, PULLS_READ) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -2044,7 +2281,7 @@ async fn create_pull(
     Path((owner, repo)): Path<(String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, PULLS_WRITE) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -2163,7 +2400,7 @@ async fn update_pull(
     Path((owner, repo, n)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, PULLS_WRITE) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -2347,7 +2584,7 @@ async fn react_issue(
     Path((owner, repo, n)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, ISSUES_WRITE) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -2370,7 +2607,7 @@ async fn react_issue_comment(
     Path((owner, repo, id)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, ISSUES_WRITE) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -2387,7 +2624,7 @@ async fn react_review_comment(
     Path((owner, repo, id)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo) {
+    let key = match auth_installation(&fake, &req, &owner, &repo, PULLS_WRITE) {
         Ok(k) => k,
         Err(r) => return r,
     };

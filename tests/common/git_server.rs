@@ -2,9 +2,10 @@
 //! request, behind HTTP basic auth as GitHub does it (`x-access-token:<token>`).
 //!
 //! Every request must carry `Authorization: Basic base64(x-access-token:<token>)` with a
-//! token the [`TokenCheck`] accepts; otherwise the answer is `401` with
-//! `WWW-Authenticate: Basic realm="git"` (and git's first, anonymous request always gets
-//! one). Every request is recorded, so tests can assert that no token was ever in a URL.
+//! token the [`TokenCheck`] accepts for that repository and use (fetch or push); otherwise
+//! the answer is `401` with `WWW-Authenticate: Basic realm="git"` (and git's first,
+//! anonymous request always gets one), `403` for a token that may not push, or `404` for a
+//! repository the token was not minted for ([`accept_github`] asks the fake GitHub). Every request is recorded, so tests can assert that no token was ever in a URL.
 //!
 //! The server runs on its own thread and runtime, so it serves both blocking tests and
 //! tests on any tokio runtime. Repositories are made with the `git` CLI, isolated from the
@@ -24,7 +25,43 @@ use axum::Router;
 use tokio::io::AsyncWriteExt;
 
 /// Decides whether a token may use the server: `true` lets the request through.
-pub type TokenCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+pub type TokenCheck = Arc<dyn Fn(&str, &GitUse) -> Verdict + Send + Sync>;
+
+/// What a request wants: the repository (`owner/name`) and whether it pushes
+/// (`git-receive-pack`) or fetches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitUse {
+    pub repo: String,
+    pub push: bool,
+}
+
+/// The answer to a token for a use, as GitHub gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// Unknown or expired token: 401 with a basic-auth challenge.
+    Unauthorized,
+    /// The token may not do this (e.g. push with `contents: read`): 403.
+    Forbidden,
+    /// The token was not minted for this repository: 404.
+    NotFound,
+}
+
+impl GitUse {
+    /// From a smart-HTTP path (`/o/r.git/info/refs`, `/o/r.git/git-receive-pack`) and query.
+    fn of(path: &str, query: &str) -> GitUse {
+        let trimmed = path.trim_start_matches('/');
+        let repo = match trimmed.find(".git/") {
+            Some(i) => &trimmed[..i],
+            None => trimmed.strip_suffix(".git").unwrap_or(trimmed),
+        };
+        GitUse {
+            repo: repo.to_string(),
+            push: path.ends_with("/git-receive-pack")
+                || query.split('&').any(|kv| kv == "service=git-receive-pack"),
+        }
+    }
+}
 
 /// The user name GitHub expects with an installation token.
 pub const USERNAME: &str = "x-access-token";
@@ -37,8 +74,11 @@ pub struct RecordedRequest {
     pub path_and_query: String,
     /// The basic-auth user name, if the request carried one.
     pub username: Option<String>,
-    /// Whether the credentials were `x-access-token` and a token the check accepted.
+    /// Whether the credentials were `x-access-token` and a token the check accepted for
+    /// this repository and use.
     pub auth_ok: bool,
+    /// Whether the request was part of a push (`git-receive-pack`).
+    pub push: bool,
     pub content_encoding: Option<String>,
     /// The status answered.
     pub status: u16,
@@ -66,15 +106,23 @@ pub fn git_available() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// A check accepting exactly these tokens.
-pub fn accept_tokens(tokens: &[&str]) -> TokenCheck {
-    let tokens: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
-    Arc::new(move |t| tokens.iter().any(|k| k == t))
+fn allow_if(ok: bool) -> Verdict {
+    if ok {
+        Verdict::Allow
+    } else {
+        Verdict::Unauthorized
+    }
 }
 
-/// A check accepting the tokens in a set the test (or a fake GitHub) fills as it goes.
+/// A check accepting exactly these tokens, for any repository and to push.
+pub fn accept_tokens(tokens: &[&str]) -> TokenCheck {
+    let tokens: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
+    Arc::new(move |t, _| allow_if(tokens.iter().any(|k| k == t)))
+}
+
+/// A check accepting the tokens in a set the test fills as it goes, for any use.
 pub fn accept_shared(tokens: Arc<Mutex<std::collections::HashSet<String>>>) -> TokenCheck {
-    Arc::new(move |t| tokens.lock().unwrap().contains(t))
+    Arc::new(move |t, _| allow_if(tokens.lock().unwrap().contains(t)))
 }
 
 /// The value of an `Authorization` header for basic auth.
@@ -386,23 +434,46 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         .unwrap_or_default();
     let headers = req.headers().clone();
     let content_encoding = header_str(&headers, header::CONTENT_ENCODING);
-    let (username, auth_ok) = match credentials(&headers) {
+    let wants = GitUse::of(&path, &query);
+    let (username, verdict) = match credentials(&headers) {
         Some((user, token)) => {
-            let ok = user == USERNAME && (shared.accept)(&token);
-            (Some(user), ok)
+            let verdict = if user == USERNAME {
+                (shared.accept)(&token, &wants)
+            } else {
+                Verdict::Unauthorized
+            };
+            (Some(user), verdict)
         }
-        None => (None, false),
+        None => (None, Verdict::Unauthorized),
     };
+    let auth_ok = verdict == Verdict::Allow;
+    let push = wants.push;
     let record = |status: StatusCode| {
         shared.requests.lock().unwrap().push(RecordedRequest {
             method: method.clone(),
             path_and_query: path_and_query.clone(),
             username: username.clone(),
             auth_ok,
+            push,
             content_encoding: content_encoding.clone(),
             status: status.as_u16(),
         });
     };
+    match verdict {
+        Verdict::Allow | Verdict::Unauthorized => {}
+        Verdict::Forbidden => {
+            record(StatusCode::FORBIDDEN);
+            return (
+                StatusCode::FORBIDDEN,
+                format!("Permission to {}.git denied to the token.\n", wants.repo),
+            )
+                .into_response();
+        }
+        Verdict::NotFound => {
+            record(StatusCode::NOT_FOUND);
+            return (StatusCode::NOT_FOUND, "Repository not found.\n").into_response();
+        }
+    }
     if !auth_ok {
         record(StatusCode::UNAUTHORIZED);
         return (

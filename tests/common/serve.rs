@@ -1,5 +1,6 @@
 //! Drives the real `kodx serve` binary for end-to-end tests: a fake GitHub, a real git
 //! server over smart HTTP that only accepts the installation tokens the fake GitHub issued,
+//! for the repositories and with the `contents` permission they were minted with,
 //! a scripted fake Anthropic, a real SQLite file, and the real Docker engine.
 
 use std::process::Stdio;
@@ -50,10 +51,8 @@ impl Served {
     pub async fn start(opts: Options) -> Served {
         let github = FakeGitHub::start(APP_ID).await;
         github.add_installation(INSTALLATION, "acme");
-        let gh = github.clone();
-        let git = GitServer::start(Arc::new(move |t: &str| {
-            gh.issued_tokens().iter().any(|i| i == t)
-        }));
+        // The git server lets a token do what the fake GitHub minted it for, no more.
+        let git = GitServer::start(accept_github(github.clone()));
         let clone_url = git.create_repo(
             REPO,
             "main",
@@ -286,6 +285,19 @@ async fn spawn(
         ),
     };
     (child, url)
+}
+
+/// A git server check that asks the fake GitHub what each token was minted for (see
+/// `FakeGitHub::git_access`): its repositories and `contents` permission.
+pub fn accept_github(github: FakeGitHub) -> super::git_server::TokenCheck {
+    use super::fake_github::GitVerdict;
+    use super::git_server::Verdict;
+    Arc::new(move |t, u| match github.git_access(t, &u.repo, u.push) {
+        GitVerdict::Allow => Verdict::Allow,
+        GitVerdict::Unauthorized => Verdict::Unauthorized,
+        GitVerdict::Forbidden => Verdict::Forbidden,
+        GitVerdict::NotFound => Verdict::NotFound,
+    })
 }
 
 fn unsafe_kill(pid: u32, signal: &str) {
