@@ -33,6 +33,7 @@ pub struct Served {
     child: tokio::process::Child,
     env: Vec<(String, String)>,
     workers: bool,
+    pid_namespace: bool,
     http: reqwest::Client,
 }
 
@@ -42,6 +43,9 @@ pub struct Options {
     pub workers: bool,
     pub settings: Option<&'static str>,
     pub extra_env: Vec<(String, String)>,
+    /// Run `kodx serve` as PID 1 of its own PID namespace (`unshare --pid --fork
+    /// --mount-proc`), as in the shipped image where it is the container's init.
+    pub pid_namespace: bool,
 }
 
 impl Served {
@@ -118,7 +122,7 @@ impl Served {
         ];
         env.extend(opts.extra_env.iter().cloned());
         let log = Arc::new(Mutex::new(String::new()));
-        let (child, url) = spawn(&env, opts.workers, dir.path(), &log).await;
+        let (child, url) = spawn(&env, opts.workers, opts.pid_namespace, dir.path(), &log).await;
         Served {
             url,
             github,
@@ -130,6 +134,7 @@ impl Served {
             child,
             env,
             workers: opts.workers,
+            pid_namespace: opts.pid_namespace,
             http: {
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 reqwest::Client::new()
@@ -148,15 +153,38 @@ impl Served {
 
     /// Starts `kodx serve` again on the same database (after `terminate` or `kill`).
     pub async fn restart(&mut self) {
-        let (child, url) = spawn(&self.env, self.workers, self.dir.path(), &self.log).await;
+        let (child, url) = spawn(
+            &self.env,
+            self.workers,
+            self.pid_namespace,
+            self.dir.path(),
+            &self.log,
+        )
+        .await;
         self.child = child;
         self.url = url;
     }
 
+    /// The host's pid of the `kodx serve` process (inside a PID namespace it is PID 1 there,
+    /// a child of `unshare` here).
+    pub fn kodx_pid(&self) -> u32 {
+        let pid = self.child.id().expect("kodx serve is running");
+        if !self.pid_namespace {
+            return pid;
+        }
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .expect("unshare's children");
+        children
+            .split_whitespace()
+            .next()
+            .and_then(|c| c.parse().ok())
+            .expect("unshare has forked kodx serve")
+    }
+
     /// SIGTERM, then waits for the process to exit.
     pub async fn terminate(&mut self) -> std::process::ExitStatus {
-        if let Some(pid) = self.child.id() {
-            unsafe_kill(pid, "TERM");
+        if self.child.id().is_some() {
+            unsafe_kill(self.kodx_pid(), "TERM");
         }
         tokio::time::timeout(Duration::from_secs(60), self.child.wait())
             .await
@@ -166,6 +194,12 @@ impl Served {
 
     /// SIGKILL: the process dies at once, as in a crash.
     pub async fn kill(&mut self) {
+        if self.pid_namespace && self.child.id().is_some() {
+            // kill -9 of kodx itself (the namespace's init: everything in it dies too);
+            // `unshare` then exits.
+            unsafe_kill(self.kodx_pid(), "KILL");
+            let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+        }
         let _ = self.child.kill().await;
     }
 
@@ -243,10 +277,19 @@ impl Served {
 async fn spawn(
     env: &[(String, String)],
     workers: bool,
+    pid_namespace: bool,
     dir: &std::path::Path,
     log: &Arc<Mutex<String>>,
 ) -> (tokio::process::Child, String) {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"));
+    let mut cmd = if pid_namespace {
+        // `--kill-child`: should the test die, kodx dies with `unshare`.
+        let mut cmd = tokio::process::Command::new("unshare");
+        cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .arg(env!("CARGO_BIN_EXE_kodx"));
+        cmd
+    } else {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"))
+    };
     cmd.arg("serve");
     if !workers {
         cmd.arg("--no-workers");
