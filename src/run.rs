@@ -61,7 +61,8 @@ pub struct RunArgs {
     /// Wall-clock limit of the run in seconds.
     #[arg(long, default_value_t = 1800)]
     timeout: u64,
-    /// Write every model request/response and tool call/result here as JSON lines.
+    /// Write the transcript here: one JSON object per line (request, response, tool_call,
+    /// tool_result, stop), each message once; see the `kodx::transcript` docs.
     #[arg(long)]
     transcript: Option<PathBuf>,
     /// Extra prices (TOML, same shape as config/pricing.toml).
