@@ -338,7 +338,7 @@ async fn kill_9_of_kodx_as_pid_1_then_restart_removes_the_orphan_and_finishes_th
         "another installation's clone stays"
     );
     let log = s.log();
-    assert!(!log.contains("409"), "{log}");
+    assert!(!log.contains("status code 409"), "{log}");
     assert!(!log.contains("could not be started"), "{log}");
     common::assert_gone(&engine, &label).await;
 }
@@ -397,6 +397,6 @@ async fn a_requeued_run_removes_an_earlier_container_of_its_own_first() {
         log.contains("removed 1 container(s) of an earlier attempt"),
         "{log}"
     );
-    assert!(!log.contains("409"), "{log}");
+    assert!(!log.contains("status code 409"), "{log}");
     common::assert_gone(&engine, &label).await;
 }
