@@ -100,6 +100,8 @@ impl Served {
                 .unwrap_or("status_interval_secs = 0.2\nshutdown_grace_secs = 5\n"),
         )
         .unwrap();
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
         let key = dir.path().join("app-key.pem");
         std::fs::write(&key, TEST_APP_KEY).unwrap();
 
@@ -119,6 +121,8 @@ impl Served {
             ("ANTHROPIC_API_KEY".into(), MODEL_KEY.into()),
             ("ANTHROPIC_BASE_URL".into(), model.url.clone()),
             ("KODX_LOG".into(), "info,kodx=debug".into()),
+            // Clones go there: a killed server's leftovers go with the test's directory.
+            ("TMPDIR".into(), tmp.display().to_string()),
         ];
         env.extend(opts.extra_env.iter().cloned());
         let log = Arc::new(Mutex::new(String::new()));
