@@ -2,7 +2,7 @@
 //! calls in the sandbox, feeds the results back, and stops at the first limit: cost cap
 //! (planned before every call, never crossed), `max_iterations`, wall-clock timeout,
 //! repeated tool failures, cancellation. Every request, response, tool call and result is
-//! handed to the caller as a transcript record.
+//! handed to the caller as a transcript record ([`crate::transcript`]: each message once).
 
 use std::time::{Duration, Instant};
 
@@ -109,35 +109,8 @@ pub struct Progress {
     pub elapsed: Duration,
 }
 
-/// One transcript record. Secrets are not in them: keys travel only in HTTP headers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Record {
-    ModelRequest {
-        step: u32,
-        request: Value,
-    },
-    ModelResponse {
-        step: u32,
-        response: Value,
-        cost_usd: f64,
-    },
-    ToolCall {
-        step: u32,
-        id: String,
-        name: String,
-        input: Value,
-    },
-    ToolResult {
-        step: u32,
-        id: String,
-        output: String,
-        is_error: bool,
-    },
-    Stop {
-        outcome: Value,
-    },
-}
+pub use crate::transcript::Record;
+use crate::transcript::Recorder;
 
 /// The two tools, named and shaped as in the original kodx (SPEC §6).
 pub fn tools(command_timeout: Duration) -> Vec<ToolSpec> {
@@ -210,6 +183,8 @@ impl Agent<'_> {
         let mut failures = 0u32;
         let mut messages = vec![Message::user_text(prompt)];
         let tool_specs = tools(cfg.command_timeout);
+        // Each record holds what is new since the one before (see `crate::transcript`).
+        let mut recorder = Recorder::default();
 
         let ended: Ended = 'run: loop {
             if self.cancel.is_cancelled() {
@@ -253,10 +228,7 @@ impl Agent<'_> {
                 limit: budget.limit(),
                 elapsed: started.elapsed(),
             });
-            transcript(&Record::ModelRequest {
-                step,
-                request: serde_json::to_value(&request).unwrap_or(Value::Null),
-            });
+            transcript(&recorder.request(step, &request));
             let response = tokio::select! {
                 r = self.provider.complete(&request) => r,
                 _ = self.cancel.cancelled() => break Ended(StopReason::Cancelled, None),
@@ -274,11 +246,11 @@ impl Agent<'_> {
             api_calls += 1;
             usage.add(&response.usage);
             let cost = budget.record(&response.usage);
-            transcript(&Record::ModelResponse {
+            transcript(&recorder.note(Record::ModelResponse {
                 step,
-                response: serde_json::to_value(&response).unwrap_or(Value::Null),
+                response: response.clone(),
                 cost_usd: cost,
-            });
+            }));
             let text = Message {
                 role: Role::Assistant,
                 content: response.content.clone(),
@@ -319,12 +291,11 @@ impl Agent<'_> {
             }
             let mut results = Vec::new();
             for (id, name, input) in calls {
-                transcript(&Record::ToolCall {
+                transcript(&recorder.note(Record::ToolCall {
                     step,
                     id: id.clone(),
                     name: name.clone(),
-                    input: input.clone(),
-                });
+                }));
                 progress(&Progress {
                     step,
                     action: describe_call(&name, &input),
@@ -347,12 +318,12 @@ impl Agent<'_> {
                         (e, true)
                     }
                 };
-                transcript(&Record::ToolResult {
+                transcript(&recorder.note(Record::ToolResult {
                     step,
                     id: id.clone(),
                     output: output.clone(),
                     is_error,
-                });
+                }));
                 results.push(Block::ToolResult {
                     tool_use_id: id,
                     content: output,

@@ -697,28 +697,24 @@ struct CliContainer {
 
 impl CliContainer {
     async fn start(image: &str, session: &str) -> anyhow::Result<CliContainer> {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "unknown".to_string());
-        let run_label = format!("{}=bench-{session}-exec", kodx::sandbox::docker::RUN_LABEL);
-        let owner_label = format!(
-            "{}={host}/{}",
-            kodx::sandbox::docker::OWNER_LABEL,
-            std::process::id()
-        );
-        let out = docker(&[
-            "run",
-            "-d",
-            "--rm",
-            "--label",
-            &run_label,
-            "--label",
-            &owner_label,
-            image,
-            "sleep",
-            "600",
-        ])
-        .await?;
+        use kodx::sandbox::docker::{
+            owner_id, process_identity, OWNER_LABEL, PROCESS_LABEL, RUN_LABEL,
+        };
+        let mut args = vec![
+            "run".to_string(),
+            "-d".into(),
+            "--rm".into(),
+            "--label".into(),
+            format!("{RUN_LABEL}=bench-{session}-exec"),
+            "--label".into(),
+            format!("{OWNER_LABEL}={}", owner_id()),
+        ];
+        if let Some(me) = process_identity() {
+            args.extend(["--label".into(), format!("{PROCESS_LABEL}={me}")]);
+        }
+        args.extend([image.to_string(), "sleep".into(), "600".into()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = docker(&args).await?;
         let id = out.trim().to_string();
         ensure!(!id.is_empty(), "`docker run -d` printed no container id");
         Ok(CliContainer { id, removed: false })

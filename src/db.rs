@@ -815,6 +815,63 @@ impl Db {
         Ok(records)
     }
 
+    /// This installation's id: drawn at random (16 hex digits) the first time it is asked
+    /// for, then kept in the database. Sandbox containers carry it
+    /// ([`crate::sandbox::docker::INSTANCE_LABEL`]).
+    pub async fn instance_id(&self) -> Result<String, DbError> {
+        let fresh = format!("{:016x}", rand::random::<u64>());
+        sqlx::query(
+            "INSERT INTO kodx_meta (key, value) VALUES ('instance', $1) \
+             ON CONFLICT (key) DO NOTHING",
+        )
+        .bind(&fresh)
+        .execute(&self.pool)
+        .await?;
+        let id: String = sqlx::query_scalar("SELECT value FROM kodx_meta WHERE key = 'instance'")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(id)
+    }
+
+    /// Deletes the transcripts of runs that finished before `before_ms` (unix milliseconds)
+    /// and marks those runs `transcript_pruned_at`; the runs' own rows (status, cost,
+    /// tokens, result) stay. Queued and running runs are never touched. Returns how many
+    /// transcript records were deleted.
+    pub async fn prune_transcripts(&self, before_ms: i64) -> Result<u64, DbError> {
+        let mut tx = self.pool.begin().await?;
+        let deleted = sqlx::query(
+            "DELETE FROM transcripts WHERE run_id IN (\
+               SELECT id FROM runs WHERE finished_at < $1 \
+               AND status IN ('succeeded', 'failed', 'cancelled') \
+               AND transcript_pruned_at IS NULL)",
+        )
+        .bind(before_ms)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        sqlx::query(
+            "UPDATE runs SET transcript_pruned_at = $1 WHERE finished_at < $2 \
+             AND status IN ('succeeded', 'failed', 'cancelled') \
+             AND transcript_pruned_at IS NULL",
+        )
+        .bind(now_ms())
+        .bind(before_ms)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
+    /// When the run's transcript was deleted for its age, if it was.
+    pub async fn transcript_pruned_at(&self, run_id: &str) -> Result<Option<i64>, DbError> {
+        let at: Option<Option<i64>> =
+            sqlx::query_scalar("SELECT transcript_pruned_at FROM runs WHERE id = $1")
+                .bind(run_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        at.ok_or_else(|| DbError::NotFound(run_id.to_owned()))
+    }
+
     /// Runs by status and total spend, for `/metrics`.
     pub async fn counts(&self) -> Result<RunCounts, DbError> {
         let rows = sqlx::query(
@@ -1753,6 +1810,70 @@ mod tests {
         let err = db.append_transcript("nope", 0, "{}").await.unwrap_err();
         assert!(matches!(err, DbError::NotFound(_)), "{err}");
         assert!(db.transcript("nope").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn old_transcripts_of_finished_runs_are_pruned_and_the_runs_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = file_db(&dir).await;
+        let done = queue(&db, "d-1", &new_run("ask", "octo/widgets", 1)).await;
+        let running = queue(&db, "d-2", &new_run("ask", "octo/widgets", 3)).await;
+        let queued = queue(&db, "d-3", &new_run("ask", "octo/widgets", 3)).await;
+        for run in [&done, &running, &queued] {
+            for seq in 0..3 {
+                db.append_transcript(run, seq, r#"{"type":"request"}"#)
+                    .await
+                    .unwrap();
+            }
+        }
+        assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, done);
+        assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, running);
+        assert!(db
+            .finish(&done, &finish(RunStatus::Succeeded, 0.25))
+            .await
+            .unwrap());
+        // Nothing finished before the cutoff.
+        let finished_at = db
+            .get_run(&done)
+            .await
+            .unwrap()
+            .unwrap()
+            .finished_at
+            .unwrap();
+        assert_eq!(db.prune_transcripts(finished_at).await.unwrap(), 0);
+        assert_eq!(db.transcript(&done).await.unwrap().len(), 3);
+        // Past it: the finished run's transcript goes, its row (cost, tokens) stays; the
+        // running and queued runs keep theirs.
+        assert_eq!(db.prune_transcripts(finished_at + 1).await.unwrap(), 3);
+        assert!(db.transcript(&done).await.unwrap().is_empty());
+        let run = db.get_run(&done).await.unwrap().unwrap();
+        assert_eq!(run.status, RunStatus::Succeeded);
+        assert_eq!(run.cost_usd, Some(0.25));
+        assert_eq!(run.input_tokens, 1200);
+        assert!(db.transcript_pruned_at(&done).await.unwrap().is_some());
+        assert_eq!(db.transcript_pruned_at(&running).await.unwrap(), None);
+        assert_eq!(db.transcript(&running).await.unwrap().len(), 3);
+        assert_eq!(db.transcript(&queued).await.unwrap().len(), 3);
+        assert_eq!(db.prune_transcripts(now_ms() + 1).await.unwrap(), 0);
+        assert!(matches!(
+            db.transcript_pruned_at("nope").await,
+            Err(DbError::NotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_instance_id_is_drawn_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = file_db(&dir).await;
+        let id = db.instance_id().await.unwrap();
+        assert_eq!(id.len(), 16);
+        assert!(id.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(db.instance_id().await.unwrap(), id);
+        db.close().await;
+        let db = file_db(&dir).await;
+        assert_eq!(db.instance_id().await.unwrap(), id, "kept across restarts");
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(file_db(&other).await.instance_id().await.unwrap(), id);
     }
 
     #[tokio::test]

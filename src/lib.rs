@@ -14,4 +14,5 @@ pub mod providers;
 pub mod repo_config;
 pub mod sandbox;
 pub mod serve;
+pub mod transcript;
 pub mod webhook;

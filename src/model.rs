@@ -70,7 +70,7 @@ pub struct ToolSpec {
 }
 
 /// One model call.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Request {
     pub model: String,
     pub system: String,

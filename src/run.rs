@@ -6,12 +6,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use kodx::agent::{Agent, AgentConfig, Outcome, Progress, Record, StopReason};
+use kodx::agent::{Agent, Outcome, Progress, Record, StopReason};
 use kodx::cost::{format_usd, Pricing};
 use kodx::model::{Provider, Usage};
-use kodx::program::{self, Overrides, Program, RepoConfig};
+use kodx::program::{self, Defaults, Overrides, Plan, Program, RepoConfig};
 use kodx::providers::{AnthropicClient, OpenAiClient};
-use kodx::sandbox::{Engine, Sandbox, SandboxError, SandboxSpec};
+use kodx::sandbox::{Engine, Sandbox, SandboxError};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -61,7 +61,8 @@ pub struct RunArgs {
     /// Wall-clock limit of the run in seconds.
     #[arg(long, default_value_t = 1800)]
     timeout: u64,
-    /// Write every model request/response and tool call/result here as JSON lines.
+    /// Write the transcript here: one JSON object per line (request, response, tool_call,
+    /// tool_result, stop), each message once; see the `kodx::transcript` docs.
     #[arg(long)]
     transcript: Option<PathBuf>,
     /// Extra prices (TOML, same shape as config/pricing.toml).
@@ -208,7 +209,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         ),
         None => None,
     };
-    let program = program.with_overrides(&Overrides {
+    let overrides = Overrides {
         model: args.model.clone(),
         image: args.image.clone(),
         setup_script,
@@ -216,23 +217,32 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         cost_limit: args.cost_limit,
         max_iterations: args.max_iterations,
         command_timeout: None,
-    });
+    };
+    let defaults = Defaults {
+        image: std::env::var("KODX_IMAGE")
+            .ok()
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| "python:3.12".to_string()),
+        cost_limit: repo_cost_limit.unwrap_or(1.0),
+        run_timeout: Duration::from_secs(args.timeout.max(1)),
+        ..Defaults::default()
+    };
     let mut pricing = Pricing::builtin();
     if let Some(file) = &args.pricing {
         pricing = pricing.merged(Pricing::from_file(file)?);
     }
-    let price = pricing.price(&program.model.name)?;
-    let cost_limit = program.limits.cost_limit.or(repo_cost_limit).unwrap_or(1.0);
+    let run_id = format!("run-{:012x}", rand::random::<u64>() >> 16);
+    let Plan {
+        program,
+        sandbox: mut spec,
+        agent: config,
+    } = Plan::new(run_id, program, &overrides, &defaults, &pricing)?;
+    let cost_limit = config.cost_limit;
     if !(cost_limit.is_finite() && cost_limit > 0.0) {
         bail!("--cost-limit must be a positive amount in USD, got {cost_limit}");
     }
     let provider = provider_for(&program)?;
-    let image = program
-        .docker
-        .image
-        .clone()
-        .or_else(|| std::env::var("KODX_IMAGE").ok().filter(|i| !i.is_empty()))
-        .unwrap_or_else(|| "python:3.12".to_string());
+    spec.repo_dir = repo.clone();
 
     let mut transcript = match &args.transcript {
         Some(path) => Some(std::io::BufWriter::new(
@@ -244,30 +254,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
     let engine = Engine::connect().await?;
     let _ = engine.sweep_dead_owners().await;
-    let run_id = format!("run-{:012x}", rand::random::<u64>() >> 16);
-    let mut spec = SandboxSpec::new(run_id, image);
-    spec.repo_dir = repo.clone();
-    spec.setup_script = program.docker.setup_script.clone();
-    spec.disable_network_after_setup = program.docker.disable_network_after_setup.unwrap_or(false);
-    if let Some(secs) = program.limits.command_timeout {
-        spec.setup_timeout = spec.setup_timeout.max(Duration::from_secs(secs));
-    }
-
-    let mut config = AgentConfig::new(
-        program.model.name.clone(),
-        program.system_prompt.clone(),
-        price,
-    );
-    config.cost_limit = cost_limit;
-    config.max_iterations = program.max_iterations().unwrap_or(50);
-    config.timeout = Duration::from_secs(args.timeout.max(1));
-    if let Some(secs) = program.limits.command_timeout {
-        config.command_timeout = Duration::from_secs(secs);
-    }
-    if let Some(m) = program.parameters.max_tokens {
-        config.max_tokens = m;
-    }
-    config.temperature = program.parameters.temperature;
 
     let started = std::time::Instant::now();
     let sandbox = match engine

@@ -446,3 +446,69 @@ async fn credentials_in_the_git_config_never_reach_the_container() {
         config
     );
 }
+
+/// `kodx run --transcript F.jsonl`: one JSON object per line, each message once; the lines
+/// replay into exactly the requests the model received.
+#[tokio::test]
+async fn the_transcript_file_holds_each_message_once_and_replays_exactly() {
+    let Some(_engine) = engine().await else {
+        return;
+    };
+    let fake = FakeAnthropic::start(KEY).await;
+    for step in 1..=5 {
+        fake.reply(
+            vec![tool(
+                &format!("t{step}"),
+                json!({"chars": format!("seq {step} 1500")}),
+            )],
+            "tool_use",
+            usage(1000, 20),
+        );
+    }
+    fake.reply(
+        vec![json!({"type": "text", "text": "Counted."})],
+        "end_turn",
+        usage(1000, 10),
+    );
+    let out = tempfile::tempdir().unwrap();
+    let transcript = out.path().join("t.jsonl");
+    let output = kodx(&fake)
+        .args(["run", "-p", "Count for me", "--repo-dir", "", "--quiet"])
+        .arg("--transcript")
+        .arg(&transcript)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = std::fs::read_to_string(&transcript).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let types: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(types.iter().filter(|t| *t == "request").count(), 6);
+    assert_eq!(types.iter().filter(|t| *t == "tool_result").count(), 5);
+    assert_eq!(types.last().map(String::as_str), Some("stop"));
+    let received = fake.requests();
+    let rebuilt = kodx::transcript::requests(lines.iter().copied()).unwrap();
+    assert_eq!(rebuilt.len(), received.len());
+    for (request, got) in rebuilt.iter().zip(&received) {
+        assert_eq!(kodx::providers::anthropic::request_body(request), got.body);
+    }
+    let conversation = received.last().unwrap().body.to_string().len();
+    assert!(
+        text.len() < conversation * 3 / 2,
+        "{} bytes written for a conversation of {conversation} bytes",
+        text.len()
+    );
+}

@@ -6,19 +6,39 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-async fn owned_by(engine: &kodx::sandbox::Engine, owner: &str) -> usize {
-    containers_labelled(engine, &format!("kodx.owner={owner}"))
+/// Containers whose `kodx.process` label names process `pid` of this boot and PID
+/// namespace (`<boot>/<namespace>/<pid>/<start time>`).
+async fn owned_by(engine: &kodx::sandbox::Engine, pid: u32) -> usize {
+    let me = kodx::sandbox::docker::process_identity()
+        .expect("this process can be identified")
+        .to_string();
+    let prefix: Vec<&str> = me.split('/').take(2).collect();
+    let want = format!("{}/{}/{pid}/", prefix[0], prefix[1]);
+    let list = engine
+        .docker()
+        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
+            all: true,
+            filters: Some(std::collections::HashMap::from([(
+                "label".to_string(),
+                vec!["kodx.process".to_string()],
+            )])),
+            ..Default::default()
+        }))
         .await
-        .len()
+        .unwrap();
+    list.iter()
+        .filter(|c| {
+            c.labels
+                .as_ref()
+                .and_then(|l| l.get("kodx.process"))
+                .is_some_and(|p| p.starts_with(&want))
+        })
+        .count()
 }
 
 #[tokio::test]
 async fn sigint_removes_the_process_containers() {
     let Some(engine) = engine().await else { return };
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap()
-        .trim()
-        .to_string();
     // A long benchmark keeps sandboxes alive; interrupt it mid-way.
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"))
         .args([
@@ -33,11 +53,12 @@ async fn sigint_removes_the_process_containers() {
         ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let owner = format!("{host}/{}", child.id().unwrap());
+    let owner = child.id().unwrap();
     let t = Instant::now();
-    while owned_by(&engine, &owner).await == 0 {
+    while owned_by(&engine, owner).await == 0 {
         assert!(
             t.elapsed() < Duration::from_secs(60),
             "the benchmark made no container"
@@ -53,7 +74,7 @@ async fn sigint_removes_the_process_containers() {
         .unwrap();
     assert_eq!(status.code(), Some(130));
     assert_eq!(
-        owned_by(&engine, &owner).await,
+        owned_by(&engine, owner).await,
         0,
         "containers left after Ctrl-C"
     );

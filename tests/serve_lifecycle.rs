@@ -266,3 +266,137 @@ async fn kodx_cancel_removes_a_queued_run_before_it_starts() {
         "only issue 7's run called the model"
     );
 }
+
+/// The `kodx-run-*` clone directories in `tmp` (the server's TMPDIR), but `except`.
+fn clone_dirs(tmp: &std::path::Path, except: &str) -> Vec<std::path::PathBuf> {
+    let mut dirs: Vec<_> = std::fs::read_dir(tmp)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            name.starts_with("kodx-run-") && name != except
+        })
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+async fn container_exists(engine: &kodx::sandbox::Engine, id: &str) -> bool {
+    engine.docker().inspect_container(id, None).await.is_ok()
+}
+
+/// In the shipped image kodx is PID 1 of its container: after a kill -9 and a restart it is
+/// PID 1 again, so a pid cannot tell its own orphan from a live container. The orphan must
+/// still be removed at start, and the re-queued run must not trip over its name (409).
+#[tokio::test]
+async fn kill_9_of_kodx_as_pid_1_then_restart_removes_the_orphan_and_finishes_the_run() {
+    let Some(engine) = common::engine().await else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    // Another installation's clone in the same temporary directory: never touched.
+    let foreign = "kodx-run-0123456789abcdef-otherrun-x1y2z3";
+    std::fs::create_dir(tmp.path().join(foreign)).unwrap();
+    let mut s = Served::start(Options {
+        workers: true,
+        pid_namespace: true,
+        extra_env: vec![("TMPDIR".into(), tmp.path().display().to_string())],
+        ..Options::default()
+    })
+    .await;
+    let run_id = start_a_long_run(&s).await;
+    let label = format!("kodx-{run_id}");
+    let orphan = common::containers_of(&engine, &label).await;
+    assert_eq!(orphan.len(), 1);
+    let clones = clone_dirs(tmp.path(), foreign);
+    assert_eq!(clones.len(), 1, "{clones:?}");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&clones[0]).unwrap().permissions().mode() & 0o777;
+        assert_eq!(
+            mode, 0o700,
+            "the clone of a private repository is the server's alone"
+        );
+    }
+    let pid = s.kodx_pid();
+    s.kill().await;
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "kodx serve was killed"
+    );
+    assert!(container_exists(&engine, &orphan[0]).await);
+    assert!(clones[0].exists());
+
+    finishes_after_restart(&mut s, &run_id).await;
+    assert!(
+        !container_exists(&engine, &orphan[0]).await,
+        "the dead process's container was removed"
+    );
+    assert!(!clones[0].exists(), "the stale clone was removed at start");
+    assert!(
+        tmp.path().join(foreign).exists(),
+        "another installation's clone stays"
+    );
+    let log = s.log();
+    assert!(!log.contains("status code 409"), "{log}");
+    assert!(!log.contains("could not be started"), "{log}");
+    common::assert_gone(&engine, &label).await;
+}
+
+/// A re-queued run removes whatever container still holds its name before it makes its own:
+/// here one the start-up sweep cannot know for an orphan (made by a kodx version without
+/// the instance label, as after an upgrade with a run in flight).
+#[tokio::test]
+async fn a_requeued_run_removes_an_earlier_container_of_its_own_first() {
+    use bollard::models::ContainerCreateBody;
+    use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
+    let Some(engine) = common::engine().await else {
+        return;
+    };
+    let mut s = Served::with_workers().await;
+    let run_id = start_a_long_run(&s).await;
+    s.kill().await;
+    let label = format!("kodx-{run_id}");
+    for id in common::containers_of(&engine, &label).await {
+        engine
+            .docker()
+            .remove_container(
+                &id,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .unwrap();
+    }
+    let old = engine
+        .docker()
+        .create_container(
+            Some(CreateContainerOptions {
+                name: Some(format!("kodx-{label}")),
+                ..Default::default()
+            }),
+            ContainerCreateBody {
+                image: Some(common::image()),
+                cmd: Some(vec!["true".into()]),
+                labels: Some(std::collections::HashMap::from([
+                    ("kodx.run".to_string(), label.clone()),
+                    ("kodx.owner".to_string(), "kodx-host/1".to_string()),
+                ])),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .id;
+    finishes_after_restart(&mut s, &run_id).await;
+    assert!(!container_exists(&engine, &old).await);
+    let log = s.log();
+    assert!(
+        log.contains("removed 1 container(s) of an earlier attempt"),
+        "{log}"
+    );
+    assert!(!log.contains("status code 409"), "{log}");
+    common::assert_gone(&engine, &label).await;
+}

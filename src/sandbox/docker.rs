@@ -2,6 +2,7 @@
 //! and out as tar streams, the setup script, the network cut, and removal on every path.
 
 use std::collections::{HashMap, HashSet};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -26,8 +27,18 @@ use super::{Result, Sandbox, SandboxError};
 
 /// Label every kodx container carries: the run id.
 pub const RUN_LABEL: &str = "kodx.run";
-/// Label naming the process that owns the container: `<hostname>/<pid>`.
+/// Label naming the process that owns the container: a random id drawn once per process
+/// ([`owner_id`]). A pid would not do: in the shipped image kodx is PID 1 before and after a
+/// restart, so its own orphans would look alive.
 pub const OWNER_LABEL: &str = "kodx.owner";
+/// Label naming the kodx installation (one `kodx serve` database) the container belongs to;
+/// see [`Engine::with_instance`]. Two installations sharing an engine never remove each
+/// other's containers.
+pub const INSTANCE_LABEL: &str = "kodx.instance";
+/// Label identifying the owning process as its kernel sees it:
+/// `<boot id>/<pid namespace inode>/<pid>/<start time>` ([`process_identity`]). Another
+/// process in the same boot and PID namespace can tell for sure whether it is gone.
+pub const PROCESS_LABEL: &str = "kodx.process";
 
 /// Resource limits of one sandbox container.
 #[derive(Debug, Clone, PartialEq)]
@@ -102,6 +113,8 @@ pub struct Engine {
     docker: Docker,
     host: String,
     api_version: String,
+    /// The installation whose containers this engine handle makes ([`INSTANCE_LABEL`]).
+    instance: Option<Arc<str>>,
 }
 
 fn engine_host() -> String {
@@ -150,7 +163,21 @@ impl Engine {
             docker,
             host,
             api_version,
+            instance: None,
         })
+    }
+
+    /// Containers made through this handle carry `instance` as their [`INSTANCE_LABEL`], and
+    /// [`Engine::sweep_instance_orphans`] removes the ones other processes of the same
+    /// instance left behind. `kodx serve` uses the id kept in its database.
+    pub fn with_instance(mut self, instance: impl Into<String>) -> Engine {
+        self.instance = Some(Arc::from(instance.into()));
+        self
+    }
+
+    /// The installation set by [`Engine::with_instance`].
+    pub fn instance(&self) -> Option<&str> {
+        self.instance.as_deref()
     }
 
     pub fn docker(&self) -> &Docker {
@@ -270,10 +297,16 @@ impl Engine {
     }
 
     async fn create_container(&self, spec: &SandboxSpec, workdir: &str) -> Result<String> {
-        let labels = HashMap::from([
+        let mut labels = HashMap::from([
             (RUN_LABEL.to_string(), spec.run_id.clone()),
-            (OWNER_LABEL.to_string(), owner_id()),
+            (OWNER_LABEL.to_string(), owner_id().to_string()),
         ]);
+        if let Some(instance) = &self.instance {
+            labels.insert(INSTANCE_LABEL.to_string(), instance.to_string());
+        }
+        if let Some(process) = process_identity() {
+            labels.insert(PROCESS_LABEL.to_string(), process.to_string());
+        }
         let host_config = HostConfig {
             init: Some(true),
             privileged: Some(false),
@@ -366,13 +399,22 @@ impl Engine {
     /// Removes `kodx.run` containers that no live run owns: those whose run id `keep` says
     /// no to. Returns how many were removed.
     pub async fn sweep(&self, keep: impl Fn(&HashMap<String, String>) -> bool) -> Result<usize> {
+        self.sweep_labelled(RUN_LABEL, keep).await
+    }
+
+    /// Removes the containers carrying `label` (`key` or `key=value`) that `keep` says no to.
+    async fn sweep_labelled(
+        &self,
+        label: &str,
+        keep: impl Fn(&HashMap<String, String>) -> bool,
+    ) -> Result<usize> {
         let list = self
             .docker
             .list_containers(Some(ListContainersOptions {
                 all: true,
                 filters: Some(HashMap::from([(
                     "label".to_string(),
-                    vec![RUN_LABEL.to_string()],
+                    vec![label.to_string()],
                 )])),
                 ..Default::default()
             }))
@@ -381,7 +423,7 @@ impl Engine {
         let mut removed = 0;
         for c in list {
             let labels = c.labels.unwrap_or_default();
-            if keep(&labels) {
+            if !labels.contains_key(RUN_LABEL) || keep(&labels) {
                 continue;
             }
             if let Some(id) = c.id {
@@ -394,18 +436,46 @@ impl Engine {
         Ok(removed)
     }
 
-    /// Removes the containers left behind by kodx processes on this host that are no longer
-    /// running (a crash, a `kill -9`). Containers of live processes and other hosts are kept.
+    /// Removes the containers left behind by kodx processes that are certainly gone (a
+    /// crash, a `kill -9`): those whose [`PROCESS_LABEL`] names this boot and this PID
+    /// namespace, and a process that no longer runs there. Everything else is kept: live
+    /// processes, other hosts, other PID namespaces (another container, or this process's
+    /// previous life as PID 1 of one) — there a pid proves nothing — and containers of kodx
+    /// versions without the label.
     pub async fn sweep_dead_owners(&self) -> Result<usize> {
-        let host = hostname();
-        self.sweep(|labels| match labels.get(OWNER_LABEL) {
-            Some(owner) => match owner.rsplit_once('/') {
-                Some((h, pid)) if h == host => pid
-                    .parse::<u32>()
-                    .is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists()),
-                _ => true,
-            },
-            None => true,
+        let Some(me) = process_identity() else {
+            return Ok(0);
+        };
+        self.sweep_labelled(PROCESS_LABEL, |labels| {
+            labels
+                .get(PROCESS_LABEL)
+                .and_then(|p| process_alive(me, p))
+                .unwrap_or(true)
+        })
+        .await
+    }
+
+    /// Removes the containers of this engine's instance ([`Engine::with_instance`]) that
+    /// another process made: at the start of `kodx serve`, before any run, those are the
+    /// orphans of an earlier life of this installation, however it ended. Does nothing
+    /// without an instance.
+    pub async fn sweep_instance_orphans(&self) -> Result<usize> {
+        let Some(instance) = self.instance.as_deref() else {
+            return Ok(0);
+        };
+        let me = owner_id();
+        self.sweep_labelled(&format!("{INSTANCE_LABEL}={instance}"), |labels| {
+            labels.get(OWNER_LABEL).map(String::as_str) == Some(me)
+        })
+        .await
+    }
+
+    /// Removes every container of run `run_id` (its [`RUN_LABEL`]), whoever made it: before
+    /// a run is started again, so its container's name (`kodx-<run id>`) is free. Returns
+    /// how many were removed.
+    pub async fn remove_run_containers(&self, run_id: &str) -> Result<usize> {
+        self.sweep_labelled(&format!("{RUN_LABEL}={run_id}"), |labels| {
+            labels.get(RUN_LABEL).map(String::as_str) != Some(run_id)
         })
         .await
     }
@@ -438,14 +508,103 @@ fn validate_run_id(id: &str) -> Result<()> {
     }
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "unknown".to_string())
+/// This process's owner id ([`OWNER_LABEL`]): 16 random hex digits, drawn once.
+pub fn owner_id() -> &'static str {
+    static OWNER: OnceLock<String> = OnceLock::new();
+    OWNER.get_or_init(|| format!("{:016x}", rand::random::<u64>()))
 }
 
-fn owner_id() -> String {
-    format!("{}/{}", hostname(), std::process::id())
+/// Who a process is to the kernel: boot, PID namespace, pid and start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    boot: u128,
+    pid_namespace: u64,
+    pid: u32,
+    /// Clock ticks after boot (`/proc/PID/stat` field 22): tells a reused pid apart.
+    start_time: u64,
+}
+
+impl fmt::Display for ProcessIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:032x}/{}/{}/{}",
+            self.boot, self.pid_namespace, self.pid, self.start_time
+        )
+    }
+}
+
+impl std::str::FromStr for ProcessIdentity {
+    type Err = ();
+
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        let mut parts = s.split('/');
+        let mut next = || parts.next().ok_or(());
+        let id = ProcessIdentity {
+            boot: u128::from_str_radix(next()?, 16).map_err(|_| ())?,
+            pid_namespace: next()?.parse().map_err(|_| ())?,
+            pid: next()?.parse().map_err(|_| ())?,
+            start_time: next()?.parse().map_err(|_| ())?,
+        };
+        if parts.next().is_some() {
+            return Err(());
+        }
+        Ok(id)
+    }
+}
+
+/// This process's identity ([`PROCESS_LABEL`]); `None` without a readable `/proc`.
+pub fn process_identity() -> Option<ProcessIdentity> {
+    static ME: OnceLock<Option<ProcessIdentity>> = OnceLock::new();
+    *ME.get_or_init(|| {
+        let pid = std::process::id();
+        // A /proc of another PID namespace (a PID namespace without its own /proc mounted)
+        // would name other processes: then this process cannot be identified.
+        let seen: u32 = std::fs::read_to_string("/proc/self/stat")
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        if seen != pid {
+            return None;
+        }
+        Some(ProcessIdentity {
+            boot: boot_id()?,
+            pid_namespace: pid_namespace("self")?,
+            pid,
+            start_time: start_time(pid)?,
+        })
+    })
+}
+
+fn boot_id() -> Option<u128> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    u128::from_str_radix(&text.trim().replace('-', ""), 16).ok()
+}
+
+/// The inode of a process's PID namespace (`/proc/<pid>/ns/pid` → `pid:[4026531836]`).
+fn pid_namespace(pid: &str) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
+    let link = link.to_str()?;
+    link.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+}
+
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from its end.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the process a [`PROCESS_LABEL`] names still runs, as far as `me` can tell:
+/// `None` when it cannot (another boot, another PID namespace, an unreadable label).
+fn process_alive(me: ProcessIdentity, label: &str) -> Option<bool> {
+    let other: ProcessIdentity = label.parse().ok()?;
+    if other.boot != me.boot || other.pid_namespace != me.pid_namespace {
+        return None;
+    }
+    Some(start_time(other.pid) == Some(other.start_time))
 }
 
 async fn upload(docker: &Docker, id: &str, path: &str, tar: Vec<u8>) -> Result<()> {
@@ -878,6 +1037,29 @@ mod tests {
         assert!(validate_shell_name("server").is_ok());
         assert!(validate_shell_name("a b").is_err());
         assert!(validate_shell_name(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn process_identities_round_trip_and_tell_who_is_alive() {
+        let me = process_identity().expect("/proc is readable");
+        let text = me.to_string();
+        assert_eq!(text.parse::<ProcessIdentity>(), Ok(me));
+        assert_eq!(process_alive(me, &text), Some(true));
+        let other_ns = ProcessIdentity {
+            pid_namespace: me.pid_namespace + 1,
+            ..me
+        };
+        assert_eq!(process_alive(me, &other_ns.to_string()), None);
+        let reused = ProcessIdentity {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        assert_eq!(process_alive(me, &reused.to_string()), Some(false));
+        assert_eq!(process_alive(me, "myhost/1"), None, "an old host/pid label");
+        assert!("1/2/3".parse::<ProcessIdentity>().is_err());
+        assert!(format!("{text}/9").parse::<ProcessIdentity>().is_err());
+        assert_eq!(owner_id(), owner_id());
+        assert_eq!(owner_id().len(), 16);
     }
 
     #[test]

@@ -66,6 +66,12 @@ pub struct Settings {
     pub max_iterations: u32,
     /// Wall-clock limit of one run, in seconds.
     pub run_timeout_secs: u64,
+    /// The longest one `feed_chars` waits for a command, in seconds, unless the run's
+    /// program sets `limits.command_timeout`.
+    pub command_timeout_secs: u64,
+    /// Transcripts of runs that finished longer ago than this many days are deleted (the
+    /// runs' summary rows stay).
+    pub transcript_days: u32,
     /// How often the status comment may be edited while a run works, in seconds.
     pub status_interval_secs: f64,
     /// How long a shutdown waits for running runs before stopping them, in seconds.
@@ -92,6 +98,8 @@ impl Default for Settings {
             max_cost_limit: 10.0,
             max_iterations: 200,
             run_timeout_secs: 1800,
+            command_timeout_secs: 30,
+            transcript_days: 30,
             status_interval_secs: 10.0,
             shutdown_grace_secs: 30,
             max_attempts: 2,
@@ -132,6 +140,12 @@ impl Settings {
         }
         if self.run_timeout_secs == 0 {
             return bad("run_timeout_secs", "must be at least 1");
+        }
+        if self.command_timeout_secs == 0 {
+            return bad("command_timeout_secs", "must be at least 1");
+        }
+        if self.transcript_days == 0 {
+            return bad("transcript_days", "must be at least 1");
         }
         if !(self.status_interval_secs.is_finite() && self.status_interval_secs >= 0.0) {
             return bad("status_interval_secs", "must be zero or more seconds");

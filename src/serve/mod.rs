@@ -71,7 +71,13 @@ pub async fn serve(
     .context("the GitHub App's key (PRIVATE_KEY / PRIVATE_KEY_PATH)")?;
     let metrics = Arc::new(metrics::Metrics::new());
     let wake = Arc::new(Notify::new());
-    let engine = Arc::new(EngineSlot::default());
+    let instance = db.instance_id().await.with_context(|| {
+        format!(
+            "reading this installation's id from DATABASE_URL={}",
+            config.database_url
+        )
+    })?;
+    let engine = Arc::new(EngineSlot::for_instance(instance));
     let workers = Workers::new(
         db.clone(),
         app,

@@ -8,6 +8,7 @@
 //! while it waits for a free worker.
 
 use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::agent::{Agent, AgentConfig, Outcome, Progress, Record, StopReason};
+use crate::agent::{Agent, Outcome, Progress, Record, StopReason};
 use crate::comment::{self, Done, Phase, RunKind};
 use crate::cost::Pricing;
 use crate::db::{Db, Finish, RecoveryAction, Run, RunStatus};
@@ -24,9 +25,9 @@ use crate::github::{
     TokenScope,
 };
 use crate::model::{Provider, ProviderError, Request, Response, Usage};
-use crate::program::{self, Overrides, Program};
+use crate::program::{self, Overrides, Plan, Program};
 use crate::repo_config::{self, AskPermission, RepoConfig};
-use crate::sandbox::{Engine, Sandbox, SandboxError, SandboxSpec};
+use crate::sandbox::{Engine, Sandbox, SandboxError};
 use crate::serve::config::Settings;
 use crate::serve::context::{strip_hidden, ContextComment, ReviewContext, RunContext};
 use crate::serve::deliver::{self, Target};
@@ -57,15 +58,33 @@ impl ProviderFactory for EnvProviders {
 #[derive(Default)]
 pub struct EngineSlot {
     engine: tokio::sync::Mutex<Option<Engine>>,
+    /// The installation's id: labels its containers, names its clones.
+    instance: Option<String>,
 }
 
 impl EngineSlot {
+    /// The engine of installation `instance` ([`crate::db::Db::instance_id`]): its
+    /// containers carry the id, and those an earlier process of it left are its orphans.
+    pub fn for_instance(instance: impl Into<String>) -> EngineSlot {
+        EngineSlot {
+            engine: Default::default(),
+            instance: Some(instance.into()),
+        }
+    }
+
+    pub fn instance(&self) -> Option<&str> {
+        self.instance.as_deref()
+    }
+
     pub async fn get(&self) -> Result<Engine, SandboxError> {
         let mut slot = self.engine.lock().await;
         if let Some(e) = slot.as_ref() {
             return Ok(e.clone());
         }
-        let engine = Engine::connect().await?;
+        let mut engine = Engine::connect().await?;
+        if let Some(instance) = &self.instance {
+            engine = engine.with_instance(instance.clone());
+        }
         *slot = Some(engine.clone());
         Ok(engine)
     }
@@ -176,16 +195,36 @@ impl Workers {
         })
     }
 
-    /// Runs left `running` by a dead process go back to the queue (once), and their
-    /// containers are removed.
+    /// Runs left `running` by a dead process go back to the queue (once), and what it left
+    /// behind goes: its containers and its clones. Old transcripts are pruned.
     pub async fn recover(self: &Arc<Self>) {
+        let prefix = self.clone_prefix();
+        match tokio::task::spawn_blocking(move || {
+            remove_stale_clones(&std::env::temp_dir(), &prefix)
+        })
+        .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("removed {n} clone director(ies) an earlier kodx process left"),
+            Err(e) => tracing::warn!("could not remove old clones: {e}"),
+        }
         if let Ok(engine) = self.engine.get().await {
+            // Every container of this installation is an orphan now: no run has started
+            // yet. Its earlier process may have had the same pid (PID 1 in a container).
+            match engine.sweep_instance_orphans().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    "removed {n} container(s) an earlier kodx process of this installation left"
+                ),
+                Err(e) => tracing::warn!("could not sweep old containers: {e}"),
+            }
             match engine.sweep_dead_owners().await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("removed {n} container(s) left by a dead kodx process"),
                 Err(e) => tracing::warn!("could not sweep old containers: {e}"),
             }
         }
+        self.prune_transcripts().await;
         let recovered = match self
             .db
             .recover(&self.worker_id, i64::from(self.settings.max_attempts))
@@ -225,9 +264,40 @@ impl Workers {
         }
     }
 
+    /// Where this installation's clones go: `$TMPDIR/kodx-run-<instance>-<run id>-XXXXXX`.
+    fn clone_prefix(&self) -> String {
+        format!("kodx-run-{}-", self.engine.instance().unwrap_or("local"))
+    }
+
+    /// Deletes the transcripts of runs finished more than `transcript_days` ago.
+    async fn prune_transcripts(&self) {
+        let age = i64::from(self.settings.transcript_days) * 86_400_000;
+        match self.db.prune_transcripts(crate::db::now_ms() - age).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                "deleted {n} transcript record(s) of runs finished over {} days ago",
+                self.settings.transcript_days
+            ),
+            Err(e) => tracing::warn!("pruning old transcripts failed: {e}"),
+        }
+    }
+
     /// Claims and starts work until shutdown; returns when the last run has ended.
     pub async fn run(self: Arc<Self>) {
         let mut tasks = tokio::task::JoinSet::new();
+        // Old transcripts go daily (and at start, in `recover`).
+        let pruner = {
+            let this = self.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(86_400)) => {}
+                        _ = this.shutdown.cancelled() => return,
+                    }
+                    this.prune_transcripts().await;
+                }
+            })
+        };
         loop {
             if self.shutdown.is_cancelled() {
                 break;
@@ -258,6 +328,7 @@ impl Workers {
             }
             while tasks.join_next().await.is_some() {}
         }
+        pruner.abort();
         let n = crate::sandbox::docker::remove_all_live().await;
         if n > 0 {
             tracing::info!("removed {n} sandbox container(s) at shutdown");
@@ -895,22 +966,29 @@ impl Workers {
             // A run never spends past the budget.
             cost_limit = cost_limit.min(budget - spent);
         }
-        let max_iterations = config.max_iterations(&maxima);
-        let program = program.with_overrides(&Overrides {
+        let overrides = Overrides {
             model: config.model.clone().or_else(|| self.settings.model.clone()),
-            image: Some(
-                config
-                    .image
-                    .clone()
-                    .unwrap_or_else(|| self.settings.image.clone()),
-            ),
+            image: config.image.clone(),
             setup_script: config.setup_script.clone(),
             disable_network_after_setup: config.disable_network_after_setup,
             cost_limit: Some(cost_limit),
-            max_iterations: Some(max_iterations),
+            max_iterations: Some(config.max_iterations(&maxima)),
             command_timeout: None,
-        });
-        let price = match self.pricing.price(&program.model.name) {
+        };
+        let defaults = program::Defaults {
+            image: self.settings.image.clone(),
+            cost_limit,
+            max_iterations: config.max_iterations(&maxima),
+            command_timeout: Duration::from_secs(self.settings.command_timeout_secs),
+            run_timeout: Duration::from_secs(self.settings.run_timeout_secs),
+        };
+        let plan = match Plan::new(
+            format!("kodx-{}", run.id),
+            program,
+            &overrides,
+            &defaults,
+            &self.pricing,
+        ) {
             Ok(p) => p,
             Err(e) => {
                 return Some(Ending {
@@ -922,6 +1000,7 @@ impl Workers {
                 })
             }
         };
+        let program = &plan.program;
         let provider = match self.providers.make(program.model.provider) {
             Ok(p) => p,
             Err(e) => {
@@ -979,7 +1058,12 @@ impl Workers {
             ),
         };
         let prompt = context.prompt(&run.kind);
-        let workdir = match tempfile::Builder::new().prefix("kodx-run-").tempdir() {
+        // Readable by this user alone: it holds a private repository.
+        let workdir = match tempfile::Builder::new()
+            .prefix(&format!("{}{}-", self.clone_prefix(), run.id))
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()
+        {
             Ok(d) => d,
             Err(e) => return internal(format!("no temporary directory for the clone: {e}")),
         };
@@ -1014,7 +1098,7 @@ impl Workers {
             Err(e) => return internal(format!("the clone task failed: {e}")),
         }
         if cancel.is_cancelled() {
-            return Some(self.cancelled_early(run, cost_limit, &program));
+            return Some(self.cancelled_early(run, cost_limit, program));
         }
 
         // The container.
@@ -1022,22 +1106,20 @@ impl Workers {
             Ok(e) => e,
             Err(e) => return internal(format!("no Docker engine: {e}")),
         };
-        let mut spec = SandboxSpec::new(
-            format!("kodx-{}", run.id),
-            program
-                .docker
-                .image
-                .clone()
-                .unwrap_or_else(|| self.settings.image.clone()),
-        );
+        let mut spec = plan.sandbox.clone();
         spec.repo_dir = Some(dest.clone());
-        spec.setup_script = program.docker.setup_script.clone();
-        spec.disable_network_after_setup =
-            program.docker.disable_network_after_setup.unwrap_or(false);
+        if run.attempts > 1 {
+            // An earlier attempt's container (whoever made it) would hold the name.
+            match engine.remove_run_containers(&spec.run_id).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("removed {n} container(s) of an earlier attempt"),
+                Err(e) => tracing::warn!("could not remove an earlier attempt's container: {e}"),
+            }
+        }
         let setup_started = Instant::now();
         let sandbox = tokio::select! {
             s = engine.start_with_progress(&spec, |line| tracing::info!("{line}")) => s,
-            _ = cancel.cancelled() => return Some(self.cancelled_early(run, cost_limit, &program)),
+            _ = cancel.cancelled() => return Some(self.cancelled_early(run, cost_limit, program)),
         };
         let sandbox = match sandbox {
             Ok(s) => {
@@ -1078,18 +1160,7 @@ impl Workers {
 
         // The agent, with the status comment following its progress.
         let _ = self.db.set_phase(&run.id, "working").await;
-        let mut agent_config = AgentConfig::new(
-            program.model.name.clone(),
-            program.system_prompt.clone(),
-            price,
-        );
-        agent_config.cost_limit = cost_limit;
-        agent_config.max_iterations = max_iterations;
-        agent_config.timeout = Duration::from_secs(self.settings.run_timeout_secs);
-        if let Some(m) = program.parameters.max_tokens {
-            agent_config.max_tokens = m;
-        }
-        agent_config.temperature = program.parameters.temperature;
+        let agent_config = plan.agent.clone();
         let (progress_tx, progress_rx) = tokio::sync::watch::channel(None::<Progress>);
         let updater = tokio::spawn(self.clone().follow_progress(
             gh.clone(),
@@ -1573,6 +1644,31 @@ fn push_failure(e: &crate::git::GitError, branch: &str) -> String {
         ),
         other => format!("Pushing to `{branch}` failed: {other}"),
     }
+}
+
+/// Removes the directories in `dir` whose name starts with `prefix` (the clones an earlier
+/// process of this installation left there); returns how many. Symbolic links are removed,
+/// never followed.
+fn remove_stale_clones(dir: &std::path::Path, prefix: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(prefix) {
+            continue;
+        }
+        let path = entry.path();
+        let gone = match entry.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        match gone {
+            Ok(()) => removed += 1,
+            Err(e) => tracing::warn!("could not remove the old clone {}: {e}", path.display()),
+        }
+    }
+    removed
 }
 
 /// Keeps the transcript in the database as records arrive.

@@ -34,6 +34,7 @@ pub struct Served {
     child: tokio::process::Child,
     env: Vec<(String, String)>,
     workers: bool,
+    pid_namespace: bool,
     http: reqwest::Client,
 }
 
@@ -43,6 +44,9 @@ pub struct Options {
     pub workers: bool,
     pub settings: Option<&'static str>,
     pub extra_env: Vec<(String, String)>,
+    /// Run `kodx serve` as PID 1 of its own PID namespace (`unshare --pid --fork
+    /// --mount-proc`), as in the shipped image where it is the container's init.
+    pub pid_namespace: bool,
 }
 
 impl Served {
@@ -95,6 +99,8 @@ impl Served {
                 .unwrap_or("status_interval_secs = 0.2\nshutdown_grace_secs = 5\n"),
         )
         .unwrap();
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
         let key = dir.path().join("app-key.pem");
         std::fs::write(&key, TEST_APP_KEY).unwrap();
 
@@ -114,10 +120,12 @@ impl Served {
             ("ANTHROPIC_API_KEY".into(), MODEL_KEY.into()),
             ("ANTHROPIC_BASE_URL".into(), model.url.clone()),
             ("KODX_LOG".into(), "info,kodx=debug".into()),
+            // Clones go there: a killed server's leftovers go with the test's directory.
+            ("TMPDIR".into(), tmp.display().to_string()),
         ];
         env.extend(opts.extra_env.iter().cloned());
         let log = Arc::new(Mutex::new(String::new()));
-        let (child, url) = spawn(&env, opts.workers, dir.path(), &log).await;
+        let (child, url) = spawn(&env, opts.workers, opts.pid_namespace, dir.path(), &log).await;
         Served {
             url,
             github,
@@ -129,6 +137,7 @@ impl Served {
             child,
             env,
             workers: opts.workers,
+            pid_namespace: opts.pid_namespace,
             http: {
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 reqwest::Client::new()
@@ -147,15 +156,38 @@ impl Served {
 
     /// Starts `kodx serve` again on the same database (after `terminate` or `kill`).
     pub async fn restart(&mut self) {
-        let (child, url) = spawn(&self.env, self.workers, self.dir.path(), &self.log).await;
+        let (child, url) = spawn(
+            &self.env,
+            self.workers,
+            self.pid_namespace,
+            self.dir.path(),
+            &self.log,
+        )
+        .await;
         self.child = child;
         self.url = url;
     }
 
+    /// The host's pid of the `kodx serve` process (inside a PID namespace it is PID 1 there,
+    /// a child of `unshare` here).
+    pub fn kodx_pid(&self) -> u32 {
+        let pid = self.child.id().expect("kodx serve is running");
+        if !self.pid_namespace {
+            return pid;
+        }
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .expect("unshare's children");
+        children
+            .split_whitespace()
+            .next()
+            .and_then(|c| c.parse().ok())
+            .expect("unshare has forked kodx serve")
+    }
+
     /// SIGTERM, then waits for the process to exit.
     pub async fn terminate(&mut self) -> std::process::ExitStatus {
-        if let Some(pid) = self.child.id() {
-            unsafe_kill(pid, "TERM");
+        if self.child.id().is_some() {
+            unsafe_kill(self.kodx_pid(), "TERM");
         }
         tokio::time::timeout(Duration::from_secs(60), self.child.wait())
             .await
@@ -165,6 +197,12 @@ impl Served {
 
     /// SIGKILL: the process dies at once, as in a crash.
     pub async fn kill(&mut self) {
+        if self.pid_namespace && self.child.id().is_some() {
+            // kill -9 of kodx itself (the namespace's init: everything in it dies too);
+            // `unshare` then exits.
+            unsafe_kill(self.kodx_pid(), "KILL");
+            let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+        }
         let _ = self.child.kill().await;
     }
 
@@ -242,10 +280,19 @@ impl Served {
 async fn spawn(
     env: &[(String, String)],
     workers: bool,
+    pid_namespace: bool,
     dir: &std::path::Path,
     log: &Arc<Mutex<String>>,
 ) -> (tokio::process::Child, String) {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"));
+    let mut cmd = if pid_namespace {
+        // `--kill-child`: should the test die, kodx dies with `unshare`.
+        let mut cmd = tokio::process::Command::new("unshare");
+        cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .arg(env!("CARGO_BIN_EXE_kodx"));
+        cmd
+    } else {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"))
+    };
     cmd.arg("serve");
     if !workers {
         cmd.arg("--no-workers");
