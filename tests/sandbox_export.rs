@@ -140,8 +140,9 @@ async fn export_replaces_the_destination_with_the_final_workspace() {
     fs::create_dir(&dest).unwrap();
     fs::write(dest.join("stale.txt"), "from an earlier export").unwrap();
     fs::write(dest.join("gone.txt"), "stale copy").unwrap();
-    let n = sb.export_workspace(&dest).await.unwrap();
-    assert_eq!(n, 6, "regular files written");
+    let exported = sb.export_workspace(&dest).await.unwrap();
+    assert_eq!(exported.files, 6, "regular files written");
+    assert_eq!(exported.left_out_count, 0);
     let mut names: Vec<String> = fs::read_dir(&dest)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
