@@ -674,8 +674,8 @@ pub fn change_set_from(
     unreachable!("the second pass never asks for a third")
 }
 
-/// An [`Open`] over a tar in memory: the whole tar, or one regular file or symlink of it
-/// re-packed under its bare name (as Docker answers for a single path).
+/// An [`Open`] over a tar in memory: the whole tar, or one path of it re-packed under its
+/// bare name, as Docker answers for a single path (a hard link comes as the file it is).
 pub fn memory_opener<'t>(
     tar: &'t [u8],
     root: &'t str,
@@ -684,36 +684,51 @@ pub fn memory_opener<'t>(
         if path.is_empty() {
             return Ok(Some(Box::new(tar) as Box<dyn Read + 't>));
         }
-        let base = path.rsplit('/').next().unwrap_or(path);
-        let mut archive = tar::Archive::new(tar);
-        let Ok(entries) = archive.entries() else {
+        let Some((mut h, data)) = find_entry(tar, root, path, 0) else {
             return Ok(None);
         };
-        for entry in entries {
-            let Ok(mut entry) = entry else {
-                return Ok(None);
-            };
-            let found = strip_root(&entry.path_bytes(), root).is_ok_and(|rel| rel == path);
-            let kind = entry.header().entry_type();
-            if !found || !matches!(kind, EntryType::Regular | EntryType::Symlink) {
-                continue;
-            }
-            let mut h = entry.header().clone();
-            let mut data = Vec::new();
-            if entry.read_to_end(&mut data).is_err() {
-                return Ok(None);
-            }
-            let mut b = tar::Builder::new(Vec::new());
-            h.set_path(base)
-                .and_then(|()| b.append(&h, data.as_slice()))
-                .map_err(|e| SandboxError::io("re-packing a file", e))?;
-            let one = b
-                .into_inner()
-                .map_err(|e| SandboxError::io("re-packing a file", e))?;
-            return Ok(Some(Box::new(io::Cursor::new(one))));
-        }
-        Ok(None)
+        let base = path.rsplit('/').next().unwrap_or(path);
+        let mut b = tar::Builder::new(Vec::new());
+        h.set_path(base)
+            .and_then(|()| {
+                h.set_cksum();
+                b.append(&h, data.as_slice())
+            })
+            .map_err(|e| SandboxError::io("re-packing a file", e))?;
+        let one = b
+            .into_inner()
+            .map_err(|e| SandboxError::io("re-packing a file", e))?;
+        Ok(Some(Box::new(io::Cursor::new(one))))
     }
+}
+
+/// The header and data of the entry at `path` in a tar in memory, a hard link resolved to
+/// the regular file it names.
+fn find_entry(tar: &[u8], root: &str, path: &str, hops: usize) -> Option<(Header, Vec<u8>)> {
+    let mut archive = tar::Archive::new(tar);
+    for entry in archive.entries().ok()? {
+        let mut entry = entry.ok()?;
+        if strip_root(&entry.path_bytes(), root).ok()? != path {
+            continue;
+        }
+        let mut h = entry.header().clone();
+        match h.entry_type() {
+            EntryType::Regular | EntryType::Continuous | EntryType::Symlink => {
+                let mut data = Vec::new();
+                entry.read_to_end(&mut data).ok()?;
+                return Some((h, data));
+            }
+            EntryType::Link if hops < MAX_SYMLINK_HOPS => {
+                let target = strip_root(&entry.link_name_bytes()?, root).ok()?;
+                let (file, data) = find_entry(tar, root, &target, hops + 1)?;
+                h.set_entry_type(file.entry_type());
+                h.set_size(data.len() as u64);
+                return Some((h, data));
+            }
+            _ => return None,
+        }
+    }
+    None
 }
 
 fn check_root(root: &str) -> Result<()> {
@@ -3147,5 +3162,271 @@ mod tests {
         let (tar3, _) = pack_dir(src.path(), "repo").unwrap();
         let err = change_set(&tar3, "repo", &baseline, &Limits::default()).unwrap_err();
         assert!(err.to_string().contains("via"), "{err}");
+    }
+
+    /// A file of `size` bytes (sparse: no disk used).
+    fn sized(root: &Path, rel: &str, size: u64) {
+        let path = root.join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        File::create(&path).unwrap().set_len(size).unwrap();
+    }
+
+    fn paths(set: &ChangeSet) -> Vec<String> {
+        set.changes
+            .iter()
+            .map(|c| {
+                let kind = match c.kind {
+                    ChangeKind::Added(_) => "added",
+                    ChangeKind::Modified { .. } => "modified",
+                    ChangeKind::Deleted => "deleted",
+                };
+                format!("{kind} {}", c.path)
+            })
+            .collect()
+    }
+
+    fn small_limits() -> Limits {
+        Limits {
+            max_file_bytes: 1000,
+            ..Limits::default()
+        }
+    }
+
+    #[test]
+    fn ignored_paths_are_skipped_before_the_limits_apply() {
+        let tmp = TempDir::new().unwrap();
+        let orig = tmp.path().join("orig");
+        put(&orig, ".gitignore", "target/\n*.log\n", 0o644);
+        put(&orig, "src/a.rs", "fn a() {}\n", 0o644);
+        put(
+            &orig,
+            "target/tracked.txt",
+            "tracked in an ignored dir\n",
+            0o644,
+        );
+        put(&orig, "gone.log", "tracked, matches *.log\n", 0o644);
+        let (_, baseline) = pack_dir(&orig, "repo").unwrap();
+
+        let new = tmp.path().join("new");
+        put(
+            &new,
+            ".gitignore",
+            "target/\n*.log\ndist/\n!keep.log\n",
+            0o644,
+        );
+        put(&new, "src/a.rs", "fn a() { changed }\n", 0o644);
+        put(
+            &new,
+            "target/tracked.txt",
+            "changed, still tracked\n",
+            0o644,
+        );
+        sized(&new, "target/app.bin", 120_000); // over the 1000-byte limit, ignored
+        sized(&new, "target/deep/x.o", 5000);
+        sized(&new, "debug.log", 5000); // ignored by pattern
+        put(&new, "keep.log", "re-included\n", 0o644);
+        sized(&new, "dist/bundle.js", 5000); // ignored by the model's own new rule
+        put(&new, ".git/objects/pack/p.pack", &"x".repeat(5000), 0o444);
+        let (tar, _) = pack_dir(&new, "repo").unwrap();
+        let set = change_set(&tar, "repo", &baseline, &small_limits()).unwrap();
+        assert_eq!(
+            paths(&set),
+            [
+                "modified .gitignore",
+                "deleted gone.log",
+                "added keep.log",
+                "modified src/a.rs",
+                "modified target/tracked.txt",
+            ]
+        );
+
+        // A real oversize change is still refused, naming the file.
+        sized(&new, "data.bin", 5000);
+        let (tar, _) = pack_dir(&new, "repo").unwrap();
+        let err = change_set(&tar, "repo", &baseline, &small_limits()).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("repo/data.bin") && msg.contains("max_file_bytes = 1000"),
+            "{msg}"
+        );
+        fs::remove_file(new.join("data.bin")).unwrap();
+
+        // Once the model un-ignores target/, its build output is a change like any other.
+        put(&new, ".gitignore", "*.log\ndist/\n", 0o644);
+        let (tar, _) = pack_dir(&new, "repo").unwrap();
+        let err = change_set(&tar, "repo", &baseline, &small_limits()).unwrap_err();
+        assert!(err.to_string().contains("repo/target/app.bin"), "{err}");
+    }
+
+    #[test]
+    fn rules_that_come_later_in_the_stream_still_apply() {
+        // Docker writes "-x" and ".cache" before ".gitignore": decisions about them are
+        // provisional and taken again once the directory's rules are known.
+        let tmp = TempDir::new().unwrap();
+        let orig = tmp.path().join("orig");
+        put(&orig, "sub/keep.txt", "k", 0o644);
+        let (_, baseline) = pack_dir(&orig, "repo").unwrap();
+        let new = tmp.path().join("new");
+        put(&new, "sub/keep.txt", "k", 0o644);
+        put(&new, "sub/.gitignore", "*.tmp\n/.cache/\n", 0o644);
+        sized(&new, "sub/-early.tmp", 5000);
+        sized(&new, "sub/.cache/blob", 5000);
+        put(&new, "sub/-early.txt", "wanted", 0o640);
+        put(&new, "sub/late.tmp", "ignored", 0o644);
+        put(&new, ".aaa/.gitignore", "!x\n", 0o644); // root has no rules at all
+        put(&new, ".aaa/x", "x", 0o644);
+        let (tar, _) = pack_dir(&new, "repo").unwrap();
+        let order: Vec<String> = tar::Archive::new(tar.as_slice())
+            .entries()
+            .unwrap()
+            .map(|e| String::from_utf8_lossy(&e.unwrap().path_bytes()).into_owned())
+            .collect();
+        let pos = |p: &str| order.iter().position(|n| n == p).unwrap();
+        assert!(pos("repo/sub/-early.tmp") < pos("repo/sub/.gitignore"));
+        assert!(pos("repo/sub/.cache/blob") < pos("repo/sub/.gitignore"));
+
+        let set = change_set(&tar, "repo", &baseline, &small_limits()).unwrap();
+        assert_eq!(
+            paths(&set),
+            [
+                "added .aaa/.gitignore",
+                "added .aaa/x",
+                "added sub/-early.txt",
+                "added sub/.gitignore",
+            ]
+        );
+        let early = set
+            .changes
+            .iter()
+            .find(|c| c.path == "sub/-early.txt")
+            .unwrap();
+        let ChangeKind::Added(NewEntry::File { mode, contents }) = &early.kind else {
+            panic!("{early:?}")
+        };
+        assert_eq!(
+            (*mode, contents.to_vec().unwrap()),
+            (0o640, b"wanted".to_vec())
+        );
+    }
+
+    #[test]
+    fn a_root_gitignore_that_comes_late_is_fetched_first() {
+        // The root's rules are read before the stream, so "-big" (before ".gitignore")
+        // is decided at once and never read.
+        let tmp = TempDir::new().unwrap();
+        let new = tmp.path().join("new");
+        put(&new, ".gitignore", "-big\n.build/\n", 0o644);
+        sized(&new, "-big", 5000);
+        sized(&new, ".build/debug/app", 5000);
+        put(&new, "a.txt", "a", 0o644);
+        let (tar, _) = pack_dir(&new, "repo").unwrap();
+        let mut asked = Vec::new();
+        let mut inner = memory_opener(&tar, "repo");
+        let mut open = |p: &str| {
+            asked.push(p.to_string());
+            inner(p)
+        };
+        let set =
+            change_set_from(&mut open, "repo", &Manifest::default(), &small_limits()).unwrap();
+        assert_eq!(paths(&set), ["added .gitignore", "added a.txt"]);
+        assert_eq!(
+            asked,
+            [".gitignore", ""],
+            "no second reading, nothing fetched again"
+        );
+    }
+
+    #[test]
+    fn large_changes_are_spooled_and_same_size_edits_read_again() {
+        let tmp = TempDir::new().unwrap();
+        let orig = tmp.path().join("orig");
+        let big = "b".repeat(300 << 10); // over INLINE_MAX
+        put(&orig, "same-size.dat", &big, 0o644);
+        put(&orig, "untouched.dat", &big, 0o644);
+        let (_, baseline) = pack_dir(&orig, "repo").unwrap();
+        let new = tmp.path().join("new");
+        put(&new, "untouched.dat", &big, 0o644);
+        let edited = format!("X{}", &big[1..]);
+        put(&new, "same-size.dat", &edited, 0o644);
+        let added = "n".repeat(2 << 20);
+        put(&new, "new.dat", &added, 0o600);
+        let (tar, _) = pack_dir(&new, "repo").unwrap();
+        let set = change_set(&tar, "repo", &baseline, &Limits::default()).unwrap();
+        assert_eq!(paths(&set), ["added new.dat", "modified same-size.dat"]);
+        for (change, want) in set.changes.iter().zip([&added, &edited]) {
+            let (ChangeKind::Added(NewEntry::File { contents, .. })
+            | ChangeKind::Modified {
+                new: NewEntry::File { contents, .. },
+                ..
+            }) = &change.kind
+            else {
+                panic!("{change:?}")
+            };
+            assert!(contents.is_spooled(), "{change:?}");
+            assert_eq!(contents.to_vec().unwrap(), want.as_bytes());
+        }
+        let host = tmp.path().join("host");
+        extract(
+            &pack_dir(&orig, "repo").unwrap().0,
+            "repo",
+            &host,
+            &Limits::default(),
+        )
+        .unwrap();
+        set.apply(&host).unwrap();
+        assert_eq!(snapshot(&host), snapshot(&new));
+    }
+
+    #[test]
+    fn hard_links_to_skipped_files_are_read_again() {
+        let tar = raw_tar(&[
+            RawEntry::dir("repo/"),
+            RawEntry::file("repo/.gitignore", "target/\n"),
+            RawEntry::dir("repo/target/"),
+            RawEntry::file("repo/target/app", "binary"),
+            RawEntry::hard("repo/zz-app", "repo/target/app"),
+        ]);
+        let set = change_set(&tar, "repo", &Manifest::default(), &Limits::default()).unwrap();
+        assert_eq!(paths(&set), ["added .gitignore", "added zz-app"]);
+        let ChangeKind::Added(NewEntry::File { contents, .. }) = &set.changes[1].kind else {
+            panic!("{set:?}")
+        };
+        assert_eq!(contents.to_vec().unwrap(), b"binary");
+    }
+
+    #[test]
+    fn an_export_leaves_out_ignored_files_over_the_limits_and_keeps_the_users_own() {
+        let tmp = TempDir::new().unwrap();
+        let orig = tmp.path().join("orig");
+        put(&orig, ".gitignore", "target/\n", 0o644);
+        sized(&orig, "assets/video.bin", 5000); // the user's own, over the limit
+        let (_, baseline) = pack_dir(&orig, "repo").unwrap();
+        let new = tmp.path().join("new");
+        put(&new, ".gitignore", "target/\n", 0o644);
+        sized(&new, "assets/video.bin", 5000);
+        sized(&new, "target/app.bin", 120_000);
+        put(&new, "target/small.txt", "built", 0o644);
+        put(&new, "src/main.rs", "fn main() {}\n", 0o644);
+        let (tar, _) = pack_dir(&new, "repo").unwrap();
+        let dest = tmp.path().join("export");
+        let exported = replace_dir(&tar, "repo", &dest, &small_limits(), Some(&baseline)).unwrap();
+        assert_eq!(
+            (exported.files, exported.left_out, exported.left_out_count),
+            (4, vec![("target/app.bin".to_string(), 120_000)], 1)
+        );
+        let mut want = snapshot(&new);
+        want.remove("target/app.bin");
+        assert_eq!(snapshot(&dest), want);
+
+        // The user's own big file, changed by the model, is over the limit like any change.
+        sized(&new, "assets/video.bin", 6000);
+        let (tar, _) = pack_dir(&new, "repo").unwrap();
+        let err = replace_dir(&tar, "repo", &dest, &small_limits(), Some(&baseline)).unwrap_err();
+        assert!(err.to_string().contains("repo/assets/video.bin"), "{err}");
+        assert_eq!(
+            snapshot(&dest),
+            want,
+            "a refused export leaves dest as it was"
+        );
     }
 }
