@@ -708,7 +708,7 @@ fn find_entry(tar: &[u8], root: &str, path: &str, hops: usize) -> Option<(Header
     let mut archive = tar::Archive::new(tar);
     for entry in archive.entries().ok()? {
         let mut entry = entry.ok()?;
-        if strip_root(&entry.path_bytes(), root).ok()? != path {
+        if strip_root(&entry.path_bytes(), root).ok().as_deref() != Some(path) {
             continue;
         }
         let mut h = entry.header().clone();
@@ -1252,9 +1252,24 @@ impl<'r> Reader<'r> {
                 continue; // archive-wide metadata; the tar crate does not apply it to paths
             }
             let raw = entry.path_bytes().into_owned();
-            let name = String::from_utf8_lossy(&raw).into_owned();
-            let refuse = |why: String| unsafe_archive(format!("{name:?}: {why}"));
-            let rel = strip_root(&raw, self.root).map_err(refuse)?;
+            let refuse =
+                |why: String| unsafe_archive(format!("{:?}: {why}", String::from_utf8_lossy(&raw)));
+            let rel = match strip_root(&raw, self.root) {
+                Ok(rel) => rel,
+                Err(_) if self.inside_skipped(&raw) => continue,
+                Err(why) => return Err(refuse(why)),
+            };
+            // A change set skips what is ignored (and .git) before any other check; a
+            // regular file is decided once a rule file it may be has been read.
+            let regular = matches!(kind, EntryType::Regular | EntryType::Continuous);
+            let mut provisional = false;
+            if self.changes() && !regular {
+                let is_dir = kind == EntryType::Directory;
+                match self.triage(&rel, is_dir, kind == EntryType::Link)? {
+                    None => continue,
+                    Some(p) => provisional = p,
+                }
+            }
             let mode = entry
                 .header()
                 .mode()
@@ -1282,7 +1297,7 @@ impl<'r> Reader<'r> {
                             String::from_utf8_lossy(&raw)
                         ))
                     })?;
-                    self.hard_link(rel, &target).map_err(|why| {
+                    self.hard_link(rel, &target, provisional).map_err(|why| {
                         let raw = String::from_utf8_lossy(&raw);
                         match why {
                             Why::NotEarlier => refuse(format!(
@@ -1327,10 +1342,13 @@ impl<'r> Reader<'r> {
     }
 
     fn insert(&mut self, rel: &str, node: Node) -> Result<()> {
-        let shown = self.shown(rel);
-        self.tree
-            .insert(rel.to_string(), node)
-            .map_err(|why| unsafe_archive(format!("{shown:?}: {why}")))
+        let inserted = self.tree.insert(rel.to_string(), node);
+        inserted.map_err(|why| self.at(rel, why))
+    }
+
+    /// An error about `rel`, named as in the archive.
+    fn at(&self, rel: &str, why: impl std::fmt::Display) -> SandboxError {
+        unsafe_archive(format!("{:?}: {why}", self.shown(rel)))
     }
 
     /// Change set: whether to skip `rel` as ignored (and `.git`). Records what a
@@ -1392,17 +1410,13 @@ impl<'r> Reader<'r> {
     }
 
     fn regular(&mut self, rel: String, mode: u32, size: u64, data: &mut dyn Read) -> Result<()> {
-        let shown = self.shown(&rel);
         if rel.is_empty() {
-            return Err(unsafe_archive(format!(
-                "{shown:?}: the root of the tree is not a directory"
-            )));
+            return Err(self.at(&rel, "the root of the tree is not a directory"));
         }
         // A rule file is read first: its own rules may ignore it.
         let mut rules = None;
         if self.wants_rules(&rel, size) {
-            let text = read_exact_vec(data, size)
-                .map_err(|e| unsafe_archive(format!("{shown:?}: {e}")))?;
+            let text = read_exact_vec(data, size).map_err(|e| self.at(&rel, e))?;
             let dir = rel.rsplit_once('/').map_or("", |(d, _)| d);
             self.ignores.as_mut().expect("wanted").load(dir, &text)?;
             rules = Some(text);
@@ -1456,8 +1470,6 @@ impl<'r> Reader<'r> {
 
     /// Change set: reads a file that is not skipped and decides what to keep.
     fn compare(&mut self, rel: &str, mode: u32, size: u64, data: &mut dyn Read) -> Result<Data> {
-        let shown = self.shown(rel);
-        let ends = |e: io::Error| unsafe_archive(format!("{shown:?}: {e}"));
         let base = self.baseline.and_then(|b| b.file(rel));
         match base {
             // Same size and mode: read to compare, and keep only when it differs.
@@ -1465,16 +1477,17 @@ impl<'r> Reader<'r> {
                 if old_size == size && (old_mode ^ mode) & 0o777 == 0 =>
             {
                 if size <= INLINE_MAX {
-                    let bytes = read_exact_vec(data, size).map_err(ends)?;
+                    let bytes = read_exact_vec(data, size).map_err(|e| self.at(rel, e))?;
                     if sha256_of(&bytes) == old_sha {
                         return Ok(Data::Unchanged);
                     }
                     self.check_file(rel, size)?;
                     self.add_total(rel, size)?;
-                    self.memory += size;
-                    Ok(Data::Kept(Contents::from(bytes)))
+                    let contents = read_contents(&mut bytes.as_slice(), size, &mut self.memory)
+                        .map_err(|e| self.at(rel, e))?;
+                    Ok(Data::Kept(contents))
                 } else {
-                    let sha = hash_exact(data, size).map_err(ends)?;
+                    let sha = hash_exact(data, size).map_err(|e| self.at(rel, e))?;
                     if sha == old_sha {
                         return Ok(Data::Unchanged);
                     }
@@ -1485,7 +1498,8 @@ impl<'r> Reader<'r> {
             _ => {
                 self.check_file(rel, size)?;
                 self.add_total(rel, size)?;
-                let contents = read_contents(data, size, &mut self.memory).map_err(ends)?;
+                let contents =
+                    read_contents(data, size, &mut self.memory).map_err(|e| self.at(rel, e))?;
                 Ok(Data::Kept(contents))
             }
         }
@@ -1493,11 +1507,12 @@ impl<'r> Reader<'r> {
 
     fn check_file(&self, rel: &str, size: u64) -> Result<()> {
         if size > self.limits.max_file_bytes {
-            return Err(unsafe_archive(format!(
-                "{:?}: {}",
-                self.shown(rel),
-                over_file_limit(size, self.limits)
-            )));
+            let hint = if self.changes() {
+                "; paths the repository's .gitignore ignores are left out"
+            } else {
+                ""
+            };
+            return Err(self.at(rel, over_file_limit(size, self.limits) + hint));
         }
         Ok(())
     }
@@ -1618,9 +1633,6 @@ impl<'r> Reader<'r> {
     }
 
     fn dir(&mut self, rel: String, mode: u32) -> Result<()> {
-        if self.changes() && self.triage(&rel, true, false)?.is_none() {
-            return Ok(());
-        }
         if let (Out::Export(_), Some(ignores)) = (&self.out, self.ignores.as_mut()) {
             // A new directory is asked about once, so that the files of an ignored one
             // (node_modules, target) need no question each.
@@ -1650,14 +1662,17 @@ impl<'r> Reader<'r> {
     }
 
     fn symlink(&mut self, rel: String, target: String) -> Result<()> {
-        if self.changes() && self.triage(&rel, false, false)?.is_none() {
-            return Ok(());
-        }
         self.count(&rel, rel.len() + target.len())?;
         self.insert(&rel, Node::Symlink { target })
     }
 
-    fn hard_link(&mut self, rel: String, target: &str) -> std::result::Result<(), Why> {
+    /// `provisional`: a change set's answer about ignoring `rel` may still change.
+    fn hard_link(
+        &mut self,
+        rel: String,
+        target: &str,
+        provisional: bool,
+    ) -> std::result::Result<(), Why> {
         let earlier = match self.tree.nodes.get(target) {
             Some(Node::File { mode, size, data }) if !target.is_empty() => {
                 let sha = match data {
@@ -1679,9 +1694,6 @@ impl<'r> Reader<'r> {
             _ => None,
         };
         if self.changes() {
-            let Some(provisional) = self.triage(&rel, false, true)? else {
-                return Ok(());
-            };
             let (mode, size, sha, kept) = match earlier {
                 Some((mode, size, sha, kept, _)) => (mode, size, sha, kept),
                 None if self.was_skipped(target) => (0o644, None, None, None),
@@ -1746,6 +1758,28 @@ impl<'r> Reader<'r> {
         let from = self.dest().expect("an output directory").join(target);
         self.write_file(&rel, mode, size, Source::Copy(from))?;
         Ok(())
+    }
+
+    /// Change set: the archive name `raw`, which is not a valid path, lies in `.git` or in
+    /// an ignored directory, so it is skipped like its neighbours rather than checked.
+    fn inside_skipped(&self, raw: &[u8]) -> bool {
+        if !self.changes() {
+            return false;
+        }
+        let name = String::from_utf8_lossy(raw);
+        let rest = if self.root.is_empty() {
+            Some(name.as_ref())
+        } else {
+            name.strip_prefix(self.root)
+                .and_then(|r| r.strip_prefix('/'))
+        };
+        rest.is_some_and(|rest| {
+            is_git(rest)
+                || self
+                    .ignores
+                    .as_ref()
+                    .is_some_and(|i| under_ignored(&i.dirs, rest))
+        })
     }
 
     /// Change set: the path was skipped (in `.git`, ignored on its own or in an ignored
@@ -3428,5 +3462,29 @@ mod tests {
             want,
             "a refused export leaves dest as it was"
         );
+    }
+
+    #[test]
+    fn what_an_ignored_directory_holds_is_not_checked() {
+        // Build output may hold anything; git never looks inside, and neither does a
+        // change set. The same entries outside are refused (hostile_archives_are_refused).
+        let tar = raw_tar(&[
+            RawEntry::dir("repo/"),
+            RawEntry::file("repo/.gitignore", "node_modules/\n"),
+            RawEntry::dir("repo/node_modules/"),
+            RawEntry::new(
+                b"repo/node_modules/\xff".as_slice(),
+                EntryType::Regular,
+                "x",
+                "",
+            ),
+            RawEntry::new("repo/node_modules/fifo", EntryType::Fifo, "", ""),
+            RawEntry::new("repo/node_modules/null", EntryType::Char, "", ""),
+            RawEntry::sym("repo/node_modules/etc", "/etc"),
+            RawEntry::file("repo/node_modules/etc/passwd", "through a symlink"),
+            RawEntry::file("repo/a.txt", "a"),
+        ]);
+        let set = change_set(&tar, "repo", &Manifest::default(), &Limits::default()).unwrap();
+        assert_eq!(paths(&set), ["added .gitignore", "added a.txt"]);
     }
 }
