@@ -312,16 +312,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(dir) => sandbox
             .export_workspace(dir)
             .await
-            .map(|n| (dir.clone(), n))
+            .map(|exported| (dir.clone(), exported))
             .map_err(|e| e.to_string()),
         None => Err(String::new()),
     };
     let _ = sandbox.destroy().await;
     match exported {
-        Ok((dir, n)) => out.note(&format!(
-            "kodx: exported the workspace ({n} files) to {}",
-            dir.display()
-        )),
+        Ok((dir, exported)) => {
+            out.note(&format!(
+                "kodx: exported the workspace ({} files) to {}",
+                exported.files,
+                dir.display()
+            ));
+            if exported.left_out_count > 0 {
+                out.note(&left_out_note(&exported));
+            }
+        }
         Err(e) if !e.is_empty() => out.note(&format!("kodx: the export failed: {e}")),
         Err(_) => {}
     }
@@ -332,6 +338,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     finish(&args, &mut out, &outcome)
+}
+
+/// One line naming the ignored files an export left out for being over a size limit.
+fn left_out_note(exported: &kodx::sandbox::Exported) -> String {
+    let shown: Vec<String> = exported
+        .left_out
+        .iter()
+        .map(|(path, size)| format!("{path} ({})", kodx::sandbox::archive::human(*size)))
+        .collect();
+    let more = exported.left_out_count - exported.left_out.len();
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "kodx: left out {} ignored file(s) over the export's size limits: {}{more}",
+        exported.left_out_count,
+        shown.join(", ")
+    )
 }
 
 /// Prints the result (the last message, or JSON) and returns the exit code: 0 only for

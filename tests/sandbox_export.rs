@@ -140,8 +140,9 @@ async fn export_replaces_the_destination_with_the_final_workspace() {
     fs::create_dir(&dest).unwrap();
     fs::write(dest.join("stale.txt"), "from an earlier export").unwrap();
     fs::write(dest.join("gone.txt"), "stale copy").unwrap();
-    let n = sb.export_workspace(&dest).await.unwrap();
-    assert_eq!(n, 6, "regular files written");
+    let exported = sb.export_workspace(&dest).await.unwrap();
+    assert_eq!(exported.files, 6, "regular files written");
+    assert_eq!(exported.left_out_count, 0);
     let mut names: Vec<String> = fs::read_dir(&dest)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -275,4 +276,158 @@ async fn a_missing_repository_directory_is_refused_before_any_container() {
     spec.repo_dir = Some(file.path().to_path_buf());
     let err = engine.start(&spec).await.err().expect("refused");
     assert!(err.to_string().contains("is not a directory"), "{err}");
+}
+
+/// Resets this process's peak resident memory (VmHWM) to what it holds now.
+fn reset_peak_rss() {
+    fs::write("/proc/self/clear_refs", "5").expect("resetting VmHWM");
+}
+
+/// This process's peak resident memory since the last reset, in MB.
+fn peak_rss_mb() -> u64 {
+    let status = fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb / 1024
+}
+
+#[tokio::test]
+async fn a_huge_sparse_file_is_refused_by_its_header_without_reading_it() {
+    let Some(engine) = engine().await else { return };
+    let src = repo();
+    let mut spec = spec("huge-file");
+    spec.repo_dir = Some(src.path().to_path_buf());
+    let sb = start(&engine, &spec).await;
+    // 2.3 GB that take no disk: the tar out of the container still carries every byte.
+    sb.feed_chars(
+        "default",
+        "truncate -s 2300M big.bin && echo more >> edit.txt",
+        10 * SEC,
+    )
+    .await
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("export");
+    reset_peak_rss();
+    let started = std::time::Instant::now();
+    let err = sb.change_set().await.unwrap_err().to_string();
+    let change_set_took = started.elapsed();
+    assert!(
+        err.contains("repo/big.bin") && err.contains("max_file_bytes"),
+        "{err}"
+    );
+    let started = std::time::Instant::now();
+    let err = sb.export_workspace(&dest).await.unwrap_err().to_string();
+    let export_took = started.elapsed();
+    assert!(err.contains("repo/big.bin"), "{err}");
+    assert!(!dest.exists());
+    let peak = peak_rss_mb();
+    eprintln!("refused in {change_set_took:?} (change set) and {export_took:?} (export); peak RSS {peak} MB");
+    assert!(peak < 200, "the test process peaked at {peak} MB");
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}
+
+#[tokio::test]
+async fn ignored_build_output_does_not_fail_the_change_set() {
+    let Some(engine) = engine().await else { return };
+    let src = repo();
+    fs::write(src.path().join(".gitignore"), "target/\n").unwrap();
+    let mut spec = spec("ignored-output");
+    spec.repo_dir = Some(src.path().to_path_buf());
+    let sb = start(&engine, &spec).await;
+    // 120 MB of build output, over the 100 MiB per-file limit, and a real change.
+    sb.feed_chars(
+        "default",
+        "mkdir -p target/debug && head -c 120M /dev/zero > target/debug/app.bin \
+         && echo new > edit.txt",
+        30 * SEC,
+    )
+    .await
+    .unwrap();
+    let cs = sb.change_set().await.unwrap();
+    let paths: Vec<&str> = cs.changes.iter().map(|c| c.path.as_str()).collect();
+    assert_eq!(paths, ["edit.txt"], "{cs:?}");
+
+    // The export (the user's own machine) keeps what fits and lists what it left out.
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("export");
+    let exported = sb.export_workspace(&dest).await.unwrap();
+    assert_eq!(
+        exported.left_out,
+        [("target/debug/app.bin".to_string(), 120 << 20)]
+    );
+    assert_eq!(fs::read_to_string(dest.join("edit.txt")).unwrap(), "new\n");
+    assert!(dest.join("target/debug").is_dir() && !dest.join("target/debug/app.bin").exists());
+
+    // A real oversize change is still refused, naming the file.
+    sb.feed_chars("default", "truncate -s 150M data.bin", 10 * SEC)
+        .await
+        .unwrap();
+    let err = sb.change_set().await.unwrap_err().to_string();
+    assert!(
+        err.contains("repo/data.bin") && err.contains("max_file_bytes"),
+        "{err}"
+    );
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}
+
+#[tokio::test]
+async fn a_large_repository_file_is_copied_in_without_holding_it() {
+    let Some(engine) = engine().await else { return };
+    let src = repo();
+    let size: u64 = 400 << 20; // sparse on the host; over the 100 MiB export limit
+    fs::File::create(src.path().join("big.bin"))
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+    let mut spec = spec("large-repo-file");
+    spec.repo_dir = Some(src.path().to_path_buf());
+    reset_peak_rss();
+    let sb = start(&engine, &spec).await;
+    let peak = peak_rss_mb();
+    let out = sb
+        .feed_chars("default", "stat -c %s big.bin", 10 * SEC)
+        .await
+        .unwrap();
+    assert_eq!(out.output, format!("{size}\n"));
+    eprintln!("copy-in of a 400 MB file: peak RSS {peak} MB");
+    assert!(peak < 200, "the test process peaked at {peak} MB");
+    // The user's own file, unchanged, is no change and not held to the limit.
+    sb.feed_chars("default", "echo x >> edit.txt", 10 * SEC)
+        .await
+        .unwrap();
+    let cs = sb.change_set().await.unwrap();
+    assert_eq!(cs.summary(), "1 modified");
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}
+
+#[tokio::test]
+async fn a_symlink_far_outside_the_tree_is_copied_in() {
+    let Some(engine) = engine().await else { return };
+    let src = repo();
+    symlink("../..", src.path().join("up")).unwrap();
+    symlink("../../../../../etc/hostname", src.path().join("far")).unwrap();
+    let mut spec = spec("far-link");
+    spec.repo_dir = Some(src.path().to_path_buf());
+    let sb = start(&engine, &spec).await;
+    let out = sb
+        .feed_chars("default", "readlink up far; ls up/workspace", 10 * SEC)
+        .await
+        .unwrap();
+    assert_eq!(out.output, "../..\n../../../../../etc/hostname\nrepo\n");
+    sb.feed_chars("default", "echo x >> edit.txt", 10 * SEC)
+        .await
+        .unwrap();
+    assert_eq!(sb.change_set().await.unwrap().summary(), "1 modified");
+    let dir = tempfile::tempdir().unwrap();
+    sb.export_workspace(&dir.path().join("x")).await.unwrap();
+    assert_eq!(
+        fs::read_link(dir.path().join("x/up")).unwrap(),
+        Path::new("../..")
+    );
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
 }

@@ -541,6 +541,50 @@ async fn a_file_over_the_size_limit_refuses_the_commit() {
 }
 
 #[tokio::test]
+async fn ignored_build_output_over_the_limits_does_not_fail_the_run() {
+    let Some(_engine) = common::engine().await else {
+        return;
+    };
+    let s = Served::with_workers().await;
+    s.git.commit_on_branch(
+        REPO,
+        "main",
+        &[(".gitignore", b"target/\n", 0o644)],
+        "ignore build output",
+    );
+    s.github.add_issue(REPO, 7, "Build it", "", "carol");
+    // 120 MB of build output (over the 100 MiB export limit) under an ignored directory,
+    // a rule the model adds itself, and the real change.
+    s.model.reply(
+        tool(
+            "mkdir -p target/release dist && head -c 120M /dev/zero > target/release/app.bin \
+             && echo 'dist/' >> .gitignore && head -c 20M /dev/zero > dist/bundle.js \
+             && echo hello > hello.txt",
+        ),
+        "tool_use",
+        usage(1000, 10),
+    );
+    s.model.reply(
+        text("Built it and wrote hello.txt."),
+        "end_turn",
+        usage(1000, 10),
+    );
+    let (run_id, _) = ask_code(&s, 7, false, "build and say hello").await;
+    let body = wait_done(&s, 7).await;
+    assert!(body.contains("✅ done"), "{body}\n{}", s.log());
+    let branch = format!("kodx/issue-7-{}", &run_id[..8]);
+    let tree = s.git.ls_tree(REPO, &format!("refs/heads/{branch}"));
+    let mut paths: Vec<&str> = tree.iter().map(|(_, p)| p.as_str()).collect();
+    paths.retain(|p| !p.starts_with("src/") && *p != "README.md");
+    assert_eq!(
+        paths,
+        [".gitignore", "hello.txt"],
+        "what `git add -A` commits: {tree:?}"
+    );
+    assert_clean(&s);
+}
+
+#[tokio::test]
 async fn a_spent_monthly_budget_refuses_new_runs() {
     let Some(_engine) = common::engine().await else {
         return;

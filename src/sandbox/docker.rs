@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -20,7 +21,7 @@ use bollard::Docker;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 
-use super::archive::{self, ChangeSet, Limits, Manifest};
+use super::archive::{self, ChangeSet, Exported, Limits, Manifest};
 use super::shell::{self, FeedOutput, Shell};
 use super::term;
 use super::{Result, Sandbox, SandboxError};
@@ -104,8 +105,166 @@ const KEPT_CAPABILITIES: [&str; 8] = [
     "NET_BIND_SERVICE",
 ];
 
-/// The repository being packed into a tar (with its baseline) on a blocking thread.
-type PackTask = tokio::task::JoinHandle<Result<(Vec<u8>, Manifest)>>;
+/// Chunks of tar in flight between a blocking thread and the Docker connection (64 KiB
+/// each at most): what bounds the memory of a copy in or out, whatever the tree holds.
+const PIPE_CHUNKS: usize = 8;
+const PIPE_CHUNK_BYTES: usize = 64 << 10;
+
+/// Where the repository goes in the container, and the tar's prefix for it. The tar is
+/// uploaded at `/` rather than into `/workspace`: Docker refuses a symlink whose target
+/// leaves the directory the tar is uploaded to (a repository's `up -> ../..`), and
+/// nothing can leave `/`.
+const REPO_PREFIX: &str = "workspace/repo";
+
+/// The repository being packed into a tar on a blocking thread: its chunks come out of
+/// `body` as they are written, and the task ends with the baseline manifest.
+struct PackTask {
+    task: tokio::task::JoinHandle<Result<Manifest>>,
+    body: tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
+}
+
+impl PackTask {
+    fn start(dir: PathBuf) -> PackTask {
+        let (tx, body) = tokio::sync::mpsc::channel(PIPE_CHUNKS);
+        let task = tokio::task::spawn_blocking(move || {
+            let mut pipe = Pipe {
+                tx,
+                buf: BytesMut::new(),
+            };
+            let packed = archive::pack_dir_to(&dir, REPO_PREFIX, &mut pipe);
+            if let Err(e) = &packed {
+                // Ends the upload with an error rather than a short tar.
+                let _ = pipe.tx.blocking_send(Err(io::Error::other(e.to_string())));
+            }
+            packed
+        });
+        PackTask { task, body }
+    }
+}
+
+/// The writing end of a pipe to an upload body (on a blocking thread).
+struct Pipe {
+    tx: tokio::sync::mpsc::Sender<io::Result<Bytes>>,
+    buf: BytesMut,
+}
+
+impl Pipe {
+    fn send(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = self.buf.split().freeze();
+        self.tx.blocking_send(Ok(chunk)).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the upload to the container stopped",
+            )
+        })
+    }
+}
+
+impl Write for Pipe {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(PIPE_CHUNK_BYTES - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() >= PIPE_CHUNK_BYTES {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.send()
+    }
+}
+
+/// Opens tar streams of the workspace, or of one path in it, for the archive code on a
+/// blocking thread ([`archive::Open`]): the download runs on the runtime, and its chunks
+/// come through a bounded channel.
+struct Opener {
+    docker: Docker,
+    id: String,
+    workdir: String,
+    handle: tokio::runtime::Handle,
+    /// The first Docker error met mid-stream (the tar code only sees an I/O error).
+    failure: Arc<Mutex<Option<bollard::errors::Error>>>,
+}
+
+type Chunk = std::result::Result<Bytes, bollard::errors::Error>;
+
+impl Opener {
+    fn open(&self, rel: &str) -> Result<Option<Box<dyn Read>>> {
+        let path = if rel.is_empty() {
+            self.workdir.clone()
+        } else {
+            format!("{}/{rel}", self.workdir)
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Chunk>(PIPE_CHUNKS);
+        let (docker, id, asked) = (self.docker.clone(), self.id.clone(), path.clone());
+        self.handle.spawn(async move {
+            let options = DownloadFromContainerOptions { path: asked };
+            let mut stream = docker.download_from_container(&id, Some(options));
+            // Stops when the reader is dropped (a refused entry): the connection closes
+            // and the engine stops writing the tar.
+            while let Some(item) = stream.next().await {
+                let last = item.is_err();
+                if tx.send(item).await.is_err() || last {
+                    break;
+                }
+            }
+        });
+        match rx.blocking_recv() {
+            None => Ok(Some(Box::new(io::empty()))),
+            Some(Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404,
+                ..
+            })) => Ok(None),
+            Some(Err(e)) => Err(SandboxError::docker(
+                format!("downloading {path} from the container"),
+                e,
+            )),
+            Some(Ok(first)) => Ok(Some(Box::new(ChunkReader {
+                rx,
+                buf: first,
+                failure: self.failure.clone(),
+            }))),
+        }
+    }
+
+    /// `result`, unless the download itself failed: then that is the error.
+    fn verdict<T>(&self, result: Result<T>, what: &str) -> Result<T> {
+        match self.failure.lock().unwrap().take() {
+            Some(e) if result.is_err() => Err(SandboxError::docker(what, e)),
+            _ => result,
+        }
+    }
+}
+
+/// The reading end of a download (on a blocking thread).
+struct ChunkReader {
+    rx: tokio::sync::mpsc::Receiver<Chunk>,
+    buf: Bytes,
+    failure: Arc<Mutex<Option<bollard::errors::Error>>>,
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.buf.is_empty() {
+            match self.rx.blocking_recv() {
+                None => return Ok(0),
+                Some(Ok(chunk)) => self.buf = chunk,
+                Some(Err(e)) => {
+                    let message = format!("the download from the container failed: {e}");
+                    self.failure.lock().unwrap().get_or_insert(e);
+                    return Err(io::Error::other(message));
+                }
+            }
+        }
+        let n = out.len().min(self.buf.len());
+        out[..n].copy_from_slice(&self.buf.split_to(n));
+        Ok(n)
+    }
+}
 
 /// A connection to a Docker engine.
 #[derive(Clone)]
@@ -273,11 +432,8 @@ impl Engine {
                 )));
             }
         }
-        // Pack on a blocking thread while the image is checked and the container made.
-        let pack = spec
-            .repo_dir
-            .clone()
-            .map(|dir| tokio::task::spawn_blocking(move || archive::pack_dir(&dir, "repo")));
+        // Pack on a blocking thread, streamed into the upload once the container runs.
+        let pack = spec.repo_dir.clone().map(PackTask::start);
         self.ensure_image(&spec.image, &mut progress).await?;
         let workdir = if spec.repo_dir.is_some() {
             "/workspace/repo"
@@ -375,12 +531,33 @@ impl Engine {
             files.push(("tmp/setup.sh", script.as_bytes(), 0o700));
         }
         upload(&self.docker, id, "/", archive::pack_files(&files)).await?;
-        if let Some(pack) = pack {
+        if let Some(PackTask { task, body }) = pack {
             progress("copying the repository");
-            let (tar, manifest) = pack.await.map_err(|e| {
-                SandboxError::InvalidInput(format!("packing the repository: {e}"))
-            })??;
-            upload(&self.docker, id, "/workspace", tar).await?;
+            let chunks = futures_util::stream::unfold(body, |mut rx| async move {
+                rx.recv().await.map(|chunk| (chunk, rx))
+            });
+            let uploaded = self
+                .docker
+                .upload_to_container(
+                    id,
+                    Some(upload_options("/")),
+                    bollard::body_try_stream(chunks),
+                )
+                .await
+                .map_err(|e| SandboxError::docker("copying the repository into the container", e));
+            let packed = task
+                .await
+                .map_err(|e| SandboxError::InvalidInput(format!("packing the repository: {e}")))?;
+            let manifest = match (packed, uploaded) {
+                (Ok(manifest), Ok(())) => manifest,
+                // The upload stopped first: the engine's error is the one that says why.
+                (Err(SandboxError::Io { source, .. }), Err(e))
+                    if source.kind() == io::ErrorKind::BrokenPipe =>
+                {
+                    return Err(e)
+                }
+                (Err(e), _) | (Ok(_), Err(e)) => return Err(e),
+            };
             *sandbox.baseline.lock().unwrap() = manifest;
         }
         if let Some(_script) = &spec.setup_script {
@@ -611,14 +788,18 @@ async fn upload(docker: &Docker, id: &str, path: &str, tar: Vec<u8>) -> Result<(
     docker
         .upload_to_container(
             id,
-            Some(UploadToContainerOptions {
-                path: path.to_string(),
-                ..Default::default()
-            }),
+            Some(upload_options(path)),
             bollard::body_full(Bytes::from(tar)),
         )
         .await
         .map_err(|e| SandboxError::docker(format!("copying files to {path} in the container"), e))
+}
+
+fn upload_options(path: &str) -> UploadToContainerOptions {
+    UploadToContainerOptions {
+        path: path.to_string(),
+        ..Default::default()
+    }
 }
 
 /// Runs `/tmp/setup.sh` with bash (sh when the image has no bash) in `workdir`, to the end
@@ -852,31 +1033,15 @@ impl DockerSandbox {
             .ok_or_else(|| SandboxError::UnknownShell(name.to_string()))
     }
 
-    /// Downloads the workspace as a tar, refusing one larger than the archive limits.
-    async fn download_workspace(&self) -> Result<Vec<u8>> {
-        let mut stream = self.docker.download_from_container(
-            &self.id,
-            Some(DownloadFromContainerOptions {
-                path: self.workdir.clone(),
-            }),
-        );
-        // Headers and padding on top of the content limit.
-        let cap = self
-            .archive_limits
-            .max_total_bytes
-            .saturating_add(1024 * self.archive_limits.max_entries as u64);
-        let mut buf = BytesMut::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| SandboxError::docker("downloading the workspace", e))?;
-            buf.extend_from_slice(&chunk);
-            if buf.len() as u64 > cap {
-                return Err(SandboxError::UnsafeArchive(format!(
-                    "the workspace is larger than the export limit of {} bytes",
-                    self.archive_limits.max_total_bytes
-                )));
-            }
+    /// Opens tar streams of the workspace for the archive code on a blocking thread.
+    fn opener(&self) -> Opener {
+        Opener {
+            docker: self.docker.clone(),
+            id: self.id.clone(),
+            workdir: self.workdir.clone(),
+            handle: tokio::runtime::Handle::current(),
+            failure: Arc::default(),
         }
-        Ok(buf.to_vec())
     }
 
     fn root_name(&self) -> &str {
@@ -975,27 +1140,34 @@ impl Sandbox for DockerSandbox {
         self.shell(name)?.feed(chars, yield_time).await
     }
 
-    async fn export_workspace(&self, dest: &Path) -> Result<usize> {
-        let tar = self.download_workspace().await?;
+    async fn export_workspace(&self, dest: &Path) -> Result<Exported> {
+        let opener = self.opener();
         let root = self.root_name().to_string();
         let dest = dest.to_path_buf();
         let limits = self.archive_limits.clone();
         let baseline = self.baseline.lock().unwrap().clone();
         tokio::task::spawn_blocking(move || {
-            archive::replace_dir(&tar, &root, &dest, &limits, Some(&baseline))
+            let mut open = |path: &str| opener.open(path);
+            let exported =
+                archive::replace_dir_from(&mut open, &root, &dest, &limits, Some(&baseline));
+            opener.verdict(exported, "downloading the workspace")
         })
         .await
         .map_err(|e| SandboxError::InvalidInput(format!("export task failed: {e}")))?
     }
 
     async fn change_set(&self) -> Result<ChangeSet> {
-        let tar = self.download_workspace().await?;
+        let opener = self.opener();
         let root = self.root_name().to_string();
         let baseline = self.baseline.lock().unwrap().clone();
         let limits = self.archive_limits.clone();
-        tokio::task::spawn_blocking(move || archive::change_set(&tar, &root, &baseline, &limits))
-            .await
-            .map_err(|e| SandboxError::InvalidInput(format!("change set task failed: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            let mut open = |path: &str| opener.open(path);
+            let changes = archive::change_set_from(&mut open, &root, &baseline, &limits);
+            opener.verdict(changes, "downloading the workspace")
+        })
+        .await
+        .map_err(|e| SandboxError::InvalidInput(format!("change set task failed: {e}")))?
     }
 
     fn workdir(&self) -> &str {

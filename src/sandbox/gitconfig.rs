@@ -23,7 +23,7 @@
 use std::borrow::Cow;
 
 /// A config file over this size is not parsed: the sandbox gets a minimal one instead.
-const MAX_CONFIG_BYTES: usize = 1 << 20;
+pub const MAX_CONFIG_BYTES: usize = 1 << 20;
 
 /// What the sandbox gets when the file cannot be read as a config (too large).
 const MINIMAL: &str = "[core]\n\trepositoryformatversion = 0\n";

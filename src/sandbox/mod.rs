@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use archive::{Change, ChangeKind, ChangeSet, NewEntry};
+pub use archive::{Change, ChangeKind, ChangeSet, Contents, Exported, NewEntry};
 pub use docker::{DockerSandbox, Engine, ResourceLimits, SandboxSpec};
 pub use error::{Result, SandboxError};
 pub use shell::{FeedOutput, ShellStatus};
@@ -36,8 +36,9 @@ pub trait Sandbox: Send + Sync {
     async fn feed_chars(&self, name: &str, chars: &str, yield_time: Duration)
         -> Result<FeedOutput>;
 
-    /// Writes the whole final workspace to `dest`, replacing what was there.
-    async fn export_workspace(&self, dest: &Path) -> Result<usize>;
+    /// Writes the whole final workspace to `dest`, replacing what was there. Files the
+    /// repository ignores that are over a size limit are left out and listed.
+    async fn export_workspace(&self, dest: &Path) -> Result<Exported>;
 
     /// The exact change set against what was copied in.
     async fn change_set(&self) -> Result<ChangeSet>;
