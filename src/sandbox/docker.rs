@@ -922,10 +922,15 @@ impl DockerSandbox {
                         limit,
                         "the sandbox passed its disk limit; stopping it"
                     );
+                    // Known before the container dies, so a setup script or a command that
+                    // ends with it ends for this reason.
                     tripped.send_replace(Some((limit, used)));
-                    let _ = docker
+                    if let Err(e) = docker
                         .kill_container(&id, None::<KillContainerOptions>)
-                        .await;
+                        .await
+                    {
+                        tracing::warn!("stopping the sandbox past its disk limit failed: {e}");
+                    }
                     return;
                 }
                 let left = Duration::from_secs_f64((limit - used) as f64 / RATE as f64);
