@@ -145,7 +145,7 @@ pub struct DockerSpec {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with the keys cost_limit, max_iterations, command_timeout"
+    expecting = "a mapping with the keys cost_limit, max_iterations, command_timeout, max_disk_bytes"
 )]
 pub struct Limits {
     /// USD per run.
@@ -153,6 +153,9 @@ pub struct Limits {
     pub max_iterations: Option<u32>,
     /// Seconds; the default yield time of `feed_chars`.
     pub command_timeout: Option<u64>,
+    /// Bytes the sandbox may write to its own filesystem (`kodx serve` keeps the server's
+    /// `max_disk_bytes` as the ceiling).
+    pub max_disk_bytes: Option<u64>,
 }
 
 /// The syntax of a program file.
@@ -510,6 +513,7 @@ impl RawProgram {
             "limits.max_iterations",
         )?;
         positive(limits.command_timeout, "limits.command_timeout")?;
+        positive(limits.max_disk_bytes, "limits.max_disk_bytes")?;
         if let Some(cost) = limits.cost_limit {
             check_cost_limit(cost, "limits.cost_limit", file)?;
         }
@@ -1015,7 +1019,7 @@ change and test the code, then summarise what you did.
 
     #[test]
     fn system_prompt_alias_and_optional_sections() {
-        let p = yaml("model:\n  name: gpt-4.1\nprompt:\n  system_prompt: hi\ndocker:\nparameters:\n  top_p: 0.9\n  top_k: 40\n  stop_sequences: [END]\nlimits:\n  cost_limit: 0.5\n  max_iterations: 7\n  command_timeout: 60\n")
+        let p = yaml("model:\n  name: gpt-4.1\nprompt:\n  system_prompt: hi\ndocker:\nparameters:\n  top_p: 0.9\n  top_k: 40\n  stop_sequences: [END]\nlimits:\n  cost_limit: 0.5\n  max_iterations: 7\n  command_timeout: 60\n  max_disk_bytes: 1073741824\n")
             .unwrap();
         assert_eq!(p.system_prompt, "hi");
         assert_eq!(p.model.provider, Provider::OpenAi, "inferred from the name");
@@ -1026,6 +1030,11 @@ change and test the code, then summarise what you did.
         assert_eq!(p.limits.cost_limit, Some(0.5));
         assert_eq!(p.max_iterations(), Some(7));
         assert_eq!(p.limits.command_timeout, Some(60));
+        assert_eq!(p.limits.max_disk_bytes, Some(1 << 30));
+        let err = yaml("model:\n  name: x\n  provider: openai\nprompt:\n  system: a\nlimits:\n  max_disk_bytes: 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("limits.max_disk_bytes"), "{err}");
 
         let both =
             "model:\n  name: x\n  provider: openai\nprompt:\n  system: a\n  system_prompt: b\n";

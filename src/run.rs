@@ -11,7 +11,7 @@ use kodx::cost::{format_usd, Pricing};
 use kodx::model::{Provider, Usage};
 use kodx::program::{self, Overrides, Program, RepoConfig};
 use kodx::providers::{AnthropicClient, OpenAiClient};
-use kodx::sandbox::{Engine, Sandbox, SandboxError, SandboxSpec};
+use kodx::sandbox::{Cidr, Engine, NetworkMode, Sandbox, SandboxError, SandboxSpec};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -46,6 +46,14 @@ pub struct RunArgs {
     /// Cut the container's network after the setup script.
     #[arg(long)]
     disable_network_after_setup: bool,
+    /// The container's network: on, setup-only (cut after the setup script), off (none,
+    /// not even for setup). The host, link-local and private ranges are never reachable.
+    #[arg(long, default_value = "on", value_parser = clap::builder::PossibleValuesParser::new(NetworkMode::NAMES))]
+    network: String,
+    /// An IPv4 range the container may reach although it is private or the host's
+    /// (e.g. 10.20.0.0/16, or 192.168.1.5 for one address); repeatable.
+    #[arg(long, value_name = "CIDR")]
+    network_allow: Vec<Cidr>,
     /// Print the result as JSON instead of the last message.
     #[arg(long)]
     json: bool,
@@ -248,7 +256,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut spec = SandboxSpec::new(run_id, image);
     spec.repo_dir = repo.clone();
     spec.setup_script = program.docker.setup_script.clone();
-    spec.disable_network_after_setup = program.docker.disable_network_after_setup.unwrap_or(false);
+    let network: NetworkMode = args.network.parse().map_err(anyhow::Error::msg)?;
+    network.apply(
+        &mut spec,
+        program.docker.disable_network_after_setup.unwrap_or(false),
+    );
+    spec.allowed_cidrs = args.network_allow.clone();
+    if let Some(bytes) = program.limits.max_disk_bytes {
+        spec.max_disk_bytes = Some(bytes);
+    }
     if let Some(secs) = program.limits.command_timeout {
         spec.setup_timeout = spec.setup_timeout.max(Duration::from_secs(secs));
     }

@@ -49,6 +49,47 @@ impl Default for ResourceLimits {
     }
 }
 
+/// How much network a run's sandbox gets: the server's `network` setting, `kodx run
+/// --network`. A repository or program can ask for less (`disable_network_after_setup`),
+/// never more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkMode {
+    /// Network for the whole run, unless the repository asks for the cut after setup.
+    #[default]
+    On,
+    /// The network is cut after the setup script, whatever the repository asks.
+    SetupOnly,
+    /// No network at all, not even for the setup script.
+    Off,
+}
+
+impl NetworkMode {
+    pub const NAMES: [&'static str; 3] = ["on", "setup-only", "off"];
+
+    /// Sets `spec`'s network: the stricter of this mode and the repository's or program's
+    /// `disable_network_after_setup` (`cut_after_setup`).
+    pub fn apply(self, spec: &mut SandboxSpec, cut_after_setup: bool) {
+        spec.no_network = self == NetworkMode::Off;
+        spec.disable_network_after_setup = cut_after_setup || self == NetworkMode::SetupOnly;
+    }
+}
+
+impl std::str::FromStr for NetworkMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "on" => Ok(NetworkMode::On),
+            "setup-only" => Ok(NetworkMode::SetupOnly),
+            "off" => Ok(NetworkMode::Off),
+            other => Err(format!(
+                "network must be one of on, setup-only, off, not {other:?}"
+            )),
+        }
+    }
+}
+
 /// Bytes a sandbox may write unless told otherwise (`max_disk_bytes`): 10 GiB.
 pub const DEFAULT_MAX_DISK_BYTES: u64 = 10 << 30;
 

@@ -17,7 +17,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use archive::{Change, ChangeKind, ChangeSet, NewEntry};
-pub use docker::{DiskGuard, DockerSandbox, Engine, ResourceLimits, SandboxSpec};
+pub use docker::{
+    DiskGuard, DockerSandbox, Engine, NetworkMode, ResourceLimits, SandboxSpec,
+    DEFAULT_MAX_DISK_BYTES,
+};
 pub use error::{Result, SandboxError};
 pub use net::Cidr;
 pub use shell::{FeedOutput, ShellStatus};

@@ -1020,8 +1020,20 @@ impl Workers {
         );
         spec.repo_dir = Some(dest.clone());
         spec.setup_script = program.docker.setup_script.clone();
-        spec.disable_network_after_setup =
-            program.docker.disable_network_after_setup.unwrap_or(false);
+        // The server's `network` wins when it is stricter than what the repository asks.
+        self.settings.network.apply(
+            &mut spec,
+            program.docker.disable_network_after_setup.unwrap_or(false),
+        );
+        spec.allowed_cidrs = self.settings.network_allow.clone();
+        spec.max_disk_bytes = Some(
+            program
+                .limits
+                .max_disk_bytes
+                .map_or(self.settings.max_disk_bytes, |m| {
+                    m.min(self.settings.max_disk_bytes)
+                }),
+        );
         let setup_started = Instant::now();
         let sandbox = tokio::select! {
             s = engine.start_with_progress(&spec, |line| tracing::info!("{line}")) => s,
