@@ -31,11 +31,14 @@ async fn setup_only_with_an_allowed_host_address_reaches_it_in_setup_only() {
     let setup = dir.path().join("setup.sh");
     std::fs::write(
         &setup,
-        format!("{} > /tmp/setup.txt\n", probe(port, &[gateway.clone()])),
+        format!(
+            "{} > /tmp/setup.txt\n",
+            probe(port, std::slice::from_ref(&gateway))
+        ),
     )
     .unwrap();
     let fake = FakeAnthropic::start(KEY).await;
-    let after = probe(port, &[gateway.clone()]);
+    let after = probe(port, std::slice::from_ref(&gateway));
     fake.reply(
         vec![json!({"type": "tool_use", "id": "t1", "name": "feed_chars",
             "input": {"chars": format!("cat /tmp/setup.txt; {after}; ls /sys/class/net")}})],
