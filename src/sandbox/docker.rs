@@ -288,7 +288,9 @@ impl Engine {
     /// its id. Created once and reused; safe when several kodx processes do it at once.
     /// `image` (any image on the engine) makes the short-lived lock container.
     pub async fn ensure_network(&self, name: Option<&str>, image: &str) -> Result<String> {
-        net::ensure_network(&self.docker, name.unwrap_or(NETWORK_NAME), image).await
+        net::ensure_network(&self.docker, name.unwrap_or(NETWORK_NAME), image)
+            .await
+            .map(|n| n.id)
     }
 
     pub fn docker(&self) -> &Docker {
@@ -407,7 +409,7 @@ impl Engine {
         };
         progress("creating container");
         let (id, guard) = self
-            .create_container(spec, workdir, network.as_ref().map(|(id, _)| id.as_str()))
+            .create_container(spec, workdir, network.as_ref().map(|(n, _)| n.id.as_str()))
             .await?;
         let sandbox = DockerSandbox::new(self.docker.clone(), id, spec, workdir, guard);
         if guard == DiskGuard::Watchdog {
@@ -415,9 +417,9 @@ impl Engine {
                 sandbox.watch_disk(limit, spec.disk_check_interval);
             }
         }
-        let host_addrs = network.map(|(_, addrs)| addrs);
+        let network = network.as_ref().map(|(n, addrs)| (n, addrs.as_slice()));
         let prepared = tokio::select! {
-            r = self.prepare(&sandbox, spec, pack, host_addrs.as_deref().map(|a| a.as_slice()), &mut progress) => r,
+            r = self.prepare(&sandbox, spec, pack, network, &mut progress) => r,
             e = sandbox.disk_exceeded() => Err(e),
         };
         // A setup script killed by the watchdog fails too: the disk limit is the reason.
@@ -534,29 +536,41 @@ impl Engine {
         sandbox: &DockerSandbox,
         spec: &SandboxSpec,
         pack: Option<PackTask>,
-        host_addrs: Option<&[std::net::Ipv4Addr]>,
+        network: Option<(&net::SandboxNetwork, &[std::net::Ipv4Addr])>,
         progress: &mut impl FnMut(&str),
     ) -> Result<()> {
         let id = sandbox.id.as_str();
-        self.docker
-            .start_container(id, None)
-            .await
-            .map_err(|e| SandboxError::docker("starting the container", e))?;
+        // The fence's helper container is made while the sandbox starts, so only the
+        // helper's own start is left for after.
+        let fencing = async {
+            match network {
+                Some((net, host_addrs)) => {
+                    net::Fencing::prepare(
+                        &self.docker,
+                        &spec.image,
+                        &spec.run_id,
+                        id,
+                        net,
+                        host_addrs,
+                        &spec.allowed_cidrs,
+                    )
+                    .await
+                }
+                None => Ok(None),
+            }
+        };
+        let started = async {
+            self.docker
+                .start_container(id, None)
+                .await
+                .map_err(|e| SandboxError::docker("starting the container", e))
+        };
+        let (fencing, ()) = tokio::try_join!(fencing, started)?;
         // The network is fenced while the files go in: nothing runs in the container
         // (setup script, shells) before both are done.
         let fence = async {
-            match host_addrs {
-                Some(addrs) => net::fence(
-                    &self.docker,
-                    &spec.image,
-                    &spec.run_id,
-                    id,
-                    NETWORK_NAME,
-                    addrs,
-                    &spec.allowed_cidrs,
-                )
-                .await
-                .map(|f| {
+            match fencing {
+                Some(f) => f.apply().await.map(|f| {
                     tracing::debug!(
                         blocked = f.blocked.len(),
                         allowed = f.via_gateway.len(),

@@ -292,7 +292,49 @@ pub fn check_arch(engine_arch: &str) -> Result<()> {
     Ok(())
 }
 
-/// Makes sure the network `name` exists as kodx makes it, and returns its id. Safe when
+/// The sandboxes' network: its id, subnet and gateway (the host, as sandboxes see it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxNetwork {
+    pub id: String,
+    pub subnet: Cidr,
+    pub gateway: Ipv4Addr,
+}
+
+impl SandboxNetwork {
+    fn of(n: &bollard::models::Network, name: &str) -> Result<SandboxNetwork> {
+        let config = n
+            .ipam
+            .as_ref()
+            .and_then(|i| i.config.as_ref())
+            .and_then(|c| {
+                c.iter()
+                    .find(|c| c.subnet.as_deref().is_some_and(|s| !s.contains(':')))
+            })
+            .ok_or_else(|| {
+                SandboxError::NetworkFence(format!("the Docker network {name} has no IPv4 subnet"))
+            })?;
+        let subnet: Cidr = config
+            .subnet
+            .as_deref()
+            .unwrap_or("")
+            .parse()
+            .map_err(|e| SandboxError::NetworkFence(format!("the subnet of {name}: {e}")))?;
+        // Older engines list only the subnet; the gateway is then its first address.
+        let gateway = match config.gateway.as_deref().filter(|g| !g.is_empty()) {
+            Some(g) => g.parse().map_err(|_| {
+                SandboxError::NetworkFence(format!("the gateway of {name} is not IPv4: {g}"))
+            })?,
+            None => Ipv4Addr::from(u32::from(subnet.addr()) + 1),
+        };
+        Ok(SandboxNetwork {
+            id: n.id.clone().unwrap_or_default(),
+            subnet,
+            gateway,
+        })
+    }
+}
+
+/// Makes sure the network `name` exists as kodx makes it, and returns it. Safe when
 /// several kodx processes on one engine do it at once.
 ///
 /// The engine lets two networks share a name, and then refuses to start any container on
@@ -300,14 +342,14 @@ pub fn check_arch(engine_arch: &str) -> Result<()> {
 /// name, which the engine does keep unique: whoever makes the container `<name>-lock`
 /// (never started) creates the network, then removes it. Duplicates left by anything else
 /// are healed: the one with the smallest id stays, unused others are removed.
-pub async fn ensure_network(docker: &Docker, name: &str, image: &str) -> Result<String> {
+pub async fn ensure_network(docker: &Docker, name: &str, image: &str) -> Result<SandboxNetwork> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let found = list_named(docker, name).await?;
         match found.as_slice() {
             [one] => {
                 check_network(one, name)?;
-                return Ok(one.id.clone().unwrap_or_default());
+                return SandboxNetwork::of(one, name);
             }
             [keep, others @ ..] => {
                 heal(docker, name, keep, others).await?;
@@ -572,54 +614,67 @@ pub async fn host_addresses(
     Ok(addrs)
 }
 
-/// Fences the running container `id` (on `network`): computes the routes and adds them in
-/// its network namespace from a helper container; checks that it has no IPv6 address.
-pub async fn fence(
-    docker: &Docker,
-    image: &str,
-    run_id: &str,
-    id: &str,
-    network: &str,
-    host_addrs: &[Ipv4Addr],
-    allowed: &[Cidr],
-) -> Result<Fence> {
-    let info = docker
-        .inspect_container(id, None)
-        .await
-        .map_err(|e| SandboxError::docker("inspecting the container's network", e))?;
-    let endpoint = info
-        .network_settings
-        .and_then(|s| s.networks)
-        .and_then(|mut n| n.remove(network))
-        .ok_or_else(|| {
-            SandboxError::NetworkFence(format!("the container is not on the network {network}"))
-        })?;
-    let parse = |what: &str, v: Option<String>| -> Result<Ipv4Addr> {
-        v.as_deref().unwrap_or("").parse().map_err(|_| {
-            SandboxError::NetworkFence(format!("the container has no IPv4 {what} on {network}"))
-        })
-    };
-    let gateway = parse("gateway", endpoint.gateway)?;
-    let ip = parse("address", endpoint.ip_address)?;
-    let prefix = endpoint.ip_prefix_len.unwrap_or(32).clamp(0, 32) as u8;
-    let fence = Fence::plan(gateway, Cidr::new(ip, prefix), host_addrs, allowed);
-    let out = run_helper(
-        docker,
-        image,
-        run_id,
-        &format!("container:{id}"),
-        &["NET_ADMIN"],
-        &fence.helper_args(gateway),
-    )
-    .await?;
-    let addrs = parse_addresses(&out)?;
-    if let Some(v6) = addrs.v6.iter().find(|a| !a.is_loopback()) {
-        return Err(SandboxError::NetworkFence(format!(
-            "the sandbox has the IPv6 address {v6}, which kodx does not fence; the network \
-             {network} must be without IPv6"
-        )));
+/// A sandbox's fence, ready to go up: the routes, and the helper container that adds
+/// them, made (and loaded) before the sandbox starts so that only its start is left.
+pub struct Fencing {
+    pub fence: Fence,
+    helper: Helper,
+    subnet: Cidr,
+}
+
+impl Fencing {
+    /// Plans the routes for a sandbox `id` (created, not necessarily started) on `net`, and
+    /// makes the helper container that will add them in its network namespace. `None` when
+    /// the operator allowed everything (`0.0.0.0/0`): there is nothing to fence.
+    pub async fn prepare(
+        docker: &Docker,
+        image: &str,
+        run_id: &str,
+        id: &str,
+        net: &SandboxNetwork,
+        host_addrs: &[Ipv4Addr],
+        allowed: &[Cidr],
+    ) -> Result<Option<Fencing>> {
+        let fence = Fence::plan(net.gateway, net.subnet, host_addrs, allowed);
+        if fence.blocked.is_empty() {
+            return Ok(None);
+        }
+        let helper = Helper::create(
+            docker,
+            image,
+            run_id,
+            &format!("container:{id}"),
+            &["NET_ADMIN"],
+            &fence.helper_args(net.gateway),
+        )
+        .await?;
+        Ok(Some(Fencing {
+            fence,
+            helper,
+            subnet: net.subnet,
+        }))
     }
-    Ok(fence)
+
+    /// Adds the routes in the (running) sandbox's namespace, and checks what the helper
+    /// saw there: an address on the planned subnet, and no IPv6 address.
+    pub async fn apply(self) -> Result<Fence> {
+        let out = self.helper.run().await?;
+        let addrs = parse_addresses(&out)?;
+        if let Some(v6) = addrs.v6.iter().find(|a| !a.is_loopback()) {
+            return Err(SandboxError::NetworkFence(format!(
+                "the sandbox has the IPv6 address {v6}, which kodx does not fence; the network \
+                 {NETWORK_NAME} must be without IPv6"
+            )));
+        }
+        if !addrs.v4.iter().any(|a| self.subnet.contains_addr(*a)) {
+            return Err(SandboxError::NetworkFence(format!(
+                "the sandbox has no address on {}, the subnet of {NETWORK_NAME} the routes were \
+                 planned for (it has {:?})",
+                self.subnet, addrs.v4
+            )));
+        }
+        Ok(self.fence)
+    }
 }
 
 /// Runs the helper with `args` in a container of `image` on `network_mode`, with only the
@@ -632,45 +687,65 @@ async fn run_helper(
     caps: &[&str],
     args: &[String],
 ) -> Result<String> {
-    let labels = HashMap::from([
-        (RUN_LABEL.to_string(), run_id.to_string()),
-        (OWNER_LABEL.to_string(), owner_id()),
-        (HELPER_LABEL.to_string(), "net".to_string()),
-    ]);
-    let body = ContainerCreateBody {
-        image: Some(image.to_string()),
-        entrypoint: Some(vec![HELPER_PATH.to_string()]),
-        cmd: Some(args.to_vec()),
-        user: Some("0:0".to_string()),
-        working_dir: Some("/".to_string()),
-        labels: Some(labels),
-        tty: Some(false),
-        attach_stdout: Some(true),
-        attach_stderr: Some(true),
-        network_disabled: Some(false),
-        host_config: Some(HostConfig {
-            network_mode: Some(network_mode.to_string()),
-            privileged: Some(false),
-            cap_drop: Some(vec!["ALL".to_string()]),
-            cap_add: Some(caps.iter().map(|c| c.to_string()).collect()),
-            security_opt: Some(vec!["no-new-privileges:true".to_string()]),
-            memory: Some(64 << 20),
-            pids_limit: Some(16),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let created = docker
-        .create_container(None::<CreateContainerOptions>, body)
+    Helper::create(docker, image, run_id, network_mode, caps, args)
+        .await?
+        .run()
         .await
-        .map_err(|e| SandboxError::docker("creating the network helper container", e))?;
-    let guard = HelperGuard {
-        docker: docker.clone(),
-        id: created.id.clone(),
-        done: false,
-    };
-    register_live(docker, &guard.id);
-    let run = async {
+}
+
+/// A helper container, made with the program in it, not started yet. Removed when run,
+/// or when dropped.
+struct Helper {
+    guard: HelperGuard,
+}
+
+impl Helper {
+    async fn create(
+        docker: &Docker,
+        image: &str,
+        run_id: &str,
+        network_mode: &str,
+        caps: &[&str],
+        args: &[String],
+    ) -> Result<Helper> {
+        let labels = HashMap::from([
+            (RUN_LABEL.to_string(), run_id.to_string()),
+            (OWNER_LABEL.to_string(), owner_id()),
+            (HELPER_LABEL.to_string(), "net".to_string()),
+        ]);
+        let body = ContainerCreateBody {
+            image: Some(image.to_string()),
+            entrypoint: Some(vec![HELPER_PATH.to_string()]),
+            cmd: Some(args.to_vec()),
+            user: Some("0:0".to_string()),
+            working_dir: Some("/".to_string()),
+            labels: Some(labels),
+            tty: Some(false),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            network_disabled: Some(false),
+            host_config: Some(HostConfig {
+                network_mode: Some(network_mode.to_string()),
+                privileged: Some(false),
+                cap_drop: Some(vec!["ALL".to_string()]),
+                cap_add: Some(caps.iter().map(|c| c.to_string()).collect()),
+                security_opt: Some(vec!["no-new-privileges:true".to_string()]),
+                memory: Some(64 << 20),
+                pids_limit: Some(16),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let created = docker
+            .create_container(None::<CreateContainerOptions>, body)
+            .await
+            .map_err(|e| SandboxError::docker("creating the network helper container", e))?;
+        register_live(docker, &created.id);
+        let guard = HelperGuard {
+            docker: docker.clone(),
+            id: created.id,
+            done: false,
+        };
         let tar = archive::pack_files(&[(&HELPER_PATH[1..], HELPER, 0o755)]);
         docker
             .upload_to_container(
@@ -683,65 +758,75 @@ async fn run_helper(
             )
             .await
             .map_err(|e| SandboxError::docker("copying the network helper in", e))?;
-        let mut attached = docker
-            .attach_container(
-                &guard.id,
-                Some(AttachContainerOptions {
-                    stdout: true,
-                    stderr: true,
-                    stream: true,
-                    ..Default::default()
-                }),
-            )
-            .await
-            .map_err(|e| SandboxError::docker("attaching to the network helper", e))?;
-        docker
-            .start_container(&guard.id, None)
-            .await
-            .map_err(|e| SandboxError::docker("starting the network helper", e))?;
-        let mut stdout = Vec::new();
-        let mut stderr = Vec::new();
-        while let Some(item) = attached.output.next().await {
-            match item {
-                Ok(LogOutput::StdOut { message }) if stdout.len() < HELPER_OUTPUT_CAP => {
-                    stdout.extend_from_slice(&message)
+        Ok(Helper { guard })
+    }
+
+    async fn run(self) -> Result<String> {
+        let Helper { guard } = self;
+        let docker = &guard.docker;
+        let run = async {
+            let mut attached = docker
+                .attach_container(
+                    &guard.id,
+                    Some(AttachContainerOptions {
+                        stdout: true,
+                        stderr: true,
+                        stream: true,
+                        ..Default::default()
+                    }),
+                )
+                .await
+                .map_err(|e| SandboxError::docker("attaching to the network helper", e))?;
+            docker
+                .start_container(&guard.id, None)
+                .await
+                .map_err(|e| SandboxError::docker("starting the network helper", e))?;
+            let mut stdout = Vec::new();
+            let mut stderr = Vec::new();
+            while let Some(item) = attached.output.next().await {
+                match item {
+                    Ok(LogOutput::StdOut { message }) if stdout.len() < HELPER_OUTPUT_CAP => {
+                        stdout.extend_from_slice(&message)
+                    }
+                    Ok(LogOutput::StdErr { message }) if stderr.len() < HELPER_OUTPUT_CAP => {
+                        stderr.extend_from_slice(&message)
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
                 }
-                Ok(LogOutput::StdErr { message }) if stderr.len() < HELPER_OUTPUT_CAP => {
-                    stderr.extend_from_slice(&message)
-                }
-                Ok(_) => {}
-                Err(_) => break,
             }
-        }
-        let code = match docker.wait_container(&guard.id, None).next().await {
-            Some(Ok(r)) => r.status_code,
-            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
-            Some(Err(e)) => return Err(SandboxError::docker("waiting for the network helper", e)),
-            None => -1,
-        };
-        if code != 0 {
-            let said = String::from_utf8_lossy(&stderr);
-            let said = said.trim();
-            return Err(SandboxError::NetworkFence(format!(
-                "the network helper failed (exit code {code}){}",
-                if said.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", said.chars().take(500).collect::<String>())
+            let code = match docker.wait_container(&guard.id, None).next().await {
+                Some(Ok(r)) => r.status_code,
+                Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
+                Some(Err(e)) => {
+                    return Err(SandboxError::docker("waiting for the network helper", e))
                 }
-            )));
-        }
-        Ok(String::from_utf8_lossy(&stdout).into_owned())
-    };
-    let result = match tokio::time::timeout(HELPER_TIMEOUT, run).await {
-        Ok(r) => r,
-        Err(_) => Err(SandboxError::NetworkFence(format!(
-            "the network helper did not finish within {}s",
-            HELPER_TIMEOUT.as_secs()
-        ))),
-    };
-    guard.remove().await;
-    result
+                None => -1,
+            };
+            if code != 0 {
+                let said = String::from_utf8_lossy(&stderr);
+                let said = said.trim();
+                return Err(SandboxError::NetworkFence(format!(
+                    "the network helper failed (exit code {code}){}",
+                    if said.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", said.chars().take(500).collect::<String>())
+                    }
+                )));
+            }
+            Ok(String::from_utf8_lossy(&stdout).into_owned())
+        };
+        let result = match tokio::time::timeout(HELPER_TIMEOUT, run).await {
+            Ok(r) => r,
+            Err(_) => Err(SandboxError::NetworkFence(format!(
+                "the network helper did not finish within {}s",
+                HELPER_TIMEOUT.as_secs()
+            ))),
+        };
+        guard.remove().await;
+        result
+    }
 }
 
 /// Removes a helper container when dropped (a cancelled run), or at once with `remove`.
