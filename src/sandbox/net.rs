@@ -726,6 +726,9 @@ impl Helper {
             network_disabled: Some(false),
             host_config: Some(HostConfig {
                 network_mode: Some(network_mode.to_string()),
+                // An engine remapping user namespaces allows the host's network only with
+                // the host's user namespace.
+                userns_mode: (network_mode == "host").then(|| "host".to_string()),
                 privileged: Some(false),
                 cap_drop: Some(vec!["ALL".to_string()]),
                 cap_add: Some(caps.iter().map(|c| c.to_string()).collect()),
