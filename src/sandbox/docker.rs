@@ -401,11 +401,10 @@ impl Engine {
             None
         } else {
             net::check_arch(&self.facts().await?.arch)?;
-            let (id, host_addrs) = tokio::try_join!(
+            Some(tokio::try_join!(
                 net::ensure_network(&self.docker, NETWORK_NAME, &spec.image),
                 net::host_addresses(&self.docker, &self.host, &spec.image, &spec.run_id),
-            )?;
-            Some((id, host_addrs))
+            )?)
         };
         progress("creating container");
         let (id, guard) = self
@@ -510,9 +509,11 @@ impl Engine {
                         status_code,
                         message,
                     }) if status_code != 409 => {
+                        let created = create(body).await.map_err(failed)?;
+                        // Made without the quota: the quota was what the engine refused.
                         tracing::info!(reason = %message, "the engine has no storage quota for containers; kodx watches their disk use instead");
                         self.quota_refused.store(true, Ordering::Relaxed);
-                        (create(body).await.map_err(failed)?, DiskGuard::Watchdog)
+                        (created, DiskGuard::Watchdog)
                     }
                     Err(e) => return Err(failed(e)),
                 }
@@ -955,6 +956,9 @@ impl DockerSandbox {
             // A burst of writes at this rate cannot pass the limit by much between checks.
             const RATE: u64 = 1 << 30;
             let min_interval = max_interval.min(Duration::from_secs(1));
+            // Not while the container starts: the engine has enough to do then, and the
+            // first files (the repository) are still going in.
+            tokio::time::sleep(min_interval).await;
             loop {
                 let info = docker
                     .inspect_container(&id, Some(InspectContainerOptions { size: true }))

@@ -7,9 +7,10 @@
 //!
 //! - Sandboxes join one bridge network kodx creates and reuses, [`NETWORK_NAME`], with
 //!   inter-container traffic off (`enable_icc=false`) and no IPv6.
-//! - Right after a sandbox starts, before any repository file or setup script is in it, a
-//!   short-lived helper container joins the sandbox's network namespace with `NET_ADMIN`
-//!   (the sandbox itself never has it) and adds `unreachable` routes there: the gateway
+//! - Right after a sandbox starts, before its setup script or any shell runs (the
+//!   repository's files go in meanwhile), a short-lived helper container joins the
+//!   sandbox's network namespace with `NET_ADMIN` (the sandbox itself never has it; the
+//!   helper is made while the sandbox starts) and adds `unreachable` routes there: the gateway
 //!   (the host), every address of the engine's host, and the ranges in [`BLOCKED`], minus
 //!   what the operator allows. A connect to any of them fails at once with "No route to
 //!   host". The helper is a tiny static program compiled by build.rs and embedded here, so
@@ -65,7 +66,7 @@ const HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kodx-net"));
 const HELPER_PATH: &str = "/.kodx-net";
 /// How long the engine host's addresses are reused before they are read again.
 const HOST_ADDRS_TTL: Duration = Duration::from_secs(300);
-/// The longest a helper container may take, from creation to exit.
+/// The longest a helper container may take, from its start to its exit.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most output a helper's answer may have.
 const HELPER_OUTPUT_CAP: usize = 256 * 1024;
