@@ -201,6 +201,11 @@ impl Fence {
         candidates.retain(|c| *c != own && !allowed.iter().any(|a| a.contains(c)));
         candidates.sort();
         candidates.dedup();
+        // A range inside a wider blocked one needs no route of its own (a host with many
+        // private addresses makes few routes), unless it is on the sandbox's subnet, whose
+        // connected route would win over the wider block.
+        let wider = candidates.clone();
+        candidates.retain(|c| own.contains(c) || !wider.iter().any(|b| b != c && b.contains(c)));
         let mut via_gateway: Vec<Cidr> = allowed
             .iter()
             .filter(|a| {
@@ -903,6 +908,13 @@ mod tests {
             !f.blocked.iter().any(|b| b.contains(&c("127.0.0.1"))),
             "loopback stays the sandbox's own"
         );
+        // The gateway is inside 172.16/12 but keeps its own route: the subnet's connected
+        // route (172.18/16) is more specific than the /12.
+        let many: Vec<Ipv4Addr> = (1..=200u32)
+            .map(|i| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 9, 0, 0)) + i))
+            .collect();
+        let f2 = Fence::plan(gw, own, &many, &[]);
+        assert_eq!(f2.blocked.len(), f.blocked.len() - 1, "{f2:?}");
         assert!(f.via_gateway.is_empty());
         assert_eq!(
             f.helper_args(gw)[..2],
@@ -920,8 +932,10 @@ mod tests {
         // Blocks inside an allowed range go.
         assert!(!f.blocked.contains(&c("192.0.2.2")), "{f:?}");
         assert!(!f.blocked.contains(&c("172.18.0.1")), "{f:?}");
-        // A host address outside every allowed range stays blocked.
-        assert!(f.blocked.contains(&c("10.0.0.5")), "{f:?}");
+        // A host address outside every allowed range stays blocked (here by 10/8, which
+        // holds it: no route of its own).
+        assert!(f.blocked.contains(&c("10.0.0.0/8")), "{f:?}");
+        assert!(!f.blocked.contains(&c("10.0.0.5")), "{f:?}");
         // An allowed range inside a blocked one is routed through the gateway; one in no
         // blocked range needs nothing, nor does one on the sandbox's own subnet.
         assert_eq!(f.via_gateway, vec![c("10.1.0.0/16")]);
