@@ -30,6 +30,8 @@ WORKDIR /build
 # Dependencies first, against an empty crate: this layer is rebuilt only when Cargo.toml or
 # Cargo.lock change, not on every source edit.
 COPY Cargo.toml Cargo.lock build.rs ./
+# build.rs compiles the sandbox network helper (a static C program without libc).
+COPY native ./native
 RUN mkdir -p src migrations \
  && echo 'fn main() {}' > src/main.rs \
  && touch src/lib.rs \

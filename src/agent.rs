@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -190,6 +191,9 @@ impl Agent<'_> {
             if self.cancel.is_cancelled() {
                 break Ended(StopReason::Cancelled, None);
             }
+            if let Some(why) = self.sandbox.halted().now_or_never() {
+                break Ended(StopReason::Error, Some(why));
+            }
             if tokio::time::Instant::now() >= deadline {
                 break Ended(StopReason::Timeout, Some(timeout_detail(cfg.timeout)));
             }
@@ -232,6 +236,7 @@ impl Agent<'_> {
             let response = tokio::select! {
                 r = self.provider.complete(&request) => r,
                 _ = self.cancel.cancelled() => break Ended(StopReason::Cancelled, None),
+                why = self.sandbox.halted() => break Ended(StopReason::Error, Some(why)),
                 _ = tokio::time::sleep_until(deadline) => break Ended(StopReason::Timeout, Some(timeout_detail(cfg.timeout))),
             };
             let response = match response {
@@ -306,6 +311,7 @@ impl Agent<'_> {
                 let outcome = tokio::select! {
                     r = self.call_tool(&name, &input) => r,
                     _ = self.cancel.cancelled() => break 'run Ended(StopReason::Cancelled, None),
+                    why = self.sandbox.halted() => break 'run Ended(StopReason::Error, Some(why)),
                     _ = tokio::time::sleep_until(deadline) => break 'run Ended(StopReason::Timeout, Some(timeout_detail(cfg.timeout))),
                 };
                 let (output, is_error) = match outcome {

@@ -25,7 +25,7 @@ use serde::Deserialize;
 
 use crate::agent::AgentConfig;
 use crate::cost::{CostError, Pricing};
-use crate::sandbox::SandboxSpec;
+use crate::sandbox::{Cidr, NetworkMode, SandboxSpec, DEFAULT_MAX_DISK_BYTES};
 
 /// A program: everything a run needs besides the user's prompt and the workspace.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,7 +152,7 @@ pub struct DockerSpec {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with the keys cost_limit, max_iterations, command_timeout"
+    expecting = "a mapping with the keys cost_limit, max_iterations, command_timeout, max_disk_bytes"
 )]
 pub struct Limits {
     /// USD per run.
@@ -160,6 +160,9 @@ pub struct Limits {
     pub max_iterations: Option<u32>,
     /// Seconds; the default yield time of `feed_chars`.
     pub command_timeout: Option<u64>,
+    /// Bytes the sandbox may write to its own filesystem (`kodx serve` keeps the server's
+    /// `max_disk_bytes` as the ceiling).
+    pub max_disk_bytes: Option<u64>,
 }
 
 /// The syntax of a program file.
@@ -412,6 +415,12 @@ pub struct Defaults {
     pub command_timeout: Duration,
     /// Wall clock of the whole run (the program has no say in it).
     pub run_timeout: Duration,
+    /// The sandbox's network: the stricter of this and what the program asks applies.
+    pub network: NetworkMode,
+    /// Ranges the network fence lets through (the operator's, or `--network-allow`).
+    pub network_allow: Vec<Cidr>,
+    /// The most a sandbox may write; a program may ask for less, never more.
+    pub max_disk_bytes: u64,
 }
 
 impl Default for Defaults {
@@ -422,6 +431,9 @@ impl Default for Defaults {
             max_iterations: 50,
             command_timeout: Duration::from_secs(30),
             run_timeout: Duration::from_secs(30 * 60),
+            network: NetworkMode::On,
+            network_allow: Vec::new(),
+            max_disk_bytes: DEFAULT_MAX_DISK_BYTES,
         }
     }
 }
@@ -467,8 +479,18 @@ impl Plan {
             .unwrap_or_else(|| defaults.image.clone());
         let mut sandbox = SandboxSpec::new(run_id, image);
         sandbox.setup_script = program.docker.setup_script.clone();
-        sandbox.disable_network_after_setup =
-            program.docker.disable_network_after_setup.unwrap_or(false);
+        // The stricter of the settings' network and what the program asks.
+        defaults.network.apply(
+            &mut sandbox,
+            program.docker.disable_network_after_setup.unwrap_or(false),
+        );
+        sandbox.allowed_cidrs = defaults.network_allow.clone();
+        sandbox.max_disk_bytes = Some(
+            program
+                .limits
+                .max_disk_bytes
+                .map_or(defaults.max_disk_bytes, |m| m.min(defaults.max_disk_bytes)),
+        );
         // A setup script gets at least as long as one command may take.
         sandbox.setup_timeout = sandbox.setup_timeout.max(command_timeout);
 
@@ -610,6 +632,7 @@ impl RawProgram {
             "limits.max_iterations",
         )?;
         positive(limits.command_timeout, "limits.command_timeout")?;
+        positive(limits.max_disk_bytes, "limits.max_disk_bytes")?;
         if let Some(cost) = limits.cost_limit {
             check_cost_limit(cost, "limits.cost_limit", file)?;
         }
@@ -1115,7 +1138,7 @@ change and test the code, then summarise what you did.
 
     #[test]
     fn system_prompt_alias_and_optional_sections() {
-        let p = yaml("model:\n  name: gpt-4.1\nprompt:\n  system_prompt: hi\ndocker:\nparameters:\n  top_p: 0.9\n  top_k: 40\n  stop_sequences: [END]\nlimits:\n  cost_limit: 0.5\n  max_iterations: 7\n  command_timeout: 60\n")
+        let p = yaml("model:\n  name: gpt-4.1\nprompt:\n  system_prompt: hi\ndocker:\nparameters:\n  top_p: 0.9\n  top_k: 40\n  stop_sequences: [END]\nlimits:\n  cost_limit: 0.5\n  max_iterations: 7\n  command_timeout: 60\n  max_disk_bytes: 1073741824\n")
             .unwrap();
         assert_eq!(p.system_prompt, "hi");
         assert_eq!(p.model.provider, Provider::OpenAi, "inferred from the name");
@@ -1126,6 +1149,11 @@ change and test the code, then summarise what you did.
         assert_eq!(p.limits.cost_limit, Some(0.5));
         assert_eq!(p.max_iterations(), Some(7));
         assert_eq!(p.limits.command_timeout, Some(60));
+        assert_eq!(p.limits.max_disk_bytes, Some(1 << 30));
+        let err = yaml("model:\n  name: x\n  provider: openai\nprompt:\n  system: a\nlimits:\n  max_disk_bytes: 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("limits.max_disk_bytes"), "{err}");
 
         let both =
             "model:\n  name: x\n  provider: openai\nprompt:\n  system: a\n  system_prompt: b\n";
@@ -1360,6 +1388,7 @@ change and test the code, then summarise what you did.
             max_iterations: 7,
             command_timeout: Duration::from_secs(30),
             run_timeout: Duration::from_secs(99),
+            ..Defaults::default()
         };
         let plan = Plan::new(
             "r1",

@@ -11,7 +11,7 @@ use kodx::cost::{format_usd, Pricing};
 use kodx::model::{Provider, Usage};
 use kodx::program::{self, Defaults, Overrides, Plan, Program, RepoConfig};
 use kodx::providers::{AnthropicClient, OpenAiClient};
-use kodx::sandbox::{Engine, Sandbox, SandboxError};
+use kodx::sandbox::{Cidr, Engine, NetworkMode, Sandbox, SandboxError, DEFAULT_MAX_DISK_BYTES};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -46,6 +46,14 @@ pub struct RunArgs {
     /// Cut the container's network after the setup script.
     #[arg(long)]
     disable_network_after_setup: bool,
+    /// The container's network: on, setup-only (cut after the setup script), off (none,
+    /// not even for setup). The host, link-local and private ranges are never reachable.
+    #[arg(long, default_value = "on", value_parser = clap::builder::PossibleValuesParser::new(NetworkMode::NAMES))]
+    network: String,
+    /// An IPv4 range the container may reach although it is private or the host's
+    /// (e.g. 10.20.0.0/16, or 192.168.1.5 for one address); repeatable.
+    #[arg(long, value_name = "CIDR")]
+    network_allow: Vec<Cidr>,
     /// Print the result as JSON instead of the last message.
     #[arg(long)]
     json: bool,
@@ -225,6 +233,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(|| "python:3.12".to_string()),
         cost_limit: repo_cost_limit.unwrap_or(1.0),
         run_timeout: Duration::from_secs(args.timeout.max(1)),
+        network: args.network.parse().map_err(anyhow::Error::msg)?,
+        network_allow: args.network_allow.clone(),
+        // No operator here: the program's own limit, when it sets one, is the ceiling.
+        max_disk_bytes: program
+            .limits
+            .max_disk_bytes
+            .unwrap_or(DEFAULT_MAX_DISK_BYTES),
         ..Defaults::default()
     };
     let mut pricing = Pricing::builtin();

@@ -66,47 +66,34 @@ async fn setup_timeout_is_a_setup_failure() {
     assert_gone(&engine, &spec.run_id).await;
 }
 
-/// A TCP listener on the host, reachable from containers through the bridge's gateway.
-async fn host_listener(
-    engine: &kodx::sandbox::Engine,
-) -> (String, u16, tokio::task::JoinHandle<()>) {
-    // The default bridge lists only its subnet; its gateway is the subnet's first address.
-    let net = engine
-        .docker()
-        .inspect_network("bridge", None)
-        .await
-        .unwrap();
-    let subnet = net
-        .ipam
-        .and_then(|i| i.config)
-        .and_then(|c| c.into_iter().find_map(|c| c.subnet))
-        .expect("bridge subnet");
-    let base: std::net::Ipv4Addr = subnet.split('/').next().unwrap().parse().unwrap();
-    let gateway = std::net::Ipv4Addr::from(u32::from(base) + 1).to_string();
-    let listener = tokio::net::TcpListener::bind((gateway.as_str(), 0))
-        .await
-        .unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let task = tokio::spawn(async move {
-        use tokio::io::AsyncWriteExt;
-        while let Ok((mut s, _)) = listener.accept().await {
-            let _ = s.write_all(b"HTTP/1.0 200 OK\r\n\r\nreachable").await;
-        }
-    });
-    (gateway, port, task)
-}
-
 fn probe(host: &str, port: u16) -> String {
     format!(
         "python3 -c \"import socket; s=socket.create_connection(('{host}', {port}), timeout=3); print('connected')\" 2>&1 | tail -1"
     )
 }
 
+/// A listener on the host and a sandbox spec that may reach it: the host is fenced off
+/// unless the operator allows it, so the test allows the sandbox network's gateway.
+async fn allowed_host_listener(
+    engine: &kodx::sandbox::Engine,
+    test: &str,
+) -> (
+    String,
+    u16,
+    tokio::task::JoinHandle<()>,
+    kodx::sandbox::SandboxSpec,
+) {
+    let (port, task) = common::net::host_listener().await;
+    let gateway = common::net::sandbox_gateway(engine).await;
+    let mut spec = spec(test);
+    spec.allowed_cidrs = vec![kodx::sandbox::Cidr::host(gateway)];
+    (gateway.to_string(), port, task, spec)
+}
+
 #[tokio::test]
 async fn network_is_on_during_setup_and_cut_after() {
     let Some(engine) = engine().await else { return };
-    let (gateway, port, server) = host_listener(&engine).await;
-    let mut spec = spec("net-cut");
+    let (gateway, port, server, mut spec) = allowed_host_listener(&engine, "net-cut").await;
     spec.setup_script = Some(format!("{} > during-setup.txt\n", probe(&gateway, port)));
     spec.disable_network_after_setup = true;
     let sb = start(&engine, &spec).await;
@@ -138,8 +125,7 @@ async fn network_is_on_during_setup_and_cut_after() {
 #[tokio::test]
 async fn network_stays_on_without_the_cut() {
     let Some(engine) = engine().await else { return };
-    let (gateway, port, server) = host_listener(&engine).await;
-    let spec = spec("net-on");
+    let (gateway, port, server, spec) = allowed_host_listener(&engine, "net-on").await;
     let sb = start(&engine, &spec).await;
     let out = sb
         .feed_chars("default", &probe(&gateway, port), 20 * SEC)

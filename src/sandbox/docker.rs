@@ -15,13 +15,15 @@ use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig, NetworkDisconnectRequest};
 use bollard::query_parameters::{
     CreateContainerOptions, CreateImageOptions, DownloadFromContainerOptions,
-    ListContainersOptions, RemoveContainerOptions, UploadToContainerOptions,
+    InspectContainerOptions, KillContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    UploadToContainerOptions,
 };
 use bollard::Docker;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 
 use super::archive::{self, ChangeSet, Exported, Limits, Manifest};
+use super::net::{self, Cidr, NETWORK_NAME};
 use super::shell::{self, FeedOutput, Shell};
 use super::term;
 use super::{Result, Sandbox, SandboxError};
@@ -59,6 +61,50 @@ impl Default for ResourceLimits {
     }
 }
 
+/// How much network a run's sandbox gets: the server's `network` setting, `kodx run
+/// --network`. A repository or program can ask for less (`disable_network_after_setup`),
+/// never more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkMode {
+    /// Network for the whole run, unless the repository asks for the cut after setup.
+    #[default]
+    On,
+    /// The network is cut after the setup script, whatever the repository asks.
+    SetupOnly,
+    /// No network at all, not even for the setup script.
+    Off,
+}
+
+impl NetworkMode {
+    pub const NAMES: [&'static str; 3] = ["on", "setup-only", "off"];
+
+    /// Sets `spec`'s network: the stricter of this mode and the repository's or program's
+    /// `disable_network_after_setup` (`cut_after_setup`).
+    pub fn apply(self, spec: &mut SandboxSpec, cut_after_setup: bool) {
+        spec.no_network = self == NetworkMode::Off;
+        spec.disable_network_after_setup = cut_after_setup || self == NetworkMode::SetupOnly;
+    }
+}
+
+impl std::str::FromStr for NetworkMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "on" => Ok(NetworkMode::On),
+            "setup-only" => Ok(NetworkMode::SetupOnly),
+            "off" => Ok(NetworkMode::Off),
+            other => Err(format!(
+                "network must be one of on, setup-only, off, not {other:?}"
+            )),
+        }
+    }
+}
+
+/// Bytes a sandbox may write unless told otherwise (`max_disk_bytes`): 10 GiB.
+pub const DEFAULT_MAX_DISK_BYTES: u64 = 10 << 30;
+
 /// Everything needed to start one run's sandbox.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
@@ -69,6 +115,21 @@ pub struct SandboxSpec {
     pub setup_script: Option<String>,
     pub setup_timeout: Duration,
     pub disable_network_after_setup: bool,
+    /// No network at all, not even for the setup script (`network = "off"`).
+    pub no_network: bool,
+    /// Ranges the sandbox may reach although they are private, link-local or the host's
+    /// (the operator's `network_allow`).
+    pub allowed_cidrs: Vec<Cidr>,
+    /// Bytes the container may write to its own filesystem (the workspace, /tmp, installed
+    /// packages); `None`: no limit. A storage quota where the engine has one, else a
+    /// watchdog that stops the run past it.
+    pub max_disk_bytes: Option<u64>,
+    /// The longest pause between two checks of the disk watchdog (shorter near the limit).
+    pub disk_check_interval: Duration,
+    /// Ask the engine for a storage quota: `None` when its storage driver can have one
+    /// (overlay2 on xfs, btrfs, zfs, devicemapper), `Some(true)` always, `Some(false)` never.
+    /// Refused, the watchdog applies.
+    pub disk_quota: Option<bool>,
     pub limits: ResourceLimits,
     /// Bytes of output one `feed_chars` returns at most (the middle is cut past that).
     pub output_cap: usize,
@@ -84,6 +145,11 @@ impl SandboxSpec {
             setup_script: None,
             setup_timeout: Duration::from_secs(600),
             disable_network_after_setup: false,
+            no_network: false,
+            allowed_cidrs: Vec::new(),
+            max_disk_bytes: Some(DEFAULT_MAX_DISK_BYTES),
+            disk_check_interval: Duration::from_secs(10),
+            disk_quota: None,
             limits: ResourceLimits::default(),
             output_cap: 20_000,
             archive_limits: Limits::default(),
@@ -274,6 +340,43 @@ pub struct Engine {
     api_version: String,
     /// The installation whose containers this engine handle makes ([`INSTANCE_LABEL`]).
     instance: Option<Arc<str>>,
+    facts: Arc<tokio::sync::OnceCell<EngineFacts>>,
+    /// The engine refused a storage quota once: later sandboxes use the watchdog at once.
+    quota_refused: Arc<AtomicBool>,
+}
+
+/// What kodx needs to know of an engine, read once per connection.
+#[derive(Debug, Clone)]
+pub struct EngineFacts {
+    /// `uname -m` of the engine's host (`x86_64`, `aarch64`).
+    pub arch: String,
+    /// The storage driver (`overlay2`, …) and, where it says, its backing filesystem.
+    pub storage_driver: String,
+    pub backing_fs: String,
+}
+
+impl EngineFacts {
+    /// Whether the storage driver can limit a container's writable layer (`--storage-opt
+    /// size=…`). overlay2 needs xfs mounted with `pquota`, which the engine does not report:
+    /// a refusal is handled where the container is made.
+    pub fn may_have_quota(&self) -> bool {
+        match self.storage_driver.as_str() {
+            "overlay2" => self.backing_fs == "xfs",
+            "btrfs" | "zfs" | "devicemapper" | "windowsfilter" => true,
+            _ => false,
+        }
+    }
+}
+
+/// How a sandbox's disk use is bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskGuard {
+    /// The engine's storage quota: writes past it fail with "No space left on device".
+    Quota,
+    /// kodx's watchdog: the run is stopped past the limit.
+    Watchdog,
+    /// No limit (`max_disk_bytes` unset).
+    None,
 }
 
 fn engine_host() -> String {
@@ -323,6 +426,8 @@ impl Engine {
             host,
             api_version,
             instance: None,
+            facts: Default::default(),
+            quota_refused: Default::default(),
         })
     }
 
@@ -337,6 +442,41 @@ impl Engine {
     /// The installation set by [`Engine::with_instance`].
     pub fn instance(&self) -> Option<&str> {
         self.instance.as_deref()
+    }
+
+    /// The engine's architecture and storage driver (asked once per connection).
+    pub async fn facts(&self) -> Result<&EngineFacts> {
+        self.facts
+            .get_or_try_init(|| async {
+                let info = self
+                    .docker
+                    .info()
+                    .await
+                    .map_err(|e| SandboxError::docker("reading the Docker engine's info", e))?;
+                let backing_fs = info
+                    .driver_status
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|kv| kv.first().is_some_and(|k| k == "Backing Filesystem"))
+                    .and_then(|kv| kv.get(1).cloned())
+                    .unwrap_or_default();
+                Ok(EngineFacts {
+                    arch: info.architecture.unwrap_or_default(),
+                    storage_driver: info.driver.unwrap_or_default(),
+                    backing_fs,
+                })
+            })
+            .await
+    }
+
+    /// Makes sure the sandboxes' network (`kodx-sandbox`, or `name`) exists as kodx makes
+    /// it — a bridge without IPv6 and without traffic between its containers — and returns
+    /// its id. Created once and reused; safe when several kodx processes do it at once.
+    /// `image` (any image on the engine) makes the short-lived lock container.
+    pub async fn ensure_network(&self, name: Option<&str>, image: &str) -> Result<String> {
+        net::ensure_network(&self.docker, name.unwrap_or(NETWORK_NAME), image)
+            .await
+            .map(|n| n.id)
     }
 
     pub fn docker(&self) -> &Docker {
@@ -440,10 +580,36 @@ impl Engine {
         } else {
             "/workspace"
         };
+        let network = if spec.no_network {
+            None
+        } else {
+            net::check_arch(&self.facts().await?.arch)?;
+            Some(tokio::try_join!(
+                net::ensure_network(&self.docker, NETWORK_NAME, &spec.image),
+                net::host_addresses(&self.docker, &self.host, &spec.image, &spec.run_id),
+            )?)
+        };
         progress("creating container");
-        let id = self.create_container(spec, workdir).await?;
-        let sandbox = DockerSandbox::new(self.docker.clone(), id, spec, workdir);
-        match self.prepare(&sandbox, spec, pack, &mut progress).await {
+        let (id, guard) = self
+            .create_container(spec, workdir, network.as_ref().map(|(n, _)| n.id.as_str()))
+            .await?;
+        let sandbox = DockerSandbox::new(self.docker.clone(), id, spec, workdir, guard);
+        if guard == DiskGuard::Watchdog {
+            if let Some(limit) = spec.max_disk_bytes {
+                sandbox.watch_disk(limit, spec.disk_check_interval);
+            }
+        }
+        let network = network.as_ref().map(|(n, addrs)| (n, addrs.as_slice()));
+        let prepared = tokio::select! {
+            r = self.prepare(&sandbox, spec, pack, network, &mut progress) => r,
+            e = sandbox.disk_exceeded() => Err(e),
+        };
+        // A setup script killed by the watchdog fails too: the disk limit is the reason.
+        let prepared = match (prepared, sandbox.disk_error()) {
+            (Err(_), Some(e)) => Err(e),
+            (r, _) => r,
+        };
+        match prepared {
             Ok(()) => Ok(sandbox),
             Err(e) => {
                 let _ = sandbox.destroy().await;
@@ -452,7 +618,13 @@ impl Engine {
         }
     }
 
-    async fn create_container(&self, spec: &SandboxSpec, workdir: &str) -> Result<String> {
+    /// Makes the container; returns its id and how its disk use is bounded.
+    async fn create_container(
+        &self,
+        spec: &SandboxSpec,
+        workdir: &str,
+        network: Option<&str>,
+    ) -> Result<(String, DiskGuard)> {
         let mut labels = HashMap::from([
             (RUN_LABEL.to_string(), spec.run_id.clone()),
             (OWNER_LABEL.to_string(), owner_id().to_string()),
@@ -473,7 +645,7 @@ impl Engine {
             memory_swap: Some(spec.limits.memory_bytes),
             nano_cpus: Some(spec.limits.nano_cpus),
             pids_limit: Some(spec.limits.pids),
-            network_mode: Some("bridge".to_string()),
+            network_mode: Some(network.unwrap_or("none").to_string()),
             ..Default::default()
         };
         let body = ContainerCreateBody {
@@ -492,24 +664,61 @@ impl Engine {
             host_config: Some(host_config),
             ..Default::default()
         };
+        let try_quota = match (spec.max_disk_bytes, spec.disk_quota) {
+            (None, _) | (_, Some(false)) => false,
+            (Some(_), Some(true)) => true,
+            (Some(_), None) => {
+                !self.quota_refused.load(Ordering::Relaxed) && self.facts().await?.may_have_quota()
+            }
+        };
         // Held until the container is registered, so an interrupt's cleanup cannot miss it.
         let _creating = creation_gate().read().await;
-        let created = self
-            .docker
-            .create_container(
+        let create = |body: ContainerCreateBody| {
+            self.docker.create_container(
                 Some(CreateContainerOptions {
                     name: Some(format!("kodx-{}", spec.run_id)),
                     ..Default::default()
                 }),
                 body,
             )
-            .await
-            .map_err(|e| {
-                SandboxError::docker(format!("creating the container from {}", spec.image), e)
-            })?;
+        };
+        let failed =
+            |e| SandboxError::docker(format!("creating the container from {}", spec.image), e);
+        let (created, guard) = match spec.max_disk_bytes.filter(|_| try_quota) {
+            Some(limit) => {
+                let mut with_quota = body.clone();
+                if let Some(hc) = with_quota.host_config.as_mut() {
+                    hc.storage_opt = Some(HashMap::from([("size".to_string(), limit.to_string())]));
+                }
+                match create(with_quota).await {
+                    Ok(c) => (c, DiskGuard::Quota),
+                    // "--storage-opt is supported only for overlay over xfs with 'pquota'
+                    // mount option", and the like: the watchdog takes over.
+                    Err(bollard::errors::Error::DockerResponseServerError {
+                        status_code,
+                        message,
+                    }) if status_code != 409 => {
+                        let created = create(body).await.map_err(failed)?;
+                        // Made without the quota: the quota was what the engine refused.
+                        tracing::info!(reason = %message, "the engine has no storage quota for containers; kodx watches their disk use instead");
+                        self.quota_refused.store(true, Ordering::Relaxed);
+                        (created, DiskGuard::Watchdog)
+                    }
+                    Err(e) => return Err(failed(e)),
+                }
+            }
+            None => {
+                let guard = if spec.max_disk_bytes.is_some() {
+                    DiskGuard::Watchdog
+                } else {
+                    DiskGuard::None
+                };
+                (create(body).await.map_err(failed)?, guard)
+            }
+        };
         let id = created.id;
         register_live(&self.docker, &id);
-        Ok(id)
+        Ok((id, guard))
     }
 
     async fn prepare(
@@ -517,54 +726,97 @@ impl Engine {
         sandbox: &DockerSandbox,
         spec: &SandboxSpec,
         pack: Option<PackTask>,
+        network: Option<(&net::SandboxNetwork, &[std::net::Ipv4Addr])>,
         progress: &mut impl FnMut(&str),
     ) -> Result<()> {
         let id = sandbox.id.as_str();
-        self.docker
-            .start_container(id, None)
-            .await
-            .map_err(|e| SandboxError::docker("starting the container", e))?;
-        // kodx's own files in /tmp: the shells' rc file and the setup script.
-        // Uploaded at `/` so that an image without /tmp gets one.
-        let mut files = vec![("tmp/.kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
-        if let Some(script) = &spec.setup_script {
-            files.push(("tmp/setup.sh", script.as_bytes(), 0o700));
-        }
-        upload(&self.docker, id, "/", archive::pack_files(&files)).await?;
-        if let Some(PackTask { task, body }) = pack {
-            progress("copying the repository");
-            let chunks = futures_util::stream::unfold(body, |mut rx| async move {
-                rx.recv().await.map(|chunk| (chunk, rx))
-            });
-            let uploaded = self
-                .docker
-                .upload_to_container(
-                    id,
-                    Some(upload_options("/")),
-                    bollard::body_try_stream(chunks),
-                )
-                .await
-                .map_err(|e| SandboxError::docker("copying the repository into the container", e));
-            let packed = task
-                .await
-                .map_err(|e| SandboxError::InvalidInput(format!("packing the repository: {e}")))?;
-            let manifest = match (packed, uploaded) {
-                (Ok(manifest), Ok(())) => manifest,
-                // The upload stopped first: the engine's error is the one that says why.
-                (Err(SandboxError::Io { source, .. }), Err(e))
-                    if source.kind() == io::ErrorKind::BrokenPipe =>
-                {
-                    return Err(e)
+        // The fence's helper container is made while the sandbox starts, so only the
+        // helper's own start is left for after.
+        let fencing = async {
+            match network {
+                Some((net, host_addrs)) => {
+                    net::Fencing::prepare(
+                        &self.docker,
+                        &spec.image,
+                        &spec.run_id,
+                        id,
+                        net,
+                        host_addrs,
+                        &spec.allowed_cidrs,
+                    )
+                    .await
                 }
-                (Err(e), _) | (Ok(_), Err(e)) => return Err(e),
-            };
-            *sandbox.baseline.lock().unwrap() = manifest;
-        }
+                None => Ok(None),
+            }
+        };
+        let started = async {
+            self.docker
+                .start_container(id, None)
+                .await
+                .map_err(|e| SandboxError::docker("starting the container", e))
+        };
+        let (fencing, ()) = tokio::try_join!(fencing, started)?;
+        // The network is fenced while the files go in: nothing runs in the container
+        // (setup script, shells) before both are done.
+        let fence = async {
+            match fencing {
+                Some(f) => f.apply().await.map(|f| {
+                    tracing::debug!(
+                        blocked = f.blocked.len(),
+                        allowed = f.via_gateway.len(),
+                        "sandbox network fenced"
+                    );
+                }),
+                None => Ok(()),
+            }
+        };
+        let files = async {
+            // kodx's own files in /tmp: the shells' rc file and the setup script.
+            // Uploaded at `/` so that an image without /tmp gets one.
+            let mut files = vec![("tmp/.kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
+            if let Some(script) = &spec.setup_script {
+                files.push(("tmp/setup.sh", script.as_bytes(), 0o700));
+            }
+            upload(&self.docker, id, "/", archive::pack_files(&files)).await?;
+            if let Some(PackTask { task, body }) = pack {
+                progress("copying the repository");
+                let chunks = futures_util::stream::unfold(body, |mut rx| async move {
+                    rx.recv().await.map(|chunk| (chunk, rx))
+                });
+                let uploaded = self
+                    .docker
+                    .upload_to_container(
+                        id,
+                        Some(upload_options("/")),
+                        bollard::body_try_stream(chunks),
+                    )
+                    .await
+                    .map_err(|e| {
+                        SandboxError::docker("copying the repository into the container", e)
+                    });
+                let packed = task.await.map_err(|e| {
+                    SandboxError::InvalidInput(format!("packing the repository: {e}"))
+                })?;
+                let manifest = match (packed, uploaded) {
+                    (Ok(manifest), Ok(())) => manifest,
+                    // The upload stopped first: the engine's error is the one that says why.
+                    (Err(SandboxError::Io { source, .. }), Err(e))
+                        if source.kind() == io::ErrorKind::BrokenPipe =>
+                    {
+                        return Err(e)
+                    }
+                    (Err(e), _) | (Ok(_), Err(e)) => return Err(e),
+                };
+                *sandbox.baseline.lock().unwrap() = manifest;
+            }
+            Ok(())
+        };
+        tokio::try_join!(fence, files)?;
         if let Some(_script) = &spec.setup_script {
             progress("running the setup script");
             run_setup(&self.docker, id, &sandbox.workdir, spec.setup_timeout).await?;
         }
-        if spec.disable_network_after_setup {
+        if spec.disable_network_after_setup && !spec.no_network {
             progress("cutting the network");
             cut_network(&self.docker, id).await?;
         }
@@ -924,7 +1176,7 @@ async fn cut_network(docker: &Docker, id: &str) -> Result<()> {
     Ok(())
 }
 
-async fn remove(docker: &Docker, id: &str) -> Result<()> {
+pub(super) async fn remove(docker: &Docker, id: &str) -> Result<()> {
     let res = docker
         .remove_container(
             id,
@@ -951,7 +1203,7 @@ fn live() -> &'static Mutex<HashMap<String, Docker>> {
     LIVE.get_or_init(Default::default)
 }
 
-fn register_live(docker: &Docker, id: &str) {
+pub(super) fn register_live(docker: &Docker, id: &str) {
     live()
         .lock()
         .unwrap()
@@ -996,13 +1248,24 @@ pub struct DockerSandbox {
     baseline: Mutex<Manifest>,
     shells: Mutex<HashMap<String, Arc<Shell>>>,
     destroyed: AtomicBool,
+    disk_guard: DiskGuard,
+    /// The disk watchdog, stopped with the sandbox.
+    watchdog: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Set by the watchdog when the disk limit was passed: (limit, bytes written).
+    disk_tripped: tokio::sync::watch::Sender<Option<(u64, u64)>>,
 }
 
 /// Most shells one sandbox keeps at once.
 pub const MAX_SHELLS: usize = 16;
 
 impl DockerSandbox {
-    fn new(docker: Docker, id: String, spec: &SandboxSpec, workdir: &str) -> Self {
+    fn new(
+        docker: Docker,
+        id: String,
+        spec: &SandboxSpec,
+        workdir: &str,
+        disk_guard: DiskGuard,
+    ) -> Self {
         DockerSandbox {
             docker,
             id,
@@ -1013,11 +1276,98 @@ impl DockerSandbox {
             baseline: Mutex::new(Manifest::default()),
             shells: Mutex::new(HashMap::new()),
             destroyed: AtomicBool::new(false),
+            disk_guard,
+            watchdog: Mutex::new(None),
+            disk_tripped: tokio::sync::watch::Sender::new(None),
         }
     }
 
     pub fn container_id(&self) -> &str {
         &self.id
+    }
+
+    /// How this sandbox's disk use is bounded: the engine's quota or kodx's watchdog.
+    pub fn disk_guard(&self) -> DiskGuard {
+        self.disk_guard
+    }
+
+    /// Starts the watchdog: the container's writable layer (as the engine counts it) is
+    /// checked every `max_interval` at most, more often near the limit; past `limit` the
+    /// container is killed and the run stops with [`SandboxError::DiskLimit`].
+    fn watch_disk(&self, limit: u64, max_interval: Duration) {
+        let docker = self.docker.clone();
+        let id = self.id.clone();
+        let tripped = self.disk_tripped.clone();
+        let task = tokio::spawn(async move {
+            // A burst of writes at this rate cannot pass the limit by much between checks.
+            const RATE: u64 = 1 << 30;
+            let min_interval = max_interval.min(Duration::from_secs(1));
+            // Not while the container starts: the engine has enough to do then, and the
+            // first files (the repository) are still going in.
+            tokio::time::sleep(min_interval).await;
+            loop {
+                let info = docker
+                    .inspect_container(&id, Some(InspectContainerOptions { size: true }))
+                    .await;
+                let used = match info {
+                    Ok(info) => info.size_rw.unwrap_or(0).max(0) as u64,
+                    Err(bollard::errors::Error::DockerResponseServerError {
+                        status_code: 404,
+                        ..
+                    }) => return,
+                    Err(e) => {
+                        tracing::warn!("checking the sandbox's disk use failed: {e}");
+                        tokio::time::sleep(max_interval).await;
+                        continue;
+                    }
+                };
+                if used > limit {
+                    tracing::warn!(
+                        used,
+                        limit,
+                        "the sandbox passed its disk limit; stopping it"
+                    );
+                    // Known before the container dies, so a setup script or a command that
+                    // ends with it ends for this reason.
+                    tripped.send_replace(Some((limit, used)));
+                    if let Err(e) = docker
+                        .kill_container(&id, None::<KillContainerOptions>)
+                        .await
+                    {
+                        tracing::warn!("stopping the sandbox past its disk limit failed: {e}");
+                    }
+                    return;
+                }
+                let left = Duration::from_secs_f64((limit - used) as f64 / RATE as f64);
+                tokio::time::sleep(left.clamp(min_interval, max_interval)).await;
+            }
+        });
+        if let Some(old) = self.watchdog.lock().unwrap().replace(task) {
+            old.abort();
+        }
+    }
+
+    /// The disk limit error, once the watchdog tripped.
+    fn disk_error(&self) -> Option<SandboxError> {
+        self.disk_tripped
+            .borrow()
+            .map(|(limit, used)| SandboxError::DiskLimit { limit, used })
+    }
+
+    /// Resolves when the watchdog trips; never otherwise.
+    async fn disk_exceeded(&self) -> SandboxError {
+        let mut rx = self.disk_tripped.subscribe();
+        let tripped = rx.wait_for(|v| v.is_some()).await.map(|v| *v);
+        match tripped {
+            Ok(Some((limit, used))) => SandboxError::DiskLimit { limit, used },
+            _ => std::future::pending().await,
+        }
+    }
+
+    fn stop_watchdog(&self) {
+        if let Some(task) = self.watchdog.lock().unwrap().take() {
+            task.abort();
+        }
     }
 
     pub fn run_id(&self) -> &str {
@@ -1047,31 +1397,33 @@ impl DockerSandbox {
     fn root_name(&self) -> &str {
         self.workdir.rsplit('/').next().unwrap_or("workspace")
     }
+}
 
-    fn remove_blocking(&self) {
-        let docker = self.docker.clone();
-        let id = self.id.clone();
-        // Drop cannot await, and the runtime may be shutting down (a panicking test, the
-        // end of main): remove on a thread of its own and wait for it, bounded.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            if let Ok(rt) = rt {
-                let _ = rt.block_on(remove(&docker, &id));
-            }
-            let _ = tx.send(());
-        });
-        let _ = rx.recv_timeout(Duration::from_secs(15));
-    }
+/// Removes a container from a synchronous context (a `Drop`).
+pub(super) fn remove_blocking(docker: &Docker, id: &str) {
+    let docker = docker.clone();
+    let id = id.to_string();
+    // Drop cannot await, and the runtime may be shutting down (a panicking test, the
+    // end of main): remove on a thread of its own and wait for it, bounded.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        if let Ok(rt) = rt {
+            let _ = rt.block_on(remove(&docker, &id));
+        }
+        let _ = tx.send(());
+    });
+    let _ = rx.recv_timeout(Duration::from_secs(15));
 }
 
 impl Drop for DockerSandbox {
     fn drop(&mut self) {
         if !self.destroyed.swap(true, Ordering::SeqCst) {
+            self.stop_watchdog();
             self.shells.lock().unwrap().clear();
-            self.remove_blocking();
+            remove_blocking(&self.docker, &self.id);
         }
     }
 }
@@ -1174,10 +1526,15 @@ impl Sandbox for DockerSandbox {
         &self.workdir
     }
 
+    async fn halted(&self) -> String {
+        self.disk_exceeded().await.to_string()
+    }
+
     async fn destroy(&self) -> Result<()> {
         if self.destroyed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        self.stop_watchdog();
         self.shells.lock().unwrap().clear();
         remove(&self.docker, &self.id).await
     }

@@ -30,6 +30,15 @@ pub enum SandboxError {
     #[error("unsafe archive: {0}")]
     UnsafeArchive(String),
 
+    /// The sandbox's network could not be fenced off from the host and private ranges, so
+    /// it is not started.
+    #[error("the sandbox's network could not be fenced off from the host: {0}")]
+    NetworkFence(String),
+
+    /// The sandbox wrote more than its disk limit and was stopped.
+    #[error("the sandbox wrote {} to its disk, over its limit of {} (max_disk_bytes), and was stopped", human_bytes(*used), human_bytes(*limit))]
+    DiskLimit { limit: u64, used: u64 },
+
     /// A shell name that was never created.
     #[error("no shell named {0:?}: call create_new_shell with that name first")]
     UnknownShell(String),
@@ -80,3 +89,18 @@ impl SandboxError {
 }
 
 pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
+
+/// `1.5 GiB`, `320.0 MiB`, `512 bytes`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} bytes");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}

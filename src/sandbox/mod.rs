@@ -8,6 +8,7 @@ pub mod archive;
 pub mod docker;
 pub mod error;
 pub mod gitconfig;
+pub mod net;
 pub mod shell;
 pub mod term;
 
@@ -17,8 +18,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use archive::{Change, ChangeKind, ChangeSet, Contents, Exported, NewEntry};
-pub use docker::{DockerSandbox, Engine, ResourceLimits, SandboxSpec};
+pub use docker::{
+    DiskGuard, DockerSandbox, Engine, NetworkMode, ResourceLimits, SandboxSpec,
+    DEFAULT_MAX_DISK_BYTES,
+};
 pub use error::{Result, SandboxError};
+pub use net::Cidr;
 pub use shell::{FeedOutput, ShellStatus};
 
 /// The shell `feed_chars` uses when the model names none.
@@ -45,6 +50,13 @@ pub trait Sandbox: Send + Sync {
 
     /// The workspace directory inside the sandbox (`/workspace/repo` or `/workspace`).
     fn workdir(&self) -> &str;
+
+    /// Resolves when the sandbox stopped on its own — it wrote past its disk limit — with
+    /// the reason, in words for the maintainer; never resolves otherwise. The agent ends the
+    /// run with it.
+    async fn halted(&self) -> String {
+        std::future::pending().await
+    }
 
     /// Removes the sandbox at once. Idempotent.
     async fn destroy(&self) -> Result<()>;

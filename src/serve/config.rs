@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::repo_config::ServerMaxima;
+use crate::sandbox::{Cidr, NetworkMode, DEFAULT_MAX_DISK_BYTES};
 use crate::webhook::WebhookSecrets;
 
 /// Where the server config file is looked for when `KODX_CONFIG` is not set.
@@ -87,6 +88,15 @@ pub struct Settings {
     /// Spend per installation per calendar month (UTC), in USD; new runs are refused once
     /// it is reached. None: no budget.
     pub monthly_budget_usd: Option<f64>,
+    /// The sandboxes' network: `on` (a repository may ask for the cut after setup),
+    /// `setup-only` (always cut after setup), `off` (none, not even for setup).
+    pub network: NetworkMode,
+    /// IPv4 ranges sandboxes may reach although they are private, link-local or the
+    /// Docker host's (e.g. a package mirror on the internal network).
+    pub network_allow: Vec<Cidr>,
+    /// Bytes one sandbox may write to its own filesystem; a program's
+    /// `limits.max_disk_bytes` may lower it.
+    pub max_disk_bytes: u64,
 }
 
 impl Default for Settings {
@@ -107,6 +117,9 @@ impl Default for Settings {
             max_diff_bytes: 200_000,
             max_commit_file_bytes: 10 * 1024 * 1024,
             monthly_budget_usd: None,
+            network: NetworkMode::On,
+            network_allow: Vec::new(),
+            max_disk_bytes: DEFAULT_MAX_DISK_BYTES,
         }
     }
 }
@@ -163,6 +176,9 @@ impl Settings {
         }
         if self.image.trim().is_empty() {
             return bad("image", "must name an image");
+        }
+        if self.max_disk_bytes < 1 << 20 {
+            return bad("max_disk_bytes", "must be at least 1048576 (1 MiB)");
         }
         Ok(())
     }
@@ -437,6 +453,52 @@ mod tests {
         assert!(e.0.contains("line 2"), "{e}");
         let e = parse_settings("max_concurrent_runs = 0\n", "kodx.toml").unwrap_err();
         assert!(e.0.contains("max_concurrent_runs"), "{e}");
+    }
+
+    #[test]
+    fn sandbox_network_and_disk_settings() {
+        let s = parse_settings(
+            "network = \"setup-only\"\nnetwork_allow = [\"10.1.0.0/16\", \"192.168.5.7\"]\nmax_disk_bytes = 2147483648\n",
+            "kodx.toml",
+        )
+        .unwrap();
+        assert_eq!(s.network, NetworkMode::SetupOnly);
+        assert_eq!(
+            s.network_allow
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>(),
+            ["10.1.0.0/16", "192.168.5.7/32"]
+        );
+        assert_eq!(s.max_disk_bytes, 2 << 30);
+        assert_eq!(Settings::default().network, NetworkMode::On);
+        let e = parse_settings("network = \"sometimes\"\n", "kodx.toml").unwrap_err();
+        assert!(e.0.contains("line 1") && e.0.contains("setup-only"), "{e}");
+        let e = parse_settings("network_allow = [\"10.1.2.3/8\"]\n", "kodx.toml").unwrap_err();
+        assert!(e.0.contains("did you mean 10.0.0.0/8"), "{e}");
+        let e = parse_settings("max_disk_bytes = 10\n", "kodx.toml").unwrap_err();
+        assert!(e.0.contains("max_disk_bytes"), "{e}");
+    }
+
+    #[test]
+    fn the_server_network_setting_wins_over_what_a_repository_asks() {
+        use crate::sandbox::SandboxSpec;
+        let mut spec = SandboxSpec::new("r", "img");
+        for (mode, repo_cut, cut, none) in [
+            (NetworkMode::On, false, false, false),
+            (NetworkMode::On, true, true, false),
+            (NetworkMode::SetupOnly, false, true, false),
+            (NetworkMode::SetupOnly, true, true, false),
+            (NetworkMode::Off, false, false, true),
+            (NetworkMode::Off, true, true, true),
+        ] {
+            mode.apply(&mut spec, repo_cut);
+            assert_eq!(
+                (spec.disable_network_after_setup, spec.no_network),
+                (cut, none),
+                "{mode:?}, repository asks for the cut: {repo_cut}"
+            );
+        }
     }
 
     #[test]

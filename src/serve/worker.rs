@@ -981,6 +981,9 @@ impl Workers {
             max_iterations: config.max_iterations(&maxima),
             command_timeout: Duration::from_secs(self.settings.command_timeout_secs),
             run_timeout: Duration::from_secs(self.settings.run_timeout_secs),
+            network: self.settings.network,
+            network_allow: self.settings.network_allow.clone(),
+            max_disk_bytes: self.settings.max_disk_bytes,
         };
         let plan = match Plan::new(
             format!("kodx-{}", run.id),

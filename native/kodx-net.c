@@ -1,0 +1,366 @@
+/*
+ * kodx-net: the tiny helper kodx runs, in a short-lived helper container, to fence a
+ * sandbox's network (src/sandbox/net.rs). Static, no libc: build.rs compiles it with
+ * `-nostdlib -static` for Linux x86_64 or aarch64, and kodx embeds the binary, so no image
+ * needs `ip` or anything else.
+ *
+ *   kodx-net addrs
+ *       Prints every interface address of the current network namespace, one a line:
+ *       `4 <8 hex digits>` or `6 <32 hex digits>` (network byte order).
+ *   kodx-net routes SPEC...
+ *       Adds IPv4 routes to the main table, then prints the addresses as `addrs` does.
+ *       SPEC is `u<addr>/<prefix>` (an unreachable route: a connect fails at once with
+ *       EHOSTUNREACH) or `g<addr>/<prefix>/<gateway>` (an ordinary route via the gateway);
+ *       addresses in 8 hex digits.
+ *
+ * Exit 0 on success; on failure one line on stderr naming the step and the errno, exit 1
+ * (2: bad arguments).
+ */
+
+typedef unsigned long size_t;
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#if defined(__x86_64__)
+#define SYS_write 1
+#define SYS_socket 41
+#define SYS_sendto 44
+#define SYS_recvfrom 45
+#define SYS_exit_group 231
+__asm__(".text\n"
+        ".global _start\n"
+        "_start:\n"
+        "  xor %rbp, %rbp\n"
+        "  mov %rsp, %rdi\n"
+        "  and $-16, %rsp\n"
+        "  call cmain\n"
+        "  hlt\n");
+static long sys6(long n, long a, long b, long c, long d, long e, long f) {
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    long ret;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+#elif defined(__aarch64__)
+#define SYS_write 64
+#define SYS_socket 198
+#define SYS_sendto 206
+#define SYS_recvfrom 207
+#define SYS_exit_group 94
+__asm__(".text\n"
+        ".global _start\n"
+        "_start:\n"
+        "  mov x29, #0\n"
+        "  mov x30, #0\n"
+        "  mov x0, sp\n"
+        "  bl cmain\n"
+        "  brk #0\n");
+static long sys6(long n, long a, long b, long c, long d, long e, long f) {
+    register long x8 __asm__("x8") = n;
+    register long x0 __asm__("x0") = a;
+    register long x1 __asm__("x1") = b;
+    register long x2 __asm__("x2") = c;
+    register long x3 __asm__("x3") = d;
+    register long x4 __asm__("x4") = e;
+    register long x5 __asm__("x5") = f;
+    __asm__ volatile("svc 0"
+                     : "+r"(x0)
+                     : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5)
+                     : "memory");
+    return x0;
+}
+#else
+#error "kodx-net supports Linux x86_64 and aarch64"
+#endif
+
+/* The compiler may emit calls to these for struct copies and zeroing. */
+void *memset(void *d, int c, size_t n) {
+    u8 *p = d;
+    while (n--) *p++ = (u8)c;
+    return d;
+}
+void *memcpy(void *d, const void *s, size_t n) {
+    u8 *p = d;
+    const u8 *q = s;
+    while (n--) *p++ = *q++;
+    return d;
+}
+
+#define AF_INET 2
+#define AF_INET6 10
+#define AF_NETLINK 16
+#define SOCK_RAW 3
+#define SOCK_CLOEXEC 02000000
+#define NETLINK_ROUTE 0
+
+#define NLMSG_ERROR 2
+#define NLMSG_DONE 3
+#define NLM_F_REQUEST 0x1
+#define NLM_F_ACK 0x4
+#define NLM_F_EXCL 0x200
+#define NLM_F_CREATE 0x400
+#define NLM_F_DUMP 0x300
+#define RTM_NEWADDR 20
+#define RTM_GETADDR 22
+#define RTM_NEWROUTE 24
+#define RT_TABLE_MAIN 254
+#define RTPROT_STATIC 4
+#define RT_SCOPE_UNIVERSE 0
+#define RTN_UNICAST 1
+#define RTN_UNREACHABLE 7
+#define RTA_DST 1
+#define RTA_GATEWAY 5
+#define IFA_ADDRESS 1
+#define IFA_LOCAL 2
+#define IFA_BROADCAST 4
+
+struct nlmsghdr {
+    u32 len;
+    u16 type;
+    u16 flags;
+    u32 seq;
+    u32 pid;
+};
+struct rtmsg {
+    u8 family, dst_len, src_len, tos, table, protocol, scope, type;
+    u32 flags;
+};
+struct ifaddrmsg {
+    u8 family, prefixlen, flags, scope;
+    u32 index;
+};
+struct rtattr {
+    u16 len;
+    u16 type;
+};
+struct sockaddr_nl {
+    u16 family;
+    u16 pad;
+    u32 pid;
+    u32 groups;
+};
+
+#define ALIGN4(n) (((n) + 3u) & ~3u)
+
+static u8 rbuf[65536];
+static char out[8192];
+static size_t outlen;
+static u32 seq;
+
+static void flush(int fd) {
+    size_t off = 0;
+    while (off < outlen) {
+        long n = sys6(SYS_write, fd, (long)(out + off), (long)(outlen - off), 0, 0, 0);
+        if (n <= 0) break;
+        off += (size_t)n;
+    }
+    outlen = 0;
+}
+static void put(const char *s) {
+    while (*s) {
+        if (outlen == sizeof out) flush(1);
+        out[outlen++] = *s++;
+    }
+}
+static void put_dec(long v) {
+    char b[24];
+    int i = 23;
+    int neg = v < 0;
+    b[i] = 0;
+    if (neg) v = -v;
+    do {
+        b[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    if (neg) b[--i] = '-';
+    put(b + i);
+}
+static void put_hex(const u8 *p, int n) {
+    static const char d[] = "0123456789abcdef";
+    char b[3];
+    b[2] = 0;
+    for (int i = 0; i < n; i++) {
+        b[0] = d[p[i] >> 4];
+        b[1] = d[p[i] & 15];
+        put(b);
+    }
+}
+static void die(const char *what, long err, int code) {
+    flush(1);
+    put("kodx-net: ");
+    put(what);
+    if (err) {
+        put(": errno ");
+        put_dec(-err);
+    }
+    put("\n");
+    flush(2);
+    sys6(SYS_exit_group, code, 0, 0, 0, 0, 0);
+    for (;;) {
+    }
+}
+
+static int nl_open(void) {
+    long fd = sys6(SYS_socket, AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE, 0, 0, 0);
+    if (fd < 0) die("opening a netlink socket", fd, 1);
+    return (int)fd;
+}
+static void nl_send(int fd, void *msg, u32 len) {
+    struct sockaddr_nl to;
+    memset(&to, 0, sizeof to);
+    to.family = AF_NETLINK;
+    long n = sys6(SYS_sendto, fd, (long)msg, len, 0, (long)&to, sizeof to);
+    if (n < 0) die("sending to netlink", n, 1);
+}
+static long nl_recv(int fd) {
+    long n = sys6(SYS_recvfrom, fd, (long)rbuf, sizeof rbuf, 0, 0, 0);
+    if (n < 0) die("reading from netlink", n, 1);
+    return n;
+}
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+/* 8 hex digits into 4 bytes; returns the rest of the string or 0. */
+static const char *parse_addr(const char *s, u8 a[4]) {
+    for (int i = 0; i < 4; i++) {
+        int h = hexval(s[2 * i]), l = h < 0 ? -1 : hexval(s[2 * i + 1]);
+        if (h < 0 || l < 0) return 0;
+        a[i] = (u8)(h * 16 + l);
+    }
+    return s + 8;
+}
+
+static void add_route(int fd, const char *spec) {
+    struct {
+        struct nlmsghdr h;
+        struct rtmsg r;
+        struct rtattr dst_a;
+        u8 dst[4];
+        struct rtattr gw_a;
+        u8 gw[4];
+    } m;
+    memset(&m, 0, sizeof m);
+    char kind = spec[0];
+    const char *p = parse_addr(spec + 1, m.dst);
+    if (!p || *p != '/' || (kind != 'u' && kind != 'g')) die("bad route spec", 0, 2);
+    p++;
+    int prefix = 0, digits = 0;
+    while (*p >= '0' && *p <= '9' && digits < 3) {
+        prefix = prefix * 10 + (*p++ - '0');
+        digits++;
+    }
+    if (!digits || prefix > 32) die("bad route prefix", 0, 2);
+    u32 len = sizeof m.h + sizeof m.r + sizeof m.dst_a + sizeof m.dst;
+    m.r.family = AF_INET;
+    m.r.dst_len = (u8)prefix;
+    m.r.table = RT_TABLE_MAIN;
+    m.r.protocol = RTPROT_STATIC;
+    m.r.scope = RT_SCOPE_UNIVERSE;
+    m.dst_a.len = sizeof m.dst_a + sizeof m.dst;
+    m.dst_a.type = RTA_DST;
+    if (kind == 'u') {
+        if (*p) die("bad route spec", 0, 2);
+        m.r.type = RTN_UNREACHABLE;
+    } else {
+        if (*p != '/' || !(p = parse_addr(p + 1, m.gw)) || *p) die("bad route gateway", 0, 2);
+        m.r.type = RTN_UNICAST;
+        m.gw_a.len = sizeof m.gw_a + sizeof m.gw;
+        m.gw_a.type = RTA_GATEWAY;
+        len += sizeof m.gw_a + sizeof m.gw;
+    }
+    m.h.len = len;
+    m.h.type = RTM_NEWROUTE;
+    m.h.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+    m.h.seq = ++seq;
+    nl_send(fd, &m, len);
+    long n = nl_recv(fd);
+    struct nlmsghdr *h = (struct nlmsghdr *)rbuf;
+    if (n < (long)(sizeof *h + sizeof(int)) || h->type != NLMSG_ERROR) die("no answer to a route", 0, 1);
+    int err = *(int *)(rbuf + sizeof *h);
+    if (err) {
+        flush(1);
+        put("kodx-net: adding the route ");
+        put(spec);
+        put(" failed: errno ");
+        put_dec(-err);
+        put("\n");
+        flush(2);
+        sys6(SYS_exit_group, 1, 0, 0, 0, 0, 0);
+    }
+}
+
+static void dump_addrs(int fd) {
+    struct {
+        struct nlmsghdr h;
+        struct ifaddrmsg a;
+    } m;
+    memset(&m, 0, sizeof m);
+    m.h.len = sizeof m;
+    m.h.type = RTM_GETADDR;
+    m.h.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    m.h.seq = ++seq;
+    nl_send(fd, &m, sizeof m);
+    for (;;) {
+        long n = nl_recv(fd);
+        long off = 0;
+        while (off + (long)sizeof(struct nlmsghdr) <= n) {
+            struct nlmsghdr *h = (struct nlmsghdr *)(rbuf + off);
+            if (h->len < sizeof *h || off + (long)h->len > n) die("a short netlink message", 0, 1);
+            if (h->type == NLMSG_DONE) return;
+            if (h->type == NLMSG_ERROR) {
+                int err = *(int *)(rbuf + off + sizeof *h);
+                die("listing addresses", err ? err : -5, 1);
+            }
+            if (h->type == RTM_NEWADDR && h->len >= sizeof *h + sizeof(struct ifaddrmsg)) {
+                struct ifaddrmsg *ifa = (struct ifaddrmsg *)(rbuf + off + sizeof *h);
+                int want = ifa->family == AF_INET ? 4 : ifa->family == AF_INET6 ? 16 : 0;
+                u32 a = sizeof *h + sizeof *ifa;
+                while (want && a + sizeof(struct rtattr) <= h->len) {
+                    struct rtattr *ra = (struct rtattr *)(rbuf + off + a);
+                    if (ra->len < sizeof *ra || a + ra->len > h->len) break;
+                    int t = ra->type;
+                    if ((t == IFA_ADDRESS || t == IFA_LOCAL || t == IFA_BROADCAST) &&
+                        ra->len == sizeof *ra + (u32)want) {
+                        put(want == 4 ? "4 " : "6 ");
+                        put_hex((u8 *)ra + sizeof *ra, want);
+                        put("\n");
+                    }
+                    a += ALIGN4(ra->len);
+                }
+            }
+            off += ALIGN4(h->len);
+        }
+    }
+}
+
+static int streq(const char *a, const char *b) {
+    while (*a && *a == *b) a++, b++;
+    return *a == *b;
+}
+
+void cmain(long *sp) {
+    long argc = sp[0];
+    char **argv = (char **)(sp + 1);
+    if (argc < 2) die("usage: kodx-net addrs | routes SPEC...", 0, 2);
+    int fd = nl_open();
+    if (streq(argv[1], "routes")) {
+        for (long i = 2; i < argc; i++) add_route(fd, argv[i]);
+    } else if (!streq(argv[1], "addrs")) {
+        die("usage: kodx-net addrs | routes SPEC...", 0, 2);
+    }
+    dump_addrs(fd);
+    flush(1);
+    sys6(SYS_exit_group, 0, 0, 0, 0, 0, 0);
+    for (;;) {
+    }
+}
