@@ -147,7 +147,16 @@ async fn ask_on_an_issue_answers_from_the_container() {
     // It went through the phases: created as queued, then setting up, then done.
     let all: Vec<&String> = status_comment.edits.iter().collect();
     assert!(all.iter().any(|b| b.contains("setting up")), "{all:#?}");
-    // eyes at once, rocket at the end, on the triggering comment.
+    // eyes at once, rocket at the end, on the triggering comment (the reaction follows
+    // the final edit of the comment).
+    let rocket_on = format!("{REPO}/issues/comments/{trigger}");
+    s.wait_for("the rocket reaction", LONG, || {
+        s.github
+            .reactions()
+            .iter()
+            .any(|(t, c, _)| t == &rocket_on && c == "rocket")
+    })
+    .await;
     let reactions: Vec<(String, String)> = s
         .github
         .reactions()

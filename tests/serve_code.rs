@@ -202,8 +202,16 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     for t in s.github.issued_tokens() {
         assert!(!log.contains(&t));
     }
-    let reactions = s.github.reactions();
     let on = format!("{REPO}/issues/comments/{trigger}");
+    // The reaction follows the final edit of the status comment.
+    s.wait_for("the rocket reaction", LONG, || {
+        s.github
+            .reactions()
+            .iter()
+            .any(|(t, c, _)| t == &on && c == "rocket")
+    })
+    .await;
+    let reactions = s.github.reactions();
     assert!(
         reactions.iter().any(|(t, c, _)| t == &on && c == "rocket"),
         "{reactions:?}"
