@@ -144,6 +144,15 @@ async fn webhook(State(st): State<HttpState>, headers: HeaderMap, body: Bytes) -
                 json!({ "ignored": "duplicate delivery (this X-GitHub-Delivery was handled before)" }),
             )
         }
+        Ok(Accepted::DuplicateTrigger { run_id }) => {
+            st.metrics.webhook(event, "replayed");
+            tracing::warn!(event, delivery, run_id = %run_id,
+                "a new delivery id for a comment or issue that already started a run: ignored");
+            answer(
+                StatusCode::OK,
+                json!({ "ignored": format!("duplicate command (this comment or issue already started run {run_id})") }),
+            )
+        }
         Err(e) => internal(&st, event, &e.to_string()),
     }
 }
