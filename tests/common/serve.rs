@@ -33,6 +33,7 @@ pub struct Served {
     child: tokio::process::Child,
     env: Vec<(String, String)>,
     workers: bool,
+    fd_limit: Option<u64>,
     http: reqwest::Client,
 }
 
@@ -42,6 +43,8 @@ pub struct Options {
     pub workers: bool,
     pub settings: Option<&'static str>,
     pub extra_env: Vec<(String, String)>,
+    /// RLIMIT_NOFILE (soft and hard) of the server process.
+    pub fd_limit: Option<u64>,
 }
 
 impl Served {
@@ -118,7 +121,7 @@ impl Served {
         ];
         env.extend(opts.extra_env.iter().cloned());
         let log = Arc::new(Mutex::new(String::new()));
-        let (child, url) = spawn(&env, opts.workers, dir.path(), &log).await;
+        let (child, url) = spawn(&env, opts.workers, opts.fd_limit, dir.path(), &log).await;
         Served {
             url,
             github,
@@ -130,6 +133,7 @@ impl Served {
             child,
             env,
             workers: opts.workers,
+            fd_limit: opts.fd_limit,
             http: {
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 reqwest::Client::new()
@@ -148,7 +152,14 @@ impl Served {
 
     /// Starts `kodx serve` again on the same database (after `terminate` or `kill`).
     pub async fn restart(&mut self) {
-        let (child, url) = spawn(&self.env, self.workers, self.dir.path(), &self.log).await;
+        let (child, url) = spawn(
+            &self.env,
+            self.workers,
+            self.fd_limit,
+            self.dir.path(),
+            &self.log,
+        )
+        .await;
         self.child = child;
         self.url = url;
     }
@@ -243,6 +254,7 @@ impl Served {
 async fn spawn(
     env: &[(String, String)],
     workers: bool,
+    fd_limit: Option<u64>,
     dir: &std::path::Path,
     log: &Arc<Mutex<String>>,
 ) -> (tokio::process::Child, String) {
@@ -258,6 +270,21 @@ async fn spawn(
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    if let Some(n) = fd_limit {
+        // SAFETY: only setrlimit, which is async-signal-safe, runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: n as libc::rlim_t,
+                    rlim_max: n as libc::rlim_t,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     let mut child = cmd.spawn().expect("kodx serve starts");
     let (tx, rx) = tokio::sync::oneshot::channel();
     let stderr = child.stderr.take().unwrap();
