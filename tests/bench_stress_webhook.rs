@@ -141,6 +141,13 @@ async fn request(addr: &str, raw: &[u8], limit: Duration) -> (Result<u16, String
         let mut c = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect: {e}"))?;
+        let connected = started.elapsed();
+        if connected > Duration::from_millis(500) {
+            println!(
+                "    (a connection took {} ms to open)",
+                connected.as_millis()
+            );
+        }
         c.write_all(raw).await.map_err(|e| format!("write: {e}"))?;
         let mut buf = vec![0u8; 1024];
         let mut got = 0;

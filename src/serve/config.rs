@@ -112,7 +112,7 @@ impl Default for Settings {
             max_diff_bytes: 200_000,
             max_commit_file_bytes: 10 * 1024 * 1024,
             monthly_budget_usd: None,
-            max_connections: 1024,
+            max_connections: 4096,
             header_timeout_secs: 10.0,
             body_timeout_secs: 15.0,
             unverified_body_bytes: 64 * 1024 * 1024,

@@ -7,10 +7,10 @@
 //! - every connection must send a complete request head within `header_timeout_secs` of
 //!   opening or of its previous response (hyper's header read timeout), or it is closed;
 //! - at most `max_connections` are open. At the cap a new connection replaces the oldest
-//!   one that has no request in progress (first those that never sent one, then idle
-//!   keep-alive ones, then those still sending an unverified webhook body). A connection
-//!   whose request is being handled is never displaced; when every one is, the new
-//!   connection is closed at once;
+//!   one that has no request in progress (first those that never sent one, once they had
+//!   250 ms to do so, then idle keep-alive ones, then those still sending an unverified
+//!   webhook body). A connection whose request is being handled is never displaced; when
+//!   every one is, the new connection is closed at once;
 //! - the soft `RLIMIT_NOFILE` is raised to the hard limit at start, and the connection cap
 //!   stays below it with a reserve for the database, Docker, git and GitHub;
 //! - when `accept` fails anyway (EMFILE/ENFILE: descriptors taken elsewhere), the loop
@@ -93,9 +93,26 @@ const IDLE: u8 = 0;
 const BUSY: u8 = 1;
 const UNVERIFIED: u8 = 2;
 
+/// A new connection is not displaced before it had this long to send its head: a real
+/// client sends it at once, but under a flood the server may admit many connections
+/// before it reads the first byte of one. While every displaceable connection is younger,
+/// accepting pauses (new connections wait in the kernel's accept queue).
+const GRACE: Duration = Duration::from_millis(250);
+
+/// What [`Registry::admit`] decided.
+#[derive(Debug)]
+enum Admit {
+    Open(Arc<Conn>),
+    /// Try again after this long: a connection becomes displaceable then.
+    Wait(Duration),
+    /// Every open connection is handling a request.
+    Refuse,
+}
+
 /// One open connection, as the registry and its handlers see it.
 #[derive(Debug)]
 struct Conn {
+    admitted: Instant,
     state: AtomicU8,
     /// Whether a request has ever started on it.
     served: std::sync::atomic::AtomicBool,
@@ -136,37 +153,52 @@ struct Registry {
 }
 
 impl Registry {
-    /// Makes room for connection `id` (displacing one if at the cap), or `None` when every
-    /// open connection is handling a request.
-    fn admit(&self, id: u64) -> Option<Arc<Conn>> {
+    /// Makes room for connection `id` at `now`, displacing one if at the cap: the oldest
+    /// that never sent a request (once it had [`GRACE`] to do so), else the oldest idle
+    /// keep-alive one, else the oldest still sending an unverified body.
+    fn admit(&self, id: u64, now: Instant) -> Admit {
         let mut conns = self.conns.lock().expect("registry lock");
         if conns.len() >= self.max {
+            let state = |c: &Conn| c.state.load(Ordering::Relaxed);
+            let fresh = |c: &Conn| state(c) == IDLE && !c.served.load(Ordering::Relaxed);
+            // Ids grow with admission, so the first fresh one is the oldest.
+            let oldest_fresh = conns.iter().find(|(_, c)| fresh(c));
+            let mut wait = None;
+            let victim = match oldest_fresh {
+                Some((id, c)) if now.saturating_duration_since(c.admitted) >= GRACE => Some(*id),
+                Some((_, c)) => {
+                    wait = Some(GRACE.saturating_sub(now.saturating_duration_since(c.admitted)));
+                    None
+                }
+                None => None,
+            };
             let pick = |want: &dyn Fn(&Conn) -> bool| {
                 conns.iter().find(|(_, c)| want(c)).map(|(id, _)| *id)
             };
-            let idle = |c: &Conn| c.state.load(Ordering::Relaxed) == IDLE;
-            let victim = pick(&|c| idle(c) && !c.served.load(Ordering::Relaxed))
-                .or_else(|| pick(&idle))
-                .or_else(|| pick(&|c| c.state.load(Ordering::Relaxed) == UNVERIFIED));
-            match victim.and_then(|v| conns.remove(&v)) {
-                Some(old) => {
+            let victim = victim
+                .or_else(|| pick(&|c| state(c) == IDLE && c.served.load(Ordering::Relaxed)))
+                .or_else(|| pick(&|c| state(c) == UNVERIFIED));
+            match (victim.and_then(|v| conns.remove(&v)), wait) {
+                (Some(old), _) => {
                     old.close.cancel();
                     self.metrics.displaced.inc();
                 }
-                None => {
+                (None, Some(wait)) => return Admit::Wait(wait.max(Duration::from_millis(1))),
+                (None, None) => {
                     self.metrics.refused.inc();
-                    return None;
+                    return Admit::Refuse;
                 }
             }
         }
         let conn = Arc::new(Conn {
+            admitted: now,
             state: AtomicU8::new(IDLE),
             served: std::sync::atomic::AtomicBool::new(false),
             close: CancellationToken::new(),
         });
         conns.insert(id, conn.clone());
         self.metrics.open.set(conns.len() as i64);
-        Some(conn)
+        Admit::Open(conn)
     }
 
     fn remove(&self, id: u64) {
@@ -279,7 +311,17 @@ pub async fn serve_http(
         };
         let id = next_id;
         next_id += 1;
-        let Some(conn) = registry.admit(id) else {
+        let conn = loop {
+            match registry.admit(id, Instant::now()) {
+                Admit::Open(conn) => break Some(conn),
+                Admit::Refuse => break None,
+                Admit::Wait(wait) => tokio::select! {
+                    _ = shutdown.cancelled() => break None,
+                    _ = tokio::time::sleep(wait) => {}
+                },
+            }
+        };
+        let Some(conn) = conn else {
             tracing::debug!(%peer, "every connection is busy: closing a new one");
             drop(stream);
             continue;
@@ -293,6 +335,10 @@ pub async fn serve_http(
             serve_connection(stream, conn, router, &builder, shutdown).await;
             registry.remove(id);
         });
+        // Let the connections run before taking the next one: under a flood of new
+        // connections the ones already open (a delivery, /healthz) are answered first,
+        // and the rest wait in the kernel's accept queue.
+        tokio::task::yield_now().await;
     }
     drop(listener);
     tracker.close();
@@ -374,33 +420,49 @@ mod tests {
         }
     }
 
+    fn open(a: Admit) -> Arc<Conn> {
+        match a {
+            Admit::Open(c) => c,
+            other => panic!("expected a slot, got {other:?}"),
+        }
+    }
+
     #[test]
     fn at_the_cap_the_oldest_connection_without_a_request_makes_room() {
         let r = registry(3);
+        let t0 = Instant::now();
+        let later = |ms: u64| t0 + Duration::from_millis(ms);
         let set = |c: &Conn, state: u8| {
             c.state.store(state, Ordering::Relaxed);
             c.served.store(true, Ordering::Relaxed);
         };
-        let a = r.admit(0).unwrap();
-        let b = r.admit(1).unwrap();
-        let c = r.admit(2).unwrap();
+        let a = open(r.admit(0, t0));
+        let b = open(r.admit(1, t0));
+        let c = open(r.admit(2, t0));
         set(&a, BUSY); // handling a request
         set(&b, IDLE); // kept alive after a request
-                       // c never sent a request: it goes first, then the next one like it.
-        let d = r.admit(3).unwrap();
+                       // c never sent a request: it goes first, once it had its grace, then the next
+                       // one like it.
+        let d = open(r.admit(3, later(300)));
         assert!(c.close.is_cancelled() && !b.close.is_cancelled());
-        let e = r.admit(4).unwrap();
-        assert!(d.close.is_cancelled() && !b.close.is_cancelled());
-        // Then the idle keep-alive one, then one sending an unverified body.
+        // d is young: the idle keep-alive b goes instead.
+        let e = open(r.admit(4, later(310)));
+        assert!(b.close.is_cancelled() && !d.close.is_cancelled());
+        // Now a (busy), d and e (young, fresh): wait until d is old enough.
+        match r.admit(5, later(320)) {
+            Admit::Wait(w) => assert_eq!(w, Duration::from_millis(230)),
+            other => panic!("expected to wait, got {other:?}"),
+        }
+        let f = open(r.admit(5, later(550)));
+        assert!(d.close.is_cancelled() && !e.close.is_cancelled());
+        // An unverified body goes when nothing idle is left.
         set(&e, UNVERIFIED);
-        let f = r.admit(5).unwrap();
-        assert!(b.close.is_cancelled() && !e.close.is_cancelled());
         set(&f, BUSY);
-        let g = r.admit(6).unwrap();
+        let g = open(r.admit(6, later(560)));
         assert!(e.close.is_cancelled());
         set(&g, BUSY);
         // Only busy ones are left: the new connection is refused, none is displaced.
-        assert!(r.admit(7).is_none());
+        assert!(matches!(r.admit(7, later(2000)), Admit::Refuse));
         assert!(![&a, &f, &g].iter().any(|c| c.close.is_cancelled()));
         assert_eq!(r.conns.lock().unwrap().len(), 3);
         assert_eq!(r.metrics.displaced.get(), 4);
@@ -410,10 +472,10 @@ mod tests {
     fn when_every_connection_is_busy_a_new_one_is_refused() {
         let r = registry(2);
         for id in 0..2 {
-            let c = r.admit(id).unwrap();
+            let c = open(r.admit(id, Instant::now()));
             c.state.store(BUSY, Ordering::Relaxed);
         }
-        assert!(r.admit(2).is_none());
+        assert!(matches!(r.admit(2, Instant::now()), Admit::Refuse));
         assert_eq!(r.metrics.refused.get(), 1);
     }
 }
