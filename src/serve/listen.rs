@@ -99,12 +99,17 @@ const UNVERIFIED: u8 = 2;
 /// accepting pauses (new connections wait in the kernel's accept queue).
 const GRACE: Duration = Duration::from_millis(250);
 
+/// The longest the accept loop waits for a displaced connection to close before it looks
+/// again (it is normally woken as soon as one closes).
+const CLOSE_WAIT: Duration = Duration::from_millis(20);
+
 /// What [`Registry::admit`] decided.
 #[derive(Debug)]
 enum Admit {
     Open(Arc<Conn>),
-    /// Try again after this long: a connection becomes displaceable then.
-    Wait(Duration),
+    /// Try again once a connection's task has ended, or after this long (a connection
+    /// becomes displaceable then).
+    Wait(Option<Duration>),
     /// Every open connection is handling a request.
     Refuse,
 }
@@ -147,9 +152,19 @@ impl Drop for UnverifiedGuard {
 
 /// The open connections, oldest first.
 struct Registry {
-    conns: Mutex<BTreeMap<u64, Arc<Conn>>>,
+    conns: Mutex<Conns>,
     max: usize,
     metrics: ConnectionMetrics,
+    /// Notified when a connection's task has ended (its descriptor is closed).
+    freed: tokio::sync::Notify,
+}
+
+/// The open connections, oldest first, and how many of them are displaced but not yet
+/// closed (they still hold their descriptor, so they still count).
+#[derive(Default)]
+struct Conns {
+    open: BTreeMap<u64, Arc<Conn>>,
+    closing: usize,
 }
 
 impl Registry {
@@ -157,8 +172,16 @@ impl Registry {
     /// that never sent a request (once it had [`GRACE`] to do so), else the oldest idle
     /// keep-alive one, else the oldest still sending an unverified body.
     fn admit(&self, id: u64, now: Instant) -> Admit {
-        let mut conns = self.conns.lock().expect("registry lock");
+        let mut guard = self.conns.lock().expect("registry lock");
+        let Conns {
+            open: conns,
+            closing,
+        } = &mut *guard;
         if conns.len() >= self.max {
+            if *closing > 0 {
+                // A displaced connection is on its way out: its slot comes free soon.
+                return Admit::Wait(None);
+            }
             let state = |c: &Conn| c.state.load(Ordering::Relaxed);
             let fresh = |c: &Conn| state(c) == IDLE && !c.served.load(Ordering::Relaxed);
             // Ids grow with admission, so the first fresh one is the oldest.
@@ -178,17 +201,20 @@ impl Registry {
             let victim = victim
                 .or_else(|| pick(&|c| state(c) == IDLE && c.served.load(Ordering::Relaxed)))
                 .or_else(|| pick(&|c| state(c) == UNVERIFIED));
-            match (victim.and_then(|v| conns.remove(&v)), wait) {
+            return match (victim.and_then(|v| conns.get(&v)), wait) {
                 (Some(old), _) => {
+                    // It keeps its slot until its task has closed it.
                     old.close.cancel();
+                    *closing += 1;
                     self.metrics.displaced.inc();
+                    Admit::Wait(None)
                 }
-                (None, Some(wait)) => return Admit::Wait(wait.max(Duration::from_millis(1))),
+                (None, Some(wait)) => Admit::Wait(Some(wait.max(Duration::from_millis(1)))),
                 (None, None) => {
                     self.metrics.refused.inc();
-                    return Admit::Refuse;
+                    Admit::Refuse
                 }
-            }
+            };
         }
         let conn = Arc::new(Conn {
             admitted: now,
@@ -203,8 +229,14 @@ impl Registry {
 
     fn remove(&self, id: u64) {
         let mut conns = self.conns.lock().expect("registry lock");
-        conns.remove(&id);
-        self.metrics.open.set(conns.len() as i64);
+        if let Some(c) = conns.open.remove(&id) {
+            if c.close.is_cancelled() {
+                conns.closing -= 1;
+            }
+        }
+        self.metrics.open.set(conns.open.len() as i64);
+        drop(conns);
+        self.freed.notify_waiters();
     }
 }
 
@@ -267,9 +299,10 @@ pub async fn serve_http(
     tracing::info!(max_connections = max, fd_limit, header_timeout = ?limits.header_timeout,
         "HTTP limits");
     let registry = Arc::new(Registry {
-        conns: Mutex::new(BTreeMap::new()),
+        conns: Mutex::new(Conns::default()),
         max,
         metrics,
+        freed: tokio::sync::Notify::new(),
     });
     let mut builder = http1::Builder::new();
     builder
@@ -312,12 +345,16 @@ pub async fn serve_http(
         let id = next_id;
         next_id += 1;
         let conn = loop {
+            let freed = registry.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
             match registry.admit(id, Instant::now()) {
                 Admit::Open(conn) => break Some(conn),
                 Admit::Refuse => break None,
                 Admit::Wait(wait) => tokio::select! {
                     _ = shutdown.cancelled() => break None,
-                    _ = tokio::time::sleep(wait) => {}
+                    _ = freed => {}
+                    _ = tokio::time::sleep(wait.unwrap_or(CLOSE_WAIT)) => {}
                 },
             }
         };
@@ -414,16 +451,36 @@ mod tests {
 
     fn registry(max: usize) -> Registry {
         Registry {
-            conns: Mutex::new(BTreeMap::new()),
+            conns: Mutex::new(Conns::default()),
             max,
             metrics: ConnectionMetrics::default(),
+            freed: tokio::sync::Notify::new(),
         }
     }
 
-    fn open(a: Admit) -> Arc<Conn> {
-        match a {
-            Admit::Open(c) => c,
-            other => panic!("expected a slot, got {other:?}"),
+    /// Admits `id`; when a connection is displaced for it, its task "ends" (as the real
+    /// one does once cancelled) and the admission is tried again.
+    fn open(r: &Registry, id: u64, now: Instant) -> Arc<Conn> {
+        loop {
+            match r.admit(id, now) {
+                Admit::Open(c) => return c,
+                Admit::Wait(None) => {
+                    let gone: Vec<u64> = {
+                        let conns = r.conns.lock().unwrap();
+                        assert_eq!(conns.closing, 1);
+                        conns
+                            .open
+                            .iter()
+                            .filter(|(_, c)| c.close.is_cancelled())
+                            .map(|(id, _)| *id)
+                            .collect()
+                    };
+                    // Until then it still holds its slot.
+                    assert!(matches!(r.admit(id, now), Admit::Wait(None)));
+                    r.remove(gone[0]);
+                }
+                other => panic!("expected a slot, got {other:?}"),
+            }
         }
     }
 
@@ -436,35 +493,35 @@ mod tests {
             c.state.store(state, Ordering::Relaxed);
             c.served.store(true, Ordering::Relaxed);
         };
-        let a = open(r.admit(0, t0));
-        let b = open(r.admit(1, t0));
-        let c = open(r.admit(2, t0));
+        let a = open(&r, 0, t0);
+        let b = open(&r, 1, t0);
+        let c = open(&r, 2, t0);
         set(&a, BUSY); // handling a request
         set(&b, IDLE); // kept alive after a request
                        // c never sent a request: it goes first, once it had its grace, then the next
                        // one like it.
-        let d = open(r.admit(3, later(300)));
+        let d = open(&r, 3, later(300));
         assert!(c.close.is_cancelled() && !b.close.is_cancelled());
         // d is young: the idle keep-alive b goes instead.
-        let e = open(r.admit(4, later(310)));
+        let e = open(&r, 4, later(310));
         assert!(b.close.is_cancelled() && !d.close.is_cancelled());
         // Now a (busy), d and e (young, fresh): wait until d is old enough.
         match r.admit(5, later(320)) {
-            Admit::Wait(w) => assert_eq!(w, Duration::from_millis(230)),
+            Admit::Wait(Some(w)) => assert_eq!(w, Duration::from_millis(230)),
             other => panic!("expected to wait, got {other:?}"),
         }
-        let f = open(r.admit(5, later(550)));
+        let f = open(&r, 5, later(550));
         assert!(d.close.is_cancelled() && !e.close.is_cancelled());
         // An unverified body goes when nothing idle is left.
         set(&e, UNVERIFIED);
         set(&f, BUSY);
-        let g = open(r.admit(6, later(560)));
+        let g = open(&r, 6, later(560));
         assert!(e.close.is_cancelled());
         set(&g, BUSY);
         // Only busy ones are left: the new connection is refused, none is displaced.
         assert!(matches!(r.admit(7, later(2000)), Admit::Refuse));
         assert!(![&a, &f, &g].iter().any(|c| c.close.is_cancelled()));
-        assert_eq!(r.conns.lock().unwrap().len(), 3);
+        assert_eq!(r.conns.lock().unwrap().open.len(), 3);
         assert_eq!(r.metrics.displaced.get(), 4);
     }
 
@@ -472,7 +529,7 @@ mod tests {
     fn when_every_connection_is_busy_a_new_one_is_refused() {
         let r = registry(2);
         for id in 0..2 {
-            let c = open(r.admit(id, Instant::now()));
+            let c = open(&r, id, Instant::now());
             c.state.store(BUSY, Ordering::Relaxed);
         }
         assert!(matches!(r.admit(2, Instant::now()), Admit::Refuse));
