@@ -16,8 +16,14 @@
 //! - when `accept` fails anyway (EMFILE/ENFILE: descriptors taken elsewhere), the loop
 //!   backs off briefly and goes on serving the connections it has.
 //!
-//! `/healthz` needs no reserve of its own: a new connection always finds a slot while any
-//! connection is idle, which is all an attacker without the webhook secret can hold.
+//! A displaced connection keeps its slot until its socket is closed, and while the only
+//! candidates are still in their 250 ms grace, accepting pauses: new connections wait in
+//! the kernel's accept queue (4096 deep), so descriptors never run past the cap.
+//!
+//! `/healthz` needs no reserve of its own: a new connection finds a slot while any
+//! connection is idle or sending an unverified body, which is all an attacker without the
+//! webhook secret can hold for long (a `/healthz` or `/metrics` request of theirs is busy
+//! only while it is answered).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
