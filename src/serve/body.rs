@@ -23,6 +23,9 @@ use tokio_util::sync::CancellationToken;
 use crate::webhook::signature::Verifier;
 use crate::webhook::SignatureError;
 
+/// The most allocated for a body before any of it arrives (GitHub's usual deliveries fit).
+const INITIAL_BUFFER: usize = 64 * 1024;
+
 /// How long a body that needs room waits for the bodies it displaced to let go.
 const EVICTION_WAIT: Duration = Duration::from_secs(2);
 
@@ -216,9 +219,10 @@ pub async fn read_verified(
 ) -> Result<Bytes, BodyError> {
     let hold = budget.hold();
     let read = async {
-        // The declared length is only a hint for the allocation (virtual memory until
-        // written); the budget counts what really arrives.
-        let mut buf = Vec::with_capacity(size_hint.unwrap_or(0).min(limit));
+        // The declared length is only a hint, and a small one: thousands of connections
+        // may each declare 25 MiB and send nothing. The buffer grows with what arrives,
+        // and the budget counts that.
+        let mut buf = Vec::with_capacity(size_hint.unwrap_or(0).min(INITIAL_BUFFER));
         let mut body = body;
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| BodyError::Read(e.to_string()))?;
