@@ -8,7 +8,10 @@
 # unique X-GitHub-Delivery, on two paths:
 #   ignored  the comment has no command: kodx answers 200, Probot 200
 #   queued   the comment has `/kodx ask why is the sky blue?`: kodx stores the delivery and
-#            the run durably (SQLite, synchronous=FULL) and answers 202; Probot answers 200
+#            the run durably (SQLite, synchronous=FULL) and answers 202; Probot answers 200.
+#            Every request is a new comment (its own comment id, body and signature, signed
+#            in webhook.lua from payload.py's queued.tpl), since kodx starts one run per
+#            comment and answers a replayed one 200.
 # Runs are interleaved (each round: ignored then queued, both servers, the first server
 # alternating between rounds); each is a warmup and a measured run. The server's CPU time
 # per request comes from /proc/PID/stat (utime+stime) before and after the measured run.
@@ -215,6 +218,7 @@ for s in "${servers[@]}"; do
     expect "$s $path signed" "$(status_for "$s" "$path")" "$(post "$s" "$path" "$(cat "$tmp/payloads/$path.sig")" "$d")"
     if [ "$s" = kodx ] && [ "$path" = queued ]; then
       expect "kodx queued redelivery of the same id" 200 "$(post kodx queued "$(cat "$tmp/payloads/queued.sig")" "$d")"
+      expect "kodx queued replay under a new delivery id" 200 "$(post kodx queued "$(cat "$tmp/payloads/queued.sig")" "$smoke_prefix-0000-0000-0000-$(openssl rand -hex 6)")"
     fi
   done
   [ "$s" = probot ] && say "  probot handler saw: $(probot_seen)"
@@ -234,11 +238,15 @@ cpu_ticks() { # PID -> "utime stime" in clock ticks (fields 14 and 15 of /proc/P
 # run_wrk SERVER PATH SECONDS -> the RESULT line of webhook.lua's done(), plus
 # " client_cpu_s=F": wrk's own user+system CPU seconds (bash's `time`), since on a small
 # machine the load generator competes with the server for the same cores.
+# The queued path signs a new comment per request (the template); the ignored one sends
+# one body.
+template_for() { [ "$1" = queued ] && echo "$tmp/payloads/queued.tpl"; true; }
 run_wrk() {
   local out TIMEFORMAT='CLIENT_CPU %U %S'
+  # shellcheck disable=SC2046 # the template is one path or nothing
   out=$({ time wrk -t"$threads" -c"$connections" -d"${3}s" --timeout 5s -s "$bench/webhook.lua" \
     "${url_of[$1]}" -- "$tmp/payloads/$2.json" "$(cat "$tmp/payloads/$2.sig")" \
-    "$(openssl rand -hex 4)" 2>&1; } 2>&1) || die "wrk failed against $1: $out"
+    "$(openssl rand -hex 4)" $(template_for "$2") 2>&1; } 2>&1) || die "wrk failed against $1: $out"
   grep -q '^RESULT ' <<<"$out" || die "wrk printed no RESULT line: $out"
   printf '%s client_cpu_s=%s\n' "$(grep '^RESULT ' <<<"$out")" \
     "$(awk '/^CLIENT_CPU/ {print $2 + $3}' <<<"$out")"
@@ -314,7 +322,7 @@ PY
     say "durability check: strace could not attach ($(head -c 200 "$tmp/strace.err")); skipped"
   elif [ -n "${strace_pid:-}" ]; then
     r=$(wrk -t1 -c1 -d2s -s "$bench/webhook.lua" "${url_of[kodx]}" -- "$tmp/payloads/queued.json" \
-      "$(cat "$tmp/payloads/queued.sig")" "$(openssl rand -hex 4)" | grep '^RESULT ') || true
+      "$(cat "$tmp/payloads/queued.sig")" "$(openssl rand -hex 4)" "$tmp/payloads/queued.tpl" | grep '^RESULT ') || true
     sleep 0.5
     kill -INT "$strace_pid" 2>/dev/null || true
     wait "$strace_pid" 2>/dev/null || true

@@ -195,6 +195,9 @@ pub enum Accepted {
     Recorded,
     /// The delivery id was seen before; nothing was written.
     Duplicate,
+    /// The delivery is new (and recorded) but its trigger (the same comment or issue)
+    /// already queued `run_id`: a replayed body, not a second command. Nothing is queued.
+    DuplicateTrigger { run_id: String },
 }
 
 /// A stored run.
@@ -427,6 +430,8 @@ impl Db {
     /// Records `delivery` and, if it is new and `run` is given, queues `run`, in one
     /// transaction that is durable when this returns. A delivery id seen before writes
     /// nothing and gives [`Accepted::Duplicate`], also when two identical deliveries race.
+    /// A new delivery whose trigger (repository, trigger kind and id) already has a run is
+    /// recorded but queues nothing: [`Accepted::DuplicateTrigger`], also within one batch.
     ///
     /// Deliveries arriving together are committed together (group commit): one writer
     /// takes every request waiting for it into one transaction, so a burst costs one
@@ -1142,9 +1147,14 @@ async fn accept_batch(pool: &SqlitePool, jobs: &[AcceptJob]) -> Result<Vec<Accep
         .collect();
 
     // A delivery is new when its id was inserted now, and only for its first job (the same
-    // id twice in one batch: the second is a duplicate).
+    // id twice in one batch: the second is a duplicate). A new delivery whose trigger
+    // already appeared earlier in the batch queues nothing either: it answers with the run
+    // of that first job (`repeats`).
     let mut answers: Vec<Option<Accepted>> = Vec::with_capacity(jobs.len());
     let mut to_queue: Vec<(usize, &NewRun)> = Vec::new();
+    let mut first_of_trigger: std::collections::HashMap<(&str, &str, i64), usize> =
+        std::collections::HashMap::new();
+    let mut repeats: Vec<(usize, usize)> = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
         if !new_ids.remove(&job.delivery.id) {
             answers.push(Some(Accepted::Duplicate));
@@ -1154,7 +1164,14 @@ async fn accept_batch(pool: &SqlitePool, jobs: &[AcceptJob]) -> Result<Vec<Accep
             None => answers.push(Some(Accepted::Recorded)),
             Some(run) => {
                 answers.push(None);
-                to_queue.push((i, run));
+                let key = (run.repo.as_str(), run.trigger_kind.as_str(), run.trigger_id);
+                match first_of_trigger.get(&key) {
+                    Some(&first) => repeats.push((i, first)),
+                    None => {
+                        first_of_trigger.insert(key, i);
+                        to_queue.push((i, run));
+                    }
+                }
             }
         }
     }
@@ -1169,6 +1186,9 @@ async fn accept_batch(pool: &SqlitePool, jobs: &[AcceptJob]) -> Result<Vec<Accep
             .map(|(k, (i, run))| (i, run, new_run_id(), last_seq + 1 + k as i64))
             .collect();
         for _ in 0..RUN_ID_ATTEMPTS {
+            // No conflict target: a taken run id and a trigger that already has a run both
+            // leave the row out instead of failing the batch; which one it was is looked
+            // up below for the (rare) rows left out.
             let mut insert = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
                 "INSERT INTO runs (id, seq, delivery_id, kind, installation_id, repo, \
                  issue_number, is_pull_request, argument, author, author_id, trigger_kind, \
@@ -1194,7 +1214,7 @@ async fn accept_batch(pool: &SqlitePool, jobs: &[AcceptJob]) -> Result<Vec<Accep
                     .push_bind("queued")
                     .push_bind(now);
             });
-            insert.push(" ON CONFLICT (id) DO NOTHING RETURNING id");
+            insert.push(" ON CONFLICT DO NOTHING RETURNING id");
             let inserted: std::collections::HashSet<String> = insert
                 .build()
                 .fetch_all(&mut *tx)
@@ -1206,6 +1226,8 @@ async fn accept_batch(pool: &SqlitePool, jobs: &[AcceptJob]) -> Result<Vec<Accep
             for (i, run, run_id, seq) in pending {
                 if inserted.contains(&run_id) {
                     answers[i] = Some(Accepted::Queued { run_id });
+                } else if let Some(first) = run_of_trigger(&mut tx, run).await? {
+                    answers[i] = Some(Accepted::DuplicateTrigger { run_id: first });
                 } else {
                     // The id was taken (48 random bits: practically never): draw again.
                     retry.push((i, run, new_run_id(), seq));
@@ -1222,11 +1244,36 @@ async fn accept_batch(pool: &SqlitePool, jobs: &[AcceptJob]) -> Result<Vec<Accep
             )));
         }
     }
+    for (i, first) in repeats {
+        let run_id = match &answers[first] {
+            Some(Accepted::Queued { run_id } | Accepted::DuplicateTrigger { run_id }) => {
+                run_id.clone()
+            }
+            other => unreachable!("the first job of a trigger was answered {other:?}"),
+        };
+        answers[i] = Some(Accepted::DuplicateTrigger { run_id });
+    }
     tx.commit().await?;
     Ok(answers
         .into_iter()
         .map(|a| a.expect("every job answered"))
         .collect())
+}
+
+/// The run already queued for `run`'s trigger (its comment or issue), if any.
+async fn run_of_trigger(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    run: &NewRun,
+) -> Result<Option<String>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM runs WHERE repo = ? AND trigger_kind = ? AND trigger_id = ? \
+         AND trigger_copy = 0",
+    )
+    .bind(&run.repo)
+    .bind(&run.trigger_kind)
+    .bind(run.trigger_id)
+    .fetch_optional(&mut **tx)
+    .await?)
 }
 
 /// A new run id: the first 12 hex characters of a random (v4) UUID, all 48 bits random.
@@ -1257,7 +1304,9 @@ mod tests {
         }
     }
 
+    /// A run whose trigger (comment) is new: every call gets its own comment id.
     fn new_run(kind: &str, repo: &str, issue_number: i64) -> NewRun {
+        static COMMENT: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
         NewRun {
             kind: kind.to_owned(),
             installation_id: 42,
@@ -1268,7 +1317,7 @@ mod tests {
             author: "alice".to_owned(),
             author_id: 7001,
             trigger_kind: "issue_comment".to_owned(),
-            trigger_id: 9_876_543_210,
+            trigger_id: 9_876_543_210 + COMMENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             clone_url: format!("https://github.com/{repo}.git"),
             default_branch: "main".to_owned(),
             context: r#"{"path":"src/lib.rs","line":3}"#.to_owned(),
@@ -1441,7 +1490,7 @@ mod tests {
         assert_eq!(run.author, "alice");
         assert_eq!(run.author_id, 7001);
         assert_eq!(run.trigger_kind, "issue_comment");
-        assert_eq!(run.trigger_id, 9_876_543_210);
+        assert_eq!(run.trigger_id, asked.trigger_id);
         assert_eq!(run.clone_url, asked.clone_url);
         assert_eq!(run.default_branch, "main");
         assert_eq!(run.context, asked.context);

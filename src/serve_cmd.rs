@@ -17,14 +17,12 @@ pub struct ServeArgs {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = ServeConfig::from_env()?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot listen on {} (HOST/PORT): is another server using the port?",
-                config.listen
-            )
-        })?;
+    let listener = kodx::serve::listen::bind(config.listen).with_context(|| {
+        format!(
+            "cannot listen on {} (HOST/PORT): is another server using the port?",
+            config.listen
+        )
+    })?;
     if let Ok(addr) = listener.local_addr() {
         eprintln!("kodx serve: listening on http://{addr}");
     }

@@ -19,7 +19,9 @@ fn delivery(id: &str) -> NewDelivery {
     }
 }
 
+/// A run whose trigger (comment) is new: every call gets its own comment id.
 fn new_run(kind: &str, issue_number: i64) -> NewRun {
+    static COMMENT: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
     NewRun {
         kind: kind.to_owned(),
         installation_id: 42,
@@ -30,7 +32,7 @@ fn new_run(kind: &str, issue_number: i64) -> NewRun {
         author: "alice".to_owned(),
         author_id: 7001,
         trigger_kind: "issue_comment".to_owned(),
-        trigger_id: 1000 + issue_number,
+        trigger_id: 1000 + COMMENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         clone_url: "https://github.com/octo/widgets.git".to_owned(),
         default_branch: "main".to_owned(),
         context: "{}".to_owned(),
@@ -81,7 +83,7 @@ async fn concurrent_redeliveries_queue_exactly_one_run() {
             match task.await.unwrap() {
                 Accepted::Queued { run_id } => queued.push(run_id),
                 Accepted::Duplicate => duplicates += 1,
-                Accepted::Recorded => panic!("a delivery with a run is never just recorded"),
+                other => panic!("a new delivery with a new trigger is queued, not {other:?}"),
             }
         }
         assert_eq!(queued.len(), 1, "round {round}: {queued:?}");
@@ -306,5 +308,169 @@ async fn an_accepted_run_survives_sigkill() {
             .await
             .unwrap(),
         Accepted::Duplicate
+    );
+}
+
+/// One comment (or opened issue) starts one run, whatever delivery id it arrives under: a
+/// signed body replayed with a new `X-GitHub-Delivery` is recorded and queues nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replayed_trigger_queues_no_second_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&url(&dir.path().join("kodx.db"))).await.unwrap();
+    let comment = new_run("code", 3);
+    let Accepted::Queued { run_id } = db.accept(&delivery("first"), Some(&comment)).await.unwrap()
+    else {
+        panic!("the first delivery queues")
+    };
+    assert_eq!(
+        db.accept(&delivery("replay"), Some(&comment))
+            .await
+            .unwrap(),
+        Accepted::DuplicateTrigger {
+            run_id: run_id.clone()
+        }
+    );
+    // The replay's delivery id is recorded: sent again, it is a duplicate delivery.
+    assert_eq!(
+        db.accept(&delivery("replay"), Some(&comment))
+            .await
+            .unwrap(),
+        Accepted::Duplicate
+    );
+    // The same comment id in another repository, or as another trigger kind (an issue
+    // number equal to a comment id), is another trigger.
+    let mut elsewhere = comment.clone();
+    elsewhere.repo = "octo/gadgets".to_owned();
+    let mut as_issue = comment.clone();
+    as_issue.trigger_kind = "issue".to_owned();
+    for (d, run) in [("elsewhere", &elsewhere), ("as-issue", &as_issue)] {
+        assert!(
+            matches!(
+                db.accept(&delivery(d), Some(run)).await.unwrap(),
+                Accepted::Queued { .. }
+            ),
+            "{d}"
+        );
+    }
+    assert_eq!(db.counts().await.unwrap().queued, 3);
+}
+
+/// Replays that arrive together land in one group-commit batch with other deliveries: the
+/// batch is committed, one run is queued for the trigger, every replay names it, and the
+/// other deliveries of the batch are queued as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replays_inside_one_batch_do_not_fail_the_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&url(&dir.path().join("kodx.db"))).await.unwrap();
+    // A run queued before: its trigger replayed inside the batch as well.
+    let earlier = new_run("ask", 1);
+    let Accepted::Queued { run_id: earlier_id } = db
+        .accept(&delivery("earlier"), Some(&earlier))
+        .await
+        .unwrap()
+    else {
+        panic!("queued")
+    };
+    let replayed = new_run("code", 2);
+    let mut tasks = Vec::new();
+    for i in 0..60 {
+        let db = db.clone();
+        let run = match i % 3 {
+            0 => replayed.clone(),
+            1 => earlier.clone(),
+            _ => new_run("ask", 3 + i),
+        };
+        tasks.push(tokio::spawn(async move {
+            (
+                i,
+                db.accept(&delivery(&format!("batch-{i}")), Some(&run))
+                    .await
+                    .unwrap(),
+            )
+        }));
+    }
+    let mut replayed_runs = HashSet::new();
+    let mut fresh = 0;
+    for task in tasks {
+        let (i, answer) = task.await.unwrap();
+        match (i % 3, answer) {
+            (0, Accepted::Queued { run_id } | Accepted::DuplicateTrigger { run_id }) => {
+                replayed_runs.insert(run_id);
+            }
+            (1, Accepted::DuplicateTrigger { run_id }) => assert_eq!(run_id, earlier_id),
+            (2, Accepted::Queued { .. }) => fresh += 1,
+            (kind, other) => panic!("delivery {i} (kind {kind}) answered {other:?}"),
+        }
+    }
+    assert_eq!(replayed_runs.len(), 1, "{replayed_runs:?}");
+    assert_eq!(fresh, 20);
+    // earlier + the replayed trigger's one run + 20 fresh ones.
+    assert_eq!(db.counts().await.unwrap().queued, 22);
+}
+
+/// A database written before the unique trigger index may already hold replays: the
+/// migration keeps those rows and still refuses new ones.
+#[tokio::test]
+async fn the_trigger_migration_keeps_earlier_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kodx.db");
+    // The schema as the two earlier migrations left it.
+    let old = dir.path().join("old-migrations");
+    std::fs::create_dir(&old).unwrap();
+    let all = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    for name in ["0001_init.sql", "0002_runs_by_seq.sql"] {
+        std::fs::copy(all.join(name), old.join(name)).unwrap();
+    }
+    {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        sqlx::migrate::Migrator::new(old.as_path())
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        for (seq, delivery) in [(1, "d-1"), (2, "d-2"), (3, "d-3")] {
+            sqlx::query(
+                "INSERT INTO deliveries (id, event, received_at) VALUES (?, 'issue_comment', 0)",
+            )
+            .bind(delivery)
+            .execute(&pool)
+            .await
+            .unwrap();
+            // Three runs of one comment (5555): what replays left before this fix.
+            sqlx::query(
+                "INSERT INTO runs (id, seq, delivery_id, kind, installation_id, repo, \
+                 issue_number, is_pull_request, argument, author, author_id, trigger_kind, \
+                 trigger_id, clone_url, default_branch, context, status, created_at) \
+                 VALUES (?, ?, ?, 'ask', 42, 'octo/widgets', 1, 0, 'x', 'alice', 1, \
+                 'issue_comment', 5555, 'u', 'main', '{}', 'succeeded', 0)",
+            )
+            .bind(format!("00000000000{seq}"))
+            .bind(seq)
+            .bind(delivery)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        pool.close().await;
+    }
+    let db = Db::open(&url(&path)).await.unwrap();
+    for seq in 1..=3 {
+        assert!(db
+            .get_run(&format!("00000000000{seq}"))
+            .await
+            .unwrap()
+            .is_some());
+    }
+    let mut replay = new_run("ask", 1);
+    replay.trigger_id = 5555;
+    assert_eq!(
+        db.accept(&delivery("d-4"), Some(&replay)).await.unwrap(),
+        Accepted::DuplicateTrigger {
+            run_id: "000000000001".to_owned()
+        }
     );
 }

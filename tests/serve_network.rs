@@ -21,7 +21,7 @@ async fn served(settings: String) -> Served {
         workers: true,
         settings: Some(Box::leak(settings.into_boxed_str())),
         extra_env: vec![("HOST".into(), "0.0.0.0".into())],
-        pid_namespace: false,
+        ..Options::default()
     })
     .await
 }

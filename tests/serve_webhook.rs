@@ -228,6 +228,47 @@ async fn concurrent_redeliveries_queue_one_run() {
     assert_eq!((queued, dup), (1, 15), "{answers:?}");
 }
 
+/// A signed body replayed under a new `X-GitHub-Delivery` (anyone who saw one delivery can
+/// resend it) starts no second run: the comment is the trigger, and it is unique in the
+/// queue.
+#[tokio::test]
+async fn a_replayed_body_under_a_new_delivery_id_starts_no_second_run() {
+    let s = served().await;
+    let body = ask(&s, 12);
+    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &body).await;
+    assert_eq!(status, 202, "{answer}");
+    let run_id = answer["run_id"].as_str().unwrap().to_string();
+    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let reason = answer["ignored"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("duplicate command") && reason.contains(&run_id),
+        "{answer}"
+    );
+    // Several replays at once (one group-commit batch) queue nothing either, and a new
+    // comment in the same batch is queued.
+    let ids: Vec<String> = (0..8).map(|_| delivery_id()).collect();
+    let replays =
+        futures_util::future::join_all(ids.iter().map(|id| s.deliver("issue_comment", id, &body)));
+    let (other, other_id) = (ask(&s, 13), delivery_id());
+    let fresh = s.deliver("issue_comment", &other_id, &other);
+    let (replays, (fresh_status, fresh_answer)) = tokio::join!(replays, fresh);
+    assert!(replays.iter().all(|(st, _)| *st == 200), "{replays:?}");
+    assert_eq!(fresh_status, 202, "{fresh_answer}");
+    let db = kodx::db::Db::open(&format!(
+        "sqlite://{}",
+        s.dir.path().join("kodx.db").display()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(db.counts().await.unwrap().queued, 2);
+    let (_, metrics) = s.get("/metrics").await;
+    assert!(
+        metrics.contains("kodx_webhooks_total{event=\"issue_comment\",result=\"replayed\"} 9"),
+        "{metrics}"
+    );
+}
+
 #[tokio::test]
 async fn installation_events_are_recorded() {
     let s = served().await;

@@ -6,6 +6,17 @@
 OUT_DIR receives, for each path P in (ignored, queued):
     P.json  the exact body bytes (compact JSON, as GitHub sends it), about 14 KB
     P.sig   "sha256=" + hex(HMAC-SHA256(SECRET, body)), the X-Hub-Signature-256 value
+and for the queued path a template, so every queued request can carry its own comment:
+    queued.tpl  the body up to its comment id, then the SHA-256 states webhook.lua needs
+                to sign any comment id in a few microseconds (see `template`)
+
+kodx starts one run per comment (a replayed body under a new delivery id queues
+nothing), so a bench of the queued path must send a new comment id with every request,
+and each such body needs its own signature. The comment id is the last value of the body
+(`"comment"` is the payload's last key and `"id"` the comment's last key; JSON key order
+means nothing to a reader), and the body before it is padded to whole SHA-256 blocks, so
+the HMAC's inner and outer hash states after the fixed part can be computed once here;
+per request only the last inner block and the outer block remain.
 
 The shape follows GitHub's `issue_comment` webhook: action, issue (with user, labels,
 assignees, reactions, a body of a few KB), comment (user, body, author_association,
@@ -18,6 +29,7 @@ import hashlib
 import hmac
 import json
 import os
+import struct
 import sys
 
 API = "https://api.github.com"
@@ -185,13 +197,15 @@ def issue_body(n_paragraphs):
     return "".join(parts)
 
 
-def payload(comment_body, n_paragraphs):
+COMMENT_ID = 2847120935
+
+
+def payload(comment_body, n_paragraphs, comment_id=COMMENT_ID):
     owner = user("acme-widgets", 119200311, kind="Organization")
     reporter = user("octo-reporter", 5839201)
     maintainer = user("maintainer-mia", 2210457)
     repo = repository(owner)
     issue_api = f"{repo['url']}/issues/1347"
-    comment_id = 2847120935
     comment_api = f"{repo['url']}/issues/comments/{comment_id}"
     labels = [
         {
@@ -245,20 +259,6 @@ def payload(comment_body, n_paragraphs):
             "performed_via_github_app": None,
             "state_reason": None,
         },
-        "comment": {
-            "url": comment_api,
-            "html_url": f"{repo['html_url']}/issues/1347#issuecomment-{comment_id}",
-            "issue_url": issue_api,
-            "id": comment_id,
-            "node_id": "IC_kwDOIsuAks6pszkn",
-            "user": maintainer,
-            "created_at": "2025-05-02T08:12:44Z",
-            "updated_at": "2025-05-02T08:12:44Z",
-            "author_association": "MEMBER",
-            "body": comment_body,
-            "reactions": reactions(comment_api),
-            "performed_via_github_app": None,
-        },
         "repository": repo,
         "organization": {
             "login": owner["login"],
@@ -276,6 +276,22 @@ def payload(comment_body, n_paragraphs):
         },
         "sender": maintainer,
         "installation": {"id": 61234567, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uNjEyMzQ1Njc="},
+        # Last, so a bench can vary its id cheaply (see the module docstring).
+        "comment": {
+            "url": comment_api,
+            "html_url": f"{repo['html_url']}/issues/1347#issuecomment-{comment_id}",
+            "issue_url": issue_api,
+            "node_id": "IC_kwDOIsuAks6pszkn",
+            "user": maintainer,
+            "created_at": "2025-05-02T08:12:44Z",
+            "updated_at": "2025-05-02T08:12:44Z",
+            "author_association": "MEMBER",
+            "body": comment_body,
+            "reactions": reactions(comment_api),
+            "performed_via_github_app": None,
+            # Last, so a bench can vary it cheaply (see the module docstring).
+            "id": comment_id,
+        },
     }
 
 
@@ -300,6 +316,75 @@ def paragraphs():
     return n
 
 
+# --- SHA-256 with its state exposed (hashlib keeps it hidden) --------------------------
+
+K = [
+    0x428A2F98, 0x71374491, 0xB5C0FBCF, 0xE9B5DBA5, 0x3956C25B, 0x59F111F1, 0x923F82A4, 0xAB1C5ED5,
+    0xD807AA98, 0x12835B01, 0x243185BE, 0x550C7DC3, 0x72BE5D74, 0x80DEB1FE, 0x9BDC06A7, 0xC19BF174,
+    0xE49B69C1, 0xEFBE4786, 0x0FC19DC6, 0x240CA1CC, 0x2DE92C6F, 0x4A7484AA, 0x5CB0A9DC, 0x76F988DA,
+    0x983E5152, 0xA831C66D, 0xB00327C8, 0xBF597FC7, 0xC6E00BF3, 0xD5A79147, 0x06CA6351, 0x14292967,
+    0x27B70A85, 0x2E1B2138, 0x4D2C6DFC, 0x53380D13, 0x650A7354, 0x766A0ABB, 0x81C2C92E, 0x92722C85,
+    0xA2BFE8A1, 0xA81A664B, 0xC24B8B70, 0xC76C51A3, 0xD192E819, 0xD6990624, 0xF40E3585, 0x106AA070,
+    0x19A4C116, 0x1E376C08, 0x2748774C, 0x34B0BCB5, 0x391C0CB3, 0x4ED8AA4A, 0x5B9CCA4F, 0x682E6FF3,
+    0x748F82EE, 0x78A5636F, 0x84C87814, 0x8CC70208, 0x90BEFFFA, 0xA4506CEB, 0xBEF9A3F7, 0xC67178F2,
+]
+H0 = [0x6A09E667, 0xBB67AE85, 0x3C6EF372, 0xA54FF53A, 0x510E527F, 0x9B05688C, 0x1F83D9AB, 0x5BE0CD19]
+
+
+def _rotr(x, n):
+    return ((x >> n) | (x << (32 - n))) & 0xFFFFFFFF
+
+
+def compress(state, block):
+    """One SHA-256 compression of a 64-byte block into the 8-word state."""
+    w = list(struct.unpack(">16I", block))
+    for i in range(16, 64):
+        s0 = _rotr(w[i - 15], 7) ^ _rotr(w[i - 15], 18) ^ (w[i - 15] >> 3)
+        s1 = _rotr(w[i - 2], 17) ^ _rotr(w[i - 2], 19) ^ (w[i - 2] >> 10)
+        w.append((w[i - 16] + s0 + w[i - 7] + s1) & 0xFFFFFFFF)
+    a, b, c, d, e, f, g, h = state
+    for i in range(64):
+        t1 = (h + (_rotr(e, 6) ^ _rotr(e, 11) ^ _rotr(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i]) & 0xFFFFFFFF
+        t2 = ((_rotr(a, 2) ^ _rotr(a, 13) ^ _rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c))) & 0xFFFFFFFF
+        a, b, c, d, e, f, g, h = (t1 + t2) & 0xFFFFFFFF, a, b, c, (d + t1) & 0xFFFFFFFF, e, f, g
+    return [(x + y) & 0xFFFFFFFF for x, y in zip(state, [a, b, c, d, e, f, g, h])]
+
+
+def absorb(state, data):
+    assert len(data) % 64 == 0
+    for i in range(0, len(data), 64):
+        state = compress(state, data[i : i + 64])
+    return state
+
+
+# The comment ids webhook.lua sends: 19 digits, "<run 8><thread 2><counter 9>", the run
+# part in [10000000, 90000000) so the id has no leading zero and fits a signed 64-bit int.
+ID_DIGITS = 19
+
+
+def template(body_with_id, secret):
+    """The queued body split for per-request signing: (prefix, states, sample).
+
+    prefix: the body up to the comment id's digits, padded with JSON whitespace to whole
+    64-byte blocks; the body of a request is prefix + <19 digits> + "}}".
+    states: the HMAC inner hash state after (key ^ ipad) + prefix, and the outer hash
+    state after (key ^ opad), as 8 hex words each.
+    """
+    marker = f'"id":{COMMENT_ID}}}}}'.encode()
+    assert body_with_id.endswith(marker), "the comment id must be the body's last value"
+    head = body_with_id[: -len(marker)]
+    # Whitespace between tokens is insignificant: pad after the last comma.
+    assert head.endswith(b",")
+    pad = (-(len(head) + len(b'"id":'))) % 64
+    prefix = head + b" " * pad + b'"id":'
+    assert len(prefix) % 64 == 0
+    key = secret if len(secret) <= 64 else hashlib.sha256(secret).digest()
+    key = key.ljust(64, b"\0")
+    inner = absorb(H0, bytes(k ^ 0x36 for k in key) + prefix)
+    outer = absorb(H0, bytes(k ^ 0x5C for k in key))
+    return prefix, inner, outer
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -315,6 +400,18 @@ def main():
             f.write(sig)
         issue_body_len = len(json.loads(body)["issue"]["body"])
         print(f"{name}: {len(body)} bytes (issue body {issue_body_len})", file=sys.stderr)
+        if name == "queued":
+            prefix, inner, outer = template(body, secret)
+            # A sample id and its signature, so webhook.lua can check its own arithmetic.
+            sample_id = "1234567890123456789"
+            sample = prefix + sample_id.encode() + b"}}"
+            json.loads(sample)  # still JSON
+            sample_sig = "sha256=" + hmac.new(secret, sample, hashlib.sha256).hexdigest()
+            with open(os.path.join(out, "queued.tpl"), "wb") as f:
+                f.write(b" ".join(f"{w:08x}".encode() for w in inner) + b"\n")
+                f.write(b" ".join(f"{w:08x}".encode() for w in outer) + b"\n")
+                f.write(f"{sample_id} {sample_sig}\n".encode())
+                f.write(prefix)
 
 
 if __name__ == "__main__":

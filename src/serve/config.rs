@@ -97,6 +97,19 @@ pub struct Settings {
     /// Bytes one sandbox may write to its own filesystem; a program's
     /// `limits.max_disk_bytes` may lower it.
     pub max_disk_bytes: u64,
+    /// HTTP connections open at once (further capped below the file descriptor limit). At
+    /// the cap a new connection replaces the oldest one that has no request in progress.
+    pub max_connections: usize,
+    /// A connection must send a complete request head within this many seconds of opening
+    /// (or of its previous response), or it is closed.
+    pub header_timeout_secs: f64,
+    /// A webhook body must arrive in full within this many seconds of its head (GitHub
+    /// itself gives up on a delivery after 10 s), or it is answered `408`.
+    pub body_timeout_secs: f64,
+    /// Bytes of webhook bodies whose signature is not verified yet, held at once over all
+    /// connections. Past it the connection holding the most is refused (`503`), so small
+    /// deliveries get through while big unsigned ones are dropped.
+    pub unverified_body_bytes: usize,
 }
 
 impl Default for Settings {
@@ -120,6 +133,10 @@ impl Default for Settings {
             network: NetworkMode::On,
             network_allow: Vec::new(),
             max_disk_bytes: DEFAULT_MAX_DISK_BYTES,
+            max_connections: 4096,
+            header_timeout_secs: 10.0,
+            body_timeout_secs: 15.0,
+            unverified_body_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -134,6 +151,14 @@ impl Settings {
 
     pub fn status_interval(&self) -> Duration {
         Duration::from_secs_f64(self.status_interval_secs.max(0.0))
+    }
+
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.header_timeout_secs)
+    }
+
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.body_timeout_secs)
     }
 
     fn check(&self, source: &str) -> Result<(), ConfigError> {
@@ -179,6 +204,22 @@ impl Settings {
         }
         if self.max_disk_bytes < 1 << 20 {
             return bad("max_disk_bytes", "must be at least 1048576 (1 MiB)");
+        }
+        if self.max_connections < 2 {
+            return bad("max_connections", "must be at least 2");
+        }
+        let seconds = |v: f64| v.is_finite() && (0.01..=3600.0).contains(&v);
+        if !seconds(self.header_timeout_secs) {
+            return bad(
+                "header_timeout_secs",
+                "must be between 0.01 and 3600 seconds",
+            );
+        }
+        if !seconds(self.body_timeout_secs) {
+            return bad("body_timeout_secs", "must be between 0.01 and 3600 seconds");
+        }
+        if self.unverified_body_bytes < 64 * 1024 {
+            return bad("unverified_body_bytes", "must be at least 65536 (64 KiB)");
         }
         Ok(())
     }

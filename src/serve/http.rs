@@ -8,8 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -19,7 +18,9 @@ use tokio::sync::Notify;
 
 use crate::command::ParseError;
 use crate::db::{Accepted, Db, NewDelivery, NewRun};
+use crate::serve::body::{read_verified, BodyBudget, BodyError};
 use crate::serve::event::{triage, CommandEvent, Triage};
+use crate::serve::listen::ConnectionHandle;
 use crate::serve::metrics::Metrics;
 use crate::webhook::WebhookSecrets;
 
@@ -35,6 +36,10 @@ pub struct HttpState {
     /// Woken when a run is queued.
     pub wake: Arc<Notify>,
     pub health: Arc<dyn HealthCheck>,
+    /// Bytes of bodies not verified yet, over all connections.
+    pub budget: Arc<BodyBudget>,
+    /// A body must be in within this of its head.
+    pub body_timeout: Duration,
 }
 
 /// What `/healthz` asks besides the database.
@@ -62,22 +67,138 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-async fn webhook(State(st): State<HttpState>, headers: HeaderMap, body: Bytes) -> Response {
-    let event = header(&headers, "x-github-event").unwrap_or("").trim();
-    if let Err(e) = st
-        .secrets
-        .verify(header(&headers, "x-hub-signature-256"), &body)
-    {
-        st.metrics.webhook(event, "unauthorized");
-        tracing::warn!(event, "webhook refused: {e}");
-        return answer(StatusCode::UNAUTHORIZED, json!({ "error": e.to_string() }));
+/// Refusals answered before the whole body was read: the connection is not reused.
+fn refuse(
+    st: &HttpState,
+    event: &str,
+    status: StatusCode,
+    result: &'static str,
+    why: String,
+) -> Response {
+    st.metrics.webhook(event, result);
+    tracing::warn!(event, "webhook refused: {why}");
+    let mut r = answer(status, json!({ "error": why }));
+    r.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    r
+}
+
+/// The longest a refused body is drained after its answer.
+const LINGER: Duration = Duration::from_secs(5);
+
+/// Reads and discards a refused body for a while (nothing is kept), so a client still
+/// sending it gets to read the answer instead of a reset connection (a closed socket with
+/// unread data answers the sender with RST). The connection counts as idle meanwhile.
+fn linger(body: axum::body::Body, body_timeout: Duration) {
+    use http_body_util::BodyExt as _;
+    tokio::spawn(async move {
+        let mut body = body;
+        let _ = tokio::time::timeout(LINGER.min(body_timeout), async {
+            while let Some(Ok(_)) = body.frame().await {}
+        })
+        .await;
+    });
+}
+
+async fn webhook(State(st): State<HttpState>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let headers = &parts.headers;
+    let event = header(headers, "x-github-event").unwrap_or("").trim();
+    // What can be refused on the head alone is refused before any of the body is read:
+    // a declared length over GitHub's cap, then a missing or malformed signature.
+    let declared = header(headers, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(len) = declared.filter(|&l| l > MAX_BODY_BYTES as u64) {
+        linger(body, st.body_timeout);
+        return refuse(
+            &st,
+            event,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the body ({len} bytes) is over GitHub's 25 MiB cap"),
+        );
     }
+    let verifier = match st.secrets.verifier(header(headers, "x-hub-signature-256")) {
+        Ok(v) => v,
+        Err(e) => {
+            linger(body, st.body_timeout);
+            return refuse(
+                &st,
+                event,
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                e.to_string(),
+            );
+        }
+    };
+    // The body streams into the HMAC under the size cap, the deadline and the budget of
+    // unverified bytes; meanwhile the connection may be displaced like an idle one.
+    let unverified = parts
+        .extensions
+        .get::<ConnectionHandle>()
+        .map(|c| c.unverified());
+    let hint = declared.and_then(|l| usize::try_from(l).ok());
+    let read = read_verified(
+        body,
+        verifier,
+        &st.budget,
+        MAX_BODY_BYTES,
+        hint,
+        st.body_timeout,
+    )
+    .await;
+    drop(unverified);
+    let body = match read {
+        Ok(body) => body,
+        Err(e @ BodyError::TooLarge(_)) => {
+            return refuse(
+                &st,
+                event,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                e.to_string(),
+            )
+        }
+        Err(e @ BodyError::Timeout(_)) => {
+            return refuse(
+                &st,
+                event,
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout",
+                e.to_string(),
+            )
+        }
+        Err(e @ BodyError::Busy) => {
+            return refuse(
+                &st,
+                event,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                e.to_string(),
+            )
+        }
+        Err(e @ BodyError::Read(_)) => {
+            return refuse(
+                &st,
+                event,
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                e.to_string(),
+            )
+        }
+        Err(BodyError::Signature(e)) => {
+            st.metrics.webhook(event, "unauthorized");
+            tracing::warn!(event, "webhook refused: {e}");
+            return answer(StatusCode::UNAUTHORIZED, json!({ "error": e.to_string() }));
+        }
+    };
     let bad = |reason: String| {
         st.metrics.webhook(event, "bad_request");
         tracing::warn!(event, "webhook not readable: {reason}");
         answer(StatusCode::BAD_REQUEST, json!({ "error": reason }))
     };
-    let Some(delivery) = header(&headers, "x-github-delivery")
+    let Some(delivery) = header(headers, "x-github-delivery")
         .map(str::trim)
         .filter(|d| !d.is_empty() && d.len() <= 128)
     else {
@@ -142,6 +263,15 @@ async fn webhook(State(st): State<HttpState>, headers: HeaderMap, body: Bytes) -
             answer(
                 StatusCode::OK,
                 json!({ "ignored": "duplicate delivery (this X-GitHub-Delivery was handled before)" }),
+            )
+        }
+        Ok(Accepted::DuplicateTrigger { run_id }) => {
+            st.metrics.webhook(event, "replayed");
+            tracing::warn!(event, delivery, run_id = %run_id,
+                "a new delivery id for a comment or issue that already started a run: ignored");
+            answer(
+                StatusCode::OK,
+                json!({ "ignored": format!("duplicate command (this comment or issue already started run {run_id})") }),
             )
         }
         Err(e) => internal(&st, event, &e.to_string()),

@@ -38,6 +38,10 @@ pub struct Metrics {
     spend: Counter<f64, AtomicU64>,
     model_latency: Family<ModelLabels, Histogram>,
     run_duration: Histogram,
+    /// HTTP connections (see `listen`).
+    pub connections: crate::serve::listen::ConnectionMetrics,
+    /// Bytes of webhook bodies held before their signature is verified.
+    pub unverified_bytes: Gauge,
 }
 
 /// Events GitHub sends; anything else is counted as `other`, so a sender cannot grow the
@@ -92,8 +96,37 @@ impl Metrics {
             "Wall-clock duration of finished runs",
             run_duration.clone(),
         );
+        let connections = crate::serve::listen::ConnectionMetrics::default();
+        registry.register(
+            "http_connections",
+            "HTTP connections open",
+            connections.open.clone(),
+        );
+        registry.register(
+            "http_connections_displaced",
+            "HTTP connections closed to make room for a new one (max_connections)",
+            connections.displaced.clone(),
+        );
+        registry.register(
+            "http_connections_refused",
+            "New HTTP connections closed at once because every open one was busy",
+            connections.refused.clone(),
+        );
+        registry.register(
+            "http_accept_errors",
+            "Failed accepts (e.g. out of file descriptors)",
+            connections.accept_errors.clone(),
+        );
+        let unverified_bytes = Gauge::default();
+        registry.register(
+            "webhook_unverified_bytes",
+            "Bytes of webhook bodies held before their signature is verified",
+            unverified_bytes.clone(),
+        );
         Metrics {
             registry,
+            connections,
+            unverified_bytes,
             webhooks,
             runs,
             active,

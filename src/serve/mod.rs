@@ -2,13 +2,16 @@
 //!
 //! The webhook handler ([`http`]) verifies, reads ([`event`]) and stores each command in the
 //! database queue; the [`worker`]s take it from there. `serve` binds nothing itself: it is
-//! given a listener, so tests bind port 0.
+//! given a listener, so tests bind port 0; [`listen`] holds its connections and [`body`]
+//! reads webhook bodies under a memory budget.
 
+pub mod body;
 pub mod config;
 pub mod context;
 pub mod deliver;
 pub mod event;
 pub mod http;
+pub mod listen;
 pub mod metrics;
 pub mod worker;
 
@@ -96,12 +99,18 @@ pub async fn serve(
             workers.run().await;
         })
     });
+    let settings = &config.settings;
     let state = http::HttpState {
         secrets: config.webhook_secrets.clone(),
         db: db.clone(),
-        metrics,
+        metrics: metrics.clone(),
         wake,
         health: engine,
+        budget: body::BodyBudget::new(
+            settings.unverified_body_bytes,
+            metrics.unverified_bytes.clone(),
+        ),
+        body_timeout: settings.body_timeout(),
     };
     let addr = listener.local_addr().ok();
     tracing::info!(
@@ -112,10 +121,20 @@ pub async fn serve(
         max_concurrent_runs = config.settings.max_concurrent_runs,
         "kodx serve is listening"
     );
-    axum::serve(listener, http::router(state))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await
-        .context("the HTTP server failed")?;
+    let limits = listen::Limits {
+        max_connections: settings.max_connections,
+        header_timeout: settings.header_timeout(),
+        // Requests in progress end within their body deadline, and answer quickly then.
+        shutdown_wait: settings.body_timeout() + std::time::Duration::from_secs(5),
+    };
+    listen::serve_http(
+        listener,
+        http::router(state),
+        limits,
+        metrics.connections.clone(),
+        shutdown.clone(),
+    )
+    .await;
     if let Some(task) = worker_task {
         let _ = task.await;
     }

@@ -90,11 +90,60 @@ impl WebhookSecrets {
         }
     }
 
+    /// Starts checking a body that arrives in pieces: the header is read now (so a missing
+    /// or malformed one is refused before any of the body), the body is fed to
+    /// [`Verifier::update`] as it comes, and [`Verifier::finish`] gives the verdict
+    /// [`verify`](Self::verify) would give for the whole body.
+    pub fn verifier(&self, header: Option<&str>) -> Result<Verifier, SignatureError> {
+        let header = header.ok_or(SignatureError::Missing)?;
+        let expected = decode_header(header)?;
+        Ok(Verifier {
+            expected,
+            macs: self.secrets.iter().map(|secret| mac(secret, b"")).collect(),
+        })
+    }
+
     /// The header value GitHub would send for `body` with the first secret
     /// (for tests and fakes).
     pub fn sign(&self, body: &[u8]) -> String {
         let digest = mac(&self.secrets[0], body).finalize().into_bytes();
         format!("{PREFIX}{}", hex::encode(digest))
+    }
+}
+
+/// The HMACs of a body that is still arriving, one per secret (see
+/// [`WebhookSecrets::verifier`]).
+pub struct Verifier {
+    expected: Vec<u8>,
+    macs: Vec<HmacSha256>,
+}
+
+impl fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Verifier")
+    }
+}
+
+impl Verifier {
+    /// Absorbs the next piece of the body.
+    pub fn update(&mut self, piece: &[u8]) {
+        for mac in &mut self.macs {
+            mac.update(piece);
+        }
+    }
+
+    /// Whether the body absorbed so far carries the signature: every secret's HMAC is
+    /// compared in constant time.
+    pub fn finish(self) -> Result<(), SignatureError> {
+        let mut matched = false;
+        for mac in self.macs {
+            matched |= mac.verify_slice(&self.expected).is_ok();
+        }
+        if matched {
+            Ok(())
+        } else {
+            Err(SignatureError::Mismatch)
+        }
     }
 }
 
@@ -145,6 +194,31 @@ mod tests {
         let secrets = WebhookSecrets::parse("s3cret").unwrap();
         let body = br#"{"action":"created"}"#;
         assert_eq!(secrets.verify(Some(&secrets.sign(body)), body), Ok(()));
+    }
+
+    #[test]
+    fn a_body_verified_in_pieces_gets_the_same_verdict() {
+        let secrets = WebhookSecrets::parse(&format!("new-secret, {DOC_SECRET}")).unwrap();
+        for (header, body, want) in [
+            (DOC_HEADER, DOC_BODY, Ok(())),
+            (
+                DOC_HEADER,
+                &b"Hello, World?"[..],
+                Err(SignatureError::Mismatch),
+            ),
+        ] {
+            for split in 0..=body.len() {
+                let mut v = secrets.verifier(Some(header)).unwrap();
+                v.update(&body[..split]);
+                v.update(&body[split..]);
+                assert_eq!(v.finish(), want, "split at {split}");
+            }
+        }
+        assert_eq!(secrets.verifier(None).unwrap_err(), SignatureError::Missing);
+        assert_eq!(
+            secrets.verifier(Some("sha1=00")).unwrap_err(),
+            SignatureError::Malformed
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub struct Served {
     env: Vec<(String, String)>,
     workers: bool,
     pid_namespace: bool,
+    fd_limit: Option<u64>,
     http: reqwest::Client,
 }
 
@@ -47,6 +48,8 @@ pub struct Options {
     /// Run `kodx serve` as PID 1 of its own PID namespace (`unshare --pid --fork
     /// --mount-proc`), as in the shipped image where it is the container's init.
     pub pid_namespace: bool,
+    /// RLIMIT_NOFILE (soft and hard) of the server process.
+    pub fd_limit: Option<u64>,
 }
 
 impl Served {
@@ -125,7 +128,15 @@ impl Served {
         ];
         env.extend(opts.extra_env.iter().cloned());
         let log = Arc::new(Mutex::new(String::new()));
-        let (child, url) = spawn(&env, opts.workers, opts.pid_namespace, dir.path(), &log).await;
+        let (child, url) = spawn(
+            &env,
+            opts.workers,
+            opts.pid_namespace,
+            opts.fd_limit,
+            dir.path(),
+            &log,
+        )
+        .await;
         Served {
             url,
             github,
@@ -138,6 +149,7 @@ impl Served {
             env,
             workers: opts.workers,
             pid_namespace: opts.pid_namespace,
+            fd_limit: opts.fd_limit,
             http: {
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 reqwest::Client::new()
@@ -160,6 +172,7 @@ impl Served {
             &self.env,
             self.workers,
             self.pid_namespace,
+            self.fd_limit,
             self.dir.path(),
             &self.log,
         )
@@ -281,6 +294,7 @@ async fn spawn(
     env: &[(String, String)],
     workers: bool,
     pid_namespace: bool,
+    fd_limit: Option<u64>,
     dir: &std::path::Path,
     log: &Arc<Mutex<String>>,
 ) -> (tokio::process::Child, String) {
@@ -304,6 +318,21 @@ async fn spawn(
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    if let Some(n) = fd_limit {
+        // SAFETY: only setrlimit, which is async-signal-safe, runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: n as libc::rlim_t,
+                    rlim_max: n as libc::rlim_t,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     let mut child = cmd.spawn().expect("kodx serve starts");
     let (tx, rx) = tokio::sync::oneshot::channel();
     let stderr = child.stderr.take().unwrap();
