@@ -3,7 +3,7 @@
 //!
 //!     cargo test --release --test bench_stress_webhook -- --ignored --nocapture
 //!
-//! It starts the real `kodx serve --no-workers` (the binary of this build, or `KODX_BIN`,
+//! It starts the real `kodx serve --no-workers` (the binary of this build, or `KODX_STRESS_BIN`,
 //! e.g. an older build to compare), a fresh one for each attack:
 //!   (a) 40 connections, each sending an unsigned 25 MiB body short of its last byte and
 //!       holding it;
@@ -55,7 +55,8 @@ impl Server {
         // The built-in defaults; an empty file so an older binary reads it too.
         let settings = dir.path().join("kodx.toml");
         std::fs::write(&settings, "").unwrap();
-        let bin = std::env::var("KODX_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kodx").into());
+        let bin =
+            std::env::var("KODX_STRESS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kodx").into());
         let mut child = Command::new(&bin)
             .args(["serve", "--no-workers"])
             .env_remove("PRIVATE_KEY")

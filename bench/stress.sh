@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 9's stress figures: kodx under hostile output, files, tars and webhook senders.
+#
+#   bash bench/stress.sh            # all of them (~10 min after the release build)
+#   bash bench/stress.sh term tar   # some: term tar webhook transcripts sandbox_network
+#
+# Each case runs the real release binary (`kodx run` against a scripted fake model and the
+# real Docker engine, or `kodx serve` on loopback) and prints its figures against the
+# targets:
+#   term             peak RSS (VmHWM) <= 200 MB: a cursor-escape flood, a 500 MB line
+#                    without a newline, an escape-printing setup script
+#   tar              peak RSS <= 200 MB: a 2.3 GB sparse file made in the workspace, a
+#                    1.5 GB file in the repository, 120 MB of ignored build output
+#   webhook          /healthz <= 2 s, a signed delivery accepted, RSS <= 300 MB during
+#                    40 held 25 MiB unsigned bodies and 20,000 idle connections
+#   transcripts      a run's transcript <= 1.5x the distinct content sent, at 6/25/50 steps
+#   sandbox_network  what the network fence and the disk watchdog add to a sandbox start
+# KODX_STRESS_BIN=/path/to/kodx measures another build with the same cases. It needs the
+# Docker engine and the test images (`bash tests/images/build.sh`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cases=("$@")
+[ ${#cases[@]} -gt 0 ] || cases=(term tar webhook transcripts sandbox_network)
+for c in "${cases[@]}"; do
+    [ -f "tests/bench_stress_$c.rs" ] || { echo "bench/stress.sh: no stress case '$c'" >&2; exit 2; }
+done
+
+cargo build --release --quiet --bin kodx $(printf -- '--test bench_stress_%s ' "${cases[@]}")
+
+failed=()
+for c in "${cases[@]}"; do
+    echo
+    echo "=== $c ==="
+    if ! cargo test --release --quiet --test "bench_stress_$c" -- --ignored --nocapture --test-threads 1; then
+        failed+=("$c")
+    fi
+done
+echo
+if [ ${#failed[@]} -eq 0 ]; then
+    echo "stress: every target met (${cases[*]})"
+else
+    echo "stress: MISSED in ${failed[*]}"
+    exit 1
+fi
