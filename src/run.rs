@@ -320,8 +320,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             write_error.get_or_insert(e);
         }
     }
+    // What the user asked to be written (the transcript, the export) but was not: the run
+    // may have ended its turn, but the exit code must not say all went well.
+    let mut output_failed = false;
     if let Some(e) = write_error {
         out.note(&format!("kodx: writing the transcript failed: {e}"));
+        output_failed = true;
     }
     let exported = match &args.export_dir {
         Some(dir) => sandbox
@@ -343,7 +347,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 out.note(&left_out_note(&exported));
             }
         }
-        Err(e) if !e.is_empty() => out.note(&format!("kodx: the export failed: {e}")),
+        Err(e) if !e.is_empty() => {
+            out.note(&format!("kodx: the export failed: {e}"));
+            output_failed = true;
+        }
         Err(_) => {}
     }
     if let Some(detail) = &outcome.detail {
@@ -352,7 +359,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             outcome.stop_reason.as_str()
         ));
     }
-    finish(&args, &mut out, &outcome)
+    let code = finish(&args, &mut out, &outcome)?;
+    Ok(if output_failed {
+        ExitCode::FAILURE
+    } else {
+        code
+    })
 }
 
 /// One line naming the ignored files an export left out for being over a size limit.

@@ -512,3 +512,53 @@ async fn the_transcript_file_holds_each_message_once_and_replays_exactly() {
         text.len()
     );
 }
+
+/// A run that ended its turn but whose `--export-dir` could not be written exits non-zero,
+/// with a line naming the file (a script checking the exit code must not take the missing
+/// export for success).
+#[tokio::test]
+async fn a_failed_export_fails_the_exit_code_and_names_the_file() {
+    let Some(_engine) = engine().await else {
+        return;
+    };
+    let fake = FakeAnthropic::start(KEY).await;
+    fake.reply(
+        vec![tool(
+            "t1",
+            json!({"chars": "truncate -s 200M huge.bin && echo small > ok.txt"}),
+        )],
+        "tool_use",
+        usage(1000, 30),
+    );
+    fake.reply(
+        vec![json!({"type": "text", "text": "Done."})],
+        "end_turn",
+        usage(1100, 10),
+    );
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::write(repo.path().join("README.md"), "# r\n").unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let export = out.path().join("export");
+    let output = kodx(&fake)
+        .args(["run", "-p", "Make files", "--json"])
+        .arg("--repo-dir")
+        .arg(repo.path())
+        .arg("--export-dir")
+        .arg(&export)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "stderr: {stderr}");
+    let result: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!(result["stop_reason"], "end_turn");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("kodx: the export failed"))
+        .unwrap_or_else(|| panic!("no export failure line: {stderr}"));
+    assert!(
+        line.contains("huge.bin") && line.contains("over the limit"),
+        "{line}"
+    );
+    assert!(!export.exists(), "a refused export writes nothing");
+}
