@@ -412,6 +412,7 @@ async fn check_docker(out: &mut Report, image: &str) {
                      (`docker pull {image}` to do it now)"
                 )),
             }
+            sandbox_limits(out, &engine).await;
             match engine.sweep_dead_owners().await {
                 Ok(0) => {}
                 Ok(n) => out.ok(format!(
@@ -434,6 +435,48 @@ async fn check_docker(out: &mut Report, image: &str) {
                 fix.trim_end_matches("`kodx doctor` checks it.").trim_end(),
             );
         }
+    }
+}
+
+/// How this engine's sandboxes are fenced and their disk bounded (README, *The sandbox
+/// engine*): whether kodx's network helper can run there, and quota or watchdog.
+async fn sandbox_limits(out: &mut Report, engine: &Engine) {
+    let facts = match engine.facts().await {
+        Ok(facts) => facts,
+        Err(e) => {
+            out.warn(format!(
+                "could not read the engine's architecture and storage: {e}"
+            ));
+            return;
+        }
+    };
+    match kodx::sandbox::net::check_arch(&facts.arch) {
+        Ok(()) => out.ok(format!(
+            "sandbox network: fenced by kodx's helper for {} (host, link-local and private \
+             ranges unreachable)",
+            facts.arch
+        )),
+        Err(e) => out.fail(
+            format!("sandbox network: {e}"),
+            "runs with network = \"on\" or \"setup-only\" fail until then",
+        ),
+    }
+    let storage = if facts.backing_fs.is_empty() {
+        facts.storage_driver.clone()
+    } else {
+        format!("{} on {}", facts.storage_driver, facts.backing_fs)
+    };
+    if facts.may_have_quota() {
+        out.ok(format!(
+            "sandbox disk: {storage} may give a storage quota for max_disk_bytes; where the \
+             engine refuses it (overlay2 needs xfs mounted with pquota), kodx's watchdog \
+             stops a run past the limit"
+        ));
+    } else {
+        out.ok(format!(
+            "sandbox disk: {storage} has no storage quota, so kodx's watchdog stops a run \
+             past max_disk_bytes (checked every 10 s at most)"
+        ));
     }
 }
 

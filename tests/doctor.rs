@@ -247,6 +247,12 @@ async fn all_checks_pass_without_printing_a_secret() {
     assert!(gh.contains("\"kodx\"") && gh.contains("kodx[bot]"), "{gh}");
     out.expect("ok", "permissions and webhook events");
     out.expect("ok", "Docker engine");
+    // Which fence and which disk bound apply on this engine (overlay2 on ext4 here: no
+    // quota, so the watchdog; the watchdog is named either way).
+    let net = out.expect("ok", "sandbox network: fenced");
+    assert!(net.contains(std::env::consts::ARCH), "{net}");
+    let disk = out.expect("ok", "sandbox disk:");
+    assert!(disk.contains("watchdog"), "{disk}");
     out.expect("ok", "database");
     out.expect("ok", "ANTHROPIC_API_KEY");
     // The webhook secret is long enough: no note about it.
