@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::cost::{request_token_upper_bound, Budget, Price};
+use crate::cost::{token_upper_bound, Budget, Price, PromptLedger};
 use crate::model::{Block, Message, ModelStop, Provider, Request, Role, ToolSpec, Usage};
 use crate::sandbox::{Sandbox, DEFAULT_SHELL};
 
@@ -186,6 +186,14 @@ impl Agent<'_> {
         let tool_specs = tools(cfg.command_timeout);
         // Each record holds what is new since the one before (see `crate::transcript`).
         let mut recorder = Recorder::default();
+        let mut ledger = PromptLedger::default();
+        let mut wrap_up_noted = false;
+        // The planned worst case of the previous call: when what is left is not twice
+        // that, the next calls are the last ones.
+        let mut last_worst = 0.0;
+        // Set for a call made because a limit is near its end (no tools, for the
+        // summary): the run ends after it, for that limit.
+        let mut forced_by: Option<Ended> = None;
 
         let ended: Ended = 'run: loop {
             if self.cancel.is_cancelled() {
@@ -206,6 +214,16 @@ impl Agent<'_> {
                     )),
                 );
             }
+            // Close to a limit: say so once, in the newest tool result, so the model wraps
+            // up (finishes, leaves the tree working, summarises) before it is cut off.
+            if !wrap_up_noted {
+                if let Some(why) = near_limit(cfg, &budget, last_worst, api_calls, deadline) {
+                    wrap_up_noted = append_note(&mut messages, &wrap_up_note(&why));
+                }
+            }
+            // The last call the step limit allows gets no tools: the run ends with a
+            // summary, not in the middle of an action.
+            let last_step = api_calls + 1 >= cfg.max_iterations;
             let mut request = Request {
                 model: cfg.model.clone(),
                 system: cfg.system_prompt.clone(),
@@ -213,17 +231,70 @@ impl Agent<'_> {
                 tools: tool_specs.clone(),
                 max_tokens: cfg.max_tokens,
                 temperature: cfg.temperature,
+                answer_only: false,
             };
-            elide_old_results(&mut request, cfg.context_tokens);
-            messages.clone_from(&request.messages);
-            let upper = request_token_upper_bound(&request);
-            let min_useful = cfg.max_tokens.min(1024);
-            match budget.plan_call(upper, cfg.max_tokens, min_useful) {
-                Ok(max_tokens) => request.max_tokens = max_tokens,
+            if last_step {
+                request.answer_only = true;
+                append_note(&mut request.messages, LAST_CALL_NOTE);
+            }
+            elide_old_results(&mut request, cfg.context_tokens, &ledger);
+            // Within the budget: shorten what is sent (oldest tool results first) until
+            // the call's worst case fits; when even the shortest request does not fit
+            // with a useful output, one last call without tools may still fit with a
+            // shorter one, for the summary; else the run stops here.
+            let min_useful = cfg.max_tokens.min(MIN_USEFUL_TOKENS);
+            let reserve = if request.answer_only {
+                0.0
+            } else {
+                summary_reserve(&request, &budget, &ledger, cfg.max_tokens)
+            };
+            let planned = fit_to_budget(
+                &mut request,
+                &budget.reserving(reserve),
+                &ledger,
+                min_useful,
+            );
+            let planned = match planned {
+                Ok(n) => Ok(n),
+                Err(reached) if !request.answer_only => {
+                    let mut last = request.clone();
+                    last.answer_only = true;
+                    append_note(&mut last.messages, LAST_CALL_NOTE);
+                    let min_summary = cfg.max_tokens.min(MIN_SUMMARY_TOKENS);
+                    match fit_to_budget(&mut last, &budget, &ledger, min_summary) {
+                        Ok(n) => {
+                            request = last;
+                            forced_by = Some(Ended(
+                                StopReason::CostLimitExceeded,
+                                Some(format!("{reached}; the last call asked for a summary")),
+                            ));
+                            Ok(n)
+                        }
+                        Err(_) => Err(reached),
+                    }
+                }
+                Err(reached) => Err(reached),
+            };
+            match planned {
+                Ok(max_tokens) => {
+                    request.max_tokens = max_tokens;
+                    last_worst = budget.worst_case(ledger.upper_bound(&request), max_tokens);
+                }
                 Err(reached) => {
                     break Ended(StopReason::CostLimitExceeded, Some(reached.to_string()))
                 }
             }
+            if last_step && forced_by.is_none() {
+                forced_by = Some(Ended(
+                    StopReason::MaxIterations,
+                    Some(format!(
+                        "the run made its {} model calls (max_iterations); the last one asked for a summary",
+                        cfg.max_iterations
+                    )),
+                ));
+            }
+            // What was elided stays elided: later requests keep the same prefix (cache).
+            messages.clone_from(&request.messages);
             let step = api_calls + 1;
             progress(&Progress {
                 step,
@@ -250,6 +321,7 @@ impl Agent<'_> {
             };
             api_calls += 1;
             usage.add(&response.usage);
+            ledger.record(&request, &response.usage);
             let cost = budget.record(&response.usage);
             transcript(&recorder.note(Record::ModelResponse {
                 step,
@@ -274,6 +346,10 @@ impl Agent<'_> {
                     _ => None,
                 })
                 .collect();
+            if let Some(ended) = forced_by.take() {
+                // The summary call: whatever it answered, the limit ends the run here.
+                break ended;
+            }
             if response.content.is_empty() {
                 // An empty turn: nothing to send back as the assistant's message.
                 if response.stop == ModelStop::EndTurn {
@@ -455,25 +531,219 @@ fn describe_call(name: &str, input: &Value) -> String {
     }
 }
 
-/// Replaces the oldest tool results with a short note until the request's upper bound of
-/// prompt tokens fits `limit`. The newest exchange is never elided.
-fn elide_old_results(request: &mut Request, limit: u64) {
-    let last = request.messages.len().saturating_sub(2);
-    for i in 0..last {
-        if request_token_upper_bound(request) <= limit {
-            return;
-        }
-        for block in &mut request.messages[i].content {
-            if let Block::ToolResult { content, .. } = block {
-                if content.len() > 200 && !content.starts_with("[elided") {
-                    *content = format!(
-                        "[elided: {} bytes of old output, to keep the conversation within the context window]",
-                        content.len()
-                    );
+/// The smallest output worth a call (a tool call or a short answer fits); below it the
+/// budget is spent.
+const MIN_USEFUL_TOKENS: u32 = 512;
+
+/// The smallest output worth a last call that asks only for the summary.
+const MIN_SUMMARY_TOKENS: u32 = 256;
+
+/// The least kept of the newest tool output when it is cut to fit the budget.
+const MIN_NEWEST_OUTPUT: usize = 1024;
+
+/// Plans `request` within the budget, shortening what it sends until its worst case fits
+/// with at least `min_useful` output tokens: first the oldest tool results are elided, then
+/// the newest tool output is cut in the middle (down to [`MIN_NEWEST_OUTPUT`] bytes).
+/// Returns the `max_tokens` to send, or why not even the shortest request fits.
+fn fit_to_budget(
+    request: &mut Request,
+    budget: &Budget,
+    ledger: &PromptLedger,
+    min_useful: u32,
+) -> Result<u32, crate::cost::CostLimitReached> {
+    loop {
+        let upper = ledger.upper_bound(request);
+        match budget.plan_call(upper, request.max_tokens, min_useful) {
+            Ok(n) => return Ok(n),
+            Err(reached) => {
+                if elide_oldest_result(request) {
+                    continue;
+                }
+                // Prompt tokens the budget allows with the smallest useful output.
+                let price = budget.price();
+                let room = budget.remaining() - budget.worst_case(0, min_useful);
+                let allowed = if price.prompt_worst() > 0.0 && room > 0.0 {
+                    (room * 1e6 / price.prompt_worst()).floor() as u64
+                } else {
+                    0
+                };
+                let over = upper.saturating_sub(allowed) + 64;
+                if !cut_newest_output(request, over) {
+                    return Err(reached);
                 }
             }
         }
     }
+}
+
+/// What to keep aside for a last call asking for the summary: the worst case of the
+/// shortest such request after this one (old results elided, the newest output cut, room
+/// for this call's answer), at [`MIN_SUMMARY_TOKENS`]. Kept only while it is at most 10 %
+/// of the limit: with a smaller budget the summary is made when it happens to fit, so
+/// most of the budget still goes to the work.
+fn summary_reserve(
+    request: &Request,
+    budget: &Budget,
+    ledger: &PromptLedger,
+    max_tokens: u32,
+) -> f64 {
+    let mut shortest = request.clone();
+    while elide_oldest_result(&mut shortest) {}
+    cut_newest_output(&mut shortest, u64::MAX / 2);
+    let next = ledger.upper_bound(&shortest)
+        + 2 * MIN_NEWEST_OUTPUT as u64
+        + crate::cost::REQUEST_OVERHEAD_TOKENS
+        + token_upper_bound(LAST_CALL_NOTE);
+    let reserve = budget.worst_case(next, max_tokens.min(MIN_SUMMARY_TOKENS));
+    if reserve <= 0.1 * budget.limit() {
+        reserve
+    } else {
+        0.0
+    }
+}
+
+/// Cuts `bytes` (plus the note's own length) out of the middle of the newest tool result,
+/// keeping at least [`MIN_NEWEST_OUTPUT`] bytes; false when it is already that short.
+fn cut_newest_output(request: &mut Request, bytes: u64) -> bool {
+    let Some(last) = request.messages.last_mut() else {
+        return false;
+    };
+    if last.role != Role::User {
+        return false;
+    }
+    let Some(content) = last.content.iter_mut().rev().find_map(|b| match b {
+        Block::ToolResult { content, .. } => Some(content),
+        _ => None,
+    }) else {
+        return false;
+    };
+    const NOTE: usize = 80;
+    if content.len() <= MIN_NEWEST_OUTPUT + NOTE {
+        return false;
+    }
+    let keep = content
+        .len()
+        .saturating_sub(bytes as usize + NOTE)
+        .max(MIN_NEWEST_OUTPUT);
+    let mut head = keep / 2;
+    while !content.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = content.len() - (keep - keep / 2);
+    while !content.is_char_boundary(tail) {
+        tail += 1;
+    }
+    *content = format!(
+        "{}\n[... {} bytes cut to fit the remaining budget ...]\n{}",
+        &content[..head],
+        tail - head,
+        &content[tail..]
+    );
+    true
+}
+
+/// Told with the last call, which has no tools.
+const LAST_CALL_NOTE: &str = "[kodx: this is the run's last model call and tools are disabled. \
+Reply now with a short summary: what you did, the state the files are in, and what is left to do.]";
+
+/// Which limit is within 15 % of its end, in words for the model; None while all are far.
+fn near_limit(
+    cfg: &AgentConfig,
+    budget: &Budget,
+    last_worst: f64,
+    api_calls: u32,
+    deadline: tokio::time::Instant,
+) -> Option<String> {
+    const NEAR: f64 = 0.15;
+    if budget.limit() > 0.0
+        && (budget.remaining() < NEAR * budget.limit() || budget.remaining() < 2.0 * last_worst)
+    {
+        return Some(format!(
+            "{} of the {} cost limit is left",
+            crate::cost::format_usd(budget.remaining()),
+            crate::cost::format_usd(budget.limit())
+        ));
+    }
+    let steps_left = cfg.max_iterations.saturating_sub(api_calls);
+    if cfg.max_iterations > 1
+        && f64::from(steps_left) <= (NEAR * f64::from(cfg.max_iterations)).ceil()
+    {
+        return Some(format!(
+            "{steps_left} of {} model calls are left",
+            cfg.max_iterations
+        ));
+    }
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if left.as_secs_f64() < NEAR * cfg.timeout.as_secs_f64() {
+        return Some(format!(
+            "{}s of the {}s time limit are left",
+            left.as_secs(),
+            cfg.timeout.as_secs()
+        ));
+    }
+    None
+}
+
+fn wrap_up_note(why: &str) -> String {
+    format!(
+        "[kodx: this run is close to its limit: {why}. Wrap up now: do not start new work, \
+         leave the files in a working state, and end your turn with a short summary of what you \
+         did and what is left.]"
+    )
+}
+
+/// Appends `note` to the newest message when it is the user's (after its last tool result
+/// or text); false when there is none to append to.
+fn append_note(messages: &mut [Message], note: &str) -> bool {
+    let Some(last) = messages.last_mut() else {
+        return false;
+    };
+    if last.role != Role::User {
+        return false;
+    }
+    match last.content.last_mut() {
+        Some(Block::ToolResult { content, .. }) => {
+            content.push_str("\n\n");
+            content.push_str(note);
+            true
+        }
+        Some(Block::Text { text }) => {
+            text.push_str("\n\n");
+            text.push_str(note);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Replaces the oldest tool results with a short note until the request's upper bound of
+/// prompt tokens fits `limit`. The newest exchange is never elided.
+fn elide_old_results(request: &mut Request, limit: u64, ledger: &PromptLedger) {
+    while ledger.upper_bound(request) > limit {
+        if !elide_oldest_result(request) {
+            return;
+        }
+    }
+}
+
+/// Elides the oldest tool result still worth eliding (over 200 bytes), outside the newest
+/// exchange; false when there is none.
+fn elide_oldest_result(request: &mut Request) -> bool {
+    let last = request.messages.len().saturating_sub(2);
+    for message in &mut request.messages[..last] {
+        for block in &mut message.content {
+            if let Block::ToolResult { content, .. } = block {
+                if content.len() > 200 && !content.starts_with("[elided") {
+                    *content = format!(
+                        "[elided: {} bytes of old output, to keep the conversation within the context window and budget]",
+                        content.len()
+                    );
+                    return true;
+                }
+            }
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -539,9 +809,10 @@ mod tests {
             tools: vec![],
             max_tokens: 100,
             temperature: None,
+            answer_only: false,
         };
-        elide_old_results(&mut req, 120_000);
-        assert!(request_token_upper_bound(&req) <= 120_000);
+        elide_old_results(&mut req, 120_000, &PromptLedger::default());
+        assert!(crate::cost::request_token_upper_bound(&req) <= 120_000);
         let Block::ToolResult { content, .. } = &req.messages[2].content[0] else {
             panic!()
         };

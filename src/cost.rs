@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use serde::Deserialize;
 
-use crate::model::{Block, Request, Usage};
+use crate::model::{Block, Message, Request, Usage};
 
 /// The prices shipped with kodx.
 const BUILTIN_TOML: &str = include_str!("../config/pricing.toml");
@@ -241,6 +241,15 @@ impl Budget {
         self.price
     }
 
+    /// The same budget with `usd` of its limit set aside (for a later call), to plan a call
+    /// that must leave it untouched.
+    pub fn reserving(&self, usd: f64) -> Budget {
+        Budget {
+            limit_usd: self.limit_usd - usd.max(0.0),
+            ..self.clone()
+        }
+    }
+
     /// The worst-case cost of a call sending at most `prompt_tokens_upper` prompt tokens and
     /// generating at most `max_tokens`.
     pub fn worst_case(&self, prompt_tokens_upper: u64, max_tokens: u32) -> f64 {
@@ -355,19 +364,29 @@ pub fn token_upper_bound(text: &str) -> u64 {
 /// definition and every block of every message (tool calls and their inputs as compact
 /// JSON), each with [`token_upper_bound`], plus [`REQUEST_OVERHEAD_TOKENS`].
 pub fn request_token_upper_bound(request: &Request) -> u64 {
-    let json = |v: &serde_json::Value| serde_json::to_string(v).map_or(0, |s| s.len() as u64);
     let mut total = REQUEST_OVERHEAD_TOKENS + token_upper_bound(&request.system);
     for tool in &request.tools {
         total += token_upper_bound(&tool.name)
             + token_upper_bound(&tool.description)
-            + json(&tool.input_schema);
+            + json_len(&tool.input_schema);
     }
-    for message in &request.messages {
+    total + messages_token_upper_bound(&request.messages)
+}
+
+fn json_len(v: &serde_json::Value) -> u64 {
+    serde_json::to_string(v).map_or(0, |s| s.len() as u64)
+}
+
+/// An upper bound of the prompt tokens of `messages` alone (their blocks, each with
+/// [`token_upper_bound`]).
+pub fn messages_token_upper_bound(messages: &[Message]) -> u64 {
+    let mut total = 0;
+    for message in messages {
         for block in &message.content {
             total += match block {
                 Block::Text { text } => token_upper_bound(text),
                 Block::ToolUse { id, name, input } => {
-                    token_upper_bound(id) + name.len() as u64 + json(input)
+                    token_upper_bound(id) + name.len() as u64 + json_len(input)
                 }
                 Block::ToolResult {
                     tool_use_id,
@@ -378,6 +397,117 @@ pub fn request_token_upper_bound(request: &Request) -> u64 {
         }
     }
     total
+}
+
+/// The prompt tokens the provider reported for earlier requests of a run, so that the
+/// next request's bound counts exactly what the model has already seen and bounds only
+/// what is new (issue 12).
+///
+/// A call's usage (`input + cache_write + cache_read`, OpenAI's `prompt_tokens`) is the
+/// exact size of everything that request sent. A later request that starts with the same
+/// model, system prompt, tools and messages is bounded by that count plus
+/// [`token_upper_bound`] of each block added since. Where no earlier request is a prefix
+/// of this one (the first call; a provider that reports no usage; a conversation whose
+/// older messages were rewritten, e.g. elided) the bound falls back to the bytes of the
+/// part that is not covered, down to the whole request ([`request_token_upper_bound`]).
+/// Prefixes are recognised by a SHA-256 chain over the messages, never by position alone.
+#[derive(Debug, Default, Clone)]
+pub struct PromptLedger {
+    known: Vec<Known>,
+}
+
+#[derive(Debug, Clone)]
+struct Known {
+    /// SHA-256 of model, system prompt and tools.
+    frame: [u8; 32],
+    /// Chained SHA-256 of the first `messages` messages.
+    chain: [u8; 32],
+    messages: usize,
+    answer_only: bool,
+    tokens: u64,
+}
+
+/// At most this many earlier requests are remembered (the newest; older ones are longer
+/// prefixes' prefixes and rarely the best match).
+const LEDGER_ENTRIES: usize = 64;
+
+fn frame_hash(request: &Request) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(request.model.as_bytes());
+    h.update([0]);
+    h.update(request.system.as_bytes());
+    h.update([0]);
+    h.update(serde_json::to_vec(&request.tools).unwrap_or_default());
+    h.finalize().into()
+}
+
+/// The chained hashes of every prefix of `messages`: element i covers messages[..=i].
+fn chain_hashes(messages: &[Message]) -> Vec<[u8; 32]> {
+    use sha2::{Digest, Sha256};
+    let mut out = Vec::with_capacity(messages.len());
+    let mut prev = [0u8; 32];
+    for m in messages {
+        let mut h = Sha256::new();
+        h.update(prev);
+        h.update(serde_json::to_vec(m).unwrap_or_default());
+        prev = h.finalize().into();
+        out.push(prev);
+    }
+    out
+}
+
+impl PromptLedger {
+    /// After a call: remembers the exact prompt size of `request` from `usage`. A usage
+    /// without prompt tokens (a provider that reports none) teaches nothing.
+    pub fn record(&mut self, request: &Request, usage: &Usage) {
+        let tokens = usage.prompt_tokens();
+        if tokens == 0 || request.messages.is_empty() {
+            return;
+        }
+        let chain = chain_hashes(&request.messages);
+        if self.known.len() == LEDGER_ENTRIES {
+            self.known.remove(0);
+        }
+        self.known.push(Known {
+            frame: frame_hash(request),
+            chain: chain[chain.len() - 1],
+            messages: request.messages.len(),
+            answer_only: request.answer_only,
+            tokens,
+        });
+    }
+
+    /// An upper bound of the prompt tokens `request` will be billed for: the exact count
+    /// of the longest earlier request it extends, plus the bound of every message after
+    /// it; without one, [`request_token_upper_bound`]. Never below what a provider counts
+    /// that counts the same messages the same way each time.
+    pub fn upper_bound(&self, request: &Request) -> u64 {
+        let full = request_token_upper_bound(request);
+        if self.known.is_empty() || request.messages.is_empty() {
+            return full;
+        }
+        let frame = frame_hash(request);
+        let chain = chain_hashes(&request.messages);
+        let best = self
+            .known
+            .iter()
+            .filter(|k| {
+                k.frame == frame
+                    && k.messages <= request.messages.len()
+                    && chain[k.messages - 1] == k.chain
+            })
+            .max_by_key(|k| k.messages);
+        let Some(k) = best else { return full };
+        // `tool_choice` may change the tool-use preamble a provider adds (a few hundred
+        // tokens): allow the whole request overhead again when it differs.
+        let choice = if k.answer_only == request.answer_only {
+            0
+        } else {
+            REQUEST_OVERHEAD_TOKENS
+        };
+        k.tokens + choice + messages_token_upper_bound(&request.messages[k.messages..])
+    }
 }
 
 /// A dollar amount as the status comments show it: `$0.0234` (four decimals) below $1,
@@ -427,6 +557,157 @@ pub fn format_usd(x: f64) -> String {
 mod tests {
     use super::*;
     use crate::model::{Message, Role, ToolSpec};
+
+    /// A tokenizer as a provider may have one: each block costs between 1 token and its
+    /// bound ([`token_upper_bound`]), chosen per block content (so the same block always
+    /// counts the same), the frame (system, tools, preamble) likewise.
+    struct Tokenizer {
+        seed: u64,
+    }
+
+    impl Tokenizer {
+        fn pick(&self, text: &str, max: u64) -> u64 {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (self.seed, text).hash(&mut h);
+            // Mostly the worst case, sometimes far below it.
+            match h.finish() % 4 {
+                0 => max,
+                1 => 1 + h.finish() % max,
+                _ => max / 4 + 1,
+            }
+        }
+
+        fn count(&self, request: &Request) -> u64 {
+            let frame = REQUEST_OVERHEAD_TOKENS
+                + token_upper_bound(&request.system)
+                + request
+                    .tools
+                    .iter()
+                    .map(|t| {
+                        token_upper_bound(&t.name)
+                            + token_upper_bound(&t.description)
+                            + json_len(&t.input_schema)
+                    })
+                    .sum::<u64>();
+            let mut total = self.pick(&format!("frame{}", request.answer_only), frame);
+            for m in &request.messages {
+                let bound = messages_token_upper_bound(std::slice::from_ref(m));
+                total += self.pick(&serde_json::to_string(m).unwrap(), bound);
+            }
+            total
+        }
+    }
+
+    #[test]
+    fn the_ledger_never_undercounts_under_adversarial_usage() {
+        let tools = vec![ToolSpec {
+            name: "feed_chars".into(),
+            description: "Type into a shell.".into(),
+            input_schema: serde_json::json!({"type": "object"}),
+        }];
+        for seed in 0..200u64 {
+            let tok = Tokenizer { seed };
+            let mut ledger = PromptLedger::default();
+            let mut request = Request {
+                model: "m".into(),
+                system: "You work in a container.".into(),
+                messages: vec![Message::user_text("go")],
+                tools: tools.clone(),
+                max_tokens: 100,
+                temperature: None,
+                answer_only: false,
+            };
+            for step in 0..12u64 {
+                let truth = tok.count(&request);
+                let bound = ledger.upper_bound(&request);
+                assert!(
+                    bound >= truth,
+                    "seed {seed} step {step}: bound {bound} < {truth} tokens"
+                );
+                // Whatever split the provider reports (cache read, write, plain), or none.
+                let r = seed.wrapping_mul(31).wrapping_add(step) % 5;
+                let reported = match r {
+                    0 => usage(truth, 5, 0, 0),
+                    1 => usage(0, 5, truth, 0),
+                    2 => usage(1, 5, truth / 2, truth - truth / 2 - 1),
+                    3 => usage(0, 5, 0, truth),
+                    _ => Usage::default(),
+                };
+                ledger.record(&request, &reported);
+                // The next request: an answer and a result of any size, and now and then an
+                // old result rewritten (elided) or the last call without tools.
+                let id = format!("t{step}");
+                request.messages.push(Message {
+                    role: Role::Assistant,
+                    content: vec![Block::ToolUse {
+                        id: id.clone(),
+                        name: "feed_chars".into(),
+                        input: serde_json::json!({"chars": "x".repeat((seed * 7 + step) as usize % 300)}),
+                    }],
+                });
+                request.messages.push(Message {
+                    role: Role::User,
+                    content: vec![Block::ToolResult {
+                        tool_use_id: id,
+                        content: "é".repeat(((seed * 13 + step * 101) % 3000) as usize),
+                        is_error: false,
+                    }],
+                });
+                if (seed + step) % 4 == 0 && request.messages.len() > 3 {
+                    request.messages[2].content = vec![Block::ToolResult {
+                        tool_use_id: "t0".into(),
+                        content: format!("[elided at step {step}]"),
+                        is_error: false,
+                    }];
+                }
+                request.answer_only = (seed + step) % 6 == 5;
+            }
+        }
+    }
+
+    #[test]
+    fn the_ledger_counts_what_was_seen_exactly_and_only_bounds_what_is_new() {
+        let mut request = Request {
+            model: "m".into(),
+            system: "s".repeat(10_000),
+            messages: vec![Message::user_text("go")],
+            tools: vec![],
+            max_tokens: 100,
+            temperature: None,
+            answer_only: false,
+        };
+        let mut ledger = PromptLedger::default();
+        let first = ledger.upper_bound(&request);
+        assert_eq!(first, request_token_upper_bound(&request));
+        ledger.record(&request, &usage(0, 10, 2_600, 0));
+        let before = request.clone();
+        request.messages.push(Message {
+            role: Role::Assistant,
+            content: vec![Block::Text { text: "ok".into() }],
+        });
+        request.messages.push(Message::user_text("more"));
+        let added = messages_token_upper_bound(&request.messages[1..]);
+        assert_eq!(ledger.upper_bound(&request), 2_600 + added);
+        // Another system prompt: nothing is known.
+        let mut other = request.clone();
+        other.system.push('!');
+        assert_eq!(
+            ledger.upper_bound(&other),
+            request_token_upper_bound(&other)
+        );
+        // The first message rewritten: nothing is known either.
+        let mut rewritten = request.clone();
+        rewritten.messages[0] = Message::user_text("went");
+        assert_eq!(
+            ledger.upper_bound(&rewritten),
+            request_token_upper_bound(&rewritten)
+        );
+        // Without tools allowed: room for another preamble.
+        let mut last = before.clone();
+        last.answer_only = true;
+        assert_eq!(ledger.upper_bound(&last), 2_600 + REQUEST_OVERHEAD_TOKENS);
+    }
 
     fn usage(input: u64, output: u64, cache_write: u64, cache_read: u64) -> Usage {
         Usage {
@@ -862,6 +1143,7 @@ mod tests {
             }],
             max_tokens: 10,
             temperature: None,
+            answer_only: false,
         };
         let bytes = 3 + 2 + (2 + 5 + 12) + (2 + 3) + (5 + 3 + 17);
         let bound = request_token_upper_bound(&request);

@@ -78,6 +78,11 @@ pub struct Request {
     pub tools: Vec<ToolSpec>,
     pub max_tokens: u32,
     pub temperature: Option<f32>,
+    /// The model may not call a tool in this call (`tool_choice: none`; the tools stay
+    /// described, as the conversation holds tool calls): the run's last call, which asks
+    /// for the summary.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub answer_only: bool,
 }
 
 /// Tokens of one call, each kind counted once (SPEC §7): `input_tokens` excludes the

@@ -53,6 +53,9 @@ pub enum Record {
         max_tokens: u32,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         temperature: Option<f32>,
+        /// The model could not call a tool (the run's last call, for the summary).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        answer_only: bool,
         /// Only when it differs from the previous request's.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         system: Option<String>,
@@ -122,6 +125,7 @@ impl Conversation {
                 model,
                 max_tokens,
                 temperature,
+                answer_only,
                 system,
                 tools,
                 keep,
@@ -160,6 +164,7 @@ impl Conversation {
                     tools: self.tools.clone().unwrap_or_default(),
                     max_tokens: *max_tokens,
                     temperature: *temperature,
+                    answer_only: *answer_only,
                 }))
             }
             Record::ModelResponse { response, .. } => {
@@ -280,6 +285,7 @@ impl Recorder {
             model: request.model.clone(),
             max_tokens: request.max_tokens,
             temperature: request.temperature,
+            answer_only: request.answer_only,
             system: (self.replay.system.as_ref() != Some(&request.system))
                 .then(|| request.system.clone()),
             tools: (self.replay.tools.as_ref() != Some(&request.tools))
@@ -318,6 +324,7 @@ mod tests {
             }],
             max_tokens: 100,
             temperature: Some(0.5),
+            answer_only: false,
         }
     }
 

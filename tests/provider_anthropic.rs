@@ -26,6 +26,7 @@ fn request(messages: Vec<Message>) -> Request {
         }],
         max_tokens: 1024,
         temperature: Some(0.2),
+        answer_only: false,
     }
 }
 

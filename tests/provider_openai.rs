@@ -23,6 +23,7 @@ fn request(messages: Vec<Message>) -> Request {
         }],
         max_tokens: 512,
         temperature: Some(0.1),
+        answer_only: false,
     }
 }
 

@@ -86,6 +86,9 @@ pub fn request_body(req: &Request) -> Value {
             .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
             .collect();
     }
+    if req.answer_only && !req.tools.is_empty() {
+        body["tool_choice"] = json!({"type": "none"});
+    }
     if let Some(t) = req.temperature {
         body["temperature"] = json!(t);
     }
@@ -267,6 +270,7 @@ mod tests {
             }],
             max_tokens: 1000,
             temperature: Some(0.2),
+            answer_only: false,
         }
     }
 

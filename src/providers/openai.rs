@@ -136,6 +136,9 @@ pub fn request_body(req: &Request, official: bool) -> Value {
                 }})
             })
             .collect();
+        if req.answer_only {
+            body["tool_choice"] = json!("none");
+        }
     }
     if let Some(t) = req.temperature {
         body["temperature"] = json!(t);
@@ -320,6 +323,7 @@ mod tests {
             }],
             max_tokens: 500,
             temperature: None,
+            answer_only: false,
         };
         let b = request_body(&req, true);
         assert_eq!(b["messages"][0]["role"], "system");

@@ -333,6 +333,21 @@ fn validate(headers: &HeaderMap, b: &Value) -> Result<(), String> {
             count_cache(t, &format!("tools.{i}"))?;
         }
     }
+    if let Some(choice) = b.get("tool_choice") {
+        match choice["type"].as_str() {
+            Some("auto" | "any" | "none") => {}
+            Some("tool") if choice["name"].is_string() => {}
+            _ => {
+                return Err(
+                    "tool_choice: must be {\"type\": auto|any|none} or {\"type\": \"tool\", \"name\": …}"
+                        .into(),
+                )
+            }
+        }
+        if b.get("tools").is_none() {
+            return Err("tool_choice: may only be specified while providing tools".into());
+        }
+    }
     let messages = b["messages"].as_array().ok_or("messages: Field required")?;
     if messages.is_empty() {
         return Err("messages: at least one message is required".into());

@@ -148,6 +148,15 @@ fn validate(b: &Value) -> Result<(), String> {
             }
         }
     }
+    if let Some(choice) = b.get("tool_choice") {
+        let named = choice["type"] == "function" && choice["function"]["name"].is_string();
+        if !(matches!(choice.as_str(), Some("none" | "auto" | "required")) || named) {
+            return Err("tool_choice: must be none, auto, required or a named function".into());
+        }
+        if b.get("tools").is_none() {
+            return Err("tool_choice is only allowed when tools are specified".into());
+        }
+    }
     let messages = b["messages"].as_array().ok_or("messages is required")?;
     if messages.is_empty() {
         return Err("messages must not be empty".into());
