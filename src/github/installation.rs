@@ -106,12 +106,6 @@ impl Installation {
         SystemTime::now() + margin < self.inner.expires_at
     }
 
-    /// The octocrab client of this installation, for calls this module does not wrap. Its
-    /// calls do not go through kodx's retry policy.
-    pub fn octocrab(&self) -> &Octocrab {
-        &self.inner.octo
-    }
-
     // ---------------------------------------------------------------------------------
     // The calls
     // ---------------------------------------------------------------------------------

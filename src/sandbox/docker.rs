@@ -1,7 +1,7 @@
 //! The Docker engine behind the sandbox: connecting, hardened containers, copying files in
 //! and out as tar streams, the setup script, the network cut, and removal on every path.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -1229,11 +1229,6 @@ pub async fn remove_all_live() -> usize {
     let n = all.len();
     futures_util::future::join_all(all.iter().map(|(id, d)| remove(d, id))).await;
     n
-}
-
-/// Ids of the containers this process still owns.
-pub fn live_containers() -> HashSet<String> {
-    live().lock().unwrap().keys().cloned().collect()
 }
 
 /// One run's container. Removed by [`Sandbox::destroy`], or, if that is never called (a
