@@ -31,19 +31,30 @@ mod tests {
             .map(|a| with_jitter(S, MAX, a, 0.0).as_secs())
             .collect();
         assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60]);
-        assert_eq!(with_jitter(S, MAX, 0, 0.0), S, "attempt 0 reads as the first");
+        assert_eq!(
+            with_jitter(S, MAX, 0, 0.0),
+            S,
+            "attempt 0 reads as the first"
+        );
     }
 
     #[test]
     fn jitter_adds_up_to_half_and_the_cap_holds() {
         assert_eq!(with_jitter(S * 4, MAX, 1, 0.5), S * 5);
-        assert_eq!(with_jitter(S * 4, MAX, 1, 0.999), S * 4 + (S * 2).mul_f64(0.999));
-        assert_eq!(with_jitter(S * 40, MAX, 1, 0.9), MAX);
+        assert_eq!(
+            with_jitter(S * 4, MAX, 1, 0.999),
+            S * 4 + (S * 2).mul_f64(0.999)
+        );
+        assert_eq!(with_jitter(S * 40, MAX, 1, 0.9), S * 58);
+        assert_eq!(with_jitter(S * 50, MAX, 1, 0.9), MAX);
         assert_eq!(with_jitter(S, MAX, u32::MAX, 0.9), MAX, "no overflow");
         for attempt in 1..40 {
             let d = delay(S, MAX, attempt);
             let exp = with_jitter(S, MAX, attempt, 0.0);
-            assert!(d >= exp && d <= exp.mul_f64(1.5).min(MAX), "{attempt}: {d:?}");
+            assert!(
+                d >= exp && d <= exp.mul_f64(1.5).min(MAX),
+                "{attempt}: {d:?}"
+            );
         }
     }
 }
