@@ -22,7 +22,7 @@ use bollard::Docker;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 
-use super::archive::{self, ChangeSet, Exported, Limits, Manifest};
+use super::archive::{self, ArchiveLimits, ChangeSet, Exported, Manifest};
 use super::net::{self, Cidr, NETWORK_NAME};
 use super::shell::{self, FeedOutput, Shell};
 use super::term;
@@ -133,7 +133,7 @@ pub struct SandboxSpec {
     pub limits: ResourceLimits,
     /// Bytes of output one `feed_chars` returns at most (the middle is cut past that).
     pub output_cap: usize,
-    pub archive_limits: Limits,
+    pub archive_limits: ArchiveLimits,
 }
 
 impl SandboxSpec {
@@ -152,7 +152,7 @@ impl SandboxSpec {
             disk_quota: None,
             limits: ResourceLimits::default(),
             output_cap: 20_000,
-            archive_limits: Limits::default(),
+            archive_limits: ArchiveLimits::default(),
         }
     }
 }
@@ -1239,7 +1239,7 @@ pub struct DockerSandbox {
     run_id: String,
     workdir: String,
     output_cap: usize,
-    archive_limits: Limits,
+    archive_limits: ArchiveLimits,
     baseline: Mutex<Manifest>,
     shells: Mutex<HashMap<String, Arc<Shell>>>,
     destroyed: AtomicBool,

@@ -141,7 +141,7 @@ pub fn change_set(
     tar: &[u8],
     root: &str,
     baseline: &Manifest,
-    limits: &Limits,
+    limits: &ArchiveLimits,
 ) -> Result<ChangeSet> {
     change_set_from(&mut memory_opener(tar, root), root, baseline, limits)
 }
@@ -161,7 +161,7 @@ pub fn change_set_from(
     open: &mut Open,
     root: &str,
     baseline: &Manifest,
-    limits: &Limits,
+    limits: &ArchiveLimits,
 ) -> Result<ChangeSet> {
     check_root(root)?;
     let mut ignores = Ignores::default();
@@ -466,12 +466,12 @@ mod tests {
         put(&orig, ".git/HEAD", "ref: refs/heads/main", 0o644);
         link(&orig, "link", "a.txt");
         let (tar0, baseline) = pack_dir(&orig, "repo").unwrap();
-        let unchanged = change_set(&tar0, "repo", &baseline, &Limits::default()).unwrap();
+        let unchanged = change_set(&tar0, "repo", &baseline, &ArchiveLimits::default()).unwrap();
         assert!(unchanged.is_empty());
         assert_eq!(unchanged.summary(), "no changes");
 
         let new = tmp.path().join("new");
-        extract(&tar0, "repo", &new, &Limits::default()).unwrap();
+        extract(&tar0, "repo", &new, &ArchiveLimits::default()).unwrap();
         put(&new, "a.txt", "alpha changed", 0o644);
         fs::set_permissions(new.join("mode.sh"), Permissions::from_mode(0o755)).unwrap();
         fs::remove_file(new.join("gone.txt")).unwrap();
@@ -487,7 +487,7 @@ mod tests {
         put(&new, ".git/objects/ab", "object", 0o444);
         let (tar1, _) = pack_dir(&new, "repo").unwrap();
 
-        let set = change_set(&tar1, "repo", &baseline, &Limits::default()).unwrap();
+        let set = change_set(&tar1, "repo", &baseline, &ArchiveLimits::default()).unwrap();
         let file = |mode, contents: &str| NewEntry::File {
             mode,
             contents: contents.as_bytes().into(),
@@ -524,7 +524,7 @@ mod tests {
         assert_eq!(set.deleted().count(), 3);
 
         let host = tmp.path().join("host");
-        extract(&tar0, "repo", &host, &Limits::default()).unwrap();
+        extract(&tar0, "repo", &host, &ArchiveLimits::default()).unwrap();
         set.apply(&host).unwrap();
         assert_eq!(without_git(snapshot(&host)), without_git(snapshot(&new)));
         assert_eq!(
@@ -614,7 +614,7 @@ mod tests {
         let added = "n".repeat(2 << 20);
         put(&new, "new.dat", &added, 0o600);
         let (tar, _) = pack_dir(&new, "repo").unwrap();
-        let set = change_set(&tar, "repo", &baseline, &Limits::default()).unwrap();
+        let set = change_set(&tar, "repo", &baseline, &ArchiveLimits::default()).unwrap();
         assert_eq!(paths(&set), ["added new.dat", "modified same-size.dat"]);
         for (change, want) in set.changes.iter().zip([&added, &edited]) {
             let (ChangeKind::Added(NewEntry::File { contents, .. })
@@ -633,7 +633,7 @@ mod tests {
             &pack_dir(&orig, "repo").unwrap().0,
             "repo",
             &host,
-            &Limits::default(),
+            &ArchiveLimits::default(),
         )
         .unwrap();
         set.apply(&host).unwrap();
@@ -649,7 +649,13 @@ mod tests {
             RawEntry::file("repo/target/app", "binary"),
             RawEntry::hard("repo/zz-app", "repo/target/app"),
         ]);
-        let set = change_set(&tar, "repo", &Manifest::default(), &Limits::default()).unwrap();
+        let set = change_set(
+            &tar,
+            "repo",
+            &Manifest::default(),
+            &ArchiveLimits::default(),
+        )
+        .unwrap();
         assert_eq!(paths(&set), ["added .gitignore", "added zz-app"]);
         let ChangeKind::Added(NewEntry::File { contents, .. }) = &set.changes[1].kind else {
             panic!("{set:?}")

@@ -39,7 +39,7 @@ pub(super) struct Ignores {
 
 impl Ignores {
     /// Reads the root's `.gitignore` on its own before the tree streams.
-    pub(super) fn prefetch_root(&mut self, open: &mut Open, limits: &Limits) -> Result<()> {
+    pub(super) fn prefetch_root(&mut self, open: &mut Open, limits: &ArchiveLimits) -> Result<()> {
         let Some(tar) = open(".gitignore")? else {
             self.known.insert(String::new());
             self.prefetched = Some(None);

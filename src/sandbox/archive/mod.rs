@@ -63,7 +63,7 @@ const COPY_BUF: usize = 64 << 10;
 
 /// Size limits for a tar coming out of the container.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Limits {
+pub struct ArchiveLimits {
     /// Largest single regular file, in bytes.
     pub max_file_bytes: u64,
     /// Largest sum of all regular files (hard-link copies included), in bytes. Files the
@@ -75,10 +75,10 @@ pub struct Limits {
     pub max_name_bytes: u64,
 }
 
-impl Default for Limits {
+impl Default for ArchiveLimits {
     /// 100 MiB per file, 2 GiB in total, 500 000 entries, 64 MiB of names.
     fn default() -> Self {
-        Limits {
+        ArchiveLimits {
             max_file_bytes: 100 << 20,
             max_total_bytes: 2 << 30,
             max_entries: 500_000,

@@ -291,7 +291,7 @@ mod tests {
 
         let (tar, manifest) = pack_dir(&src, "repo").unwrap();
         let out = tmp.path().join("out");
-        let files = extract(&tar, "repo", &out, &Limits::default()).unwrap();
+        let files = extract(&tar, "repo", &out, &ArchiveLimits::default()).unwrap();
         assert_eq!(snapshot(&out), want);
         let file_count = want
             .values()
@@ -336,7 +336,7 @@ mod tests {
         // Without a prefix the entries sit at the top.
         let (tar, _) = pack_dir(&src, "").unwrap();
         let top = tmp.path().join("top");
-        extract(&tar, "", &top, &Limits::default()).unwrap();
+        extract(&tar, "", &top, &ArchiveLimits::default()).unwrap();
         assert_eq!(snapshot(&top), want);
     }
 
@@ -356,7 +356,10 @@ mod tests {
         assert!(tar.ends_with(&[0; 1024]));
         let tmp = TempDir::new().unwrap();
         let out = tmp.path().join("out");
-        assert_eq!(extract(&tar, "", &out, &Limits::default()).unwrap(), 1);
+        assert_eq!(
+            extract(&tar, "", &out, &ArchiveLimits::default()).unwrap(),
+            1
+        );
         assert_eq!(
             snapshot(&out),
             BTreeMap::from([("setup.sh".into(), Snap::File(0o755, b"echo hi\n".to_vec()))])

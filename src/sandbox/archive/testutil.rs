@@ -177,9 +177,9 @@ pub(super) fn paths(set: &ChangeSet) -> Vec<String> {
         .collect()
 }
 
-pub(super) fn small_limits() -> Limits {
-    Limits {
+pub(super) fn small_limits() -> ArchiveLimits {
+    ArchiveLimits {
         max_file_bytes: 1000,
-        ..Limits::default()
+        ..ArchiveLimits::default()
     }
 }

@@ -132,7 +132,7 @@ pub(super) enum Source<'s> {
 
 pub(super) struct Reader<'r> {
     pub(super) root: &'r str,
-    pub(super) limits: &'r Limits,
+    pub(super) limits: &'r ArchiveLimits,
     pub(super) baseline: Option<&'r Manifest>,
     pub(super) out: Out<'r>,
     pub(super) ignores: Option<Ignores>,
@@ -155,7 +155,7 @@ pub(super) struct Reader<'r> {
 impl<'r> Reader<'r> {
     pub(super) fn new(
         root: &'r str,
-        limits: &'r Limits,
+        limits: &'r ArchiveLimits,
         baseline: Option<&'r Manifest>,
         out: Out<'r>,
         ignores: Option<Ignores>,
@@ -817,7 +817,7 @@ pub(super) fn under_ignored(dirs: &HashMap<String, bool>, rel: &str) -> bool {
     ancestors(rel).any(|d| dirs.contains_key(d))
 }
 
-pub(super) fn over_file_limit(size: u64, limits: &Limits) -> String {
+pub(super) fn over_file_limit(size: u64, limits: &ArchiveLimits) -> String {
     format!(
         "file of {size} bytes ({}) is over the limit max_file_bytes = {} ({})",
         human(size),
@@ -1037,7 +1037,10 @@ mod tests {
         ]);
         let tmp = TempDir::new().unwrap();
         let out = tmp.path().join("out");
-        assert_eq!(extract(&tar, "repo", &out, &Limits::default()).unwrap(), 2);
+        assert_eq!(
+            extract(&tar, "repo", &out, &ArchiveLimits::default()).unwrap(),
+            2
+        );
         assert_eq!(fs::read_to_string(out.join("b")).unwrap(), "data");
         assert_eq!(fs::metadata(out.join("a")).unwrap().nlink(), 1);
     }
@@ -1067,7 +1070,7 @@ mod tests {
 
         let tmp = TempDir::new().unwrap();
         let out = tmp.path().join("out");
-        extract(&tar, "repo", &out, &Limits::default()).unwrap();
+        extract(&tar, "repo", &out, &ArchiveLimits::default()).unwrap();
         let rel = long.strip_prefix("repo/").unwrap();
         assert_eq!(fs::read_to_string(out.join(rel)).unwrap(), "long");
         assert_eq!(fs::read_link(out.join("l")).unwrap(), Path::new(&target));
@@ -1077,7 +1080,12 @@ mod tests {
     /// Runs extract, replace_dir and change_set on a hostile tar: each must refuse with an
     /// UnsafeArchive message containing `needle`, leave an existing dest as it was, and
     /// write nothing next to it (no `outside` file, no leftover temp dir).
-    fn assert_refused(case: &str, make: impl Fn(&Path) -> Vec<u8>, limits: &Limits, needle: &str) {
+    fn assert_refused(
+        case: &str,
+        make: impl Fn(&Path) -> Vec<u8>,
+        limits: &ArchiveLimits,
+        needle: &str,
+    ) {
         let tmp = TempDir::new().unwrap();
         let outside = tmp.path().join("outside");
         fs::create_dir(&outside).unwrap();
@@ -1114,10 +1122,10 @@ mod tests {
 
     #[test]
     fn hostile_archives_are_refused() {
-        let d = Limits::default;
+        let d = ArchiveLimits::default;
         // Builds the tar, given the path of the `outside` directory.
         type Make = Box<dyn Fn(&Path) -> Vec<u8>>;
-        type Case = (&'static str, Make, Limits, &'static str);
+        type Case = (&'static str, Make, ArchiveLimits, &'static str);
         let tar = |entries: Vec<RawEntry>| -> Make {
             let bytes = raw_tar(&entries);
             Box::new(move |_| bytes.clone())
@@ -1276,7 +1284,7 @@ mod tests {
             (
                 "file over max_file_bytes",
                 tar(vec![RawEntry::file("repo/big", "0123456789A")]),
-                Limits {
+                ArchiveLimits {
                     max_file_bytes: 10,
                     ..d()
                 },
@@ -1288,7 +1296,7 @@ mod tests {
                     RawEntry::file("repo/a", "0123456789"),
                     RawEntry::file("repo/b", "0123456789"),
                 ]),
-                Limits {
+                ArchiveLimits {
                     max_total_bytes: 15,
                     ..d()
                 },
@@ -1300,7 +1308,7 @@ mod tests {
                     RawEntry::file("repo/a", "0123456789"),
                     RawEntry::hard("repo/b", "repo/a"),
                 ]),
-                Limits {
+                ArchiveLimits {
                     max_total_bytes: 15,
                     ..d()
                 },
@@ -1314,7 +1322,7 @@ mod tests {
                     RawEntry::file("repo/b", ""),
                     RawEntry::file("repo/c", ""),
                 ]),
-                Limits {
+                ArchiveLimits {
                     max_entries: 3,
                     ..d()
                 },
@@ -1353,27 +1361,36 @@ mod tests {
         let dest = out.path().join("export");
         // Without a baseline the links are refused; with it they are the user's own.
         assert!(matches!(
-            replace_dir(&tar, "repo", &dest, &Limits::default(), None),
+            replace_dir(&tar, "repo", &dest, &ArchiveLimits::default(), None),
             Err(SandboxError::UnsafeArchive(_))
         ));
-        replace_dir(&tar, "repo", &dest, &Limits::default(), Some(&baseline)).unwrap();
+        replace_dir(
+            &tar,
+            "repo",
+            &dest,
+            &ArchiveLimits::default(),
+            Some(&baseline),
+        )
+        .unwrap();
         assert_eq!(
             fs::read_link(dest.join("common")).unwrap(),
             Path::new("../shared/common")
         );
-        assert!(change_set(&tar, "repo", &baseline, &Limits::default())
-            .unwrap()
-            .is_empty());
+        assert!(
+            change_set(&tar, "repo", &baseline, &ArchiveLimits::default())
+                .unwrap()
+                .is_empty()
+        );
         // The same name pointing elsewhere outside, or a new link through the kept one: refused.
         fs::remove_file(src.path().join("dict")).unwrap();
         symlink("/etc", src.path().join("dict")).unwrap();
         symlink("common/../../x", src.path().join("via")).unwrap();
         let (tar2, _) = pack_dir(src.path(), "repo").unwrap();
-        let err = change_set(&tar2, "repo", &baseline, &Limits::default()).unwrap_err();
+        let err = change_set(&tar2, "repo", &baseline, &ArchiveLimits::default()).unwrap_err();
         assert!(err.to_string().contains("dict"), "{err}");
         fs::remove_file(src.path().join("dict")).unwrap();
         let (tar3, _) = pack_dir(src.path(), "repo").unwrap();
-        let err = change_set(&tar3, "repo", &baseline, &Limits::default()).unwrap_err();
+        let err = change_set(&tar3, "repo", &baseline, &ArchiveLimits::default()).unwrap_err();
         assert!(err.to_string().contains("via"), "{err}");
     }
 
@@ -1397,7 +1414,13 @@ mod tests {
             RawEntry::file("repo/node_modules/etc/passwd", "through a symlink"),
             RawEntry::file("repo/a.txt", "a"),
         ]);
-        let set = change_set(&tar, "repo", &Manifest::default(), &Limits::default()).unwrap();
+        let set = change_set(
+            &tar,
+            "repo",
+            &Manifest::default(),
+            &ArchiveLimits::default(),
+        )
+        .unwrap();
         assert_eq!(paths(&set), ["added .gitignore", "added a.txt"]);
     }
 }

@@ -37,7 +37,7 @@ impl Exported {
 /// `root` takes the entries as they are. Files are written as they stream past; if any
 /// entry breaks a rule, or writing fails, what was written is removed again.
 /// Returns the number of regular files written.
-pub fn extract(tar: &[u8], root: &str, dest: &Path, limits: &Limits) -> Result<usize> {
+pub fn extract(tar: &[u8], root: &str, dest: &Path, limits: &ArchiveLimits) -> Result<usize> {
     check_root(root)?;
     let created = match fs::symlink_metadata(dest) {
         Ok(m) if m.is_dir() => {
@@ -85,7 +85,7 @@ pub fn replace_dir(
     tar: &[u8],
     root: &str,
     dest: &Path,
-    limits: &Limits,
+    limits: &ArchiveLimits,
     baseline: Option<&Manifest>,
 ) -> Result<Exported> {
     replace_dir_from(&mut memory_opener(tar, root), root, dest, limits, baseline)
@@ -107,7 +107,7 @@ pub fn replace_dir_from(
     open: &mut Open,
     root: &str,
     dest: &Path,
-    limits: &Limits,
+    limits: &ArchiveLimits,
     baseline: Option<&Manifest>,
 ) -> Result<Exported> {
     check_root(root)?;
@@ -447,7 +447,13 @@ mod tests {
         let tmp = TempDir::new().unwrap();
         put(tmp.path(), "dest/x", "x", 0o644);
         let tar = pack_file("repo/a", b"a", 0o644);
-        let err = extract(&tar, "repo", &tmp.path().join("dest"), &Limits::default()).unwrap_err();
+        let err = extract(
+            &tar,
+            "repo",
+            &tmp.path().join("dest"),
+            &ArchiveLimits::default(),
+        )
+        .unwrap_err();
         assert!(matches!(err, SandboxError::InvalidInput(_)), "{err}");
     }
 
@@ -468,10 +474,10 @@ mod tests {
         put(&new, "d", "now a file", 0o644);
         let (tar1, _) = pack_dir(&new, "repo").unwrap();
 
-        let set = change_set(&tar1, "repo", &baseline, &Limits::default()).unwrap();
+        let set = change_set(&tar1, "repo", &baseline, &ArchiveLimits::default()).unwrap();
         assert_eq!(set.summary(), "3 added, 3 deleted");
         let host = tmp.path().join("host");
-        extract(&tar0, "repo", &host, &Limits::default()).unwrap();
+        extract(&tar0, "repo", &host, &ArchiveLimits::default()).unwrap();
         set.apply(&host).unwrap();
         assert_eq!(snapshot(&host), snapshot(&new));
     }
@@ -488,13 +494,13 @@ mod tests {
         let dest = parent.join("repo");
         put(&dest, "stale.txt", "old", 0o644);
         put(&dest, "a.txt", "old alpha", 0o644);
-        replace_dir(&tar, "repo", &dest, &Limits::default(), None).unwrap();
+        replace_dir(&tar, "repo", &dest, &ArchiveLimits::default(), None).unwrap();
         assert_eq!(snapshot(&dest), snapshot(&src));
         assert_eq!(names(&parent), ["repo"]);
 
         // Parents are created; an absent dest is fine.
         let deep = tmp.path().join("a/b/c");
-        replace_dir(&tar, "repo", &deep, &Limits::default(), None).unwrap();
+        replace_dir(&tar, "repo", &deep, &ArchiveLimits::default(), None).unwrap();
         assert_eq!(snapshot(&deep), snapshot(&src));
     }
 
