@@ -115,16 +115,16 @@ fn ms(d: Duration) -> f64 {
 // Results
 
 #[derive(Debug, Clone)]
-struct Target {
+struct Goal {
     /// E.g. "≤ 15 ms".
     text: String,
     limit_ms: f64,
     ok: bool,
 }
 
-impl Target {
-    fn median_at_most(stats: &Stats, limit_ms: f64, text: String) -> Target {
-        Target {
+impl Goal {
+    fn median_at_most(stats: &Stats, limit_ms: f64, text: String) -> Goal {
+        Goal {
             text,
             limit_ms,
             ok: stats.median <= limit_ms,
@@ -138,7 +138,7 @@ struct Row {
     key: &'static str,
     name: String,
     stats: Stats,
-    target: Option<Target>,
+    target: Option<Goal>,
     /// Extra words for the target column when there is no target (or it cannot be judged).
     note: Option<String>,
 }
@@ -230,7 +230,7 @@ async fn bench_sandbox(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     let cold_stats = stats_of(&cold)?;
     let (target, note) = match &docker_run_stats {
         Some(base) => (
-            Some(Target::median_at_most(
+            Some(Goal::median_at_most(
                 &cold_stats,
                 1.2 * base.median,
                 format!("≤ 1.2 × docker run ({})", fmt_ms(base.median)),
@@ -253,7 +253,7 @@ async fn bench_sandbox(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     rows.push(Row {
         key: "echo_round_trip",
         name: "feed_chars(\"echo hi\") round trip".to_string(),
-        target: Some(Target::median_at_most(&echo_stats, 15.0, "≤ 15 ms".into())),
+        target: Some(Goal::median_at_most(&echo_stats, 15.0, "≤ 15 ms".into())),
         stats: echo_stats,
         note: None,
     });
@@ -261,7 +261,7 @@ async fn bench_sandbox(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     rows.push(Row {
         key: "new_shell",
         name: "create_new_shell (new named shell)".to_string(),
-        target: Some(Target::median_at_most(&shell_stats, 50.0, "≤ 50 ms".into())),
+        target: Some(Goal::median_at_most(&shell_stats, 50.0, "≤ 50 ms".into())),
         stats: shell_stats,
         note: None,
     });
@@ -310,7 +310,7 @@ async fn bench_sandbox(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     rows.push(Row {
         key: "change_set_export",
         name: format!("change-set export, {} files, 3 changed", args.files),
-        target: Some(Target::median_at_most(
+        target: Some(Goal::median_at_most(
             &export_stats,
             1000.0,
             "≤ 1000 ms".into(),
@@ -968,7 +968,7 @@ mod tests {
             key: "echo_round_trip",
             name: "x".into(),
             stats,
-            target: Some(Target::median_at_most(&stats, limit, "≤ t".into())),
+            target: Some(Goal::median_at_most(&stats, limit, "≤ t".into())),
             note: None,
         };
         let report = Report {

@@ -9,7 +9,6 @@
 //! All functions block: callers run them in `spawn_blocking`.
 
 use std::cell::RefCell;
-use std::fmt;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::rc::Rc;
@@ -27,33 +26,6 @@ const USERNAME: &str = "x-access-token";
 const CONNECT_TIMEOUT_MS: i32 = 15_000;
 /// How long the git server may stay silent in the middle of an exchange.
 const IO_TIMEOUT_MS: i32 = 120_000;
-
-/// An installation token for git. Debug and Display never show it.
-#[derive(Clone)]
-pub struct GitToken(String);
-
-impl GitToken {
-    pub fn new(token: String) -> Self {
-        GitToken(token)
-    }
-
-    /// The token itself, to hand to [`clone`], [`fetch`] or [`push`].
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for GitToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("GitToken([REDACTED])")
-    }
-}
-
-impl fmt::Display for GitToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[REDACTED]")
-    }
-}
 
 /// What to check out after cloning.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1048,14 +1020,6 @@ impl Origin {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn token_is_redacted() {
-        let t = GitToken::new("ghs_secret123".into());
-        assert_eq!(format!("{t:?}"), "GitToken([REDACTED])");
-        assert_eq!(format!("{t}"), "[REDACTED]");
-        assert_eq!(t.expose(), "ghs_secret123");
-    }
 
     #[test]
     fn origins() {

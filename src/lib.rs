@@ -1,6 +1,7 @@
 //! kodx: an LLM agent working in real shells inside a hardened Docker container.
 
 pub mod agent;
+pub mod backoff;
 pub mod command;
 pub mod comment;
 pub mod cost;

@@ -43,60 +43,60 @@ pub struct Program {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelSpec {
     pub name: String,
-    pub provider: Provider,
+    pub provider: ProviderKind,
     /// Where the Python kodx keeps its iteration limit; see [`Program::max_iterations`].
     pub max_iterations: Option<u32>,
 }
 
 /// Which API family serves the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Provider {
+pub enum ProviderKind {
     /// The Anthropic Messages API.
     Anthropic,
     /// Any OpenAI-compatible Chat Completions API.
     OpenAi,
 }
 
-impl Provider {
-    pub const ALL: [Provider; 2] = [Provider::Anthropic, Provider::OpenAi];
+impl ProviderKind {
+    pub const ALL: [ProviderKind; 2] = [ProviderKind::Anthropic, ProviderKind::OpenAi];
 
     /// The name used in program files: `anthropic` or `openai`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Provider::Anthropic => "anthropic",
-            Provider::OpenAi => "openai",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::OpenAi => "openai",
         }
     }
 
     /// The provider a model name clearly belongs to: `claude…` is Anthropic's; `gpt-…`,
     /// `o1…`, `o3…`, `o4…` are OpenAI's. Anything else (a local model, a proxy's alias) is
     /// `None`: the name alone does not tell.
-    pub fn infer(model_name: &str) -> Option<Provider> {
+    pub fn infer(model_name: &str) -> Option<ProviderKind> {
         let name = model_name.trim().to_ascii_lowercase();
         if name.starts_with("claude") {
-            Some(Provider::Anthropic)
+            Some(ProviderKind::Anthropic)
         } else if ["gpt-", "o1", "o3", "o4"]
             .iter()
             .any(|prefix| name.starts_with(prefix))
         {
-            Some(Provider::OpenAi)
+            Some(ProviderKind::OpenAi)
         } else {
             None
         }
     }
 }
 
-impl fmt::Display for Provider {
+impl fmt::Display for ProviderKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-impl std::str::FromStr for Provider {
+impl std::str::FromStr for ProviderKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Provider::ALL
+        ProviderKind::ALL
             .into_iter()
             .find(|p| p.as_str().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| format!("unknown provider {s:?} (expected one of: anthropic, openai)"))
@@ -104,15 +104,15 @@ impl std::str::FromStr for Provider {
 }
 
 /// Checked while the scalar is read, so the YAML parser can point at its line.
-impl<'de> Deserialize<'de> for Provider {
+impl<'de> Deserialize<'de> for ProviderKind {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct Visitor;
         impl serde::de::Visitor<'_> for Visitor {
-            type Value = Provider;
+            type Value = ProviderKind;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a string, anthropic or openai")
             }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Provider, E> {
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<ProviderKind, E> {
                 s.parse().map_err(E::custom)
             }
         }
@@ -249,7 +249,7 @@ fn at_line(line: Option<usize>) -> String {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Overrides {
     /// A model name; the provider follows it when the name clearly belongs to the other
-    /// family (see [`Provider::infer`]).
+    /// family (see [`ProviderKind::infer`]).
     pub model: Option<String>,
     pub image: Option<String>,
     /// The script's text (the caller reads `--setup-script FILE`).
@@ -337,7 +337,7 @@ impl Program {
     /// Applies command-line values over the program's: each `Some` replaces.
     pub fn with_overrides(mut self, o: &Overrides) -> Program {
         if let Some(model) = &o.model {
-            if let Some(provider) = Provider::infer(model) {
+            if let Some(provider) = ProviderKind::infer(model) {
                 self.model.provider = provider;
             }
             self.model.name = model.clone();
@@ -537,7 +537,7 @@ struct RawProgram {
 )]
 struct RawModel {
     name: Option<String>,
-    provider: Option<Provider>,
+    provider: Option<ProviderKind>,
     max_iterations: Option<u32>,
 }
 
@@ -591,7 +591,7 @@ impl RawProgram {
             .name
             .filter(|n| !n.trim().is_empty())
             .ok_or_else(|| missing("model.name", "the model to use, e.g. claude-sonnet-4-5"))?;
-        let provider = match model.provider.or_else(|| Provider::infer(&name)) {
+        let provider = match model.provider.or_else(|| ProviderKind::infer(&name)) {
             Some(p) => p,
             None => {
                 return Err(missing(
@@ -923,7 +923,7 @@ change and test the code, then summarise what you did.
         let p = Program::load(&path).unwrap();
         assert_eq!(p.name, path.display().to_string());
         assert_eq!(p.model.name, "claude-sonnet-4-20250514");
-        assert_eq!(p.model.provider, Provider::Anthropic);
+        assert_eq!(p.model.provider, ProviderKind::Anthropic);
         assert_eq!(p.model.max_iterations, Some(100));
         assert_eq!(p.max_iterations(), Some(100));
         assert_eq!(p.parameters.max_tokens, Some(20000));
@@ -1042,7 +1042,7 @@ change and test the code, then summarise what you did.
             let p = Program::builtin(name).unwrap();
             assert_eq!(p.name, *name);
             assert_eq!(p.model.name, "claude-sonnet-4-5");
-            assert_eq!(p.model.provider, Provider::Anthropic);
+            assert_eq!(p.model.provider, ProviderKind::Anthropic);
             assert_eq!(p.parameters.max_tokens, Some(8192));
             let temperature = if *name == "assistant" { 0.7 } else { 0.2 };
             assert_eq!(p.parameters.temperature, Some(temperature));
@@ -1141,7 +1141,11 @@ change and test the code, then summarise what you did.
         let p = yaml("model:\n  name: gpt-4.1\nprompt:\n  system_prompt: hi\ndocker:\nparameters:\n  top_p: 0.9\n  top_k: 40\n  stop_sequences: [END]\nlimits:\n  cost_limit: 0.5\n  max_iterations: 7\n  command_timeout: 60\n  max_disk_bytes: 1073741824\n")
             .unwrap();
         assert_eq!(p.system_prompt, "hi");
-        assert_eq!(p.model.provider, Provider::OpenAi, "inferred from the name");
+        assert_eq!(
+            p.model.provider,
+            ProviderKind::OpenAi,
+            "inferred from the name"
+        );
         assert_eq!(p.docker, DockerSpec::default());
         assert_eq!(p.parameters.top_p, Some(0.9));
         assert_eq!(p.parameters.top_k, Some(40));
@@ -1184,7 +1188,7 @@ change and test the code, then summarise what you did.
             .to_string();
         assert!(err.contains("\"model.provider\" at line 3"), "{err}");
         assert!(err.contains("expected one of: anthropic, openai"), "{err}");
-        assert_eq!("OpenAI".parse::<Provider>(), Ok(Provider::OpenAi));
+        assert_eq!("OpenAI".parse::<ProviderKind>(), Ok(ProviderKind::OpenAi));
     }
 
     #[test]
@@ -1305,7 +1309,7 @@ change and test the code, then summarise what you did.
         };
         let p = base.clone().with_overrides(&o);
         assert_eq!(p.model.name, "claude-opus-4-1");
-        assert_eq!(p.model.provider, Provider::Anthropic);
+        assert_eq!(p.model.provider, ProviderKind::Anthropic);
         assert_eq!(p.docker.image.as_deref(), Some("rust:1"));
         assert_eq!(p.docker.setup_script.as_deref(), Some("cargo fetch\n"));
         assert_eq!(p.docker.disable_network_after_setup, Some(true));
@@ -1346,12 +1350,12 @@ change and test the code, then summarise what you did.
             })
         };
         for (model, provider) in [
-            ("gpt-4.1", Provider::OpenAi),
-            ("o1", Provider::OpenAi),
-            ("o3-mini", Provider::OpenAi),
-            ("o4-mini", Provider::OpenAi),
-            ("claude-3-7-sonnet-20250219", Provider::Anthropic),
-            ("qwen2.5-coder", Provider::Anthropic), // unknown family: kept
+            ("gpt-4.1", ProviderKind::OpenAi),
+            ("o1", ProviderKind::OpenAi),
+            ("o3-mini", ProviderKind::OpenAi),
+            ("o4-mini", ProviderKind::OpenAi),
+            ("claude-3-7-sonnet-20250219", ProviderKind::Anthropic),
+            ("qwen2.5-coder", ProviderKind::Anthropic), // unknown family: kept
         ] {
             let p = with(model);
             assert_eq!(p.model.name, model);
@@ -1362,7 +1366,11 @@ change and test the code, then summarise what you did.
             model: Some("llama3.1".into()),
             ..Overrides::default()
         });
-        assert_eq!(back.model.provider, Provider::OpenAi, "kept when unclear");
+        assert_eq!(
+            back.model.provider,
+            ProviderKind::OpenAi,
+            "kept when unclear"
+        );
         assert_eq!(
             openai
                 .with_overrides(&Overrides {
@@ -1371,7 +1379,7 @@ change and test the code, then summarise what you did.
                 })
                 .model
                 .provider,
-            Provider::Anthropic
+            ProviderKind::Anthropic
         );
     }
 

@@ -183,10 +183,10 @@ fn load_program(args: &RunArgs, repo: Option<&Path>) -> anyhow::Result<(Program,
 
 fn provider_for(program: &Program) -> anyhow::Result<Box<dyn Provider>> {
     Ok(match program.model.provider {
-        program::Provider::Anthropic => {
+        program::ProviderKind::Anthropic => {
             Box::new(AnthropicClient::from_env().map_err(anyhow::Error::msg)?)
         }
-        program::Provider::OpenAi => {
+        program::ProviderKind::OpenAi => {
             Box::new(OpenAiClient::from_env().map_err(anyhow::Error::msg)?)
         }
     })

@@ -9,7 +9,7 @@ use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use kodx::sandbox::archive::{self, ChangeKind, Limits, Manifest, NewEntry};
+use kodx::sandbox::archive::{self, ArchiveLimits, ChangeKind, Manifest, NewEntry};
 
 struct Counting;
 
@@ -206,7 +206,7 @@ fn huge_files_cross_the_tar_code_in_bounded_memory() {
             &mut only(tar, None),
             "repo",
             &Manifest::default(),
-            &Limits::default(),
+            &ArchiveLimits::default(),
         )
     });
     let err = result.unwrap_err().to_string();
@@ -231,7 +231,7 @@ fn huge_files_cross_the_tar_code_in_bounded_memory() {
         &mut only(tar, None),
         "repo",
         &out.path().join("export"),
-        &Limits::default(),
+        &ArchiveLimits::default(),
         None,
     )
     .unwrap_err()
@@ -253,7 +253,7 @@ fn huge_files_cross_the_tar_code_in_bounded_memory() {
             &mut only(tar, Some("target/\n")),
             "repo",
             &Manifest::default(),
-            &Limits::default(),
+            &ArchiveLimits::default(),
         )
         .unwrap()
     });
@@ -280,7 +280,7 @@ fn huge_files_cross_the_tar_code_in_bounded_memory() {
             &mut only(tar, None),
             "repo",
             &dest,
-            &Limits::default(),
+            &ArchiveLimits::default(),
             None,
         )
         .unwrap()

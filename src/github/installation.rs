@@ -106,12 +106,6 @@ impl Installation {
         SystemTime::now() + margin < self.inner.expires_at
     }
 
-    /// The octocrab client of this installation, for calls this module does not wrap. Its
-    /// calls do not go through kodx's retry policy.
-    pub fn octocrab(&self) -> &Octocrab {
-        &self.inner.octo
-    }
-
     // ---------------------------------------------------------------------------------
     // The calls
     // ---------------------------------------------------------------------------------
@@ -502,7 +496,7 @@ impl Installation {
                     return Err(err);
                 }
             }
-            let delay = create_backoff(policy, attempt);
+            let delay = policy.backoff(attempt);
             tracing::warn!(%what, attempt, ?delay, error = %err, "opening the pull request failed; retrying");
             tokio::time::sleep(delay).await;
         }
@@ -762,16 +756,6 @@ fn pull_error(err: GitHubError, head_label: &str) -> GitHubError {
     }
 }
 
-/// The policy's backoff before attempt `attempt + 1`: doubling from `base_delay`, with up
-/// to 50% jitter, at most `max_delay`.
-fn create_backoff(policy: &RequestPolicy, attempt: u32) -> Duration {
-    let exp = policy
-        .base_delay
-        .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
-        .min(policy.max_delay);
-    (exp + exp.mul_f64(rand::random::<f64>() * 0.5)).min(policy.max_delay)
-}
-
 fn pull_repo(r: &Value, what: &str) -> Result<PullRepo, GitHubError> {
     let full_name = str_field(r, "full_name", what)?;
     let name = full_name
@@ -815,8 +799,8 @@ mod tests {
         let e = pull_error(http("Validation Failed (invalid)"), "");
         assert!(matches!(e, GitHubError::Http { status: 422, .. }), "{e}");
         let policy = RequestPolicy::default();
-        assert!(create_backoff(&policy, 1) >= policy.base_delay);
-        assert!(create_backoff(&policy, 30) <= policy.max_delay);
+        assert!(policy.backoff(1) >= policy.base_delay);
+        assert!(policy.backoff(30) <= policy.max_delay);
     }
 
     #[test]

@@ -70,12 +70,9 @@ impl Raw {
 }
 
 impl RequestPolicy {
-    fn backoff(&self, attempt: u32) -> Duration {
-        let exp = self
-            .base_delay
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
-            .min(self.max_delay);
-        (exp + exp.mul_f64(rand::random::<f64>() * 0.5)).min(self.max_delay)
+    /// The wait before attempt `attempt + 1` ([`crate::backoff::delay`]).
+    pub(crate) fn backoff(&self, attempt: u32) -> Duration {
+        crate::backoff::delay(self.base_delay, self.max_delay, attempt)
     }
 
     /// Runs `attempt` (one HTTP exchange; `Err` is a transport failure, already free of

@@ -4,6 +4,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
 /// Decodes standard base64, skipping ASCII whitespace (GitHub wraps `content` every 60
 /// characters with `\n`). Padding is optional; anything else is an error.
 pub(crate) fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
@@ -20,81 +22,23 @@ pub(crate) fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
 }
 
 /// Parses an RFC 3339 time as GitHub writes it (`2016-07-11T22:14:10Z`, optionally with
-/// fractional seconds or a `+hh:mm` offset).
+/// fractional seconds or a `+hh:mm` offset). `None` before 1970.
 pub(crate) fn parse_rfc3339(text: &str) -> Option<SystemTime> {
-    let b = text.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
-        return None;
-    }
-    if b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let s = text.get(r)?;
-        s.bytes()
-            .all(|c| c.is_ascii_digit())
-            .then(|| s.parse().ok())?
-    };
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
-        return None;
-    }
-    if second > 60 {
-        return None;
-    }
-    let mut rest = &text[19..];
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        rest = &frac[digits..];
-    }
-    let offset = match rest {
-        "Z" | "z" => 0,
-        _ => {
-            let sign = match rest.as_bytes().first()? {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return None,
-            };
-            let (h, m) = rest[1..].split_once(':')?;
-            if h.len() != 2 || m.len() != 2 {
-                return None;
-            }
-            sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60)
-        }
-    };
-    let days = days_from_civil(year, month, day);
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset;
-    u64::try_from(secs)
-        .ok()
-        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+    let t = chrono::DateTime::parse_from_rfc3339(text).ok()?;
+    let secs = u64::try_from(t.timestamp()).ok()?;
+    Some(UNIX_EPOCH + Duration::new(secs, t.timestamp_subsec_nanos()))
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
+/// What a path segment keeps unencoded: RFC 3986's unreserved characters.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// Percent-encodes one path segment: everything but RFC 3986 unreserved characters.
 pub(crate) fn encode_segment(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(segment, SEGMENT).to_string()
 }
 
 /// Percent-encodes a repository file path segment by segment, keeping the `/`s.
@@ -205,6 +149,7 @@ mod tests {
         assert_eq!(t("2016-07-11T22:14:10"), None);
         assert_eq!(t("2016-13-11T22:14:10Z"), None);
         assert_eq!(t("yesterday"), None);
+        assert_eq!(t("1969-12-31T23:59:59Z"), None);
     }
 
     #[test]
@@ -212,6 +157,7 @@ mod tests {
         assert_eq!(encode_segment("dependabot[bot]"), "dependabot%5Bbot%5D");
         assert_eq!(encode_path(".github/kodx.yml"), ".github/kodx.yml");
         assert_eq!(encode_path("a b/c?d#"), "a%20b/c%3Fd%23");
+        assert_eq!(encode_segment("Az09-._~%é"), "Az09-._~%25%C3%A9");
     }
 
     #[test]

@@ -38,12 +38,7 @@ impl RetryPolicy {
         if let Some(after) = retry_after {
             return after.min(self.max_delay);
         }
-        let exp = self
-            .base_delay
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
-        let exp = exp.min(self.max_delay);
-        let jitter = exp.mul_f64(rand::random::<f64>() * 0.5);
-        (exp + jitter).min(self.max_delay)
+        crate::backoff::delay(self.base_delay, self.max_delay, attempt)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The Docker engine behind the sandbox: connecting, hardened containers, copying files in
 //! and out as tar streams, the setup script, the network cut, and removal on every path.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ use bollard::Docker;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 
-use super::archive::{self, ChangeSet, Exported, Limits, Manifest};
+use super::archive::{self, ArchiveLimits, ChangeSet, Exported, Manifest};
 use super::net::{self, Cidr, NETWORK_NAME};
 use super::shell::{self, FeedOutput, Shell};
 use super::term;
@@ -133,7 +133,7 @@ pub struct SandboxSpec {
     pub limits: ResourceLimits,
     /// Bytes of output one `feed_chars` returns at most (the middle is cut past that).
     pub output_cap: usize,
-    pub archive_limits: Limits,
+    pub archive_limits: ArchiveLimits,
 }
 
 impl SandboxSpec {
@@ -152,7 +152,7 @@ impl SandboxSpec {
             disk_quota: None,
             limits: ResourceLimits::default(),
             output_cap: 20_000,
-            archive_limits: Limits::default(),
+            archive_limits: ArchiveLimits::default(),
         }
     }
 }
@@ -1231,11 +1231,6 @@ pub async fn remove_all_live() -> usize {
     n
 }
 
-/// Ids of the containers this process still owns.
-pub fn live_containers() -> HashSet<String> {
-    live().lock().unwrap().keys().cloned().collect()
-}
-
 /// One run's container. Removed by [`Sandbox::destroy`], or, if that is never called (a
 /// panic, a dropped future), when the value is dropped.
 pub struct DockerSandbox {
@@ -1244,7 +1239,7 @@ pub struct DockerSandbox {
     run_id: String,
     workdir: String,
     output_cap: usize,
-    archive_limits: Limits,
+    archive_limits: ArchiveLimits,
     baseline: Mutex<Manifest>,
     shells: Mutex<HashMap<String, Arc<Shell>>>,
     destroyed: AtomicBool,

@@ -524,21 +524,10 @@ fn now_seconds() -> u64 {
 /// Seconds since the epoch of an RFC 3339 time in UTC (`2026-11-23T12:03:48.06Z`), as the
 /// engine writes them.
 fn unix_seconds(t: &str) -> Option<u64> {
-    let num = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
     if !t.ends_with('Z') {
         return None;
     }
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if mo <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    u64::try_from(days * 86_400 + h * 3600 + mi * 60 + s).ok()
+    u64::try_from(chrono::DateTime::parse_from_rfc3339(t).ok()?.timestamp()).ok()
 }
 
 /// Networks named exactly `name`, smallest id first.
@@ -984,6 +973,11 @@ mod tests {
         assert_eq!(unix_seconds("2000-03-01T00:00:00Z"), Some(951_868_800));
         assert_eq!(unix_seconds("2026-11-23T12:03:48+02:00"), None);
         assert_eq!(unix_seconds("garbage"), None);
+        assert_eq!(
+            unix_seconds("0001-01-01T00:00:00Z"),
+            None,
+            "Docker's zero time"
+        );
     }
 
     #[test]

@@ -11,14 +11,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::db::DEFAULT_DATABASE_URL;
 use crate::repo_config::ServerMaxima;
 use crate::sandbox::{Cidr, NetworkMode, DEFAULT_MAX_DISK_BYTES};
 use crate::webhook::WebhookSecrets;
 
 /// Where the server config file is looked for when `KODX_CONFIG` is not set.
 pub const DEFAULT_CONFIG_PATH: &str = "config/kodx.toml";
-/// The embedded default database.
-pub const DEFAULT_DATABASE_URL: &str = "sqlite://data/kodx.db";
 pub const DEFAULT_GITHUB_API_URL: &str = "https://api.github.com";
 
 /// A PEM private key; `Debug` never shows it.

@@ -73,7 +73,7 @@ pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
 
 /// How the listener is served.
 #[derive(Debug, Clone)]
-pub struct Limits {
+pub struct ConnectionLimits {
     /// Open connections at once (before the descriptor limit lowers it).
     pub max_connections: usize,
     /// A request head must be complete within this.
@@ -288,7 +288,7 @@ pub fn connection_cap(max_connections: usize, fd_limit: Option<u64>) -> usize {
 pub async fn serve_http(
     listener: TcpListener,
     router: Router,
-    limits: Limits,
+    limits: ConnectionLimits,
     metrics: ConnectionMetrics,
     shutdown: CancellationToken,
 ) {

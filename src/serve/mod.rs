@@ -121,7 +121,7 @@ pub async fn serve(
         max_concurrent_runs = config.settings.max_concurrent_runs,
         "kodx serve is listening"
     );
-    let limits = listen::Limits {
+    let limits = listen::ConnectionLimits {
         max_connections: settings.max_connections,
         header_timeout: settings.header_timeout(),
         // Requests in progress end within their body deadline, and answer quickly then.

@@ -1,0 +1,665 @@
+//! The change-set diff: the tree out of the container compared with its [`Manifest`],
+//! keeping only what changed.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read, Write};
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use tar::EntryType;
+
+use super::*;
+use crate::sandbox::Result;
+
+/// The exact difference between a tree taken out of the container and its [`Manifest`],
+/// over files and symlinks (directories are implicit, as in git), sorted by path.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ChangeSet {
+    pub changes: Vec<Change>,
+}
+
+/// One changed path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub path: String,
+    pub kind: ChangeKind,
+}
+
+/// What happened to a path.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChangeKind {
+    /// Not in the baseline (or only as a directory).
+    Added(NewEntry),
+    /// Contents (file data, symlink target, or the kind of entry) and/or permission bits changed.
+    Modified {
+        new: NewEntry,
+        content_changed: bool,
+        mode_changed: bool,
+    },
+    /// In the baseline as a file or symlink, gone now.
+    Deleted,
+}
+
+/// The new state of an added or modified path. File modes are permission bits (`& 0o777`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum NewEntry {
+    File { mode: u32, contents: Contents },
+    Symlink { target: String },
+}
+
+/// The contents of an added or modified file: in memory when small, else in a temporary
+/// file removed when the last clone is dropped. Two are equal when their length and
+/// SHA-256 are.
+#[derive(Clone)]
+pub struct Contents {
+    pub(super) len: u64,
+    pub(super) sha256: [u8; 32],
+    pub(super) stored: Stored,
+}
+
+#[derive(Clone)]
+pub(super) enum Stored {
+    Memory(Bytes),
+    Spooled(Arc<tempfile::TempPath>),
+}
+
+impl Contents {
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn sha256(&self) -> [u8; 32] {
+        self.sha256
+    }
+
+    /// True when the contents live in a temporary file rather than in memory.
+    pub fn is_spooled(&self) -> bool {
+        matches!(self.stored, Stored::Spooled(_))
+    }
+
+    /// A reader over the contents.
+    pub fn reader(&self) -> io::Result<Box<dyn Read + Send + '_>> {
+        Ok(match &self.stored {
+            Stored::Memory(bytes) => Box::new(&bytes[..]),
+            Stored::Spooled(path) => Box::new(File::open(path.as_ref() as &Path)?),
+        })
+    }
+
+    /// The contents as a vector (reads a spooled file whole: for small files and tests).
+    pub fn to_vec(&self) -> io::Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(usize::try_from(self.len).unwrap_or(0).min(1 << 20));
+        self.reader()?.read_to_end(&mut out)?;
+        Ok(out)
+    }
+}
+
+impl From<Vec<u8>> for Contents {
+    fn from(data: Vec<u8>) -> Self {
+        Contents {
+            len: data.len() as u64,
+            sha256: sha256_of(&data),
+            stored: Stored::Memory(Bytes::from(data)),
+        }
+    }
+}
+
+impl From<&[u8]> for Contents {
+    fn from(data: &[u8]) -> Self {
+        Contents::from(data.to_vec())
+    }
+}
+
+impl PartialEq for Contents {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.sha256 == other.sha256
+    }
+}
+
+impl std::fmt::Debug for Contents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sha = hex::encode(&self.sha256[..6]);
+        let place = if self.is_spooled() {
+            "spooled"
+        } else {
+            "memory"
+        };
+        write!(f, "Contents({} bytes, sha256 {sha}…, {place})", self.len)
+    }
+}
+
+/// [`change_set_from`] for a tar in memory.
+pub fn change_set(
+    tar: &[u8],
+    root: &str,
+    baseline: &Manifest,
+    limits: &ArchiveLimits,
+) -> Result<ChangeSet> {
+    change_set_from(&mut memory_opener(tar, root), root, baseline, limits)
+}
+
+/// The exact change set of the tree `open("")` gives against `baseline` (same safety rules
+/// as [`extract`]): files and symlinks only, sorted by path. A top-level ".git" and
+/// everything under it is left out on both sides, and so is every path the tree's
+/// `.gitignore` files ignore, unless the baseline had it (git keeps tracking it): those
+/// are skipped while streaming, never kept and never held to the size limits. Only added
+/// and modified contents are kept.
+///
+/// Files whose contents are needed but were not kept while streaming (a hard link to a
+/// skipped file, a large file of unchanged size that changed, a path whose ignore rules
+/// came later in the stream) are read again one by one with `open(path)`; when there are
+/// many, the whole tree is read a second time with every rule known from the start.
+pub fn change_set_from(
+    open: &mut Open,
+    root: &str,
+    baseline: &Manifest,
+    limits: &ArchiveLimits,
+) -> Result<ChangeSet> {
+    check_root(root)?;
+    let mut ignores = Ignores::default();
+    ignores.prefetch_root(open, limits)?;
+    for pass in 1..=2 {
+        let tar = open("")?.ok_or_else(|| gone(root))?;
+        let mut reader = Reader::new(root, limits, Some(baseline), Out::Changes, Some(ignores));
+        reader.read(tar)?;
+        match reader.finish_changes(open, pass == 2)? {
+            Finished::Done(set) => return Ok(set),
+            Finished::Again(mut known) => {
+                tracing::info!("reading the workspace again, with every ignore rule known");
+                known.complete = true;
+                known.dirs.clear();
+                ignores = known;
+            }
+        }
+    }
+    unreachable!("the second pass never asks for a third")
+}
+
+impl ChangeSet {
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// The added paths.
+    pub fn added(&self) -> impl Iterator<Item = &Change> + '_ {
+        self.changes
+            .iter()
+            .filter(|c| matches!(c.kind, ChangeKind::Added(_)))
+    }
+
+    /// The modified paths.
+    pub fn modified(&self) -> impl Iterator<Item = &Change> + '_ {
+        self.changes
+            .iter()
+            .filter(|c| matches!(c.kind, ChangeKind::Modified { .. }))
+    }
+
+    /// The deleted paths.
+    pub fn deleted(&self) -> impl Iterator<Item = &Change> + '_ {
+        self.changes
+            .iter()
+            .filter(|c| matches!(c.kind, ChangeKind::Deleted))
+    }
+
+    /// E.g. "2 added, 1 modified, 1 deleted"; zero counts are left out, and an empty set
+    /// reads "no changes".
+    pub fn summary(&self) -> String {
+        if self.is_empty() {
+            return "no changes".to_string();
+        }
+        [
+            (self.added().count(), "added"),
+            (self.modified().count(), "modified"),
+            (self.deleted().count(), "deleted"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+    }
+}
+
+/// Exactly `size` bytes of `data` as [`Contents`]: in memory when small and `memory` (the
+/// bytes kept in memory so far) allows, else spooled to a temporary file.
+pub(super) fn read_contents(
+    data: &mut dyn Read,
+    size: u64,
+    memory: &mut u64,
+) -> io::Result<Contents> {
+    if size <= INLINE_MAX && *memory + size <= MEMORY_BUDGET {
+        let bytes = read_exact_vec(data, size)?;
+        *memory += size;
+        return Ok(Contents::from(bytes));
+    }
+    let mut file = tempfile::Builder::new().prefix("kodx-change-").tempfile()?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0; COPY_BUF];
+    let mut left = size;
+    while left > 0 {
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = data.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(ends_inside());
+        }
+        hasher.update(&buf[..n]);
+        file.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    file.flush()?;
+    Ok(Contents {
+        len: size,
+        sha256: hasher.finalize().into(),
+        stored: Stored::Spooled(Arc::new(file.into_temp_path())),
+    })
+}
+
+/// The result of the first reading of a change set.
+pub(super) enum Finished {
+    Done(ChangeSet),
+    /// Read everything again with these rules (all of them are known now).
+    Again(Ignores),
+}
+
+impl Reader<'_> {
+    /// Change set: checks provisional answers again with every rule known, reads pending
+    /// files again, and builds the change set — or asks for a second reading.
+    pub(super) fn finish_changes(mut self, open: &mut Open, last: bool) -> Result<Finished> {
+        let mut ignores = self
+            .ignores
+            .take()
+            .expect("a change set reads the ignore rules");
+        let mut again = ignores.changed;
+        {
+            let mut cache = HashMap::new();
+            for p in std::mem::take(&mut self.provisional) {
+                let ignored = ignores.finally(&p.path, p.is_dir, &mut cache)?;
+                if p.ignored && !ignored {
+                    again = true; // skipped, but wanted after all
+                } else if !p.ignored && ignored && !p.is_dir {
+                    self.tree.nodes.remove(&p.path);
+                }
+            }
+        }
+        if again && !last {
+            return Ok(Finished::Again(ignores));
+        }
+        self.check_symlinks()?;
+        let pending: Vec<(String, Option<u64>)> = self
+            .tree
+            .nodes
+            .iter()
+            .filter_map(|(path, node)| match node {
+                Node::File {
+                    data: Data::Pending(size),
+                    ..
+                } => Some((path.clone(), *size)),
+                _ => None,
+            })
+            .collect();
+        for (path, size) in &pending {
+            if let Some(size) = size {
+                self.check_file(path, *size)?;
+            }
+        }
+        if pending.len() > MAX_REFETCH {
+            if !last {
+                return Ok(Finished::Again(ignores));
+            }
+            return Err(unsafe_archive(format!(
+                "{} files would have to be read from the container one by one (limit {MAX_REFETCH})",
+                pending.len()
+            )));
+        }
+        for (path, _) in pending {
+            let data = self.refetch(open, &path)?;
+            self.set_data(&path, data);
+        }
+        Ok(Finished::Done(self.change_list()))
+    }
+
+    /// Reads one file of the tree on its own.
+    pub(super) fn refetch(&mut self, open: &mut Open, rel: &str) -> Result<Data> {
+        let shown = self.shown(rel);
+        let vanished = || {
+            unsafe_archive(format!(
+                "{shown:?} changed while kodx was taking the changes out of the container; try again"
+            ))
+        };
+        let tar = open(rel)?.ok_or_else(vanished)?;
+        let malformed = |e: io::Error| unsafe_archive(format!("{shown:?}: malformed tar: {e}"));
+        let mut archive = tar::Archive::new(tar);
+        let mut entry = archive
+            .entries()
+            .map_err(malformed)?
+            .next()
+            .ok_or_else(vanished)?
+            .map_err(malformed)?;
+        let base = rel.rsplit('/').next().unwrap_or(rel);
+        let regular = matches!(
+            entry.header().entry_type(),
+            EntryType::Regular | EntryType::Continuous
+        );
+        if &*entry.path_bytes() != base.as_bytes() || !regular {
+            return Err(vanished());
+        }
+        let mode = entry.header().mode().map_err(malformed)? & 0o7777;
+        let size = entry.size();
+        if let Some(Node::File {
+            mode: m, size: s, ..
+        }) = self.tree.nodes.get_mut(rel)
+        {
+            *m = mode;
+            *s = size;
+        }
+        self.check_file(rel, size)?;
+        let contents = read_contents(&mut entry, size, &mut self.memory)
+            .map_err(|e| unsafe_archive(format!("{shown:?}: {e}")))?;
+        if let Some((old_mode, _, old_sha)) = self.baseline.and_then(|b| b.file(rel)) {
+            if old_sha == contents.sha256() && (old_mode ^ mode) & 0o777 == 0 {
+                return Ok(Data::Unchanged);
+            }
+        }
+        self.add_total(rel, size)?;
+        Ok(Data::Kept(contents))
+    }
+
+    /// The change list from the tree and the baseline.
+    pub(super) fn change_list(&self) -> ChangeSet {
+        let baseline = self.baseline.expect("a change set has a baseline");
+        let mut changes = Vec::new();
+        for (path, node) in &self.tree.nodes {
+            let (new, diff) = match node {
+                Node::Dir { .. } => continue,
+                Node::File { mode, data, .. } => {
+                    let contents = match data {
+                        Data::Kept(c) => c.clone(),
+                        _ => continue, // unchanged
+                    };
+                    let diff = match baseline.get(path) {
+                        None | Some(ManifestEntry::Dir { .. }) => None,
+                        Some(ManifestEntry::File {
+                            mode: old, sha256, ..
+                        }) => Some((contents.sha256() != *sha256, (mode ^ old) & 0o777 != 0)),
+                        Some(ManifestEntry::Symlink { .. }) => Some((true, false)),
+                    };
+                    let new = NewEntry::File {
+                        mode: mode & 0o777,
+                        contents,
+                    };
+                    (new, diff)
+                }
+                Node::Symlink { target } => {
+                    let diff = match baseline.get(path) {
+                        None | Some(ManifestEntry::Dir { .. }) => None,
+                        Some(ManifestEntry::Symlink { target: old }) => {
+                            Some((target != old, false))
+                        }
+                        Some(ManifestEntry::File { .. }) => Some((true, false)),
+                    };
+                    let new = NewEntry::Symlink {
+                        target: target.clone(),
+                    };
+                    (new, diff)
+                }
+            };
+            let kind = match diff {
+                Some((false, false)) => continue,
+                None => ChangeKind::Added(new),
+                Some((content_changed, mode_changed)) => ChangeKind::Modified {
+                    new,
+                    content_changed,
+                    mode_changed,
+                },
+            };
+            changes.push(Change {
+                path: path.clone(),
+                kind,
+            });
+        }
+        for (path, entry) in &baseline.entries {
+            let gone = !matches!(
+                self.tree.nodes.get(path),
+                Some(Node::File { .. } | Node::Symlink { .. })
+            );
+            if gone && !is_git(path) && !matches!(entry, ManifestEntry::Dir { .. }) {
+                changes.push(Change {
+                    path: path.clone(),
+                    kind: ChangeKind::Deleted,
+                });
+            }
+        }
+        changes.sort_by(|a, b| a.path.cmp(&b.path));
+        ChangeSet { changes }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::archive::testutil::*;
+    use std::fs::{self, Permissions};
+    use std::os::unix::fs::PermissionsExt;
+    use tempfile::TempDir;
+
+    #[test]
+    fn change_set_and_apply() {
+        let tmp = TempDir::new().unwrap();
+        let orig = tmp.path().join("orig");
+        put(&orig, "a.txt", "alpha", 0o644);
+        put(&orig, "same.txt", "same", 0o644);
+        put(&orig, "mode.sh", "x", 0o644);
+        put(&orig, "gone.txt", "bye", 0o644);
+        put(&orig, "f2l.txt", "was a file", 0o644);
+        put(&orig, "dir/keep.txt", "keep", 0o644);
+        put(&orig, "dir/gone2.txt", "bye", 0o644);
+        put(&orig, "only/lonely.txt", "bye", 0o644);
+        put(&orig, ".git/HEAD", "ref: refs/heads/main", 0o644);
+        link(&orig, "link", "a.txt");
+        let (tar0, baseline) = pack_dir(&orig, "repo").unwrap();
+        let unchanged = change_set(&tar0, "repo", &baseline, &ArchiveLimits::default()).unwrap();
+        assert!(unchanged.is_empty());
+        assert_eq!(unchanged.summary(), "no changes");
+
+        let new = tmp.path().join("new");
+        extract(&tar0, "repo", &new, &ArchiveLimits::default()).unwrap();
+        put(&new, "a.txt", "alpha changed", 0o644);
+        fs::set_permissions(new.join("mode.sh"), Permissions::from_mode(0o755)).unwrap();
+        fs::remove_file(new.join("gone.txt")).unwrap();
+        fs::remove_file(new.join("dir/gone2.txt")).unwrap();
+        fs::remove_dir_all(new.join("only")).unwrap();
+        fs::remove_file(new.join("f2l.txt")).unwrap();
+        link(&new, "f2l.txt", "a.txt");
+        fs::remove_file(new.join("link")).unwrap();
+        link(&new, "link", "same.txt");
+        put(&new, "new.txt", "brand new", 0o600);
+        put(&new, "sub/new/deep.txt", "deep", 0o644);
+        put(&new, ".git/HEAD", "ref: refs/heads/other", 0o644);
+        put(&new, ".git/objects/ab", "object", 0o444);
+        let (tar1, _) = pack_dir(&new, "repo").unwrap();
+
+        let set = change_set(&tar1, "repo", &baseline, &ArchiveLimits::default()).unwrap();
+        let file = |mode, contents: &str| NewEntry::File {
+            mode,
+            contents: contents.as_bytes().into(),
+        };
+        let sym = |target: &str| NewEntry::Symlink {
+            target: target.into(),
+        };
+        let modified = |new, content_changed, mode_changed| ChangeKind::Modified {
+            new,
+            content_changed,
+            mode_changed,
+        };
+        let expected = [
+            ("a.txt", modified(file(0o644, "alpha changed"), true, false)),
+            ("dir/gone2.txt", ChangeKind::Deleted),
+            ("f2l.txt", modified(sym("a.txt"), true, false)),
+            ("gone.txt", ChangeKind::Deleted),
+            ("link", modified(sym("same.txt"), true, false)),
+            ("mode.sh", modified(file(0o755, "x"), false, true)),
+            ("new.txt", ChangeKind::Added(file(0o600, "brand new"))),
+            ("only/lonely.txt", ChangeKind::Deleted),
+            ("sub/new/deep.txt", ChangeKind::Added(file(0o644, "deep"))),
+        ];
+        let expected: Vec<Change> = expected
+            .into_iter()
+            .map(|(path, kind)| Change {
+                path: path.into(),
+                kind,
+            })
+            .collect();
+        assert_eq!(set.changes, expected);
+        assert_eq!(set.summary(), "2 added, 4 modified, 3 deleted");
+        assert_eq!(set.added().count(), 2);
+        assert_eq!(set.deleted().count(), 3);
+
+        let host = tmp.path().join("host");
+        extract(&tar0, "repo", &host, &ArchiveLimits::default()).unwrap();
+        set.apply(&host).unwrap();
+        assert_eq!(without_git(snapshot(&host)), without_git(snapshot(&new)));
+        assert_eq!(
+            fs::read_to_string(host.join(".git/HEAD")).unwrap(),
+            "ref: refs/heads/main"
+        );
+    }
+
+    #[test]
+    fn ignored_paths_are_skipped_before_the_limits_apply() {
+        let tmp = TempDir::new().unwrap();
+        let orig = tmp.path().join("orig");
+        put(&orig, ".gitignore", "target/\n*.log\n", 0o644);
+        put(&orig, "src/a.rs", "fn a() {}\n", 0o644);
+        put(
+            &orig,
+            "target/tracked.txt",
+            "tracked in an ignored dir\n",
+            0o644,
+        );
+        put(&orig, "gone.log", "tracked, matches *.log\n", 0o644);
+        let (_, baseline) = pack_dir(&orig, "repo").unwrap();
+
+        let new = tmp.path().join("new");
+        put(
+            &new,
+            ".gitignore",
+            "target/\n*.log\ndist/\n!keep.log\n",
+            0o644,
+        );
+        put(&new, "src/a.rs", "fn a() { changed }\n", 0o644);
+        put(
+            &new,
+            "target/tracked.txt",
+            "changed, still tracked\n",
+            0o644,
+        );
+        sized(&new, "target/app.bin", 120_000); // over the 1000-byte limit, ignored
+        sized(&new, "target/deep/x.o", 5000);
+        sized(&new, "debug.log", 5000); // ignored by pattern
+        put(&new, "keep.log", "re-included\n", 0o644);
+        sized(&new, "dist/bundle.js", 5000); // ignored by the model's own new rule
+        put(&new, ".git/objects/pack/p.pack", &"x".repeat(5000), 0o444);
+        let (tar, _) = pack_dir(&new, "repo").unwrap();
+        let set = change_set(&tar, "repo", &baseline, &small_limits()).unwrap();
+        assert_eq!(
+            paths(&set),
+            [
+                "modified .gitignore",
+                "deleted gone.log",
+                "added keep.log",
+                "modified src/a.rs",
+                "modified target/tracked.txt",
+            ]
+        );
+
+        // A real oversize change is still refused, naming the file.
+        sized(&new, "data.bin", 5000);
+        let (tar, _) = pack_dir(&new, "repo").unwrap();
+        let err = change_set(&tar, "repo", &baseline, &small_limits()).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("repo/data.bin") && msg.contains("max_file_bytes = 1000"),
+            "{msg}"
+        );
+        fs::remove_file(new.join("data.bin")).unwrap();
+
+        // Once the model un-ignores target/, its build output is a change like any other.
+        put(&new, ".gitignore", "*.log\ndist/\n", 0o644);
+        let (tar, _) = pack_dir(&new, "repo").unwrap();
+        let err = change_set(&tar, "repo", &baseline, &small_limits()).unwrap_err();
+        assert!(err.to_string().contains("repo/target/app.bin"), "{err}");
+    }
+
+    #[test]
+    fn large_changes_are_spooled_and_same_size_edits_read_again() {
+        let tmp = TempDir::new().unwrap();
+        let orig = tmp.path().join("orig");
+        let big = "b".repeat(300 << 10); // over INLINE_MAX
+        put(&orig, "same-size.dat", &big, 0o644);
+        put(&orig, "untouched.dat", &big, 0o644);
+        let (_, baseline) = pack_dir(&orig, "repo").unwrap();
+        let new = tmp.path().join("new");
+        put(&new, "untouched.dat", &big, 0o644);
+        let edited = format!("X{}", &big[1..]);
+        put(&new, "same-size.dat", &edited, 0o644);
+        let added = "n".repeat(2 << 20);
+        put(&new, "new.dat", &added, 0o600);
+        let (tar, _) = pack_dir(&new, "repo").unwrap();
+        let set = change_set(&tar, "repo", &baseline, &ArchiveLimits::default()).unwrap();
+        assert_eq!(paths(&set), ["added new.dat", "modified same-size.dat"]);
+        for (change, want) in set.changes.iter().zip([&added, &edited]) {
+            let (ChangeKind::Added(NewEntry::File { contents, .. })
+            | ChangeKind::Modified {
+                new: NewEntry::File { contents, .. },
+                ..
+            }) = &change.kind
+            else {
+                panic!("{change:?}")
+            };
+            assert!(contents.is_spooled(), "{change:?}");
+            assert_eq!(contents.to_vec().unwrap(), want.as_bytes());
+        }
+        let host = tmp.path().join("host");
+        extract(
+            &pack_dir(&orig, "repo").unwrap().0,
+            "repo",
+            &host,
+            &ArchiveLimits::default(),
+        )
+        .unwrap();
+        set.apply(&host).unwrap();
+        assert_eq!(snapshot(&host), snapshot(&new));
+    }
+
+    #[test]
+    fn hard_links_to_skipped_files_are_read_again() {
+        let tar = raw_tar(&[
+            RawEntry::dir("repo/"),
+            RawEntry::file("repo/.gitignore", "target/\n"),
+            RawEntry::dir("repo/target/"),
+            RawEntry::file("repo/target/app", "binary"),
+            RawEntry::hard("repo/zz-app", "repo/target/app"),
+        ]);
+        let set = change_set(
+            &tar,
+            "repo",
+            &Manifest::default(),
+            &ArchiveLimits::default(),
+        )
+        .unwrap();
+        assert_eq!(paths(&set), ["added .gitignore", "added zz-app"]);
+        let ChangeKind::Added(NewEntry::File { contents, .. }) = &set.changes[1].kind else {
+            panic!("{set:?}")
+        };
+        assert_eq!(contents.to_vec().unwrap(), b"binary");
+    }
+}
