@@ -11,6 +11,7 @@ pub mod context;
 pub mod deliver;
 pub mod event;
 pub mod http;
+pub mod job;
 pub mod listen;
 pub mod metrics;
 pub mod worker;

@@ -21,17 +21,16 @@ use crate::comment::{self, Done, Phase, RunKind};
 use crate::cost::Pricing;
 use crate::db::{Db, Finish, RecoveryAction, Run, RunStatus};
 use crate::github::{
-    GitHubApp, GitHubError, Installation, Permission, PullInfo, Reaction, ReactionTarget, RepoName,
-    TokenScope,
+    GitHubApp, GitHubError, Installation, Permission, PullInfo, Reaction, RepoName, TokenScope,
 };
 use crate::model::{Provider, ProviderError, Request, Response, Usage};
 use crate::program::{self, Overrides, Plan, Program};
-use crate::repo_config::{self, AskPermission, RepoConfig};
+use crate::repo_config::{AskPermission, RepoConfig};
 use crate::sandbox::{Engine, Sandbox, SandboxError};
 use crate::serve::config::Settings;
-use crate::serve::context::{strip_hidden, ContextComment, ReviewContext, RunContext};
+use crate::serve::context::{strip_hidden, ContextComment, RunContext};
 use crate::serve::deliver::{self, Target};
-use crate::serve::event::TriggerKind;
+use crate::serve::job::{Job, JobKind, TriggerKind};
 use crate::serve::metrics::Metrics;
 
 /// Makes the model client of a run (from the environment in production).
@@ -255,7 +254,7 @@ impl Workers {
                             "kodx restarted while this run was working, more than once; it was not started again. Run the command again to retry.".into(),
                         );
                         this.post_done(&run, &done).await;
-                        this.metrics.run_finished(&run.kind, "internal_error", 0.0, Duration::ZERO);
+                        this.metrics.run_finished(run.kind().as_str(), "internal_error", 0.0, Duration::ZERO);
                     }
                 }
             }
@@ -448,7 +447,7 @@ impl Workers {
                 return false;
             }
         };
-        let Ok(repo) = RepoName::parse(&run.repo) else {
+        let Ok(repo) = RepoName::parse(&run.request.repo) else {
             self.finish_quietly(run, RunStatus::Failed, "internal_error")
                 .await;
             return false;
@@ -469,7 +468,7 @@ impl Workers {
         }
         let body = comment::render(&run.id, &command_line(run), &Phase::Queued);
         match gh
-            .create_comment(&repo, run.issue_number as u64, &body)
+            .create_comment(&repo, run.request.issue_number as u64, &body)
             .await
         {
             Ok(c) => {
@@ -498,7 +497,7 @@ impl Workers {
             return None;
         }
         let comments = gh
-            .issue_comments(repo, run.issue_number as u64, 100)
+            .issue_comments(repo, run.request.issue_number as u64, 100)
             .await
             .ok()?;
         comments
@@ -535,18 +534,18 @@ impl Workers {
                 return Err(());
             }
         };
-        let needed = match (run.kind.as_str(), config.ask_permission) {
-            ("ask", AskPermission::Read) => Permission::Read,
-            ("help", _) => Permission::Read,
+        let needed = match (run.kind(), config.ask_permission) {
+            (JobKind::Ask, AskPermission::Read) => Permission::Read,
+            (JobKind::Help, _) => Permission::Read,
             _ => Permission::Write,
         };
-        let has = match gh.permission(repo, &run.author).await {
+        let has = match gh.permission(repo, &run.request.author).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!("permission check failed: {e}");
                 self.refuse(gh, repo, run, "internal_error", &format!(
                     "kodx could not check @{}'s permission on this repository ({e}). Run the command again in a moment.",
-                    run.author
+                    run.request.author
                 ))
                 .await;
                 return Err(());
@@ -554,9 +553,9 @@ impl Workers {
         };
         if has < needed {
             tracing::info!(permission = has.as_str(), "refused: not permitted");
-            let body = not_permitted(&run.author, &run.kind, needed, has);
+            let body = not_permitted(&run.request.author, run.kind(), needed, has);
             let _ = gh
-                .create_comment(repo, run.issue_number as u64, &body)
+                .create_comment(repo, run.request.issue_number as u64, &body)
                 .await;
             self.finish_quietly(run, RunStatus::Failed, NOT_PERMITTED)
                 .await;
@@ -583,7 +582,11 @@ impl Workers {
     async fn budget_left(&self, run: &Run) -> Option<(f64, f64)> {
         let budget = self.settings.monthly_budget_usd?;
         let since = month_start_ms(crate::db::now_ms());
-        let spent = match self.db.spend_since(run.installation_id, since).await {
+        let spent = match self
+            .db
+            .spend_since(run.request.installation_id, since)
+            .await
+        {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!("reading the month's spend failed: {e}");
@@ -631,7 +634,7 @@ impl Workers {
         };
         if let Some(body) = body {
             let _ = gh
-                .create_comment(repo, run.issue_number as u64, &body)
+                .create_comment(repo, run.request.issue_number as u64, &body)
                 .await;
         }
         self.react(gh, repo, run, Reaction::Confused).await;
@@ -655,17 +658,11 @@ impl Workers {
             tracing::error!("finishing the run failed: {e}");
         }
         self.metrics
-            .run_finished(&run.kind, reason, 0.0, Duration::ZERO);
+            .run_finished(run.kind().as_str(), reason, 0.0, Duration::ZERO);
     }
 
     async fn react(&self, gh: &Installation, repo: &RepoName, run: &Run, reaction: Reaction) {
-        let target = match TriggerKind::parse(&run.trigger_kind) {
-            Some(TriggerKind::IssueComment) => ReactionTarget::IssueComment(run.trigger_id as u64),
-            Some(TriggerKind::ReviewComment) => {
-                ReactionTarget::ReviewComment(run.trigger_id as u64)
-            }
-            Some(TriggerKind::Issue) | None => ReactionTarget::Issue(run.issue_number as u64),
-        };
+        let target = run.request.trigger.reaction_target();
         if let Err(e) = gh.react(repo, target, reaction).await {
             tracing::warn!("reacting {} failed: {e}", reaction.as_str());
         }
@@ -674,15 +671,16 @@ impl Workers {
     /// A token for this run's repository only, with the permissions its kind uses: a code
     /// run may push and open pull requests; an ask, help or cancel reads and comments.
     async fn installation(&self, run: &Run) -> Result<Installation, GitHubError> {
-        let repo = RepoName::parse(&run.repo).map_err(|e| GitHubError::Config(e.to_string()))?;
-        let scope = if run.kind == "code" {
+        let repo =
+            RepoName::parse(&run.request.repo).map_err(|e| GitHubError::Config(e.to_string()))?;
+        let scope = if run.kind() == JobKind::Code {
             TokenScope::write(&repo)
         } else {
-            let review = TriggerKind::parse(&run.trigger_kind) == Some(TriggerKind::ReviewComment);
+            let review = run.request.trigger.kind() == TriggerKind::ReviewComment;
             TokenScope::read(&repo, review)
         };
         self.app
-            .installation_for(run.installation_id as u64, &scope)
+            .installation_for(run.request.installation_id as u64, &scope)
             .await
     }
 
@@ -694,23 +692,23 @@ impl Workers {
         let gh = match self.installation(&job).await {
             Ok(gh) => gh,
             Err(e) => {
-                tracing::error!("GitHub is not reachable for a {} job: {e}", job.kind);
+                tracing::error!("GitHub is not reachable for a {} job: {e}", job.kind());
                 self.finish_quietly(&job, RunStatus::Failed, "internal_error")
                     .await;
                 return;
             }
         };
-        let Ok(repo) = RepoName::parse(&job.repo) else {
+        let Ok(repo) = RepoName::parse(&job.request.repo) else {
             self.finish_quietly(&job, RunStatus::Failed, "internal_error")
                 .await;
             return;
         };
-        let needed = if job.kind == "help" {
+        let needed = if job.kind() == JobKind::Help {
             Permission::Read
         } else {
             Permission::Write
         };
-        let has = match gh.permission(&repo, &job.author).await {
+        let has = match gh.permission(&repo, &job.request.author).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!("permission check failed: {e}");
@@ -720,35 +718,35 @@ impl Workers {
             }
         };
         if has < needed {
-            if job.kind != "help" {
-                let body = not_permitted(&job.author, &job.kind, needed, has);
+            if job.kind() != JobKind::Help {
+                let body = not_permitted(&job.request.author, job.kind(), needed, has);
                 let _ = gh
-                    .create_comment(&repo, job.issue_number as u64, &body)
+                    .create_comment(&repo, job.request.issue_number as u64, &body)
                     .await;
             }
             self.finish_quietly(&job, RunStatus::Failed, NOT_PERMITTED)
                 .await;
             return;
         }
-        match job.kind.as_str() {
-            "help" => {
-                let body = help_text(&job.argument);
+        match &job.request.job {
+            Job::Help { unknown } => {
+                let body = help_text(unknown.as_deref().unwrap_or(""));
                 let _ = gh
-                    .create_comment(&repo, job.issue_number as u64, &body)
+                    .create_comment(&repo, job.request.issue_number as u64, &body)
                     .await;
                 self.finish_quietly(&job, RunStatus::Succeeded, "help")
                     .await;
             }
-            "cancel" => self.cancel(&gh, &repo, &job).await,
-            _ => {
+            Job::Cancel => self.cancel(&gh, &repo, &job).await,
+            Job::Ask { .. } | Job::Code { .. } | Job::Refuse { .. } => {
                 // "refuse": the request could not be read (empty, too long).
                 let body = format!(
                     "@{} kodx did not start: {}.",
-                    comment::redact(&job.author),
-                    comment::redact(&job.argument)
+                    comment::redact(&job.request.author),
+                    comment::redact(job.request.job.argument())
                 );
                 let _ = gh
-                    .create_comment(&repo, job.issue_number as u64, &body)
+                    .create_comment(&repo, job.request.issue_number as u64, &body)
                     .await;
                 self.react(&gh, &repo, &job, Reaction::Confused).await;
                 self.finish_quietly(&job, RunStatus::Failed, "refused")
@@ -760,7 +758,11 @@ impl Workers {
     async fn cancel(&self, gh: &Installation, repo: &RepoName, job: &Run) {
         let touched = match self
             .db
-            .cancel_issue(&job.repo, job.issue_number, &job.author)
+            .cancel_issue(
+                &job.request.repo,
+                job.request.issue_number,
+                &job.request.author,
+            )
             .await
         {
             Ok(t) => t,
@@ -776,7 +778,7 @@ impl Workers {
             n += 1;
             if t.was_running {
                 if let Some(h) = self.running.lock().expect("lock").get(&t.run.id) {
-                    *h.cancelled_by.lock().expect("lock") = Some(job.author.clone());
+                    *h.cancelled_by.lock().expect("lock") = Some(job.request.author.clone());
                     h.cancel.cancel();
                 }
             } else {
@@ -786,7 +788,10 @@ impl Workers {
                     text: String::new(),
                     pr_url: None,
                     pushed: None,
-                    failure: Some(format!("Cancelled by @{} before it started.", job.author)),
+                    failure: Some(format!(
+                        "Cancelled by @{} before it started.",
+                        job.request.author
+                    )),
                 };
                 self.post_done(&t.run, &done).await;
             }
@@ -795,10 +800,10 @@ impl Workers {
             let _ = gh
                 .create_comment(
                     repo,
-                    job.issue_number as u64,
+                    job.request.issue_number as u64,
                     &format!(
                         "@{} there is no kodx run to cancel here.",
-                        comment::redact(&job.author)
+                        comment::redact(&job.request.author)
                     ),
                 )
                 .await;
@@ -876,7 +881,7 @@ impl Workers {
             tracing::error!("recording the end of the run failed: {e}");
         }
         self.metrics.run_finished(
-            &run.kind,
+            run.kind().as_str(),
             o.stop_reason.as_str(),
             o.usd_cost,
             started.elapsed(),
@@ -922,8 +927,11 @@ impl Workers {
                 ))
             }
         };
-        let Ok(repo) = RepoName::parse(&run.repo) else {
-            return internal(format!("the repository name {:?} is not valid", run.repo));
+        let Ok(repo) = RepoName::parse(&run.request.repo) else {
+            return internal(format!(
+                "the repository name {:?} is not valid",
+                run.request.repo
+            ));
         };
         // The config again: it may have changed since the run was queued.
         let config = match gh.file_on_default_branch(&repo, RepoConfig::PATH).await {
@@ -945,13 +953,9 @@ impl Workers {
         let _ = self.db.set_phase(&run.id, "setting_up").await;
 
         // The program, its limits and its model.
-        let program = Program::builtin(&run.kind).expect("built-in ask and code programs");
-        let rk = match kind {
-            RunKind::Ask => repo_config::RunKind::Ask,
-            RunKind::Code => repo_config::RunKind::Code,
-        };
+        let program = Program::builtin(kind.program()).expect("built-in ask and code programs");
         let maxima = self.settings.maxima();
-        let mut cost_limit = config.cost_limit_for(rk, &maxima);
+        let mut cost_limit = config.cost_limit_for(kind, &maxima);
         if let Some((budget, spent)) = self.budget_left(run).await {
             if budget - spent < MIN_RUN_BUDGET_USD {
                 return Some(Ending {
@@ -1031,11 +1035,11 @@ impl Workers {
                     branch: deliver::branch_name(
                         &config.pr.branch_prefix,
                         false,
-                        run.issue_number,
+                        run.request.issue_number,
                         &run.id,
                     ),
-                    base: run.default_branch.clone(),
-                    closes: Some(run.issue_number),
+                    base: run.request.default_branch.clone(),
+                    closes: Some(run.request.issue_number),
                     original: None,
                 }),
             ),
@@ -1051,16 +1055,16 @@ impl Workers {
                     branch: deliver::branch_name(
                         &config.pr.branch_prefix,
                         true,
-                        run.issue_number,
+                        run.request.issue_number,
                         &run.id,
                     ),
                     base: pr.base.ref_name.clone(),
                     closes: None,
-                    original: Some(run.issue_number),
+                    original: Some(run.request.issue_number),
                 }),
             ),
         };
-        let prompt = context.prompt(&run.kind);
+        let prompt = context.prompt(run.kind());
         // Readable by this user alone: it holds a private repository.
         let workdir = match tempfile::Builder::new()
             .prefix(&format!("{}{}-", self.clone_prefix(), run.id))
@@ -1295,9 +1299,14 @@ impl Workers {
             .await
             .map_err(|e| format!("kodx could not read its own GitHub identity: {e}"))?;
         let summary = done.outcome.last_message.clone();
-        let subject = deliver::commit_subject(&run.argument);
-        let body = deliver::commit_body(&summary, run.issue_number, run.is_pull_request, &run.id);
-        let trailers = deliver::trailers(&run.author, run.author_id, &run.id);
+        let subject = deliver::commit_subject(run.request.job.argument());
+        let body = deliver::commit_body(
+            &summary,
+            run.request.issue_number,
+            run.request.is_pull_request,
+            &run.id,
+        );
+        let trailers = deliver::trailers(&run.request.author, run.request.author_id, &run.id);
         let max_file_bytes = self.settings.max_commit_file_bytes;
         let token = gh.token().expose().to_string();
         let committed = {
@@ -1369,7 +1378,7 @@ impl Workers {
             return Ok(Delivered::Pushed { sha, branch });
         };
         let cost = comment::cost_summary(&done.outcome);
-        let pull_body = deliver::pull_body(&summary, target, &run.author, &cost, &run.id);
+        let pull_body = deliver::pull_body(&summary, target, &run.request.author, &cost, &run.id);
         let existing = gh.find_open_pull(repo, &branch).await.map_err(|e| {
             format!("Pushed `{branch}`, but GitHub could not be asked for its pull request: {e}")
         })?;
@@ -1379,7 +1388,7 @@ impl Workers {
             return Ok(Delivered::Pull(pr.html_url));
         }
         let new = crate::github::NewPull {
-            title: deliver::title_from(&run.argument, 100),
+            title: deliver::title_from(run.request.job.argument(), 100),
             head: branch.clone(),
             base: base.clone(),
             body: pull_body,
@@ -1426,28 +1435,17 @@ impl Workers {
         repo: &RepoName,
         run: &Run,
     ) -> Result<(RunContext, crate::git::Checkout, String, Option<PullInfo>), GitHubError> {
-        let number = run.issue_number as u64;
+        let number = run.request.issue_number as u64;
         let mut ctx = RunContext {
-            repo: run.repo.clone(),
-            number: run.issue_number,
-            is_pull_request: run.is_pull_request,
-            author: run.author.clone(),
-            request: run.argument.clone(),
+            repo: run.request.repo.clone(),
+            number: run.request.issue_number,
+            is_pull_request: run.request.is_pull_request,
+            author: run.request.author.clone(),
+            request: run.request.job.argument().to_string(),
             ..Default::default()
         };
-        let extra: serde_json::Value = serde_json::from_str(&run.context).unwrap_or_default();
-        if let Some(path) = extra.get("path").and_then(|p| p.as_str()) {
-            ctx.review = Some(ReviewContext {
-                path: path.to_string(),
-                line: extra.get("line").and_then(|l| l.as_i64()),
-                diff_hunk: extra
-                    .get("diff_hunk")
-                    .and_then(|h| h.as_str())
-                    .unwrap_or("")
-                    .to_string(),
-            });
-        }
-        if run.is_pull_request {
+        ctx.review = run.request.trigger.review().cloned();
+        if run.request.is_pull_request {
             let pr = gh.pull_request(repo, number).await?;
             ctx.title = pr.title.clone();
             ctx.body = pr.body.clone();
@@ -1462,7 +1460,7 @@ impl Workers {
             Ok((
                 ctx,
                 crate::git::Checkout::PullHead(number),
-                run.clone_url.clone(),
+                run.request.clone_url.clone(),
                 Some(pr),
             ))
         } else {
@@ -1473,7 +1471,7 @@ impl Workers {
             Ok((
                 ctx,
                 crate::git::Checkout::DefaultBranch,
-                run.clone_url.clone(),
+                run.request.clone_url.clone(),
                 None,
             ))
         }
@@ -1568,7 +1566,7 @@ impl Workers {
         let Ok(gh) = self.installation(run).await else {
             return;
         };
-        let Ok(repo) = RepoName::parse(&run.repo) else {
+        let Ok(repo) = RepoName::parse(&run.request.repo) else {
             return;
         };
         let Some(id) = self.status_comment_id(run).await else {
@@ -1589,7 +1587,7 @@ impl Workers {
                 return;
             }
         };
-        let Ok(repo) = RepoName::parse(&run.repo) else {
+        let Ok(repo) = RepoName::parse(&run.request.repo) else {
             return;
         };
         let body = comment::render(
@@ -1600,7 +1598,7 @@ impl Workers {
         let posted = match self.status_comment_id(run).await {
             Some(id) => gh.update_comment(&repo, id, &body).await,
             None => gh
-                .create_comment(&repo, run.issue_number as u64, &body)
+                .create_comment(&repo, run.request.issue_number as u64, &body)
                 .await
                 .map(|_| ()),
         };
@@ -1709,12 +1707,9 @@ impl Provider for Timed {
     }
 }
 
+/// The work a run does (a control job's status comment reads as an `ask`'s).
 fn run_kind(run: &Run) -> RunKind {
-    if run.kind == "code" {
-        RunKind::Code
-    } else {
-        RunKind::Ask
-    }
+    run.kind().run_kind().unwrap_or(RunKind::Ask)
 }
 
 fn zero_outcome(reason: StopReason, cost_limit: f64, model: String) -> Outcome {
@@ -1733,25 +1728,25 @@ fn zero_outcome(reason: StopReason, cost_limit: f64, model: String) -> Outcome {
 
 /// The command as the status comment quotes it.
 fn command_line(run: &Run) -> String {
-    format!("/kodx {} {}", run.kind, run.argument)
+    run.request.job.command_line()
 }
 
 fn run_span(run: &Run) -> tracing::Span {
-    tracing::info_span!("run", repo = %run.repo, issue = run.issue_number, run_id = %run.id, command = %run.kind)
+    tracing::info_span!("run", repo = %run.request.repo, issue = run.request.issue_number, run_id = %run.id, command = %run.kind())
 }
 
 /// The first millisecond of the current month (UTC) for `now_ms`.
 fn month_start_ms(now_ms: i64) -> i64 {
-    // Days since 1970-01-01 to a civil date and back (Howard Hinnant's algorithms).
-    let days = now_ms.div_euclid(86_400_000);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5; // 0-based day of the month
-    (days - day) * 86_400_000
+    use chrono::{DateTime, Datelike, NaiveTime};
+    // Out of chrono's range (±262,000 years) only for a clock that is badly wrong.
+    let Some(now) = DateTime::from_timestamp_millis(now_ms) else {
+        return now_ms;
+    };
+    let first = now
+        .date_naive()
+        .with_day(1)
+        .expect("every month has a first day");
+    first.and_time(NaiveTime::MIN).and_utc().timestamp_millis()
 }
 
 fn hostname() -> String {
@@ -1763,13 +1758,13 @@ fn hostname() -> String {
 }
 
 /// The one short comment a person without permission gets.
-fn not_permitted(author: &str, kind: &str, needed: Permission, has: Permission) -> String {
+fn not_permitted(author: &str, kind: JobKind, needed: Permission, has: Permission) -> String {
     let who = match needed {
         Permission::Read => "people with read access to this repository",
         _ => "people with write, maintain or admin access to this repository",
     };
     let what = match kind {
-        "ask" | "code" | "cancel" => format!("`/kodx {kind}`"),
+        JobKind::Ask | JobKind::Code | JobKind::Cancel => format!("`/kodx {kind}`"),
         _ => "kodx".to_string(),
     };
     format!(
