@@ -10,6 +10,7 @@ pub mod config;
 pub mod context;
 pub mod deliver;
 pub mod event;
+pub mod handlers;
 pub mod http;
 pub mod job;
 pub mod listen;
