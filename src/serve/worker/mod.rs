@@ -10,6 +10,7 @@
 pub(in crate::serve) mod gate;
 mod run;
 mod status;
+mod tasks;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -30,6 +31,7 @@ use crate::sandbox::{Engine, SandboxError};
 use crate::serve::config::Settings;
 use crate::serve::job::{JobKind, TriggerKind};
 use crate::serve::metrics::Metrics;
+use tasks::{Panicked, Tasks};
 
 /// Makes the model client of a run (from the environment in production).
 pub trait ProviderFactory: Send + Sync {
@@ -274,7 +276,7 @@ impl Workers {
 
     /// Claims and starts work until shutdown; returns when the last run has ended.
     pub async fn run(self: Arc<Self>) {
-        let mut tasks = tokio::task::JoinSet::new();
+        let mut tasks = Tasks::default();
         // Old transcripts go daily (and at start, in `recover`).
         let pruner = {
             let this = self.clone();
@@ -293,7 +295,9 @@ impl Workers {
                 break;
             }
             self.dispatch(&mut tasks).await;
-            while tasks.try_join_next().is_some() {}
+            for p in tasks.reap() {
+                self.panicked(p).await;
+            }
             tokio::select! {
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -310,13 +314,12 @@ impl Workers {
                 tasks.len()
             );
         }
-        let waited =
-            tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+        let waited = tokio::time::timeout(grace, self.join_all(&mut tasks)).await;
         if waited.is_err() {
             for handle in self.running.lock().expect("lock").values() {
                 handle.cancel.cancel();
             }
-            while tasks.join_next().await.is_some() {}
+            self.join_all(&mut tasks).await;
         }
         pruner.abort();
         let n = crate::sandbox::docker::remove_all_live().await;
@@ -325,14 +328,77 @@ impl Workers {
         }
     }
 
-    async fn dispatch(self: &Arc<Self>, tasks: &mut tokio::task::JoinSet<()>) {
+    /// Waits for every task to end.
+    async fn join_all(self: &Arc<Self>, tasks: &mut Tasks) {
+        while let Some(ended) = tasks.join_next().await {
+            if let Some(p) = ended {
+                self.panicked(p).await;
+            }
+        }
+    }
+
+    /// A task that panicked: its run fails as an internal error (nothing else would ever
+    /// finish it), with a log line and the status comment saying so.
+    async fn panicked(self: &Arc<Self>, p: Panicked) {
+        tracing::error!(run_id = %p.run_id, "a worker task panicked: {}", p.message);
+        self.acknowledging.lock().expect("lock").remove(&p.run_id);
+        if self
+            .running
+            .lock()
+            .expect("lock")
+            .remove(&p.run_id)
+            .is_some()
+        {
+            self.metrics.run_ended();
+        }
+        self.wake.notify_one();
+        let run = match self.db.get_run(&p.run_id).await {
+            Ok(Some(run)) if !run.status.is_final() => run,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::error!(run_id = %p.run_id, "reading the run of a panicked task failed: {e}");
+                return;
+            }
+        };
+        let fin = Finish {
+            status: RunStatus::Failed,
+            stop_reason: "internal_error".to_string(),
+            cost_usd: 0.0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            api_calls: 0,
+            result:
+                serde_json::json!({ "error": format!("the worker task panicked: {}", p.message) })
+                    .to_string(),
+            pr_url: None,
+        };
+        if let Err(e) = self.db.finish(&run.id, &fin).await {
+            tracing::error!(run_id = %run.id, "recording the failure of a panicked task failed: {e}");
+        }
+        self.metrics
+            .run_finished(run.kind().as_str(), "internal_error", 0.0, Duration::ZERO);
+        let done = self.failed_done(
+            &run,
+            StopReason::Error,
+            format!(
+                "kodx hit an internal error (a worker task panicked). Run id `{}`.",
+                run.id
+            ),
+        );
+        self.post_done(&run, &done).await;
+    }
+
+    async fn dispatch(self: &Arc<Self>, tasks: &mut Tasks) {
         // Control jobs first: they are quick and a cancel must not wait for a slot.
         loop {
             match self.db.claim_control(&self.worker_id).await {
                 Ok(Some(job)) => {
                     let this = self.clone();
                     let span = run_span(&job);
-                    tasks.spawn(async move { this.control(job).await }.instrument(span));
+                    let id = job.id.clone();
+                    tasks.spawn(&id, async move { this.control(job).await }.instrument(span));
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -354,6 +420,7 @@ impl Workers {
                     let this = self.clone();
                     let span = run_span(&run);
                     tasks.spawn(
+                        &run.id.clone(),
                         async move {
                             this.ensure_acknowledged(&run.id).await;
                         }
@@ -373,6 +440,7 @@ impl Workers {
                     let this = self.clone();
                     let span = run_span(&run);
                     tasks.spawn(
+                        &run.id.clone(),
                         async move {
                             this.work(run).await;
                             drop(permit);
