@@ -321,13 +321,7 @@ fn access_token_secret(text: &str, i: usize) -> Option<(usize, usize)> {
 // ---------------------------------------------------------------------------------------
 
 /// Which command a run answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunKind {
-    /// `/kodx code`: changes, a pull request or a pushed commit.
-    Code,
-    /// `/kodx ask`: an answer only.
-    Ask,
-}
+pub use crate::serve::job::RunKind;
 
 /// Where a run is, as its status comment shows it.
 #[derive(Debug, Clone, PartialEq)]

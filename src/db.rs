@@ -22,7 +22,9 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::Row;
+use sqlx::{FromRow, Row};
+
+use crate::serve::job::{RunRequest, TriggerKind};
 
 /// The database used when `DATABASE_URL` is not set.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://data/kodx.db";
@@ -35,10 +37,6 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often a new run id is drawn when the first one is taken (it never is: 48 random bits).
 const RUN_ID_ATTEMPTS: usize = 8;
-
-/// The kinds of run that do agent work: one at a time per issue, claimed by [`Db::claim_run`].
-/// Every other kind is a short control job claimed by [`Db::claim_control`].
-pub const WORK_KINDS: [&str; 2] = ["ask", "code"];
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -161,30 +159,8 @@ pub struct NewDelivery {
     pub repo: Option<String>,
 }
 
-/// A run to queue.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewRun {
-    /// `ask` | `code` (agent work) or `help` | `cancel` | `refuse` … (a short control job).
-    pub kind: String,
-    pub installation_id: i64,
-    /// `owner/name`.
-    pub repo: String,
-    pub issue_number: i64,
-    pub is_pull_request: bool,
-    /// The request or question (at most 64 KiB; the webhook refuses longer ones).
-    pub argument: String,
-    /// Login of who asked.
-    pub author: String,
-    pub author_id: i64,
-    /// `issue_comment` | `issue` | `review_comment`.
-    pub trigger_kind: String,
-    /// The comment id, or the issue number when `trigger_kind` is `issue`.
-    pub trigger_id: i64,
-    pub clone_url: String,
-    pub default_branch: String,
-    /// JSON text with event-specific context (a review comment's path, diff hunk, line …).
-    pub context: String,
-}
+/// A run to queue: the typed request the webhook read.
+pub use crate::serve::job::RunRequest as NewRun;
 
 /// What [`Db::accept`] did with a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,24 +177,13 @@ pub enum Accepted {
 }
 
 /// A stored run.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Run {
     /// 12 lowercase hex characters.
     pub id: String,
     pub delivery_id: String,
-    pub kind: String,
-    pub installation_id: i64,
-    pub repo: String,
-    pub issue_number: i64,
-    pub is_pull_request: bool,
-    pub argument: String,
-    pub author: String,
-    pub author_id: i64,
-    pub trigger_kind: String,
-    pub trigger_id: i64,
-    pub clone_url: String,
-    pub default_branch: String,
-    pub context: String,
+    /// What was asked, by whom, where: as the webhook read it.
+    pub request: RunRequest,
     pub status: RunStatus,
     /// Free text for observability (`setting_up`, `working` …); cleared when claimed.
     pub phase: Option<String>,
@@ -250,7 +215,12 @@ pub struct Run {
 impl Run {
     /// True for `ask` and `code` runs, which do agent work.
     pub fn is_work(&self) -> bool {
-        WORK_KINDS.contains(&self.kind.as_str())
+        self.request.job.is_work()
+    }
+
+    /// What kind of job the run is (`ask`, `code`, `help` …).
+    pub fn kind(&self) -> crate::serve::job::JobKind {
+        self.request.job.kind()
     }
 }
 
@@ -753,8 +723,8 @@ impl Db {
                 let run = run_from_row(row)?;
                 tracing::warn!(
                     run_id = %run.id,
-                    repo = %run.repo,
-                    issue = run.issue_number,
+                    repo = %run.request.repo,
+                    issue = run.request.issue_number,
                     attempts = run.attempts,
                     action = ?action,
                     worker,
@@ -1035,19 +1005,7 @@ fn run_from_row(row: &SqliteRow) -> Result<Run, DbError> {
     Ok(Run {
         id: row.try_get("id")?,
         delivery_id: row.try_get("delivery_id")?,
-        kind: row.try_get("kind")?,
-        installation_id: row.try_get("installation_id")?,
-        repo: row.try_get("repo")?,
-        issue_number: row.try_get("issue_number")?,
-        is_pull_request: flag(row, "is_pull_request")?,
-        argument: row.try_get("argument")?,
-        author: row.try_get("author")?,
-        author_id: row.try_get("author_id")?,
-        trigger_kind: row.try_get("trigger_kind")?,
-        trigger_id: row.try_get("trigger_id")?,
-        clone_url: row.try_get("clone_url")?,
-        default_branch: row.try_get("default_branch")?,
-        context: row.try_get("context")?,
+        request: RunRequest::from_row(row)?,
         status: status.parse()?,
         phase: row.try_get("phase")?,
         attempts: row.try_get("attempts")?,
@@ -1152,7 +1110,7 @@ async fn accept_batch(pool: &SqlitePool, jobs: &[AcceptJob]) -> Result<Vec<Accep
     // of that first job (`repeats`).
     let mut answers: Vec<Option<Accepted>> = Vec::with_capacity(jobs.len());
     let mut to_queue: Vec<(usize, &NewRun)> = Vec::new();
-    let mut first_of_trigger: std::collections::HashMap<(&str, &str, i64), usize> =
+    let mut first_of_trigger: std::collections::HashMap<(&str, TriggerKind, i64), usize> =
         std::collections::HashMap::new();
     let mut repeats: Vec<(usize, usize)> = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
@@ -1164,7 +1122,7 @@ async fn accept_batch(pool: &SqlitePool, jobs: &[AcceptJob]) -> Result<Vec<Accep
             None => answers.push(Some(Accepted::Recorded)),
             Some(run) => {
                 answers.push(None);
-                let key = (run.repo.as_str(), run.trigger_kind.as_str(), run.trigger_id);
+                let key = (run.repo.as_str(), run.trigger.kind(), run.trigger.id());
                 match first_of_trigger.get(&key) {
                     Some(&first) => repeats.push((i, first)),
                     None => {
@@ -1189,30 +1147,16 @@ async fn accept_batch(pool: &SqlitePool, jobs: &[AcceptJob]) -> Result<Vec<Accep
             // No conflict target: a taken run id and a trigger that already has a run both
             // leave the row out instead of failing the batch; which one it was is looked
             // up below for the (rare) rows left out.
-            let mut insert = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                "INSERT INTO runs (id, seq, delivery_id, kind, installation_id, repo, \
-                 issue_number, is_pull_request, argument, author, author_id, trigger_kind, \
-                 trigger_id, clone_url, default_branch, context, status, created_at) ",
-            );
+            let mut insert = sqlx::QueryBuilder::<sqlx::Sqlite>::new(format!(
+                "INSERT INTO runs (id, seq, delivery_id, {}, status, created_at) ",
+                RunRequest::COLUMNS
+            ));
             insert.push_values(&pending, |mut row, (i, run, run_id, seq)| {
                 row.push_bind(run_id)
                     .push_bind(*seq)
-                    .push_bind(&jobs[*i].delivery.id)
-                    .push_bind(&run.kind)
-                    .push_bind(run.installation_id)
-                    .push_bind(&run.repo)
-                    .push_bind(run.issue_number)
-                    .push_bind(i64::from(run.is_pull_request))
-                    .push_bind(&run.argument)
-                    .push_bind(&run.author)
-                    .push_bind(run.author_id)
-                    .push_bind(&run.trigger_kind)
-                    .push_bind(run.trigger_id)
-                    .push_bind(&run.clone_url)
-                    .push_bind(&run.default_branch)
-                    .push_bind(&run.context)
-                    .push_bind("queued")
-                    .push_bind(now);
+                    .push_bind(&jobs[*i].delivery.id);
+                run.push_binds(&mut row);
+                row.push_bind("queued").push_bind(now);
             });
             insert.push(" ON CONFLICT DO NOTHING RETURNING id");
             let inserted: std::collections::HashSet<String> = insert
@@ -1270,8 +1214,8 @@ async fn run_of_trigger(
          AND trigger_copy = 0",
     )
     .bind(&run.repo)
-    .bind(&run.trigger_kind)
-    .bind(run.trigger_id)
+    .bind(run.trigger.kind())
+    .bind(run.trigger.id())
     .fetch_optional(&mut **tx)
     .await?)
 }
@@ -1293,6 +1237,7 @@ pub fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::serve::job::{Job, JobKind, ReviewContext, Trigger};
 
     fn delivery(id: &str) -> NewDelivery {
         NewDelivery {
@@ -1307,20 +1252,42 @@ mod tests {
     /// A run whose trigger (comment) is new: every call gets its own comment id.
     fn new_run(kind: &str, repo: &str, issue_number: i64) -> NewRun {
         static COMMENT: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+        let argument = format!("do the thing on #{issue_number}");
+        let job = match kind {
+            "ask" => Job::Ask { question: argument },
+            "code" => Job::Code { request: argument },
+            "cancel" => Job::Cancel,
+            "help" => Job::Help { unknown: None },
+            "refuse" => Job::Refuse { reason: argument },
+            other => panic!("no job kind {other}"),
+        };
+        let id = 9_876_543_210 + COMMENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let is_pull_request = issue_number % 2 == 0;
+        // Pull requests are asked in review comments, so their context is stored too.
+        let trigger = if is_pull_request {
+            Trigger::ReviewComment {
+                id,
+                review: Some(ReviewContext {
+                    path: "src/lib.rs".to_owned(),
+                    line: Some(3),
+                    diff_hunk: "@@ -1 +1 @@".to_owned(),
+                    commit_id: None,
+                }),
+            }
+        } else {
+            Trigger::IssueComment(id)
+        };
         NewRun {
-            kind: kind.to_owned(),
             installation_id: 42,
             repo: repo.to_owned(),
             issue_number,
-            is_pull_request: issue_number % 2 == 0,
-            argument: format!("do the thing on #{issue_number}"),
+            is_pull_request,
             author: "alice".to_owned(),
             author_id: 7001,
-            trigger_kind: "issue_comment".to_owned(),
-            trigger_id: 9_876_543_210 + COMMENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             clone_url: format!("https://github.com/{repo}.git"),
             default_branch: "main".to_owned(),
-            context: r#"{"path":"src/lib.rs","line":3}"#.to_owned(),
+            job,
+            trigger,
         }
     }
 
@@ -1481,19 +1448,11 @@ mod tests {
 
         let run = db.get_run(&run_id).await.unwrap().unwrap();
         assert_eq!(run.delivery_id, "d-12");
-        assert_eq!(run.kind, asked.kind);
-        assert_eq!(run.installation_id, asked.installation_id);
-        assert_eq!(run.repo, asked.repo);
-        assert_eq!(run.issue_number, 12);
-        assert!(run.is_pull_request);
-        assert_eq!(run.argument, asked.argument);
-        assert_eq!(run.author, "alice");
-        assert_eq!(run.author_id, 7001);
-        assert_eq!(run.trigger_kind, "issue_comment");
-        assert_eq!(run.trigger_id, asked.trigger_id);
-        assert_eq!(run.clone_url, asked.clone_url);
-        assert_eq!(run.default_branch, "main");
-        assert_eq!(run.context, asked.context);
+        // The typed request comes back as it went in.
+        assert_eq!(run.request, asked);
+        assert!(run.request.is_pull_request);
+        assert_eq!(run.request.trigger.kind(), TriggerKind::ReviewComment);
+        assert_eq!(run.request.trigger.review().unwrap().path, "src/lib.rs");
         assert_eq!(run.status, RunStatus::Queued);
         assert_eq!(run.attempts, 0);
         assert!(!run.recovered);
@@ -1612,7 +1571,10 @@ mod tests {
         // A running control run does not block agent work on its issue.
         let later = queue(&db, "d-4", &new_run("ask", "octo/widgets", 9)).await;
         let _ = queue(&db, "d-5", &new_run("refuse", "octo/widgets", 9)).await;
-        assert_eq!(db.claim_control("c").await.unwrap().unwrap().kind, "refuse");
+        assert_eq!(
+            db.claim_control("c").await.unwrap().unwrap().kind(),
+            JobKind::Refuse
+        );
         assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, later);
     }
 

@@ -68,11 +68,7 @@ impl Default for PrConfig {
 }
 
 /// The kind of run a limit is asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RunKind {
-    Code,
-    Ask,
-}
+pub use crate::serve::job::RunKind;
 
 impl RunKind {
     /// The built-in cost limit of this kind of run, in USD.

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kodx::db::{Accepted, Db, Finish, NewDelivery, NewRun, RunStatus};
+use kodx::serve::job::{Job, JobKind, ReviewContext, Trigger};
 
 fn delivery(id: &str) -> NewDelivery {
     NewDelivery {
@@ -22,20 +23,25 @@ fn delivery(id: &str) -> NewDelivery {
 /// A run whose trigger (comment) is new: every call gets its own comment id.
 fn new_run(kind: &str, issue_number: i64) -> NewRun {
     static COMMENT: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+    let argument = format!("work on #{issue_number}");
     NewRun {
-        kind: kind.to_owned(),
         installation_id: 42,
         repo: "octo/widgets".to_owned(),
         issue_number,
         is_pull_request: false,
-        argument: format!("work on #{issue_number}"),
         author: "alice".to_owned(),
         author_id: 7001,
-        trigger_kind: "issue_comment".to_owned(),
-        trigger_id: 1000 + COMMENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         clone_url: "https://github.com/octo/widgets.git".to_owned(),
         default_branch: "main".to_owned(),
-        context: "{}".to_owned(),
+        job: match kind {
+            "ask" => Job::Ask { question: argument },
+            "code" => Job::Code { request: argument },
+            "help" => Job::Help { unknown: None },
+            other => panic!("no job kind {other}"),
+        },
+        trigger: Trigger::IssueComment(
+            1000 + COMMENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        ),
     }
 }
 
@@ -146,7 +152,7 @@ async fn concurrent_claimers_take_each_run_once_and_one_per_issue() {
             let mut idle = 0;
             while idle < 40 {
                 if let Some(run) = db.claim_control(&worker).await.unwrap() {
-                    assert_eq!(run.kind, "help");
+                    assert_eq!(run.kind(), JobKind::Help);
                     control_claimed.lock().unwrap().push(run.id.clone());
                     assert!(db.finish(&run.id, &succeeded()).await.unwrap());
                 }
@@ -162,18 +168,23 @@ async fn concurrent_claimers_take_each_run_once_and_one_per_issue() {
                 {
                     let mut busy = busy_issues.lock().unwrap();
                     assert!(
-                        busy.insert(run.issue_number),
+                        busy.insert(run.request.issue_number),
                         "two runs running on issue {}",
-                        run.issue_number
+                        run.request.issue_number
                     );
                     let mut peak = peak.lock().unwrap();
                     *peak = (*peak).max(busy.len());
                 }
                 claimed.lock().unwrap().push(run.id.clone());
                 // Long enough that the other claimers keep trying this issue meanwhile.
-                tokio::time::sleep(Duration::from_millis(10 + 5 * (run.trigger_id % 3) as u64))
-                    .await;
-                busy_issues.lock().unwrap().remove(&run.issue_number);
+                tokio::time::sleep(Duration::from_millis(
+                    10 + 5 * (run.request.trigger.id() % 3) as u64,
+                ))
+                .await;
+                busy_issues
+                    .lock()
+                    .unwrap()
+                    .remove(&run.request.issue_number);
                 assert!(db.finish(&run.id, &succeeded()).await.unwrap());
             }
         }));
@@ -342,7 +353,7 @@ async fn a_replayed_trigger_queues_no_second_run() {
     let mut elsewhere = comment.clone();
     elsewhere.repo = "octo/gadgets".to_owned();
     let mut as_issue = comment.clone();
-    as_issue.trigger_kind = "issue".to_owned();
+    as_issue.trigger = Trigger::IssueBody(comment.trigger.id());
     for (d, run) in [("elsewhere", &elsewhere), ("as-issue", &as_issue)] {
         assert!(
             matches!(
@@ -466,11 +477,173 @@ async fn the_trigger_migration_keeps_earlier_replays() {
             .is_some());
     }
     let mut replay = new_run("ask", 1);
-    replay.trigger_id = 5555;
+    replay.trigger = Trigger::IssueComment(5555);
     assert_eq!(
         db.accept(&delivery("d-4"), Some(&replay)).await.unwrap(),
         Accepted::DuplicateTrigger {
             run_id: "000000000001".to_owned()
+        }
+    );
+}
+
+/// Rows written by kodx before the typed job (kind and context as text the worker parsed)
+/// read back as typed jobs and triggers, and are claimed and run as before.
+#[tokio::test]
+async fn runs_written_before_the_typed_job_read_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kodx.db");
+    let old = dir.path().join("old-migrations");
+    std::fs::create_dir(&old).unwrap();
+    let all = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    for name in [
+        "0001_init.sql",
+        "0002_runs_by_seq.sql",
+        "0003_runs_by_trigger.sql",
+        "0004_instance_and_transcript_pruning.sql",
+    ] {
+        std::fs::copy(all.join(name), old.join(name)).unwrap();
+    }
+    // (id, kind, argument, trigger_kind, trigger_id, context) as the old webhook wrote them:
+    // `context` was `null`, or the review comment's JSON object (keys in serde_json's order).
+    let rows = [
+        ("00000000000a", "code", "add a flag", "issue", 3, "null"),
+        (
+            "00000000000b",
+            "ask",
+            "what is this?",
+            "review_comment",
+            77,
+            r#"{"commit_id":"abc","diff_hunk":"@@ -1 +1 @@","line":4,"path":"src/lib.rs"}"#,
+        ),
+        ("00000000000c", "help", "", "issue_comment", 78, "null"),
+        (
+            "00000000000d",
+            "help",
+            "frobnicate",
+            "issue_comment",
+            79,
+            "null",
+        ),
+        ("00000000000e", "cancel", "", "issue_comment", 80, "null"),
+        (
+            "00000000000f",
+            "refuse",
+            "`/kodx code` needs a request",
+            "issue_comment",
+            81,
+            "{}",
+        ),
+    ];
+    {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        sqlx::migrate::Migrator::new(old.as_path())
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        for (seq, (id, kind, argument, trigger_kind, trigger_id, context)) in
+            rows.iter().enumerate()
+        {
+            sqlx::query(
+                "INSERT INTO deliveries (id, event, received_at) VALUES (?, 'issue_comment', 0)",
+            )
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+            sqlx::query(
+                "INSERT INTO runs (id, seq, delivery_id, kind, installation_id, repo, \
+                 issue_number, is_pull_request, argument, author, author_id, trigger_kind, \
+                 trigger_id, clone_url, default_branch, context, status, created_at) \
+                 VALUES (?, ?, ?, ?, 42, 'octo/widgets', ?, ?, ?, 'alice', 1, ?, ?, 'u', 'main', \
+                 ?, 'queued', 0)",
+            )
+            .bind(id)
+            .bind(seq as i64 + 1)
+            .bind(id)
+            .bind(kind)
+            .bind(seq as i64 + 1)
+            .bind(i64::from(*trigger_kind == "review_comment"))
+            .bind(argument)
+            .bind(trigger_kind)
+            .bind(trigger_id)
+            .bind(context)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        pool.close().await;
+    }
+    let db = Db::open(&url(&path)).await.unwrap();
+    let get = |id: &'static str| {
+        let db = db.clone();
+        async move { db.get_run(id).await.unwrap().expect(id).request }
+    };
+    let code = get("00000000000a").await;
+    assert_eq!(
+        code.job,
+        Job::Code {
+            request: "add a flag".into()
+        }
+    );
+    assert_eq!(code.trigger, Trigger::IssueBody(3));
+    let ask = get("00000000000b").await;
+    assert_eq!(
+        ask.trigger,
+        Trigger::ReviewComment {
+            id: 77,
+            review: Some(ReviewContext {
+                path: "src/lib.rs".into(),
+                line: Some(4),
+                diff_hunk: "@@ -1 +1 @@".into(),
+                commit_id: Some("abc".into()),
+            }),
+        }
+    );
+    assert!(ask.is_pull_request);
+    assert_eq!(get("00000000000c").await.job, Job::Help { unknown: None });
+    assert_eq!(
+        get("00000000000d").await.job,
+        Job::Help {
+            unknown: Some("frobnicate".into())
+        }
+    );
+    assert_eq!(get("00000000000e").await.job, Job::Cancel);
+    assert_eq!(
+        get("00000000000f").await.job,
+        Job::Refuse {
+            reason: "`/kodx code` needs a request".into()
+        }
+    );
+    // They are claimed as before: work in queue order, then the control jobs.
+    let first = db.claim_run("w").await.unwrap().unwrap();
+    assert_eq!(first.id, "00000000000a");
+    let second = db.claim_run("w").await.unwrap().unwrap();
+    assert_eq!(second.id, "00000000000b");
+    let mut control = Vec::new();
+    while let Some(run) = db.claim_control("w").await.unwrap() {
+        control.push(run.kind());
+    }
+    assert_eq!(
+        control,
+        [
+            JobKind::Help,
+            JobKind::Help,
+            JobKind::Cancel,
+            JobKind::Refuse
+        ]
+    );
+    // A replay of an old row's comment is still recognised by the trigger index.
+    let mut replay = new_run("ask", 5);
+    replay.trigger = Trigger::IssueComment(78);
+    assert_eq!(
+        db.accept(&delivery("d-new"), Some(&replay)).await.unwrap(),
+        Accepted::DuplicateTrigger {
+            run_id: "00000000000c".to_owned()
         }
     );
 }

@@ -8,9 +8,9 @@
 use std::borrow::Cow;
 
 use serde::Deserialize;
-use serde_json::{json, Value};
 
-use crate::command::{self, Command, ParseError};
+use crate::command;
+use crate::serve::job::{Job, ReviewContext, RunRequest, Trigger};
 
 /// What a delivery means to kodx.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,54 +24,7 @@ pub enum Triage {
         action: String,
     },
     /// A `/kodx` command to act on.
-    Command(Box<CommandEvent>),
-}
-
-/// Where a command was written, so kodx can react to it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TriggerKind {
-    IssueComment,
-    Issue,
-    ReviewComment,
-}
-
-impl TriggerKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TriggerKind::IssueComment => "issue_comment",
-            TriggerKind::Issue => "issue",
-            TriggerKind::ReviewComment => "review_comment",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<TriggerKind> {
-        Some(match s {
-            "issue_comment" => TriggerKind::IssueComment,
-            "issue" => TriggerKind::Issue,
-            "review_comment" => TriggerKind::ReviewComment,
-            _ => return None,
-        })
-    }
-}
-
-/// A command found in a delivery, with what is needed to act on it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CommandEvent {
-    pub installation_id: i64,
-    /// `owner/name`.
-    pub repo: String,
-    pub issue_number: i64,
-    pub is_pull_request: bool,
-    pub author: String,
-    pub author_id: i64,
-    pub trigger: TriggerKind,
-    /// The comment id, or the issue number for a command in an issue body.
-    pub trigger_id: i64,
-    pub clone_url: String,
-    pub default_branch: String,
-    pub command: Result<Command, ParseError>,
-    /// Event-specific context (a review comment's file, line and diff hunk).
-    pub context: Value,
+    Command(Box<RunRequest>),
 }
 
 /// A signed delivery kodx cannot read; the text is answered with `400`.
@@ -245,19 +198,17 @@ pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
             let Some(found) = command::parse(p.comment.body.as_deref().unwrap_or("")) else {
                 return ignore("no /kodx command");
             };
-            Ok(Triage::Command(Box::new(CommandEvent {
+            Ok(Triage::Command(Box::new(RunRequest {
                 installation_id: installation_id(p.installation)?,
                 repo: p.repository.full_name.into_owned(),
                 issue_number: p.issue.number,
                 is_pull_request: p.issue.pull_request.is_some(),
                 author: p.comment.user.login.into_owned(),
                 author_id: p.comment.user.id,
-                trigger: TriggerKind::IssueComment,
-                trigger_id: p.comment.id,
                 clone_url: p.repository.clone_url.into_owned(),
                 default_branch: p.repository.default_branch.into_owned(),
-                command: found,
-                context: Value::Null,
+                job: Job::from_command(found),
+                trigger: Trigger::IssueComment(p.comment.id),
             })))
         }
         "issues" => {
@@ -271,19 +222,17 @@ pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
             let Some(found) = command::parse(p.issue.body.as_deref().unwrap_or("")) else {
                 return ignore("no /kodx command");
             };
-            Ok(Triage::Command(Box::new(CommandEvent {
+            Ok(Triage::Command(Box::new(RunRequest {
                 installation_id: installation_id(p.installation)?,
                 repo: p.repository.full_name.into_owned(),
                 issue_number: p.issue.number,
                 is_pull_request: false,
                 author: p.issue.user.login.into_owned(),
                 author_id: p.issue.user.id,
-                trigger: TriggerKind::Issue,
-                trigger_id: p.issue.number,
                 clone_url: p.repository.clone_url.into_owned(),
                 default_branch: p.repository.default_branch.into_owned(),
-                command: found,
-                context: Value::Null,
+                job: Job::from_command(found),
+                trigger: Trigger::IssueBody(p.issue.number),
             })))
         }
         "pull_request_review_comment" => {
@@ -297,25 +246,26 @@ pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
             let Some(found) = command::parse(p.comment.body.as_deref().unwrap_or("")) else {
                 return ignore("no /kodx command");
             };
-            let context = json!({
-                "path": p.comment.path,
-                "line": p.comment.line,
-                "commit_id": p.comment.commit_id,
-                "diff_hunk": p.comment.diff_hunk,
+            let review = p.comment.path.map(|path| ReviewContext {
+                path: path.into_owned(),
+                line: p.comment.line,
+                diff_hunk: p.comment.diff_hunk.map(Cow::into_owned).unwrap_or_default(),
+                commit_id: p.comment.commit_id.map(Cow::into_owned),
             });
-            Ok(Triage::Command(Box::new(CommandEvent {
+            Ok(Triage::Command(Box::new(RunRequest {
                 installation_id: installation_id(p.installation)?,
                 repo: p.repository.full_name.into_owned(),
                 issue_number: p.pull_request.number,
                 is_pull_request: true,
                 author: p.comment.user.login.into_owned(),
                 author_id: p.comment.user.id,
-                trigger: TriggerKind::ReviewComment,
-                trigger_id: p.comment.id,
                 clone_url: p.repository.clone_url.into_owned(),
                 default_branch: p.repository.default_branch.into_owned(),
-                command: found,
-                context,
+                job: Job::from_command(found),
+                trigger: Trigger::ReviewComment {
+                    id: p.comment.id,
+                    review,
+                },
             })))
         }
         "installation" | "installation_repositories" => {
@@ -345,6 +295,7 @@ pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
 
     fn comment_payload(body: &str, user_type: &str, pr: bool) -> Vec<u8> {
         let mut issue = json!({
@@ -366,7 +317,7 @@ mod tests {
         .into_bytes()
     }
 
-    fn command(t: Triage) -> CommandEvent {
+    fn command(t: Triage) -> RunRequest {
         match t {
             Triage::Command(c) => *c,
             other => panic!("expected a command, got {other:?}"),
@@ -386,14 +337,13 @@ mod tests {
         assert_eq!(c.issue_number, 7);
         assert!(!c.is_pull_request);
         assert_eq!(c.author, "bob");
-        assert_eq!(c.trigger, TriggerKind::IssueComment);
-        assert_eq!(c.trigger_id, 99);
+        assert_eq!(c.trigger, Trigger::IssueComment(99));
         assert_eq!(c.installation_id, 5);
         assert_eq!(
-            c.command,
-            Ok(Command::Ask {
+            c.job,
+            Job::Ask {
                 question: "why?".into()
-            })
+            }
         );
         let c = command(
             triage(
@@ -456,14 +406,13 @@ mod tests {
             "installation": {"id": 5}
         });
         let c = command(triage("issues", p.to_string().as_bytes()).unwrap());
-        assert_eq!(c.trigger, TriggerKind::Issue);
-        assert_eq!(c.trigger_id, 3);
+        assert_eq!(c.trigger, Trigger::IssueBody(3));
         assert_eq!(c.default_branch, "trunk");
         assert_eq!(
-            c.command,
-            Ok(Command::Code {
+            c.job,
+            Job::Code {
                 request: "add a flag".into()
-            })
+            }
         );
 
         let p = json!({
@@ -475,11 +424,20 @@ mod tests {
             "installation": {"id": 5}
         });
         let c = command(triage("pull_request_review_comment", p.to_string().as_bytes()).unwrap());
-        assert_eq!(c.trigger, TriggerKind::ReviewComment);
         assert!(c.is_pull_request);
         assert_eq!(c.issue_number, 8);
-        assert_eq!(c.context["path"], "src/lib.rs");
-        assert_eq!(c.context["diff_hunk"], "@@ -1 +1 @@\n-a\n+b");
+        assert_eq!(
+            c.trigger,
+            Trigger::ReviewComment {
+                id: 11,
+                review: Some(ReviewContext {
+                    path: "src/lib.rs".into(),
+                    line: Some(1),
+                    diff_hunk: "@@ -1 +1 @@\n-a\n+b".into(),
+                    commit_id: Some("abc".into()),
+                })
+            }
+        );
     }
 
     #[test]
@@ -502,10 +460,10 @@ mod tests {
         let body = "/kodx ask \u{e9}t\u{e9}? \"quoted\"\nsecond line";
         let c = command(triage("issue_comment", &comment_payload(body, "User", false)).unwrap());
         assert_eq!(
-            c.command,
-            Ok(Command::Ask {
+            c.job,
+            Job::Ask {
                 question: "\u{e9}t\u{e9}? \"quoted\"\nsecond line".into()
-            })
+            }
         );
     }
 }

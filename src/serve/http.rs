@@ -16,10 +16,10 @@ use axum::{Json, Router};
 use serde_json::json;
 use tokio::sync::Notify;
 
-use crate::command::ParseError;
-use crate::db::{Accepted, Db, NewDelivery, NewRun};
+use crate::db::{Accepted, Db, NewDelivery};
 use crate::serve::body::{read_verified, BodyBudget, BodyError};
-use crate::serve::event::{triage, CommandEvent, Triage};
+use crate::serve::event::{triage, Triage};
+use crate::serve::job::RunRequest;
 use crate::serve::listen::ConnectionHandle;
 use crate::serve::metrics::Metrics;
 use crate::webhook::WebhookSecrets;
@@ -241,7 +241,7 @@ async fn webhook(State(st): State<HttpState>, request: Request) -> Response {
                 installation_id: Some(c.installation_id),
                 repo: Some(c.repo.clone()),
             },
-            Some(new_run(c)),
+            Some(RunRequest::clone(c)),
         ),
     };
     match st.db.accept(&record, run.as_ref()).await {
@@ -250,7 +250,7 @@ async fn webhook(State(st): State<HttpState>, request: Request) -> Response {
             st.wake.notify_one();
             if let Triage::Command(c) = &triaged {
                 tracing::info!(run_id = %run_id, repo = %c.repo, issue = c.issue_number,
-                    command = run.as_ref().map(|r| r.kind.as_str()).unwrap_or(""), "run queued");
+                    command = c.job.kind().as_str(), "run queued");
             }
             answer(StatusCode::ACCEPTED, json!({ "run_id": run_id }))
         }
@@ -287,35 +287,6 @@ fn internal(st: &HttpState, event: &str, error: &str) -> Response {
         StatusCode::INTERNAL_SERVER_ERROR,
         json!({ "error": "kodx could not store this delivery; see the server log" }),
     )
-}
-
-/// The queued row for a command. Commands that cannot run (empty or over-long request)
-/// are queued as a refusal, which a worker answers with a comment.
-pub fn new_run(c: &CommandEvent) -> NewRun {
-    use crate::command::Command;
-    let (kind, argument) = match &c.command {
-        Ok(Command::Code { request }) => ("code", request.clone()),
-        Ok(Command::Ask { question }) => ("ask", question.clone()),
-        Ok(Command::Cancel) => ("cancel", String::new()),
-        Ok(Command::Help { unknown }) => ("help", unknown.clone().unwrap_or_default()),
-        Err(e @ ParseError::TooLong { .. }) => ("refuse", e.to_string()),
-        Err(e @ ParseError::EmptyRequest { .. }) => ("refuse", e.to_string()),
-    };
-    NewRun {
-        kind: kind.to_string(),
-        installation_id: c.installation_id,
-        repo: c.repo.clone(),
-        issue_number: c.issue_number,
-        is_pull_request: c.is_pull_request,
-        argument,
-        author: c.author.clone(),
-        author_id: c.author_id,
-        trigger_kind: c.trigger.as_str().to_string(),
-        trigger_id: c.trigger_id,
-        clone_url: c.clone_url.clone(),
-        default_branch: c.default_branch.clone(),
-        context: c.context.to_string(),
-    }
 }
 
 async fn healthz(State(st): State<HttpState>) -> Response {

@@ -1,0 +1,26 @@
+//! `/kodx help` (and an unknown subcommand): what kodx can do, and who may ask.
+
+use crate::comment;
+
+/// The answer to `/kodx help` (and to an unknown subcommand).
+pub fn help_text(unknown: &str) -> String {
+    let mut out = String::new();
+    if !unknown.is_empty() {
+        out.push_str(&format!(
+            "kodx does not know `/kodx {}`.\n\n",
+            comment::redact(unknown).replace('`', "'")
+        ));
+    }
+    out.push_str(
+        "**kodx** runs an AI agent in a sandboxed container on a copy of this repository.\n\n\
+         | command | what happens | who may |\n\
+         | --- | --- | --- |\n\
+         | `/kodx ask <question>` | the agent reads the code and answers here | write access (or read, if the repository allows it) |\n\
+         | `/kodx code <request>` | the agent makes the change and opens a pull request | write access |\n\
+         | `/kodx cancel` | stops the runs on this issue or pull request | write access |\n\
+         | `/kodx help` | this message | everyone |\n\n\
+         The command must start a line, outside code blocks and quotes; everything after it is the request. \
+         Limits and the model are set in `.github/kodx.yml`.",
+    );
+    out
+}

@@ -1,0 +1,763 @@
+//! An `ask` or `code` run: the repository's config, the program and its limits, the
+//! context, the clone, the container, the agent, and for `code` the delivery of the change.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{Agent, Progress, Record, StopReason};
+use crate::comment::{self, Done, Phase, RunKind};
+use crate::db::{Db, Finish, Run, RunStatus};
+use crate::github::{GitHubError, Installation, PullInfo, RepoName};
+use crate::model::{Provider, ProviderError, Request, Response};
+use crate::program::{self, Overrides, Plan, Program};
+use crate::repo_config::RepoConfig;
+use crate::sandbox::{Sandbox, SandboxError};
+use crate::serve::context::{strip_hidden, ContextComment, RunContext};
+use crate::serve::deliver::{self, Target};
+use crate::serve::metrics::Metrics;
+
+use super::gate::MIN_RUN_BUDGET_USD;
+use super::{run_kind, zero_outcome, Ending, RunHandle, Timings, Workers};
+
+impl Workers {
+    pub(super) async fn work(self: &Arc<Self>, run: Run) {
+        self.metrics.run_started();
+        let started = Instant::now();
+        let cancel = CancellationToken::new();
+        let cancelled_by = Arc::new(Mutex::new(None));
+        self.running.lock().expect("lock").insert(
+            run.id.clone(),
+            RunHandle {
+                cancel: cancel.clone(),
+                cancelled_by: cancelled_by.clone(),
+            },
+        );
+        tracing::info!(attempt = run.attempts, "run started");
+        let timings = Timings::default();
+        let ending = self.work_inner(&run, &cancel, &timings).await;
+        self.running.lock().expect("lock").remove(&run.id);
+        self.metrics.run_ended();
+        let Some(mut ending) = ending else {
+            return;
+        };
+        if ending.done.outcome.stop_reason == StopReason::Cancelled {
+            let by = cancelled_by.lock().expect("lock").clone();
+            match by {
+                Some(who) => {
+                    ending.status = RunStatus::Cancelled;
+                    ending.done.failure = Some(format!("Cancelled by @{who}."));
+                }
+                None if self.shutdown.is_cancelled() => {
+                    // Stopped by a shutdown: left `running`, queued again at the next start.
+                    tracing::warn!("run stopped by shutdown; it resumes when kodx starts again");
+                    self.edit_status(
+                        &run,
+                        "⏳ paused — kodx is restarting; this run starts again when it is back",
+                    )
+                    .await;
+                    return;
+                }
+                None => {}
+            }
+        }
+        let o = &ending.done.outcome;
+        let fin = Finish {
+            status: ending.status,
+            stop_reason: o.stop_reason.as_str().to_string(),
+            cost_usd: o.usd_cost,
+            input_tokens: o.usage.input_tokens as i64,
+            output_tokens: o.usage.output_tokens as i64,
+            cache_read_tokens: o.usage.cache_read_tokens as i64,
+            cache_write_tokens: o.usage.cache_write_tokens as i64,
+            api_calls: i64::from(o.api_calls),
+            result: serde_json::json!({
+                "last_message": comment::redact(&o.last_message),
+                "detail": ending.done.failure.as_deref().or(o.detail.as_deref()).map(comment::redact),
+                "model": o.model,
+                "timings_ms": timings.to_json(),
+            })
+            .to_string(),
+            pr_url: ending.done.pr_url.clone(),
+        };
+        if let Err(e) = self.db.finish(&run.id, &fin).await {
+            tracing::error!("recording the end of the run failed: {e}");
+        }
+        self.metrics.run_finished(
+            run.kind().as_str(),
+            o.stop_reason.as_str(),
+            o.usd_cost,
+            started.elapsed(),
+        );
+        tracing::info!(
+            stop_reason = o.stop_reason.as_str(),
+            cost_usd = o.usd_cost,
+            api_calls = o.api_calls,
+            timings_ms = %timings.to_json(),
+            "run finished"
+        );
+        self.post_done(&run, &ending.done).await;
+    }
+
+    /// The run itself. `None` when it was refused (and finished) while being acknowledged.
+    pub(super) async fn work_inner(
+        self: &Arc<Self>,
+        run: &Run,
+        cancel: &CancellationToken,
+        timings: &Timings,
+    ) -> Option<Ending> {
+        let prepare_started = Instant::now();
+        let kind = run_kind(run);
+        let internal = |what: String| {
+            tracing::error!("{what}");
+            Some(Ending {
+                status: RunStatus::Failed,
+                done: self.failed_done(
+                    run,
+                    StopReason::Error,
+                    format!("kodx hit an internal error ({what}). Run id `{}`.", run.id),
+                ),
+            })
+        };
+        // A run claimed before it was acknowledged is acknowledged now (or refused).
+        let run = self.ensure_acknowledged(&run.id).await?;
+        let run = &run;
+        let gh = match self.installation(run).await {
+            Ok(gh) => gh,
+            Err(e) => {
+                return internal(format!(
+                    "GitHub did not give kodx an installation token: {e}"
+                ))
+            }
+        };
+        let Ok(repo) = RepoName::parse(&run.request.repo) else {
+            return internal(format!(
+                "the repository name {:?} is not valid",
+                run.request.repo
+            ));
+        };
+        // The config again: it may have changed since the run was queued.
+        let config = match gh.file_on_default_branch(&repo, RepoConfig::PATH).await {
+            Ok(Some(text)) => match RepoConfig::parse(&text) {
+                Ok(c) => c,
+                Err(e) => {
+                    return Some(Ending {
+                        status: RunStatus::Failed,
+                        done: self.failed_done(run, StopReason::Error, format!(
+                            "The repository's configuration became invalid: {e}. Fix it on the default branch and run the command again."
+                        )),
+                    })
+                }
+            },
+            Ok(None) => RepoConfig::default(),
+            Err(e) => return internal(format!("reading {} failed: {e}", RepoConfig::PATH)),
+        };
+        self.edit_phase(&gh, &repo, run, &Phase::SettingUp).await;
+        let _ = self.db.set_phase(&run.id, "setting_up").await;
+
+        // The program, its limits and its model.
+        let program = Program::builtin(kind.program()).expect("built-in ask and code programs");
+        let maxima = self.settings.maxima();
+        let mut cost_limit = config.cost_limit_for(kind, &maxima);
+        if let Some((budget, spent)) = self.budget_left(run).await {
+            if budget - spent < MIN_RUN_BUDGET_USD {
+                return Some(Ending {
+                    status: RunStatus::Failed,
+                    done: self.failed_done(
+                        run,
+                        StopReason::CostLimitExceeded,
+                        "This installation's monthly budget was spent while the run waited; nothing was started.".into(),
+                    ),
+                });
+            }
+            // A run never spends past the budget.
+            cost_limit = cost_limit.min(budget - spent);
+        }
+        let overrides = Overrides {
+            model: config.model.clone().or_else(|| self.settings.model.clone()),
+            image: config.image.clone(),
+            setup_script: config.setup_script.clone(),
+            disable_network_after_setup: config.disable_network_after_setup,
+            cost_limit: Some(cost_limit),
+            max_iterations: Some(config.max_iterations(&maxima)),
+            command_timeout: None,
+        };
+        let defaults = program::Defaults {
+            image: self.settings.image.clone(),
+            cost_limit,
+            max_iterations: config.max_iterations(&maxima),
+            command_timeout: Duration::from_secs(self.settings.command_timeout_secs),
+            run_timeout: Duration::from_secs(self.settings.run_timeout_secs),
+            network: self.settings.network,
+            network_allow: self.settings.network_allow.clone(),
+            max_disk_bytes: self.settings.max_disk_bytes,
+        };
+        let plan = match Plan::new(
+            format!("kodx-{}", run.id),
+            program,
+            &overrides,
+            &defaults,
+            &self.pricing,
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                return Some(Ending {
+                    status: RunStatus::Failed,
+                    done: self.failed_done(run, StopReason::Error, format!(
+                        "{e}. Choose a model kodx knows in `{}` (`model:`), or ask the server's operator to add its price.",
+                        RepoConfig::PATH
+                    )),
+                })
+            }
+        };
+        let program = &plan.program;
+        let provider = match self.providers.make(program.model.provider) {
+            Ok(p) => p,
+            Err(e) => {
+                return internal(format!(
+                    "the model API is not configured on this server: {e}"
+                ))
+            }
+        };
+        let provider = Timed {
+            inner: provider,
+            metrics: self.metrics.clone(),
+        };
+
+        // The context and the clone.
+        let (context, checkout, clone_url, pull) = match self.context(&gh, &repo, run).await {
+            Ok(c) => c,
+            Err(e) => return internal(format!("reading the issue from GitHub failed: {e}")),
+        };
+        // Where a code run's change goes; for pull requests, the branch to work on.
+        let (checkout, target) = match (kind, &pull) {
+            (RunKind::Ask, _) => (checkout, None),
+            (RunKind::Code, None) => (
+                checkout,
+                Some(Target::NewPull {
+                    branch: deliver::branch_name(
+                        &config.pr.branch_prefix,
+                        false,
+                        run.request.issue_number,
+                        &run.id,
+                    ),
+                    base: run.request.default_branch.clone(),
+                    closes: Some(run.request.issue_number),
+                    original: None,
+                }),
+            ),
+            (RunKind::Code, Some(pr)) if !pr.is_fork => (
+                crate::git::Checkout::Branch(pr.head.ref_name.clone()),
+                Some(Target::PullBranch {
+                    branch: pr.head.ref_name.clone(),
+                }),
+            ),
+            (RunKind::Code, Some(pr)) => (
+                checkout,
+                Some(Target::NewPull {
+                    branch: deliver::branch_name(
+                        &config.pr.branch_prefix,
+                        true,
+                        run.request.issue_number,
+                        &run.id,
+                    ),
+                    base: pr.base.ref_name.clone(),
+                    closes: None,
+                    original: Some(run.request.issue_number),
+                }),
+            ),
+        };
+        let prompt = context.prompt(run.kind());
+        // Readable by this user alone: it holds a private repository.
+        let workdir = match tempfile::Builder::new()
+            .prefix(&format!("{}{}-", self.clone_prefix(), run.id))
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()
+        {
+            Ok(d) => d,
+            Err(e) => return internal(format!("no temporary directory for the clone: {e}")),
+        };
+        let dest = workdir.path().join("repo");
+        let token = gh.token().expose().to_string();
+        timings.add("prepare", prepare_started.elapsed());
+        let clone_started = Instant::now();
+        let cloned = {
+            let dest = dest.clone();
+            let url = clone_url.clone();
+            let depth = if kind == RunKind::Ask { Some(1) } else { None };
+            tokio::task::spawn_blocking(move || {
+                crate::git::clone(&url, &token, &dest, &checkout, depth)
+            })
+            .await
+        };
+        match cloned {
+            Ok(Ok(c)) => {
+                timings.add("clone", clone_started.elapsed());
+                tracing::info!(head = %c.head_sha, "cloned")
+            }
+            Ok(Err(e)) => {
+                return Some(Ending {
+                    status: RunStatus::Failed,
+                    done: self.failed_done(
+                        run,
+                        StopReason::Error,
+                        format!("Cloning the repository failed: {e}"),
+                    ),
+                })
+            }
+            Err(e) => return internal(format!("the clone task failed: {e}")),
+        }
+        if cancel.is_cancelled() {
+            return Some(self.cancelled_early(run, cost_limit, program));
+        }
+
+        // The container.
+        let engine = match self.engine.get().await {
+            Ok(e) => e,
+            Err(e) => return internal(format!("no Docker engine: {e}")),
+        };
+        let mut spec = plan.sandbox.clone();
+        spec.repo_dir = Some(dest.clone());
+        if run.attempts > 1 {
+            // An earlier attempt's container (whoever made it) would hold the name.
+            match engine.remove_run_containers(&spec.run_id).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("removed {n} container(s) of an earlier attempt"),
+                Err(e) => tracing::warn!("could not remove an earlier attempt's container: {e}"),
+            }
+        }
+        let setup_started = Instant::now();
+        let sandbox = tokio::select! {
+            s = engine.start_with_progress(&spec, |line| tracing::info!("{line}")) => s,
+            _ = cancel.cancelled() => return Some(self.cancelled_early(run, cost_limit, program)),
+        };
+        let sandbox = match sandbox {
+            Ok(s) => {
+                timings.add("container", setup_started.elapsed());
+                s
+            }
+            Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {
+                let mut outcome = zero_outcome(
+                    StopReason::SetupFailed,
+                    cost_limit,
+                    program.model.name.clone(),
+                );
+                outcome.duration = setup_started.elapsed();
+                outcome.detail = Some(e.to_string());
+                return Some(Ending {
+                    status: RunStatus::Failed,
+                    done: Done {
+                        kind,
+                        outcome,
+                        text: String::new(),
+                        pr_url: None,
+                        pushed: None,
+                        failure: None,
+                    },
+                });
+            }
+            Err(e) => {
+                return Some(Ending {
+                    status: RunStatus::Failed,
+                    done: self.failed_done(
+                        run,
+                        StopReason::Error,
+                        format!("The container could not be started: {e}"),
+                    ),
+                })
+            }
+        };
+
+        // The agent, with the status comment following its progress.
+        let _ = self.db.set_phase(&run.id, "working").await;
+        let agent_config = plan.agent.clone();
+        let (progress_tx, progress_rx) = tokio::sync::watch::channel(None::<Progress>);
+        let updater = tokio::spawn(self.clone().follow_progress(
+            gh.clone(),
+            repo.clone(),
+            run.clone(),
+            progress_rx,
+        ));
+        let (records_tx, records_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let writer = tokio::spawn(write_transcript(
+            self.db.clone(),
+            run.id.clone(),
+            records_rx,
+        ));
+        let agent = Agent {
+            provider: &provider,
+            sandbox: &sandbox,
+            config: agent_config,
+            cancel: cancel.clone(),
+        };
+        let agent_started = Instant::now();
+        let outcome = agent
+            .run(
+                &prompt,
+                |p| {
+                    let _ = progress_tx.send(Some(p.clone()));
+                },
+                |r: &Record| {
+                    if let Ok(line) = serde_json::to_string(r) {
+                        let _ = records_tx.send(line);
+                    }
+                },
+            )
+            .await;
+        timings.add("agent", agent_started.elapsed());
+        drop(progress_tx);
+        drop(records_tx);
+        let _ = updater.await;
+        let _ = writer.await;
+        // A code run that ended its turn: its exact change set leaves the container.
+        let changes = match (&target, outcome.stop_reason) {
+            (Some(_), StopReason::EndTurn) => {
+                let started = Instant::now();
+                let changes = sandbox.change_set().await;
+                timings.add("export", started.elapsed());
+                Some(changes)
+            }
+            _ => None,
+        };
+        // The container goes while the change is delivered (it is not needed any more).
+        drop(agent);
+        let teardown = tokio::spawn(async move { sandbox.destroy().await });
+        let mut done = Done {
+            kind,
+            text: outcome.last_message.clone(),
+            outcome,
+            pr_url: None,
+            pushed: None,
+            failure: None,
+        };
+        if let (Some(target), Some(changes)) = (target, changes) {
+            let delivered = match changes {
+                Ok(changes) => {
+                    self.deliver(
+                        run,
+                        &repo,
+                        &dest,
+                        &clone_url,
+                        &target,
+                        changes,
+                        &done,
+                        config.pr.draft,
+                        timings,
+                    )
+                    .await
+                }
+                Err(e) => Err(format!(
+                    "The changes could not be taken out of the container: {e}"
+                )),
+            };
+            match delivered {
+                Ok(Delivered::Pull(url)) => done.pr_url = Some(url),
+                Ok(Delivered::Pushed { sha, branch }) => done.pushed = Some((sha, branch)),
+                Ok(Delivered::Nothing) => {}
+                Err(failure) => done.failure = Some(failure),
+            }
+        }
+        match teardown.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("removing the container failed: {e}"),
+            Err(e) => tracing::warn!("removing the container failed: {e}"),
+        }
+        // The clone (and for ask runs, the container's changes) go with `workdir`.
+        drop(workdir);
+        let status = if done.succeeded() {
+            RunStatus::Succeeded
+        } else {
+            RunStatus::Failed
+        };
+        Some(Ending { status, done })
+    }
+
+    /// Applies a code run's change set to the host clone, commits it, pushes it and opens
+    /// (or finds) the pull request. `Err` is the sentence the status comment shows.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn deliver(
+        &self,
+        run: &Run,
+        repo: &RepoName,
+        dest: &std::path::Path,
+        clone_url: &str,
+        target: &Target,
+        changes: crate::sandbox::archive::ChangeSet,
+        done: &Done,
+        draft: bool,
+        timings: &Timings,
+    ) -> Result<Delivered, String> {
+        if changes.is_empty() {
+            return Ok(Delivered::Nothing);
+        }
+        tracing::info!(changes = %changes.summary(), "delivering");
+        // A fresh token: the run may have outlived the one it cloned with.
+        let gh = self
+            .installation(run)
+            .await
+            .map_err(|e| format!("GitHub did not give kodx a token to push with: {e}"))?;
+        let bot = self
+            .app
+            .bot_identity(&gh)
+            .await
+            .map_err(|e| format!("kodx could not read its own GitHub identity: {e}"))?;
+        let summary = done.outcome.last_message.clone();
+        let subject = deliver::commit_subject(run.request.job.argument());
+        let body = deliver::commit_body(
+            &summary,
+            run.request.issue_number,
+            run.request.is_pull_request,
+            &run.id,
+        );
+        let trailers = deliver::trailers(&run.request.author, run.request.author_id, &run.id);
+        let max_file_bytes = self.settings.max_commit_file_bytes;
+        let token = gh.token().expose().to_string();
+        let committed = {
+            let dest = dest.to_path_buf();
+            let url = clone_url.to_string();
+            let target = target.clone();
+            let token = token.clone();
+            let identity_name = bot.login.clone();
+            let identity_email = bot.noreply_email.clone();
+            type Pushed = Option<(String, String, Duration, Duration)>;
+            tokio::task::spawn_blocking(move || -> Result<Pushed, String> {
+                let started = Instant::now();
+                changes
+                    .apply(&dest)
+                    .map_err(|e| format!("The changes could not be applied to the clone: {e}"))?;
+                let request = crate::git::CommitRequest {
+                    author: crate::git::Identity {
+                        name: identity_name,
+                        email: identity_email,
+                    },
+                    subject: &subject,
+                    body: &body,
+                    trailers: &trailers,
+                    max_file_bytes,
+                };
+                let Some(commit) = crate::git::commit_all(&dest, &request)
+                    .map_err(|e| format!("The change could not be committed: {e}"))?
+                else {
+                    return Ok(None);
+                };
+                tracing::info!(sha = %commit.sha, files = commit.files_changed, "committed");
+                let committed = started.elapsed();
+                let started = Instant::now();
+                match &target {
+                    Target::NewPull { branch, .. } => {
+                        // The run's own branch: a re-run after a restart replaces what an
+                        // earlier attempt pushed there.
+                        crate::git::push(&dest, &url, &token, "HEAD", branch, true)
+                            .map_err(|e| push_failure(&e, branch))?;
+                        Ok(Some((
+                            commit.sha,
+                            branch.clone(),
+                            committed,
+                            started.elapsed(),
+                        )))
+                    }
+                    Target::PullBranch { branch } => {
+                        let pushed = crate::git::push_rebasing(&dest, &url, &token, branch, 3)
+                            .map_err(|e| push_failure(&e, branch))?;
+                        Ok(Some((
+                            pushed.sha,
+                            branch.clone(),
+                            committed,
+                            started.elapsed(),
+                        )))
+                    }
+                }
+            })
+            .await
+            .map_err(|e| format!("kodx hit an internal error while committing: {e}"))??
+        };
+        let Some((sha, branch, commit_took, push_took)) = committed else {
+            return Ok(Delivered::Nothing);
+        };
+        timings.add("commit", commit_took);
+        timings.add("push", push_took);
+        let pr_started = Instant::now();
+        let Target::NewPull { base, .. } = target else {
+            return Ok(Delivered::Pushed { sha, branch });
+        };
+        let cost = comment::cost_summary(&done.outcome);
+        let pull_body = deliver::pull_body(&summary, target, &run.request.author, &cost, &run.id);
+        let existing = gh.find_open_pull(repo, &branch).await.map_err(|e| {
+            format!("Pushed `{branch}`, but GitHub could not be asked for its pull request: {e}")
+        })?;
+        if let Some(pr) = existing {
+            let _ = gh.update_pull_body(repo, pr.number, &pull_body).await;
+            timings.add("pull_request", pr_started.elapsed());
+            return Ok(Delivered::Pull(pr.html_url));
+        }
+        let new = crate::github::NewPull {
+            title: deliver::title_from(run.request.job.argument(), 100),
+            head: branch.clone(),
+            base: base.clone(),
+            body: pull_body,
+            draft,
+        };
+        let created = gh.create_pull(repo, &new).await;
+        timings.add("pull_request", pr_started.elapsed());
+        match created {
+            Ok(pr) => Ok(Delivered::Pull(pr.html_url)),
+            Err(GitHubError::PullExists { .. }) => match gh.find_open_pull(repo, &branch).await {
+                Ok(Some(pr)) => Ok(Delivered::Pull(pr.html_url)),
+                _ => Err(format!(
+                    "Pushed `{branch}`, but its pull request could not be found."
+                )),
+            },
+            Err(e) => Err(format!(
+                "Pushed the change to branch `{branch}`, but opening the pull request failed: {e}"
+            )),
+        }
+    }
+
+    pub(super) fn cancelled_early(&self, run: &Run, cost_limit: f64, program: &Program) -> Ending {
+        Ending {
+            status: RunStatus::Cancelled,
+            done: Done {
+                kind: run_kind(run),
+                outcome: zero_outcome(
+                    StopReason::Cancelled,
+                    cost_limit,
+                    program.model.name.clone(),
+                ),
+                text: String::new(),
+                pr_url: None,
+                pushed: None,
+                failure: None,
+            },
+        }
+    }
+
+    /// What the model is told, which commit to clone, and from where.
+    pub(super) async fn context(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        run: &Run,
+    ) -> Result<(RunContext, crate::git::Checkout, String, Option<PullInfo>), GitHubError> {
+        let number = run.request.issue_number as u64;
+        let mut ctx = RunContext {
+            repo: run.request.repo.clone(),
+            number: run.request.issue_number,
+            is_pull_request: run.request.is_pull_request,
+            author: run.request.author.clone(),
+            request: run.request.job.argument().to_string(),
+            ..Default::default()
+        };
+        ctx.review = run.request.trigger.review().cloned();
+        if run.request.is_pull_request {
+            let pr = gh.pull_request(repo, number).await?;
+            ctx.title = pr.title.clone();
+            ctx.body = pr.body.clone();
+            ctx.branches = Some((pr.head.ref_name.clone(), pr.base.ref_name.clone()));
+            ctx.diff = Some(
+                gh.pull_request_diff(repo, number, self.settings.max_diff_bytes)
+                    .await?,
+            );
+            ctx.comments = self.comments(gh, repo, number).await?;
+            // The PR head: from the base repository (refs/pull/N/head) — a fork is never
+            // cloned with the App's token, and works the same as a same-repo branch.
+            Ok((
+                ctx,
+                crate::git::Checkout::PullHead(number),
+                run.request.clone_url.clone(),
+                Some(pr),
+            ))
+        } else {
+            let issue = gh.issue(repo, number).await?;
+            ctx.title = issue.title;
+            ctx.body = issue.body;
+            ctx.comments = self.comments(gh, repo, number).await?;
+            Ok((
+                ctx,
+                crate::git::Checkout::DefaultBranch,
+                run.request.clone_url.clone(),
+                None,
+            ))
+        }
+    }
+
+    pub(super) async fn comments(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        number: u64,
+    ) -> Result<Vec<ContextComment>, GitHubError> {
+        if self.settings.context_comments == 0 {
+            return Ok(Vec::new());
+        }
+        let comments = gh
+            .issue_comments(repo, number, self.settings.context_comments)
+            .await?;
+        Ok(comments
+            .into_iter()
+            .filter(|c| !c.author_is_bot)
+            .map(|c| ContextComment {
+                author: c.author,
+                body: strip_hidden(&c.body),
+            })
+            .collect())
+    }
+}
+
+/// Where a code run's change went.
+pub(super) enum Delivered {
+    Pull(String),
+    Pushed { sha: String, branch: String },
+    Nothing,
+}
+
+/// A push the server refused, in words a maintainer can act on.
+fn push_failure(e: &crate::git::GitError, branch: &str) -> String {
+    match e {
+        crate::git::GitError::Rejected { reason } => format!(
+            "GitHub refused the push to `{branch}`: {}",
+            crate::git::explain_rejection(reason)
+        ),
+        crate::git::GitError::Conflict { paths } => format!(
+            "The branch `{branch}` moved while kodx worked, and kodx's change conflicts with it in {}. Nothing was pushed; run the command again on the new head.",
+            paths.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ")
+        ),
+        other => format!("Pushing to `{branch}` failed: {other}"),
+    }
+}
+
+/// Keeps the transcript in the database as records arrive.
+async fn write_transcript(
+    db: Db,
+    run_id: String,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let mut seq = db.next_transcript_seq(&run_id).await.unwrap_or(0);
+    while let Some(line) = rx.recv().await {
+        if let Err(e) = db.append_transcript(&run_id, seq, &line).await {
+            tracing::warn!("writing the transcript failed: {e}");
+        }
+        seq += 1;
+    }
+}
+
+/// Times model calls for `/metrics`.
+struct Timed {
+    inner: Box<dyn Provider>,
+    metrics: Arc<Metrics>,
+}
+
+#[async_trait::async_trait]
+impl Provider for Timed {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn complete(&self, request: &Request) -> Result<Response, ProviderError> {
+        let started = Instant::now();
+        let r = self.inner.complete(request).await;
+        self.metrics.model_call(&request.model, started.elapsed());
+        r
+    }
+}

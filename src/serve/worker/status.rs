@@ -1,0 +1,224 @@
+//! The status comment of a run: acknowledged (`eyes`, the comment), found again after a
+//! restart, edited as the run moves, finished with the outcome and a reaction.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::agent::Progress;
+use crate::comment::{self, Done, Phase};
+use crate::db::{Run, RunStatus};
+use crate::github::{Installation, Reaction, RepoName};
+
+use super::Workers;
+
+impl Workers {
+    /// Checks who asked and the repository's config, reacts `eyes` and creates the status
+    /// comment. `false` when the run was refused (and finished) instead.
+    pub(in crate::serve) async fn acknowledge(&self, run: &Run) -> bool {
+        let gh = match self.installation(run).await {
+            Ok(gh) => gh,
+            Err(e) => {
+                tracing::warn!("GitHub is not reachable to acknowledge the run: {e}");
+                return false;
+            }
+        };
+        let Ok(repo) = RepoName::parse(&run.request.repo) else {
+            self.finish_quietly(run, RunStatus::Failed, "internal_error")
+                .await;
+            return false;
+        };
+        // Who may: checked before anything is posted, so a refusal is one short comment.
+        if self
+            .check_permission_and_config(&gh, &repo, run)
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        self.react(&gh, &repo, run, Reaction::Eyes).await;
+        // A comment this run posted before a crash is found by its hidden metadata.
+        if let Some(existing) = self.find_status_comment(&gh, &repo, run).await {
+            let _ = self.db.set_status_comment(&run.id, existing as i64).await;
+            return true;
+        }
+        let body = comment::render(&run.id, &command_line(run), &Phase::Queued);
+        match gh
+            .create_comment(&repo, run.request.issue_number as u64, &body)
+            .await
+        {
+            Ok(c) => {
+                if let Err(e) = self.db.set_status_comment(&run.id, c.id as i64).await {
+                    tracing::error!("storing the status comment id failed: {e}");
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!("creating the status comment failed: {e}");
+                false
+            }
+        }
+    }
+
+    pub(in crate::serve) async fn find_status_comment(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        run: &Run,
+    ) -> Option<u64> {
+        // Only worth a listing when this run may have posted before (a restart, or a
+        // webhook handled a while ago).
+        let age = crate::db::now_ms() - run.created_at;
+        if !(run.recovered || run.attempts > 0 || age > 30_000) {
+            return None;
+        }
+        let comments = gh
+            .issue_comments(repo, run.request.issue_number as u64, 100)
+            .await
+            .ok()?;
+        comments
+            .iter()
+            .rev()
+            .find(|c| {
+                c.author_is_bot && comment::find_run_id(&c.body).as_deref() == Some(run.id.as_str())
+            })
+            .map(|c| c.id)
+    }
+
+    pub(in crate::serve) async fn react(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        run: &Run,
+        reaction: Reaction,
+    ) {
+        let target = run.request.trigger.reaction_target();
+        if let Err(e) = gh.react(repo, target, reaction).await {
+            tracing::warn!("reacting {} failed: {e}", reaction.as_str());
+        }
+    }
+
+    /// Edits the status comment as the run moves, at most once per `status_interval`.
+    pub(in crate::serve) async fn follow_progress(
+        self: Arc<Self>,
+        gh: Installation,
+        repo: RepoName,
+        run: Run,
+        mut rx: tokio::sync::watch::Receiver<Option<Progress>>,
+    ) {
+        let interval = self.settings.status_interval();
+        let mut last_edit: Option<Instant> = None;
+        let mut shown_step = 0;
+        loop {
+            if rx.changed().await.is_err() {
+                return;
+            }
+            if let Some(at) = last_edit {
+                let wait = interval.saturating_sub(at.elapsed());
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            let p = rx.borrow_and_update().clone();
+            let Some(p) = p else { continue };
+            if p.step == shown_step {
+                continue;
+            }
+            shown_step = p.step;
+            self.edit_phase(
+                &gh,
+                &repo,
+                &run,
+                &Phase::Working {
+                    step: p.step,
+                    spent: p.spent,
+                    limit: p.limit,
+                },
+            )
+            .await;
+            last_edit = Some(Instant::now());
+        }
+    }
+
+    pub(in crate::serve) async fn edit_phase(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        run: &Run,
+        phase: &Phase,
+    ) {
+        let Some(id) = self.status_comment_id(run).await else {
+            return;
+        };
+        let body = comment::render(&run.id, &command_line(run), phase);
+        if let Err(e) = gh.update_comment(repo, id, &body).await {
+            tracing::warn!("editing the status comment failed: {e}");
+        }
+    }
+
+    pub(in crate::serve) async fn status_comment_id(&self, run: &Run) -> Option<u64> {
+        if let Some(id) = run.status_comment_id {
+            return Some(id as u64);
+        }
+        match self.db.get_run(&run.id).await {
+            Ok(Some(r)) => r.status_comment_id.map(|id| id as u64),
+            _ => None,
+        }
+    }
+
+    /// Replaces the status comment's header line with `note` (restarts, shutdown).
+    pub(in crate::serve) async fn edit_status(&self, run: &Run, note: &str) {
+        let Ok(gh) = self.installation(run).await else {
+            return;
+        };
+        let Ok(repo) = RepoName::parse(&run.request.repo) else {
+            return;
+        };
+        let Some(id) = self.status_comment_id(run).await else {
+            return;
+        };
+        let body = comment::render(&run.id, &command_line(run), &Phase::Note(note.into()));
+        if let Err(e) = gh.update_comment(&repo, id, &body).await {
+            tracing::warn!("editing the status comment failed: {e}");
+        }
+    }
+
+    /// The final status comment and the `rocket` / `confused` reaction.
+    pub(in crate::serve) async fn post_done(&self, run: &Run, done: &Done) {
+        let gh = match self.installation(run).await {
+            Ok(gh) => gh,
+            Err(e) => {
+                tracing::error!("GitHub unreachable; the outcome was not posted: {e}");
+                return;
+            }
+        };
+        let Ok(repo) = RepoName::parse(&run.request.repo) else {
+            return;
+        };
+        let body = comment::render(
+            &run.id,
+            &command_line(run),
+            &Phase::Done(Box::new(done.clone())),
+        );
+        let posted = match self.status_comment_id(run).await {
+            Some(id) => gh.update_comment(&repo, id, &body).await,
+            None => gh
+                .create_comment(&repo, run.request.issue_number as u64, &body)
+                .await
+                .map(|_| ()),
+        };
+        if let Err(e) = posted {
+            tracing::error!("posting the outcome failed: {e}");
+        }
+        let reaction = if done.succeeded() {
+            Reaction::Rocket
+        } else {
+            Reaction::Confused
+        };
+        self.react(&gh, &repo, run, reaction).await;
+    }
+}
+
+/// The command as the status comment quotes it.
+pub(super) fn command_line(run: &Run) -> String {
+    run.request.job.command_line()
+}
