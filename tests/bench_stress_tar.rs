@@ -123,9 +123,7 @@ fn report(case: &str, o: &Outcome) {
 #[tokio::test]
 #[ignore = "stress figures: cargo test --release --test bench_stress_tar -- --ignored --nocapture"]
 async fn stress_workspace_tars() {
-    let Some(_engine) = engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let bin =
         std::env::var("KODX_STRESS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kodx").to_string());
     println!("\nkodx binary: {bin}");

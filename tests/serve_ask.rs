@@ -85,9 +85,7 @@ async fn transcript(s: &Served, run_id: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn ask_on_an_issue_answers_from_the_container() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let s = Served::with_workers().await;
     let nonce = format!("notes-{:016x}", rand::random::<u64>());
     s.git.commit_on_branch(
@@ -227,9 +225,7 @@ async fn ask_on_an_issue_answers_from_the_container() {
 
 #[tokio::test]
 async fn ask_on_a_pull_request_reads_its_head_and_diff() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::with_workers().await;
     let nonce = format!("feature-{:016x}", rand::random::<u64>());
     let head = s
@@ -442,9 +438,7 @@ async fn help_empty_and_over_long_requests_are_answered_with_a_comment() {
 
 #[tokio::test]
 async fn ask_in_a_review_comment_gets_the_hunk_and_the_reactions_go_on_that_comment() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::with_workers().await;
     let head = s.git.create_pull_ref(
         REPO,
@@ -522,9 +516,7 @@ async fn ask_in_a_review_comment_gets_the_hunk_and_the_reactions_go_on_that_comm
 
 #[tokio::test]
 async fn a_command_in_a_new_issue_runs_and_reacts_on_the_issue() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::with_workers().await;
     let body = "The docs are thin.\n\n/kodx ask what does widget() return?";
     s.github.add_issue(REPO, 7, "Docs", body, "alice");

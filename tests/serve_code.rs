@@ -74,9 +74,7 @@ fn assert_clean(s: &Served) {
 
 #[tokio::test]
 async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let s = Served::with_workers().await;
     s.git.commit_on_branch(
         REPO,
@@ -241,9 +239,7 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
 
 #[tokio::test]
 async fn code_on_a_same_repo_pull_request_pushes_onto_its_branch() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::with_workers().await;
     let head = s.git.commit_on_branch(
         REPO,
@@ -304,9 +300,7 @@ async fn code_on_a_same_repo_pull_request_pushes_onto_its_branch() {
 
 #[tokio::test]
 async fn code_on_a_fork_pull_request_opens_a_new_one_and_leaves_the_fork_alone() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::with_workers().await;
     let fork_url = s.git.create_repo(
         "mallory/widgets",
@@ -378,9 +372,7 @@ async fn code_on_a_fork_pull_request_opens_a_new_one_and_leaves_the_fork_alone()
 
 #[tokio::test]
 async fn a_run_without_changes_says_so_with_the_last_message() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "Nothing", "", "carol");
     s.model
@@ -407,9 +399,7 @@ async fn a_run_without_changes_says_so_with_the_last_message() {
 
 #[tokio::test]
 async fn the_cost_limit_of_the_repository_config_ends_the_run() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "Big", "", "carol");
     s.github
@@ -431,9 +421,7 @@ async fn the_cost_limit_of_the_repository_config_ends_the_run() {
 
 #[tokio::test]
 async fn a_failing_setup_script_is_reported_with_its_exit_code() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "Setup", "", "carol");
     s.github.set_file(
@@ -456,9 +444,7 @@ async fn a_failing_setup_script_is_reported_with_its_exit_code() {
 
 #[tokio::test]
 async fn kill_9_mid_code_run_then_restart_opens_one_pull_request() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "Slow", "", "carol");
     s.model.reply(
@@ -491,9 +477,7 @@ async fn kill_9_mid_code_run_then_restart_opens_one_pull_request() {
 
 #[tokio::test]
 async fn a_push_github_refuses_is_explained_in_the_comment() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "CI", "", "carol");
     // GitHub's answer to an App without the workflows permission, from a pre-receive hook.
@@ -524,9 +508,7 @@ async fn a_push_github_refuses_is_explained_in_the_comment() {
 
 #[tokio::test]
 async fn a_file_over_the_size_limit_refuses_the_commit() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::start(Options {
         workers: true,
         settings: Some("status_interval_secs = 0.2\nmax_commit_file_bytes = 1000\n"),
@@ -550,9 +532,7 @@ async fn a_file_over_the_size_limit_refuses_the_commit() {
 
 #[tokio::test]
 async fn ignored_build_output_over_the_limits_does_not_fail_the_run() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::with_workers().await;
     s.git.commit_on_branch(
         REPO,
@@ -594,9 +574,7 @@ async fn ignored_build_output_over_the_limits_does_not_fail_the_run() {
 
 #[tokio::test]
 async fn a_spent_monthly_budget_refuses_new_runs() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::start(Options {
         workers: true,
         settings: Some("status_interval_secs = 0.2\nmonthly_budget_usd = 0.10\n"),

@@ -82,9 +82,7 @@ async fn finishes_after_restart(s: &mut Served, run_id: &str) {
 
 #[tokio::test]
 async fn sigterm_mid_run_stops_it_cleanly_and_a_restart_finishes_it() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let mut s = Served::start(Options {
         workers: true,
         settings: Some("status_interval_secs = 0.2\nshutdown_grace_secs = 1\n"),
@@ -119,9 +117,7 @@ async fn sigterm_mid_run_stops_it_cleanly_and_a_restart_finishes_it() {
 
 #[tokio::test]
 async fn kill_9_mid_run_then_restart_finishes_it_and_removes_the_orphan() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.kill().await;
@@ -138,9 +134,7 @@ async fn kill_9_mid_run_then_restart_finishes_it_and_removes_the_orphan() {
 
 #[tokio::test]
 async fn kodx_cancel_stops_the_running_run_and_says_who() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.github.set_permission(REPO, "bob", "write");
@@ -176,9 +170,7 @@ async fn kodx_cancel_stops_the_running_run_and_says_who() {
 
 #[tokio::test]
 async fn a_run_interrupted_twice_fails_with_a_comment_instead_of_looping() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.kill().await;
@@ -214,9 +206,7 @@ async fn a_run_interrupted_twice_fails_with_a_comment_instead_of_looping() {
 
 #[tokio::test]
 async fn kodx_cancel_removes_a_queued_run_before_it_starts() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::start(Options {
         workers: true,
         settings: Some(
@@ -290,9 +280,7 @@ async fn container_exists(engine: &kodx::sandbox::Engine, id: &str) -> bool {
 /// still be removed at start, and the re-queued run must not trip over its name (409).
 #[tokio::test]
 async fn kill_9_of_kodx_as_pid_1_then_restart_removes_the_orphan_and_finishes_the_run() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let tmp = tempfile::tempdir().unwrap();
     // Another installation's clone in the same temporary directory: never touched.
     let foreign = "kodx-run-0123456789abcdef-otherrun-x1y2z3";
@@ -350,9 +338,7 @@ async fn kill_9_of_kodx_as_pid_1_then_restart_removes_the_orphan_and_finishes_th
 async fn a_requeued_run_removes_an_earlier_container_of_its_own_first() {
     use bollard::models::ContainerCreateBody;
     use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.kill().await;

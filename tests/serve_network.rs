@@ -56,9 +56,7 @@ async fn ask(s: &Served, question: &str) -> String {
 
 #[tokio::test]
 async fn a_run_cannot_reach_kodx_serve_on_its_host() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let gateway = common::net::sandbox_gateway(&engine).await;
     let s = served("status_interval_secs = 0.2\n".into()).await;
     let port = port_of(&s);
@@ -100,9 +98,7 @@ async fn a_run_cannot_reach_kodx_serve_on_its_host() {
 
 #[tokio::test]
 async fn the_server_settings_win_over_the_repository() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let gateway = common::net::sandbox_gateway(&engine).await;
     // The operator allows the host's gateway address (say, a mirror there) and cuts the
     // network after setup; the repository asks to keep it.
@@ -137,9 +133,7 @@ async fn the_server_settings_win_over_the_repository() {
 
 #[tokio::test]
 async fn a_run_writing_past_the_servers_max_disk_bytes_fails_with_the_reason() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = served("status_interval_secs = 0.2\nmax_disk_bytes = 16777216\n".into()).await;
     s.model.reply(
         vec![tool(

@@ -50,9 +50,7 @@ fn last_tool_result(s: &Served, i: usize) -> String {
 /// `limits.command_timeout`) bounds how long one `feed_chars` waits, as `kodx run` does.
 #[tokio::test]
 async fn the_command_timeout_reaches_the_agent_in_serve() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::start(Options {
         workers: true,
         settings: Some("status_interval_secs = 0.2\ncommand_timeout_secs = 2\n"),
@@ -93,9 +91,7 @@ async fn open_db(s: &Served) -> kodx::db::Db {
 /// stays.
 #[tokio::test]
 async fn transcripts_store_each_message_once_replay_exactly_and_are_pruned_by_age() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let mut s = Served::start(Options {
         workers: true,
         settings: Some("status_interval_secs = 0.2\ntranscript_days = 30\n"),

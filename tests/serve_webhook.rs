@@ -324,9 +324,7 @@ async fn healthz_names_what_is_wrong_and_metrics_are_prometheus_text() {
 
 #[tokio::test]
 async fn healthz_is_ok_with_database_and_docker() {
-    if common::engine().await.is_none() {
-        return;
-    }
+    let _engine = common::require_engine!();
     let s = served().await;
     let (status, body) = s.get("/healthz").await;
     assert_eq!(status, 200, "{body}");
