@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::fake_github::{FakeBase, FakeHead};
-use common::serve::{bot_comments, delivery_id, issue_comment, usage, Options, Served, REPO};
+use common::serve::{bot_comments, usage, Options, Served, REPO};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(120);
@@ -23,13 +23,14 @@ fn text(t: &str) -> Vec<Value> {
     vec![json!({"type": "text", "text": t})]
 }
 
-async fn ask_code(s: &Served, number: u64, is_pr: bool, request: &str) -> (String, u64) {
-    let body = format!("/kodx code {request}");
-    let id = s.github.add_comment(REPO, number, "alice", &body, false);
-    let payload = issue_comment(&s.clone_url, number, is_pr, id, "alice", "User", &body);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    assert_eq!(status, 202, "{answer}");
-    (answer["run_id"].as_str().unwrap().to_string(), id)
+/// `/kodx code <request>` by alice; the run id and where reactions to the command go.
+async fn ask_code(s: &Served, number: u64, is_pr: bool, request: &str) -> (String, String) {
+    let run = s
+        .comment(number, "alice", &format!("/kodx code {request}"))
+        .await;
+    assert_eq!(s.github.is_pull(REPO, number), is_pr);
+    let trigger = s.trigger(&run);
+    (run.0, trigger)
 }
 
 async fn wait_done(s: &Served, number: u64) -> String {
@@ -200,7 +201,7 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     for t in s.github.issued_tokens() {
         assert!(!log.contains(&t));
     }
-    let on = format!("{REPO}/issues/comments/{trigger}");
+    let on = trigger;
     // The reaction follows the final edit of the status comment.
     s.wait_for("the rocket reaction", LONG, || {
         s.github

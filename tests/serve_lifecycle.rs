@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::serve::{delivery_id, issue_comment, usage, Options, Served, REPO};
+use common::serve::{usage, Options, Served, REPO};
 use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(120);
@@ -36,18 +36,14 @@ async fn start_a_long_run(s: &Served) -> String {
         "tool_use",
         usage(1000, 10),
     );
-    let text = "/kodx ask why is it slow?";
-    let id = s.github.add_comment(REPO, 7, "alice", text, false);
-    let payload = issue_comment(&s.clone_url, 7, false, id, "alice", "User", text);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    assert_eq!(status, 202, "{answer}");
+    let run = s.comment(7, "alice", "/kodx ask why is it slow?").await;
     s.wait_for("the first model call", LONG, || {
         !s.model.requests().is_empty()
     })
     .await;
     // The tool call is running `sleep 300` in the container now.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    answer["run_id"].as_str().unwrap().to_string()
+    run.0
 }
 
 async fn finishes_after_restart(s: &mut Served, run_id: &str) {
@@ -138,11 +134,7 @@ async fn kodx_cancel_stops_the_running_run_and_says_who() {
     let s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.github.set_permission(REPO, "bob", "write");
-    let text = "/kodx cancel";
-    let id = s.github.add_comment(REPO, 7, "bob", text, false);
-    let payload = issue_comment(&s.clone_url, 7, false, id, "bob", "User", text);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    assert_eq!(status, 202, "{answer}");
+    let cancel = s.comment(7, "bob", "/kodx cancel").await;
     s.wait_for("the cancelled status", LONG, || {
         bot_comments(&s)
             .iter()
@@ -157,7 +149,7 @@ async fn kodx_cancel_stops_the_running_run_and_says_who() {
     assert_eq!(run.status, kodx::db::RunStatus::Cancelled);
     assert_eq!(run.stop_reason.as_deref(), Some("cancelled"));
     // +1 on the cancel comment.
-    let target = format!("{REPO}/issues/comments/{id}");
+    let target = s.trigger(&cancel);
     assert!(
         s.github
             .reactions()
@@ -218,12 +210,7 @@ async fn kodx_cancel_removes_a_queued_run_before_it_starts() {
     // Issue 7's run takes the only slot; issue 8's waits in the queue.
     let _running = start_a_long_run(&s).await;
     s.github.add_issue(REPO, 8, "Other", "", "carol");
-    let text = "/kodx ask what about this?";
-    let id = s.github.add_comment(REPO, 8, "alice", text, false);
-    let payload = issue_comment(&s.clone_url, 8, false, id, "alice", "User", text);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    assert_eq!(status, 202, "{answer}");
-    let queued = answer["run_id"].as_str().unwrap().to_string();
+    let queued = s.comment(8, "alice", "/kodx ask what about this?").await;
     let on_8 = |s: &Served| -> Vec<common::fake_github::FakeComment> {
         s.github
             .comments(REPO, 8)
@@ -235,13 +222,7 @@ async fn kodx_cancel_removes_a_queued_run_before_it_starts() {
         on_8(&s).iter().any(|c| c.body.contains("queued"))
     })
     .await;
-    let text = "/kodx cancel";
-    let id = s.github.add_comment(REPO, 8, "alice", text, false);
-    let payload = issue_comment(&s.clone_url, 8, false, id, "alice", "User", text);
-    assert_eq!(
-        s.deliver("issue_comment", &delivery_id(), &payload).await.0,
-        202
-    );
+    s.comment(8, "alice", "/kodx cancel").await;
     s.wait_for("the cancelled comment", LONG, || {
         on_8(&s)
             .iter()

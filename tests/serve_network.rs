@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::serve::{bot_comments, delivery_id, issue_comment, usage, Options, Served, REPO};
+use common::serve::{bot_comments, usage, Options, Served, REPO};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(120);
@@ -39,10 +39,7 @@ fn fetch(url: &str) -> String {
 
 async fn ask(s: &Served, question: &str) -> String {
     s.github.add_issue(REPO, 7, "Network", "Check it.", "carol");
-    let id = s.github.add_comment(REPO, 7, "alice", question, false);
-    let payload = issue_comment(&s.clone_url, 7, false, id, "alice", "User", question);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    assert_eq!(status, 202, "{answer}");
+    s.comment(7, "alice", question).await;
     s.wait_for("the run's end", LONG, || {
         bot_comments(s, 7).iter().any(|c| {
             !c.body.contains("queued")

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::serve::{bot_comments, delivery_id, issue_comment, usage, Options, Served, REPO};
+use common::serve::{bot_comments, usage, Options, Served, REPO};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(120);
@@ -19,17 +19,14 @@ async fn ask(s: &Served, question: &str) -> String {
     s.github
         .add_issue(REPO, 7, "Widgets are slow", "They are slow.", "carol");
     let text = format!("/kodx ask {question}");
-    let id = s.github.add_comment(REPO, 7, "alice", &text, false);
-    let payload = issue_comment(&s.clone_url, 7, false, id, "alice", "User", &text);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    assert_eq!(status, 202, "{answer}");
+    let run = s.comment(7, "alice", &text).await;
     s.wait_for("the answer", LONG, || {
         bot_comments(s, 7)
             .iter()
             .any(|c| c.body.contains("end_turn"))
     })
     .await;
-    answer["run_id"].as_str().unwrap().to_string()
+    run.0
 }
 
 /// The text of the last tool result the model was sent in request `i`.
