@@ -13,7 +13,7 @@ fn tool(id: &str, input: Value) -> Value {
 }
 
 /// Snapshot settings for a bot comment: what changes from run to run is filtered out
-/// (the run id, the values in `vary`, durations). Costs stay: the fake model's usage is
+/// (the run id, the values in `vary`, ports, durations). Costs stay: the fake model's usage is
 /// scripted.
 fn settings(run: &str, vary: &[(&str, &str)]) -> insta::Settings {
     let mut settings = insta::Settings::clone_current();
@@ -23,6 +23,7 @@ fn settings(run: &str, vary: &[(&str, &str)]) -> insta::Settings {
         settings.add_filter(value, *name);
     }
     settings.add_filter(r"\b\d+(\.\d+)? ?(ms|s|min)\b", "[duration]");
+    settings.add_filter(r"127\.0\.0\.1:\d+", "127.0.0.1:[port]");
     settings
 }
 
@@ -398,5 +399,29 @@ async fn a_command_in_a_new_issue_runs_and_reacts_on_the_issue() {
     let target = format!("{REPO}/issues/7");
     s.reaction(&target, "rocket").await;
     assert!(s.reactions_on(&target).contains(&"eyes".to_string()));
+    s.finish().await;
+}
+
+// The driver's own checks: `finish` fails on what a test left over.
+
+#[tokio::test]
+#[should_panic(expected = "a bot comment on #7 nobody read")]
+async fn finish_fails_on_a_bot_comment_nobody_read() {
+    let mut s = Served::with_workers().await;
+    s.github.add_issue(REPO, 7, "T", "B", "carol");
+    s.comment(7, "alice", "/kodx help").await;
+    s.finish().await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "an installation token in a comment on #7")]
+async fn finish_fails_on_an_installation_token_in_a_comment() {
+    let mut s = Served::with_workers().await;
+    s.github.add_issue(REPO, 7, "T", "B", "carol");
+    s.comment(7, "alice", "/kodx help").await;
+    s.next_bot_comment(7).await;
+    let token = s.github.issued_tokens().pop().expect("kodx minted a token");
+    s.github
+        .add_comment(REPO, 7, "eve", &format!("leaked: {token}"), false);
     s.finish().await;
 }
