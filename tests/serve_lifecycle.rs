@@ -53,10 +53,8 @@ async fn finishes_after_restart(s: &mut Served, run_id: &str) {
         usage(1000, 10),
     );
     s.restart().await;
-    s.wait_for("the answer after the restart", LONG, || {
-        bot_comments(s)
-            .iter()
-            .any(|c| c.body.contains("Finished after the restart."))
+    s.bot_comment_where(7, "the answer after the restart", |c| {
+        c.body.contains("Finished after the restart.")
     })
     .await;
     let comments = bot_comments(s);
@@ -72,8 +70,8 @@ async fn finishes_after_restart(s: &mut Served, run_id: &str) {
     let run = run_of(s, run_id).await;
     assert_eq!(run.status, kodx::db::RunStatus::Succeeded);
     assert_eq!(run.attempts, 2);
-    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
-    assert!(s.model.rejected().is_empty(), "{:?}", s.model.rejected());
+    // Nothing left over: no other comment, no container, no token anywhere.
+    s.finish().await;
 }
 
 #[tokio::test]
@@ -131,33 +129,25 @@ async fn kill_9_mid_run_then_restart_finishes_it_and_removes_the_orphan() {
 #[tokio::test]
 async fn kodx_cancel_stops_the_running_run_and_says_who() {
     let engine = common::require_engine!();
-    let s = Served::with_workers().await;
+    let mut s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.github.set_permission(REPO, "bob", "write");
     let cancel = s.comment(7, "bob", "/kodx cancel").await;
-    s.wait_for("the cancelled status", LONG, || {
-        bot_comments(&s)
-            .iter()
-            .any(|c| c.body.contains("Cancelled by @bob"))
-    })
-    .await;
+    let body = s
+        .bot_comment_where(7, "the cancelled status", |c| {
+            c.body.contains("Cancelled by @bob")
+        })
+        .await
+        .body;
     common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
-    let body = bot_comments(&s)[0].body.clone();
     assert!(body.contains("cancelled"), "{body}");
     assert!(body.contains("$"), "what was spent is shown: {body}");
     let run = run_of(&s, &run_id).await;
     assert_eq!(run.status, kodx::db::RunStatus::Cancelled);
     assert_eq!(run.stop_reason.as_deref(), Some("cancelled"));
     // +1 on the cancel comment.
-    let target = s.trigger(&cancel);
-    assert!(
-        s.github
-            .reactions()
-            .iter()
-            .any(|(t, c, _)| t == &target && c == "+1"),
-        "{:?}",
-        s.github.reactions()
-    );
+    s.reaction(&s.trigger(&cancel), "+1").await;
+    s.finish().await;
 }
 
 #[tokio::test]
@@ -181,11 +171,9 @@ async fn a_run_interrupted_twice_fails_with_a_comment_instead_of_looping() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     s.kill().await;
     s.restart().await;
-    s.wait_for("the failure comment", LONG, || {
-        bot_comments(&s).iter().any(|c| {
-            c.body
-                .contains("restarted while this run was working, more than once")
-        })
+    s.bot_comment_where(7, "the failure comment", |c| {
+        c.body
+            .contains("restarted while this run was working, more than once")
     })
     .await;
     let run = run_of(&s, &run_id).await;
@@ -193,6 +181,7 @@ async fn a_run_interrupted_twice_fails_with_a_comment_instead_of_looping() {
     assert_eq!(run.attempts, 2);
     assert_eq!(bot_comments(&s).len(), 1, "the same status comment");
     common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
+    s.finish().await;
     assert_eq!(s.model.requests().len(), 2, "not started a third time");
 }
 
@@ -211,22 +200,13 @@ async fn kodx_cancel_removes_a_queued_run_before_it_starts() {
     let _running = start_a_long_run(&s).await;
     s.github.add_issue(REPO, 8, "Other", "", "carol");
     let queued = s.comment(8, "alice", "/kodx ask what about this?").await;
-    let on_8 = |s: &Served| -> Vec<common::fake_github::FakeComment> {
-        s.github
-            .comments(REPO, 8)
-            .into_iter()
-            .filter(|c| c.is_bot)
-            .collect()
-    };
-    s.wait_for("the queued status comment", LONG, || {
-        on_8(&s).iter().any(|c| c.body.contains("queued"))
+    s.bot_comment_where(8, "the queued status comment", |c| {
+        c.body.contains("queued")
     })
     .await;
     s.comment(8, "alice", "/kodx cancel").await;
-    s.wait_for("the cancelled comment", LONG, || {
-        on_8(&s)
-            .iter()
-            .any(|c| c.body.contains("Cancelled by @alice before it started"))
+    s.bot_comment_where(8, "the cancelled comment", |c| {
+        c.body.contains("Cancelled by @alice before it started")
     })
     .await;
     let run = run_of(&s, &queued).await;

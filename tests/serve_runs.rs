@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::serve::{bot_comments, usage, Options, Served, REPO};
+use common::serve::{usage, Options, Served, REPO};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(120);
@@ -20,12 +20,8 @@ async fn ask(s: &Served, question: &str) -> String {
         .add_issue(REPO, 7, "Widgets are slow", "They are slow.", "carol");
     let text = format!("/kodx ask {question}");
     let run = s.comment(7, "alice", &text).await;
-    s.wait_for("the answer", LONG, || {
-        bot_comments(s, 7)
-            .iter()
-            .any(|c| c.body.contains("end_turn"))
-    })
-    .await;
+    s.bot_comment_where(7, "the answer", |c| c.body.contains("end_turn"))
+        .await;
     run.0
 }
 
@@ -48,7 +44,7 @@ fn last_tool_result(s: &Served, i: usize) -> String {
 #[tokio::test]
 async fn the_command_timeout_reaches_the_agent_in_serve() {
     let _engine = common::require_engine!();
-    let s = Served::start(Options {
+    let mut s = Served::start(Options {
         workers: true,
         settings: Some("status_interval_secs = 0.2\ncommand_timeout_secs = 2\n"),
         ..Options::default()
@@ -71,6 +67,7 @@ async fn the_command_timeout_reaches_the_agent_in_serve() {
     // The tool description the model read says the same.
     let tools = s.model.requests()[0].body["tools"].to_string();
     assert!(tools.contains("2000 ms"), "{tools}");
+    s.finish().await;
 }
 
 async fn open_db(s: &Served) -> kodx::db::Db {
@@ -163,4 +160,5 @@ async fn transcripts_store_each_message_once_replay_exactly_and_are_pruned_by_ag
     assert_eq!(run.api_calls, 6);
     assert!(run.cost_usd.unwrap() > 0.0);
     db.close().await;
+    s.finish().await;
 }
