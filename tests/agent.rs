@@ -63,7 +63,7 @@ fn tool_results(fake: &FakeAnthropic, request: usize) -> Vec<Value> {
 
 #[tokio::test]
 async fn a_tool_conversation_really_changes_the_workspace_and_costs_exactly() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let fake = FakeAnthropic::start(KEY).await;
     fake.reply(
         vec![tool(
@@ -136,7 +136,7 @@ async fn a_tool_conversation_really_changes_the_workspace_and_costs_exactly() {
 
 #[tokio::test]
 async fn the_cost_cap_is_never_crossed() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let fake = FakeAnthropic::start(KEY).await;
     // Each call bills the most output it may (1,024 tokens) and a prompt as large as a
     // request of this size can be (a token covers at least one byte), all cache writes.
@@ -182,7 +182,7 @@ async fn the_cost_cap_is_never_crossed() {
 
 #[tokio::test]
 async fn max_iterations_timeout_and_cancel_stop_the_run() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("agent-limits");
     let sb = start(&engine, &spec).await;
 
@@ -244,7 +244,7 @@ async fn max_iterations_timeout_and_cancel_stop_the_run() {
 
 #[tokio::test]
 async fn bad_tool_calls_go_back_to_the_model_and_repeated_ones_end_the_run() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("agent-tools");
     let sb = start(&engine, &spec).await;
     let fake = FakeAnthropic::start(KEY).await;
@@ -309,7 +309,7 @@ async fn bad_tool_calls_go_back_to_the_model_and_repeated_ones_end_the_run() {
 async fn the_loop_works_the_same_over_an_openai_compatible_server() {
     use common::fake_openai::FakeOpenAi;
     use kodx::providers::OpenAiClient;
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let fake = FakeOpenAi::start(None).await;
     fake.reply(
         None,
@@ -369,7 +369,7 @@ async fn the_loop_works_the_same_over_an_openai_compatible_server() {
 
 #[tokio::test]
 async fn a_reply_cut_at_max_tokens_is_continued_not_taken_as_the_end() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let fake = FakeAnthropic::start(KEY).await;
     fake.reply(
         vec![json!({"type": "text", "text": "The answer is a long"})],

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::serve::{delivery_id, issue_comment, Served, REPO};
+use common::serve::{delivery_id, issue_comment, IssueComment, Served, REPO};
 use serde_json::{json, Value};
 
 fn usage() -> Value {
@@ -48,7 +48,13 @@ async fn measure(label: &str, s: &Served, runs: usize) -> Vec<(String, f64)> {
         let before = s.github.created_pulls(REPO).len();
         let body = format!("/kodx code write bench-{i}.txt");
         let id = s.github.add_comment(REPO, number, "alice", &body, false);
-        let payload = issue_comment(&s.clone_url, number, false, id, "alice", "User", &body);
+        let payload = issue_comment(&IssueComment {
+            clone_url: &s.clone_url,
+            number,
+            comment_id: id,
+            body: &body,
+            ..IssueComment::default()
+        });
         let started = Instant::now();
         let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
         assert_eq!(status, 202, "{answer}");

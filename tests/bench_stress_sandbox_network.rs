@@ -32,9 +32,7 @@ fn ms(d: Duration) -> String {
 #[tokio::test]
 #[ignore]
 async fn bench_network_fence_and_disk_watchdog() {
-    let Some(engine) = engine().await else {
-        panic!("the stress test needs the Docker engine and the test images");
-    };
+    let engine = common::require_engine!();
     let reps: usize = std::env::var("KODX_BENCH_REPS")
         .ok()
         .and_then(|r| r.parse().ok())

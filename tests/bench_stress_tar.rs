@@ -132,9 +132,7 @@ fn report(case: &str, o: &Outcome, refusal: Option<&str>) -> bool {
 #[tokio::test]
 #[ignore = "stress figures: cargo test --release --test bench_stress_tar -- --ignored --nocapture"]
 async fn stress_workspace_tars() {
-    let Some(_engine) = engine().await else {
-        panic!("the stress test needs the Docker engine and the test images");
-    };
+    let _engine = common::require_engine!();
     let mut missed = Vec::new();
     let bin =
         std::env::var("KODX_STRESS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kodx").to_string());

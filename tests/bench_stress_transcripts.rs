@@ -102,9 +102,7 @@ async fn run(steps: usize) -> (usize, usize, usize) {
 #[tokio::test]
 #[ignore]
 async fn transcript_growth() {
-    let Some(_engine) = common::engine().await else {
-        panic!("the stress test needs the Docker engine and the test images");
-    };
+    let _engine = common::require_engine!();
     let mut all_ok = true;
     for steps in [6, 25, 50] {
         let (stored, distinct, old) = run(steps).await;

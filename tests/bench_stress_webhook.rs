@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::fake_github::TEST_APP_KEY;
-use common::serve::{delivery_id, issue_comment, sign};
+use common::serve::{delivery_id, issue_comment, sign, IssueComment};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -179,15 +179,12 @@ fn healthz_request() -> Vec<u8> {
 }
 
 fn signed_delivery(comment_id: u64) -> Vec<u8> {
-    let body = issue_comment(
-        "https://github.com/acme/widgets.git",
-        7,
-        false,
+    let body = issue_comment(&IssueComment {
+        clone_url: "https://github.com/acme/widgets.git",
         comment_id,
-        "alice",
-        "User",
-        "/kodx ask why is the sky blue?",
-    )
+        body: "/kodx ask why is the sky blue?",
+        ..IssueComment::default()
+    })
     .to_string();
     let mut raw = format!(
         "POST /webhook HTTP/1.1\r\nHost: kodx\r\nContent-Type: application/json\r\n\

@@ -24,7 +24,7 @@ fn kodx(fake: &FakeAnthropic) -> tokio::process::Command {
 
 #[tokio::test]
 async fn setup_only_with_an_allowed_host_address_reaches_it_in_setup_only() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let (port, server) = host_listener().await;
     let gateway = sandbox_gateway(&engine).await.to_string();
     let dir = tempfile::tempdir().unwrap();

@@ -31,9 +31,7 @@ fn usage(i: u64, o: u64) -> Value {
 
 #[tokio::test]
 async fn run_changes_a_repo_copy_exports_it_and_reports_json() {
-    let Some(_engine) = engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let fake = FakeAnthropic::start(KEY).await;
     fake.reply(
         vec![tool(
@@ -121,9 +119,7 @@ async fn run_changes_a_repo_copy_exports_it_and_reports_json() {
 
 #[tokio::test]
 async fn the_python_kodx_program_file_runs_with_cli_overrides_and_stdin_prompt() {
-    let Some(_engine) = engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let fake = FakeAnthropic::start(KEY).await;
     fake.reply(
         vec![json!({"type": "text", "text": "Hello from the program."})],
@@ -170,7 +166,7 @@ async fn the_python_kodx_program_file_runs_with_cli_overrides_and_stdin_prompt()
 
 #[tokio::test]
 async fn limits_and_user_errors_give_non_zero_exits_and_clear_messages() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let fake = FakeAnthropic::start(KEY).await;
     fake.reply(
         vec![tool("t1", json!({"chars": "true"}))],
@@ -266,9 +262,7 @@ async fn limits_and_user_errors_give_non_zero_exits_and_clear_messages() {
 
 #[tokio::test]
 async fn a_repositorys_kodx_config_names_its_code_program_and_cost_limit() {
-    let Some(_engine) = engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let fake = FakeAnthropic::start(KEY).await;
     fake.reply(
         vec![json!({"type": "text", "text": "done"})],
@@ -307,9 +301,7 @@ async fn a_repositorys_kodx_config_names_its_code_program_and_cost_limit() {
 /// container (and so the model or the transcript), while git keeps working inside.
 #[tokio::test]
 async fn credentials_in_the_git_config_never_reach_the_container() {
-    let Some(_engine) = engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let token = format!("ghs_{:036x}", rand::random::<u128>());
     let home = tempfile::tempdir().unwrap();
     let repo = tempfile::tempdir().unwrap();
@@ -451,9 +443,7 @@ async fn credentials_in_the_git_config_never_reach_the_container() {
 /// replay into exactly the requests the model received.
 #[tokio::test]
 async fn the_transcript_file_holds_each_message_once_and_replays_exactly() {
-    let Some(_engine) = engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let fake = FakeAnthropic::start(KEY).await;
     for step in 1..=5 {
         fake.reply(
@@ -518,9 +508,7 @@ async fn the_transcript_file_holds_each_message_once_and_replays_exactly() {
 /// export for success).
 #[tokio::test]
 async fn a_failed_export_fails_the_exit_code_and_names_the_file() {
-    let Some(_engine) = engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let fake = FakeAnthropic::start(KEY).await;
     fake.reply(
         vec![tool(

@@ -91,7 +91,7 @@ fn docker(args: &[&str]) -> String {
 
 #[tokio::test]
 async fn a_missing_image_is_pulled_with_progress() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let Some(registry) = start_registry() else {
         return;
     };

@@ -38,7 +38,7 @@ async fn owned_by(engine: &kodx::sandbox::Engine, pid: u32) -> usize {
 
 #[tokio::test]
 async fn sigint_removes_the_process_containers() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     // A long benchmark keeps sandboxes alive; interrupt it mid-way.
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"))
         .args([

@@ -31,7 +31,7 @@ async fn engine_has_no_quota(engine: &kodx::sandbox::Engine) -> bool {
 
 #[tokio::test]
 async fn writing_past_max_disk_bytes_stops_the_sandbox_with_the_reason() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     if !engine_has_no_quota(&engine).await {
         eprintln!("this engine has a storage quota; the watchdog is not used");
         return;
@@ -89,7 +89,7 @@ async fn writing_past_max_disk_bytes_stops_the_sandbox_with_the_reason() {
 
 #[tokio::test]
 async fn a_setup_script_filling_the_disk_fails_the_start_with_the_reason() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     if !engine_has_no_quota(&engine).await {
         return;
     }
@@ -103,7 +103,7 @@ async fn a_setup_script_filling_the_disk_fails_the_start_with_the_reason() {
 
 #[tokio::test]
 async fn a_quota_the_engine_refuses_falls_back_to_the_watchdog() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mut forced = small_disk("disk-quota");
     // Ask for the quota whatever the driver says.
     forced.disk_quota = Some(true);
@@ -138,7 +138,7 @@ async fn a_quota_the_engine_refuses_falls_back_to_the_watchdog() {
 
 #[tokio::test]
 async fn an_agent_run_past_the_disk_limit_ends_as_an_error_naming_it() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     if !engine_has_no_quota(&engine).await {
         return;
     }

@@ -31,7 +31,7 @@ fn repo() -> tempfile::TempDir {
 
 #[tokio::test]
 async fn copy_in_keeps_modes_and_symlinks_and_change_set_is_exact() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let src = repo();
     let mut spec = spec("changes");
     spec.repo_dir = Some(src.path().to_path_buf());
@@ -123,7 +123,7 @@ async fn copy_in_keeps_modes_and_symlinks_and_change_set_is_exact() {
 
 #[tokio::test]
 async fn export_replaces_the_destination_with_the_final_workspace() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let src = repo();
     let mut spec = spec("export");
     spec.repo_dir = Some(src.path().to_path_buf());
@@ -165,7 +165,7 @@ async fn export_replaces_the_destination_with_the_final_workspace() {
 
 #[tokio::test]
 async fn clean_workspace_without_repository() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("clean");
     let sb = start(&engine, &spec).await;
     let out = sb
@@ -189,7 +189,7 @@ async fn clean_workspace_without_repository() {
 
 #[tokio::test]
 async fn hostile_workspace_content_is_refused_on_export() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let src = repo();
     let mut spec = spec("hostile");
     spec.repo_dir = Some(src.path().to_path_buf());
@@ -237,7 +237,7 @@ async fn hostile_workspace_content_is_refused_on_export() {
 
 #[tokio::test]
 async fn the_repositorys_own_escaping_symlinks_do_not_block_export() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let src = repo();
     symlink("../shared/config", src.path().join("config")).unwrap();
     let mut spec = spec("own-links");
@@ -266,7 +266,7 @@ async fn the_repositorys_own_escaping_symlinks_do_not_block_export() {
 
 #[tokio::test]
 async fn a_missing_repository_directory_is_refused_before_any_container() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mut spec = spec("no-repo");
     spec.repo_dir = Some("/nonexistent/kodx-repo".into());
     let err = engine.start(&spec).await.err().expect("refused");
@@ -293,7 +293,7 @@ fn peak_rss_mb() -> u64 {
 
 #[tokio::test]
 async fn a_huge_sparse_file_is_refused_by_its_header_without_reading_it() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let src = repo();
     let mut spec = spec("huge-file");
     spec.repo_dir = Some(src.path().to_path_buf());
@@ -330,7 +330,7 @@ async fn a_huge_sparse_file_is_refused_by_its_header_without_reading_it() {
 
 #[tokio::test]
 async fn ignored_build_output_does_not_fail_the_change_set() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let src = repo();
     fs::write(src.path().join(".gitignore"), "target/\n").unwrap();
     let mut spec = spec("ignored-output");
@@ -375,7 +375,7 @@ async fn ignored_build_output_does_not_fail_the_change_set() {
 
 #[tokio::test]
 async fn a_large_repository_file_is_copied_in_without_holding_it() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let src = repo();
     let size: u64 = 400 << 20; // sparse on the host; over the 100 MiB export limit
     fs::File::create(src.path().join("big.bin"))
@@ -406,7 +406,7 @@ async fn a_large_repository_file_is_copied_in_without_holding_it() {
 
 #[tokio::test]
 async fn a_symlink_far_outside_the_tree_is_copied_in() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let src = repo();
     symlink("../..", src.path().join("up")).unwrap();
     symlink("../../../../../etc/hostname", src.path().join("far")).unwrap();

@@ -44,7 +44,7 @@ fn cut(output: &str) -> (&str, usize, &str) {
 
 #[tokio::test]
 async fn cat_of_a_cursor_escape_flood_stays_one_screen_line() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("esc-flood");
     let sb = start(&engine, &spec).await;
     // 3,000 escapes, 33 KB: each moves the cursor 99,999,999 columns forward.
@@ -75,7 +75,7 @@ async fn cat_of_a_cursor_escape_flood_stays_one_screen_line() {
 
 #[tokio::test]
 async fn a_line_of_100_mb_is_cut_in_the_middle_with_an_exact_count() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mut spec = spec("endless-line");
     spec.output_cap = 10_000;
     let sb = start(&engine, &spec).await;
@@ -110,7 +110,7 @@ async fn a_line_of_100_mb_is_cut_in_the_middle_with_an_exact_count() {
 
 #[tokio::test]
 async fn a_setup_script_printing_an_escape_flood_fails_with_a_short_tail() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mut spec = spec("setup-flood");
     spec.setup_script = Some(
         "printf '\\033[99999999C%.0s' $(seq 1 3000)\necho\necho 'pip: no matching distribution'\nexit 4\n"
@@ -131,7 +131,7 @@ async fn a_setup_script_printing_an_escape_flood_fails_with_a_short_tail() {
 
 #[tokio::test]
 async fn a_setup_script_printing_without_end_succeeds_and_its_failure_tail_is_bounded() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     // Succeeds: the run goes on.
     let mut spec = spec("setup-endless");
     spec.setup_script = Some(

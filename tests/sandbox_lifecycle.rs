@@ -11,7 +11,7 @@ use kodx::sandbox::Sandbox;
 
 #[tokio::test]
 async fn dropping_a_sandbox_without_destroy_removes_it() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("drop");
     let sb = start(&engine, &spec).await;
     assert_eq!(containers_of(&engine, &spec.run_id).await.len(), 1);
@@ -21,7 +21,7 @@ async fn dropping_a_sandbox_without_destroy_removes_it() {
 
 #[tokio::test]
 async fn a_panic_while_working_removes_the_container() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("panic");
     let e2 = engine.clone();
     let s2 = spec.clone();
@@ -39,7 +39,7 @@ async fn a_panic_while_working_removes_the_container() {
 
 #[tokio::test]
 async fn a_cancelled_run_removes_the_container() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("cancel");
     let e2 = engine.clone();
     let s2 = spec.clone();
@@ -87,7 +87,7 @@ async fn labelled(engine: &kodx::sandbox::Engine, run: &str, labels: &[(&str, St
 #[tokio::test]
 async fn sweep_removes_containers_of_dead_owners_only() {
     use kodx::sandbox::docker::{process_identity, OWNER_LABEL, PROCESS_LABEL};
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let me = process_identity()
         .expect("this process can be identified")
         .to_string();
@@ -144,7 +144,7 @@ async fn sweep_removes_containers_of_dead_owners_only() {
 #[tokio::test]
 async fn instance_sweep_removes_this_installations_orphans_only() {
     use kodx::sandbox::docker::{owner_id, INSTANCE_LABEL, OWNER_LABEL};
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mine = format!("{:016x}", rand::random::<u64>());
     let theirs = format!("{:016x}", rand::random::<u64>());
     let engine = engine.with_instance(mine.clone());
@@ -188,7 +188,7 @@ async fn instance_sweep_removes_this_installations_orphans_only() {
 #[tokio::test]
 async fn sandboxes_are_labelled_with_owner_process_and_instance() {
     use kodx::sandbox::docker::{owner_id, process_identity};
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let instance = format!("{:016x}", rand::random::<u64>());
     let engine = engine.with_instance(instance.clone());
     let spec = spec("labels");

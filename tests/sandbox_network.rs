@@ -38,7 +38,7 @@ fn assert_fenced(output: &str, targets: &[String]) {
 
 #[tokio::test]
 async fn the_host_metadata_and_private_ranges_are_unreachable_during_and_after_setup() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let (port, server) = host_listener().await;
     let mut targets = host_targets(&engine).await;
     // The cloud metadata service, a private range, carrier-grade NAT.
@@ -68,7 +68,7 @@ async fn the_host_metadata_and_private_ranges_are_unreachable_during_and_after_s
 
 #[tokio::test]
 async fn an_operator_allowed_range_is_reachable_and_nothing_else_of_the_host() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let (port, server) = host_listener().await;
     let gateway = sandbox_gateway(&engine).await;
     let others: Vec<String> = host_addresses()
@@ -101,7 +101,7 @@ async fn an_operator_allowed_range_is_reachable_and_nothing_else_of_the_host() {
 
 #[tokio::test]
 async fn the_sandbox_cannot_undo_its_fence() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mut spec = spec("net-undo");
     spec.image = BUSYBOX_IMAGE.to_string();
     let sb = start(&engine, &spec).await;
@@ -129,7 +129,7 @@ async fn the_sandbox_cannot_undo_its_fence() {
 
 #[tokio::test]
 async fn network_off_means_no_network_even_for_setup() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let (port, server) = host_listener().await;
     let gateway = sandbox_gateway(&engine).await;
     let mut spec = spec("net-off");
@@ -161,7 +161,7 @@ async fn network_off_means_no_network_even_for_setup() {
 
 #[tokio::test]
 async fn the_network_is_made_once_even_by_concurrent_processes() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let name = format!("kodx-test-net-{:08x}", rand::random::<u32>());
     // Separate connections, as separate kodx processes would have.
     let mut tasks = Vec::new();
@@ -223,7 +223,7 @@ async fn the_network_is_made_once_even_by_concurrent_processes() {
 
 #[tokio::test]
 async fn a_foreign_network_of_that_name_is_refused_with_a_clear_message() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let name = format!("kodx-test-foreign-{:08x}", rand::random::<u32>());
     let made = engine
         .docker()

@@ -9,7 +9,7 @@ use kodx::sandbox::{Sandbox, SandboxError, ShellStatus};
 
 #[tokio::test]
 async fn setup_script_runs_to_the_end_in_the_workspace_then_is_removed() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mut spec = spec("setup-ok");
     spec.setup_script =
         Some("#!/bin/bash\nset -e\nsleep 1\npwd > setup-was-here\necho ready\n".into());
@@ -30,7 +30,7 @@ async fn setup_script_runs_to_the_end_in_the_workspace_then_is_removed() {
 
 #[tokio::test]
 async fn failing_setup_reports_exit_code_and_tail_and_leaves_no_container() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mut spec = spec("setup-fail");
     let mut script = String::new();
     for i in 0..100 {
@@ -55,7 +55,7 @@ async fn failing_setup_reports_exit_code_and_tail_and_leaves_no_container() {
 
 #[tokio::test]
 async fn setup_timeout_is_a_setup_failure() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mut spec = spec("setup-timeout");
     spec.setup_script = Some("echo starting; sleep 60".into());
     spec.setup_timeout = Duration::from_secs(1);
@@ -92,7 +92,7 @@ async fn allowed_host_listener(
 
 #[tokio::test]
 async fn network_is_on_during_setup_and_cut_after() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let (gateway, port, server, mut spec) = allowed_host_listener(&engine, "net-cut").await;
     spec.setup_script = Some(format!("{} > during-setup.txt\n", probe(&gateway, port)));
     spec.disable_network_after_setup = true;
@@ -124,7 +124,7 @@ async fn network_is_on_during_setup_and_cut_after() {
 
 #[tokio::test]
 async fn network_stays_on_without_the_cut() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let (gateway, port, server, spec) = allowed_host_listener(&engine, "net-on").await;
     let sb = start(&engine, &spec).await;
     let out = sb
@@ -139,7 +139,7 @@ async fn network_stays_on_without_the_cut() {
 
 #[tokio::test]
 async fn container_is_hardened() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mut spec = spec("hardened");
     spec.limits.pids = 200;
     let sb = start(&engine, &spec).await;
@@ -185,7 +185,7 @@ async fn container_is_hardened() {
 
 #[tokio::test]
 async fn a_missing_image_that_cannot_be_pulled_is_a_clear_error() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mut spec = spec("no-image");
     spec.image = "kodx-test-no-such-image:v0".into();
     let err = engine.start(&spec).await.err().expect("no image");

@@ -9,7 +9,7 @@ use kodx::sandbox::{Sandbox, ShellStatus};
 
 #[tokio::test]
 async fn echo_returns_at_the_prompt_with_exit_status() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("echo");
     let sb = start(&engine, &spec).await;
     let t = Instant::now();
@@ -38,7 +38,7 @@ async fn echo_returns_at_the_prompt_with_exit_status() {
 
 #[tokio::test]
 async fn two_shells_at_once_server_and_client() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("two-shells");
     let sb = start(&engine, &spec).await;
     sb.create_new_shell("server").await.unwrap();
@@ -70,7 +70,7 @@ async fn two_shells_at_once_server_and_client() {
 
 #[tokio::test]
 async fn partial_output_then_continuation() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("partial");
     let sb = start(&engine, &spec).await;
     let cmd = "for i in 1 2 3; do echo step$i; sleep 1; done; echo finished";
@@ -96,7 +96,7 @@ async fn partial_output_then_continuation() {
 
 #[tokio::test]
 async fn ctrl_c_interrupts_a_long_command() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("ctrl-c");
     let sb = start(&engine, &spec).await;
     let out = sb
@@ -137,7 +137,7 @@ async fn ctrl_c_interrupts_a_long_command() {
 
 #[tokio::test]
 async fn python_repl_works_without_waiting_for_the_yield_time() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("repl");
     let sb = start(&engine, &spec).await;
     let t = Instant::now();
@@ -168,7 +168,7 @@ async fn python_repl_works_without_waiting_for_the_yield_time() {
 
 #[tokio::test]
 async fn huge_output_is_cut_in_the_middle() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mut spec = spec("huge");
     spec.output_cap = 10_000;
     let sb = start(&engine, &spec).await;
@@ -207,7 +207,7 @@ async fn huge_output_is_cut_in_the_middle() {
 
 #[tokio::test]
 async fn several_lines_heredocs_and_escape_codes() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("lines");
     let sb = start(&engine, &spec).await;
     let out = sb
@@ -314,7 +314,7 @@ fn md5_of(data: &[u8]) -> String {
 
 #[tokio::test]
 async fn typing_into_a_program_that_does_not_read_returns_at_the_yield_time() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("no-reader");
     let sb = start(&engine, &spec).await;
     // A foreground program in raw mode that never reads: the PTY fills and writes block.
@@ -343,7 +343,7 @@ async fn typing_into_a_program_that_does_not_read_returns_at_the_yield_time() {
 
 #[tokio::test]
 async fn shells_are_created_replaced_and_reported_when_they_exit() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("lifecycle");
     let sb = start(&engine, &spec).await;
     let err = sb.feed_chars("nope", "echo", SEC).await.unwrap_err();
@@ -388,7 +388,7 @@ async fn shells_are_created_replaced_and_reported_when_they_exit() {
 
 #[tokio::test]
 async fn sh_without_bash_works_too() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let mut spec = spec("busybox");
     spec.image = BUSYBOX_IMAGE.to_string();
     let sb = start(&engine, &spec).await;
@@ -420,7 +420,7 @@ async fn sh_without_bash_works_too() {
 
 #[tokio::test]
 async fn many_quick_commands_each_return_exactly_their_output() {
-    let Some(engine) = engine().await else { return };
+    let engine = common::require_engine!();
     let spec = spec("many");
     let sb = start(&engine, &spec).await;
     for i in 0..400 {

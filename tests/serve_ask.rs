@@ -4,91 +4,37 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::fake_github::{FakeBase, FakeHead};
-use common::serve::{bot_comments, delivery_id, issue_comment, usage, Served, REPO};
+use common::serve::{bot_comments, delivery_id, usage, Served, REPO};
 use serde_json::{json, Value};
-
-const LONG: Duration = Duration::from_secs(120);
 
 fn tool(id: &str, input: Value) -> Value {
     json!({"type": "tool_use", "id": id, "name": "feed_chars", "input": input})
 }
 
-/// Everything kodx sent or posted must be free of every installation token it was given.
-fn assert_no_token_anywhere(s: &Served, transcript: &[String]) {
-    let tokens = s.github.issued_tokens();
-    assert!(!tokens.is_empty(), "kodx used an installation token");
-    for t in &tokens {
-        for r in s.model.requests() {
-            assert!(
-                !r.body.to_string().contains(t.as_str()),
-                "token in a model request"
-            );
-        }
-        for c in s
-            .github
-            .comments(REPO, 7)
-            .iter()
-            .chain(s.github.comments(REPO, 8).iter())
-        {
-            assert!(
-                !c.body.contains(t.as_str()) && c.edits.iter().all(|e| !e.contains(t.as_str())),
-                "token in a comment"
-            );
-        }
-        for r in s.github.requests() {
-            assert!(
-                !r.body.contains(t.as_str()),
-                "token in a GitHub request body"
-            );
-            assert!(
-                !r.path.contains(t.as_str())
-                    && !r.query.clone().unwrap_or_default().contains(t.as_str())
-            );
-        }
-        for r in s.git.requests() {
-            assert!(!r.path_and_query.contains(t.as_str()), "token in a git URL");
-        }
-        assert!(
-            transcript.iter().all(|l| !l.contains(t.as_str())),
-            "token in the transcript"
-        );
-        assert!(!s.log().contains(t.as_str()), "token in the server log");
+/// Snapshot settings for a bot comment: what changes from run to run is filtered out
+/// (the run id, the values in `vary`, ports, durations). Costs stay: the fake model's usage is
+/// scripted.
+fn settings(run: &str, vary: &[(&str, &str)]) -> insta::Settings {
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(run, "[run]");
+    settings.add_filter(r"<code>[0-9a-f]{8,}</code>", "<code>[run]</code>");
+    for (value, name) in vary {
+        settings.add_filter(value, *name);
     }
-}
-
-/// Writes the comment on the fake GitHub (as a person would) and delivers its webhook.
-async fn comment(
-    s: &Served,
-    number: u64,
-    is_pr: bool,
-    author: &str,
-    body: &str,
-) -> (u16, Value, u64) {
-    let id = s.github.add_comment(REPO, number, author, body, false);
-    let payload = issue_comment(&s.clone_url, number, is_pr, id, author, "User", body);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    (status, answer, id)
+    settings.add_filter(r"\b\d+(\.\d+)? ?(ms|s|min)\b", "[duration]");
+    settings.add_filter(r"127\.0\.0\.1:\d+", "127.0.0.1:[port]");
+    settings
 }
 
 async fn transcript(s: &Served, run_id: &str) -> Vec<String> {
-    let db = kodx::db::Db::open(&format!(
-        "sqlite://{}",
-        s.dir.path().join("kodx.db").display()
-    ))
-    .await
-    .unwrap();
-    db.transcript(run_id).await.unwrap()
+    s.db().await.transcript(run_id).await.unwrap()
 }
 
 #[tokio::test]
 async fn ask_on_an_issue_answers_from_the_container() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     let nonce = format!("notes-{:016x}", rand::random::<u64>());
     s.git.commit_on_branch(
         REPO,
@@ -115,63 +61,36 @@ async fn ask_on_an_issue_answers_from_the_container() {
     s.model
         .answer_from_last_tool_result(|out| format!("The notes say: {out}"));
 
-    let (status, answer, trigger) =
-        comment(&s, 7, false, "alice", "/kodx ask what do the notes say?").await;
-    assert_eq!(status, 202, "{answer}");
-    let run_id = answer["run_id"].as_str().unwrap().to_string();
-
-    s.wait_for("the answer", LONG, || {
-        bot_comments(&s, 7)
-            .iter()
-            .any(|c| c.body.contains("answered"))
-    })
-    .await;
+    let run = s
+        .comment(7, "alice", "/kodx ask what do the notes say?")
+        .await;
+    let status_comment = s
+        .bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
+        .await;
     let comments = bot_comments(&s, 7);
     assert_eq!(
         comments.len(),
         1,
         "one status comment, edited in place: {comments:#?}"
     );
-    let status_comment = &comments[0];
     let text = &status_comment.body;
     // The answer holds what only the container could read from the clone.
     assert!(text.contains(&nonce), "{text}");
     assert!(
-        text.contains(&format!("<!-- kodx:{{\"run\":\"{run_id}\"")),
+        text.contains(&format!("<!-- kodx:{{\"run\":\"{run}\"")),
         "{text}"
     );
     // The cost summary against the repository's limit.
     assert!(text.contains("of $0.50"), "{text}");
-    assert!(text.contains("claude-sonnet-4-5"), "{text}");
-    assert!(text.contains("end_turn"), "{text}");
+    settings(&run, &[(&nonce, "[nonce]")]).bind(|| insta::assert_snapshot!("ask_answered", text));
     // It went through the phases: created as queued, then setting up, then done.
     let all: Vec<&String> = status_comment.edits.iter().collect();
     assert!(all.iter().any(|b| b.contains("setting up")), "{all:#?}");
     // eyes at once, rocket at the end, on the triggering comment (the reaction follows
     // the final edit of the comment).
-    let rocket_on = format!("{REPO}/issues/comments/{trigger}");
-    s.wait_for("the rocket reaction", LONG, || {
-        s.github
-            .reactions()
-            .iter()
-            .any(|(t, c, _)| t == &rocket_on && c == "rocket")
-    })
-    .await;
-    let reactions: Vec<(String, String)> = s
-        .github
-        .reactions()
-        .into_iter()
-        .map(|(target, content, _)| (target, content))
-        .collect();
-    let target = format!("{REPO}/issues/comments/{trigger}");
-    assert!(
-        reactions.contains(&(target.clone(), "eyes".into())),
-        "{reactions:?}"
-    );
-    assert!(
-        reactions.contains(&(target, "rocket".into())),
-        "{reactions:?}"
-    );
+    let trigger = s.trigger(&run);
+    s.reaction(&trigger, "rocket").await;
+    assert_eq!(s.reactions_on(&trigger), ["eyes", "rocket"]);
 
     // The model saw the issue, its comments without hidden text, and the question.
     let requests = s.model.requests();
@@ -208,10 +127,13 @@ async fn ask_on_an_issue_answers_from_the_container() {
     );
 
     // The run is recorded with its transcript; no container is left.
-    let t = transcript(&s, &run_id).await;
+    let t = transcript(&s, &run).await;
     assert!(t.len() >= 4, "{t:?}");
-    assert_no_token_anywhere(&s, &t);
-    common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
+    assert!(
+        !s.github.issued_tokens().is_empty(),
+        "kodx used an installation token"
+    );
+    common::assert_gone(&engine, &run.container_label()).await;
     let (_, metrics) = s.get("/metrics").await;
     assert!(
         metrics.contains("kodx_runs_total{kind=\"ask\",outcome=\"end_turn\"} 1"),
@@ -223,14 +145,14 @@ async fn ask_on_an_issue_answers_from_the_container() {
         "{metrics}"
     );
     assert!(metrics.contains("kodx_runs_active 0"), "{metrics}");
+    // No token in anything kodx wrote or sent, nothing left over.
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn ask_on_a_pull_request_reads_its_head_and_diff() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     let nonce = format!("feature-{:016x}", rand::random::<u64>());
     let head = s
         .git
@@ -261,16 +183,13 @@ async fn ask_on_a_pull_request_reads_its_head_and_diff() {
     );
     s.model
         .answer_from_last_tool_result(|out| format!("feature.txt holds {out}"));
-    let (status, answer, trigger) =
-        comment(&s, 8, true, "alice", "/kodx ask what is in feature.txt?").await;
-    assert_eq!(status, 202, "{answer}");
-    s.wait_for("the answer on the PR", LONG, || {
-        bot_comments(&s, 8)
-            .iter()
-            .any(|c| c.body.contains("answered"))
-    })
-    .await;
-    let text = bot_comments(&s, 8)[0].body.clone();
+    let run = s
+        .comment(8, "alice", "/kodx ask what is in feature.txt?")
+        .await;
+    let text = s
+        .bot_comment_where(8, "the answer on the PR", |c| c.body.contains("answered"))
+        .await
+        .body;
     assert!(text.contains(&nonce), "the PR head was checked out: {text}");
     let first = s.model.requests()[0].body["messages"][0].to_string();
     assert!(
@@ -278,55 +197,31 @@ async fn ask_on_a_pull_request_reads_its_head_and_diff() {
         "{first}"
     );
     assert!(first.contains("pull request #8"), "{first}");
-    let rocket = (
-        format!("{REPO}/issues/comments/{trigger}"),
-        "rocket".to_string(),
-    );
+    s.reaction(&s.trigger(&run), "rocket").await;
     assert!(
-        s.github
-            .reactions()
-            .iter()
-            .any(|(t, c, _)| (t, c) == (&rocket.0, &rocket.1)),
-        "{:?}",
-        s.github.reactions()
+        !s.github.issued_tokens().is_empty(),
+        "kodx used an installation token"
     );
-    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
-    assert!(s.model.rejected().is_empty(), "{:?}", s.model.rejected());
-    assert_no_token_anywhere(&s, &[]);
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn a_commenter_without_permission_gets_one_comment_and_no_run() {
-    let s = Served::with_workers().await;
+    let mut s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "T", "B", "carol");
     s.github.set_permission(REPO, "mallory", "read");
-    let (status, answer, trigger) = comment(&s, 7, false, "mallory", "/kodx ask leak it").await;
-    assert_eq!(status, 202, "{answer}");
-    s.wait_for("the refusal", LONG, || !bot_comments(&s, 7).is_empty())
-        .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let comments = bot_comments(&s, 7);
-    assert_eq!(comments.len(), 1, "{comments:#?}");
-    let on_trigger = format!("/issues/comments/{trigger}");
-    assert!(
-        !s.github
-            .reactions()
-            .iter()
-            .any(|(t, _, _)| t.ends_with(&on_trigger)),
-        "a refused command gets no reaction, only the comment: {:?}",
-        s.github.reactions()
+    let run = s.comment(7, "mallory", "/kodx ask leak it").await;
+    let refusal = s.next_bot_comment(7).await;
+    // Nothing else happens: no second comment (finish fails on one nobody read), no model
+    // call, no clone, no container.
+    s.finish().await;
+    assert_eq!(
+        s.reactions_on(&s.trigger(&run)),
+        Vec::<String>::new(),
+        "a refused command gets no reaction, only the comment"
     );
-    assert!(
-        comments[0].body.contains("@mallory"),
-        "{}",
-        comments[0].body
-    );
-    assert!(
-        comments[0].body.contains("write, maintain or admin"),
-        "{}",
-        comments[0].body
-    );
-    assert!(comments[0].body.contains("`read`"), "{}", comments[0].body);
+    insta::assert_snapshot!("refused_read_permission", refusal.body);
+    assert!(refusal.body.contains("@mallory"), "{}", refusal.body);
     assert!(s.model.requests().is_empty(), "no model call");
     assert!(s.git.requests().is_empty(), "no clone");
     // The permission came from the collaborator-permission API.
@@ -335,12 +230,11 @@ async fn a_commenter_without_permission_gets_one_comment_and_no_run() {
         .requests()
         .iter()
         .any(|r| r.path.ends_with("/collaborators/mallory/permission")));
-    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
 }
 
 #[tokio::test]
 async fn read_permission_may_ask_when_the_repository_allows_it() {
-    let s = Served::with_workers().await;
+    let mut s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "T", "B", "carol");
     s.github.set_permission(REPO, "rita", "read");
     s.github
@@ -350,102 +244,68 @@ async fn read_permission_may_ask_when_the_repository_allows_it() {
         "end_turn",
         usage(100, 5),
     );
-    let (status, _, trigger) = comment(&s, 7, false, "rita", "/kodx ask hi").await;
-    assert_eq!(status, 202);
+    let run = s.comment(7, "rita", "/kodx ask hi").await;
     // Acknowledged: eyes and a queued status comment (the run itself needs Docker).
-    s.wait_for("the status comment", LONG, || {
-        bot_comments(&s, 7)
-            .iter()
-            .any(|c| c.body.contains("<!-- kodx:"))
-    })
-    .await;
-    assert!(!bot_comments(&s, 7)[0].body.contains("can only be run by"));
-    s.wait_for("eyes", LONG, || {
-        s.github
-            .reactions()
-            .iter()
-            .any(|(t, c, _)| t.ends_with(&format!("/issues/comments/{trigger}")) && c == "eyes")
-    })
-    .await;
+    let status = s.next_bot_comment(7).await;
+    assert!(status.body.contains("<!-- kodx:"), "{}", status.body);
+    assert!(!status.body.contains("can only be run by"));
+    s.reaction(&s.trigger(&run), "eyes").await;
     // The run itself completes (and removes its container) when Docker is here.
     if common::engine().await.is_some() {
-        s.wait_for("the answer", LONG, || {
-            bot_comments(&s, 7)
-                .iter()
-                .any(|c| c.body.contains("Hello, Rita."))
-        })
-        .await;
+        s.bot_comment_where(7, "the answer", |c| c.body.contains("Hello, Rita."))
+            .await;
+        s.finish().await;
     }
 }
 
 #[tokio::test]
 async fn an_invalid_repository_config_is_named_with_file_and_line() {
-    let s = Served::with_workers().await;
+    let mut s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "T", "B", "carol");
     s.github.set_file(
         REPO,
         ".github/kodx.yml",
         "model: claude-sonnet-4-5\nmax_iterations: lots\n",
     );
-    let (status, _, trigger) = comment(&s, 7, false, "alice", "/kodx ask hi").await;
-    assert_eq!(status, 202);
-    s.wait_for("the refusal", LONG, || !bot_comments(&s, 7).is_empty())
-        .await;
-    let text = bot_comments(&s, 7)[0].body.clone();
-    assert!(text.contains(".github/kodx.yml"), "{text}");
+    let run = s.comment(7, "alice", "/kodx ask hi").await;
+    let text = s.next_bot_comment(7).await.body;
     assert!(text.contains("line 2"), "{text}");
-    assert!(text.contains("max_iterations"), "{text}");
+    settings(&run, &[]).bind(|| insta::assert_snapshot!("invalid_repository_config", text));
+    s.reaction(&s.trigger(&run), "confused").await;
+    s.finish().await;
     assert!(s.model.requests().is_empty());
-    s.wait_for("confused", LONG, || {
-        s.github
-            .reactions()
-            .iter()
-            .any(|(t, c, _)| t.ends_with(&format!("/issues/comments/{trigger}")) && c == "confused")
-    })
-    .await;
 }
 
 #[tokio::test]
 async fn help_empty_and_over_long_requests_are_answered_with_a_comment() {
-    let s = Served::with_workers().await;
+    let mut s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "T", "B", "carol");
-    assert_eq!(
-        comment(&s, 7, false, "alice", "/kodx frobnicate").await.0,
-        202
-    );
-    s.wait_for("the usage", LONG, || !bot_comments(&s, 7).is_empty())
-        .await;
-    let text = bot_comments(&s, 7)[0].body.clone();
+    s.comment(7, "alice", "/kodx frobnicate").await;
+    let text = s.next_bot_comment(7).await.body;
     assert!(
         text.contains("`/kodx frobnicate`") && text.contains("/kodx ask <question>"),
         "{text}"
     );
+    insta::assert_snapshot!("help_unknown_command", text);
 
-    assert_eq!(comment(&s, 7, false, "alice", "/kodx ask").await.0, 202);
-    s.wait_for("the refusal", LONG, || bot_comments(&s, 7).len() >= 2)
-        .await;
-    assert!(
-        bot_comments(&s, 7)[1].body.contains("needs a request"),
-        "{:?}",
-        bot_comments(&s, 7)
-    );
+    s.comment(7, "alice", "/kodx ask").await;
+    let text = s.next_bot_comment(7).await.body;
+    assert!(text.contains("needs a request"), "{text}");
+    insta::assert_snapshot!("refused_empty_request", text);
 
     let long = format!("/kodx code {}", "x".repeat(70_000));
-    assert_eq!(comment(&s, 7, false, "alice", &long).await.0, 202);
-    s.wait_for("the refusal", LONG, || bot_comments(&s, 7).len() >= 3)
-        .await;
-    let text = bot_comments(&s, 7)[2].body.clone();
+    s.comment(7, "alice", &long).await;
+    let text = s.next_bot_comment(7).await.body;
     assert!(text.contains("65536 bytes"), "{text}");
+    insta::assert_snapshot!("refused_long_request", text);
+    s.finish().await;
     assert!(s.model.requests().is_empty());
-    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
 }
 
 #[tokio::test]
 async fn ask_in_a_review_comment_gets_the_hunk_and_the_reactions_go_on_that_comment() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     let head = s.git.create_pull_ref(
         REPO,
         9,
@@ -495,10 +355,8 @@ async fn ask_in_a_review_comment_gets_the_hunk_and_the_reactions_go_on_that_comm
         .deliver("pull_request_review_comment", &delivery_id(), &payload)
         .await;
     assert_eq!(status, 202, "{answer}");
-    s.wait_for("the answer", LONG, || {
-        bot_comments(&s, 9)
-            .iter()
-            .any(|c| c.body.contains("Because the hunk says so."))
+    s.bot_comment_where(9, "the answer", |c| {
+        c.body.contains("Because the hunk says so.")
     })
     .await;
     let first = s.model.requests()[0].body["messages"][0].to_string();
@@ -509,23 +367,15 @@ async fn ask_in_a_review_comment_gets_the_hunk_and_the_reactions_go_on_that_comm
         "{first}"
     );
     assert!(first.contains("{ 42 }"), "{first}");
-    let target = format!("{REPO}/pulls/comments/{id}");
-    s.wait_for("rocket on the review comment", LONG, || {
-        s.github
-            .reactions()
-            .iter()
-            .any(|(t, c, _)| t == &target && c == "rocket")
-    })
-    .await;
-    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
+    s.reaction(&format!("{REPO}/pulls/comments/{id}"), "rocket")
+        .await;
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn a_command_in_a_new_issue_runs_and_reacts_on_the_issue() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     let body = "The docs are thin.\n\n/kodx ask what does widget() return?";
     s.github.add_issue(REPO, 7, "Docs", body, "alice");
     s.model.reply(
@@ -544,19 +394,34 @@ async fn a_command_in_a_new_issue_runs_and_reacts_on_the_issue() {
     });
     let (status, answer) = s.deliver("issues", &delivery_id(), &payload).await;
     assert_eq!(status, 202, "{answer}");
-    s.wait_for("the answer", LONG, || {
-        bot_comments(&s, 7)
-            .iter()
-            .any(|c| c.body.contains("It returns 42."))
-    })
-    .await;
+    s.bot_comment_where(7, "the answer", |c| c.body.contains("It returns 42."))
+        .await;
     let target = format!("{REPO}/issues/7");
-    s.wait_for("eyes and rocket on the issue", LONG, || {
-        let r = s.github.reactions();
-        ["eyes", "rocket"]
-            .iter()
-            .all(|want| r.iter().any(|(t, c, _)| t == &target && c == want))
-    })
-    .await;
-    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
+    s.reaction(&target, "rocket").await;
+    assert!(s.reactions_on(&target).contains(&"eyes".to_string()));
+    s.finish().await;
+}
+
+// The driver's own checks: `finish` fails on what a test left over.
+
+#[tokio::test]
+#[should_panic(expected = "a bot comment on #7 nobody read")]
+async fn finish_fails_on_a_bot_comment_nobody_read() {
+    let mut s = Served::with_workers().await;
+    s.github.add_issue(REPO, 7, "T", "B", "carol");
+    s.comment(7, "alice", "/kodx help").await;
+    s.finish().await;
+}
+
+#[tokio::test]
+#[should_panic(expected = "an installation token in a comment on #7")]
+async fn finish_fails_on_an_installation_token_in_a_comment() {
+    let mut s = Served::with_workers().await;
+    s.github.add_issue(REPO, 7, "T", "B", "carol");
+    s.comment(7, "alice", "/kodx help").await;
+    s.next_bot_comment(7).await;
+    let token = s.github.issued_tokens().pop().expect("kodx minted a token");
+    s.github
+        .add_comment(REPO, 7, "eve", &format!("leaked: {token}"), false);
+    s.finish().await;
 }

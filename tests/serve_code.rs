@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::fake_github::{FakeBase, FakeHead};
-use common::serve::{bot_comments, delivery_id, issue_comment, usage, Options, Served, REPO};
+use common::serve::{bot_comments, usage, Options, Served, REPO};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(120);
@@ -23,23 +23,33 @@ fn text(t: &str) -> Vec<Value> {
     vec![json!({"type": "text", "text": t})]
 }
 
-async fn ask_code(s: &Served, number: u64, is_pr: bool, request: &str) -> (String, u64) {
-    let body = format!("/kodx code {request}");
-    let id = s.github.add_comment(REPO, number, "alice", &body, false);
-    let payload = issue_comment(&s.clone_url, number, is_pr, id, "alice", "User", &body);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    assert_eq!(status, 202, "{answer}");
-    (answer["run_id"].as_str().unwrap().to_string(), id)
+/// `/kodx code <request>` by alice; the run id and where reactions to the command go.
+async fn ask_code(s: &Served, number: u64, is_pr: bool, request: &str) -> (String, String) {
+    let run = s
+        .comment(number, "alice", &format!("/kodx code {request}"))
+        .await;
+    assert_eq!(s.github.is_pull(REPO, number), is_pr);
+    let trigger = s.trigger(&run);
+    (run.0, trigger)
 }
 
 async fn wait_done(s: &Served, number: u64) -> String {
-    s.wait_for("the run to finish", LONG, || {
-        bot_comments(s, number)
-            .iter()
-            .any(|c| c.body.contains("✅") || c.body.contains("❌"))
+    s.bot_comment_where(number, "the run to finish", |c| {
+        c.body.contains("✅") || c.body.contains("❌")
     })
-    .await;
-    bot_comments(s, number)[0].body.clone()
+    .await
+    .body
+}
+
+/// Snapshot settings for what kodx wrote about a run: its id (and the short form in branch
+/// names), ports and durations are filtered out; costs stay (the fake model's usage is scripted).
+fn settings(run: &str) -> insta::Settings {
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(run, "[run]");
+    settings.add_filter(&run[..8], "[run8]");
+    settings.add_filter(r"\b\d+(\.\d+)? ?(ms|s|min)\b", "[duration]");
+    settings.add_filter(r"127\.0\.0\.1:\d+", "127.0.0.1:[port]");
+    settings
 }
 
 fn git_log(s: &Served, rev: &str) -> String {
@@ -50,34 +60,10 @@ fn git_log(s: &Served, rev: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn assert_clean(s: &Served) {
-    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
-    assert!(s.model.rejected().is_empty(), "{:?}", s.model.rejected());
-    for t in s.github.issued_tokens() {
-        for r in s.model.requests() {
-            assert!(!r.body.to_string().contains(&t), "token in a model request");
-        }
-        for n in [7, 8, 9] {
-            for c in s.github.comments(REPO, n) {
-                assert!(!c.body.contains(&t) && c.edits.iter().all(|e| !e.contains(&t)));
-            }
-        }
-        for p in s.github.created_pulls(REPO) {
-            assert!(!p.body.contains(&t), "token in a PR body");
-        }
-        for r in s.git.requests() {
-            assert!(!r.path_and_query.contains(&t), "token in a git URL");
-        }
-        assert!(!s.log().contains(&t), "token in the log");
-    }
-}
-
 #[tokio::test]
 async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     s.git.commit_on_branch(
         REPO,
         "main",
@@ -126,6 +112,10 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
         pr.body
     );
     assert!(!pr.draft);
+    settings(&run_id).bind(|| {
+        insta::assert_snapshot!("code_pull_request_body", pr.body);
+        insta::assert_snapshot!("code_status_done", body);
+    });
     assert!(body.contains(&format!("pull/{}", pr.number)), "{body}");
     assert!(body.contains("Added hello.txt"), "{body}");
 
@@ -202,15 +192,9 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     for t in s.github.issued_tokens() {
         assert!(!log.contains(&t));
     }
-    let on = format!("{REPO}/issues/comments/{trigger}");
+    let on = trigger;
     // The reaction follows the final edit of the status comment.
-    s.wait_for("the rocket reaction", LONG, || {
-        s.github
-            .reactions()
-            .iter()
-            .any(|(t, c, _)| t == &on && c == "rocket")
-    })
-    .await;
+    s.reaction(&on, "rocket").await;
     let reactions = s.github.reactions();
     assert!(
         reactions.iter().any(|(t, c, _)| t == &on && c == "rocket"),
@@ -235,16 +219,14 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
         "{:?}",
         s.github.forbidden()
     );
-    assert_clean(&s);
+    s.finish().await;
     common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
 }
 
 #[tokio::test]
 async fn code_on_a_same_repo_pull_request_pushes_onto_its_branch() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     let head = s.git.commit_on_branch(
         REPO,
         "feature",
@@ -299,15 +281,13 @@ async fn code_on_a_same_repo_pull_request_pushes_onto_its_branch() {
         s.github.created_pulls(REPO).is_empty(),
         "no new pull request"
     );
-    assert_clean(&s);
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn code_on_a_fork_pull_request_opens_a_new_one_and_leaves_the_fork_alone() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     let fork_url = s.git.create_repo(
         "mallory/widgets",
         "patch",
@@ -373,15 +353,13 @@ async fn code_on_a_fork_pull_request_opens_a_new_one_and_leaves_the_fork_alone()
             .all(|r| !r.path_and_query.contains("mallory")),
         "the fork is not even fetched"
     );
-    assert_clean(&s);
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn a_run_without_changes_says_so_with_the_last_message() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "Nothing", "", "carol");
     s.model
         .reply(tool("cat README.md"), "tool_use", usage(500, 5));
@@ -402,15 +380,13 @@ async fn a_run_without_changes_says_so_with_the_last_message() {
         .git
         .git(&s.git.bare_path(REPO), &["branch", "--list", "kodx/*"]);
     assert!(branches.stdout.is_empty(), "no branch pushed");
-    assert_clean(&s);
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn the_cost_limit_of_the_repository_config_ends_the_run() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "Big", "", "carol");
     s.github
         .set_file(REPO, ".github/kodx.yml", "cost_limit: { code: 0.01 }\n");
@@ -427,14 +403,13 @@ async fn the_cost_limit_of_the_repository_config_ends_the_run() {
         s.github.created_pulls(REPO).is_empty(),
         "a stopped run pushes nothing"
     );
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn a_failing_setup_script_is_reported_with_its_exit_code() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "Setup", "", "carol");
     s.github.set_file(
         REPO,
@@ -452,13 +427,12 @@ async fn a_failing_setup_script_is_reported_with_its_exit_code() {
         s.model.requests().is_empty(),
         "no model call after a failed setup"
     );
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn kill_9_mid_code_run_then_restart_opens_one_pull_request() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "Slow", "", "carol");
     s.model.reply(
@@ -486,15 +460,13 @@ async fn kill_9_mid_code_run_then_restart_opens_one_pull_request() {
     assert_eq!(pulls[0].head, format!("kodx/issue-7-{}", &run_id[..8]));
     assert_eq!(bot_comments(&s, 7).len(), 1, "one status comment");
     common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
-    assert_clean(&s);
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn a_push_github_refuses_is_explained_in_the_comment() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     s.github.add_issue(REPO, 7, "CI", "", "carol");
     // GitHub's answer to an App without the workflows permission, from a pre-receive hook.
     let hook = s.git.bare_path(REPO).join("hooks/pre-receive");
@@ -519,15 +491,13 @@ async fn a_push_github_refuses_is_explained_in_the_comment() {
     assert!(body.contains("workflows"), "{body}");
     assert!(body.contains("permission"), "{body}");
     assert!(s.github.created_pulls(REPO).is_empty());
-    assert_clean(&s);
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn a_file_over_the_size_limit_refuses_the_commit() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::start(Options {
+    let _engine = common::require_engine!();
+    let mut s = Served::start(Options {
         workers: true,
         settings: Some("status_interval_secs = 0.2\nmax_commit_file_bytes = 1000\n"),
         ..Options::default()
@@ -546,14 +516,13 @@ async fn a_file_over_the_size_limit_refuses_the_commit() {
     assert!(body.contains("❌") && body.contains("big.bin"), "{body}");
     assert!(body.contains("1000"), "the limit is named: {body}");
     assert!(s.github.created_pulls(REPO).is_empty());
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn ignored_build_output_over_the_limits_does_not_fail_the_run() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     s.git.commit_on_branch(
         REPO,
         "main",
@@ -589,15 +558,13 @@ async fn ignored_build_output_over_the_limits_does_not_fail_the_run() {
         [".gitignore", "hello.txt"],
         "what `git add -A` commits: {tree:?}"
     );
-    assert_clean(&s);
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn a_spent_monthly_budget_refuses_new_runs() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::start(Options {
+    let _engine = common::require_engine!();
+    let mut s = Served::start(Options {
         workers: true,
         settings: Some("status_interval_secs = 0.2\nmonthly_budget_usd = 0.10\n"),
         ..Options::default()
@@ -620,11 +587,8 @@ async fn a_spent_monthly_budget_refuses_new_runs() {
     // Now the month's budget is spent: the next command is refused before anything runs.
     let calls = s.model.requests().len();
     let _ = ask_code(&s, 7, false, "second").await;
-    s.wait_for("the refusal", LONG, || {
-        bot_comments(&s, 7)
-            .iter()
-            .any(|c| c.body.contains("monthly budget"))
-    })
-    .await;
+    s.bot_comment_where(7, "the refusal", |c| c.body.contains("monthly budget"))
+        .await;
+    s.finish().await;
     assert_eq!(s.model.requests().len(), calls, "no model call");
 }

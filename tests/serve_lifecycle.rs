@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::serve::{delivery_id, issue_comment, usage, Options, Served, REPO};
+use common::serve::{usage, Options, Served, REPO};
 use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(120);
@@ -36,18 +36,14 @@ async fn start_a_long_run(s: &Served) -> String {
         "tool_use",
         usage(1000, 10),
     );
-    let text = "/kodx ask why is it slow?";
-    let id = s.github.add_comment(REPO, 7, "alice", text, false);
-    let payload = issue_comment(&s.clone_url, 7, false, id, "alice", "User", text);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    assert_eq!(status, 202, "{answer}");
+    let run = s.comment(7, "alice", "/kodx ask why is it slow?").await;
     s.wait_for("the first model call", LONG, || {
         !s.model.requests().is_empty()
     })
     .await;
     // The tool call is running `sleep 300` in the container now.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    answer["run_id"].as_str().unwrap().to_string()
+    run.0
 }
 
 async fn finishes_after_restart(s: &mut Served, run_id: &str) {
@@ -57,10 +53,8 @@ async fn finishes_after_restart(s: &mut Served, run_id: &str) {
         usage(1000, 10),
     );
     s.restart().await;
-    s.wait_for("the answer after the restart", LONG, || {
-        bot_comments(s)
-            .iter()
-            .any(|c| c.body.contains("Finished after the restart."))
+    s.bot_comment_where(7, "the answer after the restart", |c| {
+        c.body.contains("Finished after the restart.")
     })
     .await;
     let comments = bot_comments(s);
@@ -76,15 +70,13 @@ async fn finishes_after_restart(s: &mut Served, run_id: &str) {
     let run = run_of(s, run_id).await;
     assert_eq!(run.status, kodx::db::RunStatus::Succeeded);
     assert_eq!(run.attempts, 2);
-    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
-    assert!(s.model.rejected().is_empty(), "{:?}", s.model.rejected());
+    // Nothing left over: no other comment, no container, no token anywhere.
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn sigterm_mid_run_stops_it_cleanly_and_a_restart_finishes_it() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let mut s = Served::start(Options {
         workers: true,
         settings: Some("status_interval_secs = 0.2\nshutdown_grace_secs = 1\n"),
@@ -119,9 +111,7 @@ async fn sigterm_mid_run_stops_it_cleanly_and_a_restart_finishes_it() {
 
 #[tokio::test]
 async fn kill_9_mid_run_then_restart_finishes_it_and_removes_the_orphan() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.kill().await;
@@ -138,47 +128,31 @@ async fn kill_9_mid_run_then_restart_finishes_it_and_removes_the_orphan() {
 
 #[tokio::test]
 async fn kodx_cancel_stops_the_running_run_and_says_who() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::with_workers().await;
+    let engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.github.set_permission(REPO, "bob", "write");
-    let text = "/kodx cancel";
-    let id = s.github.add_comment(REPO, 7, "bob", text, false);
-    let payload = issue_comment(&s.clone_url, 7, false, id, "bob", "User", text);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    assert_eq!(status, 202, "{answer}");
-    s.wait_for("the cancelled status", LONG, || {
-        bot_comments(&s)
-            .iter()
-            .any(|c| c.body.contains("Cancelled by @bob"))
-    })
-    .await;
+    let cancel = s.comment(7, "bob", "/kodx cancel").await;
+    let body = s
+        .bot_comment_where(7, "the cancelled status", |c| {
+            c.body.contains("Cancelled by @bob")
+        })
+        .await
+        .body;
     common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
-    let body = bot_comments(&s)[0].body.clone();
     assert!(body.contains("cancelled"), "{body}");
     assert!(body.contains("$"), "what was spent is shown: {body}");
     let run = run_of(&s, &run_id).await;
     assert_eq!(run.status, kodx::db::RunStatus::Cancelled);
     assert_eq!(run.stop_reason.as_deref(), Some("cancelled"));
     // +1 on the cancel comment.
-    let target = format!("{REPO}/issues/comments/{id}");
-    assert!(
-        s.github
-            .reactions()
-            .iter()
-            .any(|(t, c, _)| t == &target && c == "+1"),
-        "{:?}",
-        s.github.reactions()
-    );
+    s.reaction(&s.trigger(&cancel), "+1").await;
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn a_run_interrupted_twice_fails_with_a_comment_instead_of_looping() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.kill().await;
@@ -197,11 +171,9 @@ async fn a_run_interrupted_twice_fails_with_a_comment_instead_of_looping() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     s.kill().await;
     s.restart().await;
-    s.wait_for("the failure comment", LONG, || {
-        bot_comments(&s).iter().any(|c| {
-            c.body
-                .contains("restarted while this run was working, more than once")
-        })
+    s.bot_comment_where(7, "the failure comment", |c| {
+        c.body
+            .contains("restarted while this run was working, more than once")
     })
     .await;
     let run = run_of(&s, &run_id).await;
@@ -209,14 +181,13 @@ async fn a_run_interrupted_twice_fails_with_a_comment_instead_of_looping() {
     assert_eq!(run.attempts, 2);
     assert_eq!(bot_comments(&s).len(), 1, "the same status comment");
     common::assert_gone(&engine, &format!("kodx-{run_id}")).await;
+    s.finish().await;
     assert_eq!(s.model.requests().len(), 2, "not started a third time");
 }
 
 #[tokio::test]
 async fn kodx_cancel_removes_a_queued_run_before_it_starts() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let s = Served::start(Options {
         workers: true,
         settings: Some(
@@ -228,34 +199,14 @@ async fn kodx_cancel_removes_a_queued_run_before_it_starts() {
     // Issue 7's run takes the only slot; issue 8's waits in the queue.
     let _running = start_a_long_run(&s).await;
     s.github.add_issue(REPO, 8, "Other", "", "carol");
-    let text = "/kodx ask what about this?";
-    let id = s.github.add_comment(REPO, 8, "alice", text, false);
-    let payload = issue_comment(&s.clone_url, 8, false, id, "alice", "User", text);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    assert_eq!(status, 202, "{answer}");
-    let queued = answer["run_id"].as_str().unwrap().to_string();
-    let on_8 = |s: &Served| -> Vec<common::fake_github::FakeComment> {
-        s.github
-            .comments(REPO, 8)
-            .into_iter()
-            .filter(|c| c.is_bot)
-            .collect()
-    };
-    s.wait_for("the queued status comment", LONG, || {
-        on_8(&s).iter().any(|c| c.body.contains("queued"))
+    let queued = s.comment(8, "alice", "/kodx ask what about this?").await;
+    s.bot_comment_where(8, "the queued status comment", |c| {
+        c.body.contains("queued")
     })
     .await;
-    let text = "/kodx cancel";
-    let id = s.github.add_comment(REPO, 8, "alice", text, false);
-    let payload = issue_comment(&s.clone_url, 8, false, id, "alice", "User", text);
-    assert_eq!(
-        s.deliver("issue_comment", &delivery_id(), &payload).await.0,
-        202
-    );
-    s.wait_for("the cancelled comment", LONG, || {
-        on_8(&s)
-            .iter()
-            .any(|c| c.body.contains("Cancelled by @alice before it started"))
+    s.comment(8, "alice", "/kodx cancel").await;
+    s.bot_comment_where(8, "the cancelled comment", |c| {
+        c.body.contains("Cancelled by @alice before it started")
     })
     .await;
     let run = run_of(&s, &queued).await;
@@ -290,9 +241,7 @@ async fn container_exists(engine: &kodx::sandbox::Engine, id: &str) -> bool {
 /// still be removed at start, and the re-queued run must not trip over its name (409).
 #[tokio::test]
 async fn kill_9_of_kodx_as_pid_1_then_restart_removes_the_orphan_and_finishes_the_run() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let tmp = tempfile::tempdir().unwrap();
     // Another installation's clone in the same temporary directory: never touched.
     let foreign = "kodx-run-0123456789abcdef-otherrun-x1y2z3";
@@ -350,9 +299,7 @@ async fn kill_9_of_kodx_as_pid_1_then_restart_removes_the_orphan_and_finishes_th
 async fn a_requeued_run_removes_an_earlier_container_of_its_own_first() {
     use bollard::models::ContainerCreateBody;
     use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
     let run_id = start_a_long_run(&s).await;
     s.kill().await;

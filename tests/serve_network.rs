@@ -6,10 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::serve::{bot_comments, delivery_id, issue_comment, usage, Options, Served, REPO};
+use common::serve::{usage, Options, Served, REPO};
 use serde_json::{json, Value};
-
-const LONG: Duration = Duration::from_secs(120);
 
 fn tool(id: &str, chars: &str) -> Value {
     json!({"type": "tool_use", "id": id, "name": "feed_chars", "input": {"chars": chars}})
@@ -39,28 +37,19 @@ fn fetch(url: &str) -> String {
 
 async fn ask(s: &Served, question: &str) -> String {
     s.github.add_issue(REPO, 7, "Network", "Check it.", "carol");
-    let id = s.github.add_comment(REPO, 7, "alice", question, false);
-    let payload = issue_comment(&s.clone_url, 7, false, id, "alice", "User", question);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    assert_eq!(status, 202, "{answer}");
-    s.wait_for("the run's end", LONG, || {
-        bot_comments(s, 7).iter().any(|c| {
-            !c.body.contains("queued")
-                && !c.body.contains("setting up")
-                && !c.body.contains("working")
-        })
+    s.comment(7, "alice", question).await;
+    s.bot_comment_where(7, "the run's end", |c| {
+        !c.body.contains("queued") && !c.body.contains("setting up") && !c.body.contains("working")
     })
-    .await;
-    bot_comments(s, 7)[0].body.clone()
+    .await
+    .body
 }
 
 #[tokio::test]
 async fn a_run_cannot_reach_kodx_serve_on_its_host() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let gateway = common::net::sandbox_gateway(&engine).await;
-    let s = served("status_interval_secs = 0.2\n".into()).await;
+    let mut s = served("status_interval_secs = 0.2\n".into()).await;
     let port = port_of(&s);
     // The server answers on the gateway address: only the fence keeps the run out.
     let (code, _) = {
@@ -96,17 +85,16 @@ async fn a_run_cannot_reach_kodx_serve_on_its_host() {
         3,
         "{probe_out}"
     );
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn the_server_settings_win_over_the_repository() {
-    let Some(engine) = common::engine().await else {
-        return;
-    };
+    let engine = common::require_engine!();
     let gateway = common::net::sandbox_gateway(&engine).await;
     // The operator allows the host's gateway address (say, a mirror there) and cuts the
     // network after setup; the repository asks to keep it.
-    let s = served(format!(
+    let mut s = served(format!(
         "status_interval_secs = 0.2\nnetwork = \"setup-only\"\nnetwork_allow = [\"{gateway}/32\"]\n"
     ))
     .await;
@@ -133,14 +121,13 @@ async fn the_server_settings_win_over_the_repository() {
     // During setup the allowed address answered; afterwards only loopback is left.
     assert!(body.contains("status 200"), "{body}");
     assert!(body.contains("interfaces: lo\n"), "{body}");
+    s.finish().await;
 }
 
 #[tokio::test]
 async fn a_run_writing_past_the_servers_max_disk_bytes_fails_with_the_reason() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = served("status_interval_secs = 0.2\nmax_disk_bytes = 16777216\n".into()).await;
+    let _engine = common::require_engine!();
+    let mut s = served("status_interval_secs = 0.2\nmax_disk_bytes = 16777216\n".into()).await;
     s.model.reply(
         vec![tool(
             "t1",
@@ -163,4 +150,5 @@ async fn a_run_writing_past_the_servers_max_disk_bytes_fails_with_the_reason() {
         "stopped by the watchdog, not by the command: {:?}",
         started.elapsed()
     );
+    s.finish().await;
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::serve::{bot_comments, delivery_id, issue_comment, usage, Options, Served, REPO};
+use common::serve::{usage, Options, Served, REPO};
 use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(120);
@@ -19,17 +19,10 @@ async fn ask(s: &Served, question: &str) -> String {
     s.github
         .add_issue(REPO, 7, "Widgets are slow", "They are slow.", "carol");
     let text = format!("/kodx ask {question}");
-    let id = s.github.add_comment(REPO, 7, "alice", &text, false);
-    let payload = issue_comment(&s.clone_url, 7, false, id, "alice", "User", &text);
-    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
-    assert_eq!(status, 202, "{answer}");
-    s.wait_for("the answer", LONG, || {
-        bot_comments(s, 7)
-            .iter()
-            .any(|c| c.body.contains("end_turn"))
-    })
-    .await;
-    answer["run_id"].as_str().unwrap().to_string()
+    let run = s.comment(7, "alice", &text).await;
+    s.bot_comment_where(7, "the answer", |c| c.body.contains("end_turn"))
+        .await;
+    run.0
 }
 
 /// The text of the last tool result the model was sent in request `i`.
@@ -50,10 +43,8 @@ fn last_tool_result(s: &Served, i: usize) -> String {
 /// `limits.command_timeout`) bounds how long one `feed_chars` waits, as `kodx run` does.
 #[tokio::test]
 async fn the_command_timeout_reaches_the_agent_in_serve() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
-    let s = Served::start(Options {
+    let _engine = common::require_engine!();
+    let mut s = Served::start(Options {
         workers: true,
         settings: Some("status_interval_secs = 0.2\ncommand_timeout_secs = 2\n"),
         ..Options::default()
@@ -76,6 +67,7 @@ async fn the_command_timeout_reaches_the_agent_in_serve() {
     // The tool description the model read says the same.
     let tools = s.model.requests()[0].body["tools"].to_string();
     assert!(tools.contains("2000 ms"), "{tools}");
+    s.finish().await;
 }
 
 async fn open_db(s: &Served) -> kodx::db::Db {
@@ -93,9 +85,7 @@ async fn open_db(s: &Served) -> kodx::db::Db {
 /// stays.
 #[tokio::test]
 async fn transcripts_store_each_message_once_replay_exactly_and_are_pruned_by_age() {
-    let Some(_engine) = common::engine().await else {
-        return;
-    };
+    let _engine = common::require_engine!();
     let mut s = Served::start(Options {
         workers: true,
         settings: Some("status_interval_secs = 0.2\ntranscript_days = 30\n"),
@@ -170,4 +160,5 @@ async fn transcripts_store_each_message_once_replay_exactly_and_are_pruned_by_ag
     assert_eq!(run.api_calls, 6);
     assert!(run.cost_usd.unwrap() > 0.0);
     db.close().await;
+    s.finish().await;
 }

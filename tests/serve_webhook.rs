@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::serve::{delivery_id, issue_comment, sign, Options, Served, SECRET};
+use common::serve::{delivery_id, issue_comment, sign, IssueComment, Options, Served, SECRET};
 use serde_json::json;
 
 async fn served() -> Served {
@@ -13,15 +13,12 @@ async fn served() -> Served {
 }
 
 fn ask(s: &Served, comment_id: u64) -> serde_json::Value {
-    issue_comment(
-        &s.clone_url,
-        7,
-        false,
+    issue_comment(&IssueComment {
+        clone_url: &s.clone_url,
         comment_id,
-        "alice",
-        "User",
-        "/kodx ask why?",
-    )
+        body: "/kodx ask why?",
+        ..IssueComment::default()
+    })
 }
 
 #[tokio::test]
@@ -139,29 +136,25 @@ async fn status_codes_of_the_table() {
     edited["action"] = json!("edited");
     let (status, answer) = s.deliver("issue_comment", &delivery_id(), &edited).await;
     assert_eq!(status, 200, "{answer}");
-    let plain = issue_comment(
-        &s.clone_url,
-        7,
-        false,
-        4,
-        "alice",
-        "User",
-        "no command here, `/kodx ask` in code",
-    );
+    let plain = issue_comment(&IssueComment {
+        clone_url: &s.clone_url,
+        comment_id: 4,
+        body: "no command here, `/kodx ask` in code",
+        ..IssueComment::default()
+    });
     let (status, answer) = s.deliver("issue_comment", &delivery_id(), &plain).await;
     assert_eq!(
         (status, answer),
         (200, json!({"ignored": "no /kodx command"}))
     );
-    let bot = issue_comment(
-        &s.clone_url,
-        7,
-        false,
-        5,
-        "kodx[bot]",
-        "Bot",
-        "/kodx ask loop?",
-    );
+    let bot = issue_comment(&IssueComment {
+        clone_url: &s.clone_url,
+        comment_id: 5,
+        author: "kodx[bot]",
+        user_type: "Bot",
+        body: "/kodx ask loop?",
+        ..IssueComment::default()
+    });
     let (status, answer) = s.deliver("issue_comment", &delivery_id(), &bot).await;
     assert_eq!(status, 200);
     assert!(
@@ -331,9 +324,7 @@ async fn healthz_names_what_is_wrong_and_metrics_are_prometheus_text() {
 
 #[tokio::test]
 async fn healthz_is_ok_with_database_and_docker() {
-    if common::engine().await.is_none() {
-        return;
-    }
+    let _engine = common::require_engine!();
     let s = served().await;
     let (status, body) = s.get("/healthz").await;
     assert_eq!(status, 200, "{body}");

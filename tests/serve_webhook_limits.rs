@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::serve::{delivery_id, issue_comment, Options, Served};
+use common::serve::{delivery_id, issue_comment, IssueComment, Options, Served};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -16,15 +16,12 @@ fn addr(s: &Served) -> String {
 }
 
 fn ask(s: &Served, comment_id: u64) -> serde_json::Value {
-    issue_comment(
-        &s.clone_url,
-        7,
-        false,
+    issue_comment(&IssueComment {
+        clone_url: &s.clone_url,
         comment_id,
-        "alice",
-        "User",
-        "/kodx ask why?",
-    )
+        body: "/kodx ask why?",
+        ..IssueComment::default()
+    })
 }
 
 /// A request head for `/webhook` with a well-formed (but wrong) signature.

@@ -47,6 +47,9 @@
 //!   `token_grants() -> Vec<TokenGrant { token, installation, repositories, permissions }>`
 //!   (what each mint asked for), `forbidden() -> Vec<String>` (requests refused for a
 //!   token's scope, REST and git).
+//! - `all_comments(repo) -> Vec<(number, FakeComment)>`.
+//! - Waiting: `changed()` is a `watch::Receiver` woken after every request handled and
+//!   every comment added; `is_pull(repo, number)`.
 //! - Git: `git_access(token, "owner/name", push) -> GitVerdict` tells the git server what a
 //!   token may do there (`contents: read` to fetch, `write` to push); `serve::accept_github`
 //!   wires it into `GitServer::start`.
@@ -288,6 +291,8 @@ struct Shared {
     app_id: u64,
     public_key: DecodingKey,
     state: Mutex<StateInner>,
+    /// Bumped after every request handled and every comment added: see `changed()`.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Clone)]
@@ -341,6 +346,7 @@ impl FakeGitHub {
                     bot_user_id: None,
                     users: BTreeMap::new(),
                 }),
+                changes: tokio::sync::watch::channel(0).0,
             }),
         };
         let api = api_routes()
@@ -372,6 +378,26 @@ impl FakeGitHub {
 
     pub fn app_id(&self) -> u64 {
         self.inner.app_id
+    }
+
+    /// A receiver woken whenever the fake's state may have changed: after each request it
+    /// handled (a comment created or edited, a reaction, a pull request) and each comment
+    /// added by the test. Tests wait on it instead of polling.
+    pub fn changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.changes.subscribe()
+    }
+
+    fn notify(&self) {
+        self.inner.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Whether `number` in `repo` is a pull request.
+    pub fn is_pull(&self, repo: &str, number: u64) -> bool {
+        self.state()
+            .repos
+            .get(&repo.to_lowercase())
+            .and_then(|r| r.issues.get(&number))
+            .is_some_and(|i| i.pull.is_some())
     }
 
     fn state(&self) -> MutexGuard<'_, StateInner> {
@@ -594,6 +620,8 @@ impl FakeGitHub {
             .unwrap()
             .comments
             .push(id);
+        drop(st);
+        self.notify();
         id
     }
 
@@ -684,6 +712,20 @@ impl FakeGitHub {
                     edits: c.edits.clone(),
                 }
             })
+            .collect()
+    }
+
+    /// Every comment in `repo`, with the number of its issue, by issue then in order.
+    pub fn all_comments(&self, repo: &str) -> Vec<(u64, FakeComment)> {
+        let numbers: Vec<u64> = self
+            .state()
+            .repos
+            .get(&repo.to_lowercase())
+            .map(|r| r.issues.keys().copied().collect())
+            .unwrap_or_default();
+        numbers
+            .into_iter()
+            .flat_map(|n| self.comments(repo, n).into_iter().map(move |c| (n, c)))
             .collect()
     }
 
@@ -905,6 +947,7 @@ async fn record(State(fake): State<FakeGitHub>, req: Request, next: Next) -> Res
     let response = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
+    fake.notify();
     match failure_after {
         Some(status) => status_error(status),
         None => response,

@@ -21,33 +21,60 @@ pub fn image() -> String {
 
 pub const BUSYBOX_IMAGE: &str = "kodx-test:busybox";
 
-/// The engine, or `None` (with a loud message) when there is none outside CI. In CI a
-/// missing engine or image fails the test: Docker tests are never skipped silently there.
+/// Whether the person running the tests asked to skip the Docker tests (`KODX_SKIP_DOCKER=1`).
+fn skip_docker() -> bool {
+    std::env::var("KODX_SKIP_DOCKER").is_ok_and(|v| v == "1" || v == "true")
+}
+
+/// The engine for a test that needs Docker. Without an engine or the test images the test
+/// fails, saying what to do, unless `KODX_SKIP_DOCKER=1` asks to skip: then `None`, and a
+/// line on the terminal names the skipped test. In CI (`CI=true`) it always fails: Docker
+/// tests never skip there. Tests use [`require_engine!`], which returns early on `None`.
 pub async fn engine() -> Option<Engine> {
     let in_ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let skip = |why: String| -> Option<Engine> {
+        if in_ci {
+            panic!("CI=true: {why}; Docker tests are never skipped in CI");
+        }
+        if !skip_docker() {
+            panic!(
+                "{why}; start dockerd and run `bash tests/images/build.sh` (or `bash .ci/run`), \
+                 or set KODX_SKIP_DOCKER=1 to skip the Docker tests"
+            );
+        }
+        // Straight to the terminal: libtest would swallow an eprintln! of a passing test.
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("SKIPPED {test}: {why} (KODX_SKIP_DOCKER=1)\n").as_bytes(),
+        );
+        None
+    };
     let engine = match Engine::connect().await {
         Ok(e) => e,
-        Err(e) if !in_ci => {
-            eprintln!(
-                "\n*** SKIPPED: no Docker engine ({e}); run `bash .ci/run` or start dockerd ***\n"
-            );
-            return None;
-        }
-        Err(e) => panic!("CI=true but no Docker engine: {e}"),
+        Err(e) => return skip(format!("no Docker engine ({e})")),
     };
     for img in [image(), BUSYBOX_IMAGE.to_string()] {
         if engine.docker().inspect_image(&img).await.is_err() {
-            if in_ci {
-                panic!("CI=true but test image {img} is missing: run tests/images/build.sh");
-            }
-            eprintln!(
-                "\n*** SKIPPED: test image {img} missing; run `bash tests/images/build.sh` ***\n"
-            );
-            return None;
+            return skip(format!("test image {img} is missing"));
         }
     }
     Some(engine)
 }
+
+/// `let engine = require_engine!();`: the Docker engine, or the test returns at once when
+/// `KODX_SKIP_DOCKER=1` asked to skip Docker tests; without an engine it fails ([`engine`]).
+#[allow(unused_macros)]
+macro_rules! require_engine {
+    () => {
+        match $crate::common::engine().await {
+            Some(engine) => engine,
+            None => return,
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use require_engine;
 
 pub fn run_id(test: &str) -> String {
     format!("t-{test}-{:08x}", rand::random::<u32>())

@@ -3,6 +3,7 @@
 //! for the repositories and with the `contents` permission they were minted with,
 //! a scripted fake Anthropic, a real SQLite file, and the real Docker engine.
 
+use std::collections::{BTreeSet, HashMap};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +14,7 @@ use sha2::Sha256;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::fake_anthropic::FakeAnthropic;
-use super::fake_github::{FakeGitHub, TEST_APP_KEY};
+use super::fake_github::{FakeComment, FakeGitHub, TEST_APP_KEY};
 use super::git_server::GitServer;
 
 pub const APP_ID: u64 = 4242;
@@ -37,7 +38,38 @@ pub struct Served {
     pid_namespace: bool,
     fd_limit: Option<u64>,
     http: reqwest::Client,
+    /// Bot comments a test has read (`next_bot_comment`, `bot_comment_where`), by id.
+    read: Mutex<BTreeSet<u64>>,
+    /// The reaction target of each run's triggering comment (`comment`).
+    triggers: Mutex<HashMap<RunId, String>>,
 }
+
+/// A run's id, as the 202 answer to its webhook gave it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId(pub String);
+
+impl RunId {
+    /// The `kodx.run` label of the run's sandbox container.
+    pub fn container_label(&self) -> String {
+        format!("kodx-{}", self.0)
+    }
+}
+
+impl std::ops::Deref for RunId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for RunId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How long a driver wait lasts before it fails with the server's log.
+pub const WAIT: Duration = Duration::from_secs(120);
 
 /// What the server is started with beyond the defaults.
 #[derive(Default)]
@@ -154,6 +186,8 @@ impl Served {
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 reqwest::Client::new()
             },
+            read: Mutex::new(BTreeSet::new()),
+            triggers: Mutex::new(HashMap::new()),
         }
     }
 
@@ -284,6 +318,262 @@ impl Served {
         }
     }
 
+    // ---------------------------------------------------------------------------------
+    // The domain driver: post a command, read the bot's comments, finish.
+    // ---------------------------------------------------------------------------------
+
+    /// `author` writes `body` on issue or pull request `issue` (as a person would, on the
+    /// fake GitHub) and its signed `issue_comment` webhook is delivered; the server must
+    /// answer 202 with a queued run, whose id is returned.
+    pub async fn comment(&self, issue: u64, author: &str, body: &str) -> RunId {
+        let (status, answer, comment_id) = self.comment_answer(issue, author, body).await;
+        assert_eq!(status, 202, "{answer}");
+        let run = RunId(
+            answer["run_id"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no run_id in the 202 answer: {answer}"))
+                .to_string(),
+        );
+        self.triggers
+            .lock()
+            .unwrap()
+            .insert(run.clone(), format!("{REPO}/issues/comments/{comment_id}"));
+        run
+    }
+
+    /// `comment` without the checks: the status, the answer and the new comment's id.
+    pub async fn comment_answer(&self, issue: u64, author: &str, body: &str) -> (u16, Value, u64) {
+        let id = self.github.add_comment(REPO, issue, author, body, false);
+        let payload = issue_comment(&IssueComment {
+            clone_url: &self.clone_url,
+            number: issue,
+            is_pr: self.github.is_pull(REPO, issue),
+            comment_id: id,
+            author,
+            body,
+            ..IssueComment::default()
+        });
+        let (status, answer) = self
+            .deliver("issue_comment", &delivery_id(), &payload)
+            .await;
+        (status, answer, id)
+    }
+
+    /// Where reactions to `run`'s triggering comment go (`acme/widgets/issues/comments/ID`).
+    pub fn trigger(&self, run: &RunId) -> String {
+        self.triggers
+            .lock()
+            .unwrap()
+            .get(run)
+            .unwrap_or_else(|| panic!("run {run} was not started by Served::comment"))
+            .clone()
+    }
+
+    /// The reactions (content) kodx put on `target`, in order.
+    pub fn reactions_on(&self, target: &str) -> Vec<String> {
+        self.github
+            .reactions()
+            .into_iter()
+            .filter(|(t, _, _)| t == target)
+            .map(|(_, c, _)| c)
+            .collect()
+    }
+
+    /// Waits until kodx has reacted `content` on `target` (woken by the fake GitHub).
+    pub async fn reaction(&self, target: &str, content: &str) {
+        self.until(&format!("the {content} reaction on {target}"), || {
+            self.reactions_on(target)
+                .iter()
+                .any(|c| c == content)
+                .then_some(())
+        })
+        .await
+    }
+
+    /// The next bot comment on `issue` the test has not read yet, as it is now (a status
+    /// comment may be edited later: `bot_comment_where` waits for a state). Woken by the
+    /// fake GitHub; fails after `WAIT` with the server's log.
+    pub async fn next_bot_comment(&self, issue: u64) -> FakeComment {
+        self.until(&format!("a new bot comment on #{issue}"), || {
+            let read = self.read.lock().unwrap();
+            bot_comments(self, issue)
+                .into_iter()
+                .find(|c| !read.contains(&c.id))
+        })
+        .await
+        .tap_read(self)
+    }
+
+    /// The first bot comment on `issue` for which `pred` holds (waiting for it, woken by
+    /// the fake GitHub); it counts as read.
+    pub async fn bot_comment_where(
+        &self,
+        issue: u64,
+        what: &str,
+        pred: impl Fn(&FakeComment) -> bool,
+    ) -> FakeComment {
+        self.until(&format!("{what} on #{issue}"), || {
+            bot_comments(self, issue).into_iter().find(|c| pred(c))
+        })
+        .await
+        .tap_read(self)
+    }
+
+    /// Waits until `f` gives a value, checking it again whenever the fake GitHub handled a
+    /// request; fails after `WAIT` with the server's log and the bot's comments.
+    pub async fn until<T>(&self, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        let mut changed = self.github.changed();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            changed.borrow_and_update();
+            if let Some(t) = f() {
+                return t;
+            }
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Ok(r) => r.expect("the fake GitHub lives as long as the test"),
+                Err(_) => panic!(
+                    "timed out after {WAIT:?} waiting for {what}\n--- kodx serve log ---\n{}\n--- bot comments ---\n{:#?}",
+                    self.log(),
+                    self.github.all_comments(REPO).into_iter().filter(|(_, c)| c.is_bot).collect::<Vec<_>>()
+                ),
+            }
+        }
+    }
+
+    /// The database of the server (for the tests that read a run's row).
+    pub async fn db(&self) -> kodx::db::Db {
+        kodx::db::Db::open(&self.database_url()).await.unwrap()
+    }
+
+    fn database_url(&self) -> String {
+        format!("sqlite://{}", self.dir.path().join("kodx.db").display())
+    }
+
+    /// Ends the test in one place: once the queue is empty (with workers), stops the server
+    /// with SIGTERM (a graceful stop finishes what is in flight, so nothing can happen
+    /// after), then fails on anything left over: a bot comment the test did not read, a
+    /// container of this installation, an installation token in anything kodx wrote or
+    /// sent (model requests, comments and their edits, pull requests, GitHub requests, git
+    /// URLs, transcripts, its log), a request the fake GitHub refused as malformed or one
+    /// the fake model rejected.
+    ///
+    /// The server stays stopped; the test may look at the fakes afterwards, knowing nothing
+    /// more will happen.
+    pub async fn finish(&mut self) {
+        let pool = sqlx::sqlite::SqlitePool::connect(&self.database_url())
+            .await
+            .expect("the server's database");
+        if self.workers && self.child.id().is_some() {
+            let deadline = Instant::now() + WAIT;
+            loop {
+                let pending: Vec<(String, String, String)> = sqlx::query_as(
+                    "SELECT id, kind, status FROM runs WHERE status IN ('queued', 'running')",
+                )
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+                if pending.is_empty() {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "finish: runs still pending after {WAIT:?}: {pending:?}\n--- kodx serve log ---\n{}",
+                    self.log()
+                );
+                // The database has no notification to wait on.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        if self.child.id().is_some() {
+            let status = self.terminate().await;
+            assert!(
+                status.success(),
+                "kodx serve exited with {status:?}\n{}",
+                self.log()
+            );
+        }
+        let mut problems = Vec::new();
+        let read = self.read.lock().unwrap().clone();
+        for (number, c) in self.github.all_comments(REPO) {
+            if c.is_bot && !read.contains(&c.id) {
+                problems.push(format!(
+                    "a bot comment on #{number} nobody read: {:?}",
+                    c.body
+                ));
+            }
+        }
+        problems.extend(
+            self.github
+                .refused()
+                .into_iter()
+                .map(|r| format!("GitHub refused: {r}")),
+        );
+        problems.extend(
+            self.model
+                .rejected()
+                .into_iter()
+                .map(|r| format!("the model rejected: {r:?}")),
+        );
+        let instance: Option<String> =
+            sqlx::query_scalar("SELECT value FROM kodx_meta WHERE key = 'instance'")
+                .fetch_optional(&pool)
+                .await
+                .unwrap();
+        if let (Some(instance), Ok(engine)) = (instance, kodx::sandbox::Engine::connect().await) {
+            let label = format!("{}={instance}", kodx::sandbox::docker::INSTANCE_LABEL);
+            for id in super::containers_labelled(&engine, &label).await {
+                problems.push(format!(
+                    "container {id} of this installation was left behind"
+                ));
+            }
+        }
+        let transcripts: Vec<String> = sqlx::query_scalar("SELECT record FROM transcripts")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        let log = self.log();
+        let mut written: Vec<(String, String)> = Vec::new();
+        for r in self.model.requests() {
+            written.push(("a model request".into(), r.body.to_string()));
+        }
+        for (number, c) in self.github.all_comments(REPO) {
+            for text in std::iter::once(&c.body).chain(&c.edits) {
+                written.push((format!("a comment on #{number}"), text.clone()));
+            }
+        }
+        for p in self.github.created_pulls(REPO) {
+            for text in std::iter::once(&p.body).chain(&p.edits) {
+                written.push((format!("pull request #{}", p.number), text.clone()));
+            }
+            written.push((format!("the title of #{}", p.number), p.title.clone()));
+        }
+        for r in self.github.requests() {
+            let what = format!("GitHub request {} {}", r.method, r.path);
+            written.push((what.clone(), r.body.clone()));
+            written.push((what, format!("{}?{}", r.path, r.query.unwrap_or_default())));
+        }
+        for r in self.git.requests() {
+            written.push(("a git URL".into(), r.path_and_query.clone()));
+        }
+        for t in &transcripts {
+            written.push(("the transcript".into(), t.clone()));
+        }
+        written.push(("the server log".into(), log.clone()));
+        for token in self.github.issued_tokens() {
+            for (what, text) in &written {
+                if text.contains(&token) {
+                    problems.push(format!("an installation token in {what}"));
+                }
+            }
+        }
+        assert!(
+            problems.is_empty(),
+            "finish:\n  {}\n--- kodx serve log ---\n{log}",
+            problems.join("\n  ")
+        );
+    }
+
     /// Sends SIGTERM and waits for the process to exit.
     pub async fn stop(mut self) -> std::process::ExitStatus {
         self.terminate().await
@@ -389,6 +679,18 @@ pub fn usage(input: u64, output: u64) -> Value {
            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
 }
 
+/// Marks a comment the driver handed out as read (see `Served::finish`).
+trait TapRead {
+    fn tap_read(self, s: &Served) -> Self;
+}
+
+impl TapRead for FakeComment {
+    fn tap_read(self, s: &Served) -> Self {
+        s.read.lock().unwrap().insert(self.id);
+        self
+    }
+}
+
 /// The comments kodx (a bot) wrote on issue or PR `number`.
 pub fn bot_comments(s: &Served, number: u64) -> Vec<super::fake_github::FakeComment> {
     s.github
@@ -408,17 +710,47 @@ pub fn delivery_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
+/// An `issue_comment.created` delivery (see `issue_comment`).
+#[derive(Clone, Debug)]
+pub struct IssueComment<'a> {
+    /// The repository's clone URL (`Served::clone_url`).
+    pub clone_url: &'a str,
+    pub number: u64,
+    /// The issue is a pull request.
+    pub is_pr: bool,
+    pub comment_id: u64,
+    pub author: &'a str,
+    /// `User` or `Bot`.
+    pub user_type: &'a str,
+    pub body: &'a str,
+}
+
+impl Default for IssueComment<'_> {
+    fn default() -> Self {
+        IssueComment {
+            clone_url: "",
+            number: 7,
+            is_pr: false,
+            comment_id: 1,
+            author: "alice",
+            user_type: "User",
+            body: "",
+        }
+    }
+}
+
 /// An `issue_comment.created` payload as GitHub sends it (the fields kodx reads and a
 /// realistic set of the others).
-pub fn issue_comment(
-    clone_url: &str,
-    number: u64,
-    is_pr: bool,
-    comment_id: u64,
-    author: &str,
-    user_type: &str,
-    body: &str,
-) -> Value {
+pub fn issue_comment(c: &IssueComment<'_>) -> Value {
+    let IssueComment {
+        clone_url,
+        number,
+        is_pr,
+        comment_id,
+        author,
+        user_type,
+        body,
+    } = *c;
     let user = |login: &str, kind: &str| {
         json!({
             "login": login, "id": 1000 + login.len(), "node_id": "MDQ6VXNlcjE=",
