@@ -167,10 +167,70 @@ pub struct Agent<'a> {
 
 struct Ended(StopReason, Option<String>);
 
+/// Told to a resumed run (`kodx run --resume`) before it goes on.
+pub const RESUMED_NOTE: &str = "[kodx: this run was resumed in a new environment: the files are \
+as the earlier run left them, but its shells, running processes and anything installed outside \
+the repository are gone (the setup script ran again). Continue the task.]";
+
+/// The conversation of an earlier run, ready to go on: tool calls it made but never got
+/// results for are answered as interrupted, and `note` (with what the user adds) is told
+/// in the newest user message.
+pub fn resumed_conversation(mut messages: Vec<Message>, note: &str) -> Vec<Message> {
+    // Results already given, by the tool call they answer.
+    let answered: std::collections::HashSet<String> = messages
+        .iter()
+        .flat_map(|m| &m.content)
+        .filter_map(|b| match b {
+            Block::ToolResult { tool_use_id, .. } => Some(tool_use_id.clone()),
+            _ => None,
+        })
+        .collect();
+    let pending: Vec<Block> = messages
+        .iter()
+        .rev()
+        .find(|m| m.role == Role::Assistant)
+        .into_iter()
+        .flat_map(|m| &m.content)
+        .filter_map(|b| match b {
+            Block::ToolUse { id, .. } if !answered.contains(id) => Some(Block::ToolResult {
+                tool_use_id: id.clone(),
+                content: "[the run stopped before this call returned]".into(),
+                is_error: true,
+            }),
+            _ => None,
+        })
+        .collect();
+    if !pending.is_empty() {
+        match messages.last_mut() {
+            Some(last) if last.role == Role::User => last.content.extend(pending),
+            _ => messages.push(Message {
+                role: Role::User,
+                content: pending,
+            }),
+        }
+    }
+    if !append_note(&mut messages, note) {
+        messages.push(Message::user_text(note));
+    }
+    messages
+}
+
 impl Agent<'_> {
     pub async fn run(
         &self,
         prompt: &str,
+        progress: impl FnMut(&Progress),
+        transcript: impl FnMut(&Record),
+    ) -> Outcome {
+        self.resume(vec![Message::user_text(prompt)], progress, transcript)
+            .await
+    }
+
+    /// Runs the loop from `messages` (ending with the user's turn), e.g. an earlier run's
+    /// conversation made ready by [`resumed_conversation`].
+    pub async fn resume(
+        &self,
+        messages: Vec<Message>,
         mut progress: impl FnMut(&Progress),
         mut transcript: impl FnMut(&Record),
     ) -> Outcome {
@@ -182,7 +242,7 @@ impl Agent<'_> {
         let mut api_calls = 0u32;
         let mut last_message = String::new();
         let mut failures = 0u32;
-        let mut messages = vec![Message::user_text(prompt)];
+        let mut messages = messages;
         let tool_specs = tools(cfg.command_timeout);
         // Each record holds what is new since the one before (see `crate::transcript`).
         let mut recorder = Recorder::default();
@@ -821,6 +881,58 @@ mod tests {
             panic!()
         };
         assert_eq!(content.len(), 50_000, "the newest result is kept");
+    }
+
+    #[test]
+    fn a_resumed_conversation_answers_interrupted_calls_and_ends_with_the_note() {
+        let call = |id: &str| Block::ToolUse {
+            id: id.into(),
+            name: "feed_chars".into(),
+            input: json!({"chars": "sleep 99"}),
+        };
+        let result = |id: &str| Block::ToolResult {
+            tool_use_id: id.into(),
+            content: "ok".into(),
+            is_error: false,
+        };
+        // Two calls, one answered before the run stopped.
+        let messages = vec![
+            Message::user_text("go"),
+            Message {
+                role: Role::Assistant,
+                content: vec![call("a"), call("b")],
+            },
+            Message {
+                role: Role::User,
+                content: vec![result("a")],
+            },
+        ];
+        let m = resumed_conversation(messages, "NOTE");
+        assert_eq!(m.len(), 3);
+        let Block::ToolResult {
+            tool_use_id,
+            content,
+            is_error,
+        } = &m[2].content[1]
+        else {
+            panic!("{m:?}")
+        };
+        assert_eq!(tool_use_id, "b");
+        assert!(content.starts_with("[the run stopped before this call returned]"));
+        assert!(content.ends_with("NOTE") && *is_error);
+        // A conversation that ended with the model's answer gets a new user turn.
+        let m = resumed_conversation(
+            vec![
+                Message::user_text("go"),
+                Message {
+                    role: Role::Assistant,
+                    content: vec![Block::Text { text: "done".into() }],
+                },
+            ],
+            "NOTE",
+        );
+        assert_eq!(m.last().unwrap().role, Role::User);
+        assert_eq!(m.last().unwrap().text(), "NOTE");
     }
 
     #[test]

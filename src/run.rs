@@ -73,6 +73,11 @@ pub struct RunArgs {
     /// tool_result, stop), each message once; see the `kodx::transcript` docs.
     #[arg(long)]
     transcript: Option<PathBuf>,
+    /// Continue the conversation of an earlier run from the transcript it wrote
+    /// (`--transcript`), in a new container of --repo-dir, with this run's limits; a prompt,
+    /// if given, is added to it.
+    #[arg(long, value_name = "TRANSCRIPT.jsonl")]
+    resume: Option<PathBuf>,
     /// Extra prices (TOML, same shape as config/pricing.toml).
     #[arg(long, env = "KODX_PRICING")]
     pricing: Option<PathBuf>,
@@ -127,6 +132,55 @@ impl Reporter {
     }
 }
 
+/// The most of a transcript `--resume` reads (its tool outputs are capped; a run of a
+/// thousand steps stays far below this).
+const MAX_RESUME_BYTES: u64 = 512 << 20;
+
+/// The conversation a transcript file holds, ready to go on with `extra` (the prompt of
+/// this run, maybe empty) told after the resume note.
+fn resumed_messages(path: &Path, extra: &str) -> anyhow::Result<Vec<kodx::model::Message>> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("--resume {}: cannot open it", path.display()))?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if size > MAX_RESUME_BYTES {
+        bail!(
+            "--resume {}: {} bytes is more than a transcript kodx reads ({} MiB)",
+            path.display(),
+            size,
+            MAX_RESUME_BYTES >> 20
+        );
+    }
+    let mut conversation = kodx::transcript::Conversation::default();
+    let mut requests = 0;
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("--resume {}: reading it", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match conversation.apply_json(&line) {
+            Ok(Some(_)) => requests += 1,
+            Ok(None) => {}
+            Err(e) => bail!("--resume {} line {}: {e}", path.display(), i + 1),
+        }
+    }
+    if requests == 0 {
+        bail!(
+            "--resume {}: no model request in it; pass the file `kodx run --transcript` wrote",
+            path.display()
+        );
+    }
+    let note = if extra.trim().is_empty() {
+        kodx::agent::RESUMED_NOTE.to_string()
+    } else {
+        format!("{}\n\n{}", kodx::agent::RESUMED_NOTE, extra.trim())
+    };
+    Ok(kodx::agent::resumed_conversation(
+        conversation.messages(),
+        &note,
+    ))
+}
+
 fn read_prompt(args: &RunArgs) -> anyhow::Result<String> {
     let prompt = if let Some(p) = &args.prompt {
         p.clone()
@@ -142,7 +196,7 @@ fn read_prompt(args: &RunArgs) -> anyhow::Result<String> {
     } else {
         String::new()
     };
-    if prompt.trim().is_empty() {
+    if prompt.trim().is_empty() && args.resume.is_none() {
         bail!("no prompt: pass --prompt \"…\", --prompt-file FILE, or pipe it on standard input");
     }
     Ok(prompt)
@@ -209,6 +263,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         )
     };
     let prompt = read_prompt(&args)?;
+    let resumed = match &args.resume {
+        Some(path) => Some(resumed_messages(path, &prompt)?),
+        None => None,
+    };
     let (program, repo_cost_limit) = load_program(&args, repo.as_deref())?;
     let setup_script = match &args.setup_script {
         Some(f) => Some(
@@ -300,9 +358,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         cancel: CancellationToken::new(),
     };
     let mut write_error = None;
+    let messages = resumed.unwrap_or_else(|| vec![kodx::model::Message::user_text(&prompt)]);
     let outcome = agent
-        .run(
-            &prompt,
+        .resume(
+            messages,
             |p| out.progress(p),
             |r: &Record| {
                 if let Some(w) = transcript.as_mut() {

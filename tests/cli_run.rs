@@ -550,3 +550,95 @@ async fn a_failed_export_fails_the_exit_code_and_names_the_file() {
     );
     assert!(!export.exists(), "a refused export writes nothing");
 }
+
+/// `kodx run --resume T.jsonl` continues an earlier run's conversation: the first request
+/// carries the earlier messages, then the resume note and the new prompt.
+#[tokio::test]
+async fn resume_continues_the_conversation_of_a_transcript() {
+    let _engine = common::require_engine!();
+    let dir = tempfile::tempdir().unwrap();
+    let t1 = dir.path().join("first.jsonl");
+    let fake = FakeAnthropic::start(KEY).await;
+    fake.reply(
+        vec![tool(
+            "t1",
+            json!({"chars": "echo one > part1.txt && echo wrote-part-one"}),
+        )],
+        "tool_use",
+        usage(1000, 30),
+    );
+    fake.reply(
+        vec![json!({"type": "text", "text": "Part one is done."})],
+        "end_turn",
+        usage(1100, 10),
+    );
+    let output = kodx(&fake)
+        .args([
+            "run",
+            "-p",
+            "Write part one, then part two.",
+            "--repo-dir",
+            "",
+        ])
+        .arg("--transcript")
+        .arg(&t1)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let fake = FakeAnthropic::start(KEY).await;
+    fake.reply(
+        vec![json!({"type": "text", "text": "Part two is done too."})],
+        "end_turn",
+        usage(1200, 10),
+    );
+    let output = kodx(&fake)
+        .args(["run", "-p", "Now part two.", "--repo-dir", "", "--json"])
+        .arg("--resume")
+        .arg(&t1)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let result: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(result["last_message"], "Part two is done too.");
+    let body = &fake.requests()[0].body;
+    let messages = body["messages"].as_array().unwrap();
+    // The earlier prompt, its tool call and result, its answer, then the resume.
+    assert_eq!(messages.len(), 5, "{body}");
+    assert_eq!(
+        messages[0]["content"][0]["text"],
+        "Write part one, then part two."
+    );
+    assert_eq!(messages[1]["content"][0]["type"], "tool_use");
+    assert!(messages[2]["content"][0]["content"]
+        .as_str()
+        .unwrap()
+        .contains("wrote-part-one"));
+    assert_eq!(messages[3]["content"][0]["text"], "Part one is done.");
+    let last = messages[4]["content"][0]["text"].as_str().unwrap();
+    assert!(last.contains("resumed in a new environment"), "{last}");
+    assert!(last.ends_with("Now part two."), "{last}");
+    assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+
+    // A file that is not a transcript: one line naming it, before any container starts.
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"hello\": 1}\nnot json\n").unwrap();
+    let output = kodx(&fake)
+        .args(["run", "-p", "x", "--repo-dir", ""])
+        .arg("--resume")
+        .arg(&bad)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("bad.jsonl line 2: not JSON"), "{stderr}");
+}
