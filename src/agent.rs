@@ -926,7 +926,9 @@ mod tests {
                 Message::user_text("go"),
                 Message {
                     role: Role::Assistant,
-                    content: vec![Block::Text { text: "done".into() }],
+                    content: vec![Block::Text {
+                        text: "done".into(),
+                    }],
                 },
             ],
             "NOTE",

@@ -484,8 +484,24 @@ fn done_body(done: &Done, head: &mut String, tail: &mut String) -> String {
         .unwrap_or_else(|| default_failure(done.outcome.stop_reason));
     head.push_str(&fenced(&cut_middle(&failure, MAX_FAILURE_CHARS)));
     head.push('\n');
+    let limit = matches!(
+        done.outcome.stop_reason,
+        StopReason::CostLimitExceeded | StopReason::MaxIterations | StopReason::Timeout
+    );
     if let Some(url) = &done.pr_url {
         head.push_str(&format!("**Pull request:** {}\n\n", clean(url)));
+        if limit {
+            head.push_str(
+                "It holds the work done so far, marked incomplete. Raise the limit in \
+                 `.github/kodx.yml` and ask again, or finish it by hand.\n\n",
+            );
+        }
+    } else if let Some((sha, branch)) = &done.pushed {
+        head.push_str(&format!(
+            "**Pushed:** commit `{}` to `{}`, with the work done so far, marked incomplete.\n\n",
+            clean(&sha.chars().take(12).collect::<String>()),
+            clean(branch).replace('`', "'")
+        ));
     }
     if text.trim().is_empty() {
         return String::new();

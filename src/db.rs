@@ -632,6 +632,15 @@ impl Db {
         by: &str,
     ) -> Result<Vec<CancelledRun>, DbError> {
         let mut tx = self.pool.begin().await?;
+        // The queue's order (RETURNING gives none, and two runs may share a millisecond).
+        let order: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM runs WHERE repo = $1 AND issue_number = $2 AND status = 'queued' \
+             AND kind IN ('ask', 'code') ORDER BY seq",
+        )
+        .bind(repo)
+        .bind(issue_number)
+        .fetch_all(&mut *tx)
+        .await?;
         let cancelled = sqlx::query(concat!(
             "UPDATE runs SET status = 'cancelled', stop_reason = 'cancelled', \
              cancelled_by = $1, finished_at = $2 \
@@ -661,8 +670,7 @@ impl Db {
             .iter()
             .map(run_from_row)
             .collect::<Result<Vec<_>, _>>()?;
-        // RETURNING gives no order guarantee.
-        cancelled.sort_by_key(|run| (run.created_at, run.id.clone()));
+        cancelled.sort_by_key(|run| order.iter().position(|id| *id == run.id));
         let mut out: Vec<CancelledRun> = cancelled
             .into_iter()
             .map(|run| CancelledRun {

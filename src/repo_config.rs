@@ -49,13 +49,15 @@ pub enum AskPermission {
     Read,
 }
 
-/// `pr: { draft, branch_prefix }`.
+/// `pr: { draft, branch_prefix, on_limit }`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrConfig {
     /// Open pull requests as drafts.
     pub draft: bool,
     /// Prefix of the branches kodx creates, e.g. `kodx/`.
     pub branch_prefix: String,
+    /// What a code run stopped by its cost, step or time limit does with its changes.
+    pub on_limit: OnLimit,
 }
 
 impl Default for PrConfig {
@@ -63,7 +65,38 @@ impl Default for PrConfig {
         PrConfig {
             draft: false,
             branch_prefix: DEFAULT_BRANCH_PREFIX.to_string(),
+            on_limit: OnLimit::Draft,
         }
+    }
+}
+
+/// `pr.on_limit`: what a code run stopped by a limit delivers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnLimit {
+    /// On an issue, a draft pull request saying the work is incomplete; on a pull request,
+    /// a commit on its branch saying so.
+    #[default]
+    Draft,
+    /// The branch is pushed, no pull request is opened (on a pull request: as `draft`).
+    Branch,
+    /// Nothing is pushed.
+    Discard,
+}
+
+impl<'de> Deserialize<'de> for OnLimit {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrVisitor(
+            "\"draft\", \"branch\" or \"discard\"",
+            |s| match s {
+                "draft" => Ok(OnLimit::Draft),
+                "branch" => Ok(OnLimit::Branch),
+                "discard" => Ok(OnLimit::Discard),
+                other => Err(format!(
+                    "must be \"draft\", \"branch\" or \"discard\", got \"{}\"",
+                    other.escape_default()
+                )),
+            },
+        ))
     }
 }
 
@@ -194,11 +227,12 @@ struct RawCostLimits {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with the keys draft, branch_prefix"
+    expecting = "a mapping with the keys draft, branch_prefix, on_limit"
 )]
 struct RawPr {
     draft: Option<bool>,
     branch_prefix: Option<BranchPrefix>,
+    on_limit: Option<OnLimit>,
 }
 
 impl RawRepoConfig {
@@ -214,6 +248,7 @@ impl RawRepoConfig {
             branch_prefix: p
                 .branch_prefix
                 .map_or_else(|| DEFAULT_BRANCH_PREFIX.to_string(), |b| b.0),
+            on_limit: p.on_limit.unwrap_or_default(),
         });
         RepoConfig {
             image: self.image.map(|t| t.0),
@@ -446,6 +481,7 @@ pr: { draft: false, branch_prefix: kodx/ }
                 pr: PrConfig {
                     draft: false,
                     branch_prefix: "kodx/".into(),
+                    on_limit: OnLimit::Draft,
                 },
             }
         );
@@ -478,7 +514,8 @@ pr: { draft: false, branch_prefix: kodx/ }
             c.pr,
             PrConfig {
                 draft: true,
-                branch_prefix: "kodx/".into()
+                branch_prefix: "kodx/".into(),
+                on_limit: OnLimit::Draft,
             }
         );
         assert_eq!(
@@ -512,7 +549,7 @@ pr: { draft: false, branch_prefix: kodx/ }
         assert_eq!(line, Some(3));
         assert_eq!(
             shown,
-            ".github/kodx.yml: line 3: unknown key \"pr.drafts\" (expected one of: draft, branch_prefix)"
+            ".github/kodx.yml: line 3: unknown key \"pr.drafts\" (expected one of: draft, branch_prefix, on_limit)"
         );
         let (line, shown) = err("cost_limit: { code: 1, total: 2 }\n");
         assert_eq!(line, Some(1));
@@ -611,7 +648,16 @@ pr: { draft: false, branch_prefix: kodx/ }
                 1,
                 &["\"disable_network_after_setup\""],
             ),
-            ("pr: true\n", 1, &["\"pr\"", "draft, branch_prefix"]),
+            (
+                "pr: true\n",
+                1,
+                &["\"pr\"", "draft, branch_prefix, on_limit"],
+            ),
+            (
+                "pr: { on_limit: keep }\n",
+                1,
+                &["\"pr.on_limit\"", "\"draft\", \"branch\" or \"discard\""],
+            ),
         ];
         for (text, want_line, needles) in cases {
             let (line, shown) = err(text);

@@ -401,8 +401,80 @@ async fn the_cost_limit_of_the_repository_config_ends_the_run() {
     assert!(body.contains("of $0.01"), "{body}");
     assert!(
         s.github.created_pulls(REPO).is_empty(),
-        "a stopped run pushes nothing"
+        "a run that changed nothing pushes nothing"
     );
+    s.finish().await;
+}
+
+/// A run its step limit stops still delivers what it did: a draft pull request marked
+/// incomplete, its last call (without tools) asking for the summary (issue 12).
+#[tokio::test]
+async fn a_run_stopped_by_its_step_limit_opens_a_draft_pull_request_of_its_work() {
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
+    s.github.add_issue(REPO, 7, "Big", "", "carol");
+    s.github
+        .set_file(REPO, ".github/kodx.yml", "max_iterations: 2\n");
+    s.model
+        .reply(tool("echo x > x.txt"), "tool_use", usage(2000, 100));
+    s.model.reply(
+        text("Wrote x.txt; y.txt is left."),
+        "end_turn",
+        usage(2100, 20),
+    );
+    let _ = ask_code(&s, 7, false, "do a lot").await;
+    let body = wait_done(&s, 7).await;
+    assert!(body.contains("step limit"), "{body}");
+    // The second and last call had no tools and asked for the summary.
+    let requests = s.model.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[1].body["tool_choice"],
+        serde_json::json!({"type": "none"})
+    );
+    let pulls = s.github.created_pulls(REPO);
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    let pr = &pulls[0];
+    assert!(pr.draft, "{pr:?}");
+    assert!(pr.title.starts_with("[incomplete] do a lot"), "{pr:?}");
+    assert!(pr.body.contains("**Incomplete:**"), "{pr:?}");
+    assert!(
+        pr.body.contains("y.txt is left") && pr.body.contains("Closes #7"),
+        "{pr:?}"
+    );
+    assert_eq!(
+        s.git
+            .file_at(REPO, &format!("refs/heads/{}", pr.head), "x.txt")
+            .as_deref(),
+        Some(&b"x\n"[..])
+    );
+    assert!(body.contains("**Pull request:**"), "{body}");
+    assert!(body.contains("marked incomplete"), "{body}");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_run_stopped_by_its_limit_pushes_nothing_when_the_repository_says_discard() {
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
+    s.github.add_issue(REPO, 7, "Big", "", "carol");
+    s.github.set_file(
+        REPO,
+        ".github/kodx.yml",
+        "max_iterations: 2\npr: { on_limit: discard }\n",
+    );
+    s.model
+        .reply(tool("echo x > x.txt"), "tool_use", usage(2000, 100));
+    s.model
+        .reply(text("Wrote x.txt."), "end_turn", usage(2100, 20));
+    let _ = ask_code(&s, 7, false, "do a lot").await;
+    let body = wait_done(&s, 7).await;
+    assert!(body.contains("step limit"), "{body}");
+    assert!(
+        s.github.created_pulls(REPO).is_empty(),
+        "on_limit: discard pushes nothing"
+    );
+    assert!(!body.contains("**Pull request:**"), "{body}");
     s.finish().await;
 }
 

@@ -13,7 +13,7 @@ use crate::db::{Db, Finish, Run, RunStatus};
 use crate::github::{GitHubError, Installation, PullInfo, RepoName};
 use crate::model::{Provider, ProviderError, Request, Response};
 use crate::program::{self, Overrides, Plan, Program};
-use crate::repo_config::RepoConfig;
+use crate::repo_config::{OnLimit, RepoConfig};
 use crate::sandbox::{Sandbox, SandboxError};
 use crate::serve::context::{strip_hidden, ContextComment, RunContext};
 use crate::serve::deliver::{self, Target};
@@ -411,9 +411,18 @@ impl Workers {
         drop(records_tx);
         let _ = updater.await;
         let _ = writer.await;
-        // A code run that ended its turn: its exact change set leaves the container.
-        let changes = match (&target, outcome.stop_reason) {
-            (Some(_), StopReason::EndTurn) => {
+        // A code run that ended its turn: its exact change set leaves the container. So
+        // does one a limit stopped, unless the repository asks to discard its work
+        // (`pr.on_limit`): it is delivered marked incomplete.
+        let partial = matches!(
+            outcome.stop_reason,
+            StopReason::CostLimitExceeded | StopReason::MaxIterations | StopReason::Timeout
+        )
+        .then_some(config.pr.on_limit)
+        .filter(|o| *o != OnLimit::Discard);
+        let deliverable = outcome.stop_reason == StopReason::EndTurn || partial.is_some();
+        let changes = match &target {
+            Some(_) if deliverable => {
                 let started = Instant::now();
                 let changes = sandbox.change_set().await;
                 timings.add("export", started.elapsed());
@@ -444,6 +453,7 @@ impl Workers {
                         changes,
                         &done,
                         config.pr.draft,
+                        partial,
                         timings,
                     )
                     .await
@@ -487,6 +497,7 @@ impl Workers {
         changes: crate::sandbox::archive::ChangeSet,
         done: &Done,
         draft: bool,
+        partial: Option<OnLimit>,
         timings: &Timings,
     ) -> Result<Delivered, String> {
         if changes.is_empty() {
@@ -503,8 +514,24 @@ impl Workers {
             .bot_identity(&gh)
             .await
             .map_err(|e| format!("kodx could not read its own GitHub identity: {e}"))?;
-        let summary = done.outcome.last_message.clone();
-        let subject = deliver::commit_subject(run.request.job.argument());
+        // Work a limit cut short says so in its subject, commit and pull request.
+        let request_text = match partial {
+            Some(_) => format!("[incomplete] {}", run.request.job.argument()),
+            None => run.request.job.argument().to_string(),
+        };
+        let summary = match partial {
+            Some(_) => format!(
+                "**Incomplete:** the run stopped before it finished ({}). This is what it did so far; \
+                 raise the limit in `.github/kodx.yml` and ask again, or finish it by hand.\n\n{}",
+                done.outcome
+                    .detail
+                    .clone()
+                    .unwrap_or_else(|| done.outcome.stop_reason.as_str().to_string()),
+                done.outcome.last_message
+            ),
+            None => done.outcome.last_message.clone(),
+        };
+        let subject = deliver::commit_subject(&request_text);
         let body = deliver::commit_body(
             &summary,
             run.request.issue_number,
@@ -582,6 +609,9 @@ impl Workers {
         let Target::NewPull { base, .. } = target else {
             return Ok(Delivered::Pushed { sha, branch });
         };
+        if partial == Some(OnLimit::Branch) {
+            return Ok(Delivered::Pushed { sha, branch });
+        }
         let cost = comment::cost_summary(&done.outcome);
         let pull_body = deliver::pull_body(&summary, target, &run.request.author, &cost, &run.id);
         let existing = gh.find_open_pull(repo, &branch).await.map_err(|e| {
@@ -593,11 +623,11 @@ impl Workers {
             return Ok(Delivered::Pull(pr.html_url));
         }
         let new = crate::github::NewPull {
-            title: deliver::title_from(run.request.job.argument(), 100),
+            title: deliver::title_from(&request_text, 100),
             head: branch.clone(),
             base: base.clone(),
             body: pull_body,
-            draft,
+            draft: draft || partial.is_some(),
         };
         let created = gh.create_pull(repo, &new).await;
         timings.add("pull_request", pr_started.elapsed());
