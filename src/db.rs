@@ -241,6 +241,28 @@ pub struct Finish {
     pub pr_url: Option<String>,
 }
 
+impl Finish {
+    /// A run that ends without a model call (refused, or failed before its first).
+    pub fn without_calls(
+        status: RunStatus,
+        stop_reason: &str,
+        result: serde_json::Value,
+    ) -> Finish {
+        Finish {
+            status,
+            stop_reason: stop_reason.to_string(),
+            cost_usd: 0.0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            api_calls: 0,
+            result: result.to_string(),
+            pr_url: None,
+        }
+    }
+}
+
 /// One run touched by [`Db::cancel_issue`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct CancelledRun {

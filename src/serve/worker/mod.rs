@@ -360,20 +360,11 @@ impl Workers {
                 return;
             }
         };
-        let fin = Finish {
-            status: RunStatus::Failed,
-            stop_reason: "internal_error".to_string(),
-            cost_usd: 0.0,
-            input_tokens: 0,
-            output_tokens: 0,
-            cache_read_tokens: 0,
-            cache_write_tokens: 0,
-            api_calls: 0,
-            result:
-                serde_json::json!({ "error": format!("the worker task panicked: {}", p.message) })
-                    .to_string(),
-            pr_url: None,
-        };
+        let fin = Finish::without_calls(
+            RunStatus::Failed,
+            "internal_error",
+            serde_json::json!({ "error": format!("the worker task panicked: {}", p.message) }),
+        );
         if let Err(e) = self.db.finish(&run.id, &fin).await {
             tracing::error!(run_id = %run.id, "recording the failure of a panicked task failed: {e}");
         }
@@ -498,18 +489,7 @@ impl Workers {
         status: RunStatus,
         reason: &str,
     ) {
-        let fin = Finish {
-            status,
-            stop_reason: reason.to_string(),
-            cost_usd: 0.0,
-            input_tokens: 0,
-            output_tokens: 0,
-            cache_read_tokens: 0,
-            cache_write_tokens: 0,
-            api_calls: 0,
-            result: serde_json::json!({ "refused": reason }).to_string(),
-            pr_url: None,
-        };
+        let fin = Finish::without_calls(status, reason, serde_json::json!({ "refused": reason }));
         if let Err(e) = self.db.finish(&run.id, &fin).await {
             tracing::error!("finishing the run failed: {e}");
         }
