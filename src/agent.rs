@@ -216,6 +216,45 @@ pub fn resumed_conversation(mut messages: Vec<Message>, note: &str) -> Vec<Messa
 }
 
 impl Agent<'_> {
+    /// Plans `request` within `budget` ([`fit_to_budget`]). When the byte bound would
+    /// shorten the request or lower its `max_tokens`, the provider is asked for the exact
+    /// count first; if the whole request fits with that, it is sent whole. Returns the
+    /// `max_tokens` to send and the prompt bound it was planned with.
+    async fn plan(
+        &self,
+        request: &mut Request,
+        budget: &Budget,
+        ledger: &PromptLedger,
+        counts: &mut Counts,
+        min_useful: u32,
+    ) -> Result<(u32, u64), crate::cost::CostLimitReached> {
+        counts.sent = None;
+        let mut by_bytes = request.clone();
+        let planned = fit_to_budget(&mut by_bytes, budget, ledger, min_useful);
+        let whole = matches!(planned, Ok(p) if !p.shortened && p.max_tokens == request.max_tokens);
+        if !whole && !counts.distrusted {
+            let count = tokio::select! {
+                c = self.provider.count_tokens(request) => c,
+                _ = self.cancel.cancelled() => None,
+            };
+            if let Some(count) = count {
+                let bound = Counts::bound(count).min(ledger.upper_bound(request));
+                if let Ok(n) = budget.plan_call(bound, request.max_tokens, min_useful) {
+                    let better = match planned {
+                        Ok(p) => p.shortened || n > p.max_tokens,
+                        Err(_) => true,
+                    };
+                    if better {
+                        counts.sent = Some(bound);
+                        return Ok((n, bound));
+                    }
+                }
+            }
+        }
+        *request = by_bytes;
+        planned.map(|p| (p.max_tokens, p.upper))
+    }
+
     pub async fn run(
         &self,
         prompt: &str,
@@ -247,6 +286,7 @@ impl Agent<'_> {
         // Each record holds what is new since the one before (see `crate::transcript`).
         let mut recorder = Recorder::default();
         let mut ledger = PromptLedger::default();
+        let mut counts = Counts::default();
         let mut wrap_up_noted = false;
         // The planned worst case of the previous call: when what is left is not twice
         // that, the next calls are the last ones.
@@ -308,12 +348,15 @@ impl Agent<'_> {
             } else {
                 summary_reserve(&request, &budget, &ledger, cfg.max_tokens)
             };
-            let planned = fit_to_budget(
-                &mut request,
-                &budget.reserving(reserve),
-                &ledger,
-                min_useful,
-            );
+            let planned = self
+                .plan(
+                    &mut request,
+                    &budget.reserving(reserve),
+                    &ledger,
+                    &mut counts,
+                    min_useful,
+                )
+                .await;
             let planned = match planned {
                 Ok(n) => Ok(n),
                 Err(reached) if !request.answer_only => {
@@ -321,7 +364,10 @@ impl Agent<'_> {
                     last.answer_only = true;
                     append_note(&mut last.messages, LAST_CALL_NOTE);
                     let min_summary = cfg.max_tokens.min(MIN_SUMMARY_TOKENS);
-                    match fit_to_budget(&mut last, &budget, &ledger, min_summary) {
+                    match self
+                        .plan(&mut last, &budget, &ledger, &mut counts, min_summary)
+                        .await
+                    {
                         Ok(n) => {
                             request = last;
                             forced_by = Some(Ended(
@@ -336,9 +382,9 @@ impl Agent<'_> {
                 Err(reached) => Err(reached),
             };
             match planned {
-                Ok(max_tokens) => {
+                Ok((max_tokens, upper)) => {
                     request.max_tokens = max_tokens;
-                    last_worst = budget.worst_case(ledger.upper_bound(&request), max_tokens);
+                    last_worst = budget.worst_case(upper, max_tokens);
                 }
                 Err(reached) => {
                     break Ended(StopReason::CostLimitExceeded, Some(reached.to_string()))
@@ -381,6 +427,7 @@ impl Agent<'_> {
             };
             api_calls += 1;
             usage.add(&response.usage);
+            counts.check(&response.usage);
             ledger.record(&request, &response.usage);
             let cost = budget.record(&response.usage);
             transcript(&recorder.note(Record::ModelResponse {
@@ -610,12 +657,20 @@ fn fit_to_budget(
     budget: &Budget,
     ledger: &PromptLedger,
     min_useful: u32,
-) -> Result<u32, crate::cost::CostLimitReached> {
+) -> Result<Planned, crate::cost::CostLimitReached> {
+    let mut shortened = false;
     loop {
         let upper = ledger.upper_bound(request);
         match budget.plan_call(upper, request.max_tokens, min_useful) {
-            Ok(n) => return Ok(n),
+            Ok(max_tokens) => {
+                return Ok(Planned {
+                    max_tokens,
+                    upper,
+                    shortened,
+                })
+            }
             Err(reached) => {
+                shortened = true;
                 if elide_oldest_result(request) {
                     continue;
                 }
@@ -631,6 +686,54 @@ fn fit_to_budget(
                 if !cut_newest_output(request, over) {
                     return Err(reached);
                 }
+            }
+        }
+    }
+}
+
+/// A call planned by [`fit_to_budget`].
+#[derive(Debug, Clone, Copy)]
+struct Planned {
+    max_tokens: u32,
+    /// The bound of the prompt tokens it sends.
+    upper: u64,
+    /// Whether the request was shortened (results elided or cut) to fit.
+    shortened: bool,
+}
+
+/// The provider's own token counts ([`Provider::count_tokens`]), asked for only when the
+/// byte bound would shorten a call or its answer. A count is used with a margin
+/// ([`Counts::bound`]); after each call the billed prompt is compared with it, and one
+/// billed above its counted bound turns counting off for the rest of the run, so a
+/// provider whose counts run low cannot wear the cap down call after call.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Counting was turned off: a call billed more than its counted bound.
+    distrusted: bool,
+    /// The counted bound of the request about to be sent, if it was planned with one.
+    sent: Option<u64>,
+}
+
+impl Counts {
+    /// The bound a provider's count stands for: the count plus 5 % and 64 tokens (Anthropic
+    /// calls its count an estimate that may differ from the billed prompt "by a small
+    /// amount"; it includes system tokens that are not billed).
+    fn bound(count: u64) -> u64 {
+        count + count / 20 + 64
+    }
+
+    /// After a call: whether its billed prompt stayed within the counted bound it was
+    /// planned with.
+    fn check(&mut self, usage: &Usage) {
+        if let Some(bound) = self.sent.take() {
+            let billed = usage.prompt_tokens();
+            if billed > bound {
+                tracing::warn!(
+                    billed,
+                    bound,
+                    "a call billed more prompt tokens than its counted bound; kodx plans with byte bounds for the rest of the run"
+                );
+                self.distrusted = true;
             }
         }
     }

@@ -161,4 +161,12 @@ pub trait Provider: Send + Sync {
     fn name(&self) -> &'static str;
 
     async fn complete(&self, request: &Request) -> Result<Response, ProviderError>;
+
+    /// The prompt tokens `request` would be billed for, as the provider itself counts them
+    /// without running the model (Anthropic's `POST /v1/messages/count_tokens`, free of
+    /// charge). `None` when the provider cannot count or the count failed: the caller then
+    /// keeps its byte bound. Asked only when that bound would shorten a call.
+    async fn count_tokens(&self, _request: &Request) -> Option<u64> {
+        None
+    }
 }

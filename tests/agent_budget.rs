@@ -31,6 +31,11 @@ const OUTPUT_TOKENS: u64 = 400;
 /// with a summary), billing what it was sent as Anthropic would.
 struct LoopModel {
     cached: bool,
+    /// Whether the model counts tokens (`count_tokens`), and the share of the true prompt
+    /// its count gives (1.0: exact; below 1: a provider whose counts run low).
+    counts: Option<f64>,
+    /// Counts asked for, and the number of calls made before each.
+    counted: Mutex<Vec<usize>>,
     /// The messages (serialized) of the previous request: what the cache holds.
     cache: Mutex<Vec<String>>,
     /// Every request's `answer_only` and whether it carried the wrap-up note.
@@ -38,9 +43,11 @@ struct LoopModel {
 }
 
 impl LoopModel {
-    fn new(cached: bool) -> LoopModel {
+    fn counting(cached: bool, counts: Option<f64>) -> LoopModel {
         LoopModel {
             cached,
+            counts,
+            counted: Mutex::new(Vec::new()),
             cache: Mutex::new(Vec::new()),
             seen: Mutex::new(Vec::new()),
         }
@@ -51,17 +58,32 @@ fn tokens(bytes: usize) -> u64 {
     bytes.div_ceil(BYTES_PER_TOKEN) as u64
 }
 
+/// The frame (system, tools, the tool-use preamble), tokenized.
+fn frame_tokens(request: &Request) -> u64 {
+    tokens(request.system.len()) + tokens(serde_json::to_vec(&request.tools).unwrap().len()) + 350
+}
+
 #[async_trait]
 impl Provider for LoopModel {
     fn name(&self) -> &'static str {
         "anthropic"
     }
 
+    async fn count_tokens(&self, request: &Request) -> Option<u64> {
+        let share = self.counts?;
+        let calls = self.seen.lock().unwrap().len();
+        self.counted.lock().unwrap().push(calls);
+        let exact = frame_tokens(request)
+            + request
+                .messages
+                .iter()
+                .map(|m| tokens(serde_json::to_string(m).unwrap().len()))
+                .sum::<u64>();
+        Some((exact as f64 * share) as u64)
+    }
+
     async fn complete(&self, request: &Request) -> Result<Response, ProviderError> {
-        // The frame (system, tools, the tool-use preamble) and each message, tokenized.
-        let frame = tokens(request.system.len())
-            + tokens(serde_json::to_vec(&request.tools).unwrap().len())
-            + 350;
+        let frame = frame_tokens(request);
         let messages: Vec<String> = request
             .messages
             .iter()
@@ -179,6 +201,18 @@ impl Sandbox for ChattySandbox {
 }
 
 async fn run_loop(cap: f64, cached: bool, max_iterations: u32) -> (Outcome, Vec<(bool, bool)>) {
+    let (o, seen, _) = run_counted(cap, cached, max_iterations, None).await;
+    (o, seen)
+}
+
+/// The loop workload with a model that counts tokens (`counts`: see [`LoopModel`]);
+/// also returns the number of calls made before each count.
+async fn run_counted(
+    cap: f64,
+    cached: bool,
+    max_iterations: u32,
+    counts: Option<f64>,
+) -> (Outcome, Vec<(bool, bool)>, Vec<usize>) {
     let price = Pricing::builtin().price("claude-sonnet-4-5").unwrap();
     let system = kodx::program::Program::builtin("code")
         .expect("the built-in code program")
@@ -186,7 +220,7 @@ async fn run_loop(cap: f64, cached: bool, max_iterations: u32) -> (Outcome, Vec<
     let mut cfg = AgentConfig::new("claude-sonnet-4-5", system, price);
     cfg.cost_limit = cap;
     cfg.max_iterations = max_iterations;
-    let model = LoopModel::new(cached);
+    let model = LoopModel::counting(cached, counts);
     let agent = Agent {
         provider: &model,
         sandbox: &ChattySandbox,
@@ -195,7 +229,8 @@ async fn run_loop(cap: f64, cached: bool, max_iterations: u32) -> (Outcome, Vec<
     };
     let outcome = agent.run("List every part.", |_| {}, |_| {}).await;
     let seen = model.seen.lock().unwrap().clone();
-    (outcome, seen)
+    let counted = model.counted.lock().unwrap().clone();
+    (outcome, seen, counted)
 }
 
 #[tokio::test]
@@ -222,6 +257,62 @@ async fn spend_never_crosses_the_cap_and_the_run_ends_with_a_summary() {
 }
 
 #[tokio::test]
+async fn with_exact_counts_the_cap_holds_and_more_of_it_is_used() {
+    for cap in [0.05, 0.5, 2.0] {
+        for cached in [true, false] {
+            let (bytes, _) = run_loop(cap, cached, 1000).await;
+            let (o, seen, counted) = run_counted(cap, cached, 1000, Some(1.0)).await;
+            assert!(
+                o.usd_cost <= cap,
+                "cap ${cap} cached={cached}: spent ${}",
+                o.usd_cost
+            );
+            assert_eq!(o.stop_reason, StopReason::CostLimitExceeded, "{o:?}");
+            assert!(!counted.is_empty(), "the model was never asked to count");
+            // Counts are asked for only when the byte bound would shorten a call: never
+            // for the first calls of a large budget.
+            if cap >= 2.0 {
+                assert!(
+                    counted[0] > 3,
+                    "counted from call {}: {counted:?}",
+                    counted[0]
+                );
+            }
+            // With a small cached budget the byte bound (a token per byte, 4x the real
+            // count here) shortens every call; the count lets more of the cap be used. (With
+            // larger budgets whole calls cost more per step, so the share may go either way
+            // by a step's cost.)
+            if cap < 0.1 && cached {
+                assert!(
+                    o.usd_cost > bytes.usd_cost * 1.1,
+                    "cap ${cap}: counted ${} vs byte bound ${}",
+                    o.usd_cost,
+                    bytes.usd_cost
+                );
+            }
+            assert!(seen.iter().filter(|s| s.0).count() <= 1);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_provider_whose_counts_run_low_is_trusted_once_at_most() {
+    // Counts at half the billed prompt: the first call planned with one bills above its
+    // counted bound, and from then on kodx plans with byte bounds only.
+    let (o, seen, counted) = run_counted(0.5, false, 1000, Some(0.5)).await;
+    assert!(!counted.is_empty());
+    let first = counted[0];
+    assert!(
+        counted.iter().all(|&c| c == first),
+        "counts asked after the first miss: {counted:?} ({} calls)",
+        seen.len()
+    );
+    // Only that one call could bill above its bound: what was spent beyond the cap, if
+    // anything, is at most that call's undercount (half its prompt at the input price).
+    assert!(o.usd_cost <= 0.5 * 1.2, "{o:?}");
+}
+
+#[tokio::test]
 async fn the_step_limit_ends_with_a_summary_call_and_a_wrap_up_note_before_it() {
     let (o, seen) = run_loop(100.0, true, 10).await;
     assert_eq!(o.stop_reason, StopReason::MaxIterations, "{o:?}");
@@ -242,22 +333,35 @@ async fn the_step_limit_ends_with_a_summary_call_and_a_wrap_up_note_before_it() 
 async fn bench_cap_utilisation() {
     println!("\nloop workload: ~3,000 new prompt tokens and 400 output tokens per call, claude-sonnet-4-5 prices");
     println!(
-        "{:>8} {:>7} {:>6} {:>10} {:>7}  target",
+        "{:>8} {:>13} {:>6} {:>10} {:>7}  target",
         "cap", "usage", "calls", "spent", "share"
     );
     let mut missed = 0;
-    for cap in [0.05, 0.5, 2.0] {
-        for cached in [true, false] {
-            let (o, _) = run_loop(cap, cached, 10_000).await;
+    for (cap, cached, counts) in [0.05, 0.5, 2.0].into_iter().flat_map(|cap| {
+        [
+            (true, None),
+            (true, Some(1.0)),
+            (false, None),
+            (false, Some(1.0)),
+        ]
+        .map(|(cached, counts)| (cap, cached, counts))
+    }) {
+        {
+            let (o, _, _) = run_counted(cap, cached, 10_000, counts).await;
             let share = o.usd_cost / cap;
             let ok = o.usd_cost <= cap && share >= 0.9;
             if !ok {
                 missed += 1;
             }
             println!(
-                "{:>8} {:>7} {:>6} {:>10} {:>6.1}%  spend <= cap and >= 90 %: {}",
+                "{:>8} {:>13} {:>6} {:>10} {:>6.1}%  spend <= cap and >= 90 %: {}",
                 format!("${cap:.2}"),
-                if cached { "cached" } else { "plain" },
+                match (cached, counts.is_some()) {
+                    (true, false) => "cached",
+                    (true, true) => "cached+count",
+                    (false, false) => "plain",
+                    (false, true) => "plain+count",
+                },
                 o.api_calls,
                 format!("${:.4}", o.usd_cost),
                 share * 100.0,

@@ -198,3 +198,46 @@ async fn an_invalid_request_is_refused_by_the_fake() {
     assert!(err.to_string().contains("unexpected tool_use_id"), "{err}");
     assert_eq!(fake.rejected().len(), 1);
 }
+
+#[tokio::test]
+async fn count_tokens_sends_the_prompt_of_the_request_and_reads_the_count() {
+    let fake = FakeAnthropic::start(KEY).await;
+    let client = AnthropicClient::new(&fake.url, ApiKey::new(KEY)).with_retry(fast_retry());
+    let mut req = request(vec![Message::user_text("How many files are there?")]);
+    req.answer_only = true;
+    let n = client.count_tokens(&req).await;
+    assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+    let counts = fake.counts();
+    assert_eq!(counts.len(), 1);
+    // Exactly what `complete` would send, without max_tokens and temperature (which the
+    // endpoint refuses), tool_choice and cache breakpoints included.
+    let mut expected = kodx::providers::anthropic::request_body(&req);
+    expected.as_object_mut().unwrap().remove("max_tokens");
+    expected.as_object_mut().unwrap().remove("temperature");
+    assert_eq!(counts[0], expected);
+    assert_eq!(counts[0]["tool_choice"]["type"], "none");
+    let sent_len = serde_json::to_vec(&counts[0]).unwrap().len();
+    assert_eq!(n, Some(sent_len.div_ceil(4) as u64));
+    assert!(fake.requests().is_empty(), "counting is not a model call");
+}
+
+#[tokio::test]
+async fn a_count_that_fails_is_none_and_quick() {
+    let fake = FakeAnthropic::start(KEY).await;
+    let client =
+        AnthropicClient::new(&fake.url, ApiKey::new("sk-ant-wrong-key")).with_retry(fast_retry());
+    let started = Instant::now();
+    assert_eq!(
+        client
+            .count_tokens(&request(vec![Message::user_text("hi")]))
+            .await,
+        None
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let down = AnthropicClient::new("http://127.0.0.1:9", ApiKey::new(KEY));
+    assert_eq!(
+        down.count_tokens(&request(vec![Message::user_text("hi")]))
+            .await,
+        None
+    );
+}

@@ -156,6 +156,23 @@ struct WireUsage {
     cache_read_input_tokens: Option<u64>,
 }
 
+/// The body of `POST /v1/messages/count_tokens` for `req`: the request's own body without
+/// the fields that endpoint does not take (`max_tokens`, `temperature`), so the count is
+/// of exactly what [`request_body`] sends.
+pub fn count_body(req: &Request) -> Value {
+    let mut body = request_body(req);
+    if let Some(obj) = body.as_object_mut() {
+        obj.remove("max_tokens");
+        obj.remove("temperature");
+    }
+    body
+}
+
+#[derive(Deserialize)]
+struct WireCount {
+    input_tokens: u64,
+}
+
 /// Reads a Messages API answer into kodx's types.
 pub fn parse_response(body: &[u8]) -> Result<Response, ProviderError> {
     let wire: WireResponse =
@@ -232,6 +249,45 @@ impl Provider for AnthropicClient {
         )
         .await?;
         parse_response(&bytes)
+    }
+
+    async fn count_tokens(&self, request: &Request) -> Option<u64> {
+        let url = join_url(&self.base_url, "v1/messages/count_tokens");
+        let body = count_body(request);
+        // A count only tightens a bound: one quick retry, then the byte bound stands.
+        let retry = RetryPolicy {
+            max_attempts: 2,
+            base_delay: std::time::Duration::from_millis(500),
+            max_delay: std::time::Duration::from_secs(2),
+            max_total: std::time::Duration::from_secs(10),
+        };
+        let sent = send_with_retry(
+            NAME,
+            &retry,
+            || {
+                http_client()
+                    .post(&url)
+                    .header("x-api-key", self.key.expose())
+                    .header("anthropic-version", API_VERSION)
+                    .json(&body)
+            },
+            error_message,
+            |text| self.key.redact(text),
+        )
+        .await;
+        match sent.map(|b| serde_json::from_slice::<WireCount>(&b)) {
+            Ok(Ok(c)) => Some(c.input_tokens),
+            Ok(Err(e)) => {
+                tracing::warn!(
+                    "the token count answer was not readable ({e}); using the byte bound"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!("counting tokens failed ({e}); using the byte bound");
+                None
+            }
+        }
     }
 }
 

@@ -41,6 +41,7 @@ struct Inner {
     requests: Vec<Recorded>,
     rejected: Vec<String>,
     model_listings: usize,
+    counts: Vec<Value>,
 }
 
 #[derive(Clone)]
@@ -61,6 +62,7 @@ impl FakeAnthropic {
         let app = Router::new()
             .route("/v1/messages", post(handle))
             .route("/v1/models", get(list_models))
+            .route("/v1/messages/count_tokens", post(count_tokens))
             .with_state(fake.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -130,6 +132,11 @@ impl FakeAnthropic {
     }
 
     /// Requests refused as invalid, with the reason; a test expects none.
+    /// The bodies of the `count_tokens` requests accepted so far.
+    pub fn counts(&self) -> Vec<Value> {
+        self.inner.lock().unwrap().counts.clone()
+    }
+
     pub fn rejected(&self) -> Vec<String> {
         self.inner.lock().unwrap().rejected.clone()
     }
@@ -156,7 +163,7 @@ async fn handle(State(fake): State<FakeAnthropic>, headers: HeaderMap, body: Byt
         Ok(v) => v,
         Err(e) => return reject(&fake, format!("body is not JSON: {e}")),
     };
-    if let Err(reason) = validate(&headers, &body) {
+    if let Err(reason) = validate(&headers, &body, false) {
         return reject(&fake, reason);
     }
     let next = {
@@ -198,6 +205,39 @@ async fn handle(State(fake): State<FakeAnthropic>, headers: HeaderMap, body: Byt
             "the fake's script is empty",
         ),
     }
+}
+
+/// `POST /v1/messages/count_tokens`: the Messages body without `max_tokens` and the
+/// sampling fields (the real API refuses them as extra inputs); answers
+/// `{"input_tokens": N}` with N the body's JSON bytes / 4, rounded up (a deterministic
+/// stand-in for the tokenizer).
+async fn count_tokens(
+    State(fake): State<FakeAnthropic>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if headers.get("x-api-key").and_then(|v| v.to_str().ok()) != Some(fake.key.as_str()) {
+        return api_error(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid x-api-key",
+        );
+    }
+    let value: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return reject(&fake, format!("body is not JSON: {e}")),
+    };
+    if let Err(reason) = validate(&headers, &value, true) {
+        return reject(&fake, reason);
+    }
+    fake.inner.lock().unwrap().counts.push(value);
+    let n = body.len().div_ceil(4);
+    (
+        StatusCode::OK,
+        [("content-type", "application/json")],
+        json!({ "input_tokens": n }).to_string(),
+    )
+        .into_response()
 }
 
 /// `GET /v1/models`: the key, then `anthropic-version`, as the real API checks them; the
@@ -242,7 +282,9 @@ fn reject(fake: &FakeAnthropic, reason: String) -> Response {
     api_error(StatusCode::BAD_REQUEST, "invalid_request_error", &reason)
 }
 
-fn validate(headers: &HeaderMap, b: &Value) -> Result<(), String> {
+/// Checks a Messages body (`counting`: a `count_tokens` body, which takes the prompt fields
+/// only) as the real API does.
+fn validate(headers: &HeaderMap, b: &Value, counting: bool) -> Result<(), String> {
     let version = headers
         .get("anthropic-version")
         .and_then(|v| v.to_str().ok());
@@ -272,14 +314,15 @@ fn validate(headers: &HeaderMap, b: &Value) -> Result<(), String> {
             "metadata",
             "stream",
         ];
-        if !known.contains(&key.as_str()) {
+        let prompt_only = ["model", "messages", "system", "tools", "tool_choice"];
+        if !known.contains(&key.as_str()) || (counting && !prompt_only.contains(&key.as_str())) {
             return Err(format!("{key}: Extra inputs are not permitted"));
         }
     }
     if b["model"].as_str().is_none_or(|m| m.is_empty()) {
         return Err("model: Field required".into());
     }
-    if b["max_tokens"].as_u64().is_none_or(|n| n < 1) {
+    if !counting && b["max_tokens"].as_u64().is_none_or(|n| n < 1) {
         return Err("max_tokens: must be an integer >= 1".into());
     }
     if let Some(t) = b.get("temperature") {

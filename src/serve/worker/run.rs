@@ -790,4 +790,8 @@ impl Provider for Timed {
         self.metrics.model_call(&request.model, started.elapsed());
         r
     }
+
+    async fn count_tokens(&self, request: &Request) -> Option<u64> {
+        self.inner.count_tokens(request).await
+    }
 }
