@@ -39,9 +39,81 @@ pub enum Command {
     Ask { question: String },
     /// `/kodx cancel`: cancel queued and running runs here. Further words are ignored.
     Cancel,
+    /// `/kodx continue [$N | N steps]`: resume the run here that stopped at a limit, with
+    /// more budget or steps. Lines after the command's own are ignored.
+    Continue { more: More },
     /// `/kodx help`, `/kodx` alone, or an unknown subcommand (kept, cut to 64 characters,
     /// so the reply can name it).
     Help { unknown: Option<String> },
+}
+
+/// What `/kodx continue` adds to the stopped run's limits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum More {
+    /// Nothing named: the repository's limit for the kind, within the server's maxima.
+    Default,
+    /// `$N`: this much more budget, in USD.
+    Usd(f64),
+    /// `N steps`: this many more model calls.
+    Steps(u32),
+}
+
+impl Eq for More {}
+
+impl More {
+    /// The most `/kodx continue $N` accepts; the server's maxima usually bound it further.
+    pub const MAX_USD: f64 = 10_000.0;
+    /// The most `/kodx continue N steps` accepts.
+    pub const MAX_STEPS: u32 = 10_000;
+
+    /// As the command writes it: ``, `$2`, `20 steps`.
+    pub fn as_argument(&self) -> String {
+        match self {
+            More::Default => String::new(),
+            More::Usd(usd) => format!("${usd}"),
+            More::Steps(1) => "1 step".to_string(),
+            More::Steps(n) => format!("{n} steps"),
+        }
+    }
+
+    /// Parses the argument of `/kodx continue` (its first line).
+    fn parse(argument: &str) -> Result<More, ParseError> {
+        let words: Vec<&str> = argument.split_whitespace().collect();
+        let bad = || ParseError::BadContinue {
+            found: argument.trim().chars().take(MAX_UNKNOWN_CHARS).collect(),
+        };
+        match words.as_slice() {
+            [] => Ok(More::Default),
+            [money] if money.starts_with('$') => {
+                let digits = &money[1..];
+                let ok = !digits.is_empty()
+                    && digits.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+                    && digits.matches('.').count() <= 1;
+                let usd: f64 = if ok {
+                    digits.parse().map_err(|_| bad())?
+                } else {
+                    return Err(bad());
+                };
+                if usd > 0.0 && usd <= More::MAX_USD {
+                    Ok(More::Usd(usd))
+                } else {
+                    Err(bad())
+                }
+            }
+            [n, unit]
+                if unit.eq_ignore_ascii_case("steps") || unit.eq_ignore_ascii_case("step") =>
+            {
+                if !n.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad());
+                }
+                match n.parse::<u32>() {
+                    Ok(n) if (1..=More::MAX_STEPS).contains(&n) => Ok(More::Steps(n)),
+                    _ => Err(bad()),
+                }
+            }
+            _ => Err(bad()),
+        }
+    }
 }
 
 /// A command that was found but cannot run.
@@ -53,6 +125,9 @@ pub enum ParseError {
     /// The request is longer than `limit` bytes.
     #[error("the request is {bytes} bytes long; the limit is {limit} bytes")]
     TooLong { bytes: usize, limit: usize },
+    /// `/kodx continue` with an argument that is neither `$N` nor `N steps`.
+    #[error("`/kodx continue` takes nothing, `$N` (more budget, e.g. `$2`) or `N steps` (e.g. `20 steps`), not `{found}`")]
+    BadContinue { found: String },
 }
 
 /// Finds the first command in `body` and parses it. `None` when the body holds no command.
@@ -132,6 +207,10 @@ fn parse_after_prefix(text: &str) -> Result<Command, ParseError> {
         Ok(Command::Help { unknown: None })
     } else if word.eq_ignore_ascii_case("cancel") {
         Ok(Command::Cancel)
+    } else if word.eq_ignore_ascii_case("continue") {
+        let line = argument.find(['\r', '\n']).unwrap_or(argument.len());
+        let more = More::parse(&argument[..line])?;
+        Ok(Command::Continue { more })
     } else if word.eq_ignore_ascii_case("code") {
         let request = request("code", argument)?;
         Ok(Command::Code { request })
@@ -229,6 +308,51 @@ mod tests {
             ("/kodx codefoo x", help(Some("codefoo"))),
             ("/kodx code: x", help(Some("code:"))),
         ]);
+    }
+
+    #[test]
+    fn continue_takes_nothing_money_or_steps() {
+        let more = |m: More| Some(Ok(Command::Continue { more: m }));
+        let bad = |found: &str| {
+            Some(Err(ParseError::BadContinue {
+                found: found.to_owned(),
+            }))
+        };
+        check(&[
+            ("/kodx continue", more(More::Default)),
+            ("/kodx Continue  ", more(More::Default)),
+            (
+                "/kodx continue\nplease finish the tests",
+                more(More::Default),
+            ),
+            ("/kodx continue $2", more(More::Usd(2.0))),
+            ("/kodx continue $0.50\r\nthanks", more(More::Usd(0.5))),
+            ("/kodx continue 20 steps", more(More::Steps(20))),
+            ("/kodx continue 1 step", more(More::Steps(1))),
+            ("/kodx continue 5 STEPS", more(More::Steps(5))),
+            ("/kodx continue lots", bad("lots")),
+            ("/kodx continue $", bad("$")),
+            ("/kodx continue $-1", bad("$-1")),
+            ("/kodx continue $0", bad("$0")),
+            ("/kodx continue $1e9", bad("$1e9")),
+            ("/kodx continue $1.2.3", bad("$1.2.3")),
+            ("/kodx continue $20000", bad("$20000")),
+            ("/kodx continue 0 steps", bad("0 steps")),
+            ("/kodx continue -3 steps", bad("-3 steps")),
+            ("/kodx continue 99999999999 steps", bad("99999999999 steps")),
+            ("/kodx continue $2 and 20 steps", bad("$2 and 20 steps")),
+            ("/kodx continue 20", bad("20")),
+        ]);
+        assert_eq!(More::Usd(2.0).as_argument(), "$2");
+        assert_eq!(More::Usd(0.5).as_argument(), "$0.5");
+        assert_eq!(More::Steps(1).as_argument(), "1 step");
+        assert_eq!(More::Steps(20).as_argument(), "20 steps");
+        assert_eq!(More::Default.as_argument(), "");
+        let long = format!("/kodx continue {}", "x".repeat(500));
+        let Some(Err(ParseError::BadContinue { found })) = parse(&long) else {
+            panic!()
+        };
+        assert_eq!(found.chars().count(), 64);
     }
 
     #[test]

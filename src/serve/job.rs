@@ -107,6 +107,10 @@ impl Job {
             Ok(Command::Ask { question }) => Job::Ask { question },
             Ok(Command::Cancel) => Job::Cancel,
             Ok(Command::Help { unknown }) => Job::Help { unknown },
+            // Not served yet: answered as the unknown subcommand it was until now.
+            Ok(Command::Continue { .. }) => Job::Help {
+                unknown: Some("continue".to_string()),
+            },
             Err(e) => Job::Refuse {
                 reason: e.to_string(),
             },
