@@ -241,3 +241,45 @@ async fn a_count_that_fails_is_none_and_quick() {
         None
     );
 }
+
+/// A server whose every answer is `len` bytes of `{` streamed without a length.
+async fn endless_answer(len: usize) -> String {
+    use axum::body::Body;
+    let app = axum::Router::new().fallback(move || async move {
+        let chunks = futures_util::stream::iter(
+            (0..len.div_ceil(1 << 20))
+                .map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'{'; 1 << 20]))),
+        );
+        axum::response::Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(Body::from_stream(chunks))
+            .unwrap()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+#[tokio::test]
+async fn an_answer_over_16_mib_is_refused_not_buffered() {
+    let url = endless_answer(64 << 20).await;
+    let client = AnthropicClient::new(&url, ApiKey::new(KEY)).with_retry(fast_retry());
+    let err = client
+        .complete(&request(vec![Message::user_text("hi")]))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("over 16 MiB"), "{text}");
+    // Refused at once, not retried.
+    assert!(matches!(err, ProviderError::Malformed { .. }), "{err:?}");
+    // An answer under the bound is read whole (and then found not to be a Messages answer).
+    let url = endless_answer(2 << 20).await;
+    let client = AnthropicClient::new(&url, ApiKey::new(KEY)).with_retry(fast_retry());
+    let err = client
+        .complete(&request(vec![Message::user_text("hi")]))
+        .await
+        .unwrap_err();
+    assert!(!err.to_string().contains("MiB"), "{err}");
+}

@@ -42,6 +42,30 @@ impl RetryPolicy {
     }
 }
 
+/// The largest model API answer kodx reads (a full 64,000-token answer is well under
+/// 1 MiB); a larger one is refused rather than buffered.
+pub(crate) const MAX_ANSWER_BYTES: usize = 16 << 20;
+
+enum ReadError {
+    TooLarge,
+    Failed(reqwest::Error),
+}
+
+/// Reads a response body, refusing it once it passes `max` bytes (declared or received).
+async fn read_bounded(mut resp: reqwest::Response, max: usize) -> Result<bytes::Bytes, ReadError> {
+    if resp.content_length().is_some_and(|n| n > max as u64) {
+        return Err(ReadError::TooLarge);
+    }
+    let mut body = bytes::BytesMut::new();
+    while let Some(chunk) = resp.chunk().await.map_err(ReadError::Failed)? {
+        if body.len() + chunk.len() > max {
+            return Err(ReadError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
 /// Sends a request built by `build` until it succeeds, fails for good, or the policy's
 /// budget runs out. Returns the body of the first 2xx answer. `error_message` reads an
 /// error body; `redact` removes secrets from every message.
@@ -61,19 +85,32 @@ pub(crate) async fn send_with_retry(
             Ok(resp) => {
                 let status = resp.status().as_u16();
                 let retry_after = parse_retry_after(resp.headers());
-                let bytes = resp.bytes().await.unwrap_or_default();
-                if (200..300).contains(&status) {
-                    return Ok(bytes);
-                }
-                let message = redact(&error_message(&bytes));
-                if !RetryPolicy::retryable_status(status) {
-                    return Err(ProviderError::Api {
+                match read_bounded(resp, MAX_ANSWER_BYTES).await {
+                    Ok(bytes) if (200..300).contains(&status) => return Ok(bytes),
+                    Ok(bytes) => {
+                        let message = redact(&error_message(&bytes));
+                        if !RetryPolicy::retryable_status(status) {
+                            return Err(ProviderError::Api {
+                                provider,
+                                status,
+                                message,
+                            });
+                        }
+                        (format!("HTTP {status}: {message}"), retry_after)
+                    }
+                    Err(ReadError::TooLarge) => return Err(ProviderError::Malformed {
                         provider,
-                        status,
-                        message,
-                    });
+                        detail: format!(
+                            "the answer (HTTP {status}) is over {} MiB; kodx reads no more of it",
+                            MAX_ANSWER_BYTES >> 20
+                        ),
+                    }),
+                    // Cut off mid-body: retried like a failed connection.
+                    Err(ReadError::Failed(e)) => (
+                        redact(&format!("HTTP {status}, the answer was cut off: {e}")),
+                        retry_after,
+                    ),
                 }
-                (format!("HTTP {status}: {message}"), retry_after)
             }
             Err(e) => (redact(&format!("request failed: {e}")), None),
         };
