@@ -98,13 +98,15 @@ pub(crate) async fn send_with_retry(
                         }
                         (format!("HTTP {status}: {message}"), retry_after)
                     }
-                    Err(ReadError::TooLarge) => return Err(ProviderError::Malformed {
-                        provider,
-                        detail: format!(
+                    Err(ReadError::TooLarge) => {
+                        return Err(ProviderError::Malformed {
+                            provider,
+                            detail: format!(
                             "the answer (HTTP {status}) is over {} MiB; kodx reads no more of it",
                             MAX_ANSWER_BYTES >> 20
                         ),
-                    }),
+                        })
+                    }
                     // Cut off mid-body: retried like a failed connection.
                     Err(ReadError::Failed(e)) => (
                         redact(&format!("HTTP {status}, the answer was cut off: {e}")),

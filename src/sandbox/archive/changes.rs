@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Write};
 
-use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -51,8 +50,8 @@ pub enum NewEntry {
     Symlink { target: String },
 }
 
-/// The contents of an added or modified file: in memory when small, else in a temporary
-/// file removed when the last clone is dropped. Two are equal when their length and
+/// The contents of an added or modified file: in memory when small, else in an unnamed
+/// temporary file that the system removes when the last clone is dropped or kodx dies. Two are equal when their length and
 /// SHA-256 are.
 #[derive(Clone)]
 pub struct Contents {
@@ -64,7 +63,36 @@ pub struct Contents {
 #[derive(Clone)]
 pub(super) enum Stored {
     Memory(Bytes),
-    Spooled(Arc<tempfile::TempPath>),
+    /// An unnamed temporary file (unlinked at once, so nothing is left behind even when
+    /// kodx is killed), read by position so clones can read it side by side.
+    Spooled(Arc<File>),
+}
+
+/// Reads `len` bytes of a spooled file from its start, by position.
+struct SpoolReader<'a> {
+    file: &'a File,
+    pos: u64,
+    len: u64,
+}
+
+impl Read for SpoolReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let left = self.len - self.pos;
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..want], self.pos)?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the spooled file is shorter than recorded",
+            ));
+        }
+        self.pos += n as u64;
+        Ok(n)
+    }
 }
 
 impl Contents {
@@ -90,7 +118,11 @@ impl Contents {
     pub fn reader(&self) -> io::Result<Box<dyn Read + Send + '_>> {
         Ok(match &self.stored {
             Stored::Memory(bytes) => Box::new(&bytes[..]),
-            Stored::Spooled(path) => Box::new(File::open(path.as_ref() as &Path)?),
+            Stored::Spooled(file) => Box::new(SpoolReader {
+                file,
+                pos: 0,
+                len: self.len,
+            }),
         })
     }
 
@@ -241,7 +273,7 @@ pub(super) fn read_contents(
         *memory += size;
         return Ok(Contents::from(bytes));
     }
-    let mut file = tempfile::Builder::new().prefix("kodx-change-").tempfile()?;
+    let mut file = tempfile::tempfile()?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0; COPY_BUF];
     let mut left = size;
@@ -259,7 +291,7 @@ pub(super) fn read_contents(
     Ok(Contents {
         len: size,
         sha256: hasher.finalize().into(),
-        stored: Stored::Spooled(Arc::new(file.into_temp_path())),
+        stored: Stored::Spooled(Arc::new(file)),
     })
 }
 
@@ -626,6 +658,11 @@ mod tests {
                 panic!("{change:?}")
             };
             assert!(contents.is_spooled(), "{change:?}");
+            // Spooled to a file with no name: nothing is left behind if kodx dies.
+            if let Stored::Spooled(file) = &contents.stored {
+                use std::os::unix::fs::MetadataExt;
+                assert_eq!(file.metadata().unwrap().nlink(), 0);
+            }
             assert_eq!(contents.to_vec().unwrap(), want.as_bytes());
         }
         let host = tmp.path().join("host");
