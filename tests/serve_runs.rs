@@ -162,3 +162,36 @@ async fn transcripts_store_each_message_once_replay_exactly_and_are_pruned_by_ag
     db.close().await;
     s.finish().await;
 }
+
+/// The status comment follows the run at most once per `status_interval_secs`, but a run
+/// that ends never waits for the interval: with 10 s between edits, five quick model steps
+/// end in a posted answer well before 10 s (it waited out the interval before: about 10 s
+/// of every multi-step run were spent in no phase at all).
+#[tokio::test]
+async fn a_finished_run_never_waits_for_the_status_interval() {
+    let _engine = common::require_engine!();
+    let mut s = Served::start(Options {
+        workers: true,
+        settings: Some("status_interval_secs = 10\n"),
+        ..Options::default()
+    })
+    .await;
+    for i in 1..=4 {
+        s.model.reply(
+            vec![feed(&format!("t{i}"), &format!("echo step-{i}"))],
+            "tool_use",
+            usage(1000, 10),
+        );
+    }
+    s.model
+        .answer_from_last_tool_result(|out| format!("Saw: {out}"));
+    let started = std::time::Instant::now();
+    ask(&s, "what do the steps print?").await;
+    let took = started.elapsed();
+    assert_eq!(s.model.requests().len(), 5);
+    assert!(
+        took < Duration::from_secs(8),
+        "five quick steps took {took:?} with a 10 s status interval"
+    );
+    s.finish().await;
+}

@@ -97,7 +97,9 @@ impl Workers {
         }
     }
 
-    /// Edits the status comment as the run moves, at most once per `status_interval`.
+    /// Edits the status comment as the run moves, at most once per `status_interval`. Ends
+    /// as soon as the agent does (its sender is dropped), also while waiting out the
+    /// interval: a finished run never waits for the next edit.
     pub(in crate::serve) async fn follow_progress(
         self: Arc<Self>,
         gh: Installation,
@@ -113,9 +115,14 @@ impl Workers {
                 return;
             }
             if let Some(at) = last_edit {
-                let wait = interval.saturating_sub(at.elapsed());
-                if !wait.is_zero() {
-                    tokio::time::sleep(wait).await;
+                let until = tokio::time::Instant::from_std(at + interval);
+                // Newer progress only replaces what the edit will show; the end of the
+                // agent ends the wait.
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(until) => break,
+                        changed = rx.changed() => if changed.is_err() { return },
+                    }
                 }
             }
             let p = rx.borrow_and_update().clone();
