@@ -4,7 +4,7 @@
 use sqlx::sqlite::SqlitePool;
 use sqlx::Row;
 
-use super::models::{flag, Accepted, Installation, NewDelivery, NewRun};
+use super::models::{Accepted, Installation, NewDelivery, NewRun};
 use super::{now_ms, Db, DbError};
 use crate::serve::job::{RunRequest, TriggerKind};
 
@@ -85,23 +85,13 @@ impl Db {
         &self,
         installation_id: i64,
     ) -> Result<Option<Installation>, DbError> {
-        let row = sqlx::query(
+        Ok(sqlx::query_as(
             "SELECT id, account, last_action, suspended, deleted, created_at, updated_at \
              FROM installations WHERE id = $1",
         )
         .bind(installation_id)
         .fetch_optional(&self.pool)
-        .await?;
-        let Some(row) = row else { return Ok(None) };
-        Ok(Some(Installation {
-            id: row.try_get("id")?,
-            account: row.try_get("account")?,
-            last_action: row.try_get("last_action")?,
-            suspended: flag(&row, "suspended")?,
-            deleted: flag(&row, "deleted")?,
-            created_at: row.try_get("created_at")?,
-            updated_at: row.try_get("updated_at")?,
-        }))
+        .await?)
     }
 }
 

@@ -4,15 +4,15 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::Serialize;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{FromRow, Row};
+use sqlx::FromRow;
 
 use super::DbError;
 use crate::serve::job::RunRequest;
 
 /// Where a run is in its life. Stored as lowercase text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
 #[serde(rename_all = "lowercase")]
+#[sqlx(rename_all = "lowercase")]
 pub enum RunStatus {
     Queued,
     Running,
@@ -96,13 +96,14 @@ pub enum Accepted {
     DuplicateTrigger { run_id: String },
 }
 
-/// A stored run.
-#[derive(Debug, Clone, PartialEq)]
+/// A stored run, as [`run_columns!`] selects it.
+#[derive(Debug, Clone, PartialEq, FromRow)]
 pub struct Run {
     /// 12 lowercase hex characters.
     pub id: String,
     pub delivery_id: String,
     /// What was asked, by whom, where: as the webhook read it.
+    #[sqlx(flatten)]
     pub request: RunRequest,
     pub status: RunStatus,
     /// Free text for observability (`setting_up`, `working` …); cleared when claimed.
@@ -210,7 +211,7 @@ pub struct Recovered {
 }
 
 /// An installation of the App, as its last `installation` event left it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
 pub struct Installation {
     pub id: i64,
     pub account: String,
@@ -246,7 +247,7 @@ impl RunCounts {
     }
 }
 
-/// The columns of a [`Run`], as `run_from_row` reads them (by name).
+/// The columns of a [`Run`], as its `FromRow` reads them (by name).
 macro_rules! run_columns {
     () => {
         "id, delivery_id, kind, installation_id, repo, issue_number, is_pull_request, \
@@ -255,45 +256,6 @@ macro_rules! run_columns {
          cost_usd, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
          api_calls, result, pr_url, cancelled_by, created_at, started_at, finished_at"
     };
-}
-
-pub(super) fn run_from_row(row: &SqliteRow) -> Result<Run, DbError> {
-    let status: String = row.try_get("status")?;
-    Ok(Run {
-        id: row.try_get("id")?,
-        delivery_id: row.try_get("delivery_id")?,
-        request: RunRequest::from_row(row)?,
-        status: status.parse()?,
-        phase: row.try_get("phase")?,
-        attempts: row.try_get("attempts")?,
-        worker: row.try_get("worker")?,
-        recovered: flag(row, "recovered")?,
-        status_comment_id: row.try_get("status_comment_id")?,
-        stop_reason: row.try_get("stop_reason")?,
-        cost_usd: row.try_get("cost_usd")?,
-        input_tokens: row.try_get("input_tokens")?,
-        output_tokens: row.try_get("output_tokens")?,
-        cache_read_tokens: row.try_get("cache_read_tokens")?,
-        cache_write_tokens: row.try_get("cache_write_tokens")?,
-        api_calls: row.try_get("api_calls")?,
-        result: row.try_get("result")?,
-        pr_url: row.try_get("pr_url")?,
-        cancelled_by: row.try_get("cancelled_by")?,
-        created_at: row.try_get("created_at")?,
-        started_at: row.try_get("started_at")?,
-        finished_at: row.try_get("finished_at")?,
-    })
-}
-
-/// A 0/1 column as a bool (portable: no native boolean type is assumed).
-pub(super) fn flag(row: &SqliteRow, column: &str) -> Result<bool, DbError> {
-    match row.try_get::<i64, _>(column)? {
-        0 => Ok(false),
-        1 => Ok(true),
-        other => Err(DbError::Corrupt(format!(
-            "{column} = {other}, expected 0 or 1"
-        ))),
-    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,7 @@
 //! The run queue: claiming (FIFO, one agent run per issue), phases, finishing, `/kodx
 //! cancel`, and recovery after a process died.
 
-use super::models::{
-    run_from_row, CancelledRun, Finish, Recovered, RecoveryAction, Run, RunStatus,
-};
+use super::models::{CancelledRun, Finish, Recovered, RecoveryAction, Run, RunStatus};
 use super::{found, now_ms, Db, DbError};
 
 impl Db {
@@ -11,7 +9,7 @@ impl Db {
     /// marks it running for `worker` and returns it. One statement, so concurrent claimers
     /// never take the same run and never start two runs on one issue.
     pub async fn claim_run(&self, worker: &str) -> Result<Option<Run>, DbError> {
-        let row = sqlx::query(concat!(
+        let row = sqlx::query_as::<_, Run>(concat!(
             "UPDATE runs SET status = 'running', worker = $1, started_at = $2, \
              attempts = attempts + 1, phase = NULL \
              WHERE status = 'queued' AND id = (\
@@ -29,13 +27,13 @@ impl Db {
         .bind(now_ms())
         .fetch_optional(&self.pool)
         .await?;
-        row.as_ref().map(run_from_row).transpose()
+        Ok(row)
     }
 
     /// Takes the oldest queued control run (any kind but `ask`/`code`: `help`, `cancel`,
     /// `refuse` …), with no per-issue exclusivity.
     pub async fn claim_control(&self, worker: &str) -> Result<Option<Run>, DbError> {
-        let row = sqlx::query(concat!(
+        let row = sqlx::query_as::<_, Run>(concat!(
             "UPDATE runs SET status = 'running', worker = $1, started_at = $2, \
              attempts = attempts + 1, phase = NULL \
              WHERE status = 'queued' AND id = (\
@@ -49,12 +47,12 @@ impl Db {
         .bind(now_ms())
         .fetch_optional(&self.pool)
         .await?;
-        row.as_ref().map(run_from_row).transpose()
+        Ok(row)
     }
 
     /// The run with this id, if any.
     pub async fn get_run(&self, run_id: &str) -> Result<Option<Run>, DbError> {
-        let row = sqlx::query(concat!(
+        let row = sqlx::query_as::<_, Run>(concat!(
             "SELECT ",
             run_columns!(),
             " FROM runs WHERE id = $1"
@@ -62,20 +60,20 @@ impl Db {
         .bind(run_id)
         .fetch_optional(&self.pool)
         .await?;
-        row.as_ref().map(run_from_row).transpose()
+        Ok(row)
     }
 
     /// Every run in `status`, oldest first (e.g. the running ones, whose containers are live).
     pub async fn runs_with_status(&self, status: RunStatus) -> Result<Vec<Run>, DbError> {
-        let rows = sqlx::query(concat!(
+        let rows = sqlx::query_as::<_, Run>(concat!(
             "SELECT ",
             run_columns!(),
             " FROM runs WHERE status = $1 ORDER BY seq"
         ))
-        .bind(status.as_str())
+        .bind(status)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter().map(run_from_row).collect()
+        Ok(rows)
     }
 
     /// Remembers the id of the run's status comment.
@@ -115,7 +113,7 @@ impl Db {
              api_calls = $8, result = $9, pr_url = $10, finished_at = $11 \
              WHERE id = $12 AND status IN ('queued', 'running')",
         )
-        .bind(fin.status.as_str())
+        .bind(fin.status)
         .bind(&fin.stop_reason)
         .bind(fin.cost_usd)
         .bind(fin.input_tokens)
@@ -159,7 +157,7 @@ impl Db {
         .bind(issue_number)
         .fetch_all(&mut *tx)
         .await?;
-        let cancelled = sqlx::query(concat!(
+        let mut cancelled = sqlx::query_as::<_, Run>(concat!(
             "UPDATE runs SET status = 'cancelled', stop_reason = 'cancelled', \
              cancelled_by = $1, finished_at = $2 \
              WHERE repo = $3 AND issue_number = $4 AND status = 'queued' \
@@ -172,7 +170,7 @@ impl Db {
         .bind(issue_number)
         .fetch_all(&mut *tx)
         .await?;
-        let running = sqlx::query(concat!(
+        let running = sqlx::query_as::<_, Run>(concat!(
             "SELECT ",
             run_columns!(),
             " FROM runs WHERE repo = $1 AND issue_number = $2 AND status = 'running' \
@@ -184,10 +182,6 @@ impl Db {
         .await?;
         tx.commit().await?;
 
-        let mut cancelled = cancelled
-            .iter()
-            .map(run_from_row)
-            .collect::<Result<Vec<_>, _>>()?;
         cancelled.sort_by_key(|run| order.iter().position(|id| *id == run.id));
         let mut out: Vec<CancelledRun> = cancelled
             .into_iter()
@@ -196,12 +190,10 @@ impl Db {
                 was_running: false,
             })
             .collect();
-        for row in &running {
-            out.push(CancelledRun {
-                run: run_from_row(row)?,
-                was_running: true,
-            });
-        }
+        out.extend(running.into_iter().map(|run| CancelledRun {
+            run,
+            was_running: true,
+        }));
         Ok(out)
     }
 
@@ -217,7 +209,7 @@ impl Db {
     ) -> Result<Vec<Recovered>, DbError> {
         let now = now_ms();
         let mut tx = self.pool.begin().await?;
-        let failed = sqlx::query(concat!(
+        let failed = sqlx::query_as::<_, Run>(concat!(
             "UPDATE runs SET status = 'failed', stop_reason = 'internal_error', \
              result = CASE WHEN attempts = 2 \
                THEN '{\"error\": \"kodx restarted twice during this run\"}' \
@@ -231,7 +223,7 @@ impl Db {
         .bind(max_attempts)
         .fetch_all(&mut *tx)
         .await?;
-        let requeued = sqlx::query(concat!(
+        let requeued = sqlx::query_as::<_, Run>(concat!(
             "UPDATE runs SET status = 'queued', recovered = 1, worker = NULL, phase = NULL \
              WHERE status = 'running' RETURNING ",
             run_columns!()
@@ -241,12 +233,11 @@ impl Db {
         tx.commit().await?;
 
         let mut out = Vec::with_capacity(failed.len() + requeued.len());
-        for (rows, action) in [
-            (&requeued, RecoveryAction::Requeued),
-            (&failed, RecoveryAction::Failed),
+        for (runs, action) in [
+            (requeued, RecoveryAction::Requeued),
+            (failed, RecoveryAction::Failed),
         ] {
-            for row in rows {
-                let run = run_from_row(row)?;
+            for run in runs {
                 tracing::warn!(
                     run_id = %run.id,
                     repo = %run.request.repo,

@@ -1,24 +1,18 @@
 //! Run counts and spend, for `/metrics` and monthly budgets.
 
-use sqlx::Row;
-
 use super::models::{RunCounts, RunStatus};
 use super::{Db, DbError};
 
 impl Db {
     /// Runs by status and total spend, for `/metrics`.
     pub async fn counts(&self) -> Result<RunCounts, DbError> {
-        let rows = sqlx::query(
-            "SELECT status, COUNT(*) AS n, COALESCE(SUM(cost_usd), 0.0) AS spend \
-             FROM runs GROUP BY status",
+        let rows: Vec<(RunStatus, i64, f64)> = sqlx::query_as(
+            "SELECT status, COUNT(*), COALESCE(SUM(cost_usd), 0.0) FROM runs GROUP BY status",
         )
         .fetch_all(&self.pool)
         .await?;
         let mut counts = RunCounts::default();
-        for row in &rows {
-            let status: RunStatus = row.try_get::<String, _>("status")?.parse()?;
-            let n: i64 = row.try_get("n")?;
-            let spend: f64 = row.try_get("spend")?;
+        for (status, n, spend) in rows {
             match status {
                 RunStatus::Queued => counts.queued = n,
                 RunStatus::Running => counts.running = n,
