@@ -279,10 +279,9 @@ async fn run_of_trigger(
     .await?)
 }
 
-/// A new run id: the first 12 hex characters of a random (v4) UUID, all 48 bits random.
-pub fn new_run_id() -> String {
-    let uuid = uuid::Uuid::new_v4();
-    hex::encode(&uuid.as_bytes()[..6])
+/// A new run id: 48 random bits as 12 lowercase hex characters.
+pub(crate) fn new_run_id() -> String {
+    format!("{:012x}", rand::random::<u64>() >> 16)
 }
 
 #[cfg(test)]
@@ -403,6 +402,13 @@ mod tests {
                 id.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')),
                 "{id}"
             );
+        }
+        // Every position is drawn, none is padding: over 1000 ids each of the 12 places
+        // shows (nearly) all 16 digits.
+        for place in 0..12 {
+            let digits: std::collections::HashSet<u8> =
+                ids.iter().map(|id| id.as_bytes()[place]).collect();
+            assert!(digits.len() >= 14, "place {place}: only {digits:?}");
         }
     }
 }

@@ -34,7 +34,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::sqlite::SqlitePool;
 
-pub use intake::new_run_id;
 use intake::AcceptJob;
 pub use models::{
     Accepted, CancelledRun, Finish, Installation, NewDelivery, NewRun, Recovered, RecoveryAction,

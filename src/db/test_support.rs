@@ -89,3 +89,26 @@ pub(crate) async fn run_count(db: &Db) -> i64 {
         .await
         .unwrap()
 }
+
+/// Reads what tests look at and production never asks for.
+impl Db {
+    /// The run's transcript records, in `seq` order.
+    pub(crate) async fn transcript(&self, run_id: &str) -> Result<Vec<String>, DbError> {
+        let records =
+            sqlx::query_scalar("SELECT record FROM transcripts WHERE run_id = $1 ORDER BY seq")
+                .bind(run_id)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(records)
+    }
+
+    /// When the run's transcript was deleted for its age, if it was.
+    pub(crate) async fn transcript_pruned_at(&self, run_id: &str) -> Result<Option<i64>, DbError> {
+        let at: Option<Option<i64>> =
+            sqlx::query_scalar("SELECT transcript_pruned_at FROM runs WHERE id = $1")
+                .bind(run_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        at.ok_or_else(|| DbError::NotFound(run_id.to_owned()))
+    }
+}

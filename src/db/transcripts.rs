@@ -46,16 +46,6 @@ impl Db {
         Ok(next)
     }
 
-    /// The run's transcript records, in `seq` order.
-    pub async fn transcript(&self, run_id: &str) -> Result<Vec<String>, DbError> {
-        let records =
-            sqlx::query_scalar("SELECT record FROM transcripts WHERE run_id = $1 ORDER BY seq")
-                .bind(run_id)
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(records)
-    }
-
     /// Deletes the transcripts of runs that finished before `before_ms` (unix milliseconds)
     /// and marks those runs `transcript_pruned_at`; the runs' own rows (status, cost,
     /// tokens, result) stay. Queued and running runs are never touched. Returns how many
@@ -83,16 +73,6 @@ impl Db {
         .await?;
         tx.commit().await?;
         Ok(deleted)
-    }
-
-    /// When the run's transcript was deleted for its age, if it was.
-    pub async fn transcript_pruned_at(&self, run_id: &str) -> Result<Option<i64>, DbError> {
-        let at: Option<Option<i64>> =
-            sqlx::query_scalar("SELECT transcript_pruned_at FROM runs WHERE id = $1")
-                .bind(run_id)
-                .fetch_optional(&self.pool)
-                .await?;
-        at.ok_or_else(|| DbError::NotFound(run_id.to_owned()))
     }
 }
 
