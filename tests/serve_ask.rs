@@ -28,7 +28,7 @@ fn settings(run: &str, vary: &[(&str, &str)]) -> insta::Settings {
 }
 
 async fn transcript(s: &Served, run_id: &str) -> Vec<String> {
-    s.db().await.transcript(run_id).await.unwrap()
+    common::db::transcript(&s.dir.path().join("kodx.db"), run_id).await
 }
 
 #[tokio::test]

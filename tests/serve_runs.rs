@@ -112,9 +112,7 @@ async fn transcripts_store_each_message_once_replay_exactly_and_are_pruned_by_ag
     assert_eq!(received.len(), 6);
     assert!(s.model.rejected().is_empty(), "{:?}", s.model.rejected());
 
-    let db = open_db(&s).await;
-    let rows = db.transcript(&run_id).await.unwrap();
-    db.close().await;
+    let rows = common::db::transcript(&s.dir.path().join("kodx.db"), &run_id).await;
     let rebuilt = kodx::transcript::requests(rows.iter().map(String::as_str)).unwrap();
     assert_eq!(rebuilt.len(), 6);
     for (i, (request, got)) in rebuilt.iter().zip(&received).enumerate() {
@@ -152,9 +150,12 @@ async fn transcripts_store_each_message_once_replay_exactly_and_are_pruned_by_ag
             .contains("transcript record(s) of runs finished over 30 days ago")
     })
     .await;
+    let db_file = s.dir.path().join("kodx.db");
+    assert!(common::db::transcript(&db_file, &run_id).await.is_empty());
+    assert!(common::db::transcript_pruned_at(&db_file, &run_id)
+        .await
+        .is_some());
     let db = open_db(&s).await;
-    assert!(db.transcript(&run_id).await.unwrap().is_empty());
-    assert!(db.transcript_pruned_at(&run_id).await.unwrap().is_some());
     let run = db.get_run(&run_id).await.unwrap().unwrap();
     assert_eq!(run.status, kodx::db::RunStatus::Succeeded);
     assert_eq!(run.api_calls, 6);

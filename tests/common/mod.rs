@@ -1,6 +1,7 @@
 //! Shared helpers for the tests that run against the real Docker engine.
 #![allow(dead_code)]
 
+pub mod db;
 pub mod fake_anthropic;
 pub mod fake_github;
 pub mod fake_openai;

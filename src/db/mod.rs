@@ -1,0 +1,124 @@
+//! The durable state of `kodx serve` (SPEC §3, §9): webhook deliveries, the run queue,
+//! installations, transcripts and spend.
+//!
+//! SQLite is embedded (`sqlite://data/kodx.db` by default) in WAL mode with
+//! `synchronous=FULL`, so a commit is on disk before the call that made it returns. A
+//! delivery and the run it queues are written in one transaction ([`Db::accept`]), which is
+//! what lets the webhook answer `202` only once an accepted command can no longer be lost.
+//!
+//! The SQL is kept portable so PostgreSQL can follow: `$1` placeholders (SQLite reads them
+//! too), `BIGINT`/`TEXT`/`DOUBLE PRECISION` columns, booleans as 0/1, unix milliseconds,
+//! `INSERT … ON CONFLICT`, `UPDATE … RETURNING`, no date functions and no rowid. Every
+//! transaction starts with a write, so SQLite takes its write lock (waiting up to the busy
+//! timeout) before reading anything and never fails with a stale snapshot.
+//!
+//! Layout: `open` turns `DATABASE_URL` into a pool and migrates it; `models` holds the
+//! rows and the types stored in them; `intake` records webhook deliveries (the group
+//! commit) and installations; `queue` claims, finishes, cancels and recovers runs;
+//! `transcripts` stores and prunes what a run did; `spend` sums what runs cost. Each
+//! adds its methods to the one facade, [`Db`].
+
+mod intake;
+#[macro_use]
+mod models;
+mod open;
+mod queue;
+mod spend;
+#[cfg(test)]
+mod test_support;
+mod transcripts;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::sqlite::SqlitePool;
+
+use intake::AcceptJob;
+pub use models::{
+    Accepted, CancelledRun, Finish, Installation, NewDelivery, NewRun, Recovered, RecoveryAction,
+    Run, RunCounts, RunStatus,
+};
+pub use open::DEFAULT_DATABASE_URL;
+
+/// What went wrong with the database. Messages name the path or setting to fix; they never
+/// echo a database URL that could hold a password.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// The URL names a database this build cannot use (PostgreSQL, for now).
+    #[error("{0}")]
+    Unsupported(String),
+    /// `DATABASE_URL` is not something kodx understands.
+    #[error("{0}")]
+    InvalidUrl(String),
+    /// The database file or its directory cannot be created or opened.
+    #[error("cannot open the database file {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The directory for the database file cannot be created.
+    #[error(
+        "cannot create the directory {} for the database file {}: {source}",
+        dir.display(),
+        path.display()
+    )]
+    CreateDir {
+        dir: PathBuf,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file exists but SQLite cannot use it (not a database, locked, corrupt …).
+    #[error("cannot open the SQLite database {}: {source}", path.display())]
+    Connect { path: PathBuf, source: sqlx::Error },
+    /// The schema could not be brought up to date.
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A query failed.
+    #[error("database error: {0}")]
+    Query(#[from] sqlx::Error),
+    /// No run has this id.
+    #[error("no run with id {0:?}")]
+    NotFound(String),
+    /// A transcript record with this sequence number was already stored for the run.
+    #[error("run {run_id} already has transcript record {seq}")]
+    DuplicateTranscript { run_id: String, seq: i64 },
+    /// The caller asked for something the queue does not allow.
+    #[error("{0}")]
+    Invalid(String),
+    /// A stored value kodx does not recognise (a newer kodx wrote it, or it was edited by hand).
+    #[error("unexpected value in the database: {0}")]
+    Corrupt(String),
+}
+
+/// The queue, the runs and everything kodx remembers. Cheap to clone (a pool handle).
+#[derive(Clone)]
+pub struct Db {
+    pool: SqlitePool,
+    /// The group-commit writer of [`Db::accept`].
+    writer: tokio::sync::mpsc::Sender<AcceptJob>,
+}
+
+impl fmt::Debug for Db {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Db")
+            .field("connections", &self.pool.size())
+            .finish_non_exhaustive()
+    }
+}
+
+fn found(changed: u64, run_id: &str) -> Result<(), DbError> {
+    if changed == 0 {
+        Err(DbError::NotFound(run_id.to_owned()))
+    } else {
+        Ok(())
+    }
+}
+
+/// Now, in unix milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

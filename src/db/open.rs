@@ -1,0 +1,419 @@
+//! `DATABASE_URL` → a migrated pool: URL parsing, the database file, pragmas, migrations.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+use super::intake::{accept_writer, MAX_BATCH};
+use super::{Db, DbError};
+
+/// The database used when `DATABASE_URL` is not set.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://data/kodx.db";
+
+/// Connections in the pool of a database file.
+const POOL_SIZE: u32 = 8;
+
+/// How long a writer waits for another writer's lock before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+/// Where a `DATABASE_URL` points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    Memory,
+    File(PathBuf),
+}
+
+impl Db {
+    /// Opens (creating if needed) the database `url` names and brings its schema up to date.
+    ///
+    /// `sqlite://data/kodx.db` (relative to the working directory), `sqlite:///abs/kodx.db`,
+    /// `sqlite:data/kodx.db`, or `sqlite::memory:` (one connection, gone when closed; for
+    /// tests). Parent directories are created. `postgres://…` is refused with
+    /// [`DbError::Unsupported`].
+    pub async fn open(url: &str) -> Result<Db, DbError> {
+        let pool = match parse_url(url)? {
+            Target::Memory => {
+                let options = SqliteConnectOptions::new()
+                    .in_memory(true)
+                    .foreign_keys(true)
+                    .busy_timeout(BUSY_TIMEOUT);
+                // Every connection to `:memory:` is its own database: keep exactly one,
+                // forever.
+                SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .min_connections(1)
+                    .idle_timeout(None)
+                    .max_lifetime(None)
+                    .connect_with(options)
+                    .await
+                    .map_err(|source| DbError::Connect {
+                        path: PathBuf::from(":memory:"),
+                        source,
+                    })?
+            }
+            Target::File(path) => {
+                prepare_file(&path)?;
+                let options = SqliteConnectOptions::new()
+                    .filename(&path)
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Full)
+                    .foreign_keys(true)
+                    .busy_timeout(BUSY_TIMEOUT);
+                SqlitePoolOptions::new()
+                    .max_connections(POOL_SIZE)
+                    .connect_with(options)
+                    .await
+                    .map_err(|source| DbError::Connect {
+                        path: path.clone(),
+                        source,
+                    })?
+            }
+        };
+        MIGRATOR.run(&pool).await?;
+        let (writer, rx) = tokio::sync::mpsc::channel(4 * MAX_BATCH);
+        tokio::spawn(accept_writer(pool.clone(), rx));
+        Ok(Db { pool, writer })
+    }
+
+    /// `SELECT 1`: the database answers.
+    pub async fn ping(&self) -> Result<(), DbError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// This installation's id: drawn at random (16 hex digits) the first time it is asked
+    /// for, then kept in the database. Sandbox containers carry it
+    /// ([`crate::sandbox::docker::INSTANCE_LABEL`]).
+    pub async fn instance_id(&self) -> Result<String, DbError> {
+        let fresh = format!("{:016x}", rand::random::<u64>());
+        sqlx::query(
+            "INSERT INTO kodx_meta (key, value) VALUES ('instance', $1) \
+             ON CONFLICT (key) DO NOTHING",
+        )
+        .bind(&fresh)
+        .execute(&self.pool)
+        .await?;
+        let id: String = sqlx::query_scalar("SELECT value FROM kodx_meta WHERE key = 'instance'")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(id)
+    }
+
+    /// Closes every connection, waiting for queries in flight. Later calls fail.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// Reads `DATABASE_URL`. Errors never echo anything that could be a password.
+fn parse_url(url: &str) -> Result<Target, DbError> {
+    let url = url.trim();
+    let lower = url.to_ascii_lowercase();
+    if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
+        return Err(DbError::Unsupported(
+            "DATABASE_URL: PostgreSQL is not supported by this build yet; \
+             use sqlite://PATH (for example sqlite://data/kodx.db)"
+                .to_owned(),
+        ));
+    }
+    let rest = if lower.starts_with("sqlite://") {
+        &url["sqlite://".len()..]
+    } else if lower.starts_with("sqlite:") {
+        &url["sqlite:".len()..]
+    } else {
+        return Err(DbError::InvalidUrl(invalid_url_message(url)));
+    };
+    let (path, query) = match rest.split_once('?') {
+        Some((path, query)) => (path, query),
+        None => (rest, ""),
+    };
+    if !query.is_empty() && query != "mode=rwc" {
+        return Err(DbError::InvalidUrl(
+            "DATABASE_URL: options after `?` are not supported for SQLite \
+             (kodx sets WAL, synchronous=FULL and a busy timeout itself); remove them"
+                .to_owned(),
+        ));
+    }
+    if path == ":memory:" {
+        return Ok(Target::Memory);
+    }
+    if path.is_empty() {
+        return Err(DbError::InvalidUrl(
+            "DATABASE_URL: sqlite:// needs a file path, for example sqlite://data/kodx.db"
+                .to_owned(),
+        ));
+    }
+    Ok(Target::File(PathBuf::from(path)))
+}
+
+fn invalid_url_message(url: &str) -> String {
+    const EXPECTED: &str =
+        "expected sqlite://PATH (for example sqlite://data/kodx.db) or sqlite::memory:";
+    if url.is_empty() {
+        return format!("DATABASE_URL is empty; {EXPECTED}");
+    }
+    match url.split_once(':') {
+        Some((scheme, _))
+            if !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+        {
+            format!("DATABASE_URL uses the unsupported scheme {scheme:?}; {EXPECTED}")
+        }
+        // A bare path is safe to show and the likely mistake; anything else might hold a
+        // password.
+        None if !url.contains('@') => {
+            format!("DATABASE_URL {url:?} is not a URL; {EXPECTED} (sqlite://{url}?)")
+        }
+        _ => format!("DATABASE_URL is not a database URL; {EXPECTED}"),
+    }
+}
+
+/// Creates the file's directory and the file itself (mode 0600), so a path that cannot be
+/// used is reported with the OS's reason rather than SQLite's "unable to open".
+fn prepare_file(path: &Path) -> Result<(), DbError> {
+    let open_error = |source| DbError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| {
+            // create_dir_all says only "File exists" when a file is in the way: name it.
+            let source = match dir.ancestors().find(|a| a.exists() && !a.is_dir()) {
+                Some(file) => std::io::Error::new(
+                    std::io::ErrorKind::NotADirectory,
+                    format!("{} is a file, not a directory", file.display()),
+                ),
+                None => source,
+            };
+            DbError::CreateDir {
+                dir: dir.to_path_buf(),
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path).map_err(open_error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::test_support::*;
+    use crate::db::{Db, DbError, RunStatus};
+
+    #[tokio::test]
+    async fn fresh_file_is_migrated_and_reopening_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/data/kodx.db");
+        let url = format!("sqlite://{}", path.display());
+        let db = Db::open(&url).await.unwrap();
+        assert!(
+            path.is_file(),
+            "the file and its parent directories are created"
+        );
+        db.ping().await.unwrap();
+        let run_id = queue(&db, "d-1", &new_run("code", "octo/widgets", 1)).await;
+        db.close().await;
+        assert!(db.ping().await.is_err(), "a closed Db answers no more");
+
+        for _ in 0..2 {
+            let db = Db::open(&url).await.unwrap();
+            let run = db
+                .get_run(&run_id)
+                .await
+                .unwrap()
+                .expect("run survives reopen");
+            assert_eq!(run.status, RunStatus::Queued);
+            let applied: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            assert_eq!(applied as usize, MIGRATOR.iter().count());
+            db.close().await;
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "database file is private, mode {mode:o}");
+        }
+    }
+
+    #[tokio::test]
+    async fn sqlite_colon_path_and_relative_paths_are_understood() {
+        assert_eq!(
+            parse_url("sqlite://data/kodx.db").unwrap(),
+            Target::File(PathBuf::from("data/kodx.db"))
+        );
+        assert_eq!(
+            parse_url("sqlite:///var/lib/kodx.db").unwrap(),
+            Target::File(PathBuf::from("/var/lib/kodx.db"))
+        );
+        assert_eq!(
+            parse_url("sqlite:data/kodx.db?mode=rwc").unwrap(),
+            Target::File(PathBuf::from("data/kodx.db"))
+        );
+        assert_eq!(parse_url("sqlite::memory:").unwrap(), Target::Memory);
+        assert_eq!(
+            parse_url(DEFAULT_DATABASE_URL).unwrap(),
+            Target::File("data/kodx.db".into())
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("colon.db");
+        let db = Db::open(&format!("sqlite:{}", path.display()))
+            .await
+            .unwrap();
+        db.ping().await.unwrap();
+        assert!(path.is_file());
+    }
+
+    #[tokio::test]
+    async fn every_file_connection_is_wal_with_full_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = file_db(&dir).await;
+        // Hold several connections at once so more than one is checked.
+        let mut conns = Vec::new();
+        for _ in 0..3 {
+            conns.push(db.pool.acquire().await.unwrap());
+        }
+        for conn in &mut conns {
+            let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+                .fetch_one(&mut **conn)
+                .await
+                .unwrap();
+            assert_eq!(mode, "wal");
+            let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(&mut **conn)
+                .await
+                .unwrap();
+            assert_eq!(sync, 2, "synchronous=FULL is 2");
+            let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+                .fetch_one(&mut **conn)
+                .await
+                .unwrap();
+            assert_eq!(busy, BUSY_TIMEOUT.as_millis() as i64);
+            let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
+                .fetch_one(&mut **conn)
+                .await
+                .unwrap();
+            assert_eq!(fk, 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn memory_database_keeps_its_data_across_calls() {
+        let db = Db::open("sqlite::memory:").await.unwrap();
+        let run_id = queue(&db, "m-1", &new_run("ask", "octo/widgets", 3)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(db.get_run(&run_id).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn the_instance_id_is_drawn_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = file_db(&dir).await;
+        let id = db.instance_id().await.unwrap();
+        assert_eq!(id.len(), 16);
+        assert!(id.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(db.instance_id().await.unwrap(), id);
+        db.close().await;
+        let db = file_db(&dir).await;
+        assert_eq!(db.instance_id().await.unwrap(), id, "kept across restarts");
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(file_db(&other).await.instance_id().await.unwrap(), id);
+    }
+
+    #[tokio::test]
+    async fn unusable_paths_name_the_path_and_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("plain-file");
+        std::fs::write(&file, "x").unwrap();
+        let under_file = file.join("kodx.db");
+        let err = Db::open(&format!("sqlite://{}", under_file.display()))
+            .await
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, DbError::CreateDir { .. }), "{msg}");
+        assert!(msg.contains(&under_file.display().to_string()), "{msg}");
+        assert!(
+            msg.contains(&format!("{} is a file, not a directory", file.display())),
+            "{msg}"
+        );
+        // A directory that cannot be created for another reason keeps the OS's words.
+        let err = Db::open("sqlite:///proc/kodx-dir/kodx.db")
+            .await
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, DbError::CreateDir { .. }), "{msg}");
+        assert!(
+            msg.contains("/proc/kodx-dir") && msg.contains("os error"),
+            "{msg}"
+        );
+
+        let err = Db::open("sqlite:///proc/kodx.db").await.unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, DbError::Open { .. }), "{msg}");
+        assert!(msg.contains("/proc/kodx.db"), "{msg}");
+
+        // A file that is not a database.
+        let junk = dir.path().join("junk.db");
+        std::fs::write(&junk, vec![0x5a_u8; 8192]).unwrap();
+        let err = Db::open(&format!("sqlite://{}", junk.display()))
+            .await
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains(&junk.display().to_string()), "{msg}");
+        assert!(msg.contains("not a database"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn other_databases_are_refused_without_echoing_secrets() {
+        for url in [
+            "postgres://kodx:hunter2@db/kodx",
+            "postgresql://kodx:hunter2@db/kodx",
+        ] {
+            let err = Db::open(url).await.unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, DbError::Unsupported(_)), "{msg}");
+            assert!(
+                msg.contains("PostgreSQL is not supported by this build yet"),
+                "{msg}"
+            );
+            assert!(msg.contains("sqlite://"), "{msg}");
+            assert!(!msg.contains("hunter2"), "{msg}");
+        }
+        let err = Db::open("mysql://kodx:hunter2@db/kodx").await.unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, DbError::InvalidUrl(_)), "{msg}");
+        assert!(
+            msg.contains("DATABASE_URL") && msg.contains("\"mysql\""),
+            "{msg}"
+        );
+        assert!(!msg.contains("hunter2"), "{msg}");
+
+        let err = Db::open("data/kodx.db").await.unwrap_err();
+        assert!(err.to_string().contains("sqlite://data/kodx.db"), "{err}");
+        let err = Db::open("").await.unwrap_err();
+        assert!(err.to_string().contains("DATABASE_URL is empty"), "{err}");
+        let err = Db::open("sqlite://").await.unwrap_err();
+        assert!(err.to_string().contains("needs a file path"), "{err}");
+        let err = Db::open("sqlite://x.db?journal_mode=delete")
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not supported"), "{err}");
+    }
+}

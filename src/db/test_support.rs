@@ -1,0 +1,114 @@
+//! Fixtures shared by the database's unit tests.
+
+use super::*;
+use crate::serve::job::{Job, ReviewContext, Trigger};
+
+pub(crate) fn delivery(id: &str) -> NewDelivery {
+    NewDelivery {
+        id: id.to_owned(),
+        event: "issue_comment".to_owned(),
+        action: Some("created".to_owned()),
+        installation_id: Some(42),
+        repo: Some("octo/widgets".to_owned()),
+    }
+}
+
+/// A run whose trigger (comment) is new: every call gets its own comment id.
+pub(crate) fn new_run(kind: &str, repo: &str, issue_number: i64) -> NewRun {
+    static COMMENT: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+    let argument = format!("do the thing on #{issue_number}");
+    let job = match kind {
+        "ask" => Job::Ask { question: argument },
+        "code" => Job::Code { request: argument },
+        "cancel" => Job::Cancel,
+        "help" => Job::Help { unknown: None },
+        "refuse" => Job::Refuse { reason: argument },
+        other => panic!("no job kind {other}"),
+    };
+    let id = 9_876_543_210 + COMMENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let is_pull_request = issue_number % 2 == 0;
+    // Pull requests are asked in review comments, so their context is stored too.
+    let trigger = if is_pull_request {
+        Trigger::ReviewComment {
+            id,
+            review: Some(ReviewContext {
+                path: "src/lib.rs".to_owned(),
+                line: Some(3),
+                diff_hunk: "@@ -1 +1 @@".to_owned(),
+                commit_id: None,
+            }),
+        }
+    } else {
+        Trigger::IssueComment(id)
+    };
+    NewRun {
+        installation_id: 42,
+        repo: repo.to_owned(),
+        issue_number,
+        is_pull_request,
+        author: "alice".to_owned(),
+        author_id: 7001,
+        clone_url: format!("https://github.com/{repo}.git"),
+        default_branch: "main".to_owned(),
+        job,
+        trigger,
+    }
+}
+
+pub(crate) async fn file_db(dir: &tempfile::TempDir) -> Db {
+    let url = format!("sqlite://{}", dir.path().join("kodx.db").display());
+    Db::open(&url).await.expect("open database")
+}
+
+/// Queues a run from a fresh delivery and returns its id.
+pub(crate) async fn queue(db: &Db, delivery_id: &str, run: &NewRun) -> String {
+    match db.accept(&delivery(delivery_id), Some(run)).await.unwrap() {
+        Accepted::Queued { run_id } => run_id,
+        other => panic!("expected Queued, got {other:?}"),
+    }
+}
+
+pub(crate) fn finish(status: RunStatus, cost: f64) -> Finish {
+    Finish {
+        status,
+        stop_reason: "end_turn".to_owned(),
+        cost_usd: cost,
+        input_tokens: 1200,
+        output_tokens: 340,
+        cache_read_tokens: 50,
+        cache_write_tokens: 60,
+        api_calls: 3,
+        result: r#"{"summary":"done"}"#.to_owned(),
+        pr_url: Some("https://github.com/octo/widgets/pull/9".to_owned()),
+    }
+}
+
+pub(crate) async fn run_count(db: &Db) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM runs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// Reads what tests look at and production never asks for.
+impl Db {
+    /// The run's transcript records, in `seq` order.
+    pub(crate) async fn transcript(&self, run_id: &str) -> Result<Vec<String>, DbError> {
+        let records =
+            sqlx::query_scalar("SELECT record FROM transcripts WHERE run_id = $1 ORDER BY seq")
+                .bind(run_id)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(records)
+    }
+
+    /// When the run's transcript was deleted for its age, if it was.
+    pub(crate) async fn transcript_pruned_at(&self, run_id: &str) -> Result<Option<i64>, DbError> {
+        let at: Option<Option<i64>> =
+            sqlx::query_scalar("SELECT transcript_pruned_at FROM runs WHERE id = $1")
+                .bind(run_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        at.ok_or_else(|| DbError::NotFound(run_id.to_owned()))
+    }
+}
