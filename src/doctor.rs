@@ -19,6 +19,7 @@ use kodx::db::Db;
 use kodx::github::{GitHubApp, GitHubError, RequestPolicy, API_VERSION, USER_AGENT};
 use kodx::sandbox::Engine;
 use kodx::serve::config::ServeConfig;
+use secrecy::ExposeSecret;
 
 /// The sandbox image checked when neither `--image`, `KODX_IMAGE` nor the server config names
 /// one.
@@ -229,7 +230,7 @@ fn check_private_key(out: &mut Report, config: &ServeConfig) -> Option<GitHubApp
     match GitHubApp::with_policy(
         &config.github_api_url,
         config.app_id,
-        config.private_key.expose(),
+        config.private_key.expose_secret(),
         policy,
     ) {
         Ok(app) => {

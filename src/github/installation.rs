@@ -8,13 +8,14 @@ use std::time::{Duration, SystemTime};
 use axum::http; // the `http` crate, which octocrab's raw request API speaks
 use http_body_util::BodyExt;
 use octocrab::Octocrab;
+use secrecy::SecretString;
 use serde_json::{json, Value};
 
 use super::error::GitHubError;
 use super::policy::{Raw, RequestPolicy};
 use super::types::{
     CommentInfo, CommentRef, IssueInfo, NewPull, Permission, PullBase, PullHead, PullInfo, PullRef,
-    PullRepo, Reaction, ReactionTarget, RepoName, Token,
+    PullRepo, Reaction, ReactionTarget, RepoName,
 };
 use super::util::{base64_decode, encode_path, encode_segment, link_page};
 
@@ -36,7 +37,7 @@ pub struct Installation {
 
 struct Inner {
     id: u64,
-    token: Token,
+    token: SecretString,
     expires_at: SystemTime,
     octo: Octocrab,
     policy: RequestPolicy,
@@ -59,7 +60,7 @@ impl Installation {
     pub(crate) fn new(
         api_url: &str,
         id: u64,
-        token: Token,
+        token: SecretString,
         expires_at: SystemTime,
         policy: RequestPolicy,
     ) -> Result<Installation, GitHubError> {
@@ -69,7 +70,7 @@ impl Installation {
         let octo = Octocrab::builder()
             .base_uri(api_url)
             .map_err(config)?
-            .personal_token(token.expose().to_string())
+            .personal_token(token.clone())
             .add_retry_config(octocrab::service::middleware::retry::RetryConfig::None)
             .set_connect_timeout(Some(policy.connect_timeout))
             .set_read_timeout(Some(policy.request_timeout))
@@ -92,7 +93,9 @@ impl Installation {
         self.inner.id
     }
 
-    pub fn token(&self) -> &Token {
+    /// The installation token, for git's credentials (`expose_secret` reads it). No
+    /// `Debug` or `Display` shows it.
+    pub fn token(&self) -> &SecretString {
         &self.inner.token
     }
 
@@ -801,6 +804,26 @@ mod tests {
         let policy = RequestPolicy::default();
         assert!(policy.backoff(1) >= policy.base_delay);
         assert!(policy.backoff(30) <= policy.max_delay);
+    }
+
+    // Octocrab's client starts its worker on the current Tokio runtime.
+    #[tokio::test]
+    async fn the_token_never_shows() {
+        let token = "ghs_abcdefghijklmnopqrstuvwxyz0123456789";
+        let inst = Installation::new(
+            "https://api.github.com",
+            7,
+            SecretString::from(token),
+            SystemTime::now() + Duration::from_secs(3600),
+            RequestPolicy::default(),
+        )
+        .unwrap();
+        let shown = format!("{inst:?}");
+        assert!(!shown.contains(token), "{shown}");
+        assert!(shown.contains("[REDACTED]"), "{shown}");
+        assert!(!format!("{:?}", inst.token()).contains(token));
+        use secrecy::ExposeSecret;
+        assert_eq!(inst.token().expose_secret(), token);
     }
 
     #[test]

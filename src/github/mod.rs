@@ -11,7 +11,9 @@
 //! - Every call runs under one [`RequestPolicy`]: connect and request timeouts, bounded
 //!   retries with backoff for 502/503/504 and unanswered requests, rate limits waited out
 //!   when the reset is near, else [`GitHubError::RateLimited`].
-//! - Tokens never appear in Debug output, errors or logs ([`Token`] prints `[REDACTED]`).
+//! - Tokens never appear in Debug output, errors or logs: they are `secrecy`'s
+//!   [`SecretString`](secrecy::SecretString) (no `Display`, `Debug` prints `[REDACTED]`,
+//!   zeroed on drop).
 
 mod error;
 mod installation;
@@ -32,7 +34,7 @@ pub use policy::RequestPolicy;
 pub use types::{
     noreply_email, Access, AppInfo, BotIdentity, CommentInfo, CommentRef, IssueInfo, NewPull,
     Permission, PullBase, PullHead, PullInfo, PullRef, PullRepo, Reaction, ReactionTarget,
-    RepoName, RepoNameError, Token, TokenScope,
+    RepoName, RepoNameError, TokenScope,
 };
 
 use policy::Raw;
@@ -316,7 +318,7 @@ impl GitHubApp {
         Installation::new(
             &self.inner.api_url,
             installation_id,
-            Token::new(token),
+            token.into(),
             expires_at,
             self.inner.policy.clone(),
         )

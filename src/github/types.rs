@@ -4,33 +4,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// An installation access token. Debug and Display print `[REDACTED]`; `expose` is the one
-/// way to read it (for an `Authorization` header or git's credential callback).
-#[derive(Clone, PartialEq, Eq)]
-pub struct Token(String);
-
-impl Token {
-    pub fn new(token: impl Into<String>) -> Token {
-        Token(token.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[REDACTED]")
-    }
-}
-
-impl fmt::Display for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[REDACTED]")
-    }
-}
-
 /// `owner/name` of a repository.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RepoName {
@@ -433,14 +406,5 @@ mod tests {
             noreply_email("alice", 7),
             "7+alice@users.noreply.github.com"
         );
-    }
-
-    #[test]
-    fn tokens_never_show() {
-        let t = Token::new("ghs_abcdefghijklmnopqrstuvwxyz0123456789");
-        assert_eq!(format!("{t:?}"), "[REDACTED]");
-        assert_eq!(format!("{:?}", Some(&t)), "Some([REDACTED])");
-        assert_eq!(format!("{t}"), "[REDACTED]");
-        assert_eq!(t.expose(), "ghs_abcdefghijklmnopqrstuvwxyz0123456789");
     }
 }
