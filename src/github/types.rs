@@ -1,8 +1,11 @@
 //! kodx's own small types for what it reads from and writes to GitHub: the client turns
 //! every JSON answer into these at once, so no raw JSON leaves `crate::github`.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+
+use super::error::GitHubError;
 
 /// `owner/name` of a repository.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -189,9 +192,51 @@ impl fmt::Display for Permission {
 pub struct AppInfo {
     pub id: u64,
     pub slug: String,
+    /// What the App's settings grant: permission name → `read`, `write` or `admin`.
+    pub permissions: BTreeMap<String, String>,
+    /// The webhook events the App subscribes to.
+    pub events: Vec<String>,
 }
 
 impl AppInfo {
+    /// From the `GET /app` answer; `id` and `slug` are required, the rest read as far as
+    /// it is there (an App without permissions has none).
+    pub(crate) fn from_json(v: &serde_json::Value, what: &str) -> Result<AppInfo, GitHubError> {
+        let id = v
+            .get("id")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| GitHubError::decode(what, "no number `id`"))?;
+        let slug = v
+            .get("slug")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| GitHubError::decode(what, "no string `slug`"))?
+            .to_string();
+        let permissions = v
+            .get("permissions")
+            .and_then(|p| p.as_object())
+            .map(|p| {
+                p.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let events = v
+            .get("events")
+            .and_then(|e| e.as_array())
+            .map(|e| {
+                e.iter()
+                    .filter_map(|e| e.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(AppInfo {
+            id,
+            slug,
+            permissions,
+            events,
+        })
+    }
+
     pub fn bot_login(&self) -> String {
         format!("{}[bot]", self.slug)
     }
@@ -393,6 +438,25 @@ mod tests {
         assert_eq!(p("owner", None), P::None);
         assert!(P::None < P::Read && P::Read < P::Triage && P::Triage < P::Write);
         assert!(P::Write < P::Maintain && P::Maintain < P::Admin);
+    }
+
+    #[test]
+    fn app_info_reads_permissions_and_events() {
+        let v = serde_json::json!({
+            "id": 7, "slug": "kodx", "name": "kodx",
+            "permissions": {"contents": "write", "metadata": "read", "odd": 3},
+            "events": ["issues", "issue_comment", 5],
+        });
+        let info = AppInfo::from_json(&v, "GET /app").unwrap();
+        assert_eq!((info.id, info.slug.as_str()), (7, "kodx"));
+        assert_eq!(info.bot_login(), "kodx[bot]");
+        assert_eq!(info.permissions.len(), 2);
+        assert_eq!(info.permissions["contents"], "write");
+        assert_eq!(info.events, ["issues", "issue_comment"]);
+        let bare = AppInfo::from_json(&serde_json::json!({"id": 1, "slug": "s"}), "GET /app");
+        assert!(bare.unwrap().permissions.is_empty());
+        let e = AppInfo::from_json(&serde_json::json!({"slug": "s"}), "GET /app").unwrap_err();
+        assert!(e.to_string().contains("`id`"), "{e}");
     }
 
     #[test]
