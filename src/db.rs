@@ -291,7 +291,7 @@ pub struct Recovered {
 
 /// An installation of the App, as its last `installation` event left it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Installation {
+pub struct InstallationRecord {
     pub id: i64,
     pub account: String,
     pub last_action: String,
@@ -355,7 +355,7 @@ impl fmt::Debug for Db {
 
 /// Where a `DATABASE_URL` points.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Target {
+enum DbLocation {
     Memory,
     File(PathBuf),
 }
@@ -369,7 +369,7 @@ impl Db {
     /// [`DbError::Unsupported`].
     pub async fn open(url: &str) -> Result<Db, DbError> {
         let pool = match parse_url(url)? {
-            Target::Memory => {
+            DbLocation::Memory => {
                 let options = SqliteConnectOptions::new()
                     .in_memory(true)
                     .foreign_keys(true)
@@ -388,7 +388,7 @@ impl Db {
                         source,
                     })?
             }
-            Target::File(path) => {
+            DbLocation::File(path) => {
                 prepare_file(&path)?;
                 let options = SqliteConnectOptions::new()
                     .filename(&path)
@@ -491,7 +491,7 @@ impl Db {
     pub async fn installation(
         &self,
         installation_id: i64,
-    ) -> Result<Option<Installation>, DbError> {
+    ) -> Result<Option<InstallationRecord>, DbError> {
         let row = sqlx::query(
             "SELECT id, account, last_action, suspended, deleted, created_at, updated_at \
              FROM installations WHERE id = $1",
@@ -500,7 +500,7 @@ impl Db {
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        Ok(Some(Installation {
+        Ok(Some(InstallationRecord {
             id: row.try_get("id")?,
             account: row.try_get("account")?,
             last_action: row.try_get("last_action")?,
@@ -923,7 +923,7 @@ impl Db {
 }
 
 /// Reads `DATABASE_URL`. Errors never echo anything that could be a password.
-fn parse_url(url: &str) -> Result<Target, DbError> {
+fn parse_url(url: &str) -> Result<DbLocation, DbError> {
     let url = url.trim();
     let lower = url.to_ascii_lowercase();
     if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
@@ -952,7 +952,7 @@ fn parse_url(url: &str) -> Result<Target, DbError> {
         ));
     }
     if path == ":memory:" {
-        return Ok(Target::Memory);
+        return Ok(DbLocation::Memory);
     }
     if path.is_empty() {
         return Err(DbError::InvalidUrl(
@@ -960,7 +960,7 @@ fn parse_url(url: &str) -> Result<Target, DbError> {
                 .to_owned(),
         ));
     }
-    Ok(Target::File(PathBuf::from(path)))
+    Ok(DbLocation::File(PathBuf::from(path)))
 }
 
 fn invalid_url_message(url: &str) -> String {
@@ -1398,20 +1398,20 @@ mod tests {
     async fn sqlite_colon_path_and_relative_paths_are_understood() {
         assert_eq!(
             parse_url("sqlite://data/kodx.db").unwrap(),
-            Target::File(PathBuf::from("data/kodx.db"))
+            DbLocation::File(PathBuf::from("data/kodx.db"))
         );
         assert_eq!(
             parse_url("sqlite:///var/lib/kodx.db").unwrap(),
-            Target::File(PathBuf::from("/var/lib/kodx.db"))
+            DbLocation::File(PathBuf::from("/var/lib/kodx.db"))
         );
         assert_eq!(
             parse_url("sqlite:data/kodx.db?mode=rwc").unwrap(),
-            Target::File(PathBuf::from("data/kodx.db"))
+            DbLocation::File(PathBuf::from("data/kodx.db"))
         );
-        assert_eq!(parse_url("sqlite::memory:").unwrap(), Target::Memory);
+        assert_eq!(parse_url("sqlite::memory:").unwrap(), DbLocation::Memory);
         assert_eq!(
             parse_url(DEFAULT_DATABASE_URL).unwrap(),
-            Target::File("data/kodx.db".into())
+            DbLocation::File("data/kodx.db".into())
         );
 
         let dir = tempfile::tempdir().unwrap();

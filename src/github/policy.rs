@@ -6,8 +6,8 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use axum::http::HeaderMap;
 use bytes::Bytes;
-use reqwest::header::HeaderMap;
 
 use super::error::{one_line, GitHubError};
 
