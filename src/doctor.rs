@@ -16,9 +16,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use kodx::db::Db;
-use kodx::github::{GitHubApp, GitHubError, RequestPolicy, API_VERSION, USER_AGENT};
+use kodx::github::{AppInfo, GitHubApp, GitHubError, RequestPolicy, USER_AGENT};
 use kodx::sandbox::Engine;
 use kodx::serve::config::ServeConfig;
+use secrecy::ExposeSecret;
 
 /// The sandbox image checked when neither `--image`, `KODX_IMAGE` nor the server config names
 /// one.
@@ -229,7 +230,7 @@ fn check_private_key(out: &mut Report, config: &ServeConfig) -> Option<GitHubApp
     match GitHubApp::with_policy(
         &config.github_api_url,
         config.app_id,
-        config.private_key.expose(),
+        config.private_key.expose_secret(),
         policy,
     ) {
         Ok(app) => {
@@ -331,35 +332,13 @@ async fn check_github(out: &mut Report, app: &GitHubApp) {
         "GitHub at {url}: the key belongs to App \"{}\" (id {}); it comments as {}[bot]",
         info.slug, info.id, info.slug
     ));
-    check_app_settings(out, app).await;
+    check_app_settings(out, &info);
 }
 
 /// The App's permissions and webhook events, from `GET /app`: a missing one is why commands
 /// never arrive or fail with 403, and is fixed only in the App's settings.
-async fn check_app_settings(out: &mut Report, app: &GitHubApp) {
-    let Ok(jwt) = app.app_jwt() else { return };
-    let Ok(client) = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(10))
-        .user_agent(USER_AGENT)
-        .build()
-    else {
-        return;
-    };
-    let response = client
-        .get(format!("{}/app", app.api_url()))
-        .bearer_auth(jwt)
-        .header(reqwest::header::ACCEPT, "application/vnd.github+json")
-        .header("x-github-api-version", API_VERSION)
-        .send()
-        .await;
-    let Ok(v) = (match response {
-        Ok(r) if r.status().is_success() => r.json::<serde_json::Value>().await,
-        _ => return,
-    }) else {
-        return;
-    };
-    let level = |p: &str| match v["permissions"][p].as_str() {
+fn check_app_settings(out: &mut Report, info: &AppInfo) {
+    let level = |p: &str| match info.permissions.get(p).map(String::as_str) {
         Some("admin") => 3,
         Some("write") => 2,
         Some("read") => 1,
@@ -370,14 +349,10 @@ async fn check_app_settings(out: &mut Report, app: &GitHubApp) {
         .filter(|(p, need)| level(p) < if *need == "write" { 2 } else { 1 })
         .map(|(p, need)| format!("{p}: {need}"))
         .collect();
-    let events: Vec<&str> = v["events"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|e| e.as_str()).collect())
-        .unwrap_or_default();
     let missing_events: Vec<&str> = REQUIRED_EVENTS
         .iter()
         .copied()
-        .filter(|e| !events.contains(e))
+        .filter(|e| !info.events.iter().any(|have| have == e))
         .collect();
     if missing_permissions.is_empty() && missing_events.is_empty() {
         out.ok("GitHub App permissions and webhook events are what kodx needs");

@@ -8,7 +8,7 @@
 //! file, the key and the line, so a typo never silently falls back to a default.
 //!
 //! The built-in programs (`assistant`, `ask`, `code`) are the files in `prompts/`, compiled
-//! in. [`RepoConfig`] reads the Python kodx's repository-level `.kodx/config.toml`.
+//! in. [`DotKodxConfig`] reads the Python kodx's repository-level `.kodx/config.toml`.
 //!
 //! Precedence (flag > program file > built-in default): [`Plan::new`] applies the overrides
 //! (the command line's, or for `kodx serve` the repository's) over a program and fills what
@@ -369,15 +369,15 @@ impl Program {
 /// `[code] program`. Program paths are resolved against the repository root; an empty
 /// path counts as unset.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct RepoConfig {
+pub struct DotKodxConfig {
     pub cost_limit: Option<f64>,
     pub ask_program: Option<PathBuf>,
     pub code_program: Option<PathBuf>,
 }
 
-impl RepoConfig {
+impl DotKodxConfig {
     /// Reads `<repo_root>/.kodx/config.toml`; `Ok(None)` when there is none.
-    pub fn load(repo_root: &Path) -> Result<Option<RepoConfig>, ProgramError> {
+    pub fn load(repo_root: &Path) -> Result<Option<DotKodxConfig>, ProgramError> {
         let path = repo_root.join(".kodx").join("config.toml");
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
@@ -385,7 +385,7 @@ impl RepoConfig {
             Err(source) => return Err(ProgramError::Read { path, source }),
         };
         let file = path.display().to_string();
-        let raw: RawRepoConfig = from_toml(&text, &file)?;
+        let raw: RawDotKodxConfig = from_toml(&text, &file)?;
         if let Some(cost) = raw.global.as_ref().and_then(|g| g.cost_limit) {
             check_cost_limit(cost, "global.cost_limit", &file)?;
         }
@@ -395,7 +395,7 @@ impl RepoConfig {
                 .filter(|p| !p.trim().is_empty())
                 .map(|p| repo_root.join(p))
         };
-        Ok(Some(RepoConfig {
+        Ok(Some(DotKodxConfig {
             cost_limit: raw.global.and_then(|g| g.cost_limit),
             ask_program: program(raw.ask),
             code_program: program(raw.code),
@@ -554,7 +554,7 @@ struct RawPrompt {
     deny_unknown_fields,
     expecting = "a table with the sections version, global, ask, code"
 )]
-struct RawRepoConfig {
+struct RawDotKodxConfig {
     /// Which kodx/llmproc versions wrote the file; informational.
     #[serde(rename = "version")]
     _version: Option<toml::Table>,
@@ -993,10 +993,10 @@ change and test the code, then summarise what you did.
         let repo = tempfile::tempdir().unwrap();
         std::fs::create_dir(repo.path().join(".kodx")).unwrap();
         std::fs::write(repo.path().join(".kodx/config.toml"), text).unwrap();
-        let config = RepoConfig::load(repo.path()).unwrap().unwrap();
+        let config = DotKodxConfig::load(repo.path()).unwrap().unwrap();
         assert_eq!(
             config,
-            RepoConfig {
+            DotKodxConfig {
                 cost_limit: None,
                 ask_program: Some(repo.path().join(".kodx/ask.yaml")),
                 code_program: Some(repo.path().join(".kodx/code.yaml")),
@@ -1007,13 +1007,13 @@ change and test the code, then summarise what you did.
     #[test]
     fn repo_config_variants() {
         let repo = tempfile::tempdir().unwrap();
-        assert_eq!(RepoConfig::load(repo.path()).unwrap(), None);
+        assert_eq!(DotKodxConfig::load(repo.path()).unwrap(), None);
 
         std::fs::create_dir(repo.path().join(".kodx")).unwrap();
         let path = repo.path().join(".kodx/config.toml");
         // No [version], a cost limit, an empty program path.
         std::fs::write(&path, "[global]\ncost_limit = 1\n[ask]\nprogram = \"\"\n").unwrap();
-        let config = RepoConfig::load(repo.path()).unwrap().unwrap();
+        let config = DotKodxConfig::load(repo.path()).unwrap().unwrap();
         assert_eq!(config.cost_limit, Some(1.0));
         assert_eq!(config.ask_program, None);
         assert_eq!(config.code_program, None);
@@ -1023,7 +1023,7 @@ change and test the code, then summarise what you did.
             "[global]\ncost_limit = 1.0\n\n[code]\nprogramm = \"x\"\n",
         )
         .unwrap();
-        let err = RepoConfig::load(repo.path()).unwrap_err().to_string();
+        let err = DotKodxConfig::load(repo.path()).unwrap_err().to_string();
         assert!(err.contains(&path.display().to_string()), "{err}");
         assert!(
             err.contains("unknown key \"code.programm\" at line 5 (expected one of: program)"),
@@ -1031,7 +1031,7 @@ change and test the code, then summarise what you did.
         );
 
         std::fs::write(&path, "[global]\ncost_limit = -2\n").unwrap();
-        let err = RepoConfig::load(repo.path()).unwrap_err().to_string();
+        let err = DotKodxConfig::load(repo.path()).unwrap_err().to_string();
         assert!(err.contains("\"global.cost_limit\""), "{err}");
     }
 

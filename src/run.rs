@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use kodx::agent::{Agent, Outcome, Progress, Record, StopReason};
 use kodx::cost::{format_usd, Pricing};
 use kodx::model::{Provider, Usage};
-use kodx::program::{self, Defaults, Overrides, Plan, Program, RepoConfig};
+use kodx::program::{self, Defaults, DotKodxConfig, Overrides, Plan, Program};
 use kodx::providers::{AnthropicClient, OpenAiClient};
 use kodx::sandbox::{Cidr, Engine, NetworkMode, Sandbox, SandboxError, DEFAULT_MAX_DISK_BYTES};
 use serde_json::json;
@@ -204,7 +204,7 @@ fn read_prompt(args: &RunArgs) -> anyhow::Result<String> {
 
 fn load_program(args: &RunArgs, repo: Option<&Path>) -> anyhow::Result<(Program, Option<f64>)> {
     let repo_config = match repo {
-        Some(dir) => RepoConfig::load(dir)?,
+        Some(dir) => DotKodxConfig::load(dir)?,
         None => None,
     };
     // `ask` / `code` name the repository's own program when its .kodx/config.toml sets one

@@ -8,7 +8,7 @@ use common::fake_anthropic::FakeAnthropic;
 use common::*;
 use kodx::agent::{Agent, AgentConfig, Outcome, Record, StopReason};
 use kodx::cost::Pricing;
-use kodx::providers::{AnthropicClient, ApiKey, RetryPolicy};
+use kodx::providers::{AnthropicClient, RetryPolicy};
 use kodx::sandbox::{DockerSandbox, Sandbox};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -37,7 +37,7 @@ async fn run(
     cfg: AgentConfig,
     cancel: CancellationToken,
 ) -> (Outcome, Vec<Record>) {
-    let client = AnthropicClient::new(&fake.url, ApiKey::new(KEY)).with_retry(RetryPolicy {
+    let client = AnthropicClient::new(&fake.url, KEY).with_retry(RetryPolicy {
         max_attempts: 2,
         base_delay: Duration::from_millis(10),
         ..Default::default()

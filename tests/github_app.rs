@@ -15,6 +15,7 @@ use kodx::github::{
     GitHubApp, GitHubError, NewPull, Permission, PullRef, Reaction, ReactionTarget, RepoName,
     RequestPolicy, TokenScope, TOKEN_REFRESH_MARGIN,
 };
+use secrecy::ExposeSecret;
 
 const APP_ID: u64 = 4242;
 const INST: u64 = 77;
@@ -233,8 +234,8 @@ async fn token_is_minted_once_and_reused() {
     b.issue(&repo, 1).await.unwrap();
     let issued = fake.issued_tokens();
     assert_eq!(issued.len(), 1);
-    assert_eq!(a.token().expose(), issued[0]);
-    assert_eq!(b.token().expose(), issued[0]);
+    assert_eq!(a.token().expose_secret(), issued[0]);
+    assert_eq!(b.token().expose_secret(), issued[0]);
     assert!(a.valid_for(Duration::from_secs(50 * 60)));
     assert_eq!(
         paths(&fake, "POST", "/app/installations"),
@@ -262,15 +263,15 @@ async fn token_is_refreshed_when_near_expiry() {
     let first = app.installation(INST).await.unwrap();
     let again = app.installation(INST).await.unwrap();
     assert_eq!(
-        first.token(),
-        again.token(),
+        first.token().expose_secret(),
+        again.token().expose_secret(),
         "still outside the margin: reused"
     );
     tokio::time::sleep(Duration::from_millis(3500)).await;
     let fresh = app.installation(INST).await.unwrap();
     assert_ne!(
-        first.token(),
-        fresh.token(),
+        first.token().expose_secret(),
+        fresh.token().expose_secret(),
         "inside the margin: minted anew"
     );
     assert_eq!(fake.issued_tokens().len(), 2);
@@ -296,11 +297,11 @@ async fn concurrent_callers_share_one_mint() {
     });
     let mut tokens = Vec::new();
     for c in calls {
-        tokens.push(c.await.unwrap().token().expose().to_string());
+        tokens.push(c.await.unwrap().token().expose_secret().to_string());
     }
     let other = other.await.unwrap();
     assert!(tokens.iter().all(|t| *t == tokens[0]));
-    assert_ne!(other.token().expose(), tokens[0]);
+    assert_ne!(other.token().expose_secret(), tokens[0]);
     assert_eq!(fake.issued_tokens().len(), 2, "one per installation");
     assert_clean(&fake);
 }
@@ -324,7 +325,7 @@ async fn revoked_token_is_unauthorized_and_forgetting_it_mints_anew() {
         GitHubError::Unauthorized { message, .. } => assert_eq!(message, "Bad credentials"),
         other => panic!("{other}"),
     }
-    assert!(!err.to_string().contains(inst.token().expose()));
+    assert!(!err.to_string().contains(inst.token().expose_secret()));
     app.forget_installation(INST).await;
     let inst = app.installation(INST).await.unwrap();
     assert_eq!(inst.issue(&repo, 1).await.unwrap().title, "Bug");
@@ -336,10 +337,14 @@ async fn revoked_token_is_unauthorized_and_forgetting_it_mints_anew() {
 async fn tokens_never_show_in_debug_or_errors() {
     let (fake, app, _) = setup().await;
     let inst = app.installation(INST).await.unwrap();
-    let token = inst.token().expose().to_string();
+    let token = inst.token().expose_secret().to_string();
     assert!(token.starts_with("ghs_"));
-    assert_eq!(format!("{:?}", inst.token()), "[REDACTED]");
-    assert_eq!(format!("{}", inst.token()), "[REDACTED]");
+    // A `secrecy::SecretString`: its Debug redacts, and it has no Display at all.
+    let shown = format!("{:?}", inst.token());
+    assert!(
+        shown.contains("[REDACTED]") && !shown.contains(&token),
+        "{shown}"
+    );
     assert!(!format!("{inst:?}").contains(&token));
     assert!(!format!("{app:?}").contains(&token));
     let other: RepoName = "acme/secret".parse().unwrap();
@@ -888,7 +893,7 @@ async fn the_fake_refuses_malformed_requests() {
         .await
         .unwrap()
         .token()
-        .expose()
+        .expose_secret()
         .to_string();
     let http = reqwest::Client::new();
     let send = |method: reqwest::Method, path: &str, body: &str| {
@@ -1278,7 +1283,7 @@ async fn bot_identity_is_looked_up_once_with_its_noreply_address() {
         .unwrap();
     assert_eq!(
         lookup.authorization,
-        Some(format!("Bearer {}", inst.token().expose()))
+        Some(format!("Bearer {}", inst.token().expose_secret()))
     );
     assert!(fake.unauthorized().is_empty(), "{:?}", fake.unauthorized());
     assert_clean(&fake);
@@ -1347,7 +1352,7 @@ async fn a_create_pull_answered_502_after_github_opened_it_is_not_sent_again() {
 async fn the_fake_refuses_malformed_pull_requests() {
     let (fake, app, repo) = setup().await;
     let inst = app.installation(INST).await.unwrap();
-    let token = inst.token().expose().to_string();
+    let token = inst.token().expose_secret().to_string();
     let http = reqwest::Client::new();
     let send = |method: reqwest::Method, path: &str, body: &str| {
         http.request(method, format!("{}{path}", fake.url()))
@@ -1463,8 +1468,8 @@ async fn tokens_are_minted_for_one_repository_and_the_permissions_a_run_uses() {
     let a = app.installation_for(INST, &read).await.unwrap();
     let again = app.installation_for(INST, &read).await.unwrap();
     assert_eq!(
-        a.token().expose(),
-        again.token().expose(),
+        a.token().expose_secret(),
+        again.token().expose_secret(),
         "cached per scope"
     );
     let review = app
@@ -1472,8 +1477,8 @@ async fn tokens_are_minted_for_one_repository_and_the_permissions_a_run_uses() {
         .await
         .unwrap();
     let w = app.installation_for(INST, &write).await.unwrap();
-    assert_ne!(a.token().expose(), w.token().expose());
-    assert_ne!(a.token().expose(), review.token().expose());
+    assert_ne!(a.token().expose_secret(), w.token().expose_secret());
+    assert_ne!(a.token().expose_secret(), review.token().expose_secret());
     let grants = fake.token_grants();
     assert_eq!(grants.len(), 3, "{grants:#?}");
     for g in &grants {
@@ -1506,9 +1511,9 @@ async fn tokens_are_minted_for_one_repository_and_the_permissions_a_run_uses() {
     // Forgetting the installation drops every scope's token.
     app.forget_installation(INST).await;
     let fresh = app.installation_for(INST, &read).await.unwrap();
-    assert_ne!(fresh.token().expose(), a.token().expose());
+    assert_ne!(fresh.token().expose_secret(), a.token().expose_secret());
     let fresh_w = app.installation_for(INST, &write).await.unwrap();
-    assert_ne!(fresh_w.token().expose(), w.token().expose());
+    assert_ne!(fresh_w.token().expose_secret(), w.token().expose_secret());
     assert_eq!(fake.token_grants().len(), 5);
     assert_clean(&fake);
 }
@@ -1609,8 +1614,8 @@ async fn git_lets_a_read_token_clone_but_not_push_and_no_token_cross_repositorie
         .await
         .unwrap();
     let (read_token, write_token) = (
-        read.token().expose().to_string(),
-        write.token().expose().to_string(),
+        read.token().expose_secret().to_string(),
+        write.token().expose_secret().to_string(),
     );
     let dir = tempfile::tempdir().unwrap();
     let result = tokio::task::spawn_blocking({

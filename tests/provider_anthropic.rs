@@ -8,7 +8,6 @@ use common::fake_anthropic::{FakeAnthropic, Scripted};
 use kodx::model::{
     Block, Message, ModelStop, Provider, ProviderError, Request, Role, ToolSpec, Usage,
 };
-use kodx::providers::ApiKey;
 use kodx::providers::{AnthropicClient, RetryPolicy};
 use serde_json::json;
 
@@ -52,7 +51,7 @@ async fn a_tool_conversation_round_trips_with_cache_breakpoints_and_usage() {
         "end_turn",
         json!({"input_tokens": 30, "output_tokens": 8, "cache_creation_input_tokens": 40, "cache_read_input_tokens": 900}),
     );
-    let client = AnthropicClient::new(&fake.url, ApiKey::new(KEY)).with_retry(fast_retry());
+    let client = AnthropicClient::new(&fake.url, KEY).with_retry(fast_retry());
     let mut messages = vec![Message::user_text("What files are there?")];
     let first = client.complete(&request(messages.clone())).await.unwrap();
     assert_eq!(first.stop, ModelStop::ToolUse);
@@ -119,7 +118,7 @@ async fn overloaded_529_is_retried_after_retry_after() {
         "end_turn",
         json!({"input_tokens": 5, "output_tokens": 1}),
     );
-    let client = AnthropicClient::new(&fake.url, ApiKey::new(KEY)).with_retry(fast_retry());
+    let client = AnthropicClient::new(&fake.url, KEY).with_retry(fast_retry());
     let t = Instant::now();
     let r = client
         .complete(&request(vec![Message::user_text("hi")]))
@@ -143,7 +142,7 @@ async fn retries_are_bounded() {
             retry_after: None,
         });
     }
-    let client = AnthropicClient::new(&fake.url, ApiKey::new(KEY)).with_retry(fast_retry());
+    let client = AnthropicClient::new(&fake.url, KEY).with_retry(fast_retry());
     let err = client
         .complete(&request(vec![Message::user_text("hi")]))
         .await
@@ -160,7 +159,7 @@ async fn retries_are_bounded() {
 async fn a_bad_key_is_a_clear_error_without_retries_and_without_the_key() {
     let fake = FakeAnthropic::start(KEY).await;
     let wrong = "sk-ant-wrong-key-9999999999";
-    let client = AnthropicClient::new(&fake.url, ApiKey::new(wrong)).with_retry(fast_retry());
+    let client = AnthropicClient::new(&fake.url, wrong).with_retry(fast_retry());
     let err = client
         .complete(&request(vec![Message::user_text("hi")]))
         .await
@@ -181,7 +180,7 @@ async fn a_bad_key_is_a_clear_error_without_retries_and_without_the_key() {
 async fn an_invalid_request_is_refused_by_the_fake() {
     // The fake is not a yes-machine: a dangling tool_result is a 400, as from the real API.
     let fake = FakeAnthropic::start(KEY).await;
-    let client = AnthropicClient::new(&fake.url, ApiKey::new(KEY)).with_retry(fast_retry());
+    let client = AnthropicClient::new(&fake.url, KEY).with_retry(fast_retry());
     let bad = vec![Message {
         role: Role::User,
         content: vec![Block::ToolResult {
@@ -202,7 +201,7 @@ async fn an_invalid_request_is_refused_by_the_fake() {
 #[tokio::test]
 async fn count_tokens_sends_the_prompt_of_the_request_and_reads_the_count() {
     let fake = FakeAnthropic::start(KEY).await;
-    let client = AnthropicClient::new(&fake.url, ApiKey::new(KEY)).with_retry(fast_retry());
+    let client = AnthropicClient::new(&fake.url, KEY).with_retry(fast_retry());
     let mut req = request(vec![Message::user_text("How many files are there?")]);
     req.answer_only = true;
     let n = client.count_tokens(&req).await;
@@ -224,8 +223,7 @@ async fn count_tokens_sends_the_prompt_of_the_request_and_reads_the_count() {
 #[tokio::test]
 async fn a_count_that_fails_is_none_and_quick() {
     let fake = FakeAnthropic::start(KEY).await;
-    let client =
-        AnthropicClient::new(&fake.url, ApiKey::new("sk-ant-wrong-key")).with_retry(fast_retry());
+    let client = AnthropicClient::new(&fake.url, "sk-ant-wrong-key").with_retry(fast_retry());
     let started = Instant::now();
     assert_eq!(
         client
@@ -234,7 +232,7 @@ async fn a_count_that_fails_is_none_and_quick() {
         None
     );
     assert!(started.elapsed() < Duration::from_secs(5));
-    let down = AnthropicClient::new("http://127.0.0.1:9", ApiKey::new(KEY));
+    let down = AnthropicClient::new("http://127.0.0.1:9", KEY);
     assert_eq!(
         down.count_tokens(&request(vec![Message::user_text("hi")]))
             .await,
@@ -265,7 +263,7 @@ async fn endless_answer(len: usize) -> String {
 #[tokio::test]
 async fn an_answer_over_16_mib_is_refused_not_buffered() {
     let url = endless_answer(64 << 20).await;
-    let client = AnthropicClient::new(&url, ApiKey::new(KEY)).with_retry(fast_retry());
+    let client = AnthropicClient::new(&url, KEY).with_retry(fast_retry());
     let err = client
         .complete(&request(vec![Message::user_text("hi")]))
         .await
@@ -276,7 +274,7 @@ async fn an_answer_over_16_mib_is_refused_not_buffered() {
     assert!(matches!(err, ProviderError::Malformed { .. }), "{err:?}");
     // An answer under the bound is read whole (and then found not to be a Messages answer).
     let url = endless_answer(2 << 20).await;
-    let client = AnthropicClient::new(&url, ApiKey::new(KEY)).with_retry(fast_retry());
+    let client = AnthropicClient::new(&url, KEY).with_retry(fast_retry());
     let err = client
         .complete(&request(vec![Message::user_text("hi")]))
         .await

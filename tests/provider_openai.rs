@@ -8,7 +8,7 @@ use common::fake_openai::FakeOpenAi;
 use kodx::model::{
     Block, Message, ModelStop, Provider, ProviderError, Request, Role, ToolSpec, Usage,
 };
-use kodx::providers::{ApiKey, OpenAiClient, RetryPolicy};
+use kodx::providers::{OpenAiClient, RetryPolicy};
 use serde_json::json;
 
 fn request(messages: Vec<Message>) -> Request {
@@ -45,7 +45,7 @@ async fn tool_calls_round_trip_with_cached_tokens() {
     );
     fake.reply(Some("There is a.txt."), &[], (950, 6, 896));
     let client =
-        OpenAiClient::new(&fake.url, Some(ApiKey::new("sk-test-openai-123456"))).with_retry(fast());
+        OpenAiClient::new(&fake.url, Some("sk-test-openai-123456".into())).with_retry(fast());
     let mut messages = vec![Message::user_text("What is here?")];
     let first = client.complete(&request(messages.clone())).await.unwrap();
     assert_eq!(first.stop, ModelStop::ToolUse);
@@ -104,15 +104,14 @@ async fn rate_limits_are_retried_and_auth_errors_are_not() {
     fake.error(429);
     fake.reply(Some("ok"), &[], (10, 1, 0));
     let client =
-        OpenAiClient::new(&fake.url, Some(ApiKey::new("sk-right-key-000000"))).with_retry(fast());
+        OpenAiClient::new(&fake.url, Some("sk-right-key-000000".into())).with_retry(fast());
     client
         .complete(&request(vec![Message::user_text("hi")]))
         .await
         .unwrap();
     assert_eq!(fake.requests().len(), 2);
 
-    let wrong =
-        OpenAiClient::new(&fake.url, Some(ApiKey::new("sk-wrong-key-111111"))).with_retry(fast());
+    let wrong = OpenAiClient::new(&fake.url, Some("sk-wrong-key-111111".into())).with_retry(fast());
     let err = wrong
         .complete(&request(vec![Message::user_text("hi")]))
         .await

@@ -10,7 +10,7 @@ use common::fake_anthropic::FakeAnthropic;
 use common::*;
 use kodx::agent::{Agent, AgentConfig, StopReason};
 use kodx::cost::Pricing;
-use kodx::providers::{AnthropicClient, ApiKey};
+use kodx::providers::AnthropicClient;
 use kodx::sandbox::{DiskGuard, Sandbox, SandboxError};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -162,7 +162,7 @@ async fn an_agent_run_past_the_disk_limit_ends_as_an_error_naming_it() {
     let mut cfg = AgentConfig::new("claude-sonnet-4-5", "You work in a container.", price);
     cfg.max_tokens = 1024;
     cfg.command_timeout = Duration::from_secs(60);
-    let client = AnthropicClient::new(&fake.url, ApiKey::new(KEY));
+    let client = AnthropicClient::new(&fake.url, KEY);
     let agent = Agent {
         provider: &client,
         sandbox: &sb,

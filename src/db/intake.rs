@@ -4,7 +4,7 @@
 use sqlx::sqlite::SqlitePool;
 use sqlx::Row;
 
-use super::models::{Accepted, Installation, NewDelivery, NewRun};
+use super::models::{Accepted, InstallationRecord, NewDelivery, NewRun};
 use super::{now_ms, Db, DbError};
 use crate::serve::job::{RunRequest, TriggerKind};
 
@@ -84,7 +84,7 @@ impl Db {
     pub async fn installation(
         &self,
         installation_id: i64,
-    ) -> Result<Option<Installation>, DbError> {
+    ) -> Result<Option<InstallationRecord>, DbError> {
         Ok(sqlx::query_as(
             "SELECT id, account, last_action, suspended, deleted, created_at, updated_at \
              FROM installations WHERE id = $1",

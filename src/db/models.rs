@@ -212,7 +212,7 @@ pub struct Recovered {
 
 /// An installation of the App, as its last `installation` event left it.
 #[derive(Debug, Clone, PartialEq, Eq, FromRow)]
-pub struct Installation {
+pub struct InstallationRecord {
     pub id: i64,
     pub account: String,
     pub last_action: String,

@@ -20,7 +20,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// Where a `DATABASE_URL` points.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Target {
+enum DbLocation {
     Memory,
     File(PathBuf),
 }
@@ -34,7 +34,7 @@ impl Db {
     /// [`DbError::Unsupported`].
     pub async fn open(url: &str) -> Result<Db, DbError> {
         let pool = match parse_url(url)? {
-            Target::Memory => {
+            DbLocation::Memory => {
                 let options = SqliteConnectOptions::new()
                     .in_memory(true)
                     .foreign_keys(true)
@@ -53,7 +53,7 @@ impl Db {
                         source,
                     })?
             }
-            Target::File(path) => {
+            DbLocation::File(path) => {
                 prepare_file(&path)?;
                 let options = SqliteConnectOptions::new()
                     .filename(&path)
@@ -109,7 +109,7 @@ impl Db {
 }
 
 /// Reads `DATABASE_URL`. Errors never echo anything that could be a password.
-fn parse_url(url: &str) -> Result<Target, DbError> {
+fn parse_url(url: &str) -> Result<DbLocation, DbError> {
     let url = url.trim();
     let lower = url.to_ascii_lowercase();
     if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
@@ -138,7 +138,7 @@ fn parse_url(url: &str) -> Result<Target, DbError> {
         ));
     }
     if path == ":memory:" {
-        return Ok(Target::Memory);
+        return Ok(DbLocation::Memory);
     }
     if path.is_empty() {
         return Err(DbError::InvalidUrl(
@@ -146,7 +146,7 @@ fn parse_url(url: &str) -> Result<Target, DbError> {
                 .to_owned(),
         ));
     }
-    Ok(Target::File(PathBuf::from(path)))
+    Ok(DbLocation::File(PathBuf::from(path)))
 }
 
 fn invalid_url_message(url: &str) -> String {
@@ -256,20 +256,20 @@ mod tests {
     async fn sqlite_colon_path_and_relative_paths_are_understood() {
         assert_eq!(
             parse_url("sqlite://data/kodx.db").unwrap(),
-            Target::File(PathBuf::from("data/kodx.db"))
+            DbLocation::File(PathBuf::from("data/kodx.db"))
         );
         assert_eq!(
             parse_url("sqlite:///var/lib/kodx.db").unwrap(),
-            Target::File(PathBuf::from("/var/lib/kodx.db"))
+            DbLocation::File(PathBuf::from("/var/lib/kodx.db"))
         );
         assert_eq!(
             parse_url("sqlite:data/kodx.db?mode=rwc").unwrap(),
-            Target::File(PathBuf::from("data/kodx.db"))
+            DbLocation::File(PathBuf::from("data/kodx.db"))
         );
-        assert_eq!(parse_url("sqlite::memory:").unwrap(), Target::Memory);
+        assert_eq!(parse_url("sqlite::memory:").unwrap(), DbLocation::Memory);
         assert_eq!(
             parse_url(DEFAULT_DATABASE_URL).unwrap(),
-            Target::File("data/kodx.db".into())
+            DbLocation::File("data/kodx.db".into())
         );
 
         let dir = tempfile::tempdir().unwrap();

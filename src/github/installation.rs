@@ -1,29 +1,29 @@
 //! The REST calls kodx makes as one installation, through that installation's octocrab
-//! client. Every answer becomes one of kodx's own types at once.
+//! client (see [`super::transport`]). Every answer becomes one of kodx's own types at once.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::http; // the `http` crate, which octocrab's raw request API speaks
-use http_body_util::BodyExt;
 use octocrab::Octocrab;
+use secrecy::SecretString;
 use serde_json::{json, Value};
 
 use super::error::GitHubError;
 use super::policy::{Raw, RequestPolicy};
+use super::transport::{self, Auth, Call, JSON};
 use super::types::{
     CommentInfo, CommentRef, IssueInfo, NewPull, Permission, PullBase, PullHead, PullInfo, PullRef,
-    PullRepo, Reaction, ReactionTarget, RepoName, Token,
+    PullRepo, Reaction, ReactionTarget, RepoName,
 };
-use super::util::{base64_decode, encode_path, encode_segment, link_page};
+use super::util::{base64_decode, encode_path, encode_segment};
 
-const JSON: &str = "application/vnd.github+json";
 const DIFF: &str = "application/vnd.github.diff";
 /// Comments per page when listing (GitHub's maximum).
 const PER_PAGE: usize = 100;
 /// Pages `find_comment` reads at most (10 000 comments).
-const MAX_PAGES: u64 = 100;
+const MAX_PAGES: u32 = 100;
 
 /// One installation's access: its token (valid at least five more minutes when handed out
 /// by [`super::GitHubApp::installation`]) and an octocrab client authenticated with it.
@@ -36,7 +36,7 @@ pub struct Installation {
 
 struct Inner {
     id: u64,
-    token: Token,
+    token: SecretString,
     expires_at: SystemTime,
     octo: Octocrab,
     policy: RequestPolicy,
@@ -53,30 +53,16 @@ impl fmt::Debug for Installation {
 }
 
 impl Installation {
-    /// Builds the installation's octocrab client on `api_url` (paths are appended to it, so
-    /// an Enterprise `…/api/v3` base keeps its prefix). Octocrab's own retries are off: the
-    /// calls below go through kodx's one [`RequestPolicy`].
+    /// Builds the installation's octocrab client on `api_url` ([`transport::client`]); the
+    /// calls below go through kodx's one [`RequestPolicy`]. Inside a Tokio runtime.
     pub(crate) fn new(
         api_url: &str,
         id: u64,
-        token: Token,
+        token: SecretString,
         expires_at: SystemTime,
         policy: RequestPolicy,
     ) -> Result<Installation, GitHubError> {
-        let config = |e: octocrab::Error| {
-            GitHubError::Config(format!("cannot build the GitHub client for {api_url}: {e}"))
-        };
-        let octo = Octocrab::builder()
-            .base_uri(api_url)
-            .map_err(config)?
-            .personal_token(token.expose().to_string())
-            .add_retry_config(octocrab::service::middleware::retry::RetryConfig::None)
-            .set_connect_timeout(Some(policy.connect_timeout))
-            .set_read_timeout(Some(policy.request_timeout))
-            .set_write_timeout(Some(policy.request_timeout))
-            .add_header(http::header::USER_AGENT, super::USER_AGENT.to_string())
-            .build()
-            .map_err(config)?;
+        let octo = transport::client(api_url, &policy, Auth::Installation(token.clone()))?;
         Ok(Installation {
             inner: Arc::new(Inner {
                 id,
@@ -92,7 +78,9 @@ impl Installation {
         self.inner.id
     }
 
-    pub fn token(&self) -> &Token {
+    /// The installation token, for git's credentials (`expose_secret` reads it). No
+    /// `Debug` or `Display` shows it.
+    pub fn token(&self) -> &SecretString {
         &self.inner.token
     }
 
@@ -203,8 +191,8 @@ impl Installation {
     }
 
     /// The `last` most recent comments of an issue or PR conversation, oldest first.
-    /// Reads the first page, then pages back from the last one (`Link: rel="last"`) until
-    /// it has enough.
+    /// Reads the first page, then pages back from the last one (`Link: rel="last"`, read by
+    /// octocrab's [`Page`](octocrab::Page)) until it has enough.
     pub async fn issue_comments(
         &self,
         repo: &RepoName,
@@ -214,8 +202,7 @@ impl Installation {
         if last == 0 {
             return Ok(Vec::new());
         }
-        let (first, link) = self.comments_page(repo, number, 1).await?;
-        let last_page = link.as_deref().and_then(|l| link_page(l, "last"));
+        let (first, last_page) = self.comments_page(repo, number, 1).await?;
         let mut pages = Vec::new();
         let mut have = 0;
         if let Some(last_page) = last_page.filter(|&p| p > 1) {
@@ -239,7 +226,8 @@ impl Installation {
     }
 
     /// The first comment (oldest first) of the conversation that `pred` accepts, e.g. kodx's
-    /// status comment recognised by its hidden metadata after a restart.
+    /// status comment recognised by its hidden metadata after a restart. Reads page after
+    /// page while the answer names a later last page, [`MAX_PAGES`] at most.
     pub async fn find_comment(
         &self,
         repo: &RepoName,
@@ -248,39 +236,39 @@ impl Installation {
     ) -> Result<Option<CommentInfo>, GitHubError> {
         let mut page = 1;
         loop {
-            let (items, link) = self.comments_page(repo, issue, page).await?;
+            let (items, last_page) = self.comments_page(repo, issue, page).await?;
             if let Some(found) = items.into_iter().find(|c| pred(c)) {
                 return Ok(Some(found));
             }
-            match link.as_deref().and_then(|l| link_page(l, "next")) {
-                Some(next) if next > page && next <= MAX_PAGES => page = next,
+            match last_page {
+                Some(last) if page < last && page < MAX_PAGES => page += 1,
                 _ => return Ok(None),
             }
         }
     }
 
+    /// One page of a conversation's comments, and the number of the last page when the
+    /// answer's `Link` names one (it does on every page but the last). Page numbers, not the
+    /// `Link` URLs, are followed: the next request goes to the same API base and path.
     async fn comments_page(
         &self,
         repo: &RepoName,
         number: u64,
-        page: u64,
-    ) -> Result<(Vec<CommentInfo>, Option<String>), GitHubError> {
+        page: u32,
+    ) -> Result<(Vec<CommentInfo>, Option<u32>), GitHubError> {
         let path = format!("{}/issues/{number}/comments", repo_path(repo));
         let what = format!("GET {path}");
         let query = format!("per_page={PER_PAGE}&page={page}");
         let raw = self
             .request(http::Method::GET, &path, Some(&query), JSON, None)
             .await?;
-        let link = raw.header("link").map(str::to_string);
-        let v = raw.json(&what)?;
-        let items = v
-            .as_array()
-            .ok_or_else(|| GitHubError::decode(&what, "expected a list of comments"))?;
-        let comments = items
+        let page = raw.page(&what, "expected a list of comments").await?;
+        let comments = page
+            .items
             .iter()
             .map(|c| comment_info(c, &what))
             .collect::<Result<_, _>>()?;
-        Ok((comments, link))
+        Ok((comments, page.number_of_pages()))
     }
 
     /// A pull request's branches. `is_fork` when the head is in another repository (or its
@@ -610,40 +598,16 @@ impl Installation {
         body: Option<&Value>,
     ) -> Result<Raw, GitHubError> {
         let what = format!("{method} {path}");
-        let uri = match query {
-            Some(q) => format!("{path}?{q}"),
-            None => path.to_string(),
+        let call = Call {
+            what: &what,
+            method,
+            path,
+            query,
+            accept,
+            body,
+            jwt: None,
         };
-        let octo = &self.inner.octo;
-        policy
-            .run(&what, || {
-                let method = method.clone();
-                let uri = uri.clone();
-                async move {
-                    let builder = http::Request::builder()
-                        .method(method)
-                        .uri(uri)
-                        .header(http::header::ACCEPT, accept);
-                    let request = octo
-                        .build_request(builder, body)
-                        .map_err(|e| format!("building the request: {e}"))?;
-                    let response = octo.execute(request).await.map_err(|e| e.to_string())?;
-                    let status = response.status().as_u16();
-                    let headers = response.headers().clone();
-                    let body = response
-                        .into_body()
-                        .collect()
-                        .await
-                        .map_err(|e| format!("reading the answer: {e}"))?
-                        .to_bytes();
-                    Ok(Raw {
-                        status,
-                        headers,
-                        body,
-                    })
-                }
-            })
-            .await
+        transport::send(&self.inner.octo, policy, call).await
     }
 }
 
@@ -801,6 +765,26 @@ mod tests {
         let policy = RequestPolicy::default();
         assert!(policy.backoff(1) >= policy.base_delay);
         assert!(policy.backoff(30) <= policy.max_delay);
+    }
+
+    // Octocrab's client starts its worker on the current Tokio runtime.
+    #[tokio::test]
+    async fn the_token_never_shows() {
+        let token = "ghs_abcdefghijklmnopqrstuvwxyz0123456789";
+        let inst = Installation::new(
+            "https://api.github.com",
+            7,
+            SecretString::from(token),
+            SystemTime::now() + Duration::from_secs(3600),
+            RequestPolicy::default(),
+        )
+        .unwrap();
+        let shown = format!("{inst:?}");
+        assert!(!shown.contains(token), "{shown}");
+        assert!(shown.contains("[REDACTED]"), "{shown}");
+        assert!(!format!("{:?}", inst.token()).contains(token));
+        use secrecy::ExposeSecret;
+        assert_eq!(inst.token().expose_secret(), token);
     }
 
     #[test]

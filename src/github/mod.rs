@@ -8,14 +8,18 @@
 //!   one mint.
 //! - [`Installation`] holds a token and one octocrab client built on it; its methods turn
 //!   GitHub's JSON into kodx's own small types at once.
-//! - Every call runs under one [`RequestPolicy`]: connect and request timeouts, bounded
+//! - Every call, App and installation alike, goes through octocrab ([`transport`]) and runs
+//!   under one [`RequestPolicy`]: connect and request timeouts, bounded
 //!   retries with backoff for 502/503/504 and unanswered requests, rate limits waited out
 //!   when the reset is near, else [`GitHubError::RateLimited`].
-//! - Tokens never appear in Debug output, errors or logs ([`Token`] prints `[REDACTED]`).
+//! - Tokens never appear in Debug output, errors or logs: they are `secrecy`'s
+//!   [`SecretString`](secrecy::SecretString) (no `Display`, `Debug` prints `[REDACTED]`,
+//!   zeroed on drop).
 
 mod error;
 mod installation;
 mod policy;
+mod transport;
 mod types;
 mod util;
 
@@ -25,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use octocrab::Octocrab;
 
 pub use error::GitHubError;
 pub use installation::Installation;
@@ -32,15 +37,14 @@ pub use policy::RequestPolicy;
 pub use types::{
     noreply_email, Access, AppInfo, BotIdentity, CommentInfo, CommentRef, IssueInfo, NewPull,
     Permission, PullBase, PullHead, PullInfo, PullRef, PullRepo, Reaction, ReactionTarget,
-    RepoName, RepoNameError, Token, TokenScope,
+    RepoName, RepoNameError, TokenScope,
 };
 
 use policy::Raw;
+use transport::{Auth, Call, JSON};
 
 /// Sent as `User-Agent` on every request (GitHub requires one).
 pub const USER_AGENT: &str = "kodx";
-/// The REST API version kodx is written against.
-pub const API_VERSION: &str = "2022-11-28";
 /// A cached installation token is replaced once it has less than this left.
 pub const TOKEN_REFRESH_MARGIN: Duration = Duration::from_secs(5 * 60);
 /// Past this many cached tokens, the ones that expired and are not being minted are dropped.
@@ -61,8 +65,10 @@ struct AppInner {
     /// Without a trailing slash.
     api_url: String,
     app_id: u64,
+    /// Signs the App's JWTs ([`GitHubApp::app_jwt`]).
     key: EncodingKey,
-    http: reqwest::Client,
+    /// Without credentials: App requests carry a JWT signed per attempt.
+    octo: Octocrab,
     policy: RequestPolicy,
     /// One slot per installation and scope; its lock is held while a token is minted, so
     /// concurrent callers for the same token wait for that one mint instead of making their
@@ -91,7 +97,8 @@ struct Claims {
 impl GitHubApp {
     /// `private_key_pem` is the PEM text GitHub handed out (PKCS#1 `RSA PRIVATE KEY`, or
     /// PKCS#8 `PRIVATE KEY`); Probot's conventions are accepted too: literal `\n`
-    /// sequences, surrounding quotes, or the whole PEM file base64-encoded.
+    /// sequences, surrounding quotes, or the whole PEM file base64-encoded. Call it inside
+    /// a Tokio runtime and use the App there: its octocrab client runs on it.
     pub fn new(api_url: &str, app_id: u64, private_key_pem: &str) -> Result<Self, GitHubError> {
         Self::with_policy(api_url, app_id, private_key_pem, RequestPolicy::default())
     }
@@ -111,29 +118,13 @@ impl GitHubApp {
             ));
         }
         let key = load_key(private_key_pem)?;
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert(
-            reqwest::header::ACCEPT,
-            reqwest::header::HeaderValue::from_static("application/vnd.github+json"),
-        );
-        headers.insert(
-            "x-github-api-version",
-            reqwest::header::HeaderValue::from_static(API_VERSION),
-        );
-        let http = reqwest::Client::builder()
-            .connect_timeout(policy.connect_timeout)
-            .timeout(policy.request_timeout)
-            .user_agent(USER_AGENT)
-            .default_headers(headers)
-            .build()
-            .map_err(|e| GitHubError::Config(format!("cannot build the HTTP client: {e}")))?;
+        let octo = transport::client(&api_url, &policy, Auth::App)?;
         let app = GitHubApp {
             inner: Arc::new(AppInner {
                 api_url,
                 app_id,
                 key,
-                http,
+                octo,
                 policy,
                 installations: Mutex::new(HashMap::new()),
                 bot: tokio::sync::Mutex::new(None),
@@ -174,24 +165,15 @@ impl GitHubApp {
         )
     }
 
-    /// `GET /app`: the App's id and slug (its bot is `<slug>[bot]`). Checks the key and
-    /// App id together, so `serve` and `doctor` call it at start.
+    /// `GET /app`: the App's id and slug (its bot is `<slug>[bot]`), and what its settings
+    /// grant (permissions, webhook events). Checks the key and App id together, so `serve`
+    /// and `doctor` call it at start.
     pub async fn app_info(&self) -> Result<AppInfo, GitHubError> {
         let what = "GET /app";
         let raw = self
-            .app_request(reqwest::Method::GET, "/app", what, None)
+            .app_request(axum::http::Method::GET, "/app", what, None)
             .await?;
-        let v = raw.json(what)?;
-        let id = v
-            .get("id")
-            .and_then(|v| v.as_u64())
-            .ok_or_else(|| GitHubError::decode(what, "no number `id`"))?;
-        let slug = v
-            .get("slug")
-            .and_then(|v| v.as_str())
-            .ok_or_else(|| GitHubError::decode(what, "no string `slug`"))?
-            .to_string();
-        Ok(AppInfo { id, slug })
+        AppInfo::from_json(&raw.json(what)?, what)
     }
 
     /// The App's bot account, for commit authorship: `GET /app` (JWT) gives the slug, then
@@ -293,7 +275,7 @@ impl GitHubApp {
         };
         let body = scope.map_or_else(|| serde_json::json!({}), TokenScope::request_body);
         let raw = self
-            .app_request(reqwest::Method::POST, &path, &what, Some(&body))
+            .app_request(axum::http::Method::POST, &path, &what, Some(&body))
             .await?;
         // The body holds the token: errors name fields, never quote values.
         let v: serde_json::Value = serde_json::from_slice(&raw.body)
@@ -316,60 +298,31 @@ impl GitHubApp {
         Installation::new(
             &self.inner.api_url,
             installation_id,
-            Token::new(token),
+            token.into(),
             expires_at,
             self.inner.policy.clone(),
         )
     }
 
-    /// A call authenticated as the App (JWT), under the retry policy.
+    /// A call authenticated as the App (a JWT signed for each attempt), under the retry
+    /// policy.
     async fn app_request(
         &self,
-        method: reqwest::Method,
+        method: axum::http::Method,
         path: &str,
         what: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<Raw, GitHubError> {
-        let body = body.map_or_else(|| "{}".to_string(), |b| b.to_string());
-        let url = format!("{}{path}", self.inner.api_url);
-        self.inner
-            .policy
-            .run(what, || {
-                let request = self
-                    .app_jwt()
-                    .map(|jwt| {
-                        let r = self
-                            .inner
-                            .http
-                            .request(method.clone(), &url)
-                            .bearer_auth(jwt);
-                        if method == reqwest::Method::POST {
-                            r.header(reqwest::header::CONTENT_TYPE, "application/json")
-                                .body(body.clone())
-                        } else {
-                            r
-                        }
-                    })
-                    .map_err(|e| e.to_string());
-                async move {
-                    let response = request?
-                        .send()
-                        .await
-                        .map_err(|e| e.without_url().to_string())?;
-                    let status = response.status().as_u16();
-                    let headers = response.headers().clone();
-                    let body = response
-                        .bytes()
-                        .await
-                        .map_err(|e| format!("reading the answer: {}", e.without_url()))?;
-                    Ok(Raw {
-                        status,
-                        headers,
-                        body,
-                    })
-                }
-            })
-            .await
+        let call = Call {
+            what,
+            method,
+            path,
+            query: None,
+            accept: JSON,
+            body,
+            jwt: Some(&|| self.app_jwt()),
+        };
+        transport::send(&self.inner.octo, &self.inner.policy, call).await
     }
 }
 
@@ -418,8 +371,9 @@ mod tests {
 
     const KEY: &str = include_str!("../../tests/data/test-app-key.pem");
 
-    #[test]
-    fn keys_load_as_pem_or_with_literal_newlines() {
+    // The App's octocrab client starts its worker on the current Tokio runtime.
+    #[tokio::test]
+    async fn keys_load_as_pem_or_with_literal_newlines() {
         assert!(GitHubApp::new("https://api.github.com", 1, KEY).is_ok());
         let one_line = KEY.trim().replace('\n', "\\n");
         assert!(!one_line.contains('\n'));
@@ -427,8 +381,8 @@ mod tests {
         assert_eq!(app.app_jwt().unwrap().split('.').count(), 3);
     }
 
-    #[test]
-    fn bad_keys_say_what_is_wrong() {
+    #[tokio::test]
+    async fn bad_keys_say_what_is_wrong() {
         let err = |key: &str| {
             GitHubApp::new("https://api.github.com", 1, key)
                 .unwrap_err()
@@ -447,8 +401,8 @@ mod tests {
         assert!(e.contains("not a valid RSA private key"), "{e}");
     }
 
-    #[test]
-    fn config_errors_name_the_variable() {
+    #[tokio::test]
+    async fn config_errors_name_the_variable() {
         let e = GitHubApp::new("api.github.com", 1, KEY).unwrap_err();
         assert!(e.to_string().contains("GITHUB_API_URL"), "{e}");
         let e = GitHubApp::new("ftp://x", 1, KEY).unwrap_err();
@@ -458,10 +412,12 @@ mod tests {
         let app = GitHubApp::new("https://ghe.example.com/api/v3/", 7, KEY).unwrap();
         assert_eq!(app.api_url(), "https://ghe.example.com/api/v3");
         assert!(!format!("{app:?}").contains("PRIVATE"));
+        let key_line = KEY.lines().nth(1).unwrap();
+        assert!(!format!("{app:?} {app:#?}").contains(key_line));
     }
 
-    #[test]
-    fn jwt_claims() {
+    #[tokio::test]
+    async fn jwt_claims() {
         let app = GitHubApp::new("https://api.github.com", 4242, KEY).unwrap();
         let jwt = app.app_jwt().unwrap();
         let payload = jwt.split('.').nth(1).unwrap();

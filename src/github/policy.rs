@@ -6,8 +6,8 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use axum::http::HeaderMap;
 use bytes::Bytes;
-use reqwest::header::HeaderMap;
 
 use super::error::{one_line, GitHubError};
 
@@ -52,6 +52,25 @@ pub(crate) struct Raw {
 impl Raw {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// A list answer as octocrab's [`Page`](octocrab::Page): its items, and the
+    /// `first`/`prev`/`next`/`last` links of its `Link` header. Anything that is not such a
+    /// list is a `Decode` error saying `expected` (never quoting the body).
+    pub async fn page(
+        self,
+        what: &str,
+        expected: &str,
+    ) -> Result<octocrab::Page<serde_json::Value>, GitHubError> {
+        use http_body_util::BodyExt;
+        use octocrab::FromResponse;
+        let body = http_body_util::Full::new(self.body)
+            .map_err(|never| -> octocrab::Error { match never {} });
+        let mut response = axum::http::Response::new(body);
+        *response.headers_mut() = self.headers;
+        octocrab::Page::from_response(response)
+            .await
+            .map_err(|_| GitHubError::decode(what, expected))
     }
 
     /// The body as JSON, or a `Decode` error that never quotes the body.
@@ -295,6 +314,32 @@ mod tests {
         let e = status_error("GET /y", &raw(502, &[], "<html>\n<h1>Bad gateway</h1>"));
         assert_eq!(e.to_string(), "GET /y: GitHub answered 502: <html>");
         assert!(status_error("GET /z", &raw(404, &[], "")).is_not_found());
+    }
+
+    #[tokio::test]
+    async fn list_answers_become_octocrab_pages() {
+        let link = "<https://api.github.com/repositories/1/issues/2/comments?per_page=100&page=2>; \
+                    rel=\"next\", <https://api.github.com/repositories/1/issues/2/comments?per_page=100&page=3>; rel=\"last\"";
+        let page = raw(200, &[("link", link.into())], r#"[{"id":1},{"id":2}]"#)
+            .page("GET /c", "expected a list of comments")
+            .await
+            .unwrap();
+        assert_eq!(page.items.len(), 2);
+        assert_eq!(page.number_of_pages(), Some(3));
+        assert!(page.next.is_some());
+        // The last page has no `last` link.
+        let page = raw(200, &[], "[]").page("GET /c", "x").await.unwrap();
+        assert_eq!((page.items.len(), page.number_of_pages()), (0, None));
+        for body in ["{\"message\":\"ghs_secretsecretsecret\"}", "not json"] {
+            let e = raw(200, &[], body)
+                .page("GET /c", "expected a list of comments")
+                .await
+                .unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "GET /c: unexpected answer from GitHub: expected a list of comments"
+            );
+        }
     }
 
     #[tokio::test]

@@ -1,35 +1,11 @@
 //! kodx's own small types for what it reads from and writes to GitHub: the client turns
 //! every JSON answer into these at once, so no raw JSON leaves `crate::github`.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-/// An installation access token. Debug and Display print `[REDACTED]`; `expose` is the one
-/// way to read it (for an `Authorization` header or git's credential callback).
-#[derive(Clone, PartialEq, Eq)]
-pub struct Token(String);
-
-impl Token {
-    pub fn new(token: impl Into<String>) -> Token {
-        Token(token.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[REDACTED]")
-    }
-}
-
-impl fmt::Display for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[REDACTED]")
-    }
-}
+use super::error::GitHubError;
 
 /// `owner/name` of a repository.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -216,9 +192,51 @@ impl fmt::Display for Permission {
 pub struct AppInfo {
     pub id: u64,
     pub slug: String,
+    /// What the App's settings grant: permission name → `read`, `write` or `admin`.
+    pub permissions: BTreeMap<String, String>,
+    /// The webhook events the App subscribes to.
+    pub events: Vec<String>,
 }
 
 impl AppInfo {
+    /// From the `GET /app` answer; `id` and `slug` are required, the rest read as far as
+    /// it is there (an App without permissions has none).
+    pub(crate) fn from_json(v: &serde_json::Value, what: &str) -> Result<AppInfo, GitHubError> {
+        let id = v
+            .get("id")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| GitHubError::decode(what, "no number `id`"))?;
+        let slug = v
+            .get("slug")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| GitHubError::decode(what, "no string `slug`"))?
+            .to_string();
+        let permissions = v
+            .get("permissions")
+            .and_then(|p| p.as_object())
+            .map(|p| {
+                p.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let events = v
+            .get("events")
+            .and_then(|e| e.as_array())
+            .map(|e| {
+                e.iter()
+                    .filter_map(|e| e.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(AppInfo {
+            id,
+            slug,
+            permissions,
+            events,
+        })
+    }
+
     pub fn bot_login(&self) -> String {
         format!("{}[bot]", self.slug)
     }
@@ -423,6 +441,25 @@ mod tests {
     }
 
     #[test]
+    fn app_info_reads_permissions_and_events() {
+        let v = serde_json::json!({
+            "id": 7, "slug": "kodx", "name": "kodx",
+            "permissions": {"contents": "write", "metadata": "read", "odd": 3},
+            "events": ["issues", "issue_comment", 5],
+        });
+        let info = AppInfo::from_json(&v, "GET /app").unwrap();
+        assert_eq!((info.id, info.slug.as_str()), (7, "kodx"));
+        assert_eq!(info.bot_login(), "kodx[bot]");
+        assert_eq!(info.permissions.len(), 2);
+        assert_eq!(info.permissions["contents"], "write");
+        assert_eq!(info.events, ["issues", "issue_comment"]);
+        let bare = AppInfo::from_json(&serde_json::json!({"id": 1, "slug": "s"}), "GET /app");
+        assert!(bare.unwrap().permissions.is_empty());
+        let e = AppInfo::from_json(&serde_json::json!({"slug": "s"}), "GET /app").unwrap_err();
+        assert!(e.to_string().contains("`id`"), "{e}");
+    }
+
+    #[test]
     fn bot_identity_and_noreply_addresses() {
         let bot = BotIdentity::new("kodx[bot]", 41898282);
         assert_eq!(
@@ -433,14 +470,5 @@ mod tests {
             noreply_email("alice", 7),
             "7+alice@users.noreply.github.com"
         );
-    }
-
-    #[test]
-    fn tokens_never_show() {
-        let t = Token::new("ghs_abcdefghijklmnopqrstuvwxyz0123456789");
-        assert_eq!(format!("{t:?}"), "[REDACTED]");
-        assert_eq!(format!("{:?}", Some(&t)), "Some([REDACTED])");
-        assert_eq!(format!("{t}"), "[REDACTED]");
-        assert_eq!(t.expose(), "ghs_abcdefghijklmnopqrstuvwxyz0123456789");
     }
 }

@@ -1,6 +1,6 @@
 //! Small pure helpers of the GitHub client: base64 (the contents API), RFC 3339 times
-//! (`expires_at`), percent-encoding of path segments, `Link` headers, and the Probot
-//! conventions for `PRIVATE_KEY`.
+//! (`expires_at`), percent-encoding of path segments, and the Probot conventions for
+//! `PRIVATE_KEY`. (`Link` headers are octocrab's [`Page`](octocrab::Page).)
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -47,27 +47,6 @@ pub(crate) fn encode_path(path: &str) -> String {
         .map(encode_segment)
         .collect::<Vec<_>>()
         .join("/")
-}
-
-/// The `page` number of the link with relation `rel` in a `Link` header
-/// (`<https://…?per_page=100&page=3>; rel="last", …`).
-pub(crate) fn link_page(link: &str, rel: &str) -> Option<u64> {
-    link.split(',').find_map(|part| {
-        let (url, params) = part.trim().split_once(';')?;
-        let is_rel = params.split(';').any(|p| {
-            let p = p.trim();
-            p == format!("rel=\"{rel}\"") || p == format!("rel={rel}")
-        });
-        if !is_rel {
-            return None;
-        }
-        let url = url.trim().strip_prefix('<')?.strip_suffix('>')?;
-        let (_, query) = url.split_once('?')?;
-        query.split('&').find_map(|kv| {
-            let (k, v) = kv.split_once('=')?;
-            (k == "page").then(|| v.parse().ok()).flatten()
-        })
-    })
 }
 
 /// Turns the `PRIVATE_KEY` value into PEM text the way Probot does: literal `\n` sequences
@@ -158,16 +137,6 @@ mod tests {
         assert_eq!(encode_path(".github/kodx.yml"), ".github/kodx.yml");
         assert_eq!(encode_path("a b/c?d#"), "a%20b/c%3Fd%23");
         assert_eq!(encode_segment("Az09-._~%é"), "Az09-._~%25%C3%A9");
-    }
-
-    #[test]
-    fn link_header_pages() {
-        let link = "<https://api.github.com/repositories/1/issues/2/comments?per_page=100&page=2>; \
-                    rel=\"next\", <https://api.github.com/repositories/1/issues/2/comments?per_page=100&page=3>; rel=\"last\"";
-        assert_eq!(link_page(link, "next"), Some(2));
-        assert_eq!(link_page(link, "last"), Some(3));
-        assert_eq!(link_page(link, "prev"), None);
-        assert_eq!(link_page("", "last"), None);
     }
 
     #[test]

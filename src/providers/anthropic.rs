@@ -7,7 +7,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::retry::{send_with_retry, RetryPolicy};
-use super::{http_client, join_url, ApiKey};
+use secrecy::{ExposeSecret, SecretString};
+
+use super::{http_client, join_url, redact_key};
 use crate::model::{
     Block, Message, ModelStop, Provider, ProviderError, Request, Response, Role, Usage,
 };
@@ -19,15 +21,15 @@ const NAME: &str = "anthropic";
 #[derive(Debug, Clone)]
 pub struct AnthropicClient {
     base_url: String,
-    key: ApiKey,
+    key: SecretString,
     retry: RetryPolicy,
 }
 
 impl AnthropicClient {
-    pub fn new(base_url: impl Into<String>, key: ApiKey) -> Self {
+    pub fn new(base_url: impl Into<String>, key: impl Into<SecretString>) -> Self {
         AnthropicClient {
             base_url: base_url.into(),
-            key,
+            key: key.into(),
             retry: RetryPolicy::default(),
         }
     }
@@ -46,7 +48,7 @@ impl AnthropicClient {
             .ok()
             .filter(|b| !b.trim().is_empty())
             .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
-        Ok(Self::new(base, ApiKey::new(key.trim())))
+        Ok(Self::new(base, key.trim()))
     }
 
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
@@ -240,12 +242,12 @@ impl Provider for AnthropicClient {
             || {
                 http_client()
                     .post(&url)
-                    .header("x-api-key", self.key.expose())
+                    .header("x-api-key", self.key.expose_secret())
                     .header("anthropic-version", API_VERSION)
                     .json(&body)
             },
             error_message,
-            |text| self.key.redact(text),
+            |text| redact_key(&self.key, text),
         )
         .await?;
         parse_response(&bytes)
@@ -267,12 +269,12 @@ impl Provider for AnthropicClient {
             || {
                 http_client()
                     .post(&url)
-                    .header("x-api-key", self.key.expose())
+                    .header("x-api-key", self.key.expose_secret())
                     .header("anthropic-version", API_VERSION)
                     .json(&body)
             },
             error_message,
-            |text| self.key.redact(text),
+            |text| redact_key(&self.key, text),
         )
         .await;
         match sent.map(|b| serde_json::from_slice::<WireCount>(&b)) {

@@ -9,36 +9,21 @@ pub mod retry;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use secrecy::{ExposeSecret, SecretString};
+
 pub use anthropic::AnthropicClient;
 pub use openai::OpenAiClient;
 pub use retry::RetryPolicy;
 
-/// An API key: never printed, never in a `Debug`.
-#[derive(Clone)]
-pub struct ApiKey(String);
-
-impl ApiKey {
-    pub fn new(key: impl Into<String>) -> Self {
-        ApiKey(key.into())
+/// `text` with every occurrence of the API key `key` replaced, for error messages. (The key
+/// itself is a [`SecretString`]: no `Debug` or `Display` shows it, and it is zeroed on
+/// drop.)
+pub(crate) fn redact_key(key: &SecretString, text: &str) -> String {
+    let key = key.expose_secret();
+    if key.len() < 8 {
+        return text.to_string();
     }
-
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// `text` with every occurrence of the key replaced, for error messages.
-    pub(crate) fn redact(&self, text: &str) -> String {
-        if self.0.len() < 8 {
-            return text.to_string();
-        }
-        text.replace(&self.0, "[REDACTED]")
-    }
-}
-
-impl std::fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ApiKey([REDACTED])")
-    }
+    text.replace(key, "[REDACTED]")
 }
 
 /// The HTTP client every provider uses: rustls with the ring provider (the one the Docker
@@ -72,14 +57,24 @@ pub(crate) fn join_url(base: &str, path: &str) -> String {
 mod tests {
     use super::*;
 
+    const KEY: &str = "sk-ant-secret-123456";
+
     #[test]
     fn keys_are_never_shown() {
-        let k = ApiKey::new("sk-ant-secret-123456");
-        assert_eq!(format!("{k:?}"), "ApiKey([REDACTED])");
+        let k = SecretString::from(KEY);
+        assert!(!format!("{k:?}").contains(KEY));
         assert_eq!(
-            k.redact("bad key sk-ant-secret-123456!"),
+            redact_key(&k, "bad key sk-ant-secret-123456!"),
             "bad key [REDACTED]!"
         );
+        assert_eq!(
+            redact_key(&SecretString::from("short"), "a short b"),
+            "a short b"
+        );
+        let anthropic = AnthropicClient::new("http://h", KEY);
+        assert!(!format!("{anthropic:?}").contains(KEY), "{anthropic:?}");
+        let openai = OpenAiClient::new("http://h", Some(KEY.into()));
+        assert!(!format!("{openai:?}").contains(KEY), "{openai:?}");
     }
 
     #[test]

@@ -6,7 +6,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::retry::{send_with_retry, RetryPolicy};
-use super::{http_client, join_url, ApiKey};
+use secrecy::{ExposeSecret, SecretString};
+
+use super::{http_client, join_url, redact_key};
 use crate::model::{Block, ModelStop, Provider, ProviderError, Request, Response, Role, Usage};
 
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -15,13 +17,13 @@ const NAME: &str = "openai";
 #[derive(Debug, Clone)]
 pub struct OpenAiClient {
     base_url: String,
-    key: Option<ApiKey>,
+    key: Option<SecretString>,
     retry: RetryPolicy,
 }
 
 impl OpenAiClient {
     /// `key` may be `None` for a local server that wants none (vLLM, Ollama, llama.cpp).
-    pub fn new(base_url: impl Into<String>, key: Option<ApiKey>) -> Self {
+    pub fn new(base_url: impl Into<String>, key: Option<SecretString>) -> Self {
         OpenAiClient {
             base_url: base_url.into(),
             key,
@@ -38,7 +40,7 @@ impl OpenAiClient {
         let key = std::env::var("OPENAI_API_KEY")
             .ok()
             .filter(|k| !k.trim().is_empty())
-            .map(|k| ApiKey::new(k.trim()));
+            .map(|k| SecretString::from(k.trim()));
         if key.is_none() && is_openai(&base) {
             return Err("OPENAI_API_KEY is not set: export your OpenAI API key, or set \
                         OPENAI_BASE_URL to a local OpenAI-compatible server (vLLM, Ollama, llama.cpp)"
@@ -54,7 +56,7 @@ impl OpenAiClient {
 
     fn redact(&self, text: &str) -> String {
         match &self.key {
-            Some(k) => k.redact(text),
+            Some(k) => redact_key(k, text),
             None => text.to_string(),
         }
     }
@@ -275,7 +277,7 @@ impl Provider for OpenAiClient {
             || {
                 let req = http_client().post(&url).json(&body);
                 match &self.key {
-                    Some(key) => req.bearer_auth(key.expose()),
+                    Some(key) => req.bearer_auth(key.expose_secret()),
                     None => req,
                 }
             },

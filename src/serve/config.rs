@@ -2,13 +2,13 @@
 //! App needs, and a TOML file (`KODX_CONFIG`, default `config/kodx.toml`) for the server's
 //! limits.
 //!
-//! Secrets are held in types that never print themselves.
+//! Secrets are held in `secrecy` types that never print themselves.
 
-use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::db::DEFAULT_DATABASE_URL;
@@ -20,27 +20,12 @@ use crate::webhook::WebhookSecrets;
 pub const DEFAULT_CONFIG_PATH: &str = "config/kodx.toml";
 pub const DEFAULT_GITHUB_API_URL: &str = "https://api.github.com";
 
-/// A PEM private key; `Debug` never shows it.
-#[derive(Clone)]
-pub struct PrivateKey(String);
-
-impl PrivateKey {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for PrivateKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PrivateKey([REDACTED])")
-    }
-}
-
 /// Everything `kodx serve` runs with.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub app_id: u64,
-    pub private_key: PrivateKey,
+    /// The App's PEM private key (`expose_secret` reads it).
+    pub private_key: SecretString,
     pub webhook_secrets: WebhookSecrets,
     pub github_api_url: String,
     pub listen: SocketAddr,
@@ -252,11 +237,11 @@ impl ServeConfig {
             }
         };
         let private_key = match (get("PRIVATE_KEY"), get("PRIVATE_KEY_PATH")) {
-            (Some(pem), _) => Some(PrivateKey(pem.replace("\\n", "\n"))),
+            (Some(pem), _) => Some(SecretString::from(pem.replace("\\n", "\n"))),
             (None, Some(path)) => {
-                Some(PrivateKey(std::fs::read_to_string(&path).map_err(|e| {
-                    ConfigError(format!("PRIVATE_KEY_PATH={path}: cannot read the key: {e}"))
-                })?))
+                Some(SecretString::from(std::fs::read_to_string(&path).map_err(
+                    |e| ConfigError(format!("PRIVATE_KEY_PATH={path}: cannot read the key: {e}")),
+                )?))
             }
             (None, None) => {
                 missing.push(
@@ -362,6 +347,7 @@ pub fn parse_settings(text: &str, source: &str) -> Result<Settings, ConfigError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use secrecy::ExposeSecret;
     use std::collections::HashMap;
 
     fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
@@ -397,7 +383,7 @@ mod tests {
         let c = ServeConfig::from_lookup(lookup(&without_config(&[]))).unwrap();
         assert_eq!(c.app_id, 123);
         assert!(
-            c.private_key.expose().contains("\nabc\n"),
+            c.private_key.expose_secret().contains("\nabc\n"),
             "literal \\n turned into newlines"
         );
         assert_eq!(c.github_api_url, DEFAULT_GITHUB_API_URL);
@@ -470,7 +456,7 @@ mod tests {
         ));
         let map: HashMap<_, _> = v.into_iter().collect();
         let c = ServeConfig::from_lookup(|k| map.get(k).cloned()).unwrap();
-        assert_eq!(c.private_key.expose(), "PEM");
+        assert_eq!(c.private_key.expose_secret(), "PEM");
         assert_eq!(c.github_api_url, "https://ghe.example.com/api/v3");
     }
 

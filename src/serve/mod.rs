@@ -20,6 +20,7 @@ pub mod worker;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use secrecy::ExposeSecret;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -71,7 +72,7 @@ pub async fn serve(
     let app = GitHubApp::new(
         &config.github_api_url,
         config.app_id,
-        config.private_key.expose(),
+        config.private_key.expose_secret(),
     )
     .context("the GitHub App's key (PRIVATE_KEY / PRIVATE_KEY_PATH)")?;
     let metrics = Arc::new(metrics::Metrics::new());

@@ -12,6 +12,7 @@
 use std::fmt;
 
 use hmac::{Hmac, Mac};
+use secrecy::{ExposeSecret, SecretSlice};
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -43,16 +44,11 @@ pub enum SignatureError {
 
 /// The configured webhook secrets, in order; never empty.
 ///
-/// `Debug` never shows the secrets.
-#[derive(Clone)]
+/// Each is a `secrecy` [`SecretSlice`]: `Debug` shows `[REDACTED]` in its place, and it is
+/// zeroed on drop.
+#[derive(Clone, Debug)]
 pub struct WebhookSecrets {
-    secrets: Vec<Vec<u8>>,
-}
-
-impl fmt::Debug for WebhookSecrets {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("WebhookSecrets([REDACTED])")
-    }
+    secrets: Vec<SecretSlice<u8>>,
 }
 
 impl WebhookSecrets {
@@ -60,11 +56,11 @@ impl WebhookSecrets {
     /// each item trimmed, empty items ignored. `Err(NoSecret)` when no
     /// non-empty secret remains.
     pub fn parse(value: &str) -> Result<WebhookSecrets, SignatureError> {
-        let secrets: Vec<Vec<u8>> = value
+        let secrets: Vec<SecretSlice<u8>> = value
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .map(|s| s.as_bytes().to_vec())
+            .map(|s| SecretSlice::from(s.as_bytes().to_vec()))
             .collect();
         if secrets.is_empty() {
             return Err(SignatureError::NoSecret);
@@ -81,7 +77,9 @@ impl WebhookSecrets {
         let expected = decode_header(header)?;
         let mut matched = false;
         for secret in &self.secrets {
-            matched |= mac(secret, body).verify_slice(&expected).is_ok();
+            matched |= mac(secret.expose_secret(), body)
+                .verify_slice(&expected)
+                .is_ok();
         }
         if matched {
             Ok(())
@@ -99,14 +97,20 @@ impl WebhookSecrets {
         let expected = decode_header(header)?;
         Ok(Verifier {
             expected,
-            macs: self.secrets.iter().map(|secret| mac(secret, b"")).collect(),
+            macs: self
+                .secrets
+                .iter()
+                .map(|secret| mac(secret.expose_secret(), b""))
+                .collect(),
         })
     }
 
     /// The header value GitHub would send for `body` with the first secret
     /// (for tests and fakes).
     pub fn sign(&self, body: &[u8]) -> String {
-        let digest = mac(&self.secrets[0], body).finalize().into_bytes();
+        let digest = mac(self.secrets[0].expose_secret(), body)
+            .finalize()
+            .into_bytes();
         format!("{PREFIX}{}", hex::encode(digest))
     }
 }

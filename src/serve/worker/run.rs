@@ -5,6 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use secrecy::ExposeSecret;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{Agent, Progress, Record, StopReason};
@@ -280,7 +281,7 @@ impl Workers {
             Err(e) => return internal(format!("no temporary directory for the clone: {e}")),
         };
         let dest = workdir.path().join("repo");
-        let token = gh.token().expose().to_string();
+        let token = gh.token().expose_secret().to_string();
         timings.add("prepare", prepare_started.elapsed());
         let clone_started = Instant::now();
         let cloned = {
@@ -540,7 +541,7 @@ impl Workers {
         );
         let trailers = deliver::trailers(&run.request.author, run.request.author_id, &run.id);
         let max_file_bytes = self.settings.max_commit_file_bytes;
-        let token = gh.token().expose().to_string();
+        let token = gh.token().expose_secret().to_string();
         let committed = {
             let dest = dest.to_path_buf();
             let url = clone_url.to_string();
