@@ -895,6 +895,204 @@ pub fn commit_all(repo_dir: &Path, req: &CommitRequest<'_>) -> Result<Option<Com
     }))
 }
 
+/// As [`commit_all`], for a clone whose files are not on disk ([`clone_from_mirror`]
+/// without files): the new tree is `HEAD`'s tree with `changes` applied — what the
+/// container changed against the tree it was given, already without the paths its
+/// `.gitignore` files ignore — built in memory from the objects, and committed on the
+/// current branch. `Ok(None)` when the tree does not change.
+///
+/// The same tree as applying the change set to a checkout and calling [`commit_all`]
+/// (tests/repo_cache_commit.rs): a file with any executable bit is `100755`; nothing inside
+/// a `.git` at any depth is committed (a change set holds none: its ignore rules leave
+/// them out), and should one name `<dir>/.git/...` anyway, all of `<dir>` is left out, as
+/// [`commit_all`] leaves out an embedded repository; a file over `req.max_file_bytes` is
+/// [`GitError::TooLarge`] before anything is written. Contents are streamed into blobs.
+pub fn commit_change_set(
+    repo_dir: &Path,
+    changes: &crate::sandbox::archive::ChangeSet,
+    req: &CommitRequest<'_>,
+) -> Result<Option<Committed>, GitError> {
+    use crate::sandbox::archive::{ChangeKind, NewEntry};
+    let repo = Repository::open(repo_dir).map_err(other)?;
+    let signature = Signature::now(&req.author.name, &req.author.email)
+        .map_err(|e| GitError::Other(format!("invalid commit identity: {}", e.message())))?;
+    let message = commit_message(req)?;
+    let parent = match repo.head() {
+        Ok(head) => Some(head.peel_to_commit().map_err(other)?),
+        Err(e) if e.code() == ErrorCode::UnbornBranch => None,
+        Err(e) => return Err(other(e)),
+    };
+    let old_tree = parent
+        .as_ref()
+        .map(|c| c.tree())
+        .transpose()
+        .map_err(other)?;
+
+    // Directories holding their own `.git` (an embedded repository): left out entirely.
+    let embedded: Vec<&str> = changes
+        .changes
+        .iter()
+        .filter_map(|c| {
+            let at = c.path.find("/.git/").or_else(|| {
+                c.path
+                    .ends_with("/.git")
+                    .then(|| c.path.len() - "/.git".len())
+            })?;
+            Some(&c.path[..at])
+        })
+        .collect();
+    let mut kept = Vec::new();
+    for change in &changes.changes {
+        let path = change.path.as_str();
+        let segments: Vec<&str> = path.split('/').collect();
+        if path.starts_with('/') || segments.iter().any(|seg| matches!(*seg, "" | "." | "..")) {
+            return Err(GitError::Other(format!(
+                "refusing the change to `{path}`: not a plain relative path"
+            )));
+        }
+        if segments[0].eq_ignore_ascii_case(".git") {
+            return Err(GitError::Other(format!(
+                "refusing the change to `{path}`: paths inside .git are never committed"
+            )));
+        }
+        if let Some(dir) = embedded.iter().find(|d| path.starts_with(&format!("{d}/"))) {
+            if path == format!("{dir}/.git") || path.starts_with(&format!("{dir}/.git/")) {
+                tracing::warn!(path = %dir, "not committing an embedded git repository");
+            }
+            continue;
+        }
+        if segments.iter().any(|seg| seg.eq_ignore_ascii_case(".git")) {
+            continue;
+        }
+        if let ChangeKind::Added(NewEntry::File { contents, .. })
+        | ChangeKind::Modified {
+            new: NewEntry::File { contents, .. },
+            ..
+        } = &change.kind
+        {
+            if contents.len() > req.max_file_bytes {
+                return Err(GitError::TooLarge {
+                    path: path.to_string(),
+                    bytes: contents.len(),
+                    limit: req.max_file_bytes,
+                });
+            }
+        }
+        kept.push(change);
+    }
+
+    let mut index = git2::Index::new().map_err(other)?;
+    if let Some(tree) = &old_tree {
+        index.read_tree(tree).map_err(other)?;
+    }
+    // A path that becomes a file or symlink replaces whatever was at or under it, and
+    // any file where one of its parent directories now goes.
+    let clear = |index: &mut git2::Index, path: &str| -> Result<(), GitError> {
+        index.remove_dir(Path::new(path), 0).map_err(other)?;
+        if index.get_path(Path::new(path), 0).is_some() {
+            index.remove_path(Path::new(path)).map_err(other)?;
+        }
+        let mut ancestor = path;
+        while let Some((parent, _)) = ancestor.rsplit_once('/') {
+            if index.get_path(Path::new(parent), 0).is_some() {
+                index.remove_path(Path::new(parent)).map_err(other)?;
+            }
+            ancestor = parent;
+        }
+        Ok(())
+    };
+    for change in &kept {
+        let path = change.path.as_str();
+        let new = match &change.kind {
+            ChangeKind::Deleted => {
+                if index.get_path(Path::new(path), 0).is_some() {
+                    index.remove_path(Path::new(path)).map_err(other)?;
+                }
+                continue;
+            }
+            ChangeKind::Added(new) | ChangeKind::Modified { new, .. } => new,
+        };
+        let (id, mode) = match new {
+            NewEntry::Symlink { target } => {
+                (repo.blob(target.as_bytes()).map_err(other)?, 0o120000)
+            }
+            NewEntry::File { mode, contents } => {
+                let mut writer = repo.blob_writer(None).map_err(other)?;
+                let mut reader = contents.reader().map_err(|e| {
+                    GitError::Other(format!("cannot read the new contents of `{path}`: {e}"))
+                })?;
+                std::io::copy(&mut reader, &mut writer).map_err(|e| {
+                    GitError::Other(format!("cannot store the new contents of `{path}`: {e}"))
+                })?;
+                let id = writer.commit().map_err(other)?;
+                (
+                    id,
+                    if mode & 0o111 != 0 {
+                        0o100755
+                    } else {
+                        0o100644
+                    },
+                )
+            }
+        };
+        clear(&mut index, path)?;
+        index
+            .add(&git2::IndexEntry {
+                ctime: git2::IndexTime::new(0, 0),
+                mtime: git2::IndexTime::new(0, 0),
+                dev: 0,
+                ino: 0,
+                mode,
+                uid: 0,
+                gid: 0,
+                file_size: 0,
+                id,
+                flags: 0,
+                flags_extended: 0,
+                path: path.as_bytes().to_vec(),
+            })
+            .map_err(other)?;
+    }
+    let tree_id = index.write_tree_to(&repo).map_err(other)?;
+    if old_tree.as_ref().map(|t| t.id()) == Some(tree_id) {
+        return Ok(None);
+    }
+    let tree = repo.find_tree(tree_id).map_err(other)?;
+    if old_tree.is_none() && tree.is_empty() {
+        return Ok(None);
+    }
+    let diff = repo
+        .diff_tree_to_tree(old_tree.as_ref(), Some(&tree), None)
+        .map_err(other)?;
+    let mut paths: Vec<String> = diff
+        .deltas()
+        .filter_map(|d| d.new_file().path().or(d.old_file().path()))
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    paths.sort();
+    paths.dedup();
+    let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
+    let sha = repo
+        .commit(
+            Some("HEAD"),
+            &signature,
+            &signature,
+            &message,
+            &tree,
+            &parents,
+        )
+        .map_err(other)?;
+    // The index follows, as after commit_all (the files stay where they were: nowhere).
+    let mut on_disk = repo.index().map_err(other)?;
+    on_disk.read_tree(&tree).map_err(other)?;
+    on_disk.write().map_err(other)?;
+    Ok(Some(Committed {
+        sha: sha.to_string(),
+        files_changed: paths.len(),
+        paths,
+    }))
+}
+
 /// Fails with [`GitError::TooLarge`] for the first changed, not ignored file over `limit`.
 fn check_sizes(repo: &Repository, limit: u64) -> Result<(), GitError> {
     let workdir = repo
