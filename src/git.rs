@@ -212,20 +212,7 @@ pub fn clone(
     if let Checkout::Branch(name) = checkout {
         check_branch_name(name)?;
     }
-    if dest.exists() {
-        let mut entries = std::fs::read_dir(dest).map_err(|e| {
-            GitError::Other(format!(
-                "cannot read clone destination {}: {e}",
-                dest.display()
-            ))
-        })?;
-        if entries.next().is_some() {
-            return Err(GitError::Other(format!(
-                "clone destination {} is not empty",
-                dest.display()
-            )));
-        }
-    }
+    check_empty_dest(dest)?;
 
     let mut init_opts = RepositoryInitOptions::new();
     // No hooks or other files from the host's template directory.
@@ -238,35 +225,7 @@ pub fn clone(
         .map_err(|e| session.error(e))?;
 
     // What to fetch, where to keep it, and the local branch to make of it.
-    let (source, tracking, branch) = match checkout {
-        Checkout::DefaultBranch => {
-            let head = conn.default_branch().map_err(|_| {
-                GitError::RefNotFound("default branch (is the repository empty?)".into())
-            })?;
-            let head = head
-                .as_str()
-                .map_err(|_| GitError::Other("the default branch is not UTF-8".into()))?;
-            let name = head
-                .strip_prefix("refs/heads/")
-                .ok_or_else(|| GitError::Other(format!("unexpected default branch {head}")))?;
-            let name = name.to_string();
-            (
-                head.to_string(),
-                format!("refs/remotes/origin/{name}"),
-                name,
-            )
-        }
-        Checkout::Branch(name) => (
-            format!("refs/heads/{name}"),
-            format!("refs/remotes/origin/{name}"),
-            name.clone(),
-        ),
-        Checkout::PullHead(n) => (
-            format!("refs/pull/{n}/head"),
-            format!("refs/pull/{n}/head"),
-            Checkout::pull_branch(*n),
-        ),
-    };
+    let (source, tracking, branch) = refs_for(checkout, || default_branch_of(&conn))?;
     let advertised = conn
         .list()
         .map_err(|e| session.error(e))?
@@ -293,7 +252,68 @@ pub fn clone(
     let commit = repo
         .find_reference(&tracking)
         .and_then(|r| r.peel_to_commit())
-        .map_err(other)?;
+        .map_err(other)?
+        .id();
+    finish_clone(&repo, url, checkout, &tracking, branch, commit, true)
+}
+
+/// The server's default branch (`refs/heads/...`) as a connection advertises it.
+fn default_branch_of(conn: &git2::RemoteConnection<'_, '_, '_>) -> Result<String, GitError> {
+    let head = conn
+        .default_branch()
+        .map_err(|_| GitError::RefNotFound("default branch (is the repository empty?)".into()))?;
+    head.as_str()
+        .map(str::to_string)
+        .map_err(|_| GitError::Other("the default branch is not UTF-8".into()))
+}
+
+/// For `checkout`: the server's ref to fetch, the ref a clone keeps it under, and the
+/// local branch to make of it. `default_branch` names the server's `HEAD` branch
+/// (`refs/heads/...`); it is asked only for [`Checkout::DefaultBranch`].
+fn refs_for(
+    checkout: &Checkout,
+    default_branch: impl FnOnce() -> Result<String, GitError>,
+) -> Result<(String, String, String), GitError> {
+    Ok(match checkout {
+        Checkout::DefaultBranch => {
+            let head = default_branch()?;
+            let name = head
+                .strip_prefix("refs/heads/")
+                .ok_or_else(|| GitError::Other(format!("unexpected default branch {head}")))?
+                .to_string();
+            (head.clone(), format!("refs/remotes/origin/{name}"), name)
+        }
+        Checkout::Branch(name) => {
+            check_branch_name(name)?;
+            (
+                format!("refs/heads/{name}"),
+                format!("refs/remotes/origin/{name}"),
+                name.clone(),
+            )
+        }
+        Checkout::PullHead(n) => (
+            format!("refs/pull/{n}/head"),
+            format!("refs/pull/{n}/head"),
+            Checkout::pull_branch(*n),
+        ),
+    })
+}
+
+/// The end of a clone once `commit` is in `repo` and `tracking` points at it: the local
+/// branch (with its upstream unless a pull request head), `origin/HEAD` for the default
+/// branch, `HEAD` on the branch, and the work tree (`true`: the files; `false`: only the
+/// index, as if the files had been checked out). Checks that the configuration holds
+/// `url` exactly.
+fn finish_clone(
+    repo: &Repository,
+    url: &str,
+    checkout: &Checkout,
+    tracking: &str,
+    branch: String,
+    commit: Oid,
+    files: bool,
+) -> Result<Cloned, GitError> {
+    let commit = repo.find_commit(commit).map_err(other)?;
     let mut local = repo.branch(&branch, &commit, true).map_err(other)?;
     if !matches!(checkout, Checkout::PullHead(_)) {
         local
@@ -303,7 +323,7 @@ pub fn clone(
     if matches!(checkout, Checkout::DefaultBranch) {
         repo.reference_symbolic(
             "refs/remotes/origin/HEAD",
-            &tracking,
+            tracking,
             true,
             "clone: default branch",
         )
@@ -311,8 +331,16 @@ pub fn clone(
     }
     repo.set_head(&format!("refs/heads/{branch}"))
         .map_err(other)?;
-    repo.checkout_head(Some(git2::build::CheckoutBuilder::new().force()))
-        .map_err(other)?;
+    if files {
+        repo.checkout_head(Some(git2::build::CheckoutBuilder::new().force()))
+            .map_err(other)?;
+    } else {
+        let mut index = repo.index().map_err(other)?;
+        index
+            .read_tree(&commit.tree().map_err(other)?)
+            .map_err(other)?;
+        index.write().map_err(other)?;
+    }
 
     // The configuration must hold the URL as given: no credentials crept in.
     let stored = repo
@@ -328,6 +356,235 @@ pub fn clone(
         head_sha: commit.id().to_string(),
         branch,
     })
+}
+
+/// What [`fetch_mirror`] found on the server and left in the mirror.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MirrorTip {
+    /// The server's ref, kept in the mirror under the same name (`refs/heads/main`,
+    /// `refs/pull/7/head`).
+    pub source: String,
+    /// The local branch a checkout makes of it (`main`, `pr-7`).
+    pub branch: String,
+    /// The commit the ref points at.
+    pub commit: String,
+    /// Whether anything was downloaded: `false` when the mirror had the commit already
+    /// and only the server's ref list was read.
+    pub fetched: bool,
+    /// Objects and bytes the fetch received (0 without a download).
+    pub received_objects: usize,
+    pub received_bytes: usize,
+}
+
+/// Fetch progress: `(received objects, total objects, received bytes)`. Returning `false`
+/// stops the fetch.
+pub type FetchProgress<'p> = dyn FnMut(usize, usize, usize) -> bool + 'p;
+
+/// Brings the ref `checkout` names from `url` into the bare repository `mirror`, under the
+/// same name, downloading only the objects the mirror lacks (the mirror's refs are what it
+/// says it has). When the mirror already holds the commit the server advertises, nothing
+/// but the ref list is read. For [`Checkout::DefaultBranch`] the mirror's `HEAD` follows
+/// the server's. Nothing is written to the mirror's configuration; no tags are fetched.
+pub fn fetch_mirror(
+    mirror: &Path,
+    url: &str,
+    token: &str,
+    checkout: &Checkout,
+    progress: Option<&mut FetchProgress<'_>>,
+) -> Result<MirrorTip, GitError> {
+    init();
+    let session = Session::new(url, token)?;
+    let repo = Repository::open_bare(mirror).map_err(other)?;
+    let mut remote = repo.remote_anonymous(url).map_err(other)?;
+    let mut conn = remote
+        .connect_auth(Direction::Fetch, Some(session.callbacks()), None)
+        .map_err(|e| session.error(e))?;
+    let (source, _, branch) = refs_for(checkout, || default_branch_of(&conn))?;
+    let advertised = conn
+        .list()
+        .map_err(|e| session.error(e))?
+        .iter()
+        .find(|h| h.name() == source)
+        .map(|h| h.oid());
+    let Some(advertised) = advertised else {
+        return Err(GitError::RefNotFound(match checkout {
+            Checkout::PullHead(n) => format!("pull request head refs/pull/{n}/head"),
+            _ => format!("branch `{branch}`"),
+        }));
+    };
+    let have = repo.refname_to_id(&source).ok();
+    let up_to_date = have == Some(advertised) && repo.find_commit(advertised).is_ok();
+    let received = Rc::new(std::cell::Cell::new((0usize, 0usize)));
+    if !up_to_date {
+        let mut callbacks = session.callbacks();
+        let seen = received.clone();
+        let mut progress = progress;
+        callbacks.transfer_progress(move |p| {
+            seen.set((p.received_objects(), p.received_bytes()));
+            match progress.as_mut() {
+                Some(report) => report(p.received_objects(), p.total_objects(), p.received_bytes()),
+                None => true,
+            }
+        });
+        let mut opts = FetchOptions::new();
+        opts.remote_callbacks(callbacks)
+            .download_tags(AutotagOption::None);
+        conn.remote()
+            .fetch(
+                &[format!("+{source}:{source}")],
+                Some(&mut opts),
+                Some("kodx: refresh the mirror"),
+            )
+            .map_err(|e| session.error(e))?;
+    }
+    drop(conn);
+    drop(remote);
+    if matches!(checkout, Checkout::DefaultBranch) {
+        repo.set_head(&source).map_err(other)?;
+    }
+    let commit = repo
+        .find_reference(&source)
+        .and_then(|r| r.peel_to_commit())
+        .map_err(other)?;
+    let (received_objects, received_bytes) = received.get();
+    Ok(MirrorTip {
+        source,
+        branch,
+        commit: commit.id().to_string(),
+        fetched: !up_to_date,
+        received_objects,
+        received_bytes,
+    })
+}
+
+/// Makes `dest` (absent or an empty directory) a clone of `url` at `tip` — the same refs,
+/// branch, upstream and `.git/config` as [`clone`] of `checkout` would make — from the
+/// objects of the bare repository `mirror`, with no network. The mirror's object files are
+/// hard-linked (copied when `dest` is on another filesystem): they are never written
+/// again, so the clone shares no mutable state with the mirror or other clones.
+///
+/// `files`: check the files out; otherwise write only the index, as if they had been (the
+/// work tree then goes into the container straight from the objects,
+/// [`crate::sandbox::archive::pack_tree_to`]).
+pub fn clone_from_mirror(
+    mirror: &Path,
+    tip: &MirrorTip,
+    url: &str,
+    checkout: &Checkout,
+    dest: &Path,
+    files: bool,
+) -> Result<Cloned, GitError> {
+    init();
+    Origin::parse(url)?;
+    check_empty_dest(dest)?;
+    let commit = Oid::from_str(&tip.commit).map_err(other)?;
+    let mut init_opts = RepositoryInitOptions::new();
+    init_opts.external_template(false).mkdir(true);
+    let repo = Repository::init_opts(dest, &init_opts).map_err(other)?;
+    link_objects(&mirror.join("objects"), &repo.path().join("objects")).map_err(|e| {
+        GitError::Other(format!(
+            "cannot link the mirror's objects into {}: {e}",
+            dest.display()
+        ))
+    })?;
+    // Opened again: the packs linked in are seen from the start.
+    drop(repo);
+    let repo = Repository::open(dest).map_err(other)?;
+    repo.remote("origin", url).map_err(other)?;
+    let (_, tracking, branch) = refs_for(checkout, || Ok(tip.source.clone()))?;
+    repo.reference(&tracking, commit, true, "clone: from the mirror")
+        .map_err(other)?;
+    finish_clone(&repo, url, checkout, &tracking, branch, commit, files)
+}
+
+/// Fails unless `dest` is absent or an empty directory.
+fn check_empty_dest(dest: &Path) -> Result<(), GitError> {
+    if !dest.exists() {
+        return Ok(());
+    }
+    let mut entries = std::fs::read_dir(dest).map_err(|e| {
+        GitError::Other(format!(
+            "cannot read clone destination {}: {e}",
+            dest.display()
+        ))
+    })?;
+    if entries.next().is_some() {
+        return Err(GitError::Other(format!(
+            "clone destination {} is not empty",
+            dest.display()
+        )));
+    }
+    Ok(())
+}
+
+/// How [`link_objects`] brought the object files over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Linked {
+    pub linked: usize,
+    pub copied: usize,
+}
+
+/// Hard-links (or, across filesystems, copies) the object files of the objects directory
+/// `from` into `to`: complete packs (`pack-*.pack` with its `.idx`, the pack first) and
+/// loose objects. Temporary files of an unfinished fetch and `info/` are left out.
+pub fn link_objects(from: &Path, to: &Path) -> std::io::Result<Linked> {
+    let mut done = Linked::default();
+    let mut bring = |src: &Path, dst: &Path| -> std::io::Result<()> {
+        match std::fs::hard_link(src, dst) {
+            Ok(()) => done.linked += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(_) => {
+                std::fs::copy(src, dst)?;
+                done.copied += 1;
+            }
+        }
+        Ok(())
+    };
+    let packs = from.join("pack");
+    if packs.is_dir() {
+        std::fs::create_dir_all(to.join("pack"))?;
+        let mut names: Vec<String> = std::fs::read_dir(&packs)?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        for name in &names {
+            let Some(stem) = name
+                .strip_prefix("pack-")
+                .and_then(|n| n.strip_suffix(".pack"))
+            else {
+                continue;
+            };
+            let idx = format!("pack-{stem}.idx");
+            if !is_hex(stem) || !names.contains(&idx) {
+                continue;
+            }
+            bring(&packs.join(name), &to.join("pack").join(name))?;
+            bring(&packs.join(&idx), &to.join("pack").join(&idx))?;
+        }
+    }
+    for dir in std::fs::read_dir(from)? {
+        let dir = dir?;
+        let name = dir.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.len() != 2 || !is_hex(name) || !dir.file_type()?.is_dir() {
+            continue;
+        }
+        let target = to.join(name);
+        for object in std::fs::read_dir(dir.path())? {
+            let object = object?;
+            let file = object.file_name();
+            let Some(file) = file.to_str() else { continue };
+            if file.len() == 38 && is_hex(file) {
+                std::fs::create_dir_all(&target)?;
+                bring(&object.path(), &target.join(file))?;
+            }
+        }
+    }
+    Ok(done)
+}
+
+fn is_hex(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Fetches `refspecs` (e.g. `+refs/pull/7/head:refs/pull/7/head`) from `url` into the
@@ -631,6 +888,204 @@ pub fn commit_all(repo_dir: &Path, req: &CommitRequest<'_>) -> Result<Option<Com
             &parents,
         )
         .map_err(other)?;
+    Ok(Some(Committed {
+        sha: sha.to_string(),
+        files_changed: paths.len(),
+        paths,
+    }))
+}
+
+/// As [`commit_all`], for a clone whose files are not on disk ([`clone_from_mirror`]
+/// without files): the new tree is `HEAD`'s tree with `changes` applied — what the
+/// container changed against the tree it was given, already without the paths its
+/// `.gitignore` files ignore — built in memory from the objects, and committed on the
+/// current branch. `Ok(None)` when the tree does not change.
+///
+/// The same tree as applying the change set to a checkout and calling [`commit_all`]
+/// (tests/repo_cache_commit.rs): a file with any executable bit is `100755`; nothing inside
+/// a `.git` at any depth is committed (a change set holds none: its ignore rules leave
+/// them out), and should one name `<dir>/.git/...` anyway, all of `<dir>` is left out, as
+/// [`commit_all`] leaves out an embedded repository; a file over `req.max_file_bytes` is
+/// [`GitError::TooLarge`] before anything is written. Contents are streamed into blobs.
+pub fn commit_change_set(
+    repo_dir: &Path,
+    changes: &crate::sandbox::archive::ChangeSet,
+    req: &CommitRequest<'_>,
+) -> Result<Option<Committed>, GitError> {
+    use crate::sandbox::archive::{ChangeKind, NewEntry};
+    let repo = Repository::open(repo_dir).map_err(other)?;
+    let signature = Signature::now(&req.author.name, &req.author.email)
+        .map_err(|e| GitError::Other(format!("invalid commit identity: {}", e.message())))?;
+    let message = commit_message(req)?;
+    let parent = match repo.head() {
+        Ok(head) => Some(head.peel_to_commit().map_err(other)?),
+        Err(e) if e.code() == ErrorCode::UnbornBranch => None,
+        Err(e) => return Err(other(e)),
+    };
+    let old_tree = parent
+        .as_ref()
+        .map(|c| c.tree())
+        .transpose()
+        .map_err(other)?;
+
+    // Directories holding their own `.git` (an embedded repository): left out entirely.
+    let embedded: Vec<&str> = changes
+        .changes
+        .iter()
+        .filter_map(|c| {
+            let at = c.path.find("/.git/").or_else(|| {
+                c.path
+                    .ends_with("/.git")
+                    .then(|| c.path.len() - "/.git".len())
+            })?;
+            Some(&c.path[..at])
+        })
+        .collect();
+    let mut kept = Vec::new();
+    for change in &changes.changes {
+        let path = change.path.as_str();
+        let segments: Vec<&str> = path.split('/').collect();
+        if path.starts_with('/') || segments.iter().any(|seg| matches!(*seg, "" | "." | "..")) {
+            return Err(GitError::Other(format!(
+                "refusing the change to `{path}`: not a plain relative path"
+            )));
+        }
+        if segments[0].eq_ignore_ascii_case(".git") {
+            return Err(GitError::Other(format!(
+                "refusing the change to `{path}`: paths inside .git are never committed"
+            )));
+        }
+        if let Some(dir) = embedded.iter().find(|d| path.starts_with(&format!("{d}/"))) {
+            if path == format!("{dir}/.git") || path.starts_with(&format!("{dir}/.git/")) {
+                tracing::warn!(path = %dir, "not committing an embedded git repository");
+            }
+            continue;
+        }
+        if segments.iter().any(|seg| seg.eq_ignore_ascii_case(".git")) {
+            continue;
+        }
+        if let ChangeKind::Added(NewEntry::File { contents, .. })
+        | ChangeKind::Modified {
+            new: NewEntry::File { contents, .. },
+            ..
+        } = &change.kind
+        {
+            if contents.len() > req.max_file_bytes {
+                return Err(GitError::TooLarge {
+                    path: path.to_string(),
+                    bytes: contents.len(),
+                    limit: req.max_file_bytes,
+                });
+            }
+        }
+        kept.push(change);
+    }
+
+    let mut index = git2::Index::new().map_err(other)?;
+    if let Some(tree) = &old_tree {
+        index.read_tree(tree).map_err(other)?;
+    }
+    // A path that becomes a file or symlink replaces whatever was at or under it, and
+    // any file where one of its parent directories now goes.
+    let clear = |index: &mut git2::Index, path: &str| -> Result<(), GitError> {
+        index.remove_dir(Path::new(path), 0).map_err(other)?;
+        if index.get_path(Path::new(path), 0).is_some() {
+            index.remove_path(Path::new(path)).map_err(other)?;
+        }
+        let mut ancestor = path;
+        while let Some((parent, _)) = ancestor.rsplit_once('/') {
+            if index.get_path(Path::new(parent), 0).is_some() {
+                index.remove_path(Path::new(parent)).map_err(other)?;
+            }
+            ancestor = parent;
+        }
+        Ok(())
+    };
+    for change in &kept {
+        let path = change.path.as_str();
+        let new = match &change.kind {
+            ChangeKind::Deleted => {
+                if index.get_path(Path::new(path), 0).is_some() {
+                    index.remove_path(Path::new(path)).map_err(other)?;
+                }
+                continue;
+            }
+            ChangeKind::Added(new) | ChangeKind::Modified { new, .. } => new,
+        };
+        let (id, mode) = match new {
+            NewEntry::Symlink { target } => {
+                (repo.blob(target.as_bytes()).map_err(other)?, 0o120000)
+            }
+            NewEntry::File { mode, contents } => {
+                let mut writer = repo.blob_writer(None).map_err(other)?;
+                let mut reader = contents.reader().map_err(|e| {
+                    GitError::Other(format!("cannot read the new contents of `{path}`: {e}"))
+                })?;
+                std::io::copy(&mut reader, &mut writer).map_err(|e| {
+                    GitError::Other(format!("cannot store the new contents of `{path}`: {e}"))
+                })?;
+                let id = writer.commit().map_err(other)?;
+                (
+                    id,
+                    if mode & 0o111 != 0 {
+                        0o100755
+                    } else {
+                        0o100644
+                    },
+                )
+            }
+        };
+        clear(&mut index, path)?;
+        index
+            .add(&git2::IndexEntry {
+                ctime: git2::IndexTime::new(0, 0),
+                mtime: git2::IndexTime::new(0, 0),
+                dev: 0,
+                ino: 0,
+                mode,
+                uid: 0,
+                gid: 0,
+                file_size: 0,
+                id,
+                flags: 0,
+                flags_extended: 0,
+                path: path.as_bytes().to_vec(),
+            })
+            .map_err(other)?;
+    }
+    let tree_id = index.write_tree_to(&repo).map_err(other)?;
+    if old_tree.as_ref().map(|t| t.id()) == Some(tree_id) {
+        return Ok(None);
+    }
+    let tree = repo.find_tree(tree_id).map_err(other)?;
+    if old_tree.is_none() && tree.is_empty() {
+        return Ok(None);
+    }
+    let diff = repo
+        .diff_tree_to_tree(old_tree.as_ref(), Some(&tree), None)
+        .map_err(other)?;
+    let mut paths: Vec<String> = diff
+        .deltas()
+        .filter_map(|d| d.new_file().path().or(d.old_file().path()))
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    paths.sort();
+    paths.dedup();
+    let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
+    let sha = repo
+        .commit(
+            Some("HEAD"),
+            &signature,
+            &signature,
+            &message,
+            &tree,
+            &parents,
+        )
+        .map_err(other)?;
+    // The index follows, as after commit_all (the files stay where they were: nowhere).
+    let mut on_disk = repo.index().map_err(other)?;
+    on_disk.read_tree(&tree).map_err(other)?;
+    on_disk.write().map_err(other)?;
     Ok(Some(Committed {
         sha: sha.to_string(),
         files_changed: paths.len(),

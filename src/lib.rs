@@ -12,6 +12,7 @@ pub mod markdown;
 pub mod model;
 pub mod program;
 pub mod providers;
+pub mod repo_cache;
 pub mod repo_config;
 pub mod sandbox;
 pub mod serve;

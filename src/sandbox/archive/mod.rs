@@ -36,7 +36,7 @@ mod untrusted;
 mod write;
 
 pub use changes::{change_set, change_set_from, Change, ChangeKind, ChangeSet, Contents, NewEntry};
-pub use pack::{pack_dir, pack_dir_to, pack_file, pack_files};
+pub use pack::{pack_checkout_to, pack_dir, pack_dir_to, pack_file, pack_files};
 pub use untrusted::memory_opener;
 pub use write::{extract, replace_dir, replace_dir_from, Exported};
 // Each layer sees the others' crate-private items (`use super::*`) through this.

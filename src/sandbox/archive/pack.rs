@@ -57,6 +57,103 @@ pub fn pack_dir_to<W: Write>(src: &Path, prefix: &str, out: W) -> Result<Manifes
     Ok(packer.manifest)
 }
 
+/// As [`pack_dir_to`] for a clone whose files need not be on disk: the tree of the
+/// commit `HEAD` points at in the repository at `repo_dir` comes straight from its git
+/// objects (one blob in memory at a time), and the repository's own `.git` directory from
+/// disk, its config rewritten as [`pack_dir_to`] does. Whatever else is in `repo_dir` is
+/// not read. The tar holds what a checkout of that commit packed by [`pack_dir_to`] would
+/// (files `0644` or `0755`, directories `0755`, a submodule as an empty directory), with the
+/// commit's time as every entry's mtime.
+///
+/// The tree is untrusted: names must be UTF-8 and single path components, no component
+/// may be `.git` (as git refuses to check one out), symlink targets must be UTF-8, and
+/// `limits` bound each blob, all blobs together, the number of entries and the bytes of
+/// names, checked before a blob is read.
+pub fn pack_checkout_to<W: Write>(
+    repo_dir: &Path,
+    prefix: &str,
+    limits: &ArchiveLimits,
+    out: W,
+) -> Result<Manifest> {
+    if !prefix.is_empty() {
+        check_rel(prefix).map_err(|why| {
+            SandboxError::InvalidInput(format!("bad archive prefix {prefix:?}: {why}"))
+        })?;
+    }
+    let git = |what: &str, e: git2::Error| {
+        SandboxError::InvalidInput(format!("{what} in {}: {}", repo_dir.display(), e.message()))
+    };
+    let repo = git2::Repository::open(repo_dir).map_err(|e| git("opening the repository", e))?;
+    let commit = repo
+        .head()
+        .and_then(|h| h.peel_to_commit())
+        .map_err(|e| git("reading HEAD", e))?;
+    let tree = commit.tree().map_err(|e| git("reading HEAD's tree", e))?;
+    let mtime = u64::try_from(commit.time().seconds()).unwrap_or(0);
+    let mut packer = Packer {
+        builder: tar::Builder::new(out),
+        manifest: Manifest::default(),
+        prefix,
+    };
+    if !prefix.is_empty() {
+        let mut h = header(EntryType::Directory, 0o755, mtime, 0);
+        packer
+            .builder
+            .append_data(&mut h, format!("{prefix}/"), io::empty())
+            .map_err(io_at("archiving", repo_dir))?;
+    }
+    let dot_git = repo.path().to_path_buf();
+    let meta = fs::metadata(&dot_git).map_err(io_at("reading", &dot_git))?;
+    let mode = meta.mode() & 0o7777;
+    let mut h = header(EntryType::Directory, mode, self::mtime(&meta), 0);
+    packer
+        .builder
+        .append_data(&mut h, packer.path_in_tar(".git") + "/", io::empty())
+        .map_err(io_at("archiving", &dot_git))?;
+    packer
+        .manifest
+        .entries
+        .insert(".git".into(), ManifestEntry::Dir { mode });
+    packer.walk(&dot_git, ".git")?;
+    let mut budget = TreeBudget {
+        limits,
+        entries: packer.manifest.len(),
+        bytes: 0,
+        names: 0,
+    };
+    packer.walk_tree(&repo, &tree, "", mtime, &mut budget)?;
+    packer
+        .builder
+        .into_inner()
+        .and_then(|mut out| out.flush())
+        .map_err(|e| SandboxError::io("finishing the tar", e))?;
+    Ok(packer.manifest)
+}
+
+/// What [`Packer::walk_tree`] has used of the limits so far.
+struct TreeBudget<'l> {
+    limits: &'l ArchiveLimits,
+    entries: usize,
+    bytes: u64,
+    names: u64,
+}
+
+/// Why a name in a git tree cannot be checked out, if it cannot: not a single component,
+/// or `.git` in any spelling git refuses (case, trailing dots and spaces, `git~1`).
+fn bad_tree_name(name: &str) -> Option<&'static str> {
+    if name.is_empty() || name == "." || name == ".." {
+        return Some("an empty, `.` or `..` name");
+    }
+    if name.contains('/') || name.contains('\0') {
+        return Some("a name with `/` or a NUL byte");
+    }
+    let folded = name.trim_end_matches([' ', '.']).to_ascii_lowercase();
+    if folded == ".git" || folded == "git~1" {
+        return Some("a `.git` entry, which git refuses to check out");
+    }
+    None
+}
+
 /// [`pack_dir_to`] into memory: the tar and the manifest. For small trees and tests.
 pub fn pack_dir(src: &Path, prefix: &str) -> Result<(Vec<u8>, Manifest)> {
     let mut tar = Vec::new();
@@ -190,6 +287,163 @@ impl<W: Write> Packer<'_, W> {
             if kind.is_dir() {
                 self.walk(&path, &rel)?;
             }
+        }
+        Ok(())
+    }
+
+    /// `rel` with the prefix, as the tar names it.
+    fn path_in_tar(&self, rel: &str) -> String {
+        if self.prefix.is_empty() {
+            rel.to_string()
+        } else {
+            format!("{}/{rel}", self.prefix)
+        }
+    }
+
+    /// Appends the git tree `tree` (at `rel` in the work tree) from the objects of `repo`.
+    fn walk_tree(
+        &mut self,
+        repo: &git2::Repository,
+        tree: &git2::Tree<'_>,
+        rel: &str,
+        mtime: u64,
+        budget: &mut TreeBudget<'_>,
+    ) -> Result<()> {
+        let odb = repo.odb().map_err(|e| {
+            SandboxError::InvalidInput(format!("opening the objects: {}", e.message()))
+        })?;
+        self.walk_tree_in(repo, &odb, tree, rel, mtime, budget)
+    }
+
+    fn walk_tree_in(
+        &mut self,
+        repo: &git2::Repository,
+        odb: &git2::Odb<'_>,
+        tree: &git2::Tree<'_>,
+        rel: &str,
+        mtime: u64,
+        budget: &mut TreeBudget<'_>,
+    ) -> Result<()> {
+        let at = |rel: &str, what: String| {
+            SandboxError::InvalidInput(format!(
+                "the repository's tree holds {what} at `{}`; it cannot go into the sandbox",
+                rel.chars().take(300).collect::<String>()
+            ))
+        };
+        let missing = |rel: &str, e: git2::Error| {
+            SandboxError::InvalidInput(format!(
+                "the object of `{rel}` cannot be read from the repository: {}",
+                e.message()
+            ))
+        };
+        for entry in tree.iter() {
+            let raw = String::from_utf8_lossy(entry.name_bytes()).into_owned();
+            let shown = if rel.is_empty() {
+                raw.clone()
+            } else {
+                format!("{rel}/{raw}")
+            };
+            let name = std::str::from_utf8(entry.name_bytes())
+                .map_err(|_| at(&shown, "a name that is not UTF-8".into()))?;
+            if let Some(why) = bad_tree_name(name) {
+                return Err(at(&shown, why.into()));
+            }
+            let rel = shown;
+            budget.entries += 1;
+            budget.names += rel.len() as u64;
+            if budget.entries > budget.limits.max_entries {
+                return Err(at(
+                    &rel,
+                    format!("more than {} entries", budget.limits.max_entries),
+                ));
+            }
+            if budget.names > budget.limits.max_name_bytes {
+                return Err(at(
+                    &rel,
+                    format!("more than {} of names", human(budget.limits.max_name_bytes)),
+                ));
+            }
+            let tar_path = self.path_in_tar(&rel);
+            let archiving = |e: io::Error| SandboxError::io(format!("archiving `{rel}`"), e);
+            let entry_out = match entry.filemode() {
+                0o040000 => {
+                    let sub = repo.find_tree(entry.id()).map_err(|e| missing(&rel, e))?;
+                    let mut h = header(EntryType::Directory, 0o755, mtime, 0);
+                    self.builder
+                        .append_data(&mut h, format!("{tar_path}/"), io::empty())
+                        .map_err(archiving)?;
+                    self.manifest
+                        .entries
+                        .insert(rel.clone(), ManifestEntry::Dir { mode: 0o755 });
+                    self.walk_tree_in(repo, odb, &sub, &rel, mtime, budget)?;
+                    continue;
+                }
+                // A submodule: checkout makes an empty directory.
+                0o160000 => {
+                    let mut h = header(EntryType::Directory, 0o755, mtime, 0);
+                    self.builder
+                        .append_data(&mut h, format!("{tar_path}/"), io::empty())
+                        .map_err(archiving)?;
+                    ManifestEntry::Dir { mode: 0o755 }
+                }
+                0o120000 => {
+                    let (size, _) = odb.read_header(entry.id()).map_err(|e| missing(&rel, e))?;
+                    if size > MAX_NAME_BYTES {
+                        return Err(at(
+                            &rel,
+                            format!("a symlink target longer than {MAX_NAME_BYTES} bytes"),
+                        ));
+                    }
+                    let blob = repo.find_blob(entry.id()).map_err(|e| missing(&rel, e))?;
+                    let target = std::str::from_utf8(blob.content())
+                        .map_err(|_| at(&rel, "a symlink target that is not UTF-8".into()))?
+                        .to_string();
+                    if target.is_empty() || target.contains('\0') {
+                        return Err(at(&rel, "an empty symlink target or one with NUL".into()));
+                    }
+                    self.append_symlink(&tar_path, &target, 0o777, mtime)
+                        .map_err(archiving)?;
+                    ManifestEntry::Symlink { target }
+                }
+                mode @ (0o100644 | 0o100755 | 0o100664) => {
+                    let mode = if mode == 0o100755 { 0o755 } else { 0o644 };
+                    let (size, _) = odb.read_header(entry.id()).map_err(|e| missing(&rel, e))?;
+                    let size = size as u64;
+                    if size > budget.limits.max_file_bytes {
+                        return Err(at(
+                            &rel,
+                            format!(
+                                "a file of {}, over the limit of {}",
+                                human(size),
+                                human(budget.limits.max_file_bytes)
+                            ),
+                        ));
+                    }
+                    budget.bytes += size;
+                    if budget.bytes > budget.limits.max_total_bytes {
+                        return Err(at(
+                            &rel,
+                            format!(
+                                "files adding up to more than {}",
+                                human(budget.limits.max_total_bytes)
+                            ),
+                        ));
+                    }
+                    let blob = repo.find_blob(entry.id()).map_err(|e| missing(&rel, e))?;
+                    let data = blob.content();
+                    let mut h = header(EntryType::Regular, mode, mtime, data.len() as u64);
+                    self.builder
+                        .append_data(&mut h, &tar_path, data)
+                        .map_err(archiving)?;
+                    ManifestEntry::File {
+                        mode,
+                        size: data.len() as u64,
+                        sha256: sha256_of(data),
+                    }
+                }
+                other => return Err(at(&rel, format!("an entry of unknown mode {other:o}"))),
+            };
+            self.manifest.entries.insert(rel, entry_out);
         }
         Ok(())
     }
@@ -348,6 +602,222 @@ mod tests {
         let (_, manifest) = pack_dir(tmp.path(), "repo").unwrap();
         assert_eq!(manifest.len(), 1);
         assert!(manifest.get("sock").is_none());
+    }
+
+    /// A repository at `dir` with one commit of `files` (`(path, contents, git mode)`),
+    /// committed by libgit2 into `HEAD` on `main`; the files are not checked out.
+    fn committed(dir: &Path, files: &[(&str, &[u8], i32)]) -> git2::Repository {
+        let repo = git2::Repository::init(dir).unwrap();
+        let mut index = repo.index().unwrap();
+        for (path, data, mode) in files {
+            let entry = git2::IndexEntry {
+                ctime: git2::IndexTime::new(0, 0),
+                mtime: git2::IndexTime::new(0, 0),
+                dev: 0,
+                ino: 0,
+                mode: *mode as u32,
+                uid: 0,
+                gid: 0,
+                file_size: data.len() as u32,
+                id: repo.blob(data).unwrap(),
+                flags: 0,
+                flags_extended: 0,
+                path: path.as_bytes().to_vec(),
+            };
+            index.add(&entry).unwrap();
+        }
+        let tree = index.write_tree().unwrap();
+        commit_tree(&repo, tree);
+        drop(index);
+        repo
+    }
+
+    /// Points `HEAD` (branch `main`) at a new commit of `tree`.
+    fn commit_tree(repo: &git2::Repository, tree: git2::Oid) {
+        let sig =
+            git2::Signature::new("T", "t@example.com", &git2::Time::new(1_700_000_000, 0)).unwrap();
+        let tree = repo.find_tree(tree).unwrap();
+        let parent = repo.head().ok().map(|h| h.peel_to_commit().unwrap());
+        let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
+        repo.commit(Some("HEAD"), &sig, &sig, "c", &tree, &parents)
+            .unwrap();
+    }
+
+    const SAMPLE: &[(&str, &[u8], i32)] = &[
+        ("README.md", b"# hi\n", 0o100644),
+        ("bin/run.sh", b"#!/bin/sh\necho hi\n", 0o100755),
+        ("docs/deep/nested/x.txt", b"x", 0o100644),
+        ("docs/link", b"../README.md", 0o120000),
+        ("odd-link", b"./docs//deep/", 0o120000),
+        ("empty", b"", 0o100644),
+    ];
+
+    #[test]
+    fn pack_checkout_matches_a_checkout_packed_from_disk() {
+        let tmp = TempDir::new().unwrap();
+        let repo_dir = tmp.path().join("repo");
+        let repo = committed(&repo_dir, SAMPLE);
+        // A submodule entry: an empty directory once checked out.
+        let head = repo.head().unwrap().peel_to_tree().unwrap();
+        let mut builder = repo.treebuilder(Some(&head)).unwrap();
+        builder
+            .insert(
+                "vendor-sub",
+                git2::Oid::from_str(&"ab".repeat(20)).unwrap(),
+                0o160000,
+            )
+            .unwrap();
+        let tree = builder.write().unwrap();
+        commit_tree(&repo, tree);
+        let mut index = repo.index().unwrap();
+        index.read_tree(&repo.find_tree(tree).unwrap()).unwrap();
+        index.write().unwrap();
+
+        // Straight from the objects: nothing but .git is on disk.
+        assert_eq!(names(&repo_dir), [".git"]);
+        let mut from_objects = Vec::new();
+        let manifest = pack_checkout_to(
+            &repo_dir,
+            "repo",
+            &ArchiveLimits::default(),
+            &mut from_objects,
+        )
+        .unwrap();
+        assert_eq!(names(&repo_dir), [".git"], "nothing was written");
+        // Deterministic.
+        let mut again = Vec::new();
+        pack_checkout_to(&repo_dir, "repo", &ArchiveLimits::default(), &mut again).unwrap();
+        assert!(again == from_objects, "the same tar twice");
+
+        // The same files checked out by libgit2, then packed from disk.
+        repo.checkout_head(Some(git2::build::CheckoutBuilder::new().force()))
+            .unwrap();
+        let (from_disk, disk_manifest) = pack_dir(&repo_dir, "repo").unwrap();
+
+        let work = |m: &Manifest| -> BTreeMap<String, ManifestEntry> {
+            m.entries
+                .iter()
+                .filter(|(p, _)| !p.starts_with(".git"))
+                .map(|(p, e)| (p.clone(), e.clone()))
+                .collect()
+        };
+        assert_eq!(work(&manifest), work(&disk_manifest));
+        assert_eq!(work(&manifest).len(), 11, "{:?}", work(&manifest).keys());
+        // .git went in as well, its config rewritten (the same as from disk).
+        assert!(matches!(
+            manifest.get(".git"),
+            Some(ManifestEntry::Dir { .. })
+        ));
+        assert_eq!(
+            manifest.get(".git/config"),
+            disk_manifest.get(".git/config")
+        );
+        assert_eq!(manifest.get(".git/HEAD"), disk_manifest.get(".git/HEAD"));
+
+        // Extracted, both tars give the same tree (the index aside: its stat data differs).
+        let out_a = tmp.path().join("a");
+        let out_b = tmp.path().join("b");
+        extract(&from_objects, "repo", &out_a, &ArchiveLimits::default()).unwrap();
+        extract(&from_disk, "repo", &out_b, &ArchiveLimits::default()).unwrap();
+        let mut a = snapshot(&out_a);
+        let mut b = snapshot(&out_b);
+        a.remove(".git/index");
+        b.remove(".git/index");
+        assert_eq!(a, b);
+        assert_eq!(
+            a.get("bin/run.sh"),
+            Some(&Snap::File(0o755, b"#!/bin/sh\necho hi\n".to_vec()))
+        );
+        assert_eq!(a.get("vendor-sub"), Some(&Snap::Dir(0o755)));
+    }
+
+    /// A commit of a hand-written tree object: `entries` as `(mode, name, object)`.
+    fn raw_tree(repo: &git2::Repository, entries: &[(&str, &[u8], git2::Oid)]) -> git2::Oid {
+        let mut raw = Vec::new();
+        for (mode, name, id) in entries {
+            raw.extend_from_slice(mode.as_bytes());
+            raw.push(b' ');
+            raw.extend_from_slice(name);
+            raw.push(0);
+            raw.extend_from_slice(id.as_bytes());
+        }
+        repo.odb()
+            .unwrap()
+            .write(git2::ObjectType::Tree, &raw)
+            .unwrap()
+    }
+
+    #[test]
+    fn pack_checkout_refuses_hostile_trees() {
+        let tmp = TempDir::new().unwrap();
+        let dir = tmp.path().join("repo");
+        let repo = committed(&dir, &[("ok.txt", b"ok", 0o100644)]);
+        let blob = repo.blob(b"data").unwrap();
+        let empty = raw_tree(&repo, &[("100644", b"f", blob)]);
+        type Entries<'a> = Vec<(&'a str, &'a [u8], git2::Oid)>;
+        let cases: Vec<(Entries<'_>, &str)> = vec![
+            (vec![("40000", b".git", empty)], "`.git` entry"),
+            (vec![("40000", b".GIT", empty)], "`.git` entry"),
+            (vec![("100644", b".git. ", blob)], "`.git` entry"),
+            (vec![("40000", b"GIT~1", empty)], "`.git` entry"),
+            (vec![("100644", b"..", blob)], "`..`"),
+            (vec![("100644", b"a/b", blob)], "with `/`"),
+            (vec![("100644", b"caf\xe9", blob)], "not UTF-8"),
+            (
+                vec![("120000", b"l", repo.blob(b"\xff").unwrap())],
+                "not UTF-8",
+            ),
+            (
+                vec![("120000", b"l", repo.blob(b"").unwrap())],
+                "empty symlink",
+            ),
+            (
+                vec![("100644", b"big", repo.blob(&[7; 2000]).unwrap())],
+                "over the limit",
+            ),
+        ];
+        let limits = ArchiveLimits {
+            max_file_bytes: 1000,
+            ..ArchiveLimits::default()
+        };
+        for (entries, want) in cases {
+            let sub = raw_tree(&repo, &entries);
+            let top = raw_tree(&repo, &[("40000", b"sub", sub)]);
+            commit_tree(&repo, top);
+            let Err(err) = pack_checkout_to(&dir, "repo", &limits, io::sink()) else {
+                panic!("accepted: {entries:?}");
+            };
+            let msg = err.to_string();
+            assert!(matches!(err, SandboxError::InvalidInput(_)), "{msg}");
+            assert!(msg.contains(want), "{entries:?}: {msg}");
+            assert!(msg.contains("`sub/"), "{msg}");
+            assert!(!msg.contains('\n'), "{msg}");
+        }
+
+        // Counts and totals are bounded too.
+        let many: Vec<(String, git2::Oid)> = (0..20).map(|i| (format!("f{i:02}"), blob)).collect();
+        let many: Vec<(&str, &[u8], git2::Oid)> = many
+            .iter()
+            .map(|(n, id)| ("100644", n.as_bytes(), *id))
+            .collect();
+        commit_tree(&repo, raw_tree(&repo, &many));
+        let few = ArchiveLimits {
+            max_entries: 10,
+            ..ArchiveLimits::default()
+        };
+        let msg = pack_checkout_to(&dir, "", &few, io::sink())
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("entries"), "{msg}");
+        let small = ArchiveLimits {
+            max_total_bytes: 50,
+            ..ArchiveLimits::default()
+        };
+        let msg = pack_checkout_to(&dir, "", &small, io::sink())
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("adding up to"), "{msg}");
+        assert!(pack_checkout_to(&dir, "", &ArchiveLimits::default(), io::sink()).is_ok());
     }
 
     #[test]
