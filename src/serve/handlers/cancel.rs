@@ -4,7 +4,7 @@ use crate::agent::StopReason;
 use crate::comment::{self, Done};
 use crate::db::{Run, RunStatus};
 use crate::github::{Installation, Reaction, RepoName};
-use crate::serve::worker::{run_kind, zero_outcome, Workers};
+use crate::serve::worker::{run_kind, zero_outcome, EndReason, Workers};
 
 impl Workers {
     pub(in crate::serve) async fn cancel(&self, gh: &Installation, repo: &RepoName, job: &Run) {
@@ -20,8 +20,13 @@ impl Workers {
             Ok(t) => t,
             Err(e) => {
                 tracing::error!("cancelling failed: {e}");
-                self.finish_quietly(job, RunStatus::Failed, "internal_error")
-                    .await;
+                self.finish_quietly(
+                    job,
+                    RunStatus::Failed,
+                    EndReason::Internal,
+                    serde_json::json!({ "error": format!("cancelling failed: {e}") }),
+                )
+                .await;
                 return;
             }
         };
@@ -34,6 +39,7 @@ impl Workers {
                     h.cancel.cancel();
                 }
             } else {
+                self.forget_ack(&t.run.id);
                 let done = Done {
                     kind: run_kind(&t.run),
                     outcome: zero_outcome(StopReason::Cancelled, 0.0, String::new()),
@@ -62,7 +68,12 @@ impl Workers {
         } else {
             self.react(gh, repo, job, Reaction::PlusOne).await;
         }
-        self.finish_quietly(job, RunStatus::Succeeded, "cancel")
-            .await;
+        self.finish_quietly(
+            job,
+            RunStatus::Succeeded,
+            EndReason::Cancel,
+            serde_json::json!({ "refused": EndReason::Cancel.as_str() }),
+        )
+        .await;
     }
 }

@@ -8,77 +8,82 @@ pub use help::help_text;
 
 use std::sync::Arc;
 
-use crate::comment;
 use crate::db::{Run, RunStatus};
-use crate::github::{Permission, Reaction, RepoName};
+use crate::github::RepoName;
+use crate::repo_config::AskPermission;
 use crate::serve::job::{Job, JobKind};
-use crate::serve::worker::gate::{not_permitted, NOT_PERMITTED};
-use crate::serve::worker::Workers;
+use crate::serve::worker::gate::{needed_permission, Refusal};
+use crate::serve::worker::{EndReason, Workers};
 
 impl Workers {
     pub(in crate::serve) async fn control(self: Arc<Self>, job: Run) {
+        let internal = |what: String| {
+            tracing::error!("{what}");
+            serde_json::json!({ "error": what })
+        };
         let gh = match self.installation(&job).await {
             Ok(gh) => gh,
             Err(e) => {
-                tracing::error!("GitHub is not reachable for a {} job: {e}", job.kind());
-                self.finish_quietly(&job, RunStatus::Failed, "internal_error")
+                let what = format!("GitHub is not reachable for a {} job: {e}", job.kind());
+                self.finish_quietly(&job, RunStatus::Failed, EndReason::Internal, internal(what))
                     .await;
                 return;
             }
         };
         let Ok(repo) = RepoName::parse(&job.request.repo) else {
-            self.finish_quietly(&job, RunStatus::Failed, "internal_error")
+            let what = format!("the repository name {:?} is not valid", job.request.repo);
+            self.finish_quietly(&job, RunStatus::Failed, EndReason::Internal, internal(what))
                 .await;
             return;
         };
-        let needed = if job.kind() == JobKind::Help {
-            Permission::Read
-        } else {
-            Permission::Write
-        };
+        let needed = needed_permission(job.kind(), AskPermission::Write);
         let has = match gh.permission(&repo, &job.request.author).await {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!("permission check failed: {e}");
-                self.finish_quietly(&job, RunStatus::Failed, "internal_error")
+                let what = format!("the permission check failed: {e}");
+                self.finish_quietly(&job, RunStatus::Failed, EndReason::Internal, internal(what))
                     .await;
                 return;
             }
         };
         if has < needed {
-            if job.kind() != JobKind::Help {
-                let body = not_permitted(&job.request.author, job.kind(), needed, has);
-                let _ = gh
-                    .create_comment(&repo, job.request.issue_number as u64, &body)
-                    .await;
-            }
-            self.finish_quietly(&job, RunStatus::Failed, NOT_PERMITTED)
+            let refusal = Refusal::NotPermitted { needed, has };
+            if job.kind() == JobKind::Help {
+                // Help for everyone who can read; nobody else is answered at all.
+                self.finish_quietly(
+                    &job,
+                    RunStatus::Failed,
+                    refusal.end_reason(),
+                    refusal.to_json(),
+                )
                 .await;
+            } else {
+                self.refuse(&gh, &repo, &job, &refusal).await;
+            }
             return;
         }
         match &job.request.job {
             Job::Help { unknown } => {
                 let body = help_text(unknown.as_deref().unwrap_or(""));
-                let _ = gh
+                if let Err(e) = gh
                     .create_comment(&repo, job.request.issue_number as u64, &body)
-                    .await;
-                self.finish_quietly(&job, RunStatus::Succeeded, "help")
-                    .await;
+                    .await
+                {
+                    tracing::warn!("posting the help failed: {e}");
+                }
+                self.finish_quietly(
+                    &job,
+                    RunStatus::Succeeded,
+                    EndReason::Help,
+                    serde_json::json!({ "refused": EndReason::Help.as_str() }),
+                )
+                .await;
             }
             Job::Cancel => self.cancel(&gh, &repo, &job).await,
             Job::Ask { .. } | Job::Code { .. } | Job::Refuse { .. } => {
-                // "refuse": the request could not be read (empty, too long).
-                let body = format!(
-                    "@{} kodx did not start: {}.",
-                    comment::redact(&job.request.author),
-                    comment::redact(job.request.job.argument())
-                );
-                let _ = gh
-                    .create_comment(&repo, job.request.issue_number as u64, &body)
-                    .await;
-                self.react(&gh, &repo, &job, Reaction::Confused).await;
-                self.finish_quietly(&job, RunStatus::Failed, "refused")
-                    .await;
+                // The request could not be read (empty, too long).
+                let refusal = Refusal::BadRequest(job.request.job.argument().to_string());
+                self.refuse(&gh, &repo, &job, &refusal).await;
             }
         }
     }

@@ -7,12 +7,14 @@
 //! issue. A run is acknowledged (`eyes`, the status comment) as soon as it is queued, even
 //! while it waits for a free worker.
 
+mod ending;
 pub(in crate::serve) mod gate;
 mod run;
 mod status;
 mod tasks;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +34,9 @@ use crate::serve::config::Settings;
 use crate::serve::job::{JobKind, TriggerKind};
 use crate::serve::metrics::Metrics;
 use tasks::{Panicked, Tasks};
+
+pub use ending::EndReason;
+use gate::Admission;
 
 /// Makes the model client of a run (from the environment in production).
 pub trait ProviderFactory: Send + Sync {
@@ -114,8 +119,23 @@ pub struct Workers {
     /// Stops claiming; running runs get `shutdown_grace_secs`, then are stopped.
     pub shutdown: CancellationToken,
     pub(in crate::serve) running: Mutex<HashMap<String, RunHandle>>,
-    acknowledging: Mutex<HashSet<String>>,
+    /// The acknowledgement of each run being acknowledged, or acknowledged and waiting for
+    /// a slot: made once, by whichever task comes first, and taken by the run when it starts.
+    acks: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Acked>>>>,
+    /// How many runs this process has ended (see [`Admission::is_fresh`]).
+    ended: AtomicU64,
     slots: Arc<Semaphore>,
+}
+
+/// What acknowledging a run came to.
+#[derive(Clone)]
+pub(in crate::serve) enum Acked {
+    /// Admitted; `eyes` and the status comment (its id, unless creating it failed) are up.
+    Admitted(Box<Admission>, Option<u64>),
+    /// Refused, and finished.
+    Refused,
+    /// GitHub could not be asked; nothing was posted.
+    Unreachable,
 }
 
 pub(in crate::serve) struct RunHandle {
@@ -181,7 +201,8 @@ impl Workers {
             ),
             shutdown,
             running: Mutex::new(HashMap::new()),
-            acknowledging: Mutex::new(HashSet::new()),
+            acks: Mutex::new(HashMap::new()),
+            ended: AtomicU64::new(0),
             slots,
             settings,
         })
@@ -247,7 +268,7 @@ impl Workers {
                             "kodx restarted while this run was working, more than once; it was not started again. Run the command again to retry.".into(),
                         );
                         this.post_done(&run, &done).await;
-                        this.metrics.run_finished(run.kind().as_str(), "internal_error", 0.0, Duration::ZERO);
+                        this.metrics.run_finished(run.kind().as_str(), EndReason::Internal.as_str(), 0.0, Duration::ZERO);
                     }
                 }
             }
@@ -341,7 +362,7 @@ impl Workers {
     /// finish it), with a log line and the status comment saying so.
     async fn panicked(self: &Arc<Self>, p: Panicked) {
         tracing::error!(run_id = %p.run_id, "a worker task panicked: {}", p.message);
-        self.acknowledging.lock().expect("lock").remove(&p.run_id);
+        self.forget_ack(&p.run_id);
         if self
             .running
             .lock()
@@ -360,16 +381,13 @@ impl Workers {
                 return;
             }
         };
-        let fin = Finish::without_calls(
+        self.finish_quietly(
+            &run,
             RunStatus::Failed,
-            "internal_error",
+            EndReason::Internal,
             serde_json::json!({ "error": format!("the worker task panicked: {}", p.message) }),
-        );
-        if let Err(e) = self.db.finish(&run.id, &fin).await {
-            tracing::error!(run_id = %run.id, "recording the failure of a panicked task failed: {e}");
-        }
-        self.metrics
-            .run_finished(run.kind().as_str(), "internal_error", 0.0, Duration::ZERO);
+        )
+        .await;
         let done = self.failed_done(
             &run,
             StopReason::Error,
@@ -404,7 +422,7 @@ impl Workers {
                 self.metrics.set_queued(queued.len() as i64);
                 for run in queued.into_iter().filter(|r| r.is_work()) {
                     if run.status_comment_id.is_some()
-                        || self.acknowledging.lock().expect("lock").contains(&run.id)
+                        || self.acks.lock().expect("lock").contains_key(&run.id)
                     {
                         continue;
                     }
@@ -413,7 +431,7 @@ impl Workers {
                     tasks.spawn(
                         &run.id.clone(),
                         async move {
-                            this.ensure_acknowledged(&run.id).await;
+                            this.ensure_acknowledged(&run).await;
                         }
                         .instrument(span),
                     );
@@ -449,52 +467,51 @@ impl Workers {
         }
     }
 
-    /// Acknowledges the run once, whoever asks first (the intake or the worker that claimed
-    /// it); the other waits. The run as it is afterwards, or `None` when it is over (refused).
-    async fn ensure_acknowledged(&self, run_id: &str) -> Option<Run> {
-        loop {
-            if self
-                .acknowledging
-                .lock()
-                .expect("lock")
-                .insert(run_id.to_string())
-            {
-                break;
+    /// Acknowledges the run once, whoever asks first (the task acknowledging it while it
+    /// waits, or the worker that claimed it); the other waits for the same outcome. `None`
+    /// for a run an earlier process acknowledged (it has a status comment).
+    async fn ensure_acknowledged(&self, run: &Run) -> Option<Acked> {
+        let cell = {
+            let mut acks = self.acks.lock().expect("lock");
+            match acks.get(&run.id) {
+                Some(cell) => cell.clone(),
+                None if run.status_comment_id.is_some() => return None,
+                None => acks.entry(run.id.clone()).or_default().clone(),
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let acked = cell.get_or_init(|| self.acknowledge(run)).await.clone();
+        // Only an admitted run with its status comment waits here for its slot; the others
+        // are over, or are acknowledged again on the next pass.
+        if !matches!(acked, Acked::Admitted(_, Some(_))) {
+            self.forget_ack(&run.id);
         }
-        let result = async {
-            let run = self.db.get_run(run_id).await.ok().flatten()?;
-            if run.status.is_final() {
-                return None;
-            }
-            if run.status_comment_id.is_none() {
-                self.acknowledge(&run).await;
-            }
-            self.db
-                .get_run(run_id)
-                .await
-                .ok()
-                .flatten()
-                .filter(|r| !r.status.is_final())
-        }
-        .await;
-        self.acknowledging.lock().expect("lock").remove(run_id);
-        result
+        Some(acked)
     }
 
+    /// Drops what acknowledging the run left for it (it started, or it is over).
+    pub(in crate::serve) fn forget_ack(&self, run_id: &str) {
+        self.acks.lock().expect("lock").remove(run_id);
+    }
+
+    /// How many runs this process has ended.
+    pub(in crate::serve) fn ended(&self) -> u64 {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// Records a run that ended without a model call: its row and its metrics.
     pub(in crate::serve) async fn finish_quietly(
         &self,
         run: &Run,
         status: RunStatus,
-        reason: &str,
+        reason: EndReason,
+        result: serde_json::Value,
     ) {
-        let fin = Finish::without_calls(status, reason, serde_json::json!({ "refused": reason }));
+        let fin = Finish::without_calls(status, reason.as_str(), result);
         if let Err(e) = self.db.finish(&run.id, &fin).await {
-            tracing::error!("finishing the run failed: {e}");
+            tracing::error!("recording the end of the run failed: {e}");
         }
         self.metrics
-            .run_finished(run.kind().as_str(), reason, 0.0, Duration::ZERO);
+            .run_finished(run.kind().as_str(), reason.as_str(), 0.0, Duration::ZERO);
     }
 
     /// A token for this run's repository only, with the permissions its kind uses: a code

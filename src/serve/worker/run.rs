@@ -19,8 +19,8 @@ use crate::serve::context::{strip_hidden, ContextComment, RunContext};
 use crate::serve::deliver::{self, Target};
 use crate::serve::metrics::Metrics;
 
-use super::gate::MIN_RUN_BUDGET_USD;
-use super::{run_kind, zero_outcome, Ending, RunHandle, Timings, Workers};
+use super::gate::Refusal;
+use super::{run_kind, zero_outcome, Acked, Ending, RunHandle, Timings, Workers};
 
 impl Workers {
     pub(super) async fn work(self: &Arc<Self>, run: Run) {
@@ -37,9 +37,11 @@ impl Workers {
         );
         tracing::info!(attempt = run.attempts, "run started");
         let timings = Timings::default();
-        let ending = self.work_inner(&run, &cancel, &timings).await;
+        let admitted = Mutex::new(None);
+        let ending = self.work_inner(&run, &cancel, &timings, &admitted).await;
         self.running.lock().expect("lock").remove(&run.id);
         self.metrics.run_ended();
+        self.ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let Some(mut ending) = ending else {
             return;
         };
@@ -78,6 +80,7 @@ impl Workers {
                 "detail": ending.done.failure.as_deref().or(o.detail.as_deref()).map(comment::redact),
                 "model": o.model,
                 "timings_ms": timings.to_json(),
+                "admission": admitted.into_inner().expect("lock"),
             })
             .to_string(),
             pr_url: ending.done.pr_url.clone(),
@@ -107,6 +110,7 @@ impl Workers {
         run: &Run,
         cancel: &CancellationToken,
         timings: &Timings,
+        admitted: &Mutex<Option<serde_json::Value>>,
     ) -> Option<Ending> {
         let prepare_started = Instant::now();
         let kind = run_kind(run);
@@ -122,7 +126,14 @@ impl Workers {
             })
         };
         // A run claimed before it was acknowledged is acknowledged now (or refused).
-        let run = self.ensure_acknowledged(&run.id).await?;
+        let (admission, comment_id) = match self.ensure_acknowledged(run).await {
+            Some(Acked::Refused) => return None,
+            Some(Acked::Admitted(admission, id)) => (Some(*admission), id),
+            Some(Acked::Unreachable) | None => (None, None),
+        };
+        self.forget_ack(&run.id);
+        let mut run = run.clone();
+        run.status_comment_id = run.status_comment_id.or(comment_id.map(|id| id as i64));
         let run = &run;
         let gh = match self.installation(run).await {
             Ok(gh) => gh,
@@ -138,56 +149,40 @@ impl Workers {
                 run.request.repo
             ));
         };
-        // The config again: it may have changed since the run was queued.
-        let config = match gh.file_on_default_branch(&repo, RepoConfig::PATH).await {
-            Ok(Some(text)) => match RepoConfig::parse(&text) {
-                Ok(c) => c,
-                Err(e) => {
-                    return Some(Ending {
-                        status: RunStatus::Failed,
-                        done: self.failed_done(run, StopReason::Error, format!(
-                            "The repository's configuration became invalid: {e}. Fix it on the default branch and run the command again."
-                        )),
-                    })
+        // The admission made when the run was acknowledged, unless the run waited since (or
+        // an earlier process acknowledged it): then its config and budget are read again.
+        let admission = match admission {
+            Some(a) if a.is_fresh(self.ended()) => a,
+            earlier => {
+                let permission = earlier.and_then(|a| a.permission);
+                match self.readmit(&gh, &repo, run, permission).await {
+                    Ok(a) => a,
+                    Err(refusal) => return Some(self.refused_after_wait(run, refusal)),
                 }
-            },
-            Ok(None) => RepoConfig::default(),
-            Err(e) => return internal(format!("reading {} failed: {e}", RepoConfig::PATH)),
+            }
         };
+        let maxima = self.settings.maxima();
+        *admitted.lock().expect("lock") = Some(admission.to_json(kind, &maxima));
+        let config = &admission.config;
         self.edit_phase(&gh, &repo, run, &Phase::SettingUp).await;
         let _ = self.db.set_phase(&run.id, "setting_up").await;
 
         // The program, its limits and its model.
         let program = Program::builtin(kind.program()).expect("built-in ask and code programs");
-        let maxima = self.settings.maxima();
-        let mut cost_limit = config.cost_limit_for(kind, &maxima);
-        if let Some((budget, spent)) = self.budget_left(run).await {
-            if budget - spent < MIN_RUN_BUDGET_USD {
-                return Some(Ending {
-                    status: RunStatus::Failed,
-                    done: self.failed_done(
-                        run,
-                        StopReason::CostLimitExceeded,
-                        "This installation's monthly budget was spent while the run waited; nothing was started.".into(),
-                    ),
-                });
-            }
-            // A run never spends past the budget.
-            cost_limit = cost_limit.min(budget - spent);
-        }
+        let cost_limit = admission.cost_limit(kind, &maxima);
         let overrides = Overrides {
             model: config.model.clone().or_else(|| self.settings.model.clone()),
             image: config.image.clone(),
             setup_script: config.setup_script.clone(),
             disable_network_after_setup: config.disable_network_after_setup,
             cost_limit: Some(cost_limit),
-            max_iterations: Some(config.max_iterations(&maxima)),
+            max_iterations: Some(admission.max_iterations(&maxima)),
             command_timeout: None,
         };
         let defaults = program::Defaults {
             image: self.settings.image.clone(),
             cost_limit,
-            max_iterations: config.max_iterations(&maxima),
+            max_iterations: admission.max_iterations(&maxima),
             command_timeout: Duration::from_secs(self.settings.command_timeout_secs),
             run_timeout: Duration::from_secs(self.settings.run_timeout_secs),
             network: self.settings.network,
@@ -642,6 +637,36 @@ impl Workers {
             Err(e) => Err(format!(
                 "Pushed the change to branch `{branch}`, but opening the pull request failed: {e}"
             )),
+        }
+    }
+
+    /// A run whose config or budget changed while it waited: it ends as before the
+    /// admission was one check (a failed run, not a refusal).
+    fn refused_after_wait(&self, run: &Run, refusal: Refusal) -> Ending {
+        let (reason, text) = match refusal {
+            Refusal::InvalidConfig(e) => (
+                StopReason::Error,
+                format!("The repository's configuration became invalid: {e}. Fix it on the default branch and run the command again."),
+            ),
+            Refusal::BudgetSpent(_) => (
+                StopReason::CostLimitExceeded,
+                "This installation's monthly budget was spent while the run waited; nothing was started.".into(),
+            ),
+            other => {
+                let what = match other {
+                    Refusal::ConfigUnreadable(e) => format!("reading {} failed: {e}", RepoConfig::PATH),
+                    other => format!("the run was refused: {other:?}"),
+                };
+                tracing::error!("{what}");
+                (
+                    StopReason::Error,
+                    format!("kodx hit an internal error ({what}). Run id `{}`.", run.id),
+                )
+            }
+        };
+        Ending {
+            status: RunStatus::Failed,
+            done: self.failed_done(run, reason, text),
         }
     }
 
