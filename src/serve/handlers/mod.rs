@@ -3,64 +3,38 @@
 
 mod cancel;
 mod help;
+pub(in crate::serve) mod plan;
 
 pub use help::help_text;
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use crate::db::{Run, RunStatus};
-use crate::github::RepoName;
+use anyhow::Context as _;
+
+use crate::db::Run;
 use crate::repo_config::AskPermission;
-use crate::serve::job::{Job, JobKind};
+use crate::serve::job::Job;
 use crate::serve::worker::gate::{needed_permission, Refusal};
-use crate::serve::worker::{EndReason, Workers};
+use crate::serve::worker::{EndReason, Ending, RunFailure, Workers};
 
 impl Workers {
     pub(in crate::serve) async fn control(self: Arc<Self>, job: Run) {
-        let internal = |what: String| {
-            tracing::error!("{what}");
-            serde_json::json!({ "error": what })
-        };
-        let gh = match self.installation(&job).await {
-            Ok(gh) => gh,
-            Err(e) => {
-                let what = format!("GitHub is not reachable for a {} job: {e}", job.kind());
-                self.finish_quietly(&job, RunStatus::Failed, EndReason::Internal, internal(what))
-                    .await;
-                return;
-            }
-        };
-        let Ok(repo) = RepoName::parse(&job.request.repo) else {
-            let what = format!("the repository name {:?} is not valid", job.request.repo);
-            self.finish_quietly(&job, RunStatus::Failed, EndReason::Internal, internal(what))
-                .await;
-            return;
-        };
+        let ended = self.answer(&job).await;
+        self.conclude(&job, ended, &Default::default(), Instant::now())
+            .await;
+    }
+
+    async fn answer(&self, job: &Run) -> Result<Ending, RunFailure> {
+        let (gh, repo) = self.github(job).await?;
         let needed = needed_permission(job.kind(), AskPermission::Write);
-        let has = match gh.permission(&repo, &job.request.author).await {
-            Ok(p) => p,
-            Err(e) => {
-                let what = format!("the permission check failed: {e}");
-                self.finish_quietly(&job, RunStatus::Failed, EndReason::Internal, internal(what))
-                    .await;
-                return;
-            }
-        };
+        let has = gh
+            .permission(&repo, &job.request.author)
+            .await
+            .context("the permission check failed")?;
         if has < needed {
-            let refusal = Refusal::NotPermitted { needed, has };
-            if job.kind() == JobKind::Help {
-                // Help for everyone who can read; nobody else is answered at all.
-                self.finish_quietly(
-                    &job,
-                    RunStatus::Failed,
-                    refusal.end_reason(),
-                    refusal.to_json(),
-                )
-                .await;
-            } else {
-                self.refuse(&gh, &repo, &job, &refusal).await;
-            }
-            return;
+            tracing::info!(permission = has.as_str(), "refused: not permitted");
+            return Err(Refusal::NotPermitted { needed, has }.into());
         }
         match &job.request.job {
             Job::Help { unknown } => {
@@ -71,19 +45,12 @@ impl Workers {
                 {
                     tracing::warn!("posting the help failed: {e}");
                 }
-                self.finish_quietly(
-                    &job,
-                    RunStatus::Succeeded,
-                    EndReason::Help,
-                    serde_json::json!({ "refused": EndReason::Help.as_str() }),
-                )
-                .await;
+                Ok(Ending::Answered(EndReason::Help))
             }
-            Job::Cancel => self.cancel(&gh, &repo, &job).await,
+            Job::Cancel => self.cancel(&gh, &repo, job).await,
+            // The request could not be read (empty, too long).
             Job::Ask { .. } | Job::Code { .. } | Job::Refuse { .. } => {
-                // The request could not be read (empty, too long).
-                let refusal = Refusal::BadRequest(job.request.job.argument().to_string());
-                self.refuse(&gh, &repo, &job, &refusal).await;
+                Err(Refusal::BadRequest(job.request.job.argument().to_string()).into())
             }
         }
     }

@@ -1,6 +1,198 @@
-//! How a run ended, typed: the reason stored in its row and counted in the metrics.
+//! How a run ended, typed, and the one place that writes it down: [`Workers::conclude`]
+//! records the run's row, its metrics and its comment for every ending — the agent's
+//! outcome, a limit, a failure, a refusal, a panicked task.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::agent::StopReason;
+use crate::comment::{self, Done};
+use crate::db::{Finish, Run, RunStatus};
+
+use super::gate::Refusal;
+use super::tasks::Panicked;
+use super::{run_kind, zero_outcome, Workers};
+
+/// How a job's work ended, before it is written down. (One per job, moved once: its size
+/// does not matter.)
+#[allow(clippy::large_enum_variant)]
+pub(in crate::serve) enum Ending {
+    /// An agent run's end: it succeeded, a limit stopped it, something failed after the
+    /// agent, or it was cancelled.
+    Work { status: RunStatus, done: Done },
+    /// A control job did what it was asked (`help`, `cancel`).
+    Answered(EndReason),
+}
+
+/// Why a job could not do its work.
+#[derive(Debug)]
+pub(in crate::serve) enum RunFailure {
+    /// It may not run; nothing was started.
+    Refused(Refusal),
+    /// Something the maintainer can fix (the clone, the container, the model's price): the
+    /// sentence the status comment shows.
+    User(String),
+    /// kodx failed: logged with its cause; the comment gives the run id.
+    Internal(anyhow::Error),
+}
+
+/// Anything a handler passes on with `?` is kodx's own failure.
+impl From<anyhow::Error> for RunFailure {
+    fn from(e: anyhow::Error) -> Self {
+        RunFailure::Internal(e)
+    }
+}
+
+impl From<Refusal> for RunFailure {
+    fn from(r: Refusal) -> Self {
+        RunFailure::Refused(r)
+    }
+}
+
+/// What a run noted while it worked, stored with its result.
+#[derive(Default)]
+pub(in crate::serve) struct RunLog {
+    pub timings: Timings,
+    /// The admission it ran under ([`super::gate::Admission::to_json`]).
+    pub admission: Mutex<Option<serde_json::Value>>,
+}
+
+/// How long each phase of a run took (stored with its result, logged, and read by
+/// `bench/pr-latency.sh`).
+#[derive(Default)]
+pub(in crate::serve) struct Timings(Mutex<Vec<(&'static str, Duration)>>);
+
+impl Timings {
+    pub fn add(&self, phase: &'static str, took: Duration) {
+        self.0.lock().expect("lock").push((phase, took));
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let phases = self.0.lock().expect("lock");
+        serde_json::Value::Object(
+            phases
+                .iter()
+                .map(|(k, d)| (k.to_string(), serde_json::json!(d.as_millis() as u64)))
+                .collect(),
+        )
+    }
+}
+
+impl Workers {
+    /// Writes down how `run` ended — its row, its metrics, its comment and reaction — for
+    /// every ending. `started`: when its work began (for the duration metric).
+    pub(in crate::serve) async fn conclude(
+        &self,
+        run: &Run,
+        ended: Result<Ending, RunFailure>,
+        log: &RunLog,
+        started: Instant,
+    ) {
+        let (status, done) = match ended {
+            Ok(Ending::Work { status, done }) => (status, done),
+            Ok(Ending::Answered(reason)) => {
+                let result = serde_json::json!({ "refused": reason.as_str() });
+                self.finish_quietly(run, RunStatus::Succeeded, reason, result)
+                    .await;
+                return;
+            }
+            Err(RunFailure::Refused(refusal)) => {
+                self.refuse(run, &refusal).await;
+                return;
+            }
+            Err(RunFailure::User(text)) => (
+                RunStatus::Failed,
+                self.failed_done(run, StopReason::Error, text),
+            ),
+            Err(RunFailure::Internal(e)) if e.downcast_ref::<Panicked>().is_some() => {
+                // Nothing else would ever finish the run of a task that panicked (the
+                // worker logged it).
+                self.finish_quietly(
+                    run,
+                    RunStatus::Failed,
+                    EndReason::Internal,
+                    serde_json::json!({ "error": format!("{e:#}") }),
+                )
+                .await;
+                let text = format!(
+                    "kodx hit an internal error (a worker task panicked). Run id `{}`.",
+                    run.id
+                );
+                let done = self.failed_done(run, StopReason::Error, text);
+                self.post_done(run, &done).await;
+                return;
+            }
+            Err(RunFailure::Internal(e)) if !run.is_work() => {
+                tracing::error!("{e:#}");
+                self.finish_quietly(
+                    run,
+                    RunStatus::Failed,
+                    EndReason::Internal,
+                    serde_json::json!({ "error": format!("{e:#}") }),
+                )
+                .await;
+                return;
+            }
+            Err(RunFailure::Internal(e)) => {
+                tracing::error!("{e:#}");
+                let text = format!("kodx hit an internal error ({e:#}). Run id `{}`.", run.id);
+                (
+                    RunStatus::Failed,
+                    self.failed_done(run, StopReason::Error, text),
+                )
+            }
+        };
+        let o = &done.outcome;
+        let fin = Finish {
+            status,
+            stop_reason: EndReason::Agent(o.stop_reason).as_str().to_string(),
+            cost_usd: o.usd_cost,
+            input_tokens: o.usage.input_tokens as i64,
+            output_tokens: o.usage.output_tokens as i64,
+            cache_read_tokens: o.usage.cache_read_tokens as i64,
+            cache_write_tokens: o.usage.cache_write_tokens as i64,
+            api_calls: i64::from(o.api_calls),
+            result: serde_json::json!({
+                "last_message": comment::redact(&o.last_message),
+                "detail": done.failure.as_deref().or(o.detail.as_deref()).map(comment::redact),
+                "model": o.model,
+                "timings_ms": log.timings.to_json(),
+                "admission": log.admission.lock().expect("lock").clone(),
+            })
+            .to_string(),
+            pr_url: done.pr_url.clone(),
+        };
+        if let Err(e) = self.db.finish(&run.id, &fin).await {
+            tracing::error!("recording the end of the run failed: {e}");
+        }
+        self.metrics.run_finished(
+            run.kind().as_str(),
+            o.stop_reason.as_str(),
+            o.usd_cost,
+            started.elapsed(),
+        );
+        tracing::info!(
+            stop_reason = o.stop_reason.as_str(),
+            cost_usd = o.usd_cost,
+            api_calls = o.api_calls,
+            timings_ms = %log.timings.to_json(),
+            "run finished"
+        );
+        self.post_done(run, &done).await;
+    }
+
+    /// A run's end without a model call, with `failure` as what the status comment says.
+    pub(super) fn failed_done(&self, run: &Run, reason: StopReason, failure: String) -> Done {
+        Done {
+            kind: run_kind(run),
+            outcome: zero_outcome(reason, 0.0, String::new()),
+            text: String::new(),
+            pr_url: None,
+            pushed: None,
+            failure: Some(failure),
+        }
+    }
+}
 
 /// Why a run (or a control job) ended. [`EndReason::as_str`] is the word stored in the
 /// `stop_reason` column and used as the `outcome` label of `kodx_runs_total`; it is the

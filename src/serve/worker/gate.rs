@@ -50,6 +50,20 @@ pub(in crate::serve) struct Admission {
 }
 
 impl Admission {
+    pub fn new(
+        config: RepoConfig,
+        permission: Option<Permission>,
+        budget: Option<Budget>,
+        ended: u64,
+    ) -> Admission {
+        Admission {
+            config,
+            permission,
+            budget,
+            ended,
+        }
+    }
+
     /// Still what a check now would read: no run ended since (so the run did not wait for
     /// a slot, and the month's spend is what it was), and the config was read moments ago.
     pub fn is_fresh(&self, ended_now: u64) -> bool {
@@ -249,12 +263,7 @@ impl Workers {
             tracing::info!("refused: invalid repository config");
             Refusal::InvalidConfig(e)
         })?;
-        Ok(Admission {
-            config,
-            permission,
-            budget,
-            ended,
-        })
+        Ok(Admission::new(config, permission, budget, ended))
     }
 
     /// The installation's monthly budget and its spend this month, if the server has one.
@@ -278,15 +287,25 @@ impl Workers {
     /// Says why the run was refused and finishes it as failed: a person not permitted gets
     /// one short comment; a request that cannot be read, one short comment and `confused`;
     /// the others, the status comment (or a new one) and `confused`.
-    pub(in crate::serve) async fn refuse(
-        &self,
-        gh: &Installation,
-        repo: &RepoName,
-        run: &Run,
-        refusal: &Refusal,
-    ) {
+    pub(super) async fn refuse(&self, run: &Run, refusal: &Refusal) {
+        match self.github(run).await {
+            Ok((gh, repo)) => self.post_refusal(&gh, &repo, run, refusal).await,
+            Err(e) => tracing::error!("the refusal was not posted: {e:#}"),
+        }
+        self.finish_quietly(
+            run,
+            RunStatus::Failed,
+            refusal.end_reason(),
+            refusal.to_json(),
+        )
+        .await;
+    }
+
+    async fn post_refusal(&self, gh: &Installation, repo: &RepoName, run: &Run, refusal: &Refusal) {
         let text = refusal.message(run);
         match refusal {
+            // Help is for everyone who can read; nobody else is answered at all.
+            Refusal::NotPermitted { .. } if run.kind() == JobKind::Help => return,
             // One short answer to the person, who may not see more.
             Refusal::NotPermitted { .. } | Refusal::BadRequest(_) => {
                 if let Err(e) = gh

@@ -16,14 +16,14 @@ mod tasks;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::{Outcome, StopReason};
-use crate::comment::{Done, RunKind};
+use crate::comment::RunKind;
 use crate::cost::Pricing;
 use crate::db::{Db, Finish, RecoveryAction, Run, RunStatus};
 use crate::github::{GitHubApp, GitHubError, Installation, RepoName, TokenScope};
@@ -36,6 +36,8 @@ use crate::serve::metrics::Metrics;
 use tasks::{Panicked, Tasks};
 
 pub use ending::EndReason;
+use ending::RunLog;
+pub(in crate::serve) use ending::{Ending, RunFailure};
 use gate::Admission;
 
 /// Makes the model client of a run (from the environment in production).
@@ -142,33 +144,6 @@ pub(in crate::serve) struct RunHandle {
     pub(in crate::serve) cancel: CancellationToken,
     /// Who cancelled it with `/kodx cancel` (none: shutdown).
     pub(in crate::serve) cancelled_by: Arc<Mutex<Option<String>>>,
-}
-
-/// How a run's work ended before it is written down.
-struct Ending {
-    status: RunStatus,
-    done: Done,
-}
-
-/// How long each phase of a run took (stored with its result, logged, and read by
-/// `bench/pr-latency.sh`).
-#[derive(Default)]
-struct Timings(Mutex<Vec<(&'static str, Duration)>>);
-
-impl Timings {
-    fn add(&self, phase: &'static str, took: Duration) {
-        self.0.lock().expect("lock").push((phase, took));
-    }
-
-    fn to_json(&self) -> serde_json::Value {
-        let phases = self.0.lock().expect("lock");
-        serde_json::Value::Object(
-            phases
-                .iter()
-                .map(|(k, d)| (k.to_string(), serde_json::json!(d.as_millis() as u64)))
-                .collect(),
-        )
-    }
 }
 
 impl Workers {
@@ -381,22 +356,9 @@ impl Workers {
                 return;
             }
         };
-        self.finish_quietly(
-            &run,
-            RunStatus::Failed,
-            EndReason::Internal,
-            serde_json::json!({ "error": format!("the worker task panicked: {}", p.message) }),
-        )
-        .await;
-        let done = self.failed_done(
-            &run,
-            StopReason::Error,
-            format!(
-                "kodx hit an internal error (a worker task panicked). Run id `{}`.",
-                run.id
-            ),
-        );
-        self.post_done(&run, &done).await;
+        let failure = RunFailure::Internal(anyhow::Error::new(p));
+        self.conclude(&run, Err(failure), &RunLog::default(), Instant::now())
+            .await;
     }
 
     async fn dispatch(self: &Arc<Self>, tasks: &mut Tasks) {
@@ -514,6 +476,21 @@ impl Workers {
             .run_finished(run.kind().as_str(), reason.as_str(), 0.0, Duration::ZERO);
     }
 
+    /// The run's repository and a token for it ([`Workers::installation`]).
+    pub(in crate::serve) async fn github(
+        &self,
+        run: &Run,
+    ) -> anyhow::Result<(Installation, RepoName)> {
+        use anyhow::Context as _;
+        let repo = RepoName::parse(&run.request.repo)
+            .with_context(|| format!("the repository name {:?} is not valid", run.request.repo))?;
+        let gh = self
+            .installation(run)
+            .await
+            .context("GitHub did not give kodx an installation token")?;
+        Ok((gh, repo))
+    }
+
     /// A token for this run's repository only, with the permissions its kind uses: a code
     /// run may push and open pull requests; an ask, help or cancel reads and comments.
     pub(in crate::serve) async fn installation(
@@ -531,17 +508,6 @@ impl Workers {
         self.app
             .installation_for(run.request.installation_id as u64, &scope)
             .await
-    }
-
-    fn failed_done(&self, run: &Run, reason: StopReason, failure: String) -> Done {
-        Done {
-            kind: run_kind(run),
-            outcome: zero_outcome(reason, 0.0, String::new()),
-            text: String::new(),
-            pr_url: None,
-            pushed: None,
-            failure: Some(failure),
-        }
     }
 }
 

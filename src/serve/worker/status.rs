@@ -6,10 +6,11 @@ use std::time::Instant;
 
 use crate::agent::Progress;
 use crate::comment::{self, Done, Phase};
-use crate::db::{Run, RunStatus};
+use crate::db::Run;
 use crate::github::{Installation, Reaction, RepoName};
 
-use super::{Acked, EndReason, Workers};
+use super::ending::RunLog;
+use super::{Acked, RunFailure, Workers};
 
 impl Workers {
     /// Admits the run (who asked, the repository's config, the budget), reacts `eyes` and
@@ -23,12 +24,12 @@ impl Workers {
             }
         };
         let Ok(repo) = RepoName::parse(&run.request.repo) else {
-            tracing::error!("the repository name {:?} is not valid", run.request.repo);
-            self.finish_quietly(
+            let e = anyhow::anyhow!("the repository name {:?} is not valid", run.request.repo);
+            self.conclude(
                 run,
-                RunStatus::Failed,
-                EndReason::Internal,
-                serde_json::json!({ "error": "invalid repository name" }),
+                Err(RunFailure::Internal(e)),
+                &RunLog::default(),
+                Instant::now(),
             )
             .await;
             return Acked::Refused;
@@ -37,7 +38,8 @@ impl Workers {
         let admission = match self.admit(&gh, &repo, run).await {
             Ok(a) => a,
             Err(refusal) => {
-                self.refuse(&gh, &repo, run, &refusal).await;
+                self.conclude(run, Err(refusal.into()), &RunLog::default(), Instant::now())
+                    .await;
                 return Acked::Refused;
             }
         };
