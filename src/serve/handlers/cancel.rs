@@ -1,14 +1,21 @@
 //! `/kodx cancel`: stops the queued and running runs on the issue.
 
+use anyhow::Context as _;
+
 use crate::agent::StopReason;
 use crate::comment::{self, Done};
-use crate::db::{Run, RunStatus};
+use crate::db::Run;
 use crate::github::{Installation, Reaction, RepoName};
-use crate::serve::worker::{run_kind, zero_outcome, Workers};
+use crate::serve::worker::{run_kind, zero_outcome, EndReason, Ending, RunFailure, Workers};
 
 impl Workers {
-    pub(in crate::serve) async fn cancel(&self, gh: &Installation, repo: &RepoName, job: &Run) {
-        let touched = match self
+    pub(in crate::serve) async fn cancel(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        job: &Run,
+    ) -> Result<Ending, RunFailure> {
+        let touched = self
             .db
             .cancel_issue(
                 &job.request.repo,
@@ -16,24 +23,15 @@ impl Workers {
                 &job.request.author,
             )
             .await
-        {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::error!("cancelling failed: {e}");
-                self.finish_quietly(job, RunStatus::Failed, "internal_error")
-                    .await;
-                return;
-            }
-        };
-        let mut n = 0;
+            .context("cancelling failed")?;
         for t in &touched {
-            n += 1;
             if t.was_running {
                 if let Some(h) = self.running.lock().expect("lock").get(&t.run.id) {
                     *h.cancelled_by.lock().expect("lock") = Some(job.request.author.clone());
                     h.cancel.cancel();
                 }
             } else {
+                self.forget_ack(&t.run.id);
                 let done = Done {
                     kind: run_kind(&t.run),
                     outcome: zero_outcome(StopReason::Cancelled, 0.0, String::new()),
@@ -48,21 +46,20 @@ impl Workers {
                 self.post_done(&t.run, &done).await;
             }
         }
-        if n == 0 {
-            let _ = gh
-                .create_comment(
-                    repo,
-                    job.request.issue_number as u64,
-                    &format!(
-                        "@{} there is no kodx run to cancel here.",
-                        comment::redact(&job.request.author)
-                    ),
-                )
-                .await;
+        if touched.is_empty() {
+            let body = format!(
+                "@{} there is no kodx run to cancel here.",
+                comment::redact(&job.request.author)
+            );
+            if let Err(e) = gh
+                .create_comment(repo, job.request.issue_number as u64, &body)
+                .await
+            {
+                tracing::warn!("answering the cancel failed: {e}");
+            }
         } else {
             self.react(gh, repo, job, Reaction::PlusOne).await;
         }
-        self.finish_quietly(job, RunStatus::Succeeded, "cancel")
-            .await;
+        Ok(Ending::Answered(EndReason::Cancel))
     }
 }

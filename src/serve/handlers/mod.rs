@@ -3,82 +3,54 @@
 
 mod cancel;
 mod help;
+pub(in crate::serve) mod plan;
 
 pub use help::help_text;
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use crate::comment;
-use crate::db::{Run, RunStatus};
-use crate::github::{Permission, Reaction, RepoName};
-use crate::serve::job::{Job, JobKind};
-use crate::serve::worker::gate::{not_permitted, NOT_PERMITTED};
-use crate::serve::worker::Workers;
+use anyhow::Context as _;
+
+use crate::db::Run;
+use crate::repo_config::AskPermission;
+use crate::serve::job::Job;
+use crate::serve::worker::gate::{needed_permission, Refusal};
+use crate::serve::worker::{EndReason, Ending, RunFailure, Workers};
 
 impl Workers {
     pub(in crate::serve) async fn control(self: Arc<Self>, job: Run) {
-        let gh = match self.installation(&job).await {
-            Ok(gh) => gh,
-            Err(e) => {
-                tracing::error!("GitHub is not reachable for a {} job: {e}", job.kind());
-                self.finish_quietly(&job, RunStatus::Failed, "internal_error")
-                    .await;
-                return;
-            }
-        };
-        let Ok(repo) = RepoName::parse(&job.request.repo) else {
-            self.finish_quietly(&job, RunStatus::Failed, "internal_error")
-                .await;
-            return;
-        };
-        let needed = if job.kind() == JobKind::Help {
-            Permission::Read
-        } else {
-            Permission::Write
-        };
-        let has = match gh.permission(&repo, &job.request.author).await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!("permission check failed: {e}");
-                self.finish_quietly(&job, RunStatus::Failed, "internal_error")
-                    .await;
-                return;
-            }
-        };
+        let ended = self.answer(&job).await;
+        self.conclude(&job, ended, &Default::default(), Instant::now())
+            .await;
+    }
+
+    async fn answer(&self, job: &Run) -> Result<Ending, RunFailure> {
+        let (gh, repo) = self.github(job).await?;
+        let needed = needed_permission(job.kind(), AskPermission::Write);
+        let has = gh
+            .permission(&repo, &job.request.author)
+            .await
+            .context("the permission check failed")?;
         if has < needed {
-            if job.kind() != JobKind::Help {
-                let body = not_permitted(&job.request.author, job.kind(), needed, has);
-                let _ = gh
-                    .create_comment(&repo, job.request.issue_number as u64, &body)
-                    .await;
-            }
-            self.finish_quietly(&job, RunStatus::Failed, NOT_PERMITTED)
-                .await;
-            return;
+            tracing::info!(permission = has.as_str(), "refused: not permitted");
+            return Err(Refusal::NotPermitted { needed, has }.into());
         }
         match &job.request.job {
             Job::Help { unknown } => {
                 let body = help_text(unknown.as_deref().unwrap_or(""));
-                let _ = gh
+                if let Err(e) = gh
                     .create_comment(&repo, job.request.issue_number as u64, &body)
-                    .await;
-                self.finish_quietly(&job, RunStatus::Succeeded, "help")
-                    .await;
+                    .await
+                {
+                    tracing::warn!("posting the help failed: {e}");
+                }
+                Ok(Ending::Answered(EndReason::Help))
             }
-            Job::Cancel => self.cancel(&gh, &repo, &job).await,
+            Job::Cancel => self.cancel(&gh, &repo, job).await,
+            // The request could not be read (empty, too long).
             Job::Ask { .. } | Job::Code { .. } | Job::Refuse { .. } => {
-                // "refuse": the request could not be read (empty, too long).
-                let body = format!(
-                    "@{} kodx did not start: {}.",
-                    comment::redact(&job.request.author),
-                    comment::redact(job.request.job.argument())
-                );
-                let _ = gh
-                    .create_comment(&repo, job.request.issue_number as u64, &body)
-                    .await;
-                self.react(&gh, &repo, &job, Reaction::Confused).await;
-                self.finish_quietly(&job, RunStatus::Failed, "refused")
-                    .await;
+                Err(Refusal::BadRequest(job.request.job.argument().to_string()).into())
             }
         }
     }

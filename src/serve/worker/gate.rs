@@ -1,96 +1,273 @@
 //! Admission: whether a run may start — who asked and their permission, the repository's
-//! `.github/kodx.yml`, and the installation's monthly budget. A refusal is one short
-//! comment and a finished run.
+//! `.github/kodx.yml`, and the installation's monthly budget — checked once, before kodx
+//! posts anything. The outcome is an [`Admission`] that travels into the run's handler, or a
+//! typed [`Refusal`]: one short comment and a finished run.
+
+use serde_json::json;
 
 use crate::comment;
 use crate::db::{Run, RunStatus};
 use crate::github::{Installation, Permission, Reaction, RepoName};
-use crate::repo_config::{AskPermission, RepoConfig};
+use crate::repo_config::{AskPermission, RepoConfig, RepoConfigError, RunKind, ServerMaxima};
 use crate::serve::job::JobKind;
 
+use super::ending::EndReason;
 use super::Workers;
-
-/// A short word for the reason a run was refused, stored as its stop reason.
-pub(in crate::serve) const NOT_PERMITTED: &str = "not_permitted";
-
-pub(super) const INVALID_CONFIG: &str = "invalid_config";
 
 /// Runs are capped at what is left of the monthly budget, so spend approaches it without
 /// reaching it: with less than this left, the budget counts as spent.
 pub(super) const MIN_RUN_BUDGET_USD: f64 = 0.01;
 
+/// The installation's monthly budget and what it has spent of it this month.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(in crate::serve) struct Budget {
+    pub budget: f64,
+    pub spent: f64,
+}
+
+impl Budget {
+    pub fn left(&self) -> f64 {
+        self.budget - self.spent
+    }
+
+    pub fn is_spent(&self) -> bool {
+        self.left() < MIN_RUN_BUDGET_USD
+    }
+}
+
+/// A run that may start, with what was read to decide it.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::serve) struct Admission {
+    pub config: RepoConfig,
+    /// Who asked's permission; `None` when an earlier kodx process checked it (a run
+    /// acknowledged before a restart).
+    pub permission: Option<Permission>,
+    /// The monthly budget, when the server has one.
+    pub budget: Option<Budget>,
+    /// How many runs this process had ended when the admission was made
+    /// ([`Workers::ended`]): a run that waited for a slot waited for one to end.
+    ended: u64,
+}
+
+impl Admission {
+    pub fn new(
+        config: RepoConfig,
+        permission: Option<Permission>,
+        budget: Option<Budget>,
+        ended: u64,
+    ) -> Admission {
+        Admission {
+            config,
+            permission,
+            budget,
+            ended,
+        }
+    }
+
+    /// Still what a check now would read: no run ended since (so the run did not wait for
+    /// a slot, and the month's spend is what it was), and the config was read moments ago.
+    pub fn is_fresh(&self, ended_now: u64) -> bool {
+        self.ended == ended_now
+    }
+
+    /// The cost limit of a run of `kind`: the repository's, under the server's maximum and
+    /// never past what is left of the budget.
+    pub fn cost_limit(&self, kind: RunKind, maxima: &ServerMaxima) -> f64 {
+        let limit = self.config.cost_limit_for(kind, maxima);
+        match self.budget {
+            Some(b) => limit.min(b.left()),
+            None => limit,
+        }
+    }
+
+    pub fn max_iterations(&self, maxima: &ServerMaxima) -> u32 {
+        self.config.max_iterations(maxima)
+    }
+
+    /// What is stored with the run's result: the admitted limits.
+    pub fn to_json(&self, kind: RunKind, maxima: &ServerMaxima) -> serde_json::Value {
+        json!({
+            "permission": self.permission.map(Permission::as_str),
+            "cost_limit": self.cost_limit(kind, maxima),
+            "max_iterations": self.max_iterations(maxima),
+            "budget_left": self.budget.map(|b| b.left()),
+        })
+    }
+}
+
+/// Why a run may not start.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::serve) enum Refusal {
+    /// GitHub did not give `.github/kodx.yml`.
+    ConfigUnreadable(String),
+    /// GitHub did not say what permission who asked has.
+    PermissionUnknown(String),
+    /// Who asked has less than the command needs.
+    NotPermitted { needed: Permission, has: Permission },
+    /// The installation's monthly budget is spent.
+    BudgetSpent(Budget),
+    /// `.github/kodx.yml` is invalid.
+    InvalidConfig(RepoConfigError),
+    /// The command could not be read (empty, too long): the sentence saying why.
+    BadRequest(String),
+}
+
+impl Refusal {
+    /// The stop reason stored and counted.
+    pub fn end_reason(&self) -> EndReason {
+        match self {
+            Refusal::ConfigUnreadable(_) | Refusal::PermissionUnknown(_) => EndReason::Internal,
+            Refusal::NotPermitted { .. } => EndReason::NotPermitted,
+            Refusal::BudgetSpent(_) => EndReason::BudgetSpent,
+            Refusal::InvalidConfig(_) => EndReason::InvalidConfig,
+            Refusal::BadRequest(_) => EndReason::Refused,
+        }
+    }
+
+    /// What is stored as the run's result.
+    pub fn to_json(&self) -> serde_json::Value {
+        let reason = self.end_reason().as_str();
+        match self {
+            Refusal::ConfigUnreadable(e) | Refusal::PermissionUnknown(e) => {
+                json!({ "refused": reason, "error": e })
+            }
+            Refusal::NotPermitted { needed, has } => {
+                json!({ "refused": reason, "needed": needed.as_str(), "has": has.as_str() })
+            }
+            Refusal::BudgetSpent(b) => {
+                json!({ "refused": reason, "budget": b.budget, "spent": b.spent })
+            }
+            Refusal::InvalidConfig(e) => json!({ "refused": reason, "error": e.to_string() }),
+            Refusal::BadRequest(why) => json!({ "refused": reason, "error": why }),
+        }
+    }
+
+    /// The comment that says so.
+    pub fn message(&self, run: &Run) -> String {
+        let author = &run.request.author;
+        match self {
+            Refusal::ConfigUnreadable(e) => format!(
+                "kodx could not read `{}` from the default branch ({e}). Run the command again in a moment.",
+                RepoConfig::PATH
+            ),
+            Refusal::PermissionUnknown(e) => format!(
+                "kodx could not check @{author}'s permission on this repository ({e}). Run the command again in a moment."
+            ),
+            Refusal::NotPermitted { needed, has } => {
+                not_permitted(author, run.kind(), *needed, *has)
+            }
+            Refusal::BudgetSpent(b) => format!(
+                "kodx did not start: this installation's monthly budget of {} is spent ({} used since the 1st, UTC; runs need at least $0.01 of it left). Runs start again next month, or when the server's operator raises `monthly_budget_usd`.",
+                crate::cost::format_usd(b.budget),
+                crate::cost::format_usd(b.spent)
+            ),
+            Refusal::InvalidConfig(e) => format!(
+                "kodx cannot run because the repository's configuration is invalid:\n\n```\n{e}\n```\n\nFix `{}` on the default branch and run the command again.",
+                RepoConfig::PATH
+            ),
+            Refusal::BadRequest(why) => format!(
+                "@{} kodx did not start: {}.",
+                comment::redact(author),
+                comment::redact(why)
+            ),
+        }
+    }
+}
+
+/// The permission a job needs: read for help, and for ask when the repository allows it;
+/// write for everything else.
+pub(in crate::serve) fn needed_permission(kind: JobKind, ask: AskPermission) -> Permission {
+    match (kind, ask) {
+        (JobKind::Ask, AskPermission::Read) | (JobKind::Help, _) => Permission::Read,
+        _ => Permission::Write,
+    }
+}
+
+/// Whether [`Workers::check`] asks GitHub for the permission of who asked.
+pub(super) enum PermissionCheck {
+    Ask,
+    /// Checked already (by the admission before a wait, or by an earlier process: `None`).
+    Known(Option<Permission>),
+}
+
 impl Workers {
-    /// The permission check and `.github/kodx.yml`. On refusal the run is finished and the
-    /// person told why; `Err(())` then.
-    pub(super) async fn check_permission_and_config(
+    /// The admission of a run about to be acknowledged: its config, who asked's
+    /// permission and the budget, each read once.
+    pub(super) async fn admit(
         &self,
         gh: &Installation,
         repo: &RepoName,
         run: &Run,
-    ) -> Result<RepoConfig, ()> {
-        let config_text = gh.file_on_default_branch(repo, RepoConfig::PATH).await;
-        let (config, config_error) = match config_text {
-            Ok(None) => (RepoConfig::default(), None),
-            Ok(Some(text)) => match RepoConfig::parse(&text) {
-                Ok(c) => (c, None),
-                Err(e) => (RepoConfig::default(), Some(e.to_string())),
-            },
-            Err(e) => {
-                tracing::warn!("reading {} failed: {e}", RepoConfig::PATH);
-                self.refuse(gh, repo, run, "internal_error", &format!(
-                    "kodx could not read `{}` from the default branch ({e}). Run the command again in a moment.",
-                    RepoConfig::PATH
-                ))
-                .await;
-                return Err(());
-            }
-        };
-        let needed = match (run.kind(), config.ask_permission) {
-            (JobKind::Ask, AskPermission::Read) => Permission::Read,
-            (JobKind::Help, _) => Permission::Read,
-            _ => Permission::Write,
-        };
-        let has = match gh.permission(repo, &run.request.author).await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!("permission check failed: {e}");
-                self.refuse(gh, repo, run, "internal_error", &format!(
-                    "kodx could not check @{}'s permission on this repository ({e}). Run the command again in a moment.",
-                    run.request.author
-                ))
-                .await;
-                return Err(());
-            }
-        };
-        if has < needed {
-            tracing::info!(permission = has.as_str(), "refused: not permitted");
-            let body = not_permitted(&run.request.author, run.kind(), needed, has);
-            let _ = gh
-                .create_comment(repo, run.request.issue_number as u64, &body)
-                .await;
-            self.finish_quietly(run, RunStatus::Failed, NOT_PERMITTED)
-                .await;
-            return Err(());
-        }
-        if let Some(note) = self.budget_spent(run).await {
-            tracing::info!("refused: monthly budget spent");
-            self.refuse(gh, repo, run, "budget_exceeded", &note).await;
-            return Err(());
-        }
-        if let Some(error) = config_error {
-            tracing::info!("refused: invalid repository config");
-            self.refuse(gh, repo, run, INVALID_CONFIG, &format!(
-                "kodx cannot run because the repository's configuration is invalid:\n\n```\n{error}\n```\n\nFix `{}` on the default branch and run the command again.",
-                RepoConfig::PATH
-            ))
-            .await;
-            return Err(());
-        }
-        Ok(config)
+    ) -> Result<Admission, Refusal> {
+        self.check(gh, repo, run, PermissionCheck::Ask).await
     }
 
-    /// What is left of the installation's monthly budget, if the server has one.
-    pub(super) async fn budget_left(&self, run: &Run) -> Option<(f64, f64)> {
+    /// The checks that can change while a run waits, made again when it starts after a
+    /// wait: the config and the budget (who asked keeps their permission).
+    pub(super) async fn readmit(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        run: &Run,
+        permission: Option<Permission>,
+    ) -> Result<Admission, Refusal> {
+        self.check(gh, repo, run, PermissionCheck::Known(permission))
+            .await
+    }
+
+    async fn check(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        run: &Run,
+        permission: PermissionCheck,
+    ) -> Result<Admission, Refusal> {
+        let ended = self.ended();
+        let config = match gh.file_on_default_branch(repo, RepoConfig::PATH).await {
+            Ok(None) => Ok(RepoConfig::default()),
+            Ok(Some(text)) => RepoConfig::parse(&text),
+            Err(e) => {
+                tracing::warn!("reading {} failed: {e}", RepoConfig::PATH);
+                return Err(Refusal::ConfigUnreadable(e.to_string()));
+            }
+        };
+        let permission = match permission {
+            PermissionCheck::Known(p) => p,
+            PermissionCheck::Ask => {
+                // An invalid config refuses; until then, its default decides who may ask.
+                let ask = config
+                    .as_ref()
+                    .map(|c| c.ask_permission)
+                    .unwrap_or_default();
+                let needed = needed_permission(run.kind(), ask);
+                let has = match gh.permission(repo, &run.request.author).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::warn!("permission check failed: {e}");
+                        return Err(Refusal::PermissionUnknown(e.to_string()));
+                    }
+                };
+                if has < needed {
+                    tracing::info!(permission = has.as_str(), "refused: not permitted");
+                    return Err(Refusal::NotPermitted { needed, has });
+                }
+                Some(has)
+            }
+        };
+        let budget = self.budget(run).await;
+        if let Some(b) = budget.filter(|b| run.is_work() && b.is_spent()) {
+            tracing::info!("refused: monthly budget spent");
+            return Err(Refusal::BudgetSpent(b));
+        }
+        let config = config.map_err(|e| {
+            tracing::info!("refused: invalid repository config");
+            Refusal::InvalidConfig(e)
+        })?;
+        Ok(Admission::new(config, permission, budget, ended))
+    }
+
+    /// The installation's monthly budget and its spend this month, if the server has one.
+    async fn budget(&self, run: &Run) -> Option<Budget> {
         let budget = self.settings.monthly_budget_usd?;
         let since = month_start_ms(crate::db::now_ms());
         let spent = match self
@@ -101,55 +278,76 @@ impl Workers {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!("reading the month's spend failed: {e}");
-                return Some((budget, 0.0));
+                0.0
             }
         };
-        Some((budget, spent))
+        Some(Budget { budget, spent })
     }
 
-    /// The refusal text when the installation's monthly budget is spent.
-    pub(super) async fn budget_spent(&self, run: &Run) -> Option<String> {
-        if !run.is_work() {
-            return None;
+    /// Says why the run was refused and finishes it as failed: a person not permitted gets
+    /// one short comment; a request that cannot be read, one short comment and `confused`;
+    /// the others, the status comment (or a new one) and `confused`.
+    pub(super) async fn refuse(&self, run: &Run, refusal: &Refusal) {
+        match self.github(run).await {
+            Ok((gh, repo)) => self.post_refusal(&gh, &repo, run, refusal).await,
+            Err(e) => tracing::error!("the refusal was not posted: {e:#}"),
         }
-        let (budget, spent) = self.budget_left(run).await?;
-        (budget - spent < MIN_RUN_BUDGET_USD).then(|| {
-            format!(
-                "kodx did not start: this installation's monthly budget of {} is spent ({} used since the 1st, UTC; runs need at least $0.01 of it left). Runs start again next month, or when the server's operator raises `monthly_budget_usd`.",
-                crate::cost::format_usd(budget),
-                crate::cost::format_usd(spent)
-            )
-        })
+        self.finish_quietly(
+            run,
+            RunStatus::Failed,
+            refusal.end_reason(),
+            refusal.to_json(),
+        )
+        .await;
     }
 
-    /// Answers with one comment, reacts `confused` and finishes the run as failed.
-    pub(super) async fn refuse(
-        &self,
-        gh: &Installation,
-        repo: &RepoName,
-        run: &Run,
-        reason: &str,
-        text: &str,
-    ) {
-        let body = format!(
-            "{}\n\n<sub>kodx run <code>{}</code></sub>",
-            comment::redact(text),
-            run.id
-        );
-        let body = match run.status_comment_id {
-            Some(id) => match gh.update_comment(repo, id as u64, &body).await {
-                Ok(()) => None,
-                Err(_) => Some(body),
-            },
-            None => Some(body),
-        };
-        if let Some(body) = body {
-            let _ = gh
-                .create_comment(repo, run.request.issue_number as u64, &body)
-                .await;
+    async fn post_refusal(&self, gh: &Installation, repo: &RepoName, run: &Run, refusal: &Refusal) {
+        let text = refusal.message(run);
+        match refusal {
+            // Help is for everyone who can read; nobody else is answered at all.
+            Refusal::NotPermitted { .. } if run.kind() == JobKind::Help => return,
+            // One short answer to the person, who may not see more.
+            Refusal::NotPermitted { .. } | Refusal::BadRequest(_) => {
+                if let Err(e) = gh
+                    .create_comment(repo, run.request.issue_number as u64, &text)
+                    .await
+                {
+                    tracing::warn!("posting the refusal failed: {e}");
+                }
+            }
+            _ => {
+                let body = format!(
+                    "{}\n\n<sub>kodx run <code>{}</code></sub>",
+                    comment::redact(&text),
+                    run.id
+                );
+                let body = match run.status_comment_id {
+                    Some(id) => match gh.update_comment(repo, id as u64, &body).await {
+                        Ok(()) => None,
+                        Err(_) => Some(body),
+                    },
+                    None => Some(body),
+                };
+                if let Some(body) = body {
+                    if let Err(e) = gh
+                        .create_comment(repo, run.request.issue_number as u64, &body)
+                        .await
+                    {
+                        tracing::warn!("posting the refusal failed: {e}");
+                    }
+                }
+            }
         }
-        self.react(gh, repo, run, Reaction::Confused).await;
-        self.finish_quietly(run, RunStatus::Failed, reason).await;
+        if !matches!(refusal, Refusal::NotPermitted { .. }) {
+            self.react(gh, repo, run, Reaction::Confused).await;
+        }
+        self.finish_quietly(
+            run,
+            RunStatus::Failed,
+            refusal.end_reason(),
+            refusal.to_json(),
+        )
+        .await;
     }
 }
 
@@ -201,5 +399,91 @@ mod tests {
         assert_eq!(month_start_ms(1_709_251_200_000), 1_709_251_200_000);
         assert_eq!(month_start_ms(1_709_251_199_999), 1_706_745_600_000);
         assert_eq!(month_start_ms(0), 0);
+    }
+
+    fn admission(config: RepoConfig, budget: Option<Budget>) -> Admission {
+        Admission {
+            config,
+            permission: Some(Permission::Write),
+            budget,
+            ended: 3,
+        }
+    }
+
+    #[test]
+    fn admitted_limits_stay_under_the_maxima_and_the_budget() {
+        let maxima = ServerMaxima {
+            cost_limit: 5.0,
+            max_iterations: 40,
+        };
+        let mut config = RepoConfig::default();
+        config.cost_limit.code = Some(8.0);
+        config.max_iterations = Some(100);
+        let a = admission(config.clone(), None);
+        assert_eq!(a.cost_limit(RunKind::Code, &maxima), 5.0);
+        assert_eq!(a.cost_limit(RunKind::Ask, &maxima), 1.0);
+        assert_eq!(a.max_iterations(&maxima), 40);
+        let b = admission(
+            config,
+            Some(Budget {
+                budget: 10.0,
+                spent: 9.25,
+            }),
+        );
+        assert_eq!(b.cost_limit(RunKind::Code, &maxima), 0.75);
+        assert_eq!(
+            b.to_json(RunKind::Code, &maxima),
+            json!({"permission": "write", "cost_limit": 0.75, "max_iterations": 40, "budget_left": 0.75})
+        );
+        assert!(b.is_fresh(3) && !b.is_fresh(4));
+    }
+
+    #[test]
+    fn a_budget_is_spent_below_a_cent() {
+        let b = |spent| Budget { budget: 1.0, spent };
+        assert!(!b(0.98).is_spent());
+        assert!(b(0.995).is_spent());
+        assert!(b(1.5).is_spent());
+    }
+
+    #[test]
+    fn who_may_ask() {
+        use AskPermission as A;
+        assert_eq!(needed_permission(JobKind::Ask, A::Write), Permission::Write);
+        assert_eq!(needed_permission(JobKind::Ask, A::Read), Permission::Read);
+        assert_eq!(needed_permission(JobKind::Code, A::Read), Permission::Write);
+        assert_eq!(
+            needed_permission(JobKind::Cancel, A::Read),
+            Permission::Write
+        );
+        assert_eq!(needed_permission(JobKind::Help, A::Write), Permission::Read);
+    }
+
+    #[test]
+    fn refusals_are_stored_with_their_reason() {
+        let r = Refusal::NotPermitted {
+            needed: Permission::Write,
+            has: Permission::Read,
+        };
+        assert_eq!(r.end_reason().as_str(), "not_permitted");
+        assert_eq!(
+            r.to_json(),
+            json!({"refused": "not_permitted", "needed": "write", "has": "read"})
+        );
+        let r = Refusal::BudgetSpent(Budget {
+            budget: 1.0,
+            spent: 1.0,
+        });
+        assert_eq!(r.end_reason().as_str(), "budget_exceeded");
+        assert_eq!(
+            Refusal::ConfigUnreadable("502".into())
+                .end_reason()
+                .as_str(),
+            "internal_error"
+        );
+        assert_eq!(
+            Refusal::BadRequest("too long".into()).end_reason().as_str(),
+            "refused"
+        );
     }
 }

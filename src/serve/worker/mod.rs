@@ -7,21 +7,23 @@
 //! issue. A run is acknowledged (`eyes`, the status comment) as soon as it is queued, even
 //! while it waits for a free worker.
 
+mod ending;
 pub(in crate::serve) mod gate;
 mod run;
 mod status;
 mod tasks;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::{Outcome, StopReason};
-use crate::comment::{Done, RunKind};
+use crate::comment::RunKind;
 use crate::cost::Pricing;
 use crate::db::{Db, Finish, RecoveryAction, Run, RunStatus};
 use crate::github::{GitHubApp, GitHubError, Installation, RepoName, TokenScope};
@@ -32,6 +34,11 @@ use crate::serve::config::Settings;
 use crate::serve::job::{JobKind, TriggerKind};
 use crate::serve::metrics::Metrics;
 use tasks::{Panicked, Tasks};
+
+pub use ending::EndReason;
+use ending::RunLog;
+pub(in crate::serve) use ending::{Ending, RunFailure};
+use gate::Admission;
 
 /// Makes the model client of a run (from the environment in production).
 pub trait ProviderFactory: Send + Sync {
@@ -114,41 +121,29 @@ pub struct Workers {
     /// Stops claiming; running runs get `shutdown_grace_secs`, then are stopped.
     pub shutdown: CancellationToken,
     pub(in crate::serve) running: Mutex<HashMap<String, RunHandle>>,
-    acknowledging: Mutex<HashSet<String>>,
+    /// The acknowledgement of each run being acknowledged, or acknowledged and waiting for
+    /// a slot: made once, by whichever task comes first, and taken by the run when it starts.
+    acks: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Acked>>>>,
+    /// How many runs this process has ended (see [`Admission::is_fresh`]).
+    ended: AtomicU64,
     slots: Arc<Semaphore>,
+}
+
+/// What acknowledging a run came to.
+#[derive(Clone)]
+pub(in crate::serve) enum Acked {
+    /// Admitted; `eyes` and the status comment (its id, unless creating it failed) are up.
+    Admitted(Box<Admission>, Option<u64>),
+    /// Refused, and finished.
+    Refused,
+    /// GitHub could not be asked; nothing was posted.
+    Unreachable,
 }
 
 pub(in crate::serve) struct RunHandle {
     pub(in crate::serve) cancel: CancellationToken,
     /// Who cancelled it with `/kodx cancel` (none: shutdown).
     pub(in crate::serve) cancelled_by: Arc<Mutex<Option<String>>>,
-}
-
-/// How a run's work ended before it is written down.
-struct Ending {
-    status: RunStatus,
-    done: Done,
-}
-
-/// How long each phase of a run took (stored with its result, logged, and read by
-/// `bench/pr-latency.sh`).
-#[derive(Default)]
-struct Timings(Mutex<Vec<(&'static str, Duration)>>);
-
-impl Timings {
-    fn add(&self, phase: &'static str, took: Duration) {
-        self.0.lock().expect("lock").push((phase, took));
-    }
-
-    fn to_json(&self) -> serde_json::Value {
-        let phases = self.0.lock().expect("lock");
-        serde_json::Value::Object(
-            phases
-                .iter()
-                .map(|(k, d)| (k.to_string(), serde_json::json!(d.as_millis() as u64)))
-                .collect(),
-        )
-    }
 }
 
 impl Workers {
@@ -181,7 +176,8 @@ impl Workers {
             ),
             shutdown,
             running: Mutex::new(HashMap::new()),
-            acknowledging: Mutex::new(HashSet::new()),
+            acks: Mutex::new(HashMap::new()),
+            ended: AtomicU64::new(0),
             slots,
             settings,
         })
@@ -247,7 +243,7 @@ impl Workers {
                             "kodx restarted while this run was working, more than once; it was not started again. Run the command again to retry.".into(),
                         );
                         this.post_done(&run, &done).await;
-                        this.metrics.run_finished(run.kind().as_str(), "internal_error", 0.0, Duration::ZERO);
+                        this.metrics.run_finished(run.kind().as_str(), EndReason::Internal.as_str(), 0.0, Duration::ZERO);
                     }
                 }
             }
@@ -341,7 +337,7 @@ impl Workers {
     /// finish it), with a log line and the status comment saying so.
     async fn panicked(self: &Arc<Self>, p: Panicked) {
         tracing::error!(run_id = %p.run_id, "a worker task panicked: {}", p.message);
-        self.acknowledging.lock().expect("lock").remove(&p.run_id);
+        self.forget_ack(&p.run_id);
         if self
             .running
             .lock()
@@ -360,25 +356,9 @@ impl Workers {
                 return;
             }
         };
-        let fin = Finish::without_calls(
-            RunStatus::Failed,
-            "internal_error",
-            serde_json::json!({ "error": format!("the worker task panicked: {}", p.message) }),
-        );
-        if let Err(e) = self.db.finish(&run.id, &fin).await {
-            tracing::error!(run_id = %run.id, "recording the failure of a panicked task failed: {e}");
-        }
-        self.metrics
-            .run_finished(run.kind().as_str(), "internal_error", 0.0, Duration::ZERO);
-        let done = self.failed_done(
-            &run,
-            StopReason::Error,
-            format!(
-                "kodx hit an internal error (a worker task panicked). Run id `{}`.",
-                run.id
-            ),
-        );
-        self.post_done(&run, &done).await;
+        let failure = RunFailure::Internal(anyhow::Error::new(p));
+        self.conclude(&run, Err(failure), &RunLog::default(), Instant::now())
+            .await;
     }
 
     async fn dispatch(self: &Arc<Self>, tasks: &mut Tasks) {
@@ -404,7 +384,7 @@ impl Workers {
                 self.metrics.set_queued(queued.len() as i64);
                 for run in queued.into_iter().filter(|r| r.is_work()) {
                     if run.status_comment_id.is_some()
-                        || self.acknowledging.lock().expect("lock").contains(&run.id)
+                        || self.acks.lock().expect("lock").contains_key(&run.id)
                     {
                         continue;
                     }
@@ -413,7 +393,7 @@ impl Workers {
                     tasks.spawn(
                         &run.id.clone(),
                         async move {
-                            this.ensure_acknowledged(&run.id).await;
+                            this.ensure_acknowledged(&run).await;
                         }
                         .instrument(span),
                     );
@@ -449,52 +429,66 @@ impl Workers {
         }
     }
 
-    /// Acknowledges the run once, whoever asks first (the intake or the worker that claimed
-    /// it); the other waits. The run as it is afterwards, or `None` when it is over (refused).
-    async fn ensure_acknowledged(&self, run_id: &str) -> Option<Run> {
-        loop {
-            if self
-                .acknowledging
-                .lock()
-                .expect("lock")
-                .insert(run_id.to_string())
-            {
-                break;
+    /// Acknowledges the run once, whoever asks first (the task acknowledging it while it
+    /// waits, or the worker that claimed it); the other waits for the same outcome. `None`
+    /// for a run an earlier process acknowledged (it has a status comment).
+    async fn ensure_acknowledged(&self, run: &Run) -> Option<Acked> {
+        let cell = {
+            let mut acks = self.acks.lock().expect("lock");
+            match acks.get(&run.id) {
+                Some(cell) => cell.clone(),
+                None if run.status_comment_id.is_some() => return None,
+                None => acks.entry(run.id.clone()).or_default().clone(),
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let acked = cell.get_or_init(|| self.acknowledge(run)).await.clone();
+        // Only an admitted run with its status comment waits here for its slot; the others
+        // are over, or are acknowledged again on the next pass.
+        if !matches!(acked, Acked::Admitted(_, Some(_))) {
+            self.forget_ack(&run.id);
         }
-        let result = async {
-            let run = self.db.get_run(run_id).await.ok().flatten()?;
-            if run.status.is_final() {
-                return None;
-            }
-            if run.status_comment_id.is_none() {
-                self.acknowledge(&run).await;
-            }
-            self.db
-                .get_run(run_id)
-                .await
-                .ok()
-                .flatten()
-                .filter(|r| !r.status.is_final())
-        }
-        .await;
-        self.acknowledging.lock().expect("lock").remove(run_id);
-        result
+        Some(acked)
     }
 
+    /// Drops what acknowledging the run left for it (it started, or it is over).
+    pub(in crate::serve) fn forget_ack(&self, run_id: &str) {
+        self.acks.lock().expect("lock").remove(run_id);
+    }
+
+    /// How many runs this process has ended.
+    pub(in crate::serve) fn ended(&self) -> u64 {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// Records a run that ended without a model call: its row and its metrics.
     pub(in crate::serve) async fn finish_quietly(
         &self,
         run: &Run,
         status: RunStatus,
-        reason: &str,
+        reason: EndReason,
+        result: serde_json::Value,
     ) {
-        let fin = Finish::without_calls(status, reason, serde_json::json!({ "refused": reason }));
+        let fin = Finish::without_calls(status, reason.as_str(), result);
         if let Err(e) = self.db.finish(&run.id, &fin).await {
-            tracing::error!("finishing the run failed: {e}");
+            tracing::error!("recording the end of the run failed: {e}");
         }
         self.metrics
-            .run_finished(run.kind().as_str(), reason, 0.0, Duration::ZERO);
+            .run_finished(run.kind().as_str(), reason.as_str(), 0.0, Duration::ZERO);
+    }
+
+    /// The run's repository and a token for it ([`Workers::installation`]).
+    pub(in crate::serve) async fn github(
+        &self,
+        run: &Run,
+    ) -> anyhow::Result<(Installation, RepoName)> {
+        use anyhow::Context as _;
+        let repo = RepoName::parse(&run.request.repo)
+            .with_context(|| format!("the repository name {:?} is not valid", run.request.repo))?;
+        let gh = self
+            .installation(run)
+            .await
+            .context("GitHub did not give kodx an installation token")?;
+        Ok((gh, repo))
     }
 
     /// A token for this run's repository only, with the permissions its kind uses: a code
@@ -514,17 +508,6 @@ impl Workers {
         self.app
             .installation_for(run.request.installation_id as u64, &scope)
             .await
-    }
-
-    fn failed_done(&self, run: &Run, reason: StopReason, failure: String) -> Done {
-        Done {
-            kind: run_kind(run),
-            outcome: zero_outcome(reason, 0.0, String::new()),
-            text: String::new(),
-            pr_url: None,
-            pushed: None,
-            failure: Some(failure),
-        }
     }
 }
 

@@ -9,19 +9,23 @@ use secrecy::ExposeSecret;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{Agent, Progress, Record, StopReason};
-use crate::comment::{self, Done, Phase, RunKind};
-use crate::db::{Db, Finish, Run, RunStatus};
+use crate::comment::{self, Done, Phase};
+use crate::db::{Db, Run, RunStatus};
 use crate::github::{GitHubError, Installation, PullInfo, RepoName};
 use crate::model::{Provider, ProviderError, Request, Response};
-use crate::program::{self, Overrides, Plan, Program};
+use crate::program::Program;
 use crate::repo_config::{OnLimit, RepoConfig};
 use crate::sandbox::{Sandbox, SandboxError};
 use crate::serve::context::{strip_hidden, ContextComment, RunContext};
 use crate::serve::deliver::{self, Target};
 use crate::serve::metrics::Metrics;
 
-use super::gate::MIN_RUN_BUDGET_USD;
-use super::{run_kind, zero_outcome, Ending, RunHandle, Timings, Workers};
+use super::ending::{RunLog, Timings};
+use super::gate::Admission;
+use super::gate::Refusal;
+use super::{run_kind, zero_outcome, Acked, Ending, RunFailure, RunHandle, Workers};
+use crate::serve::handlers::plan::{prepare, RunPlan};
+use anyhow::Context as _;
 
 impl Workers {
     pub(super) async fn work(self: &Arc<Self>, run: Run) {
@@ -37,240 +41,126 @@ impl Workers {
             },
         );
         tracing::info!(attempt = run.attempts, "run started");
-        let timings = Timings::default();
-        let ending = self.work_inner(&run, &cancel, &timings).await;
+        let log = RunLog::default();
+        // A run claimed before it was acknowledged is acknowledged now (or refused, and
+        // then over).
+        let (admission, comment_id) = match self.ensure_acknowledged(&run).await {
+            Some(Acked::Refused) => (None, None),
+            Some(Acked::Admitted(admission, id)) => (Some(Ok(*admission)), id),
+            Some(Acked::Unreachable) | None => (Some(Err(())), None),
+        };
+        self.forget_ack(&run.id);
+        let mut run = run;
+        run.status_comment_id = run.status_comment_id.or(comment_id.map(|id| id as i64));
+        let ended = match admission {
+            Some(admission) => Some(self.work_inner(&run, admission.ok(), &cancel, &log).await),
+            None => None,
+        };
         self.running.lock().expect("lock").remove(&run.id);
         self.metrics.run_ended();
-        let Some(mut ending) = ending else {
+        self.ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let Some(mut ended) = ended else {
             return;
         };
-        if ending.done.outcome.stop_reason == StopReason::Cancelled {
-            let by = cancelled_by.lock().expect("lock").clone();
-            match by {
-                Some(who) => {
-                    ending.status = RunStatus::Cancelled;
-                    ending.done.failure = Some(format!("Cancelled by @{who}."));
+        if let Ok(Ending::Work { status, done }) = &mut ended {
+            if done.outcome.stop_reason == StopReason::Cancelled {
+                let by = cancelled_by.lock().expect("lock").clone();
+                match by {
+                    Some(who) => {
+                        *status = RunStatus::Cancelled;
+                        done.failure = Some(format!("Cancelled by @{who}."));
+                    }
+                    None if self.shutdown.is_cancelled() => {
+                        // Stopped by a shutdown: left `running`, queued again at the next
+                        // start.
+                        tracing::warn!(
+                            "run stopped by shutdown; it resumes when kodx starts again"
+                        );
+                        self.edit_status(
+                            &run,
+                            "⏳ paused — kodx is restarting; this run starts again when it is back",
+                        )
+                        .await;
+                        return;
+                    }
+                    None => {}
                 }
-                None if self.shutdown.is_cancelled() => {
-                    // Stopped by a shutdown: left `running`, queued again at the next start.
-                    tracing::warn!("run stopped by shutdown; it resumes when kodx starts again");
-                    self.edit_status(
-                        &run,
-                        "⏳ paused — kodx is restarting; this run starts again when it is back",
-                    )
-                    .await;
-                    return;
-                }
-                None => {}
             }
         }
-        let o = &ending.done.outcome;
-        let fin = Finish {
-            status: ending.status,
-            stop_reason: o.stop_reason.as_str().to_string(),
-            cost_usd: o.usd_cost,
-            input_tokens: o.usage.input_tokens as i64,
-            output_tokens: o.usage.output_tokens as i64,
-            cache_read_tokens: o.usage.cache_read_tokens as i64,
-            cache_write_tokens: o.usage.cache_write_tokens as i64,
-            api_calls: i64::from(o.api_calls),
-            result: serde_json::json!({
-                "last_message": comment::redact(&o.last_message),
-                "detail": ending.done.failure.as_deref().or(o.detail.as_deref()).map(comment::redact),
-                "model": o.model,
-                "timings_ms": timings.to_json(),
-            })
-            .to_string(),
-            pr_url: ending.done.pr_url.clone(),
-        };
-        if let Err(e) = self.db.finish(&run.id, &fin).await {
-            tracing::error!("recording the end of the run failed: {e}");
-        }
-        self.metrics.run_finished(
-            run.kind().as_str(),
-            o.stop_reason.as_str(),
-            o.usd_cost,
-            started.elapsed(),
-        );
-        tracing::info!(
-            stop_reason = o.stop_reason.as_str(),
-            cost_usd = o.usd_cost,
-            api_calls = o.api_calls,
-            timings_ms = %timings.to_json(),
-            "run finished"
-        );
-        self.post_done(&run, &ending.done).await;
+        self.conclude(&run, ended, &log, started).await;
     }
 
-    /// The run itself. `None` when it was refused (and finished) while being acknowledged.
-    pub(super) async fn work_inner(
+    /// The run itself, admitted by `admission` when it was acknowledged (`None`: it was
+    /// not, here).
+    async fn work_inner(
         self: &Arc<Self>,
         run: &Run,
+        admission: Option<Admission>,
         cancel: &CancellationToken,
-        timings: &Timings,
-    ) -> Option<Ending> {
+        log: &RunLog,
+    ) -> Result<Ending, RunFailure> {
+        let timings = &log.timings;
         let prepare_started = Instant::now();
         let kind = run_kind(run);
-        let internal = |what: String| {
-            tracing::error!("{what}");
-            Some(Ending {
-                status: RunStatus::Failed,
-                done: self.failed_done(
-                    run,
-                    StopReason::Error,
-                    format!("kodx hit an internal error ({what}). Run id `{}`.", run.id),
-                ),
-            })
-        };
-        // A run claimed before it was acknowledged is acknowledged now (or refused).
-        let run = self.ensure_acknowledged(&run.id).await?;
-        let run = &run;
-        let gh = match self.installation(run).await {
-            Ok(gh) => gh,
-            Err(e) => {
-                return internal(format!(
-                    "GitHub did not give kodx an installation token: {e}"
-                ))
+        let gh = self
+            .installation(run)
+            .await
+            .context("GitHub did not give kodx an installation token")?;
+        let repo = RepoName::parse(&run.request.repo)
+            .with_context(|| format!("the repository name {:?} is not valid", run.request.repo))?;
+        // The admission made when the run was acknowledged, unless the run waited since (or
+        // an earlier process acknowledged it): then its config and budget are read again.
+        let admission = match admission {
+            Some(a) if a.is_fresh(self.ended()) => a,
+            earlier => {
+                let permission = earlier.and_then(|a| a.permission);
+                match self.readmit(&gh, &repo, run, permission).await {
+                    Ok(a) => a,
+                    Err(refusal) => return self.refused_after_wait(run, refusal),
+                }
             }
         };
-        let Ok(repo) = RepoName::parse(&run.request.repo) else {
-            return internal(format!(
-                "the repository name {:?} is not valid",
-                run.request.repo
-            ));
-        };
-        // The config again: it may have changed since the run was queued.
-        let config = match gh.file_on_default_branch(&repo, RepoConfig::PATH).await {
-            Ok(Some(text)) => match RepoConfig::parse(&text) {
-                Ok(c) => c,
-                Err(e) => {
-                    return Some(Ending {
-                        status: RunStatus::Failed,
-                        done: self.failed_done(run, StopReason::Error, format!(
-                            "The repository's configuration became invalid: {e}. Fix it on the default branch and run the command again."
-                        )),
-                    })
-                }
-            },
-            Ok(None) => RepoConfig::default(),
-            Err(e) => return internal(format!("reading {} failed: {e}", RepoConfig::PATH)),
-        };
+        let maxima = self.settings.maxima();
+        *log.admission.lock().expect("lock") = Some(admission.to_json(kind, &maxima));
         self.edit_phase(&gh, &repo, run, &Phase::SettingUp).await;
         let _ = self.db.set_phase(&run.id, "setting_up").await;
 
-        // The program, its limits and its model.
-        let program = Program::builtin(kind.program()).expect("built-in ask and code programs");
-        let maxima = self.settings.maxima();
-        let mut cost_limit = config.cost_limit_for(kind, &maxima);
-        if let Some((budget, spent)) = self.budget_left(run).await {
-            if budget - spent < MIN_RUN_BUDGET_USD {
-                return Some(Ending {
-                    status: RunStatus::Failed,
-                    done: self.failed_done(
-                        run,
-                        StopReason::CostLimitExceeded,
-                        "This installation's monthly budget was spent while the run waited; nothing was started.".into(),
-                    ),
-                });
-            }
-            // A run never spends past the budget.
-            cost_limit = cost_limit.min(budget - spent);
-        }
-        let overrides = Overrides {
-            model: config.model.clone().or_else(|| self.settings.model.clone()),
-            image: config.image.clone(),
-            setup_script: config.setup_script.clone(),
-            disable_network_after_setup: config.disable_network_after_setup,
-            cost_limit: Some(cost_limit),
-            max_iterations: Some(config.max_iterations(&maxima)),
-            command_timeout: None,
-        };
-        let defaults = program::Defaults {
-            image: self.settings.image.clone(),
-            cost_limit,
-            max_iterations: config.max_iterations(&maxima),
-            command_timeout: Duration::from_secs(self.settings.command_timeout_secs),
-            run_timeout: Duration::from_secs(self.settings.run_timeout_secs),
-            network: self.settings.network,
-            network_allow: self.settings.network_allow.clone(),
-            max_disk_bytes: self.settings.max_disk_bytes,
-        };
-        let plan = match Plan::new(
-            format!("kodx-{}", run.id),
-            program,
-            &overrides,
-            &defaults,
+        // What GitHub says about the issue, then what the run will do.
+        let (context, pull) = self
+            .context(&gh, &repo, run)
+            .await
+            .context("reading the issue from GitHub failed")?;
+        let RunPlan {
+            kind,
+            plan,
+            prompt,
+            checkout,
+            depth,
+            target,
+            draft,
+            on_limit,
+            ..
+        } = prepare(
+            &run.id,
+            &run.request,
+            &admission,
+            &context,
+            pull.as_ref(),
+            &self.settings,
             &self.pricing,
-        ) {
-            Ok(p) => p,
-            Err(e) => {
-                return Some(Ending {
-                    status: RunStatus::Failed,
-                    done: self.failed_done(run, StopReason::Error, format!(
-                        "{e}. Choose a model kodx knows in `{}` (`model:`), or ask the server's operator to add its price.",
-                        RepoConfig::PATH
-                    )),
-                })
-            }
-        };
+        )?;
+        let cost_limit = plan.agent.cost_limit;
+        let clone_url = run.request.clone_url.clone();
         let program = &plan.program;
-        let provider = match self.providers.make(program.model.provider) {
-            Ok(p) => p,
-            Err(e) => {
-                return internal(format!(
-                    "the model API is not configured on this server: {e}"
-                ))
-            }
-        };
+        let provider = self
+            .providers
+            .make(program.model.provider)
+            .map_err(anyhow::Error::msg)
+            .context("the model API is not configured on this server")?;
         let provider = Timed {
             inner: provider,
             metrics: self.metrics.clone(),
         };
-
-        // The context and the clone.
-        let (context, checkout, clone_url, pull) = match self.context(&gh, &repo, run).await {
-            Ok(c) => c,
-            Err(e) => return internal(format!("reading the issue from GitHub failed: {e}")),
-        };
-        // Where a code run's change goes; for pull requests, the branch to work on.
-        let (checkout, target) = match (kind, &pull) {
-            (RunKind::Ask, _) => (checkout, None),
-            (RunKind::Code, None) => (
-                checkout,
-                Some(Target::NewPull {
-                    branch: deliver::branch_name(
-                        &config.pr.branch_prefix,
-                        false,
-                        run.request.issue_number,
-                        &run.id,
-                    ),
-                    base: run.request.default_branch.clone(),
-                    closes: Some(run.request.issue_number),
-                    original: None,
-                }),
-            ),
-            (RunKind::Code, Some(pr)) if !pr.is_fork => (
-                crate::git::Checkout::Branch(pr.head.ref_name.clone()),
-                Some(Target::PullBranch {
-                    branch: pr.head.ref_name.clone(),
-                }),
-            ),
-            (RunKind::Code, Some(pr)) => (
-                checkout,
-                Some(Target::NewPull {
-                    branch: deliver::branch_name(
-                        &config.pr.branch_prefix,
-                        true,
-                        run.request.issue_number,
-                        &run.id,
-                    ),
-                    base: pr.base.ref_name.clone(),
-                    closes: None,
-                    original: Some(run.request.issue_number),
-                }),
-            ),
-        };
-        let prompt = context.prompt(run.kind());
         // Readable by this user alone: it holds a private repository.
         let workdir = match tempfile::Builder::new()
             .prefix(&format!("{}{}-", self.clone_prefix(), run.id))
@@ -278,7 +168,11 @@ impl Workers {
             .tempdir()
         {
             Ok(d) => d,
-            Err(e) => return internal(format!("no temporary directory for the clone: {e}")),
+            Err(e) => {
+                return Err(RunFailure::Internal(anyhow::anyhow!(
+                    "no temporary directory for the clone: {e}"
+                )))
+            }
         };
         let dest = workdir.path().join("repo");
         let token = gh.token().expose_secret().to_string();
@@ -287,7 +181,6 @@ impl Workers {
         let cloned = {
             let dest = dest.clone();
             let url = clone_url.clone();
-            let depth = if kind == RunKind::Ask { Some(1) } else { None };
             tokio::task::spawn_blocking(move || {
                 crate::git::clone(&url, &token, &dest, &checkout, depth)
             })
@@ -299,25 +192,28 @@ impl Workers {
                 tracing::info!(head = %c.head_sha, "cloned")
             }
             Ok(Err(e)) => {
-                return Some(Ending {
-                    status: RunStatus::Failed,
-                    done: self.failed_done(
-                        run,
-                        StopReason::Error,
-                        format!("Cloning the repository failed: {e}"),
-                    ),
-                })
+                return Err(RunFailure::User(format!(
+                    "Cloning the repository failed: {e}"
+                )))
             }
-            Err(e) => return internal(format!("the clone task failed: {e}")),
+            Err(e) => {
+                return Err(RunFailure::Internal(anyhow::anyhow!(
+                    "the clone task failed: {e}"
+                )))
+            }
         }
         if cancel.is_cancelled() {
-            return Some(self.cancelled_early(run, cost_limit, program));
+            return Ok(self.cancelled_early(run, cost_limit, program));
         }
 
         // The container.
         let engine = match self.engine.get().await {
             Ok(e) => e,
-            Err(e) => return internal(format!("no Docker engine: {e}")),
+            Err(e) => {
+                return Err(RunFailure::Internal(anyhow::anyhow!(
+                    "no Docker engine: {e}"
+                )))
+            }
         };
         let mut spec = plan.sandbox.clone();
         spec.repo_dir = Some(dest.clone());
@@ -332,7 +228,7 @@ impl Workers {
         let setup_started = Instant::now();
         let sandbox = tokio::select! {
             s = engine.start_with_progress(&spec, |line| tracing::info!("{line}")) => s,
-            _ = cancel.cancelled() => return Some(self.cancelled_early(run, cost_limit, program)),
+            _ = cancel.cancelled() => return Ok(self.cancelled_early(run, cost_limit, program)),
         };
         let sandbox = match sandbox {
             Ok(s) => {
@@ -347,7 +243,7 @@ impl Workers {
                 );
                 outcome.duration = setup_started.elapsed();
                 outcome.detail = Some(e.to_string());
-                return Some(Ending {
+                return Ok(Ending::Work {
                     status: RunStatus::Failed,
                     done: Done {
                         kind,
@@ -360,14 +256,9 @@ impl Workers {
                 });
             }
             Err(e) => {
-                return Some(Ending {
-                    status: RunStatus::Failed,
-                    done: self.failed_done(
-                        run,
-                        StopReason::Error,
-                        format!("The container could not be started: {e}"),
-                    ),
-                })
+                return Err(RunFailure::User(format!(
+                    "The container could not be started: {e}"
+                )))
             }
         };
 
@@ -419,7 +310,7 @@ impl Workers {
             outcome.stop_reason,
             StopReason::CostLimitExceeded | StopReason::MaxIterations | StopReason::Timeout
         )
-        .then_some(config.pr.on_limit)
+        .then_some(on_limit)
         .filter(|o| *o != OnLimit::Discard);
         let deliverable = outcome.stop_reason == StopReason::EndTurn || partial.is_some();
         let changes = match &target {
@@ -446,15 +337,7 @@ impl Workers {
             let delivered = match changes {
                 Ok(changes) => {
                     self.deliver(
-                        run,
-                        &repo,
-                        &dest,
-                        &clone_url,
-                        &target,
-                        changes,
-                        &done,
-                        config.pr.draft,
-                        partial,
+                        run, &repo, &dest, &clone_url, &target, changes, &done, draft, partial,
                         timings,
                     )
                     .await
@@ -482,7 +365,7 @@ impl Workers {
         } else {
             RunStatus::Failed
         };
-        Some(Ending { status, done })
+        Ok(Ending::Work { status, done })
     }
 
     /// Applies a code run's change set to the host clone, commits it, pushes it and opens
@@ -646,8 +529,33 @@ impl Workers {
         }
     }
 
+    /// A run whose config or budget changed while it waited: it ends as it did before
+    /// the admission was one check (a failed run, not a refusal).
+    fn refused_after_wait(&self, run: &Run, refusal: Refusal) -> Result<Ending, RunFailure> {
+        match refusal {
+            Refusal::InvalidConfig(e) => Err(RunFailure::User(format!(
+                "The repository's configuration became invalid: {e}. Fix it on the default branch and run the command again."
+            ))),
+            Refusal::BudgetSpent(_) => Ok(Ending::Work {
+                status: RunStatus::Failed,
+                done: self.failed_done(
+                    run,
+                    StopReason::CostLimitExceeded,
+                    "This installation's monthly budget was spent while the run waited; nothing was started.".into(),
+                ),
+            }),
+            Refusal::ConfigUnreadable(e) => Err(RunFailure::Internal(anyhow::anyhow!(
+                "reading {} failed: {e}",
+                RepoConfig::PATH
+            ))),
+            other => Err(RunFailure::Internal(anyhow::anyhow!(
+                "the run was refused after it waited: {other:?}"
+            ))),
+        }
+    }
+
     pub(super) fn cancelled_early(&self, run: &Run, cost_limit: f64, program: &Program) -> Ending {
-        Ending {
+        Ending::Work {
             status: RunStatus::Cancelled,
             done: Done {
                 kind: run_kind(run),
@@ -664,13 +572,13 @@ impl Workers {
         }
     }
 
-    /// What the model is told, which commit to clone, and from where.
+    /// What the model is told, and for a pull request, the pull request.
     pub(super) async fn context(
         &self,
         gh: &Installation,
         repo: &RepoName,
         run: &Run,
-    ) -> Result<(RunContext, crate::git::Checkout, String, Option<PullInfo>), GitHubError> {
+    ) -> Result<(RunContext, Option<PullInfo>), GitHubError> {
         let number = run.request.issue_number as u64;
         let mut ctx = RunContext {
             repo: run.request.repo.clone(),
@@ -691,25 +599,13 @@ impl Workers {
                     .await?,
             );
             ctx.comments = self.comments(gh, repo, number).await?;
-            // The PR head: from the base repository (refs/pull/N/head) — a fork is never
-            // cloned with the App's token, and works the same as a same-repo branch.
-            Ok((
-                ctx,
-                crate::git::Checkout::PullHead(number),
-                run.request.clone_url.clone(),
-                Some(pr),
-            ))
+            Ok((ctx, Some(pr)))
         } else {
             let issue = gh.issue(repo, number).await?;
             ctx.title = issue.title;
             ctx.body = issue.body;
             ctx.comments = self.comments(gh, repo, number).await?;
-            Ok((
-                ctx,
-                crate::git::Checkout::DefaultBranch,
-                run.request.clone_url.clone(),
-                None,
-            ))
+            Ok((ctx, None))
         }
     }
 

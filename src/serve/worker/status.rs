@@ -6,40 +6,50 @@ use std::time::Instant;
 
 use crate::agent::Progress;
 use crate::comment::{self, Done, Phase};
-use crate::db::{Run, RunStatus};
+use crate::db::Run;
 use crate::github::{Installation, Reaction, RepoName};
 
-use super::Workers;
+use super::ending::RunLog;
+use super::{Acked, RunFailure, Workers};
 
 impl Workers {
-    /// Checks who asked and the repository's config, reacts `eyes` and creates the status
-    /// comment. `false` when the run was refused (and finished) instead.
-    pub(in crate::serve) async fn acknowledge(&self, run: &Run) -> bool {
+    /// Admits the run (who asked, the repository's config, the budget), reacts `eyes` and
+    /// creates the status comment; or refuses it (and finishes it).
+    pub(in crate::serve) async fn acknowledge(&self, run: &Run) -> Acked {
         let gh = match self.installation(run).await {
             Ok(gh) => gh,
             Err(e) => {
                 tracing::warn!("GitHub is not reachable to acknowledge the run: {e}");
-                return false;
+                return Acked::Unreachable;
             }
         };
         let Ok(repo) = RepoName::parse(&run.request.repo) else {
-            self.finish_quietly(run, RunStatus::Failed, "internal_error")
-                .await;
-            return false;
+            let e = anyhow::anyhow!("the repository name {:?} is not valid", run.request.repo);
+            self.conclude(
+                run,
+                Err(RunFailure::Internal(e)),
+                &RunLog::default(),
+                Instant::now(),
+            )
+            .await;
+            return Acked::Refused;
         };
         // Who may: checked before anything is posted, so a refusal is one short comment.
-        if self
-            .check_permission_and_config(&gh, &repo, run)
-            .await
-            .is_err()
-        {
-            return false;
-        }
+        let admission = match self.admit(&gh, &repo, run).await {
+            Ok(a) => a,
+            Err(refusal) => {
+                self.conclude(run, Err(refusal.into()), &RunLog::default(), Instant::now())
+                    .await;
+                return Acked::Refused;
+            }
+        };
         self.react(&gh, &repo, run, Reaction::Eyes).await;
         // A comment this run posted before a crash is found by its hidden metadata.
         if let Some(existing) = self.find_status_comment(&gh, &repo, run).await {
-            let _ = self.db.set_status_comment(&run.id, existing as i64).await;
-            return true;
+            if let Err(e) = self.db.set_status_comment(&run.id, existing as i64).await {
+                tracing::error!("storing the status comment id failed: {e}");
+            }
+            return Acked::Admitted(Box::new(admission), Some(existing));
         }
         let body = comment::render(&run.id, &command_line(run), &Phase::Queued);
         match gh
@@ -50,11 +60,11 @@ impl Workers {
                 if let Err(e) = self.db.set_status_comment(&run.id, c.id as i64).await {
                     tracing::error!("storing the status comment id failed: {e}");
                 }
-                true
+                Acked::Admitted(Box::new(admission), Some(c.id))
             }
             Err(e) => {
                 tracing::warn!("creating the status comment failed: {e}");
-                false
+                Acked::Admitted(Box::new(admission), None)
             }
         }
     }

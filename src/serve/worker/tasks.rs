@@ -9,7 +9,8 @@ use std::future::Future;
 use tokio::task::{Id, JoinError, JoinSet};
 
 /// A task that ended by panicking, with the run it worked on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the worker task panicked: {message}")]
 pub(super) struct Panicked {
     pub run_id: String,
     pub message: String,
