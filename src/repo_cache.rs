@@ -369,9 +369,9 @@ impl RepoCache {
         let trash = self.root.join(TRASH);
         fs::create_dir_all(&trash).map_err(io_err("create", &trash))?;
         let to = trash.join(format!(
-            "{}-{}",
+            "{}-{:032x}",
             std::process::id(),
-            uuid::Uuid::new_v4().simple()
+            rand::random::<u128>()
         ));
         fs::rename(dir, &to).map_err(io_err("move away", dir))
     }
