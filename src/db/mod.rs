@@ -36,8 +36,8 @@ use sqlx::sqlite::SqlitePool;
 
 use intake::AcceptJob;
 pub use models::{
-    Accepted, CancelledRun, Finish, Installation, NewDelivery, NewRun, Recovered, RecoveryAction,
-    Run, RunCounts, RunStatus,
+    Accepted, CancelledRun, EndReason, Finish, Installation, NewDelivery, NewRun, Recovered,
+    RecoveryAction, Run, RunCounts, RunStatus,
 };
 pub use open::DEFAULT_DATABASE_URL;
 
