@@ -7,7 +7,8 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kodx::db::{Accepted, Db, Finish, NewDelivery, NewRun, RunStatus};
+use kodx::agent::StopReason;
+use kodx::db::{Accepted, Db, EndReason, Finish, NewDelivery, NewRun, RunStatus};
 use kodx::serve::job::{Job, JobKind, ReviewContext, Trigger};
 
 fn delivery(id: &str) -> NewDelivery {
@@ -646,4 +647,173 @@ async fn runs_written_before_the_typed_job_read_and_run() {
             run_id: "00000000000c".to_owned()
         }
     );
+}
+
+/// The stop reasons kodx has written since version 1, as they are stored.
+const STORED_STOP_REASONS: [&str; 14] = [
+    "end_turn",
+    "cost_limit_exceeded",
+    "max_iterations",
+    "timeout",
+    "tool_error",
+    "setup_failed",
+    "cancelled",
+    "error",
+    "not_permitted",
+    "refused",
+    "help",
+    "internal_error",
+    "invalid_config",
+    "budget_exceeded",
+];
+
+/// A database file as the schema before typed stop reasons left it (migrations 1–4, run by
+/// sqlx from copies of those files, so `_sqlx_migrations` holds their checksums), with
+/// finished runs written by raw SQL: one per stop reason kodx has stored, one with a word
+/// no version knows, one without a reason.
+#[tokio::test]
+async fn stop_reasons_stored_before_they_were_typed_read_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kodx.db");
+    let old = dir.path().join("old-migrations");
+    std::fs::create_dir(&old).unwrap();
+    let all = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    for name in [
+        "0001_init.sql",
+        "0002_runs_by_seq.sql",
+        "0003_runs_by_trigger.sql",
+        "0004_instance_and_transcript_pruning.sql",
+    ] {
+        std::fs::copy(all.join(name), old.join(name)).unwrap();
+    }
+    let mut stored: Vec<(String, Option<&str>)> = STORED_STOP_REASONS
+        .iter()
+        .enumerate()
+        .map(|(i, word)| (format!("{i:012x}"), Some(*word)))
+        .collect();
+    stored.push(("0000000000aa".to_owned(), Some("quota_gone_in_v9")));
+    stored.push(("0000000000ab".to_owned(), None));
+    {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        sqlx::migrate::Migrator::new(old.as_path())
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        for (seq, (id, reason)) in stored.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO deliveries (id, event, received_at) VALUES (?, 'issue_comment', 0)",
+            )
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+            sqlx::query(
+                "INSERT INTO runs (id, seq, delivery_id, kind, installation_id, repo, \
+                 issue_number, is_pull_request, argument, author, author_id, trigger_kind, \
+                 trigger_id, clone_url, default_branch, context, status, stop_reason, \
+                 cost_usd, created_at, finished_at) \
+                 VALUES (?, ?, ?, 'ask', 42, 'octo/widgets', 1, 0, 'why?', 'alice', 1, \
+                 'issue_comment', ?, 'u', 'main', 'null', 'failed', ?, 0.5, 0, 1)",
+            )
+            .bind(id)
+            .bind(seq as i64 + 1)
+            .bind(id)
+            .bind(seq as i64 + 100)
+            .bind(reason)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        pool.close().await;
+    }
+
+    let db = Db::open(&url(&path)).await.unwrap();
+    for (id, reason) in &stored {
+        let run = db.get_run(id).await.unwrap().expect(id);
+        assert_eq!(run.stop_reason.as_deref(), *reason, "run {id}");
+        assert_eq!(run.status, RunStatus::Failed);
+    }
+    let typed = |id: &str| {
+        let db = db.clone();
+        let id = id.to_owned();
+        async move { db.get_run(&id).await.unwrap().unwrap().stop_reason }
+    };
+    assert_eq!(
+        typed("000000000000").await,
+        Some(EndReason::Agent(StopReason::EndTurn))
+    );
+    assert_eq!(
+        typed("000000000006").await,
+        Some(EndReason::Agent(StopReason::Cancelled))
+    );
+    assert_eq!(typed("000000000008").await, Some(EndReason::NotPermitted));
+    assert_eq!(typed("00000000000d").await, Some(EndReason::BudgetExceeded));
+    assert_eq!(
+        typed("0000000000aa").await,
+        Some(EndReason::Other("quota_gone_in_v9".to_owned()))
+    );
+    // Every row reads in the bulk reads too, and reading changed nothing in the file.
+    assert_eq!(
+        db.runs_with_status(RunStatus::Failed).await.unwrap().len(),
+        stored.len()
+    );
+    assert_eq!(db.counts().await.unwrap().failed, stored.len() as i64);
+    db.close().await;
+    let pool = sqlx::SqlitePool::connect(&url(&path)).await.unwrap();
+    let raw: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT id, stop_reason FROM runs ORDER BY seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let expected: Vec<(String, Option<String>)> = stored
+        .iter()
+        .map(|(id, reason)| (id.clone(), reason.map(str::to_owned)))
+        .collect();
+    assert_eq!(raw, expected);
+    pool.close().await;
+}
+
+/// Finishing with each word (as the worker passes them today, as `&str`) stores exactly
+/// that word, and reads back typed.
+#[tokio::test]
+async fn finishing_stores_each_stop_reason_as_its_word() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kodx.db");
+    let db = Db::open(&url(&path)).await.unwrap();
+    let mut ids = Vec::new();
+    for (i, word) in STORED_STOP_REASONS.iter().enumerate() {
+        let run_id = match db
+            .accept(&delivery(&format!("sr-{i}")), Some(&new_run("ask", 1)))
+            .await
+            .unwrap()
+        {
+            Accepted::Queued { run_id } => run_id,
+            other => panic!("{other:?}"),
+        };
+        let fin = Finish::without_calls(RunStatus::Failed, *word, serde_json::json!({}));
+        assert!(db.finish(&run_id, &fin).await.unwrap());
+        let run = db.get_run(&run_id).await.unwrap().unwrap();
+        assert_eq!(run.stop_reason.as_deref(), Some(*word));
+        assert!(
+            !matches!(run.stop_reason, Some(EndReason::Other(_))),
+            "{word} is one kodx knows"
+        );
+        ids.push((run_id, *word));
+    }
+    db.close().await;
+    let pool = sqlx::SqlitePool::connect(&url(&path)).await.unwrap();
+    for (run_id, word) in ids {
+        let raw: String = sqlx::query_scalar("SELECT stop_reason FROM runs WHERE id = ?")
+            .bind(&run_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(raw, word);
+    }
+    pool.close().await;
 }

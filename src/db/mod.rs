@@ -36,7 +36,7 @@ use sqlx::sqlite::SqlitePool;
 
 use intake::AcceptJob;
 pub use models::{
-    Accepted, CancelledRun, Finish, InstallationRecord, NewDelivery, NewRun, Recovered,
+    Accepted, CancelledRun, EndReason, Finish, InstallationRecord, NewDelivery, NewRun, Recovered,
     RecoveryAction, Run, RunCounts, RunStatus,
 };
 pub use open::DEFAULT_DATABASE_URL;

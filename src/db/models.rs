@@ -4,9 +4,13 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::Serialize;
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::sqlite::{Sqlite, SqliteArgumentValue, SqliteTypeInfo, SqliteValueRef};
 use sqlx::FromRow;
 
 use super::DbError;
+use crate::agent::StopReason;
 use crate::serve::job::RunRequest;
 
 /// Where a run is in its life. Stored as lowercase text.
@@ -66,6 +70,173 @@ impl FromStr for RunStatus {
     }
 }
 
+/// Why a run ended: the `stop_reason` column, typed. Stored as TEXT with exactly the words
+/// kodx has always written, so rows from every earlier version read the same, and a word
+/// this version does not know (a newer kodx wrote it, or it was edited by hand) reads as
+/// [`EndReason::Other`] instead of failing the row.
+///
+/// Derefs to its stored word, so `run.stop_reason.as_deref() == Some("end_turn")` works.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndReason {
+    /// The agent loop stopped (SPEC §7): `end_turn`, `cost_limit_exceeded`,
+    /// `max_iterations`, `timeout`, `tool_error`, `setup_failed`, `cancelled`, `error`.
+    Agent(StopReason),
+    /// `not_permitted`: the author may not run the command on this repository.
+    NotPermitted,
+    /// `refused`: the command was found but cannot run (empty, too long).
+    Refused,
+    /// `help`: the help answer was posted.
+    Help,
+    /// `internal_error`: kodx failed (a bug, a dead process, an unreachable service).
+    InternalError,
+    /// `invalid_config`: the repository's `.github/kodx.yml` cannot be used.
+    InvalidConfig,
+    /// `budget_exceeded`: the installation's monthly budget is spent.
+    BudgetExceeded,
+    /// Any other stored word, kept as it was.
+    Other(String),
+}
+
+/// Every [`StopReason`], in the order of [`agent_reason_index`].
+const AGENT_REASONS: [StopReason; 8] = [
+    StopReason::EndTurn,
+    StopReason::CostLimitExceeded,
+    StopReason::MaxIterations,
+    StopReason::Timeout,
+    StopReason::ToolError,
+    StopReason::SetupFailed,
+    StopReason::Cancelled,
+    StopReason::Error,
+];
+
+/// Where `reason` is in [`AGENT_REASONS`]. Exhaustive on purpose: a new [`StopReason`]
+/// does not compile until it is listed, so it can never decode as [`EndReason::Other`].
+#[cfg_attr(not(test), allow(dead_code))]
+const fn agent_reason_index(reason: StopReason) -> usize {
+    match reason {
+        StopReason::EndTurn => 0,
+        StopReason::CostLimitExceeded => 1,
+        StopReason::MaxIterations => 2,
+        StopReason::Timeout => 3,
+        StopReason::ToolError => 4,
+        StopReason::SetupFailed => 5,
+        StopReason::Cancelled => 6,
+        StopReason::Error => 7,
+    }
+}
+
+impl EndReason {
+    /// The reasons kodx itself gives (not the agent's, not [`EndReason::Other`]).
+    pub const KODX: [EndReason; 6] = [
+        EndReason::NotPermitted,
+        EndReason::Refused,
+        EndReason::Help,
+        EndReason::InternalError,
+        EndReason::InvalidConfig,
+        EndReason::BudgetExceeded,
+    ];
+
+    /// The stored word.
+    pub fn as_str(&self) -> &str {
+        match self {
+            EndReason::Agent(reason) => reason.as_str(),
+            EndReason::NotPermitted => "not_permitted",
+            EndReason::Refused => "refused",
+            EndReason::Help => "help",
+            EndReason::InternalError => "internal_error",
+            EndReason::InvalidConfig => "invalid_config",
+            EndReason::BudgetExceeded => "budget_exceeded",
+            EndReason::Other(word) => word,
+        }
+    }
+
+    /// Reads a stored word; never fails (unknown words are [`EndReason::Other`]).
+    pub fn parse(word: &str) -> EndReason {
+        if let Some(reason) = AGENT_REASONS.into_iter().find(|r| r.as_str() == word) {
+            return EndReason::Agent(reason);
+        }
+        EndReason::KODX
+            .into_iter()
+            .find(|r| r.as_str() == word)
+            .unwrap_or_else(|| EndReason::Other(word.to_owned()))
+    }
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::ops::Deref for EndReason {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl From<StopReason> for EndReason {
+    fn from(reason: StopReason) -> EndReason {
+        EndReason::Agent(reason)
+    }
+}
+
+impl From<&str> for EndReason {
+    fn from(word: &str) -> EndReason {
+        EndReason::parse(word)
+    }
+}
+
+impl From<String> for EndReason {
+    fn from(word: String) -> EndReason {
+        EndReason::parse(&word)
+    }
+}
+
+impl PartialEq<str> for EndReason {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for EndReason {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl Serialize for EndReason {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl sqlx::Type<Sqlite> for EndReason {
+    fn type_info() -> SqliteTypeInfo {
+        <str as sqlx::Type<Sqlite>>::type_info()
+    }
+
+    fn compatible(ty: &SqliteTypeInfo) -> bool {
+        <str as sqlx::Type<Sqlite>>::compatible(ty)
+    }
+}
+
+impl<'q> sqlx::Encode<'q, Sqlite> for EndReason {
+    fn encode_by_ref(
+        &self,
+        args: &mut Vec<SqliteArgumentValue<'q>>,
+    ) -> Result<IsNull, BoxDynError> {
+        <String as sqlx::Encode<'q, Sqlite>>::encode(self.as_str().to_owned(), args)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, Sqlite> for EndReason {
+    fn decode(value: SqliteValueRef<'r>) -> Result<Self, BoxDynError> {
+        <&str as sqlx::Decode<'r, Sqlite>>::decode(value).map(EndReason::parse)
+    }
+}
+
 /// A webhook delivery as it is recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewDelivery {
@@ -115,7 +286,8 @@ pub struct Run {
     /// Put back in the queue after a process died while running it.
     pub recovered: bool,
     pub status_comment_id: Option<i64>,
-    pub stop_reason: Option<String>,
+    /// Why it ended; `None` until it has.
+    pub stop_reason: Option<EndReason>,
     pub cost_usd: Option<f64>,
     pub input_tokens: i64,
     pub output_tokens: i64,
@@ -150,6 +322,9 @@ impl Run {
 pub struct Finish {
     /// `Succeeded`, `Failed` or `Cancelled`.
     pub status: RunStatus,
+    /// The word stored for an [`EndReason`] (`EndReason::as_str`, `StopReason::as_str`);
+    /// read back as [`Run::stop_reason`]. Text, so callers holding today's words compile
+    /// unchanged; [`Finish::end_reason`] gives it typed.
     pub stop_reason: String,
     pub cost_usd: f64,
     pub input_tokens: i64,
@@ -166,12 +341,12 @@ impl Finish {
     /// A run that ends without a model call (refused, or failed before its first).
     pub fn without_calls(
         status: RunStatus,
-        stop_reason: &str,
+        stop_reason: impl Into<EndReason>,
         result: serde_json::Value,
     ) -> Finish {
         Finish {
             status,
-            stop_reason: stop_reason.to_string(),
+            stop_reason: stop_reason.into().as_str().to_owned(),
             cost_usd: 0.0,
             input_tokens: 0,
             output_tokens: 0,
@@ -181,6 +356,11 @@ impl Finish {
             result: result.to_string(),
             pr_url: None,
         }
+    }
+
+    /// Why the run ended, typed.
+    pub fn end_reason(&self) -> EndReason {
+        EndReason::parse(&self.stop_reason)
     }
 }
 
@@ -261,6 +441,75 @@ macro_rules! run_columns {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What each stop reason has been stored as since version 1.
+    const STORED: [&str; 14] = [
+        "end_turn",
+        "cost_limit_exceeded",
+        "max_iterations",
+        "timeout",
+        "tool_error",
+        "setup_failed",
+        "cancelled",
+        "error",
+        "not_permitted",
+        "refused",
+        "help",
+        "internal_error",
+        "invalid_config",
+        "budget_exceeded",
+    ];
+
+    #[test]
+    fn end_reasons_keep_the_words_stored_today() {
+        for word in STORED {
+            let reason = EndReason::parse(word);
+            assert!(!matches!(reason, EndReason::Other(_)), "{word} is known");
+            assert_eq!(reason.as_str(), word);
+            assert_eq!(&*reason, word);
+            assert_eq!(reason.to_string(), word);
+            assert_eq!(EndReason::from(word.to_owned()), reason);
+            assert_eq!(serde_json::to_value(&reason).unwrap(), word);
+        }
+        for (i, a) in STORED.iter().enumerate() {
+            for b in &STORED[i + 1..] {
+                assert_ne!(EndReason::parse(a), EndReason::parse(b));
+            }
+        }
+        // The agent's reasons are the agent's words, and every one is listed.
+        for (i, reason) in AGENT_REASONS.into_iter().enumerate() {
+            assert_eq!(agent_reason_index(reason), i);
+            assert_eq!(EndReason::from(reason).as_str(), reason.as_str());
+            assert_eq!(EndReason::parse(reason.as_str()), EndReason::Agent(reason));
+        }
+        for reason in EndReason::KODX {
+            assert_eq!(EndReason::parse(reason.as_str()), reason);
+        }
+    }
+
+    #[test]
+    fn unknown_end_reasons_are_kept_as_they_are() {
+        for word in ["quota_gone", "", "End_Turn", " end_turn"] {
+            let reason = EndReason::parse(word);
+            assert_eq!(reason, EndReason::Other(word.to_owned()));
+            assert_eq!(reason.as_str(), word);
+        }
+        assert_eq!(EndReason::from("help"), EndReason::Help);
+        assert!(EndReason::Help == "help");
+    }
+
+    #[test]
+    fn finish_takes_words_or_types() {
+        let json = serde_json::json!({});
+        let by_word = Finish::without_calls(RunStatus::Failed, "budget_exceeded", json.clone());
+        let typed =
+            Finish::without_calls(RunStatus::Failed, EndReason::BudgetExceeded, json.clone());
+        assert_eq!(by_word, typed);
+        assert_eq!(by_word.stop_reason, "budget_exceeded");
+        assert_eq!(by_word.end_reason(), EndReason::BudgetExceeded);
+        let agent = Finish::without_calls(RunStatus::Failed, StopReason::SetupFailed, json);
+        assert_eq!(agent.stop_reason, "setup_failed");
+    }
 
     #[test]
     fn statuses_round_trip_as_text() {

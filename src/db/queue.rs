@@ -1,8 +1,9 @@
 //! The run queue: claiming (FIFO, one agent run per issue), phases, finishing, `/kodx
 //! cancel`, and recovery after a process died.
 
-use super::models::{CancelledRun, Finish, Recovered, RecoveryAction, Run, RunStatus};
+use super::models::{CancelledRun, EndReason, Finish, Recovered, RecoveryAction, Run, RunStatus};
 use super::{found, now_ms, Db, DbError};
+use crate::agent::StopReason;
 
 impl Db {
     /// Takes the oldest queued `ask`/`code` run whose issue has no `ask`/`code` run running,
@@ -114,7 +115,7 @@ impl Db {
              WHERE id = $12 AND status IN ('queued', 'running')",
         )
         .bind(fin.status)
-        .bind(&fin.stop_reason)
+        .bind(fin.end_reason())
         .bind(fin.cost_usd)
         .bind(fin.input_tokens)
         .bind(fin.output_tokens)
@@ -158,7 +159,7 @@ impl Db {
         .fetch_all(&mut *tx)
         .await?;
         let mut cancelled = sqlx::query_as::<_, Run>(concat!(
-            "UPDATE runs SET status = 'cancelled', stop_reason = 'cancelled', \
+            "UPDATE runs SET status = 'cancelled', stop_reason = $5, \
              cancelled_by = $1, finished_at = $2 \
              WHERE repo = $3 AND issue_number = $4 AND status = 'queued' \
              AND kind IN ('ask', 'code') RETURNING ",
@@ -168,6 +169,7 @@ impl Db {
         .bind(now_ms())
         .bind(repo)
         .bind(issue_number)
+        .bind(EndReason::Agent(StopReason::Cancelled))
         .fetch_all(&mut *tx)
         .await?;
         let running = sqlx::query_as::<_, Run>(concat!(
@@ -210,7 +212,7 @@ impl Db {
         let now = now_ms();
         let mut tx = self.pool.begin().await?;
         let failed = sqlx::query_as::<_, Run>(concat!(
-            "UPDATE runs SET status = 'failed', stop_reason = 'internal_error', \
+            "UPDATE runs SET status = 'failed', stop_reason = $3, \
              result = CASE WHEN attempts = 2 \
                THEN '{\"error\": \"kodx restarted twice during this run\"}' \
                ELSE '{\"error\": \"kodx restarted ' || attempts || ' times during this run\"}' \
@@ -221,6 +223,7 @@ impl Db {
         ))
         .bind(now)
         .bind(max_attempts)
+        .bind(EndReason::InternalError)
         .fetch_all(&mut *tx)
         .await?;
         let requeued = sqlx::query_as::<_, Run>(concat!(
