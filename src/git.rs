@@ -859,40 +859,15 @@ pub fn commit_all(repo_dir: &Path, req: &CommitRequest<'_>) -> Result<Option<Com
         .map(|c| c.tree())
         .transpose()
         .map_err(other)?;
-    if old_tree.as_ref().map(|t| t.id()) == Some(tree_id) {
-        return Ok(None);
-    }
-    let tree = repo.find_tree(tree_id).map_err(other)?;
-    if old_tree.is_none() && tree.is_empty() {
-        return Ok(None);
-    }
-    let diff = repo
-        .diff_tree_to_tree(old_tree.as_ref(), Some(&tree), None)
-        .map_err(other)?;
-    let mut paths: Vec<String> = diff
-        .deltas()
-        .filter_map(|d| d.new_file().path().or(d.old_file().path()))
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    paths.sort();
-    paths.dedup();
-
-    let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
-    let sha = repo
-        .commit(
-            Some("HEAD"),
-            &signature,
-            &signature,
-            &message,
-            &tree,
-            &parents,
-        )
-        .map_err(other)?;
-    Ok(Some(Committed {
-        sha: sha.to_string(),
-        files_changed: paths.len(),
-        paths,
-    }))
+    let committed = commit_tree(
+        &repo,
+        parent.as_ref(),
+        old_tree.as_ref(),
+        tree_id,
+        &signature,
+        &message,
+    )?;
+    Ok(committed.map(|(committed, _)| committed))
 }
 
 /// As [`commit_all`], for a clone whose files are not on disk ([`clone_from_mirror`]
@@ -1054,7 +1029,36 @@ pub fn commit_change_set(
             .map_err(other)?;
     }
     let tree_id = index.write_tree_to(&repo).map_err(other)?;
-    if old_tree.as_ref().map(|t| t.id()) == Some(tree_id) {
+    let Some((committed, tree)) = commit_tree(
+        &repo,
+        parent.as_ref(),
+        old_tree.as_ref(),
+        tree_id,
+        &signature,
+        &message,
+    )?
+    else {
+        return Ok(None);
+    };
+    // The index follows, as after commit_all (the files stay where they were: nowhere).
+    let mut on_disk = repo.index().map_err(other)?;
+    on_disk.read_tree(&tree).map_err(other)?;
+    on_disk.write().map_err(other)?;
+    Ok(Some(committed))
+}
+
+/// Commits the tree `tree_id` on `HEAD` over `parent` (whose tree is `old_tree`), naming
+/// the paths that changed; `None` when the tree is the parent's, or empty on an unborn
+/// branch. Shared by [`commit_all`] and [`commit_change_set`].
+fn commit_tree<'r>(
+    repo: &'r Repository,
+    parent: Option<&git2::Commit<'r>>,
+    old_tree: Option<&git2::Tree<'r>>,
+    tree_id: git2::Oid,
+    signature: &git2::Signature<'_>,
+    message: &str,
+) -> Result<Option<(Committed, git2::Tree<'r>)>, GitError> {
+    if old_tree.map(|t| t.id()) == Some(tree_id) {
         return Ok(None);
     }
     let tree = repo.find_tree(tree_id).map_err(other)?;
@@ -1062,7 +1066,7 @@ pub fn commit_change_set(
         return Ok(None);
     }
     let diff = repo
-        .diff_tree_to_tree(old_tree.as_ref(), Some(&tree), None)
+        .diff_tree_to_tree(old_tree, Some(&tree), None)
         .map_err(other)?;
     let mut paths: Vec<String> = diff
         .deltas()
@@ -1071,26 +1075,19 @@ pub fn commit_change_set(
         .collect();
     paths.sort();
     paths.dedup();
-    let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
+
+    let parents: Vec<&git2::Commit<'_>> = parent.into_iter().collect();
     let sha = repo
-        .commit(
-            Some("HEAD"),
-            &signature,
-            &signature,
-            &message,
-            &tree,
-            &parents,
-        )
+        .commit(Some("HEAD"), signature, signature, message, &tree, &parents)
         .map_err(other)?;
-    // The index follows, as after commit_all (the files stay where they were: nowhere).
-    let mut on_disk = repo.index().map_err(other)?;
-    on_disk.read_tree(&tree).map_err(other)?;
-    on_disk.write().map_err(other)?;
-    Ok(Some(Committed {
-        sha: sha.to_string(),
-        files_changed: paths.len(),
-        paths,
-    }))
+    Ok(Some((
+        Committed {
+            sha: sha.to_string(),
+            files_changed: paths.len(),
+            paths,
+        },
+        tree,
+    )))
 }
 
 /// Fails with [`GitError::TooLarge`] for the first changed, not ignored file over `limit`.
