@@ -49,7 +49,7 @@ fn new_run(kind: &str, issue_number: i64) -> NewRun {
 fn succeeded() -> Finish {
     Finish {
         status: RunStatus::Succeeded,
-        stop_reason: "end_turn".to_owned(),
+        stop_reason: "end_turn".into(),
         cost_usd: 0.01,
         input_tokens: 10,
         output_tokens: 5,

@@ -87,6 +87,9 @@ pub enum EndReason {
     Refused,
     /// `help`: the help answer was posted.
     Help,
+    /// `cancel`: a `/kodx cancel` command was carried out (the run it stopped ends
+    /// `cancelled`, the agent's word).
+    Cancel,
     /// `internal_error`: kodx failed (a bug, a dead process, an unreachable service).
     InternalError,
     /// `invalid_config`: the repository's `.github/kodx.yml` cannot be used.
@@ -127,10 +130,11 @@ const fn agent_reason_index(reason: StopReason) -> usize {
 
 impl EndReason {
     /// The reasons kodx itself gives (not the agent's, not [`EndReason::Other`]).
-    pub const KODX: [EndReason; 6] = [
+    pub const KODX: [EndReason; 7] = [
         EndReason::NotPermitted,
         EndReason::Refused,
         EndReason::Help,
+        EndReason::Cancel,
         EndReason::InternalError,
         EndReason::InvalidConfig,
         EndReason::BudgetExceeded,
@@ -143,6 +147,7 @@ impl EndReason {
             EndReason::NotPermitted => "not_permitted",
             EndReason::Refused => "refused",
             EndReason::Help => "help",
+            EndReason::Cancel => "cancel",
             EndReason::InternalError => "internal_error",
             EndReason::InvalidConfig => "invalid_config",
             EndReason::BudgetExceeded => "budget_exceeded",
@@ -322,10 +327,8 @@ impl Run {
 pub struct Finish {
     /// `Succeeded`, `Failed` or `Cancelled`.
     pub status: RunStatus,
-    /// The word stored for an [`EndReason`] (`EndReason::as_str`, `StopReason::as_str`);
-    /// read back as [`Run::stop_reason`]. Text, so callers holding today's words compile
-    /// unchanged; [`Finish::end_reason`] gives it typed.
-    pub stop_reason: String,
+    /// Why it ended; read back as [`Run::stop_reason`].
+    pub stop_reason: EndReason,
     pub cost_usd: f64,
     pub input_tokens: i64,
     pub output_tokens: i64,
@@ -346,7 +349,7 @@ impl Finish {
     ) -> Finish {
         Finish {
             status,
-            stop_reason: stop_reason.into().as_str().to_owned(),
+            stop_reason: stop_reason.into(),
             cost_usd: 0.0,
             input_tokens: 0,
             output_tokens: 0,
@@ -356,11 +359,6 @@ impl Finish {
             result: result.to_string(),
             pr_url: None,
         }
-    }
-
-    /// Why the run ended, typed.
-    pub fn end_reason(&self) -> EndReason {
-        EndReason::parse(&self.stop_reason)
     }
 }
 
@@ -443,7 +441,7 @@ mod tests {
     use super::*;
 
     /// What each stop reason has been stored as since version 1.
-    const STORED: [&str; 14] = [
+    const STORED: [&str; 15] = [
         "end_turn",
         "cost_limit_exceeded",
         "max_iterations",
@@ -455,6 +453,7 @@ mod tests {
         "not_permitted",
         "refused",
         "help",
+        "cancel",
         "internal_error",
         "invalid_config",
         "budget_exceeded",
@@ -506,7 +505,7 @@ mod tests {
             Finish::without_calls(RunStatus::Failed, EndReason::BudgetExceeded, json.clone());
         assert_eq!(by_word, typed);
         assert_eq!(by_word.stop_reason, "budget_exceeded");
-        assert_eq!(by_word.end_reason(), EndReason::BudgetExceeded);
+        assert_eq!(by_word.stop_reason, EndReason::BudgetExceeded);
         let agent = Finish::without_calls(RunStatus::Failed, StopReason::SetupFailed, json);
         assert_eq!(agent.stop_reason, "setup_failed");
     }

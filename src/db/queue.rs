@@ -115,7 +115,7 @@ impl Db {
              WHERE id = $12 AND status IN ('queued', 'running')",
         )
         .bind(fin.status)
-        .bind(fin.end_reason())
+        .bind(&fin.stop_reason)
         .bind(fin.cost_usd)
         .bind(fin.input_tokens)
         .bind(fin.output_tokens)
@@ -381,7 +381,7 @@ mod tests {
 
         // Never re-finished.
         let mut again = finish(RunStatus::Failed, 9.0);
-        again.stop_reason = "error".to_owned();
+        again.stop_reason = "error".into();
         assert!(!db.finish(&run_id, &again).await.unwrap());
         let run = db.get_run(&run_id).await.unwrap().unwrap();
         assert_eq!(run.status, RunStatus::Succeeded);

@@ -71,7 +71,7 @@ pub(crate) async fn queue(db: &Db, delivery_id: &str, run: &NewRun) -> String {
 pub(crate) fn finish(status: RunStatus, cost: f64) -> Finish {
     Finish {
         status,
-        stop_reason: "end_turn".to_owned(),
+        stop_reason: "end_turn".into(),
         cost_usd: cost,
         input_tokens: 1200,
         output_tokens: 340,

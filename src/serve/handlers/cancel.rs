@@ -4,9 +4,10 @@ use anyhow::Context as _;
 
 use crate::agent::StopReason;
 use crate::comment::{self, Done};
+use crate::db::EndReason;
 use crate::db::Run;
 use crate::github::{Installation, Reaction, RepoName};
-use crate::serve::worker::{run_kind, zero_outcome, EndReason, Ending, RunFailure, Workers};
+use crate::serve::worker::{run_kind, zero_outcome, Ending, RunFailure, Workers};
 
 impl Workers {
     pub(in crate::serve) async fn cancel(

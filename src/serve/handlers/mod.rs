@@ -12,11 +12,12 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 
+use crate::db::EndReason;
 use crate::db::Run;
 use crate::repo_config::AskPermission;
 use crate::serve::job::Job;
 use crate::serve::worker::gate::{needed_permission, Refusal};
-use crate::serve::worker::{EndReason, Ending, RunFailure, Workers};
+use crate::serve::worker::{Ending, RunFailure, Workers};
 
 impl Workers {
     pub(in crate::serve) async fn control(self: Arc<Self>, job: Run) {

@@ -11,8 +11,8 @@ use crate::github::{Installation, Permission, Reaction, RepoName};
 use crate::repo_config::{AskPermission, RepoConfig, RepoConfigError, RunKind, ServerMaxima};
 use crate::serve::job::JobKind;
 
-use super::ending::EndReason;
 use super::Workers;
+use crate::db::EndReason;
 
 /// Runs are capped at what is left of the monthly budget, so spend approaches it without
 /// reaching it: with less than this left, the budget counts as spent.
@@ -116,9 +116,11 @@ impl Refusal {
     /// The stop reason stored and counted.
     pub fn end_reason(&self) -> EndReason {
         match self {
-            Refusal::ConfigUnreadable(_) | Refusal::PermissionUnknown(_) => EndReason::Internal,
+            Refusal::ConfigUnreadable(_) | Refusal::PermissionUnknown(_) => {
+                EndReason::InternalError
+            }
             Refusal::NotPermitted { .. } => EndReason::NotPermitted,
-            Refusal::BudgetSpent(_) => EndReason::BudgetSpent,
+            Refusal::BudgetSpent(_) => EndReason::BudgetExceeded,
             Refusal::InvalidConfig(_) => EndReason::InvalidConfig,
             Refusal::BadRequest(_) => EndReason::Refused,
         }
@@ -126,7 +128,8 @@ impl Refusal {
 
     /// What is stored as the run's result.
     pub fn to_json(&self) -> serde_json::Value {
-        let reason = self.end_reason().as_str();
+        let reason = self.end_reason();
+        let reason = reason.as_str();
         match self {
             Refusal::ConfigUnreadable(e) | Refusal::PermissionUnknown(e) => {
                 json!({ "refused": reason, "error": e })

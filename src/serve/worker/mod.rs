@@ -25,7 +25,7 @@ use tracing::Instrument;
 use crate::agent::{Outcome, StopReason};
 use crate::comment::RunKind;
 use crate::cost::Pricing;
-use crate::db::{Db, Finish, RecoveryAction, Run, RunStatus};
+use crate::db::{Db, EndReason, Finish, RecoveryAction, Run, RunStatus};
 use crate::github::{GitHubApp, GitHubError, Installation, RepoName, TokenScope};
 use crate::model::{Provider, Usage};
 use crate::program;
@@ -35,7 +35,6 @@ use crate::serve::job::{JobKind, TriggerKind};
 use crate::serve::metrics::Metrics;
 use tasks::{Panicked, Tasks};
 
-pub use ending::EndReason;
 use ending::RunLog;
 pub(in crate::serve) use ending::{Ending, RunFailure};
 use gate::Admission;
@@ -243,7 +242,7 @@ impl Workers {
                             "kodx restarted while this run was working, more than once; it was not started again. Run the command again to retry.".into(),
                         );
                         this.post_done(&run, &done).await;
-                        this.metrics.run_finished(run.kind().as_str(), EndReason::Internal.as_str(), 0.0, Duration::ZERO);
+                        this.metrics.run_finished(run.kind().as_str(), EndReason::InternalError.as_str(), 0.0, Duration::ZERO);
                     }
                 }
             }
@@ -468,12 +467,12 @@ impl Workers {
         reason: EndReason,
         result: serde_json::Value,
     ) {
-        let fin = Finish::without_calls(status, reason.as_str(), result);
+        self.metrics
+            .run_finished(run.kind().as_str(), reason.as_str(), 0.0, Duration::ZERO);
+        let fin = Finish::without_calls(status, reason, result);
         if let Err(e) = self.db.finish(&run.id, &fin).await {
             tracing::error!("recording the end of the run failed: {e}");
         }
-        self.metrics
-            .run_finished(run.kind().as_str(), reason.as_str(), 0.0, Duration::ZERO);
     }
 
     /// The run's repository and a token for it ([`Workers::installation`]).
