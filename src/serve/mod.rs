@@ -14,6 +14,7 @@ pub mod handlers;
 pub mod http;
 pub mod job;
 pub mod listen;
+pub mod messages;
 pub mod metrics;
 pub mod worker;
 

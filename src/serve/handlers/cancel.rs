@@ -3,10 +3,11 @@
 use anyhow::Context as _;
 
 use crate::agent::StopReason;
-use crate::comment::{self, Done};
+use crate::comment::Done;
 use crate::db::EndReason;
 use crate::db::Run;
 use crate::github::{Installation, Reaction, RepoName};
+use crate::serve::messages;
 use crate::serve::worker::{run_kind, zero_outcome, Ending, RunFailure, Workers};
 
 impl Workers {
@@ -39,19 +40,13 @@ impl Workers {
                     text: String::new(),
                     pr_url: None,
                     pushed: None,
-                    failure: Some(format!(
-                        "Cancelled by @{} before it started.",
-                        job.request.author
-                    )),
+                    failure: Some(messages::cancelled_before_it_started(&job.request.author)),
                 };
                 self.post_done(&t.run, &done).await;
             }
         }
         if touched.is_empty() {
-            let body = format!(
-                "@{} there is no kodx run to cancel here.",
-                comment::redact(&job.request.author)
-            );
+            let body = messages::nothing_to_cancel(&job.request.author);
             if let Err(e) = gh
                 .create_comment(repo, job.request.issue_number as u64, &body)
                 .await

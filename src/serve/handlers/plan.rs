@@ -10,11 +10,12 @@ use crate::cost::Pricing;
 use crate::git::Checkout;
 use crate::github::PullInfo;
 use crate::program::{self, Overrides, Plan, Program};
-use crate::repo_config::{OnLimit, RepoConfig};
+use crate::repo_config::OnLimit;
 use crate::serve::config::Settings;
 use crate::serve::context::RunContext;
 use crate::serve::deliver::{self, Target};
 use crate::serve::job::RunRequest;
+use crate::serve::messages;
 use crate::serve::worker::gate::Admission;
 use crate::serve::worker::RunFailure;
 
@@ -54,12 +55,8 @@ pub(in crate::serve) fn prepare(
         .run_kind()
         .expect("only ask and code runs are planned");
     let config = &admission.config;
-    let plan = program_plan(run_id, kind, admission, settings, pricing).map_err(|e| {
-        RunFailure::User(format!(
-            "{e}. Choose a model kodx knows in `{}` (`model:`), or ask the server's operator to add its price.",
-            RepoConfig::PATH
-        ))
-    })?;
+    let plan = program_plan(run_id, kind, admission, settings, pricing)
+        .map_err(|e| RunFailure::User(messages::model_without_price(&e.to_string())))?;
     let default_checkout = if request.is_pull_request {
         // The PR head from the base repository (refs/pull/N/head): a fork is never cloned
         // with the App's token, and works the same as a same-repo branch.
@@ -165,6 +162,7 @@ pub(in crate::serve) fn program_plan(
 mod tests {
     use super::*;
     use crate::github::{Permission, PullBase, PullHead, PullRepo, RepoName};
+    use crate::repo_config::RepoConfig;
     use crate::serve::job::{Job, Trigger};
 
     fn request(job: Job, is_pull_request: bool) -> RunRequest {

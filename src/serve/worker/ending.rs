@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::agent::StopReason;
 use crate::comment::{self, Done};
 use crate::db::{EndReason, Finish, Run, RunStatus};
+use crate::serve::messages;
 
 use super::gate::Refusal;
 use super::tasks::Panicked;
@@ -114,10 +115,7 @@ impl Workers {
                     serde_json::json!({ "error": format!("{e:#}") }),
                 )
                 .await;
-                let text = format!(
-                    "kodx hit an internal error (a worker task panicked). Run id `{}`.",
-                    run.id
-                );
+                let text = messages::internal_error("a worker task panicked", &run.id);
                 let done = self.failed_done(run, StopReason::Error, text);
                 self.post_done(run, &done).await;
                 return;
@@ -135,7 +133,7 @@ impl Workers {
             }
             Err(RunFailure::Internal(e)) => {
                 tracing::error!("{e:#}");
-                let text = format!("kodx hit an internal error ({e:#}). Run id `{}`.", run.id);
+                let text = messages::internal_error(&format!("{e:#}"), &run.id);
                 (
                     RunStatus::Failed,
                     self.failed_done(run, StopReason::Error, text),

@@ -5,11 +5,11 @@
 
 use serde_json::json;
 
-use crate::comment;
 use crate::db::{Run, RunStatus};
 use crate::github::{Installation, Permission, Reaction, RepoName};
 use crate::repo_config::{AskPermission, RepoConfig, RepoConfigError, RunKind, ServerMaxima};
 use crate::serve::job::JobKind;
+use crate::serve::messages;
 
 use super::Workers;
 use crate::db::EndReason;
@@ -149,30 +149,14 @@ impl Refusal {
     pub fn message(&self, run: &Run) -> String {
         let author = &run.request.author;
         match self {
-            Refusal::ConfigUnreadable(e) => format!(
-                "kodx could not read `{}` from the default branch ({e}). Run the command again in a moment.",
-                RepoConfig::PATH
-            ),
-            Refusal::PermissionUnknown(e) => format!(
-                "kodx could not check @{author}'s permission on this repository ({e}). Run the command again in a moment."
-            ),
+            Refusal::ConfigUnreadable(e) => messages::config_unreadable(e),
+            Refusal::PermissionUnknown(e) => messages::permission_unknown(author, e),
             Refusal::NotPermitted { needed, has } => {
-                not_permitted(author, run.kind(), *needed, *has)
+                messages::not_permitted(author, run.kind(), *needed, *has)
             }
-            Refusal::BudgetSpent(b) => format!(
-                "kodx did not start: this installation's monthly budget of {} is spent ({} used since the 1st, UTC; runs need at least $0.01 of it left). Runs start again next month, or when the server's operator raises `monthly_budget_usd`.",
-                crate::cost::format_usd(b.budget),
-                crate::cost::format_usd(b.spent)
-            ),
-            Refusal::InvalidConfig(e) => format!(
-                "kodx cannot run because the repository's configuration is invalid:\n\n```\n{e}\n```\n\nFix `{}` on the default branch and run the command again.",
-                RepoConfig::PATH
-            ),
-            Refusal::BadRequest(why) => format!(
-                "@{} kodx did not start: {}.",
-                comment::redact(author),
-                comment::redact(why)
-            ),
+            Refusal::BudgetSpent(b) => messages::budget_spent(b.budget, b.spent),
+            Refusal::InvalidConfig(e) => messages::invalid_config(&e.to_string()),
+            Refusal::BadRequest(why) => messages::bad_request(author, why),
         }
     }
 }
@@ -319,11 +303,7 @@ impl Workers {
                 }
             }
             _ => {
-                let body = format!(
-                    "{}\n\n<sub>kodx run <code>{}</code></sub>",
-                    comment::redact(&text),
-                    run.id
-                );
+                let body = messages::with_run_id(&text, &run.id);
                 let body = match run.status_comment_id {
                     Some(id) => match gh.update_comment(repo, id as u64, &body).await {
                         Ok(()) => None,
@@ -352,28 +332,6 @@ impl Workers {
         )
         .await;
     }
-}
-
-/// The one short comment a person without permission gets.
-pub(in crate::serve) fn not_permitted(
-    author: &str,
-    kind: JobKind,
-    needed: Permission,
-    has: Permission,
-) -> String {
-    let who = match needed {
-        Permission::Read => "people with read access to this repository",
-        _ => "people with write, maintain or admin access to this repository",
-    };
-    let what = match kind {
-        JobKind::Ask | JobKind::Code | JobKind::Cancel => format!("`/kodx {kind}`"),
-        _ => "kodx".to_string(),
-    };
-    format!(
-        "@{} {what} can only be run by {who}; your permission here is `{}`.",
-        comment::redact(author),
-        has.as_str()
-    )
 }
 
 /// The first millisecond of the current month (UTC) for `now_ms`.

@@ -32,6 +32,7 @@ use crate::program;
 use crate::sandbox::{Engine, SandboxError};
 use crate::serve::config::Settings;
 use crate::serve::job::{JobKind, TriggerKind};
+use crate::serve::messages;
 use crate::serve::metrics::Metrics;
 use tasks::{Panicked, Tasks};
 
@@ -231,18 +232,22 @@ impl Workers {
                 match r.action {
                     RecoveryAction::Requeued => {
                         tracing::warn!("run was interrupted by a restart; queued again");
-                        this.edit_status(&run, "⏳ queued again — kodx restarted while this run was working")
-                            .await;
+                        this.edit_status(&run, messages::QUEUED_AGAIN).await;
                     }
                     RecoveryAction::Failed => {
                         tracing::error!("run was interrupted by restarts too often; failed");
                         let done = this.failed_done(
                             &run,
                             StopReason::Error,
-                            "kodx restarted while this run was working, more than once; it was not started again. Run the command again to retry.".into(),
+                            messages::RESTARTED_TOO_OFTEN.into(),
                         );
                         this.post_done(&run, &done).await;
-                        this.metrics.run_finished(run.kind().as_str(), EndReason::InternalError.as_str(), 0.0, Duration::ZERO);
+                        this.metrics.run_finished(
+                            run.kind().as_str(),
+                            EndReason::InternalError.as_str(),
+                            0.0,
+                            Duration::ZERO,
+                        );
                     }
                 }
             }

@@ -18,6 +18,7 @@ use crate::repo_config::{OnLimit, RepoConfig};
 use crate::sandbox::{Sandbox, SandboxError};
 use crate::serve::context::{strip_hidden, ContextComment, RunContext};
 use crate::serve::deliver::{self, Target};
+use crate::serve::messages;
 use crate::serve::metrics::Metrics;
 
 use super::ending::{RunLog, Timings};
@@ -68,7 +69,7 @@ impl Workers {
                 match by {
                     Some(who) => {
                         *status = RunStatus::Cancelled;
-                        done.failure = Some(format!("Cancelled by @{who}."));
+                        done.failure = Some(messages::cancelled_by(&who));
                     }
                     None if self.shutdown.is_cancelled() => {
                         // Stopped by a shutdown: left `running`, queued again at the next
@@ -76,11 +77,7 @@ impl Workers {
                         tracing::warn!(
                             "run stopped by shutdown; it resumes when kodx starts again"
                         );
-                        self.edit_status(
-                            &run,
-                            "⏳ paused — kodx is restarting; this run starts again when it is back",
-                        )
-                        .await;
+                        self.edit_status(&run, messages::PAUSED_BY_RESTART).await;
                         return;
                     }
                     None => {}
@@ -191,11 +188,7 @@ impl Workers {
                 timings.add("clone", clone_started.elapsed());
                 tracing::info!(head = %c.head_sha, "cloned")
             }
-            Ok(Err(e)) => {
-                return Err(RunFailure::User(format!(
-                    "Cloning the repository failed: {e}"
-                )))
-            }
+            Ok(Err(e)) => return Err(RunFailure::User(messages::clone_failed(&e.to_string()))),
             Err(e) => {
                 return Err(RunFailure::Internal(anyhow::anyhow!(
                     "the clone task failed: {e}"
@@ -255,11 +248,7 @@ impl Workers {
                     },
                 });
             }
-            Err(e) => {
-                return Err(RunFailure::User(format!(
-                    "The container could not be started: {e}"
-                )))
-            }
+            Err(e) => return Err(RunFailure::User(messages::container_failed(&e.to_string()))),
         };
 
         // The agent, with the status comment following its progress.
@@ -400,18 +389,16 @@ impl Workers {
             .map_err(|e| format!("kodx could not read its own GitHub identity: {e}"))?;
         // Work a limit cut short says so in its subject, commit and pull request.
         let request_text = match partial {
-            Some(_) => format!("[incomplete] {}", run.request.job.argument()),
+            Some(_) => messages::incomplete_request(run.request.job.argument()),
             None => run.request.job.argument().to_string(),
         };
         let summary = match partial {
-            Some(_) => format!(
-                "**Incomplete:** the run stopped before it finished ({}). This is what it did so far; \
-                 raise the limit in `.github/kodx.yml` and ask again, or finish it by hand.\n\n{}",
+            Some(_) => messages::incomplete_summary(
                 done.outcome
                     .detail
-                    .clone()
-                    .unwrap_or_else(|| done.outcome.stop_reason.as_str().to_string()),
-                done.outcome.last_message
+                    .as_deref()
+                    .unwrap_or(done.outcome.stop_reason.as_str()),
+                &done.outcome.last_message,
             ),
             None => done.outcome.last_message.clone(),
         };
@@ -533,15 +520,15 @@ impl Workers {
     /// the admission was one check (a failed run, not a refusal).
     fn refused_after_wait(&self, run: &Run, refusal: Refusal) -> Result<Ending, RunFailure> {
         match refusal {
-            Refusal::InvalidConfig(e) => Err(RunFailure::User(format!(
-                "The repository's configuration became invalid: {e}. Fix it on the default branch and run the command again."
+            Refusal::InvalidConfig(e) => Err(RunFailure::User(messages::config_became_invalid(
+                &e.to_string(),
             ))),
             Refusal::BudgetSpent(_) => Ok(Ending::Work {
                 status: RunStatus::Failed,
                 done: self.failed_done(
                     run,
                     StopReason::CostLimitExceeded,
-                    "This installation's monthly budget was spent while the run waited; nothing was started.".into(),
+                    messages::BUDGET_SPENT_WHILE_WAITING.into(),
                 ),
             }),
             Refusal::ConfigUnreadable(e) => Err(RunFailure::Internal(anyhow::anyhow!(

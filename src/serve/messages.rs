@@ -1,0 +1,226 @@
+//! Every sentence kodx posts on GitHub about a run, as named builders: refusals, the
+//! answers of control jobs, the notes of the status comment and the failures it shows, and
+//! the incomplete-work wording of a delivery. The status comment's layout is
+//! [`crate::comment::render`]; the commit message and pull request body are built in
+//! [`crate::serve::deliver`] from these and the agent's summary.
+//!
+//! Text from outside kodx (logins, errors, requests) is redacted where it is put in.
+
+use crate::comment::redact;
+use crate::cost::format_usd;
+use crate::github::Permission;
+use crate::repo_config::RepoConfig;
+use crate::serve::job::JobKind;
+
+/// The run id line under a refusal.
+pub fn with_run_id(text: &str, run_id: &str) -> String {
+    format!(
+        "{}\n\n<sub>kodx run <code>{run_id}</code></sub>",
+        redact(text)
+    )
+}
+
+/// The one short comment a person without permission gets.
+pub fn not_permitted(author: &str, kind: JobKind, needed: Permission, has: Permission) -> String {
+    let who = match needed {
+        Permission::Read => "people with read access to this repository",
+        _ => "people with write, maintain or admin access to this repository",
+    };
+    let what = match kind {
+        JobKind::Ask | JobKind::Code | JobKind::Cancel => format!("`/kodx {kind}`"),
+        _ => "kodx".to_string(),
+    };
+    format!(
+        "@{} {what} can only be run by {who}; your permission here is `{}`.",
+        redact(author),
+        has.as_str()
+    )
+}
+
+pub fn config_unreadable(error: &str) -> String {
+    format!(
+        "kodx could not read `{}` from the default branch ({error}). Run the command again in a moment.",
+        RepoConfig::PATH
+    )
+}
+
+pub fn permission_unknown(author: &str, error: &str) -> String {
+    format!(
+        "kodx could not check @{author}'s permission on this repository ({error}). Run the command again in a moment."
+    )
+}
+
+pub fn budget_spent(budget: f64, spent: f64) -> String {
+    format!(
+        "kodx did not start: this installation's monthly budget of {} is spent ({} used since the 1st, UTC; runs need at least $0.01 of it left). Runs start again next month, or when the server's operator raises `monthly_budget_usd`.",
+        format_usd(budget),
+        format_usd(spent)
+    )
+}
+
+pub fn invalid_config(error: &str) -> String {
+    format!(
+        "kodx cannot run because the repository's configuration is invalid:\n\n```\n{error}\n```\n\nFix `{}` on the default branch and run the command again.",
+        RepoConfig::PATH
+    )
+}
+
+/// A command that was found but cannot run (`why`: empty, too long).
+pub fn bad_request(author: &str, why: &str) -> String {
+    format!("@{} kodx did not start: {}.", redact(author), redact(why))
+}
+
+/// The answer to `/kodx cancel` where nothing runs.
+pub fn nothing_to_cancel(author: &str) -> String {
+    format!("@{} there is no kodx run to cancel here.", redact(author))
+}
+
+pub fn cancelled_by(who: &str) -> String {
+    format!("Cancelled by @{who}.")
+}
+
+pub fn cancelled_before_it_started(who: &str) -> String {
+    format!("Cancelled by @{who} before it started.")
+}
+
+/// The status comment's header while kodx restarts under a running run.
+pub const PAUSED_BY_RESTART: &str =
+    "⏳ paused — kodx is restarting; this run starts again when it is back";
+
+/// The status comment's header of a run queued again after a restart.
+pub const QUEUED_AGAIN: &str = "⏳ queued again — kodx restarted while this run was working";
+
+pub const RESTARTED_TOO_OFTEN: &str = "kodx restarted while this run was working, more than once; it was not started again. Run the command again to retry.";
+
+/// kodx's own failure: what failed, and the run id to find its logs by.
+pub fn internal_error(what: &str, run_id: &str) -> String {
+    format!("kodx hit an internal error ({what}). Run id `{run_id}`.")
+}
+
+pub fn config_became_invalid(error: &str) -> String {
+    format!(
+        "The repository's configuration became invalid: {error}. Fix it on the default branch and run the command again."
+    )
+}
+
+pub const BUDGET_SPENT_WHILE_WAITING: &str =
+    "This installation's monthly budget was spent while the run waited; nothing was started.";
+
+/// The repository's model has no price, so its cost cap could not be kept.
+pub fn model_without_price(error: &str) -> String {
+    format!(
+        "{error}. Choose a model kodx knows in `{}` (`model:`), or ask the server's operator to add its price.",
+        RepoConfig::PATH
+    )
+}
+
+pub fn clone_failed(error: &str) -> String {
+    format!("Cloning the repository failed: {error}")
+}
+
+pub fn container_failed(error: &str) -> String {
+    format!("The container could not be started: {error}")
+}
+
+/// The request line of work a limit cut short (commit subject, pull request title).
+pub fn incomplete_request(request: &str) -> String {
+    format!("[incomplete] {request}")
+}
+
+/// The summary of work a limit cut short (commit body, pull request body).
+pub fn incomplete_summary(why: &str, last_message: &str) -> String {
+    format!(
+        "**Incomplete:** the run stopped before it finished ({why}). This is what it did so far; \
+         raise the limit in `.github/kodx.yml` and ask again, or finish it by hand.\n\n{last_message}"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals() {
+        insta::assert_snapshot!(
+            "not_permitted_ask",
+            not_permitted("mallory", JobKind::Ask, Permission::Write, Permission::Read)
+        );
+        insta::assert_snapshot!(
+            "not_permitted_help",
+            not_permitted("eve", JobKind::Help, Permission::Read, Permission::None)
+        );
+        insta::assert_snapshot!("config_unreadable", config_unreadable("502 Bad Gateway"));
+        insta::assert_snapshot!(
+            "permission_unknown",
+            permission_unknown("alice", "timed out")
+        );
+        insta::assert_snapshot!("budget_spent", budget_spent(10.0, 9.995));
+        insta::assert_snapshot!(
+            "invalid_config",
+            with_run_id(
+                &invalid_config(".github/kodx.yml: line 2: unknown key \"modle\""),
+                "0123456789ab"
+            )
+        );
+        insta::assert_snapshot!(
+            "bad_request",
+            bad_request("alice", "`/kodx ask` needs a request")
+        );
+    }
+
+    #[test]
+    fn control_answers_and_notes() {
+        insta::assert_snapshot!("nothing_to_cancel", nothing_to_cancel("alice"));
+        insta::assert_snapshot!(
+            "cancel_notes",
+            [
+                cancelled_by("bob"),
+                cancelled_before_it_started("bob"),
+                PAUSED_BY_RESTART.into(),
+                QUEUED_AGAIN.into(),
+                RESTARTED_TOO_OFTEN.into(),
+            ]
+            .join("\n")
+        );
+    }
+
+    #[test]
+    fn failures() {
+        insta::assert_snapshot!(
+            "failures",
+            [
+                internal_error("no Docker engine: connection refused", "0123456789ab"),
+                config_became_invalid(".github/kodx.yml: line 1: invalid YAML"),
+                BUDGET_SPENT_WHILE_WAITING.into(),
+                model_without_price("no price for model \"x\""),
+                clone_failed("authentication failed"),
+                container_failed("no such image"),
+            ]
+            .join("\n")
+        );
+    }
+
+    #[test]
+    fn incomplete_work() {
+        insta::assert_snapshot!(
+            "incomplete",
+            format!(
+                "{}\n---\n{}",
+                incomplete_request("add a flag"),
+                incomplete_summary("the step limit of 3 is reached", "Added half of it.")
+            )
+        );
+    }
+
+    #[test]
+    fn what_comes_from_outside_is_redacted() {
+        let token = "ghs_0123456789abcdefghijklmnopqrstuvwxyzAB";
+        for text in [
+            bad_request("alice", &format!("leaked {token}")),
+            with_run_id(&format!("error {token}"), "r1"),
+        ] {
+            assert!(!text.contains(token), "{text}");
+            assert!(text.contains("[REDACTED]"), "{text}");
+        }
+    }
+}
