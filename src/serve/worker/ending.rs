@@ -179,6 +179,22 @@ impl Workers {
         self.post_done(run, &done).await;
     }
 
+    /// Records a run that ended without a model call: its row and its metrics.
+    pub(in crate::serve) async fn finish_quietly(
+        &self,
+        run: &Run,
+        status: RunStatus,
+        reason: EndReason,
+        result: serde_json::Value,
+    ) {
+        self.metrics
+            .run_finished(run.kind().as_str(), reason.as_str(), 0.0, Duration::ZERO);
+        let fin = Finish::without_calls(status, reason, result);
+        if let Err(e) = self.db.finish(&run.id, &fin).await {
+            tracing::error!("recording the end of the run failed: {e}");
+        }
+    }
+
     /// A run's end without a model call, with `failure` as what the status comment says.
     pub(super) fn failed_done(&self, run: &Run, reason: StopReason, failure: String) -> Done {
         Done {

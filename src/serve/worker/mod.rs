@@ -9,6 +9,8 @@
 
 mod ending;
 pub(in crate::serve) mod gate;
+mod recovery;
+mod resources;
 mod run;
 mod status;
 mod tasks;
@@ -25,86 +27,18 @@ use tracing::Instrument;
 use crate::agent::{Outcome, StopReason};
 use crate::comment::RunKind;
 use crate::cost::Pricing;
-use crate::db::{Db, EndReason, Finish, RecoveryAction, Run, RunStatus};
+use crate::db::{Db, Run, RunStatus};
 use crate::github::{GitHubApp, GitHubError, Installation, RepoName, TokenScope};
-use crate::model::{Provider, Usage};
-use crate::program;
-use crate::sandbox::{Engine, SandboxError};
+use crate::model::Usage;
 use crate::serve::config::Settings;
 use crate::serve::job::{JobKind, TriggerKind};
-use crate::serve::messages;
 use crate::serve::metrics::Metrics;
 use tasks::{Panicked, Tasks};
 
 use ending::RunLog;
 pub(in crate::serve) use ending::{Ending, RunFailure};
-use gate::Admission;
-
-/// Makes the model client of a run (from the environment in production).
-pub trait ProviderFactory: Send + Sync {
-    fn make(&self, provider: program::ProviderKind) -> Result<Box<dyn Provider>, String>;
-}
-
-/// Anthropic and OpenAI-compatible clients from `ANTHROPIC_*` / `OPENAI_*`.
-pub struct EnvProviders;
-
-impl ProviderFactory for EnvProviders {
-    fn make(&self, provider: program::ProviderKind) -> Result<Box<dyn Provider>, String> {
-        Ok(match provider {
-            program::ProviderKind::Anthropic => {
-                Box::new(crate::providers::AnthropicClient::from_env()?)
-            }
-            program::ProviderKind::OpenAi => Box::new(crate::providers::OpenAiClient::from_env()?),
-        })
-    }
-}
-
-/// The Docker engine, connected on first use (the server starts without one and says so in
-/// `/healthz`).
-#[derive(Default)]
-pub struct EngineSlot {
-    engine: tokio::sync::Mutex<Option<Engine>>,
-    /// The installation's id: labels its containers, names its clones.
-    instance: Option<String>,
-}
-
-impl EngineSlot {
-    /// The engine of installation `instance` ([`crate::db::Db::instance_id`]): its
-    /// containers carry the id, and those an earlier process of it left are its orphans.
-    pub fn for_instance(instance: impl Into<String>) -> EngineSlot {
-        EngineSlot {
-            engine: Default::default(),
-            instance: Some(instance.into()),
-        }
-    }
-
-    pub fn instance(&self) -> Option<&str> {
-        self.instance.as_deref()
-    }
-
-    pub async fn get(&self) -> Result<Engine, SandboxError> {
-        let mut slot = self.engine.lock().await;
-        if let Some(e) = slot.as_ref() {
-            return Ok(e.clone());
-        }
-        let mut engine = Engine::connect().await?;
-        if let Some(instance) = &self.instance {
-            engine = engine.with_instance(instance.clone());
-        }
-        *slot = Some(engine.clone());
-        Ok(engine)
-    }
-
-    pub async fn ping(&self) -> Result<(), String> {
-        let engine = self.get().await.map_err(|e| e.to_string())?;
-        engine.docker().ping().await.map(|_| ()).map_err(|e| {
-            format!(
-                "the Docker engine at {} does not answer: {e}",
-                engine.host()
-            )
-        })
-    }
-}
+pub use resources::{EngineSlot, EnvProviders, ProviderFactory};
+pub(in crate::serve) use status::Acked;
 
 /// Everything the workers share.
 pub struct Workers {
@@ -127,17 +61,6 @@ pub struct Workers {
     /// How many runs this process has ended (see [`Admission::is_fresh`]).
     ended: AtomicU64,
     slots: Arc<Semaphore>,
-}
-
-/// What acknowledging a run came to.
-#[derive(Clone)]
-pub(in crate::serve) enum Acked {
-    /// Admitted; `eyes` and the status comment (its id, unless creating it failed) are up.
-    Admitted(Box<Admission>, Option<u64>),
-    /// Refused, and finished.
-    Refused,
-    /// GitHub could not be asked; nothing was posted.
-    Unreachable,
 }
 
 pub(in crate::serve) struct RunHandle {
@@ -181,97 +104,6 @@ impl Workers {
             slots,
             settings,
         })
-    }
-
-    /// Runs left `running` by a dead process go back to the queue (once), and what it left
-    /// behind goes: its containers and its clones. Old transcripts are pruned.
-    pub async fn recover(self: &Arc<Self>) {
-        let prefix = self.clone_prefix();
-        match tokio::task::spawn_blocking(move || {
-            remove_stale_clones(&std::env::temp_dir(), &prefix)
-        })
-        .await
-        {
-            Ok(0) => {}
-            Ok(n) => tracing::info!("removed {n} clone director(ies) an earlier kodx process left"),
-            Err(e) => tracing::warn!("could not remove old clones: {e}"),
-        }
-        if let Ok(engine) = self.engine.get().await {
-            // Every container of this installation is an orphan now: no run has started
-            // yet. Its earlier process may have had the same pid (PID 1 in a container).
-            match engine.sweep_instance_orphans().await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(
-                    "removed {n} container(s) an earlier kodx process of this installation left"
-                ),
-                Err(e) => tracing::warn!("could not sweep old containers: {e}"),
-            }
-            match engine.sweep_dead_owners().await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!("removed {n} container(s) left by a dead kodx process"),
-                Err(e) => tracing::warn!("could not sweep old containers: {e}"),
-            }
-        }
-        self.prune_transcripts().await;
-        let recovered = match self
-            .db
-            .recover(&self.worker_id, i64::from(self.settings.max_attempts))
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!("recovering runs failed: {e}");
-                return;
-            }
-        };
-        for r in recovered {
-            let run = r.run;
-            let span = run_span(&run);
-            let this = self.clone();
-            async move {
-                match r.action {
-                    RecoveryAction::Requeued => {
-                        tracing::warn!("run was interrupted by a restart; queued again");
-                        this.edit_status(&run, messages::QUEUED_AGAIN).await;
-                    }
-                    RecoveryAction::Failed => {
-                        tracing::error!("run was interrupted by restarts too often; failed");
-                        let done = this.failed_done(
-                            &run,
-                            StopReason::Error,
-                            messages::RESTARTED_TOO_OFTEN.into(),
-                        );
-                        this.post_done(&run, &done).await;
-                        this.metrics.run_finished(
-                            run.kind().as_str(),
-                            EndReason::InternalError.as_str(),
-                            0.0,
-                            Duration::ZERO,
-                        );
-                    }
-                }
-            }
-            .instrument(span)
-            .await;
-        }
-    }
-
-    /// Where this installation's clones go: `$TMPDIR/kodx-run-<instance>-<run id>-XXXXXX`.
-    fn clone_prefix(&self) -> String {
-        format!("kodx-run-{}-", self.engine.instance().unwrap_or("local"))
-    }
-
-    /// Deletes the transcripts of runs finished more than `transcript_days` ago.
-    async fn prune_transcripts(&self) {
-        let age = i64::from(self.settings.transcript_days) * 86_400_000;
-        match self.db.prune_transcripts(crate::db::now_ms() - age).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(
-                "deleted {n} transcript record(s) of runs finished over {} days ago",
-                self.settings.transcript_days
-            ),
-            Err(e) => tracing::warn!("pruning old transcripts failed: {e}"),
-        }
     }
 
     /// Claims and starts work until shutdown; returns when the last run has ended.
@@ -433,51 +265,9 @@ impl Workers {
         }
     }
 
-    /// Acknowledges the run once, whoever asks first (the task acknowledging it while it
-    /// waits, or the worker that claimed it); the other waits for the same outcome. `None`
-    /// for a run an earlier process acknowledged (it has a status comment).
-    async fn ensure_acknowledged(&self, run: &Run) -> Option<Acked> {
-        let cell = {
-            let mut acks = self.acks.lock().expect("lock");
-            match acks.get(&run.id) {
-                Some(cell) => cell.clone(),
-                None if run.status_comment_id.is_some() => return None,
-                None => acks.entry(run.id.clone()).or_default().clone(),
-            }
-        };
-        let acked = cell.get_or_init(|| self.acknowledge(run)).await.clone();
-        // Only an admitted run with its status comment waits here for its slot; the others
-        // are over, or are acknowledged again on the next pass.
-        if !matches!(acked, Acked::Admitted(_, Some(_))) {
-            self.forget_ack(&run.id);
-        }
-        Some(acked)
-    }
-
-    /// Drops what acknowledging the run left for it (it started, or it is over).
-    pub(in crate::serve) fn forget_ack(&self, run_id: &str) {
-        self.acks.lock().expect("lock").remove(run_id);
-    }
-
     /// How many runs this process has ended.
     pub(in crate::serve) fn ended(&self) -> u64 {
         self.ended.load(Ordering::SeqCst)
-    }
-
-    /// Records a run that ended without a model call: its row and its metrics.
-    pub(in crate::serve) async fn finish_quietly(
-        &self,
-        run: &Run,
-        status: RunStatus,
-        reason: EndReason,
-        result: serde_json::Value,
-    ) {
-        self.metrics
-            .run_finished(run.kind().as_str(), reason.as_str(), 0.0, Duration::ZERO);
-        let fin = Finish::without_calls(status, reason, result);
-        if let Err(e) = self.db.finish(&run.id, &fin).await {
-            tracing::error!("recording the end of the run failed: {e}");
-        }
     }
 
     /// The run's repository and a token for it ([`Workers::installation`]).
@@ -513,31 +303,6 @@ impl Workers {
             .installation_for(run.request.installation_id as u64, &scope)
             .await
     }
-}
-
-/// Removes the directories in `dir` whose name starts with `prefix` (the clones an earlier
-/// process of this installation left there); returns how many. Symbolic links are removed,
-/// never followed.
-fn remove_stale_clones(dir: &std::path::Path, prefix: &str) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    let mut removed = 0;
-    for entry in entries.flatten() {
-        if !entry.file_name().to_string_lossy().starts_with(prefix) {
-            continue;
-        }
-        let path = entry.path();
-        let gone = match entry.file_type() {
-            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
-            _ => std::fs::remove_file(&path),
-        };
-        match gone {
-            Ok(()) => removed += 1,
-            Err(e) => tracing::warn!("could not remove the old clone {}: {e}", path.display()),
-        }
-    }
-    removed
 }
 
 /// The work a run does (a control job's status comment reads as an `ask`'s).

@@ -10,9 +10,47 @@ use crate::db::Run;
 use crate::github::{Installation, Reaction, RepoName};
 
 use super::ending::RunLog;
-use super::{Acked, RunFailure, Workers};
+use super::gate::Admission;
+use super::{RunFailure, Workers};
+
+/// What acknowledging a run came to.
+#[derive(Clone)]
+pub(in crate::serve) enum Acked {
+    /// Admitted; `eyes` and the status comment (its id, unless creating it failed) are up.
+    Admitted(Box<Admission>, Option<u64>),
+    /// Refused, and finished.
+    Refused,
+    /// GitHub could not be asked; nothing was posted.
+    Unreachable,
+}
 
 impl Workers {
+    /// Acknowledges the run once, whoever asks first (the task acknowledging it while it
+    /// waits, or the worker that claimed it); the other waits for the same outcome. `None`
+    /// for a run an earlier process acknowledged (it has a status comment).
+    pub(super) async fn ensure_acknowledged(&self, run: &Run) -> Option<Acked> {
+        let cell = {
+            let mut acks = self.acks.lock().expect("lock");
+            match acks.get(&run.id) {
+                Some(cell) => cell.clone(),
+                None if run.status_comment_id.is_some() => return None,
+                None => acks.entry(run.id.clone()).or_default().clone(),
+            }
+        };
+        let acked = cell.get_or_init(|| self.acknowledge(run)).await.clone();
+        // Only an admitted run with its status comment waits here for its slot; the others
+        // are over, or are acknowledged again on the next pass.
+        if !matches!(acked, Acked::Admitted(_, Some(_))) {
+            self.forget_ack(&run.id);
+        }
+        Some(acked)
+    }
+
+    /// Drops what acknowledging the run left for it (it started, or it is over).
+    pub(in crate::serve) fn forget_ack(&self, run_id: &str) {
+        self.acks.lock().expect("lock").remove(run_id);
+    }
+
     /// Admits the run (who asked, the repository's config, the budget), reacts `eyes` and
     /// creates the status comment; or refuses it (and finishes it).
     pub(in crate::serve) async fn acknowledge(&self, run: &Run) -> Acked {

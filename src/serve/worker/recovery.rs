@@ -1,0 +1,131 @@
+//! Starting after another process: runs it left `running` go back to the queue (or fail),
+//! its containers and clones go, and old transcripts are pruned.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use crate::agent::StopReason;
+use crate::db::{EndReason, RecoveryAction};
+use crate::serve::messages;
+
+use super::{run_span, Workers};
+
+impl Workers {
+    /// Runs left `running` by a dead process go back to the queue (once), and what it left
+    /// behind goes: its containers and its clones. Old transcripts are pruned.
+    pub async fn recover(self: &Arc<Self>) {
+        let prefix = self.clone_prefix();
+        match tokio::task::spawn_blocking(move || {
+            remove_stale_clones(&std::env::temp_dir(), &prefix)
+        })
+        .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("removed {n} clone director(ies) an earlier kodx process left"),
+            Err(e) => tracing::warn!("could not remove old clones: {e}"),
+        }
+        if let Ok(engine) = self.engine.get().await {
+            // Every container of this installation is an orphan now: no run has started
+            // yet. Its earlier process may have had the same pid (PID 1 in a container).
+            match engine.sweep_instance_orphans().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    "removed {n} container(s) an earlier kodx process of this installation left"
+                ),
+                Err(e) => tracing::warn!("could not sweep old containers: {e}"),
+            }
+            match engine.sweep_dead_owners().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("removed {n} container(s) left by a dead kodx process"),
+                Err(e) => tracing::warn!("could not sweep old containers: {e}"),
+            }
+        }
+        self.prune_transcripts().await;
+        let recovered = match self
+            .db
+            .recover(&self.worker_id, i64::from(self.settings.max_attempts))
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("recovering runs failed: {e}");
+                return;
+            }
+        };
+        for r in recovered {
+            let run = r.run;
+            let span = run_span(&run);
+            let this = self.clone();
+            async move {
+                match r.action {
+                    RecoveryAction::Requeued => {
+                        tracing::warn!("run was interrupted by a restart; queued again");
+                        this.edit_status(&run, messages::QUEUED_AGAIN).await;
+                    }
+                    RecoveryAction::Failed => {
+                        tracing::error!("run was interrupted by restarts too often; failed");
+                        let done = this.failed_done(
+                            &run,
+                            StopReason::Error,
+                            messages::RESTARTED_TOO_OFTEN.into(),
+                        );
+                        this.post_done(&run, &done).await;
+                        this.metrics.run_finished(
+                            run.kind().as_str(),
+                            EndReason::InternalError.as_str(),
+                            0.0,
+                            Duration::ZERO,
+                        );
+                    }
+                }
+            }
+            .instrument(span)
+            .await;
+        }
+    }
+
+    /// Where this installation's clones go: `$TMPDIR/kodx-run-<instance>-<run id>-XXXXXX`.
+    pub(super) fn clone_prefix(&self) -> String {
+        format!("kodx-run-{}-", self.engine.instance().unwrap_or("local"))
+    }
+
+    /// Deletes the transcripts of runs finished more than `transcript_days` ago.
+    pub(super) async fn prune_transcripts(&self) {
+        let age = i64::from(self.settings.transcript_days) * 86_400_000;
+        match self.db.prune_transcripts(crate::db::now_ms() - age).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                "deleted {n} transcript record(s) of runs finished over {} days ago",
+                self.settings.transcript_days
+            ),
+            Err(e) => tracing::warn!("pruning old transcripts failed: {e}"),
+        }
+    }
+}
+
+/// Removes the directories in `dir` whose name starts with `prefix` (the clones an earlier
+/// process of this installation left there); returns how many. Symbolic links are removed,
+/// never followed.
+fn remove_stale_clones(dir: &std::path::Path, prefix: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(prefix) {
+            continue;
+        }
+        let path = entry.path();
+        let gone = match entry.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        match gone {
+            Ok(()) => removed += 1,
+            Err(e) => tracing::warn!("could not remove the old clone {}: {e}", path.display()),
+        }
+    }
+    removed
+}
