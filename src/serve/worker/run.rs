@@ -119,7 +119,8 @@ impl Workers {
         };
         let maxima = self.settings.maxima();
         *log.admission.lock().expect("lock") = Some(admission.to_json(kind, &maxima));
-        self.edit_phase(&gh, &repo, run, &Phase::SettingUp).await;
+        let status = self.status_comment(&gh, &repo, run).await;
+        status.edit(&Phase::SettingUp).await;
         let _ = self.db.set_phase(&run.id, "setting_up").await;
 
         // What GitHub says about the issue, then what the run will do.
@@ -255,12 +256,7 @@ impl Workers {
         let _ = self.db.set_phase(&run.id, "working").await;
         let agent_config = plan.agent.clone();
         let (progress_tx, progress_rx) = tokio::sync::watch::channel(None::<Progress>);
-        let updater = tokio::spawn(self.clone().follow_progress(
-            gh.clone(),
-            repo.clone(),
-            run.clone(),
-            progress_rx,
-        ));
+        let updater = tokio::spawn(self.clone().follow_progress(status.clone(), progress_rx));
         let (records_tx, records_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let writer = tokio::spawn(write_transcript(
             self.db.clone(),

@@ -7,7 +7,7 @@ use std::time::Instant;
 use crate::agent::Progress;
 use crate::comment::{self, Done, Phase};
 use crate::db::Run;
-use crate::github::{Installation, Reaction, RepoName};
+use crate::github::{GitHubError, Installation, Reaction, ReactionTarget, RepoName};
 
 use super::ending::RunLog;
 use super::gate::Admission;
@@ -89,16 +89,13 @@ impl Workers {
             }
             return Acked::Admitted(Box::new(admission), Some(existing));
         }
-        let body = comment::render(&run.id, &command_line(run), &Phase::Queued);
-        match gh
-            .create_comment(&repo, run.request.issue_number as u64, &body)
-            .await
-        {
-            Ok(c) => {
-                if let Err(e) = self.db.set_status_comment(&run.id, c.id as i64).await {
+        let mut status = StatusComment::new(gh, repo, run, None);
+        match status.create(&Phase::Queued).await {
+            Ok(id) => {
+                if let Err(e) = self.db.set_status_comment(&run.id, id as i64).await {
                     tracing::error!("storing the status comment id failed: {e}");
                 }
-                Acked::Admitted(Box::new(admission), Some(c.id))
+                Acked::Admitted(Box::new(admission), Some(id))
             }
             Err(e) => {
                 tracing::warn!("creating the status comment failed: {e}");
@@ -132,6 +129,17 @@ impl Workers {
             .map(|c| c.id)
     }
 
+    /// The run's status comment as it stands (its id, if it has one), written with `gh`.
+    pub(in crate::serve) async fn status_comment(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        run: &Run,
+    ) -> StatusComment {
+        let id = self.status_comment_id(run).await;
+        StatusComment::new(gh.clone(), repo.clone(), run, id)
+    }
+
     pub(in crate::serve) async fn react(
         &self,
         gh: &Installation,
@@ -139,10 +147,7 @@ impl Workers {
         run: &Run,
         reaction: Reaction,
     ) {
-        let target = run.request.trigger.reaction_target();
-        if let Err(e) = gh.react(repo, target, reaction).await {
-            tracing::warn!("reacting {} failed: {e}", reaction.as_str());
-        }
+        react(gh, repo, run.request.trigger.reaction_target(), reaction).await;
     }
 
     /// Edits the status comment as the run moves, at most once per `status_interval`. Ends
@@ -150,12 +155,138 @@ impl Workers {
     /// interval: a finished run never waits for the next edit.
     pub(in crate::serve) async fn follow_progress(
         self: Arc<Self>,
-        gh: Installation,
-        repo: RepoName,
-        run: Run,
+        status: StatusComment,
+        rx: tokio::sync::watch::Receiver<Option<Progress>>,
+    ) {
+        status.follow(self.settings.status_interval(), rx).await;
+    }
+
+    pub(in crate::serve) async fn status_comment_id(&self, run: &Run) -> Option<u64> {
+        if let Some(id) = run.status_comment_id {
+            return Some(id as u64);
+        }
+        match self.db.get_run(&run.id).await {
+            Ok(Some(r)) => r.status_comment_id.map(|id| id as u64),
+            _ => None,
+        }
+    }
+
+    /// The run's status comment with a token of its own, for the paths that hold none
+    /// (restarts, shutdown, the end of a run); `None` when GitHub cannot be asked.
+    async fn status_comment_alone(&self, run: &Run) -> Option<StatusComment> {
+        let gh = match self.installation(run).await {
+            Ok(gh) => gh,
+            Err(e) => {
+                tracing::warn!("GitHub is not reachable to edit the status comment: {e}");
+                return None;
+            }
+        };
+        let repo = RepoName::parse(&run.request.repo).ok()?;
+        Some(self.status_comment(&gh, &repo, run).await)
+    }
+
+    /// Replaces the status comment's header line with `note` (restarts, shutdown).
+    pub(in crate::serve) async fn edit_status(&self, run: &Run, note: &str) {
+        if let Some(status) = self.status_comment_alone(run).await {
+            status.edit(&Phase::Note(note.into())).await;
+        }
+    }
+
+    /// The final status comment and the `rocket` / `confused` reaction.
+    pub(in crate::serve) async fn post_done(&self, run: &Run, done: &Done) {
+        match self.status_comment_alone(run).await {
+            Some(status) => status.finish(done).await,
+            None => tracing::error!("GitHub unreachable; the outcome of the run was not posted"),
+        }
+    }
+}
+
+/// A run's status comment: the one comment kodx posts for a run and edits as it moves —
+/// its phase while it works, a note when kodx restarts under it, the outcome at the end —
+/// with the reactions on the command that started it.
+#[derive(Clone)]
+pub(in crate::serve) struct StatusComment {
+    gh: Installation,
+    repo: RepoName,
+    run_id: String,
+    issue: u64,
+    command: String,
+    trigger: ReactionTarget,
+    /// `None` until it is posted (creating it may have failed).
+    id: Option<u64>,
+}
+
+impl StatusComment {
+    pub fn new(gh: Installation, repo: RepoName, run: &Run, id: Option<u64>) -> StatusComment {
+        StatusComment {
+            gh,
+            repo,
+            run_id: run.id.clone(),
+            issue: run.request.issue_number as u64,
+            command: command_line(run),
+            trigger: run.request.trigger.reaction_target(),
+            id,
+        }
+    }
+
+    fn body(&self, phase: &Phase) -> String {
+        comment::render(&self.run_id, &self.command, phase)
+    }
+
+    /// Posts it, showing `phase`; returns its id.
+    pub async fn create(&mut self, phase: &Phase) -> Result<u64, GitHubError> {
+        let c = self
+            .gh
+            .create_comment(&self.repo, self.issue, &self.body(phase))
+            .await?;
+        self.id = Some(c.id);
+        Ok(c.id)
+    }
+
+    /// Shows `phase`; nothing when it was never posted. A failed edit is logged: the run
+    /// goes on.
+    pub async fn edit(&self, phase: &Phase) {
+        let Some(id) = self.id else { return };
+        if let Err(e) = self
+            .gh
+            .update_comment(&self.repo, id, &self.body(phase))
+            .await
+        {
+            tracing::warn!("editing the status comment failed: {e}");
+        }
+    }
+
+    /// Shows the outcome (posting the comment if it never was) and reacts `rocket` or
+    /// `confused` on the command.
+    pub async fn finish(&self, done: &Done) {
+        let body = self.body(&Phase::Done(Box::new(done.clone())));
+        let posted = match self.id {
+            Some(id) => self.gh.update_comment(&self.repo, id, &body).await,
+            None => self
+                .gh
+                .create_comment(&self.repo, self.issue, &body)
+                .await
+                .map(|_| ()),
+        };
+        if let Err(e) = posted {
+            tracing::error!("posting the outcome failed: {e}");
+        }
+        let reaction = if done.succeeded() {
+            Reaction::Rocket
+        } else {
+            Reaction::Confused
+        };
+        react(&self.gh, &self.repo, self.trigger, reaction).await;
+    }
+
+    /// Shows the agent's progress at most once per `interval`, until the agent ends (its
+    /// sender is dropped) — also while waiting out the interval: a finished run never waits
+    /// for the next edit.
+    pub async fn follow(
+        &self,
+        interval: std::time::Duration,
         mut rx: tokio::sync::watch::Receiver<Option<Progress>>,
     ) {
-        let interval = self.settings.status_interval();
         let mut last_edit: Option<Instant> = None;
         let mut shown_step = 0;
         loop {
@@ -179,97 +310,21 @@ impl Workers {
                 continue;
             }
             shown_step = p.step;
-            self.edit_phase(
-                &gh,
-                &repo,
-                &run,
-                &Phase::Working {
-                    step: p.step,
-                    spent: p.spent,
-                    limit: p.limit,
-                },
-            )
+            self.edit(&Phase::Working {
+                step: p.step,
+                spent: p.spent,
+                limit: p.limit,
+            })
             .await;
             last_edit = Some(Instant::now());
         }
     }
+}
 
-    pub(in crate::serve) async fn edit_phase(
-        &self,
-        gh: &Installation,
-        repo: &RepoName,
-        run: &Run,
-        phase: &Phase,
-    ) {
-        let Some(id) = self.status_comment_id(run).await else {
-            return;
-        };
-        let body = comment::render(&run.id, &command_line(run), phase);
-        if let Err(e) = gh.update_comment(repo, id, &body).await {
-            tracing::warn!("editing the status comment failed: {e}");
-        }
-    }
-
-    pub(in crate::serve) async fn status_comment_id(&self, run: &Run) -> Option<u64> {
-        if let Some(id) = run.status_comment_id {
-            return Some(id as u64);
-        }
-        match self.db.get_run(&run.id).await {
-            Ok(Some(r)) => r.status_comment_id.map(|id| id as u64),
-            _ => None,
-        }
-    }
-
-    /// Replaces the status comment's header line with `note` (restarts, shutdown).
-    pub(in crate::serve) async fn edit_status(&self, run: &Run, note: &str) {
-        let Ok(gh) = self.installation(run).await else {
-            return;
-        };
-        let Ok(repo) = RepoName::parse(&run.request.repo) else {
-            return;
-        };
-        let Some(id) = self.status_comment_id(run).await else {
-            return;
-        };
-        let body = comment::render(&run.id, &command_line(run), &Phase::Note(note.into()));
-        if let Err(e) = gh.update_comment(&repo, id, &body).await {
-            tracing::warn!("editing the status comment failed: {e}");
-        }
-    }
-
-    /// The final status comment and the `rocket` / `confused` reaction.
-    pub(in crate::serve) async fn post_done(&self, run: &Run, done: &Done) {
-        let gh = match self.installation(run).await {
-            Ok(gh) => gh,
-            Err(e) => {
-                tracing::error!("GitHub unreachable; the outcome was not posted: {e}");
-                return;
-            }
-        };
-        let Ok(repo) = RepoName::parse(&run.request.repo) else {
-            return;
-        };
-        let body = comment::render(
-            &run.id,
-            &command_line(run),
-            &Phase::Done(Box::new(done.clone())),
-        );
-        let posted = match self.status_comment_id(run).await {
-            Some(id) => gh.update_comment(&repo, id, &body).await,
-            None => gh
-                .create_comment(&repo, run.request.issue_number as u64, &body)
-                .await
-                .map(|_| ()),
-        };
-        if let Err(e) = posted {
-            tracing::error!("posting the outcome failed: {e}");
-        }
-        let reaction = if done.succeeded() {
-            Reaction::Rocket
-        } else {
-            Reaction::Confused
-        };
-        self.react(&gh, &repo, run, reaction).await;
+/// Reacts on the command that started a run; a failure is logged.
+async fn react(gh: &Installation, repo: &RepoName, target: ReactionTarget, reaction: Reaction) {
+    if let Err(e) = gh.react(repo, target, reaction).await {
+        tracing::warn!("reacting {} failed: {e}", reaction.as_str());
     }
 }
 
