@@ -457,13 +457,21 @@ async fn sandbox_limits(out: &mut Report, engine: &Engine) {
 
 async fn check_database(out: &mut Report, url: &str) {
     // A URL other than SQLite's could hold a password: name the variable, not the value.
+    let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
     let shown = if url.starts_with("sqlite:") {
         format!("database {url}")
+    } else if postgres {
+        format!("database {}", kodx::db::shown_url(url))
     } else {
         "database (DATABASE_URL)".to_string()
     };
-    let fix = "set DATABASE_URL to a SQLite file in a writable directory \
-               (sqlite:///data/kodx.db, or sqlite://data/kodx.db relative to the working directory)";
+    let fix = if postgres {
+        "check that the PostgreSQL server in DATABASE_URL answers and the user may create \
+         tables in its database (postgres://USER:PASSWORD@HOST:PORT/DATABASE)"
+    } else {
+        "set DATABASE_URL to a SQLite file in a writable directory \
+         (sqlite:///data/kodx.db, or sqlite://data/kodx.db relative to the working directory)"
+    };
     let db = match tokio::time::timeout(Duration::from_secs(30), Db::open(url)).await {
         Ok(Ok(db)) => db,
         Ok(Err(e)) => return out.fail(format!("{shown}: {e}"), fix),

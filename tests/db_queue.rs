@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kodx::agent::StopReason;
+use kodx::db::test_databases::each_backend;
 use kodx::db::{Accepted, Db, EndReason, Finish, NewDelivery, NewRun, RunStatus};
 use kodx::serve::job::{Job, JobKind, ReviewContext, Trigger};
 
@@ -68,38 +69,39 @@ fn url(path: &Path) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_redeliveries_queue_exactly_one_run() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("kodx.db");
-    // Two pools on one file, as two handles of one process (16 connections in all).
-    let a = Db::open(&url(&path)).await.unwrap();
-    let b = Db::open(&url(&path)).await.unwrap();
-    for round in 0..5 {
-        let id = format!("delivery-{round}");
-        let mut tasks = Vec::new();
-        for i in 0..24 {
-            let db = if i % 2 == 0 { a.clone() } else { b.clone() };
-            let id = id.clone();
-            tasks.push(tokio::spawn(async move {
-                db.accept(&delivery(&id), Some(&new_run("code", round)))
-                    .await
-                    .unwrap()
-            }));
-        }
-        let mut queued = Vec::new();
-        let mut duplicates = 0;
-        for task in tasks {
-            match task.await.unwrap() {
-                Accepted::Queued { run_id } => queued.push(run_id),
-                Accepted::Duplicate => duplicates += 1,
-                other => panic!("a new delivery with a new trigger is queued, not {other:?}"),
+    for url in each_backend(dir.path()).await {
+        // Two pools on one database, as two handles of one process (or two processes).
+        let a = Db::open(&url).await.unwrap();
+        let b = Db::open(&url).await.unwrap();
+        for round in 0..5 {
+            let id = format!("delivery-{round}");
+            let mut tasks = Vec::new();
+            for i in 0..24 {
+                let db = if i % 2 == 0 { a.clone() } else { b.clone() };
+                let id = id.clone();
+                tasks.push(tokio::spawn(async move {
+                    db.accept(&delivery(&id), Some(&new_run("code", round)))
+                        .await
+                        .unwrap()
+                }));
             }
+            let mut queued = Vec::new();
+            let mut duplicates = 0;
+            for task in tasks {
+                match task.await.unwrap() {
+                    Accepted::Queued { run_id } => queued.push(run_id),
+                    Accepted::Duplicate => duplicates += 1,
+                    other => panic!("a new delivery with a new trigger is queued, not {other:?}"),
+                }
+            }
+            assert_eq!(queued.len(), 1, "round {round}: {queued:?}");
+            assert_eq!(duplicates, 23);
+            let run = a.get_run(&queued[0]).await.unwrap().unwrap();
+            assert_eq!(run.delivery_id, id);
         }
-        assert_eq!(queued.len(), 1, "round {round}: {queued:?}");
-        assert_eq!(duplicates, 23);
-        let run = a.get_run(&queued[0]).await.unwrap().unwrap();
-        assert_eq!(run.delivery_id, id);
+        let runs = a.runs_with_status(RunStatus::Queued).await.unwrap();
+        assert_eq!(runs.len(), 5);
     }
-    let runs = a.runs_with_status(RunStatus::Queued).await.unwrap();
-    assert_eq!(runs.len(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -108,114 +110,127 @@ async fn concurrent_claimers_take_each_run_once_and_one_per_issue() {
     const CONTROL: i64 = 10;
     const CLAIMERS: usize = 8;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("kodx.db");
-    let db = Db::open(&url(&path)).await.unwrap();
-    let other = Db::open(&url(&path)).await.unwrap();
-    // 50 agent runs on 4 issues, so most claim attempts find every free run's issue busy,
-    // plus control runs on the same issues.
-    let mut expected = HashSet::new();
-    for n in 0..RUNS {
-        let Accepted::Queued { run_id } = db
-            .accept(&delivery(&format!("d-{n}")), Some(&new_run("ask", n % 4)))
-            .await
-            .unwrap()
-        else {
-            panic!("not queued")
-        };
-        expected.insert(run_id);
-    }
-    for n in 0..CONTROL {
-        db.accept(&delivery(&format!("c-{n}")), Some(&new_run("help", n % 4)))
-            .await
-            .unwrap();
-    }
+    for url in each_backend(dir.path()).await {
+        let db = Db::open(&url).await.unwrap();
+        let other = Db::open(&url).await.unwrap();
+        // 50 agent runs on 4 issues, so most claim attempts find every free run's issue busy,
+        // plus control runs on the same issues.
+        let mut expected = HashSet::new();
+        // Queue order of each run, to check each issue's runs start in that order.
+        let mut order = std::collections::HashMap::new();
+        for n in 0..RUNS {
+            let Accepted::Queued { run_id } = db
+                .accept(&delivery(&format!("d-{n}")), Some(&new_run("ask", n % 4)))
+                .await
+                .unwrap()
+            else {
+                panic!("not queued")
+            };
+            order.insert(run_id.clone(), (n % 4, n));
+            expected.insert(run_id);
+        }
+        for n in 0..CONTROL {
+            db.accept(&delivery(&format!("c-{n}")), Some(&new_run("help", n % 4)))
+                .await
+                .unwrap();
+        }
 
-    let claimed: Arc<Mutex<Vec<String>>> = Arc::default();
-    let control_claimed: Arc<Mutex<Vec<String>>> = Arc::default();
-    // Issues a claimer currently holds. An issue leaves the set BEFORE its run is finished
-    // in the database, so finding it here on a claim means two runs were running at once.
-    let busy_issues: Arc<Mutex<HashSet<i64>>> = Arc::default();
-    // The most runs seen running at once: proves the claimers really overlapped.
-    let peak: Arc<Mutex<usize>> = Arc::default();
-    let mut tasks = Vec::new();
-    for c in 0..CLAIMERS {
-        let db = if c % 2 == 0 {
-            db.clone()
-        } else {
-            other.clone()
-        };
-        let claimed = claimed.clone();
-        let control_claimed = control_claimed.clone();
-        let busy_issues = busy_issues.clone();
-        let peak = peak.clone();
-        tasks.push(tokio::spawn(async move {
-            let worker = format!("w{c}");
-            let mut idle = 0;
-            while idle < 40 {
-                if let Some(run) = db.claim_control(&worker).await.unwrap() {
-                    assert_eq!(run.kind(), JobKind::Help);
-                    control_claimed.lock().unwrap().push(run.id.clone());
+        let claimed: Arc<Mutex<Vec<String>>> = Arc::default();
+        let control_claimed: Arc<Mutex<Vec<String>>> = Arc::default();
+        // Issues a claimer currently holds. An issue leaves the set BEFORE its run is finished
+        // in the database, so finding it here on a claim means two runs were running at once.
+        let busy_issues: Arc<Mutex<HashSet<i64>>> = Arc::default();
+        // The most runs seen running at once: proves the claimers really overlapped.
+        let peak: Arc<Mutex<usize>> = Arc::default();
+        let mut tasks = Vec::new();
+        for c in 0..CLAIMERS {
+            let db = if c % 2 == 0 {
+                db.clone()
+            } else {
+                other.clone()
+            };
+            let claimed = claimed.clone();
+            let control_claimed = control_claimed.clone();
+            let busy_issues = busy_issues.clone();
+            let peak = peak.clone();
+            tasks.push(tokio::spawn(async move {
+                let worker = format!("w{c}");
+                let mut idle = 0;
+                while idle < 40 {
+                    if let Some(run) = db.claim_control(&worker).await.unwrap() {
+                        assert_eq!(run.kind(), JobKind::Help);
+                        control_claimed.lock().unwrap().push(run.id.clone());
+                        assert!(db.finish(&run.id, &succeeded()).await.unwrap());
+                    }
+                    let Some(run) = db.claim_run(&worker).await.unwrap() else {
+                        idle += 1;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    };
+                    idle = 0;
+                    assert_eq!(run.status, RunStatus::Running);
+                    assert_eq!(run.worker.as_deref(), Some(worker.as_str()));
+                    assert_eq!(run.attempts, 1, "claimed twice: {}", run.id);
+                    {
+                        let mut busy = busy_issues.lock().unwrap();
+                        assert!(
+                            busy.insert(run.request.issue_number),
+                            "two runs running on issue {}",
+                            run.request.issue_number
+                        );
+                        let mut peak = peak.lock().unwrap();
+                        *peak = (*peak).max(busy.len());
+                    }
+                    claimed.lock().unwrap().push(run.id.clone());
+                    // Long enough that the other claimers keep trying this issue meanwhile.
+                    tokio::time::sleep(Duration::from_millis(
+                        10 + 5 * (run.request.trigger.id() % 3) as u64,
+                    ))
+                    .await;
+                    busy_issues
+                        .lock()
+                        .unwrap()
+                        .remove(&run.request.issue_number);
                     assert!(db.finish(&run.id, &succeeded()).await.unwrap());
                 }
-                let Some(run) = db.claim_run(&worker).await.unwrap() else {
-                    idle += 1;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    continue;
-                };
-                idle = 0;
-                assert_eq!(run.status, RunStatus::Running);
-                assert_eq!(run.worker.as_deref(), Some(worker.as_str()));
-                assert_eq!(run.attempts, 1, "claimed twice: {}", run.id);
-                {
-                    let mut busy = busy_issues.lock().unwrap();
-                    assert!(
-                        busy.insert(run.request.issue_number),
-                        "two runs running on issue {}",
-                        run.request.issue_number
-                    );
-                    let mut peak = peak.lock().unwrap();
-                    *peak = (*peak).max(busy.len());
-                }
-                claimed.lock().unwrap().push(run.id.clone());
-                // Long enough that the other claimers keep trying this issue meanwhile.
-                tokio::time::sleep(Duration::from_millis(
-                    10 + 5 * (run.request.trigger.id() % 3) as u64,
-                ))
-                .await;
-                busy_issues
-                    .lock()
-                    .unwrap()
-                    .remove(&run.request.issue_number);
-                assert!(db.finish(&run.id, &succeeded()).await.unwrap());
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
 
-    let peak = *peak.lock().unwrap();
-    assert!(
-        peak >= 3,
-        "claimers did not overlap: at most {peak} runs at once"
-    );
-    let claimed = claimed.lock().unwrap().clone();
-    let unique: HashSet<String> = claimed.iter().cloned().collect();
-    assert_eq!(
-        claimed.len(),
-        RUNS as usize,
-        "every run claimed exactly once"
-    );
-    assert_eq!(unique, expected);
-    let control_claimed = control_claimed.lock().unwrap().clone();
-    assert_eq!(control_claimed.len(), CONTROL as usize);
-    assert_eq!(
-        control_claimed.iter().collect::<HashSet<_>>().len(),
-        CONTROL as usize
-    );
-    let counts = db.counts().await.unwrap();
-    assert_eq!(counts.succeeded, RUNS + CONTROL);
-    assert_eq!((counts.queued, counts.running), (0, 0));
+        let peak = *peak.lock().unwrap();
+        assert!(
+            peak >= 3,
+            "claimers did not overlap: at most {peak} runs at once"
+        );
+        let claimed = claimed.lock().unwrap().clone();
+        let unique: HashSet<String> = claimed.iter().cloned().collect();
+        assert_eq!(
+            claimed.len(),
+            RUNS as usize,
+            "every run claimed exactly once"
+        );
+        assert_eq!(unique, expected);
+        // Each issue's runs were claimed in the order they were queued (skipping a locked
+        // candidate never lets a later run of its issue go first).
+        let mut last = std::collections::HashMap::new();
+        for id in &claimed {
+            let (issue, n) = order[id];
+            if let Some(prev) = last.insert(issue, n) {
+                assert!(prev < n, "issue {issue}: run {n} claimed after run {prev}");
+            }
+        }
+        let control_claimed = control_claimed.lock().unwrap().clone();
+        assert_eq!(control_claimed.len(), CONTROL as usize);
+        assert_eq!(
+            control_claimed.iter().collect::<HashSet<_>>().len(),
+            CONTROL as usize
+        );
+        let counts = db.counts().await.unwrap();
+        assert_eq!(counts.succeeded, RUNS + CONTROL);
+        assert_eq!((counts.queued, counts.running), (0, 0));
+    }
 }
 
 /// Env var that turns [`helper_child_accepts_then_waits_for_sigkill`] into the child process.
@@ -328,43 +343,46 @@ async fn an_accepted_run_survives_sigkill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replayed_trigger_queues_no_second_run() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&url(&dir.path().join("kodx.db"))).await.unwrap();
-    let comment = new_run("code", 3);
-    let Accepted::Queued { run_id } = db.accept(&delivery("first"), Some(&comment)).await.unwrap()
-    else {
-        panic!("the first delivery queues")
-    };
-    assert_eq!(
-        db.accept(&delivery("replay"), Some(&comment))
-            .await
-            .unwrap(),
-        Accepted::DuplicateTrigger {
-            run_id: run_id.clone()
-        }
-    );
-    // The replay's delivery id is recorded: sent again, it is a duplicate delivery.
-    assert_eq!(
-        db.accept(&delivery("replay"), Some(&comment))
-            .await
-            .unwrap(),
-        Accepted::Duplicate
-    );
-    // The same comment id in another repository, or as another trigger kind (an issue
-    // number equal to a comment id), is another trigger.
-    let mut elsewhere = comment.clone();
-    elsewhere.repo = "octo/gadgets".to_owned();
-    let mut as_issue = comment.clone();
-    as_issue.trigger = Trigger::IssueBody(comment.trigger.id());
-    for (d, run) in [("elsewhere", &elsewhere), ("as-issue", &as_issue)] {
-        assert!(
-            matches!(
-                db.accept(&delivery(d), Some(run)).await.unwrap(),
-                Accepted::Queued { .. }
-            ),
-            "{d}"
+    for url in each_backend(dir.path()).await {
+        let db = Db::open(&url).await.unwrap();
+        let comment = new_run("code", 3);
+        let Accepted::Queued { run_id } =
+            db.accept(&delivery("first"), Some(&comment)).await.unwrap()
+        else {
+            panic!("the first delivery queues")
+        };
+        assert_eq!(
+            db.accept(&delivery("replay"), Some(&comment))
+                .await
+                .unwrap(),
+            Accepted::DuplicateTrigger {
+                run_id: run_id.clone()
+            }
         );
+        // The replay's delivery id is recorded: sent again, it is a duplicate delivery.
+        assert_eq!(
+            db.accept(&delivery("replay"), Some(&comment))
+                .await
+                .unwrap(),
+            Accepted::Duplicate
+        );
+        // The same comment id in another repository, or as another trigger kind (an issue
+        // number equal to a comment id), is another trigger.
+        let mut elsewhere = comment.clone();
+        elsewhere.repo = "octo/gadgets".to_owned();
+        let mut as_issue = comment.clone();
+        as_issue.trigger = Trigger::IssueBody(comment.trigger.id());
+        for (d, run) in [("elsewhere", &elsewhere), ("as-issue", &as_issue)] {
+            assert!(
+                matches!(
+                    db.accept(&delivery(d), Some(run)).await.unwrap(),
+                    Accepted::Queued { .. }
+                ),
+                "{d}"
+            );
+        }
+        assert_eq!(db.counts().await.unwrap().queued, 3);
     }
-    assert_eq!(db.counts().await.unwrap().queued, 3);
 }
 
 /// Replays that arrive together land in one group-commit batch with other deliveries: the
@@ -373,51 +391,53 @@ async fn a_replayed_trigger_queues_no_second_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replays_inside_one_batch_do_not_fail_the_batch() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&url(&dir.path().join("kodx.db"))).await.unwrap();
-    // A run queued before: its trigger replayed inside the batch as well.
-    let earlier = new_run("ask", 1);
-    let Accepted::Queued { run_id: earlier_id } = db
-        .accept(&delivery("earlier"), Some(&earlier))
-        .await
-        .unwrap()
-    else {
-        panic!("queued")
-    };
-    let replayed = new_run("code", 2);
-    let mut tasks = Vec::new();
-    for i in 0..60 {
-        let db = db.clone();
-        let run = match i % 3 {
-            0 => replayed.clone(),
-            1 => earlier.clone(),
-            _ => new_run("ask", 3 + i),
+    for url in each_backend(dir.path()).await {
+        let db = Db::open(&url).await.unwrap();
+        // A run queued before: its trigger replayed inside the batch as well.
+        let earlier = new_run("ask", 1);
+        let Accepted::Queued { run_id: earlier_id } = db
+            .accept(&delivery("earlier"), Some(&earlier))
+            .await
+            .unwrap()
+        else {
+            panic!("queued")
         };
-        tasks.push(tokio::spawn(async move {
-            (
-                i,
-                db.accept(&delivery(&format!("batch-{i}")), Some(&run))
-                    .await
-                    .unwrap(),
-            )
-        }));
-    }
-    let mut replayed_runs = HashSet::new();
-    let mut fresh = 0;
-    for task in tasks {
-        let (i, answer) = task.await.unwrap();
-        match (i % 3, answer) {
-            (0, Accepted::Queued { run_id } | Accepted::DuplicateTrigger { run_id }) => {
-                replayed_runs.insert(run_id);
-            }
-            (1, Accepted::DuplicateTrigger { run_id }) => assert_eq!(run_id, earlier_id),
-            (2, Accepted::Queued { .. }) => fresh += 1,
-            (kind, other) => panic!("delivery {i} (kind {kind}) answered {other:?}"),
+        let replayed = new_run("code", 2);
+        let mut tasks = Vec::new();
+        for i in 0..60 {
+            let db = db.clone();
+            let run = match i % 3 {
+                0 => replayed.clone(),
+                1 => earlier.clone(),
+                _ => new_run("ask", 3 + i),
+            };
+            tasks.push(tokio::spawn(async move {
+                (
+                    i,
+                    db.accept(&delivery(&format!("batch-{i}")), Some(&run))
+                        .await
+                        .unwrap(),
+                )
+            }));
         }
+        let mut replayed_runs = HashSet::new();
+        let mut fresh = 0;
+        for task in tasks {
+            let (i, answer) = task.await.unwrap();
+            match (i % 3, answer) {
+                (0, Accepted::Queued { run_id } | Accepted::DuplicateTrigger { run_id }) => {
+                    replayed_runs.insert(run_id);
+                }
+                (1, Accepted::DuplicateTrigger { run_id }) => assert_eq!(run_id, earlier_id),
+                (2, Accepted::Queued { .. }) => fresh += 1,
+                (kind, other) => panic!("delivery {i} (kind {kind}) answered {other:?}"),
+            }
+        }
+        assert_eq!(replayed_runs.len(), 1, "{replayed_runs:?}");
+        assert_eq!(fresh, 20);
+        // earlier + the replayed trigger's one run + 20 fresh ones.
+        assert_eq!(db.counts().await.unwrap().queued, 22);
     }
-    assert_eq!(replayed_runs.len(), 1, "{replayed_runs:?}");
-    assert_eq!(fresh, 20);
-    // earlier + the replayed trigger's one run + 20 fresh ones.
-    assert_eq!(db.counts().await.unwrap().queued, 22);
 }
 
 /// A database written before the unique trigger index may already hold replays: the
@@ -783,37 +803,96 @@ async fn stop_reasons_stored_before_they_were_typed_read_unchanged() {
 #[tokio::test]
 async fn finishing_stores_each_stop_reason_as_its_word() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("kodx.db");
-    let db = Db::open(&url(&path)).await.unwrap();
-    let mut ids = Vec::new();
-    for (i, word) in STORED_STOP_REASONS.iter().enumerate() {
-        let run_id = match db
-            .accept(&delivery(&format!("sr-{i}")), Some(&new_run("ask", 1)))
-            .await
-            .unwrap()
-        {
-            Accepted::Queued { run_id } => run_id,
-            other => panic!("{other:?}"),
+    for url in each_backend(dir.path()).await {
+        let db = Db::open(&url).await.unwrap();
+        let mut ids = Vec::new();
+        for (i, word) in STORED_STOP_REASONS.iter().enumerate() {
+            let run_id = match db
+                .accept(&delivery(&format!("sr-{i}")), Some(&new_run("ask", 1)))
+                .await
+                .unwrap()
+            {
+                Accepted::Queued { run_id } => run_id,
+                other => panic!("{other:?}"),
+            };
+            let fin = Finish::without_calls(RunStatus::Failed, *word, serde_json::json!({}));
+            assert!(db.finish(&run_id, &fin).await.unwrap());
+            let run = db.get_run(&run_id).await.unwrap().unwrap();
+            assert_eq!(run.stop_reason.as_deref(), Some(*word));
+            assert!(
+                !matches!(run.stop_reason, Some(EndReason::Other(_))),
+                "{word} is one kodx knows"
+            );
+            ids.push((run_id, *word));
+        }
+        db.close().await;
+        // The words as stored, read past kodx's types.
+        const RAW: &str = "SELECT stop_reason FROM runs ORDER BY seq";
+        let raw: Vec<String> = if url.starts_with("sqlite") {
+            let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+            let words = sqlx::query_scalar(RAW).fetch_all(&pool).await.unwrap();
+            pool.close().await;
+            words
+        } else {
+            let pool = sqlx::PgPool::connect(&url).await.unwrap();
+            let words = sqlx::query_scalar(RAW).fetch_all(&pool).await.unwrap();
+            pool.close().await;
+            words
         };
-        let fin = Finish::without_calls(RunStatus::Failed, *word, serde_json::json!({}));
-        assert!(db.finish(&run_id, &fin).await.unwrap());
-        let run = db.get_run(&run_id).await.unwrap().unwrap();
-        assert_eq!(run.stop_reason.as_deref(), Some(*word));
-        assert!(
-            !matches!(run.stop_reason, Some(EndReason::Other(_))),
-            "{word} is one kodx knows"
+        let words: Vec<&str> = ids.iter().map(|(_, word)| *word).collect();
+        assert_eq!(raw, words);
+    }
+}
+
+/// Three handles (as three `kodx serve` processes sharing one database) take a burst of
+/// deliveries, each sent twice through different handles: every delivery queues exactly
+/// one run, and queue numbers stay distinct (the intake is serialised across processes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_over_three_handles_queues_each_delivery_once() {
+    const DELIVERIES: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    for url in each_backend(dir.path()).await {
+        let handles = [
+            Db::open(&url).await.unwrap(),
+            Db::open(&url).await.unwrap(),
+            Db::open(&url).await.unwrap(),
+        ];
+        let mut tasks = Vec::new();
+        for n in 0..DELIVERIES {
+            for copy in 0..2 {
+                let db = handles[(n + copy) % 3].clone();
+                tasks.push(tokio::spawn(async move {
+                    // The same comment each time for one delivery: a redelivery.
+                    let mut run = new_run("ask", (n % 7) as i64);
+                    run.trigger = Trigger::IssueComment(5_000_000 + n as i64);
+                    db.accept(&delivery(&format!("burst-{n}")), Some(&run))
+                        .await
+                        .unwrap()
+                }));
+            }
+        }
+        let (mut queued, mut duplicates) = (HashSet::new(), 0);
+        for task in tasks {
+            match task.await.unwrap() {
+                Accepted::Queued { run_id } => assert!(queued.insert(run_id)),
+                Accepted::Duplicate | Accepted::DuplicateTrigger { .. } => duplicates += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(
+            (queued.len(), duplicates),
+            (DELIVERIES, DELIVERIES),
+            "{url:.9}"
         );
-        ids.push((run_id, *word));
+        // Claimed one by one, they come out in one total order with no run twice.
+        let mut seen = HashSet::new();
+        assert!(handles[1].claim_control("w").await.unwrap().is_none());
+        for db in handles.iter().cycle().take(DELIVERIES * 2) {
+            if let Some(run) = db.claim_run("w").await.unwrap() {
+                assert!(seen.insert(run.id.clone()));
+                assert!(db.finish(&run.id, &succeeded()).await.unwrap());
+            }
+        }
+        assert_eq!(seen, queued);
     }
-    db.close().await;
-    let pool = sqlx::SqlitePool::connect(&url(&path)).await.unwrap();
-    for (run_id, word) in ids {
-        let raw: String = sqlx::query_scalar("SELECT stop_reason FROM runs WHERE id = ?")
-            .bind(&run_id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        assert_eq!(raw, word);
-    }
-    pool.close().await;
 }

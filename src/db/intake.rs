@@ -1,7 +1,6 @@
 //! Webhook intake: deliveries (deduplicated by id), the runs they queue (deduplicated by
 //! trigger) committed in groups, and installations.
 
-use sqlx::sqlite::SqlitePool;
 use sqlx::Row;
 
 use super::models::{Accepted, InstallationRecord, NewDelivery, NewRun};
@@ -58,7 +57,7 @@ impl Db {
             _ => (None, None),
         };
         let now = now_ms();
-        sqlx::query(
+        with_pool!(&self.pool, p => sqlx::query(
             "INSERT INTO installations \
              (id, account, last_action, suspended, deleted, created_at, updated_at) \
              VALUES ($1, $2, $3, COALESCE($4, 0), COALESCE($5, 0), $6, $6) \
@@ -75,8 +74,7 @@ impl Db {
         .bind(suspended)
         .bind(deleted)
         .bind(now)
-        .execute(&self.pool)
-        .await?;
+        .execute(p).await.map(|done| done.rows_affected()))?;
         Ok(())
     }
 
@@ -85,13 +83,12 @@ impl Db {
         &self,
         installation_id: i64,
     ) -> Result<Option<InstallationRecord>, DbError> {
-        Ok(sqlx::query_as(
+        Ok(with_pool!(&self.pool, p => sqlx::query_as(
             "SELECT id, account, last_action, suspended, deleted, created_at, updated_at \
              FROM installations WHERE id = $1",
         )
         .bind(installation_id)
-        .fetch_optional(&self.pool)
-        .await?)
+        .fetch_optional(p).await)?)
     }
 }
 
@@ -108,13 +105,17 @@ pub(super) const MAX_BATCH: usize = 256;
 
 /// Commits waiting deliveries in batches until every `Db` handle is gone.
 pub(super) async fn accept_writer(
-    pool: SqlitePool,
+    pool: super::Pool,
     mut rx: tokio::sync::mpsc::Receiver<AcceptJob>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let jobs: Vec<AcceptJob> = std::mem::take(&mut batch);
-        match accept_batch(&pool, &jobs).await {
+        let written = match &pool {
+            super::Pool::Sqlite(p) => accept_batch_sqlite(p, &jobs).await,
+            super::Pool::Postgres(p) => accept_batch_postgres(p, &jobs).await,
+        };
+        match written {
             Ok(answers) => {
                 for (job, answer) in jobs.into_iter().zip(answers) {
                     let _ = job.reply.send(Ok(answer));
@@ -133,151 +134,181 @@ pub(super) async fn accept_writer(
     }
 }
 
-/// Writes a batch in one transaction; the answers are in the order of `jobs`.
-///
-/// Two multi-row statements per batch, whatever its size: the deliveries (`RETURNING` the
-/// ids that were new), then the runs of the new ones, numbered after the current last
-/// `seq` (read inside the transaction, which already holds the write lock).
-async fn accept_batch(pool: &SqlitePool, jobs: &[AcceptJob]) -> Result<Vec<Accepted>, DbError> {
-    let now = now_ms();
-    let mut tx = pool.begin().await?;
-
-    let mut insert = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-        "INSERT INTO deliveries (id, event, action, installation_id, repo, received_at) ",
-    );
-    insert.push_values(jobs, |mut row, job| {
-        let d = &job.delivery;
-        row.push_bind(&d.id)
-            .push_bind(&d.event)
-            .push_bind(&d.action)
-            .push_bind(d.installation_id)
-            .push_bind(&d.repo)
-            .push_bind(now);
-    });
-    insert.push(" ON CONFLICT (id) DO NOTHING RETURNING id");
-    let mut new_ids: std::collections::HashSet<String> = insert
-        .build()
-        .fetch_all(&mut *tx)
-        .await?
-        .into_iter()
-        .map(|row| row.get::<String, _>(0))
-        .collect();
-
-    // A delivery is new when its id was inserted now, and only for its first job (the same
-    // id twice in one batch: the second is a duplicate). A new delivery whose trigger
-    // already appeared earlier in the batch queues nothing either: it answers with the run
-    // of that first job (`repeats`).
-    let mut answers: Vec<Option<Accepted>> = Vec::with_capacity(jobs.len());
-    let mut to_queue: Vec<(usize, &NewRun)> = Vec::new();
-    let mut first_of_trigger: std::collections::HashMap<(&str, TriggerKind, i64), usize> =
-        std::collections::HashMap::new();
-    let mut repeats: Vec<(usize, usize)> = Vec::new();
-    for (i, job) in jobs.iter().enumerate() {
-        if !new_ids.remove(&job.delivery.id) {
-            answers.push(Some(Accepted::Duplicate));
-            continue;
-        }
-        match &job.run {
-            None => answers.push(Some(Accepted::Recorded)),
-            Some(run) => {
-                answers.push(None);
-                let key = (run.repo.as_str(), run.trigger.kind(), run.trigger.id());
-                match first_of_trigger.get(&key) {
-                    Some(&first) => repeats.push((i, first)),
-                    None => {
-                        first_of_trigger.insert(key, i);
-                        to_queue.push((i, run));
-                    }
-                }
+/// The group commit, written once and compiled for each backend: `$lock` is the statement
+/// that makes the batch the only writer of the queue (SQLite's first write takes its one
+/// write lock; PostgreSQL takes a transaction-scoped advisory lock, so `MAX(seq) + 1` is
+/// right across processes).
+macro_rules! accept_batch_for {
+    ($name:ident, $trigger:ident, $db:ty, $lock:expr) => {
+        /// Writes a batch in one transaction; the answers are in the order of `jobs`.
+        ///
+        /// Two multi-row statements per batch, whatever its size: the deliveries (`RETURNING` the
+        /// ids that were new), then the runs of the new ones, numbered after the current last
+        /// `seq` (read inside the transaction, which already holds the write lock).
+        async fn $name(
+            pool: &sqlx::Pool<$db>,
+            jobs: &[AcceptJob],
+        ) -> Result<Vec<Accepted>, DbError> {
+            let now = now_ms();
+            let mut tx = pool.begin().await?;
+            if let Some(lock) = $lock {
+                sqlx::query(lock).execute(&mut *tx).await?;
             }
-        }
-    }
 
-    if !to_queue.is_empty() {
-        let last_seq: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM runs")
-            .fetch_one(&mut *tx)
-            .await?;
-        let mut pending: Vec<(usize, &NewRun, String, i64)> = to_queue
-            .into_iter()
-            .enumerate()
-            .map(|(k, (i, run))| (i, run, new_run_id(), last_seq + 1 + k as i64))
-            .collect();
-        for _ in 0..RUN_ID_ATTEMPTS {
-            // No conflict target: a taken run id and a trigger that already has a run both
-            // leave the row out instead of failing the batch; which one it was is looked
-            // up below for the (rare) rows left out.
-            let mut insert = sqlx::QueryBuilder::<sqlx::Sqlite>::new(format!(
-                "INSERT INTO runs (id, seq, delivery_id, {}, status, created_at) ",
-                RunRequest::COLUMNS
-            ));
-            insert.push_values(&pending, |mut row, (i, run, run_id, seq)| {
-                row.push_bind(run_id)
-                    .push_bind(*seq)
-                    .push_bind(&jobs[*i].delivery.id);
-                run.push_binds(&mut row);
-                row.push_bind("queued").push_bind(now);
+            let mut insert = sqlx::QueryBuilder::<$db>::new(
+                "INSERT INTO deliveries (id, event, action, installation_id, repo, received_at) ",
+            );
+            insert.push_values(jobs, |mut row, job| {
+                let d = &job.delivery;
+                row.push_bind(&d.id)
+                    .push_bind(&d.event)
+                    .push_bind(&d.action)
+                    .push_bind(d.installation_id)
+                    .push_bind(&d.repo)
+                    .push_bind(now);
             });
-            insert.push(" ON CONFLICT DO NOTHING RETURNING id");
-            let inserted: std::collections::HashSet<String> = insert
+            insert.push(" ON CONFLICT (id) DO NOTHING RETURNING id");
+            let mut new_ids: std::collections::HashSet<String> = insert
                 .build()
                 .fetch_all(&mut *tx)
                 .await?
                 .into_iter()
                 .map(|row| row.get::<String, _>(0))
                 .collect();
-            let mut retry = Vec::new();
-            for (i, run, run_id, seq) in pending {
-                if inserted.contains(&run_id) {
-                    answers[i] = Some(Accepted::Queued { run_id });
-                } else if let Some(first) = run_of_trigger(&mut tx, run).await? {
-                    answers[i] = Some(Accepted::DuplicateTrigger { run_id: first });
-                } else {
-                    // The id was taken (48 random bits: practically never): draw again.
-                    retry.push((i, run, new_run_id(), seq));
+
+            // A delivery is new when its id was inserted now, and only for its first job (the same
+            // id twice in one batch: the second is a duplicate). A new delivery whose trigger
+            // already appeared earlier in the batch queues nothing either: it answers with the run
+            // of that first job (`repeats`).
+            let mut answers: Vec<Option<Accepted>> = Vec::with_capacity(jobs.len());
+            let mut to_queue: Vec<(usize, &NewRun)> = Vec::new();
+            let mut first_of_trigger: std::collections::HashMap<(&str, TriggerKind, i64), usize> =
+                std::collections::HashMap::new();
+            let mut repeats: Vec<(usize, usize)> = Vec::new();
+            for (i, job) in jobs.iter().enumerate() {
+                if !new_ids.remove(&job.delivery.id) {
+                    answers.push(Some(Accepted::Duplicate));
+                    continue;
+                }
+                match &job.run {
+                    None => answers.push(Some(Accepted::Recorded)),
+                    Some(run) => {
+                        answers.push(None);
+                        let key = (run.repo.as_str(), run.trigger.kind(), run.trigger.id());
+                        match first_of_trigger.get(&key) {
+                            Some(&first) => repeats.push((i, first)),
+                            None => {
+                                first_of_trigger.insert(key, i);
+                                to_queue.push((i, run));
+                            }
+                        }
+                    }
                 }
             }
-            pending = retry;
-            if pending.is_empty() {
-                break;
+
+            if !to_queue.is_empty() {
+                let last_seq: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM runs")
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let mut pending: Vec<(usize, &NewRun, String, i64)> = to_queue
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, (i, run))| (i, run, new_run_id(), last_seq + 1 + k as i64))
+                    .collect();
+                for _ in 0..RUN_ID_ATTEMPTS {
+                    // No conflict target: a taken run id and a trigger that already has a run both
+                    // leave the row out instead of failing the batch; which one it was is looked
+                    // up below for the (rare) rows left out.
+                    let mut insert = sqlx::QueryBuilder::<$db>::new(format!(
+                        "INSERT INTO runs (id, seq, delivery_id, {}, status, created_at) ",
+                        RunRequest::COLUMNS
+                    ));
+                    insert.push_values(&pending, |mut row, (i, run, run_id, seq)| {
+                        row.push_bind(run_id)
+                            .push_bind(*seq)
+                            .push_bind(&jobs[*i].delivery.id);
+                        run.push_binds(&mut row);
+                        row.push_bind("queued").push_bind(now);
+                    });
+                    insert.push(" ON CONFLICT DO NOTHING RETURNING id");
+                    let inserted: std::collections::HashSet<String> = insert
+                        .build()
+                        .fetch_all(&mut *tx)
+                        .await?
+                        .into_iter()
+                        .map(|row| row.get::<String, _>(0))
+                        .collect();
+                    let mut retry = Vec::new();
+                    for (i, run, run_id, seq) in pending {
+                        if inserted.contains(&run_id) {
+                            answers[i] = Some(Accepted::Queued { run_id });
+                        } else if let Some(first) = $trigger(&mut tx, run).await? {
+                            answers[i] = Some(Accepted::DuplicateTrigger { run_id: first });
+                        } else {
+                            // The id was taken (48 random bits: practically never): draw again.
+                            retry.push((i, run, new_run_id(), seq));
+                        }
+                    }
+                    pending = retry;
+                    if pending.is_empty() {
+                        break;
+                    }
+                }
+                if !pending.is_empty() {
+                    return Err(DbError::Invalid(format!(
+                        "could not draw a free run id in {RUN_ID_ATTEMPTS} attempts"
+                    )));
+                }
             }
-        }
-        if !pending.is_empty() {
-            return Err(DbError::Invalid(format!(
-                "could not draw a free run id in {RUN_ID_ATTEMPTS} attempts"
-            )));
-        }
-    }
-    for (i, first) in repeats {
-        let run_id = match &answers[first] {
-            Some(Accepted::Queued { run_id } | Accepted::DuplicateTrigger { run_id }) => {
-                run_id.clone()
+            for (i, first) in repeats {
+                let run_id = match &answers[first] {
+                    Some(Accepted::Queued { run_id } | Accepted::DuplicateTrigger { run_id }) => {
+                        run_id.clone()
+                    }
+                    other => unreachable!("the first job of a trigger was answered {other:?}"),
+                };
+                answers[i] = Some(Accepted::DuplicateTrigger { run_id });
             }
-            other => unreachable!("the first job of a trigger was answered {other:?}"),
-        };
-        answers[i] = Some(Accepted::DuplicateTrigger { run_id });
-    }
-    tx.commit().await?;
-    Ok(answers
-        .into_iter()
-        .map(|a| a.expect("every job answered"))
-        .collect())
+            tx.commit().await?;
+            Ok(answers
+                .into_iter()
+                .map(|a| a.expect("every job answered"))
+                .collect())
+        }
+
+        /// The run already queued for `run`'s trigger (its comment or issue), if any.
+        async fn $trigger(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            run: &NewRun,
+        ) -> Result<Option<String>, DbError> {
+            Ok(sqlx::query_scalar(
+                "SELECT id FROM runs WHERE repo = $1 AND trigger_kind = $2 AND trigger_id = $3 \
+         AND trigger_copy = 0",
+            )
+            .bind(&run.repo)
+            .bind(run.trigger.kind())
+            .bind(run.trigger.id())
+            .fetch_optional(&mut **tx)
+            .await?)
+        }
+    };
 }
 
-/// The run already queued for `run`'s trigger (its comment or issue), if any.
-async fn run_of_trigger(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    run: &NewRun,
-) -> Result<Option<String>, DbError> {
-    Ok(sqlx::query_scalar(
-        "SELECT id FROM runs WHERE repo = ? AND trigger_kind = ? AND trigger_id = ? \
-         AND trigger_copy = 0",
-    )
-    .bind(&run.repo)
-    .bind(run.trigger.kind())
-    .bind(run.trigger.id())
-    .fetch_optional(&mut **tx)
-    .await?)
-}
+/// Serialises intake across PostgreSQL sessions (any constant, the same in every process).
+const PG_INTAKE_LOCK: &str = "SELECT pg_advisory_xact_lock(7393001)";
+
+accept_batch_for!(
+    accept_batch_sqlite,
+    run_of_trigger_sqlite,
+    sqlx::Sqlite,
+    None::<&str>
+);
+accept_batch_for!(
+    accept_batch_postgres,
+    run_of_trigger_postgres,
+    sqlx::Postgres,
+    Some(PG_INTAKE_LOCK)
+);
 
 /// A new run id: 48 random bits as 12 lowercase hex characters.
 pub(crate) fn new_run_id() -> String {
@@ -294,63 +325,64 @@ mod tests {
     #[tokio::test]
     async fn accept_queues_once_and_a_redelivery_does_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
-        let asked = new_run("code", "octo/widgets", 12);
-        let run_id = queue(&db, "d-12", &asked).await;
-        assert_eq!(run_id.len(), 12);
-        assert!(
-            run_id.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')),
-            "{run_id}"
-        );
+        for db in each_db(&dir).await {
+            let asked = new_run("code", "octo/widgets", 12);
+            let run_id = queue(&db, "d-12", &asked).await;
+            assert_eq!(run_id.len(), 12);
+            assert!(
+                run_id.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')),
+                "{run_id}"
+            );
 
-        let run = db.get_run(&run_id).await.unwrap().unwrap();
-        assert_eq!(run.delivery_id, "d-12");
-        // The typed request comes back as it went in.
-        assert_eq!(run.request, asked);
-        assert!(run.request.is_pull_request);
-        assert_eq!(run.request.trigger.kind(), TriggerKind::ReviewComment);
-        assert_eq!(run.request.trigger.review().unwrap().path, "src/lib.rs");
-        assert_eq!(run.status, RunStatus::Queued);
-        assert_eq!(run.attempts, 0);
-        assert!(!run.recovered);
-        assert_eq!(run.worker, None);
-        assert_eq!(run.started_at, None);
-        assert!((now_ms() - run.created_at).abs() < 60_000);
+            let run = db.get_run(&run_id).await.unwrap().unwrap();
+            assert_eq!(run.delivery_id, "d-12");
+            // The typed request comes back as it went in.
+            assert_eq!(run.request, asked);
+            assert!(run.request.is_pull_request);
+            assert_eq!(run.request.trigger.kind(), TriggerKind::ReviewComment);
+            assert_eq!(run.request.trigger.review().unwrap().path, "src/lib.rs");
+            assert_eq!(run.status, RunStatus::Queued);
+            assert_eq!(run.attempts, 0);
+            assert!(!run.recovered);
+            assert_eq!(run.worker, None);
+            assert_eq!(run.started_at, None);
+            assert!((now_ms() - run.created_at).abs() < 60_000);
 
-        // GitHub redelivers: same id, even with a different payload.
-        let again = db
-            .accept(&delivery("d-12"), Some(&new_run("ask", "octo/widgets", 13)))
-            .await
-            .unwrap();
-        assert_eq!(again, Accepted::Duplicate);
-        assert_eq!(run_count(&db).await, 1);
+            // GitHub redelivers: same id, even with a different payload.
+            let again = db
+                .accept(&delivery("d-12"), Some(&new_run("ask", "octo/widgets", 13)))
+                .await
+                .unwrap();
+            assert_eq!(again, Accepted::Duplicate);
+            assert_eq!(run_count(&db).await, 1);
+        }
     }
 
     #[tokio::test]
     async fn a_delivery_without_a_run_is_recorded_once() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
-        let ping = NewDelivery {
-            id: "p-1".to_owned(),
-            event: "ping".to_owned(),
-            action: None,
-            installation_id: None,
-            repo: None,
-        };
-        assert_eq!(db.accept(&ping, None).await.unwrap(), Accepted::Recorded);
-        assert_eq!(db.accept(&ping, None).await.unwrap(), Accepted::Duplicate);
-        // A recorded delivery id cannot later queue a run either.
-        let late = db
-            .accept(&ping, Some(&new_run("ask", "octo/widgets", 1)))
-            .await
-            .unwrap();
-        assert_eq!(late, Accepted::Duplicate);
-        assert_eq!(run_count(&db).await, 0);
-        let event: String = sqlx::query_scalar("SELECT event FROM deliveries WHERE id = 'p-1'")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        assert_eq!(event, "ping");
+        for db in each_db(&dir).await {
+            let ping = NewDelivery {
+                id: "p-1".to_owned(),
+                event: "ping".to_owned(),
+                action: None,
+                installation_id: None,
+                repo: None,
+            };
+            assert_eq!(db.accept(&ping, None).await.unwrap(), Accepted::Recorded);
+            assert_eq!(db.accept(&ping, None).await.unwrap(), Accepted::Duplicate);
+            // A recorded delivery id cannot later queue a run either.
+            let late = db
+                .accept(&ping, Some(&new_run("ask", "octo/widgets", 1)))
+                .await
+                .unwrap();
+            assert_eq!(late, Accepted::Duplicate);
+            assert_eq!(run_count(&db).await, 0);
+            let event: String = with_pool!(&db.pool, p => sqlx::query_scalar("SELECT event FROM deliveries WHERE id = 'p-1'")
+                .fetch_one(p).await)
+                .unwrap();
+            assert_eq!(event, "ping");
+        }
     }
 
     #[tokio::test]

@@ -18,12 +18,25 @@
 //! `transcripts` stores and prunes what a run did; `spend` sums what runs cost. Each
 //! adds its methods to the one facade, [`Db`].
 
+/// Runs `$body` with `$p` bound to the pool of whichever backend `$pool` is; the body is
+/// compiled once per backend, so the same SQL and code serve SQLite and PostgreSQL.
+macro_rules! with_pool {
+    ($pool:expr, $p:ident => $body:expr) => {
+        match $pool {
+            $crate::db::Pool::Sqlite($p) => $body,
+            $crate::db::Pool::Postgres($p) => $body,
+        }
+    };
+}
+
 mod intake;
 #[macro_use]
 mod models;
 mod open;
 mod queue;
 mod spend;
+#[doc(hidden)]
+pub mod test_databases;
 #[cfg(test)]
 mod test_support;
 mod transcripts;
@@ -32,14 +45,12 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sqlx::sqlite::SqlitePool;
-
 use intake::AcceptJob;
 pub use models::{
     Accepted, CancelledRun, EndReason, Finish, InstallationRecord, NewDelivery, NewRun, Recovered,
     RecoveryAction, Run, RunCounts, RunStatus,
 };
-pub use open::DEFAULT_DATABASE_URL;
+pub use open::{shown_url, DEFAULT_DATABASE_URL};
 
 /// What went wrong with the database. Messages name the path or setting to fix; they never
 /// echo a database URL that could hold a password.
@@ -68,6 +79,10 @@ pub enum DbError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The PostgreSQL server cannot be reached or refused the login. `place` is
+    /// host:port/database, never the URL (it may hold a password).
+    #[error("cannot connect to the PostgreSQL database {place}: {source}")]
+    ConnectPostgres { place: String, source: sqlx::Error },
     /// The file exists but SQLite cannot use it (not a database, locked, corrupt …).
     #[error("cannot open the SQLite database {}: {source}", path.display())]
     Connect { path: PathBuf, source: sqlx::Error },
@@ -91,10 +106,31 @@ pub enum DbError {
     Corrupt(String),
 }
 
+/// The connection pool of the backend `DATABASE_URL` names.
+#[derive(Clone)]
+pub(crate) enum Pool {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+impl Pool {
+    fn size(&self) -> u32 {
+        with_pool!(self, p => p.size())
+    }
+
+    /// Which backend: `sqlite` or `postgres`.
+    pub(crate) fn backend(&self) -> &'static str {
+        match self {
+            Pool::Sqlite(_) => "sqlite",
+            Pool::Postgres(_) => "postgres",
+        }
+    }
+}
+
 /// The queue, the runs and everything kodx remembers. Cheap to clone (a pool handle).
 #[derive(Clone)]
 pub struct Db {
-    pool: SqlitePool,
+    pool: Pool,
     /// The group-commit writer of [`Db::accept`].
     writer: tokio::sync::mpsc::Sender<AcceptJob>,
 }
@@ -102,6 +138,7 @@ pub struct Db {
 impl fmt::Debug for Db {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Db")
+            .field("backend", &self.pool.backend())
             .field("connections", &self.pool.size())
             .finish_non_exhaustive()
     }

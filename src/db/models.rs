@@ -6,7 +6,6 @@ use std::str::FromStr;
 use serde::Serialize;
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
-use sqlx::sqlite::{Sqlite, SqliteArgumentValue, SqliteTypeInfo, SqliteValueRef};
 use sqlx::FromRow;
 
 use super::DbError;
@@ -16,7 +15,7 @@ use crate::serve::job::RunRequest;
 /// Where a run is in its life. Stored as lowercase text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
 #[serde(rename_all = "lowercase")]
-#[sqlx(rename_all = "lowercase")]
+#[sqlx(rename_all = "lowercase", type_name = "text")]
 pub enum RunStatus {
     Queued,
     Running,
@@ -217,28 +216,38 @@ impl Serialize for EndReason {
     }
 }
 
-impl sqlx::Type<Sqlite> for EndReason {
-    fn type_info() -> SqliteTypeInfo {
-        <str as sqlx::Type<Sqlite>>::type_info()
+// Stored as its word on either backend.
+impl<DB: sqlx::Database> sqlx::Type<DB> for EndReason
+where
+    str: sqlx::Type<DB>,
+{
+    fn type_info() -> DB::TypeInfo {
+        <str as sqlx::Type<DB>>::type_info()
     }
 
-    fn compatible(ty: &SqliteTypeInfo) -> bool {
-        <str as sqlx::Type<Sqlite>>::compatible(ty)
+    fn compatible(ty: &DB::TypeInfo) -> bool {
+        <str as sqlx::Type<DB>>::compatible(ty)
     }
 }
 
-impl<'q> sqlx::Encode<'q, Sqlite> for EndReason {
+impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for EndReason
+where
+    String: sqlx::Encode<'q, DB>,
+{
     fn encode_by_ref(
         &self,
-        args: &mut Vec<SqliteArgumentValue<'q>>,
+        buf: &mut <DB as sqlx::Database>::ArgumentBuffer<'q>,
     ) -> Result<IsNull, BoxDynError> {
-        <String as sqlx::Encode<'q, Sqlite>>::encode(self.as_str().to_owned(), args)
+        <String as sqlx::Encode<'q, DB>>::encode(self.as_str().to_owned(), buf)
     }
 }
 
-impl<'r> sqlx::Decode<'r, Sqlite> for EndReason {
-    fn decode(value: SqliteValueRef<'r>) -> Result<Self, BoxDynError> {
-        <&str as sqlx::Decode<'r, Sqlite>>::decode(value).map(EndReason::parse)
+impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for EndReason
+where
+    &'r str: sqlx::Decode<'r, DB>,
+{
+    fn decode(value: <DB as sqlx::Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
+        <&str as sqlx::Decode<'r, DB>>::decode(value).map(EndReason::parse)
     }
 }
 
@@ -430,7 +439,8 @@ macro_rules! run_columns {
     () => {
         "id, delivery_id, kind, installation_id, repo, issue_number, is_pull_request, \
          argument, author, author_id, trigger_kind, trigger_id, clone_url, default_branch, \
-         context, status, phase, attempts, worker, recovered, status_comment_id, stop_reason, \
+         context, status, phase, attempts, worker, (recovered <> 0) AS recovered, \
+         status_comment_id, stop_reason, \
          cost_usd, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
          api_calls, result, pr_url, cancelled_by, created_at, started_at, finished_at"
     };

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use super::intake::{accept_writer, MAX_BATCH};
@@ -14,6 +15,9 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://data/kodx.db";
 /// Connections in the pool of a database file.
 const POOL_SIZE: u32 = 8;
 
+/// Connections to a PostgreSQL server, per process.
+const PG_POOL_SIZE: u32 = 10;
+
 /// How long a writer waits for another writer's lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -23,6 +27,9 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 enum DbLocation {
     Memory,
     File(PathBuf),
+    /// `postgres://…` / `postgresql://…`, passed to sqlx as it is (it may hold a password:
+    /// never printed).
+    Postgres(String),
 }
 
 impl Db {
@@ -30,10 +37,28 @@ impl Db {
     ///
     /// `sqlite://data/kodx.db` (relative to the working directory), `sqlite:///abs/kodx.db`,
     /// `sqlite:data/kodx.db`, or `sqlite::memory:` (one connection, gone when closed; for
-    /// tests). Parent directories are created. `postgres://…` is refused with
-    /// [`DbError::Unsupported`].
+    /// tests). Parent directories are created. `postgres://user:password@host/db` (or
+    /// `postgresql://`, with libpq's query options) uses PostgreSQL; several `kodx serve`
+    /// processes may share it.
     pub async fn open(url: &str) -> Result<Db, DbError> {
         let pool = match parse_url(url)? {
+            DbLocation::Postgres(url) => {
+                let options: PgConnectOptions = url.parse().map_err(|_| {
+                    DbError::InvalidUrl(
+                        "DATABASE_URL: not a PostgreSQL URL kodx can read; expected \
+                         postgres://USER:PASSWORD@HOST:PORT/DATABASE"
+                            .to_owned(),
+                    )
+                })?;
+                let place = postgres_place(&options);
+                let pool = PgPoolOptions::new()
+                    .max_connections(PG_POOL_SIZE)
+                    .acquire_timeout(BUSY_TIMEOUT)
+                    .connect_with(options)
+                    .await
+                    .map_err(|source| DbError::ConnectPostgres { place, source })?;
+                super::Pool::Postgres(pool)
+            }
             DbLocation::Memory => {
                 let options = SqliteConnectOptions::new()
                     .in_memory(true)
@@ -51,7 +76,8 @@ impl Db {
                     .map_err(|source| DbError::Connect {
                         path: PathBuf::from(":memory:"),
                         source,
-                    })?
+                    })
+                    .map(super::Pool::Sqlite)?
             }
             DbLocation::File(path) => {
                 prepare_file(&path)?;
@@ -69,10 +95,14 @@ impl Db {
                     .map_err(|source| DbError::Connect {
                         path: path.clone(),
                         source,
-                    })?
+                    })
+                    .map(super::Pool::Sqlite)?
             }
         };
-        MIGRATOR.run(&pool).await?;
+        // One schema and one set of migrations for both backends (the SQL is portable);
+        // on PostgreSQL, sqlx holds an advisory lock while it migrates, so processes
+        // starting together do not race.
+        with_pool!(&pool, p => MIGRATOR.run(p).await)?;
         let (writer, rx) = tokio::sync::mpsc::channel(4 * MAX_BATCH);
         tokio::spawn(accept_writer(pool.clone(), rx));
         Ok(Db { pool, writer })
@@ -80,7 +110,7 @@ impl Db {
 
     /// `SELECT 1`: the database answers.
     pub async fn ping(&self) -> Result<(), DbError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        with_pool!(&self.pool, p => sqlx::query("SELECT 1").execute(p).await.map(|done| done.rows_affected()))?;
         Ok(())
     }
 
@@ -89,22 +119,49 @@ impl Db {
     /// ([`crate::sandbox::docker::INSTANCE_LABEL`]).
     pub async fn instance_id(&self) -> Result<String, DbError> {
         let fresh = format!("{:016x}", rand::random::<u64>());
-        sqlx::query(
+        with_pool!(&self.pool, p => sqlx::query(
             "INSERT INTO kodx_meta (key, value) VALUES ('instance', $1) \
              ON CONFLICT (key) DO NOTHING",
         )
         .bind(&fresh)
-        .execute(&self.pool)
-        .await?;
-        let id: String = sqlx::query_scalar("SELECT value FROM kodx_meta WHERE key = 'instance'")
-            .fetch_one(&self.pool)
-            .await?;
+        .execute(p).await.map(|done| done.rows_affected()))?;
+        let id: String = with_pool!(&self.pool, p => sqlx::query_scalar("SELECT value FROM kodx_meta WHERE key = 'instance'")
+            .fetch_one(p).await)?;
         Ok(id)
     }
 
     /// Closes every connection, waiting for queries in flight. Later calls fail.
     pub async fn close(&self) {
-        self.pool.close().await;
+        with_pool!(&self.pool, p => p.close().await);
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn backend(&self) -> &'static str {
+        self.pool.backend()
+    }
+}
+
+/// host:port/database of a PostgreSQL connection: what messages and logs show of it.
+fn postgres_place(options: &PgConnectOptions) -> String {
+    format!(
+        "{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("(default database)")
+    )
+}
+
+/// `DATABASE_URL` as logs and pages may show it: a SQLite URL as it is, a PostgreSQL one as
+/// `postgres://HOST:PORT/DATABASE` (no user, password or options), anything else as
+/// `(DATABASE_URL)`.
+pub fn shown_url(url: &str) -> String {
+    match parse_url(url) {
+        Ok(DbLocation::Postgres(url)) => match url.parse::<PgConnectOptions>() {
+            Ok(options) => format!("postgres://{}", postgres_place(&options)),
+            Err(_) => "(DATABASE_URL)".to_owned(),
+        },
+        Ok(_) => url.trim().to_owned(),
+        Err(_) => "(DATABASE_URL)".to_owned(),
     }
 }
 
@@ -113,11 +170,7 @@ fn parse_url(url: &str) -> Result<DbLocation, DbError> {
     let url = url.trim();
     let lower = url.to_ascii_lowercase();
     if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
-        return Err(DbError::Unsupported(
-            "DATABASE_URL: PostgreSQL is not supported by this build yet; \
-             use sqlite://PATH (for example sqlite://data/kodx.db)"
-                .to_owned(),
-        ));
+        return Ok(DbLocation::Postgres(url.to_owned()));
     }
     let rest = if lower.starts_with("sqlite://") {
         &url["sqlite://".len()..]
@@ -151,7 +204,8 @@ fn parse_url(url: &str) -> Result<DbLocation, DbError> {
 
 fn invalid_url_message(url: &str) -> String {
     const EXPECTED: &str =
-        "expected sqlite://PATH (for example sqlite://data/kodx.db) or sqlite::memory:";
+        "expected sqlite://PATH (for example sqlite://data/kodx.db), sqlite::memory: or \
+         postgres://USER:PASSWORD@HOST:PORT/DATABASE";
     if url.is_empty() {
         return format!("DATABASE_URL is empty; {EXPECTED}");
     }
@@ -237,9 +291,8 @@ mod tests {
                 .unwrap()
                 .expect("run survives reopen");
             assert_eq!(run.status, RunStatus::Queued);
-            let applied: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")
-                .fetch_one(&db.pool)
-                .await
+            let applied: i64 = with_pool!(&db.pool, p => sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")
+                .fetch_one(p).await)
                 .unwrap();
             assert_eq!(applied as usize, MIGRATOR.iter().count());
             db.close().await;
@@ -286,9 +339,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = file_db(&dir).await;
         // Hold several connections at once so more than one is checked.
+        let crate::db::Pool::Sqlite(pool) = &db.pool else {
+            panic!("a file database is SQLite")
+        };
         let mut conns = Vec::new();
         for _ in 0..3 {
-            conns.push(db.pool.acquire().await.unwrap());
+            conns.push(pool.acquire().await.unwrap());
         }
         for conn in &mut conns {
             let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
@@ -380,20 +436,51 @@ mod tests {
         assert!(msg.contains("not a database"), "{msg}");
     }
 
+    #[test]
+    fn shown_urls_never_carry_a_password() {
+        assert_eq!(
+            shown_url("postgres://kodx:hunter2@db.internal:6543/queue?sslmode=require"),
+            "postgres://db.internal:6543/queue"
+        );
+        assert_eq!(shown_url("sqlite://data/kodx.db"), "sqlite://data/kodx.db");
+        assert_eq!(shown_url("mysql://u:hunter2@x/y"), "(DATABASE_URL)");
+    }
+
     #[tokio::test]
-    async fn other_databases_are_refused_without_echoing_secrets() {
+    async fn postgres_failures_name_the_server_never_the_password() {
         for url in [
-            "postgres://kodx:hunter2@db/kodx",
-            "postgresql://kodx:hunter2@db/kodx",
+            "postgres://kodx:hunter2@db.invalid/kodx",
+            "postgresql://kodx:hunter2@db.invalid:5433/kodx",
         ] {
             let err = Db::open(url).await.unwrap_err();
             let msg = err.to_string();
-            assert!(matches!(err, DbError::Unsupported(_)), "{msg}");
+            assert!(matches!(err, DbError::ConnectPostgres { .. }), "{msg}");
             assert!(
-                msg.contains("PostgreSQL is not supported by this build yet"),
+                msg.contains("cannot connect to the PostgreSQL database db.invalid:"),
                 "{msg}"
             );
-            assert!(msg.contains("sqlite://"), "{msg}");
+            assert!(msg.contains("/kodx"), "{msg}");
+            assert!(!msg.contains("hunter2"), "{msg}");
+        }
+        let err = Db::open("postgres://kodx:hunter2@db/kodx?sslmode=bogus")
+            .await
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, DbError::InvalidUrl(_)), "{msg}");
+        assert!(!msg.contains("hunter2"), "{msg}");
+        // A wrong password on a real server.
+        if let Some(admin) = crate::db::test_databases::postgres_admin_url() {
+            let o: PgConnectOptions = admin.parse().unwrap();
+            let wrong = format!(
+                "postgres://{}:hunter2@{}:{}/postgres",
+                o.get_username(),
+                o.get_host(),
+                o.get_port()
+            );
+            let err = Db::open(&wrong).await.unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, DbError::ConnectPostgres { .. }), "{msg}");
+            assert!(msg.contains("password authentication failed"), "{msg}");
             assert!(!msg.contains("hunter2"), "{msg}");
         }
         let err = Db::open("mysql://kodx:hunter2@db/kodx").await.unwrap_err();

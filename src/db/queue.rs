@@ -2,100 +2,145 @@
 //! cancel`, and recovery after a process died.
 
 use super::models::{CancelledRun, EndReason, Finish, Recovered, RecoveryAction, Run, RunStatus};
-use super::{found, now_ms, Db, DbError};
+use super::{found, now_ms, Db, DbError, Pool};
 use crate::agent::StopReason;
 
 impl Db {
     /// Takes the oldest queued `ask`/`code` run whose issue has no `ask`/`code` run running,
     /// marks it running for `worker` and returns it. One statement, so concurrent claimers
-    /// never take the same run and never start two runs on one issue.
+    /// never take the same run and never start two runs on one issue: on SQLite the
+    /// statement holds the one write lock; on PostgreSQL the candidate row is locked `FOR
+    /// UPDATE SKIP LOCKED` (another process's candidate is skipped, not waited for), only
+    /// the oldest queued run of an issue is a candidate (so skipping never reorders an
+    /// issue's runs), and a unique index allows one running agent run per issue.
     pub async fn claim_run(&self, worker: &str) -> Result<Option<Run>, DbError> {
-        let row = sqlx::query_as::<_, Run>(concat!(
-            "UPDATE runs SET status = 'running', worker = $1, started_at = $2, \
-             attempts = attempts + 1, phase = NULL \
-             WHERE status = 'queued' AND id = (\
-               SELECT q.id FROM runs q \
-               WHERE q.status = 'queued' AND q.kind IN ('ask', 'code') \
-               AND NOT EXISTS (\
-                 SELECT 1 FROM runs r \
-                 WHERE r.repo = q.repo AND r.issue_number = q.issue_number \
-                 AND r.status = 'running' AND r.kind IN ('ask', 'code')) \
-               ORDER BY q.seq LIMIT 1) \
-             RETURNING ",
-            run_columns!()
-        ))
-        .bind(worker)
-        .bind(now_ms())
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row)
+        macro_rules! claim_run_sql {
+            ($lock:literal) => {
+                concat!(
+                    "UPDATE runs SET status = 'running', worker = $1, started_at = $2, \
+                     attempts = attempts + 1, phase = NULL \
+                     WHERE status = 'queued' AND id = (\
+                       SELECT q.id FROM runs q \
+                       WHERE q.status = 'queued' AND q.kind IN ('ask', 'code') \
+                       AND NOT EXISTS (\
+                         SELECT 1 FROM runs r \
+                         WHERE r.repo = q.repo AND r.issue_number = q.issue_number \
+                         AND r.status = 'running' AND r.kind IN ('ask', 'code')) \
+                       AND NOT EXISTS (\
+                         SELECT 1 FROM runs o \
+                         WHERE o.repo = q.repo AND o.issue_number = q.issue_number \
+                         AND o.status = 'queued' AND o.kind IN ('ask', 'code') \
+                         AND o.seq < q.seq) \
+                       ORDER BY q.seq LIMIT 1",
+                    $lock,
+                    ") RETURNING ",
+                    run_columns!()
+                )
+            };
+        }
+        let now = now_ms();
+        let row = match &self.pool {
+            Pool::Sqlite(p) => {
+                sqlx::query_as::<_, Run>(claim_run_sql!(""))
+                    .bind(worker)
+                    .bind(now)
+                    .fetch_optional(p)
+                    .await
+            }
+            Pool::Postgres(p) => {
+                sqlx::query_as::<_, Run>(claim_run_sql!(" FOR UPDATE SKIP LOCKED"))
+                    .bind(worker)
+                    .bind(now)
+                    .fetch_optional(p)
+                    .await
+            }
+        };
+        match row {
+            Ok(row) => Ok(row),
+            // Another process started a run on the issue between the check and the write
+            // (the index refused it): nothing is claimed now; the next pass tries again.
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Takes the oldest queued control run (any kind but `ask`/`code`: `help`, `cancel`,
     /// `refuse` …), with no per-issue exclusivity.
     pub async fn claim_control(&self, worker: &str) -> Result<Option<Run>, DbError> {
-        let row = sqlx::query_as::<_, Run>(concat!(
-            "UPDATE runs SET status = 'running', worker = $1, started_at = $2, \
-             attempts = attempts + 1, phase = NULL \
-             WHERE status = 'queued' AND id = (\
-               SELECT q.id FROM runs q \
-               WHERE q.status = 'queued' AND q.kind NOT IN ('ask', 'code') \
-               ORDER BY q.seq LIMIT 1) \
-             RETURNING ",
-            run_columns!()
-        ))
-        .bind(worker)
-        .bind(now_ms())
-        .fetch_optional(&self.pool)
-        .await?;
+        macro_rules! claim_control_sql {
+            ($lock:literal) => {
+                concat!(
+                    "UPDATE runs SET status = 'running', worker = $1, started_at = $2, \
+                     attempts = attempts + 1, phase = NULL \
+                     WHERE status = 'queued' AND id = (\
+                       SELECT q.id FROM runs q \
+                       WHERE q.status = 'queued' AND q.kind NOT IN ('ask', 'code') \
+                       ORDER BY q.seq LIMIT 1",
+                    $lock,
+                    ") RETURNING ",
+                    run_columns!()
+                )
+            };
+        }
+        let now = now_ms();
+        let row = match &self.pool {
+            Pool::Sqlite(p) => {
+                sqlx::query_as::<_, Run>(claim_control_sql!(""))
+                    .bind(worker)
+                    .bind(now)
+                    .fetch_optional(p)
+                    .await?
+            }
+            Pool::Postgres(p) => {
+                sqlx::query_as::<_, Run>(claim_control_sql!(" FOR UPDATE SKIP LOCKED"))
+                    .bind(worker)
+                    .bind(now)
+                    .fetch_optional(p)
+                    .await?
+            }
+        };
         Ok(row)
     }
 
     /// The run with this id, if any.
     pub async fn get_run(&self, run_id: &str) -> Result<Option<Run>, DbError> {
-        let row = sqlx::query_as::<_, Run>(concat!(
+        let row = with_pool!(&self.pool, p => sqlx::query_as::<_, Run>(concat!(
             "SELECT ",
             run_columns!(),
             " FROM runs WHERE id = $1"
         ))
         .bind(run_id)
-        .fetch_optional(&self.pool)
-        .await?;
+        .fetch_optional(p).await)?;
         Ok(row)
     }
 
     /// Every run in `status`, oldest first (e.g. the running ones, whose containers are live).
     pub async fn runs_with_status(&self, status: RunStatus) -> Result<Vec<Run>, DbError> {
-        let rows = sqlx::query_as::<_, Run>(concat!(
+        let rows = with_pool!(&self.pool, p => sqlx::query_as::<_, Run>(concat!(
             "SELECT ",
             run_columns!(),
             " FROM runs WHERE status = $1 ORDER BY seq"
         ))
         .bind(status)
-        .fetch_all(&self.pool)
-        .await?;
+        .fetch_all(p).await)?;
         Ok(rows)
     }
 
     /// Remembers the id of the run's status comment.
     pub async fn set_status_comment(&self, run_id: &str, comment_id: i64) -> Result<(), DbError> {
-        let changed = sqlx::query("UPDATE runs SET status_comment_id = $1 WHERE id = $2")
+        let changed = with_pool!(&self.pool, p => sqlx::query("UPDATE runs SET status_comment_id = $1 WHERE id = $2")
             .bind(comment_id)
             .bind(run_id)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
+            .execute(p).await.map(|done| done.rows_affected()))?;
         found(changed, run_id)
     }
 
     /// Sets the free-text phase (`setting_up`, `working` …) shown for observability.
     pub async fn set_phase(&self, run_id: &str, phase: &str) -> Result<(), DbError> {
-        let changed = sqlx::query("UPDATE runs SET phase = $1 WHERE id = $2")
+        let changed = with_pool!(&self.pool, p => sqlx::query("UPDATE runs SET phase = $1 WHERE id = $2")
             .bind(phase)
             .bind(run_id)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
+            .execute(p).await.map(|done| done.rows_affected()))?;
         found(changed, run_id)
     }
 
@@ -108,7 +153,7 @@ impl Db {
                 fin.status
             )));
         }
-        let changed = sqlx::query(
+        let changed = with_pool!(&self.pool, p => sqlx::query(
             "UPDATE runs SET status = $1, stop_reason = $2, cost_usd = $3, input_tokens = $4, \
              output_tokens = $5, cache_read_tokens = $6, cache_write_tokens = $7, \
              api_calls = $8, result = $9, pr_url = $10, finished_at = $11 \
@@ -126,9 +171,7 @@ impl Db {
         .bind(&fin.pr_url)
         .bind(now_ms())
         .bind(run_id)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
+        .execute(p).await.map(|done| done.rows_affected()))?;
         if changed == 1 {
             return Ok(true);
         }
@@ -148,41 +191,44 @@ impl Db {
         issue_number: i64,
         by: &str,
     ) -> Result<Vec<CancelledRun>, DbError> {
-        let mut tx = self.pool.begin().await?;
-        // The queue's order (RETURNING gives none, and two runs may share a millisecond).
-        let order: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM runs WHERE repo = $1 AND issue_number = $2 AND status = 'queued' \
-             AND kind IN ('ask', 'code') ORDER BY seq",
-        )
-        .bind(repo)
-        .bind(issue_number)
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut cancelled = sqlx::query_as::<_, Run>(concat!(
-            "UPDATE runs SET status = 'cancelled', stop_reason = $5, \
-             cancelled_by = $1, finished_at = $2 \
-             WHERE repo = $3 AND issue_number = $4 AND status = 'queued' \
-             AND kind IN ('ask', 'code') RETURNING ",
-            run_columns!()
-        ))
-        .bind(by)
-        .bind(now_ms())
-        .bind(repo)
-        .bind(issue_number)
-        .bind(EndReason::Agent(StopReason::Cancelled))
-        .fetch_all(&mut *tx)
-        .await?;
-        let running = sqlx::query_as::<_, Run>(concat!(
-            "SELECT ",
-            run_columns!(),
-            " FROM runs WHERE repo = $1 AND issue_number = $2 AND status = 'running' \
-             AND kind IN ('ask', 'code') ORDER BY seq"
-        ))
-        .bind(repo)
-        .bind(issue_number)
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        let (order, mut cancelled, running) = with_pool!(&self.pool, pool => {
+            let mut tx = pool.begin().await?;
+            // The queue's order (RETURNING gives none, and two runs may share a millisecond).
+            let order: Vec<String> = sqlx::query_scalar(
+                "SELECT id FROM runs WHERE repo = $1 AND issue_number = $2 AND status = 'queued' \
+                 AND kind IN ('ask', 'code') ORDER BY seq",
+            )
+            .bind(repo)
+            .bind(issue_number)
+            .fetch_all(&mut *tx)
+            .await?;
+            let cancelled = sqlx::query_as::<_, Run>(concat!(
+                "UPDATE runs SET status = 'cancelled', stop_reason = $5, \
+                 cancelled_by = $1, finished_at = $2 \
+                 WHERE repo = $3 AND issue_number = $4 AND status = 'queued' \
+                 AND kind IN ('ask', 'code') RETURNING ",
+                run_columns!()
+            ))
+            .bind(by)
+            .bind(now_ms())
+            .bind(repo)
+            .bind(issue_number)
+            .bind(EndReason::Agent(StopReason::Cancelled))
+            .fetch_all(&mut *tx)
+            .await?;
+            let running = sqlx::query_as::<_, Run>(concat!(
+                "SELECT ",
+                run_columns!(),
+                " FROM runs WHERE repo = $1 AND issue_number = $2 AND status = 'running' \
+                 AND kind IN ('ask', 'code') ORDER BY seq"
+            ))
+            .bind(repo)
+            .bind(issue_number)
+            .fetch_all(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            (order, cancelled, running)
+        });
 
         cancelled.sort_by_key(|run| order.iter().position(|id| *id == run.id));
         let mut out: Vec<CancelledRun> = cancelled
@@ -210,30 +256,33 @@ impl Db {
         max_attempts: i64,
     ) -> Result<Vec<Recovered>, DbError> {
         let now = now_ms();
-        let mut tx = self.pool.begin().await?;
-        let failed = sqlx::query_as::<_, Run>(concat!(
-            "UPDATE runs SET status = 'failed', stop_reason = $3, \
-             result = CASE WHEN attempts = 2 \
-               THEN '{\"error\": \"kodx restarted twice during this run\"}' \
-               ELSE '{\"error\": \"kodx restarted ' || attempts || ' times during this run\"}' \
-             END, \
-             finished_at = $1 \
-             WHERE status = 'running' AND attempts >= $2 RETURNING ",
-            run_columns!()
-        ))
-        .bind(now)
-        .bind(max_attempts)
-        .bind(EndReason::InternalError)
-        .fetch_all(&mut *tx)
-        .await?;
-        let requeued = sqlx::query_as::<_, Run>(concat!(
-            "UPDATE runs SET status = 'queued', recovered = 1, worker = NULL, phase = NULL \
-             WHERE status = 'running' RETURNING ",
-            run_columns!()
-        ))
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        let (failed, requeued) = with_pool!(&self.pool, pool => {
+            let mut tx = pool.begin().await?;
+            let failed = sqlx::query_as::<_, Run>(concat!(
+                "UPDATE runs SET status = 'failed', stop_reason = $3, \
+                 result = CASE WHEN attempts = 2 \
+                   THEN '{\"error\": \"kodx restarted twice during this run\"}' \
+                   ELSE '{\"error\": \"kodx restarted ' || attempts || ' times during this run\"}' \
+                 END, \
+                 finished_at = $1 \
+                 WHERE status = 'running' AND attempts >= $2 RETURNING ",
+                run_columns!()
+            ))
+            .bind(now)
+            .bind(max_attempts)
+            .bind(EndReason::InternalError)
+            .fetch_all(&mut *tx)
+            .await?;
+            let requeued = sqlx::query_as::<_, Run>(concat!(
+                "UPDATE runs SET status = 'queued', recovered = 1, worker = NULL, phase = NULL \
+                 WHERE status = 'running' RETURNING ",
+                run_columns!()
+            ))
+            .fetch_all(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            (failed, requeued)
+        });
 
         let mut out = Vec::with_capacity(failed.len() + requeued.len());
         for (runs, action) in [
@@ -268,136 +317,140 @@ mod tests {
     #[tokio::test]
     async fn claims_are_first_in_first_out() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
-        let mut ids = Vec::new();
-        for issue in 1..=5 {
-            ids.push(
-                queue(
-                    &db,
-                    &format!("d-{issue}"),
-                    &new_run("ask", "octo/widgets", issue),
-                )
-                .await,
-            );
+        for db in each_db(&dir).await {
+            let mut ids = Vec::new();
+            for issue in 1..=5 {
+                ids.push(
+                    queue(
+                        &db,
+                        &format!("d-{issue}"),
+                        &new_run("ask", "octo/widgets", issue),
+                    )
+                    .await,
+                );
+            }
+            for expected in &ids {
+                let run = db.claim_run("w1").await.unwrap().expect("a run to claim");
+                assert_eq!(&run.id, expected);
+                assert_eq!(run.status, RunStatus::Running);
+                assert_eq!(run.worker.as_deref(), Some("w1"));
+                assert_eq!(run.attempts, 1);
+                assert!(run.started_at.is_some());
+            }
+            assert_eq!(db.claim_run("w1").await.unwrap(), None);
         }
-        for expected in &ids {
-            let run = db.claim_run("w1").await.unwrap().expect("a run to claim");
-            assert_eq!(&run.id, expected);
-            assert_eq!(run.status, RunStatus::Running);
-            assert_eq!(run.worker.as_deref(), Some("w1"));
-            assert_eq!(run.attempts, 1);
-            assert!(run.started_at.is_some());
-        }
-        assert_eq!(db.claim_run("w1").await.unwrap(), None);
     }
 
     #[tokio::test]
     async fn one_agent_run_per_issue_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
-        let first = queue(&db, "d-1", &new_run("code", "octo/widgets", 7)).await;
-        let second = queue(&db, "d-2", &new_run("ask", "octo/widgets", 7)).await;
-        let other_issue = queue(&db, "d-3", &new_run("code", "octo/widgets", 8)).await;
-        let other_repo = queue(&db, "d-4", &new_run("code", "octo/gadgets", 7)).await;
+        for db in each_db(&dir).await {
+            let first = queue(&db, "d-1", &new_run("code", "octo/widgets", 7)).await;
+            let second = queue(&db, "d-2", &new_run("ask", "octo/widgets", 7)).await;
+            let other_issue = queue(&db, "d-3", &new_run("code", "octo/widgets", 8)).await;
+            let other_repo = queue(&db, "d-4", &new_run("code", "octo/gadgets", 7)).await;
 
-        assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, first);
-        // The second run on issue 7 waits; the others are free.
-        assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, other_issue);
-        assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, other_repo);
-        assert_eq!(db.claim_run("w").await.unwrap(), None);
+            assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, first);
+            // The second run on issue 7 waits; the others are free.
+            assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, other_issue);
+            assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, other_repo);
+            assert_eq!(db.claim_run("w").await.unwrap(), None);
 
-        assert!(db
-            .finish(&first, &finish(RunStatus::Succeeded, 0.1))
-            .await
-            .unwrap());
-        let next = db.claim_run("w").await.unwrap().unwrap();
-        assert_eq!(next.id, second);
+            assert!(db
+                .finish(&first, &finish(RunStatus::Succeeded, 0.1))
+                .await
+                .unwrap());
+            let next = db.claim_run("w").await.unwrap().unwrap();
+            assert_eq!(next.id, second);
+        }
     }
 
     #[tokio::test]
     async fn control_runs_are_claimed_apart_and_ignore_issue_exclusivity() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
-        let work = queue(&db, "d-1", &new_run("code", "octo/widgets", 7)).await;
-        let help = queue(&db, "d-2", &new_run("help", "octo/widgets", 7)).await;
-        let cancel = queue(&db, "d-3", &new_run("cancel", "octo/widgets", 7)).await;
+        for db in each_db(&dir).await {
+            let work = queue(&db, "d-1", &new_run("code", "octo/widgets", 7)).await;
+            let help = queue(&db, "d-2", &new_run("help", "octo/widgets", 7)).await;
+            let cancel = queue(&db, "d-3", &new_run("cancel", "octo/widgets", 7)).await;
 
-        assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, work);
-        assert_eq!(
-            db.claim_run("w").await.unwrap(),
-            None,
-            "claim_run never takes control runs"
-        );
-        // Both control runs on issue 7 go while its code run is running, and together.
-        let a = db.claim_control("c").await.unwrap().unwrap();
-        let b = db.claim_control("c").await.unwrap().unwrap();
-        assert_eq!(
-            (a.id.as_str(), b.id.as_str()),
-            (help.as_str(), cancel.as_str())
-        );
-        assert_eq!(a.status, RunStatus::Running);
-        assert_eq!(db.claim_control("c").await.unwrap(), None);
-        // A running control run does not block agent work on its issue.
-        let later = queue(&db, "d-4", &new_run("ask", "octo/widgets", 9)).await;
-        let _ = queue(&db, "d-5", &new_run("refuse", "octo/widgets", 9)).await;
-        assert_eq!(
-            db.claim_control("c").await.unwrap().unwrap().kind(),
-            JobKind::Refuse
-        );
-        assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, later);
+            assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, work);
+            assert_eq!(
+                db.claim_run("w").await.unwrap(),
+                None,
+                "claim_run never takes control runs"
+            );
+            // Both control runs on issue 7 go while its code run is running, and together.
+            let a = db.claim_control("c").await.unwrap().unwrap();
+            let b = db.claim_control("c").await.unwrap().unwrap();
+            assert_eq!(
+                (a.id.as_str(), b.id.as_str()),
+                (help.as_str(), cancel.as_str())
+            );
+            assert_eq!(a.status, RunStatus::Running);
+            assert_eq!(db.claim_control("c").await.unwrap(), None);
+            // A running control run does not block agent work on its issue.
+            let later = queue(&db, "d-4", &new_run("ask", "octo/widgets", 9)).await;
+            let _ = queue(&db, "d-5", &new_run("refuse", "octo/widgets", 9)).await;
+            assert_eq!(
+                db.claim_control("c").await.unwrap().unwrap().kind(),
+                JobKind::Refuse
+            );
+            assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, later);
+        }
     }
 
     #[tokio::test]
     async fn finish_records_the_outcome_once() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
-        let run_id = queue(&db, "d-1", &new_run("code", "octo/widgets", 1)).await;
-        db.claim_run("w").await.unwrap().unwrap();
-        db.set_status_comment(&run_id, 5_000_000_001).await.unwrap();
-        db.set_phase(&run_id, "working").await.unwrap();
+        for db in each_db(&dir).await {
+            let run_id = queue(&db, "d-1", &new_run("code", "octo/widgets", 1)).await;
+            db.claim_run("w").await.unwrap().unwrap();
+            db.set_status_comment(&run_id, 5_000_000_001).await.unwrap();
+            db.set_phase(&run_id, "working").await.unwrap();
 
-        let fin = finish(RunStatus::Succeeded, 0.0234);
-        assert!(db.finish(&run_id, &fin).await.unwrap());
-        let run = db.get_run(&run_id).await.unwrap().unwrap();
-        assert_eq!(run.status, RunStatus::Succeeded);
-        assert_eq!(run.stop_reason.as_deref(), Some("end_turn"));
-        assert_eq!(run.cost_usd, Some(0.0234));
-        assert_eq!(
-            (
-                run.input_tokens,
-                run.output_tokens,
-                run.cache_read_tokens,
-                run.cache_write_tokens
-            ),
-            (1200, 340, 50, 60)
-        );
-        assert_eq!(run.api_calls, 3);
-        assert_eq!(run.result.as_deref(), Some(r#"{"summary":"done"}"#));
-        assert_eq!(run.pr_url, fin.pr_url);
-        assert_eq!(run.status_comment_id, Some(5_000_000_001));
-        assert_eq!(run.phase.as_deref(), Some("working"));
-        let finished_at = run.finished_at.expect("finished_at set");
-        assert!(finished_at >= run.started_at.unwrap());
+            let fin = finish(RunStatus::Succeeded, 0.0234);
+            assert!(db.finish(&run_id, &fin).await.unwrap());
+            let run = db.get_run(&run_id).await.unwrap().unwrap();
+            assert_eq!(run.status, RunStatus::Succeeded);
+            assert_eq!(run.stop_reason.as_deref(), Some("end_turn"));
+            assert_eq!(run.cost_usd, Some(0.0234));
+            assert_eq!(
+                (
+                    run.input_tokens,
+                    run.output_tokens,
+                    run.cache_read_tokens,
+                    run.cache_write_tokens
+                ),
+                (1200, 340, 50, 60)
+            );
+            assert_eq!(run.api_calls, 3);
+            assert_eq!(run.result.as_deref(), Some(r#"{"summary":"done"}"#));
+            assert_eq!(run.pr_url, fin.pr_url);
+            assert_eq!(run.status_comment_id, Some(5_000_000_001));
+            assert_eq!(run.phase.as_deref(), Some("working"));
+            let finished_at = run.finished_at.expect("finished_at set");
+            assert!(finished_at >= run.started_at.unwrap());
 
-        // Never re-finished.
-        let mut again = finish(RunStatus::Failed, 9.0);
-        again.stop_reason = "error".into();
-        assert!(!db.finish(&run_id, &again).await.unwrap());
-        let run = db.get_run(&run_id).await.unwrap().unwrap();
-        assert_eq!(run.status, RunStatus::Succeeded);
-        assert_eq!(run.cost_usd, Some(0.0234));
-        assert_eq!(run.finished_at, Some(finished_at));
+            // Never re-finished.
+            let mut again = finish(RunStatus::Failed, 9.0);
+            again.stop_reason = "error".into();
+            assert!(!db.finish(&run_id, &again).await.unwrap());
+            let run = db.get_run(&run_id).await.unwrap().unwrap();
+            assert_eq!(run.status, RunStatus::Succeeded);
+            assert_eq!(run.cost_usd, Some(0.0234));
+            assert_eq!(run.finished_at, Some(finished_at));
 
-        // A queued run can be finished directly (e.g. refused before it started).
-        let queued = queue(&db, "d-2", &new_run("ask", "octo/widgets", 2)).await;
-        assert!(db
-            .finish(&queued, &finish(RunStatus::Failed, 0.0))
-            .await
-            .unwrap());
-        assert_eq!(
-            db.get_run(&queued).await.unwrap().unwrap().status,
-            RunStatus::Failed
-        );
+            // A queued run can be finished directly (e.g. refused before it started).
+            let queued = queue(&db, "d-2", &new_run("ask", "octo/widgets", 2)).await;
+            assert!(db
+                .finish(&queued, &finish(RunStatus::Failed, 0.0))
+                .await
+                .unwrap());
+            assert_eq!(
+                db.get_run(&queued).await.unwrap().unwrap().status,
+                RunStatus::Failed
+            );
+        }
     }
 
     #[tokio::test]
@@ -431,109 +484,112 @@ mod tests {
     #[tokio::test]
     async fn cancel_issue_cancels_queued_runs_and_reports_running_ones() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
-        let running = queue(&db, "d-1", &new_run("code", "octo/widgets", 7)).await;
-        let queued_a = queue(&db, "d-2", &new_run("ask", "octo/widgets", 7)).await;
-        let queued_b = queue(&db, "d-3", &new_run("code", "octo/widgets", 7)).await;
-        let elsewhere = queue(&db, "d-4", &new_run("code", "octo/widgets", 8)).await;
-        let finished = queue(&db, "d-5", &new_run("code", "octo/other", 7)).await;
-        let control = queue(&db, "d-6", &new_run("cancel", "octo/widgets", 7)).await;
-        assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, running);
-        assert!(db
-            .finish(&finished, &finish(RunStatus::Succeeded, 0.0))
-            .await
-            .unwrap());
+        for db in each_db(&dir).await {
+            let running = queue(&db, "d-1", &new_run("code", "octo/widgets", 7)).await;
+            let queued_a = queue(&db, "d-2", &new_run("ask", "octo/widgets", 7)).await;
+            let queued_b = queue(&db, "d-3", &new_run("code", "octo/widgets", 7)).await;
+            let elsewhere = queue(&db, "d-4", &new_run("code", "octo/widgets", 8)).await;
+            let finished = queue(&db, "d-5", &new_run("code", "octo/other", 7)).await;
+            let control = queue(&db, "d-6", &new_run("cancel", "octo/widgets", 7)).await;
+            assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, running);
+            assert!(db
+                .finish(&finished, &finish(RunStatus::Succeeded, 0.0))
+                .await
+                .unwrap());
 
-        let out = db.cancel_issue("octo/widgets", 7, "bob").await.unwrap();
-        let summary: Vec<(&str, bool, RunStatus)> = out
-            .iter()
-            .map(|c| (c.run.id.as_str(), c.was_running, c.run.status))
-            .collect();
-        assert_eq!(
-            summary,
-            vec![
-                (queued_a.as_str(), false, RunStatus::Cancelled),
-                (queued_b.as_str(), false, RunStatus::Cancelled),
-                (running.as_str(), true, RunStatus::Running),
-            ]
-        );
-        for c in &out[..2] {
-            assert_eq!(c.run.stop_reason.as_deref(), Some("cancelled"));
-            assert_eq!(c.run.cancelled_by.as_deref(), Some("bob"));
-            assert!(c.run.finished_at.is_some());
+            let out = db.cancel_issue("octo/widgets", 7, "bob").await.unwrap();
+            let summary: Vec<(&str, bool, RunStatus)> = out
+                .iter()
+                .map(|c| (c.run.id.as_str(), c.was_running, c.run.status))
+                .collect();
+            assert_eq!(
+                summary,
+                vec![
+                    (queued_a.as_str(), false, RunStatus::Cancelled),
+                    (queued_b.as_str(), false, RunStatus::Cancelled),
+                    (running.as_str(), true, RunStatus::Running),
+                ]
+            );
+            for c in &out[..2] {
+                assert_eq!(c.run.stop_reason.as_deref(), Some("cancelled"));
+                assert_eq!(c.run.cancelled_by.as_deref(), Some("bob"));
+                assert!(c.run.finished_at.is_some());
+            }
+            assert_eq!(out[2].run.cancelled_by, None);
+            assert_eq!(out[2].run.finished_at, None);
+            // Nothing else was touched.
+            assert_eq!(
+                db.get_run(&elsewhere).await.unwrap().unwrap().status,
+                RunStatus::Queued
+            );
+            assert_eq!(
+                db.get_run(&control).await.unwrap().unwrap().status,
+                RunStatus::Queued
+            );
+            assert_eq!(
+                db.get_run(&running).await.unwrap().unwrap().status,
+                RunStatus::Running
+            );
+            // A second cancel finds only the running run.
+            let again = db.cancel_issue("octo/widgets", 7, "bob").await.unwrap();
+            assert_eq!(again.len(), 1);
+            assert!(again[0].was_running);
+            assert!(db
+                .cancel_issue("octo/widgets", 99, "bob")
+                .await
+                .unwrap()
+                .is_empty());
         }
-        assert_eq!(out[2].run.cancelled_by, None);
-        assert_eq!(out[2].run.finished_at, None);
-        // Nothing else was touched.
-        assert_eq!(
-            db.get_run(&elsewhere).await.unwrap().unwrap().status,
-            RunStatus::Queued
-        );
-        assert_eq!(
-            db.get_run(&control).await.unwrap().unwrap().status,
-            RunStatus::Queued
-        );
-        assert_eq!(
-            db.get_run(&running).await.unwrap().unwrap().status,
-            RunStatus::Running
-        );
-        // A second cancel finds only the running run.
-        let again = db.cancel_issue("octo/widgets", 7, "bob").await.unwrap();
-        assert_eq!(again.len(), 1);
-        assert!(again[0].was_running);
-        assert!(db
-            .cancel_issue("octo/widgets", 99, "bob")
-            .await
-            .unwrap()
-            .is_empty());
     }
 
     #[tokio::test]
     async fn recover_requeues_once_then_fails() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
-        let run_id = queue(&db, "d-1", &new_run("code", "octo/widgets", 7)).await;
-        let untouched = queue(&db, "d-2", &new_run("code", "octo/widgets", 8)).await;
-        let claimed = db.claim_run("dead-1").await.unwrap().unwrap();
-        assert_eq!(claimed.id, run_id);
-        db.set_phase(&run_id, "working").await.unwrap();
+        for db in each_db(&dir).await {
+            let run_id = queue(&db, "d-1", &new_run("code", "octo/widgets", 7)).await;
+            let untouched = queue(&db, "d-2", &new_run("code", "octo/widgets", 8)).await;
+            let claimed = db.claim_run("dead-1").await.unwrap().unwrap();
+            assert_eq!(claimed.id, run_id);
+            db.set_phase(&run_id, "working").await.unwrap();
 
-        // The process dies; a new one starts.
-        let recovered = db.recover("new-1", 2).await.unwrap();
-        assert_eq!(recovered.len(), 1);
-        assert_eq!(recovered[0].action, RecoveryAction::Requeued);
-        let run = &recovered[0].run;
-        assert_eq!(run.id, run_id);
-        assert_eq!(run.status, RunStatus::Queued);
-        assert!(run.recovered);
-        assert_eq!(run.attempts, 1);
-        assert_eq!(run.worker, None);
-        assert_eq!(run.phase, None);
-        assert_eq!(
-            db.get_run(&untouched).await.unwrap().unwrap().status,
-            RunStatus::Queued
-        );
+            // The process dies; a new one starts.
+            let recovered = db.recover("new-1", 2).await.unwrap();
+            assert_eq!(recovered.len(), 1);
+            assert_eq!(recovered[0].action, RecoveryAction::Requeued);
+            let run = &recovered[0].run;
+            assert_eq!(run.id, run_id);
+            assert_eq!(run.status, RunStatus::Queued);
+            assert!(run.recovered);
+            assert_eq!(run.attempts, 1);
+            assert_eq!(run.worker, None);
+            assert_eq!(run.phase, None);
+            assert_eq!(
+                db.get_run(&untouched).await.unwrap().unwrap().status,
+                RunStatus::Queued
+            );
 
-        // The requeued run keeps its place at the head of the queue.
-        let again = db.claim_run("new-1").await.unwrap().unwrap();
-        assert_eq!(again.id, run_id);
-        assert_eq!(again.attempts, 2);
-        assert!(again.recovered);
+            // The requeued run keeps its place at the head of the queue.
+            let again = db.claim_run("new-1").await.unwrap().unwrap();
+            assert_eq!(again.id, run_id);
+            assert_eq!(again.attempts, 2);
+            assert!(again.recovered);
 
-        // It dies again: out of attempts.
-        let recovered = db.recover("new-2", 2).await.unwrap();
-        assert_eq!(recovered.len(), 1);
-        assert_eq!(recovered[0].action, RecoveryAction::Failed);
-        let run = db.get_run(&run_id).await.unwrap().unwrap();
-        assert_eq!(run.status, RunStatus::Failed);
-        assert_eq!(run.stop_reason.as_deref(), Some("internal_error"));
-        let note: serde_json::Value = serde_json::from_str(run.result.as_deref().unwrap()).unwrap();
-        assert_eq!(note["error"], "kodx restarted twice during this run");
-        assert!(run.finished_at.is_some());
-        assert_eq!(recovered[0].run, run);
+            // It dies again: out of attempts.
+            let recovered = db.recover("new-2", 2).await.unwrap();
+            assert_eq!(recovered.len(), 1);
+            assert_eq!(recovered[0].action, RecoveryAction::Failed);
+            let run = db.get_run(&run_id).await.unwrap().unwrap();
+            assert_eq!(run.status, RunStatus::Failed);
+            assert_eq!(run.stop_reason.as_deref(), Some("internal_error"));
+            let note: serde_json::Value =
+                serde_json::from_str(run.result.as_deref().unwrap()).unwrap();
+            assert_eq!(note["error"], "kodx restarted twice during this run");
+            assert!(run.finished_at.is_some());
+            assert_eq!(recovered[0].run, run);
 
-        // Nothing running: nothing to do.
-        assert!(db.recover("new-3", 2).await.unwrap().is_empty());
+            // Nothing running: nothing to do.
+            assert!(db.recover("new-3", 2).await.unwrap().is_empty());
+        }
     }
 
     #[tokio::test]

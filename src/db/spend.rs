@@ -6,11 +6,10 @@ use super::{Db, DbError};
 impl Db {
     /// Runs by status and total spend, for `/metrics`.
     pub async fn counts(&self) -> Result<RunCounts, DbError> {
-        let rows: Vec<(RunStatus, i64, f64)> = sqlx::query_as(
+        let rows: Vec<(RunStatus, i64, f64)> = with_pool!(&self.pool, p => sqlx::query_as(
             "SELECT status, COUNT(*), COALESCE(SUM(cost_usd), 0.0) FROM runs GROUP BY status",
         )
-        .fetch_all(&self.pool)
-        .await?;
+        .fetch_all(p).await)?;
         let mut counts = RunCounts::default();
         for (status, n, spend) in rows {
             match status {
@@ -28,14 +27,13 @@ impl Db {
     /// What an installation's runs created at or after `since_ms` (unix milliseconds) have
     /// cost, for a monthly budget.
     pub async fn spend_since(&self, installation_id: i64, since_ms: i64) -> Result<f64, DbError> {
-        let spend: f64 = sqlx::query_scalar(
+        let spend: f64 = with_pool!(&self.pool, p => sqlx::query_scalar(
             "SELECT COALESCE(SUM(cost_usd), 0.0) FROM runs \
              WHERE installation_id = $1 AND created_at >= $2",
         )
         .bind(installation_id)
         .bind(since_ms)
-        .fetch_one(&self.pool)
-        .await?;
+        .fetch_one(p).await)?;
         Ok(spend)
     }
 }

@@ -55,6 +55,15 @@ pub(crate) fn new_run(kind: &str, repo: &str, issue_number: i64) -> NewRun {
     }
 }
 
+/// A database for the test on every backend (see [`super::test_databases`]).
+pub(crate) async fn each_db(dir: &tempfile::TempDir) -> Vec<Db> {
+    let mut dbs = Vec::new();
+    for url in super::test_databases::each_backend(dir.path()).await {
+        dbs.push(Db::open(&url).await.expect("open database"));
+    }
+    dbs
+}
+
 pub(crate) async fn file_db(dir: &tempfile::TempDir) -> Db {
     let url = format!("sqlite://{}", dir.path().join("kodx.db").display());
     Db::open(&url).await.expect("open database")
@@ -84,31 +93,26 @@ pub(crate) fn finish(status: RunStatus, cost: f64) -> Finish {
 }
 
 pub(crate) async fn run_count(db: &Db) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM runs")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
+    with_pool!(&db.pool, p => sqlx::query_scalar("SELECT COUNT(*) FROM runs")
+        .fetch_one(p).await)
+    .unwrap()
 }
 
 /// Reads what tests look at and production never asks for.
 impl Db {
     /// The run's transcript records, in `seq` order.
     pub(crate) async fn transcript(&self, run_id: &str) -> Result<Vec<String>, DbError> {
-        let records =
-            sqlx::query_scalar("SELECT record FROM transcripts WHERE run_id = $1 ORDER BY seq")
+        let records = with_pool!(&self.pool, p => sqlx::query_scalar("SELECT record FROM transcripts WHERE run_id = $1 ORDER BY seq")
                 .bind(run_id)
-                .fetch_all(&self.pool)
-                .await?;
+                .fetch_all(p).await)?;
         Ok(records)
     }
 
     /// When the run's transcript was deleted for its age, if it was.
     pub(crate) async fn transcript_pruned_at(&self, run_id: &str) -> Result<Option<i64>, DbError> {
-        let at: Option<Option<i64>> =
-            sqlx::query_scalar("SELECT transcript_pruned_at FROM runs WHERE id = $1")
+        let at: Option<Option<i64>> = with_pool!(&self.pool, p => sqlx::query_scalar("SELECT transcript_pruned_at FROM runs WHERE id = $1")
                 .bind(run_id)
-                .fetch_optional(&self.pool)
-                .await?;
+                .fetch_optional(p).await)?;
         at.ok_or_else(|| DbError::NotFound(run_id.to_owned()))
     }
 }

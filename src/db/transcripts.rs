@@ -12,7 +12,7 @@ impl Db {
         seq: i64,
         record_json: &str,
     ) -> Result<(), DbError> {
-        let inserted = sqlx::query(
+        let inserted = with_pool!(&self.pool, p => sqlx::query(
             "INSERT INTO transcripts (run_id, seq, record, created_at) \
              VALUES ($1, $2, $3, $4) ON CONFLICT (run_id, seq) DO NOTHING",
         )
@@ -20,10 +20,9 @@ impl Db {
         .bind(seq)
         .bind(record_json)
         .bind(now_ms())
-        .execute(&self.pool)
-        .await;
+        .execute(p).await.map(|done| done.rows_affected()));
         match inserted {
-            Ok(done) if done.rows_affected() == 1 => Ok(()),
+            Ok(1) => Ok(()),
             Ok(_) => Err(DbError::DuplicateTranscript {
                 run_id: run_id.to_owned(),
                 seq,
@@ -37,12 +36,11 @@ impl Db {
 
     /// One more than the largest transcript `seq` stored for the run (0 when none).
     pub async fn next_transcript_seq(&self, run_id: &str) -> Result<i64, DbError> {
-        let next: i64 = sqlx::query_scalar(
+        let next: i64 = with_pool!(&self.pool, p => sqlx::query_scalar(
             "SELECT COALESCE(MAX(seq), -1) + 1 FROM transcripts WHERE run_id = $1",
         )
         .bind(run_id)
-        .fetch_one(&self.pool)
-        .await?;
+        .fetch_one(p).await)?;
         Ok(next)
     }
 
@@ -51,27 +49,30 @@ impl Db {
     /// tokens, result) stay. Queued and running runs are never touched. Returns how many
     /// transcript records were deleted.
     pub async fn prune_transcripts(&self, before_ms: i64) -> Result<u64, DbError> {
-        let mut tx = self.pool.begin().await?;
-        let deleted = sqlx::query(
-            "DELETE FROM transcripts WHERE run_id IN (\
-               SELECT id FROM runs WHERE finished_at < $1 \
-               AND status IN ('succeeded', 'failed', 'cancelled') \
-               AND transcript_pruned_at IS NULL)",
-        )
-        .bind(before_ms)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        sqlx::query(
-            "UPDATE runs SET transcript_pruned_at = $1 WHERE finished_at < $2 \
-             AND status IN ('succeeded', 'failed', 'cancelled') \
-             AND transcript_pruned_at IS NULL",
-        )
-        .bind(now_ms())
-        .bind(before_ms)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        let deleted = with_pool!(&self.pool, pool => {
+            let mut tx = pool.begin().await?;
+            let deleted = sqlx::query(
+                "DELETE FROM transcripts WHERE run_id IN (\
+                   SELECT id FROM runs WHERE finished_at < $1 \
+                   AND status IN ('succeeded', 'failed', 'cancelled') \
+                   AND transcript_pruned_at IS NULL)",
+            )
+            .bind(before_ms)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            sqlx::query(
+                "UPDATE runs SET transcript_pruned_at = $1 WHERE finished_at < $2 \
+                 AND status IN ('succeeded', 'failed', 'cancelled') \
+                 AND transcript_pruned_at IS NULL",
+            )
+            .bind(now_ms())
+            .bind(before_ms)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            deleted
+        });
         Ok(deleted)
     }
 }
@@ -84,88 +85,90 @@ mod tests {
     #[tokio::test]
     async fn transcripts_keep_order_and_refuse_duplicates() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
-        let run_id = queue(&db, "d-1", &new_run("code", "octo/widgets", 1)).await;
-        assert_eq!(db.next_transcript_seq(&run_id).await.unwrap(), 0);
-        // Stored out of order, read back in seq order.
-        db.append_transcript(&run_id, 1, r#"{"type":"response"}"#)
-            .await
-            .unwrap();
-        db.append_transcript(&run_id, 0, r#"{"type":"request"}"#)
-            .await
-            .unwrap();
-        db.append_transcript(&run_id, 2, r#"{"type":"tool_call"}"#)
-            .await
-            .unwrap();
-        assert_eq!(
-            db.transcript(&run_id).await.unwrap(),
-            vec![
-                r#"{"type":"request"}"#.to_owned(),
-                r#"{"type":"response"}"#.to_owned(),
-                r#"{"type":"tool_call"}"#.to_owned(),
-            ]
-        );
-        assert_eq!(db.next_transcript_seq(&run_id).await.unwrap(), 3);
-        let err = db.append_transcript(&run_id, 1, "{}").await.unwrap_err();
-        assert!(
-            matches!(err, DbError::DuplicateTranscript { seq: 1, .. }),
-            "{err}"
-        );
-        assert_eq!(
-            db.transcript(&run_id).await.unwrap()[1],
-            r#"{"type":"response"}"#
-        );
-        let err = db.append_transcript("nope", 0, "{}").await.unwrap_err();
-        assert!(matches!(err, DbError::NotFound(_)), "{err}");
-        assert!(db.transcript("nope").await.unwrap().is_empty());
+        for db in each_db(&dir).await {
+            let run_id = queue(&db, "d-1", &new_run("code", "octo/widgets", 1)).await;
+            assert_eq!(db.next_transcript_seq(&run_id).await.unwrap(), 0);
+            // Stored out of order, read back in seq order.
+            db.append_transcript(&run_id, 1, r#"{"type":"response"}"#)
+                .await
+                .unwrap();
+            db.append_transcript(&run_id, 0, r#"{"type":"request"}"#)
+                .await
+                .unwrap();
+            db.append_transcript(&run_id, 2, r#"{"type":"tool_call"}"#)
+                .await
+                .unwrap();
+            assert_eq!(
+                db.transcript(&run_id).await.unwrap(),
+                vec![
+                    r#"{"type":"request"}"#.to_owned(),
+                    r#"{"type":"response"}"#.to_owned(),
+                    r#"{"type":"tool_call"}"#.to_owned(),
+                ]
+            );
+            assert_eq!(db.next_transcript_seq(&run_id).await.unwrap(), 3);
+            let err = db.append_transcript(&run_id, 1, "{}").await.unwrap_err();
+            assert!(
+                matches!(err, DbError::DuplicateTranscript { seq: 1, .. }),
+                "{err}"
+            );
+            assert_eq!(
+                db.transcript(&run_id).await.unwrap()[1],
+                r#"{"type":"response"}"#
+            );
+            let err = db.append_transcript("nope", 0, "{}").await.unwrap_err();
+            assert!(matches!(err, DbError::NotFound(_)), "{err}");
+            assert!(db.transcript("nope").await.unwrap().is_empty());
+        }
     }
 
     #[tokio::test]
     async fn old_transcripts_of_finished_runs_are_pruned_and_the_runs_stay() {
         let dir = tempfile::tempdir().unwrap();
-        let db = file_db(&dir).await;
-        let done = queue(&db, "d-1", &new_run("ask", "octo/widgets", 1)).await;
-        let running = queue(&db, "d-2", &new_run("ask", "octo/widgets", 3)).await;
-        let queued = queue(&db, "d-3", &new_run("ask", "octo/widgets", 3)).await;
-        for run in [&done, &running, &queued] {
-            for seq in 0..3 {
-                db.append_transcript(run, seq, r#"{"type":"request"}"#)
-                    .await
-                    .unwrap();
+        for db in each_db(&dir).await {
+            let done = queue(&db, "d-1", &new_run("ask", "octo/widgets", 1)).await;
+            let running = queue(&db, "d-2", &new_run("ask", "octo/widgets", 3)).await;
+            let queued = queue(&db, "d-3", &new_run("ask", "octo/widgets", 3)).await;
+            for run in [&done, &running, &queued] {
+                for seq in 0..3 {
+                    db.append_transcript(run, seq, r#"{"type":"request"}"#)
+                        .await
+                        .unwrap();
+                }
             }
+            assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, done);
+            assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, running);
+            assert!(db
+                .finish(&done, &finish(RunStatus::Succeeded, 0.25))
+                .await
+                .unwrap());
+            // Nothing finished before the cutoff.
+            let finished_at = db
+                .get_run(&done)
+                .await
+                .unwrap()
+                .unwrap()
+                .finished_at
+                .unwrap();
+            assert_eq!(db.prune_transcripts(finished_at).await.unwrap(), 0);
+            assert_eq!(db.transcript(&done).await.unwrap().len(), 3);
+            // Past it: the finished run's transcript goes, its row (cost, tokens) stays; the
+            // running and queued runs keep theirs.
+            assert_eq!(db.prune_transcripts(finished_at + 1).await.unwrap(), 3);
+            assert!(db.transcript(&done).await.unwrap().is_empty());
+            let run = db.get_run(&done).await.unwrap().unwrap();
+            assert_eq!(run.status, RunStatus::Succeeded);
+            assert_eq!(run.cost_usd, Some(0.25));
+            assert_eq!(run.input_tokens, 1200);
+            assert!(db.transcript_pruned_at(&done).await.unwrap().is_some());
+            assert_eq!(db.transcript_pruned_at(&running).await.unwrap(), None);
+            assert_eq!(db.transcript(&running).await.unwrap().len(), 3);
+            assert_eq!(db.transcript(&queued).await.unwrap().len(), 3);
+            assert_eq!(db.prune_transcripts(now_ms() + 1).await.unwrap(), 0);
+            assert!(matches!(
+                db.transcript_pruned_at("nope").await,
+                Err(DbError::NotFound(_))
+            ));
         }
-        assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, done);
-        assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, running);
-        assert!(db
-            .finish(&done, &finish(RunStatus::Succeeded, 0.25))
-            .await
-            .unwrap());
-        // Nothing finished before the cutoff.
-        let finished_at = db
-            .get_run(&done)
-            .await
-            .unwrap()
-            .unwrap()
-            .finished_at
-            .unwrap();
-        assert_eq!(db.prune_transcripts(finished_at).await.unwrap(), 0);
-        assert_eq!(db.transcript(&done).await.unwrap().len(), 3);
-        // Past it: the finished run's transcript goes, its row (cost, tokens) stays; the
-        // running and queued runs keep theirs.
-        assert_eq!(db.prune_transcripts(finished_at + 1).await.unwrap(), 3);
-        assert!(db.transcript(&done).await.unwrap().is_empty());
-        let run = db.get_run(&done).await.unwrap().unwrap();
-        assert_eq!(run.status, RunStatus::Succeeded);
-        assert_eq!(run.cost_usd, Some(0.25));
-        assert_eq!(run.input_tokens, 1200);
-        assert!(db.transcript_pruned_at(&done).await.unwrap().is_some());
-        assert_eq!(db.transcript_pruned_at(&running).await.unwrap(), None);
-        assert_eq!(db.transcript(&running).await.unwrap().len(), 3);
-        assert_eq!(db.transcript(&queued).await.unwrap().len(), 3);
-        assert_eq!(db.prune_transcripts(now_ms() + 1).await.unwrap(), 0);
-        assert!(matches!(
-            db.transcript_pruned_at("nope").await,
-            Err(DbError::NotFound(_))
-        ));
     }
 }

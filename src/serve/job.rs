@@ -8,8 +8,6 @@
 //! [`JobKind`] and [`TriggerKind`], so rows written by earlier versions read the same.
 
 use serde::{Deserialize, Serialize};
-use sqlx::sqlite::SqliteRow;
-use sqlx::types::Json;
 use sqlx::{FromRow, Row};
 
 use crate::command::{Command, ParseError};
@@ -34,7 +32,7 @@ pub enum Job {
 
 /// The stored tag of a [`Job`] (the `kind` column).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
-#[sqlx(rename_all = "lowercase")]
+#[sqlx(rename_all = "lowercase", type_name = "text")]
 #[serde(rename_all = "lowercase")]
 pub enum JobKind {
     Ask,
@@ -164,7 +162,7 @@ impl Job {
 
 /// Where a command was written (the `trigger_kind` column).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
-#[sqlx(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case", type_name = "text")]
 pub enum TriggerKind {
     IssueComment,
     Issue,
@@ -305,30 +303,53 @@ impl RunRequest {
         is_pull_request, argument, author, author_id, trigger_kind, trigger_id, clone_url, \
         default_branch, context";
 
-    /// Binds this request's columns ([`RunRequest::COLUMNS`]) to `row`.
-    pub fn push_binds<'q>(
+    /// Binds this request's columns ([`RunRequest::COLUMNS`]) to `row`, on either backend.
+    pub fn push_binds<'q, DB>(
         &'q self,
-        row: &mut sqlx::query_builder::Separated<'_, 'q, sqlx::Sqlite, &'static str>,
-    ) {
+        row: &mut sqlx::query_builder::Separated<'_, 'q, DB, &'static str>,
+    ) where
+        DB: sqlx::Database,
+        JobKind: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        TriggerKind: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        // The review context as JSON text (a TEXT column on both backends).
+        let context = serde_json::to_string(&self.trigger.stored_context())
+            .expect("a review context always serializes");
         row.push_bind(self.job.kind())
             .push_bind(self.installation_id)
-            .push_bind(&self.repo)
+            .push_bind(self.repo.as_str())
             .push_bind(self.issue_number)
             .push_bind(i64::from(self.is_pull_request))
             .push_bind(self.job.argument())
-            .push_bind(&self.author)
+            .push_bind(self.author.as_str())
             .push_bind(self.author_id)
             .push_bind(self.trigger.kind())
             .push_bind(self.trigger.id())
-            .push_bind(&self.clone_url)
-            .push_bind(&self.default_branch)
-            .push_bind(Json(self.trigger.stored_context()));
+            .push_bind(self.clone_url.as_str())
+            .push_bind(self.default_branch.as_str())
+            .push_bind(context);
     }
 }
 
-impl<'r> FromRow<'r, SqliteRow> for RunRequest {
-    fn from_row(row: &'r SqliteRow) -> Result<Self, sqlx::Error> {
-        let context: Json<Option<StoredContext>> = row.try_get("context")?;
+impl<'r, R> FromRow<'r, R> for RunRequest
+where
+    R: Row,
+    &'r str: sqlx::ColumnIndex<R>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    JobKind: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    TriggerKind: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
+        let context: String = row.try_get("context")?;
+        let context: Option<StoredContext> =
+            serde_json::from_str(&context).map_err(|e| sqlx::Error::ColumnDecode {
+                index: "context".into(),
+                source: Box::new(e),
+            })?;
         Ok(RunRequest {
             installation_id: row.try_get("installation_id")?,
             repo: row.try_get("repo")?,
@@ -342,7 +363,7 @@ impl<'r> FromRow<'r, SqliteRow> for RunRequest {
             trigger: Trigger::from_stored(
                 row.try_get("trigger_kind")?,
                 row.try_get("trigger_id")?,
-                context.0,
+                context,
             ),
         })
     }

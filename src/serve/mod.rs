@@ -67,9 +67,12 @@ pub async fn serve(
     shutdown: CancellationToken,
     options: ServeOptions,
 ) -> anyhow::Result<()> {
-    let db = Db::open(&config.database_url)
-        .await
-        .with_context(|| format!("DATABASE_URL={}", config.database_url))?;
+    let db = Db::open(&config.database_url).await.with_context(|| {
+        format!(
+            "DATABASE_URL={}",
+            crate::db::shown_url(&config.database_url)
+        )
+    })?;
     let app = GitHubApp::new(
         &config.github_api_url,
         config.app_id,
@@ -120,7 +123,7 @@ pub async fn serve(
     tracing::info!(
         address = ?addr,
         github = %config.github_api_url,
-        database = %config.database_url,
+        database = %crate::db::shown_url(&config.database_url),
         workers = options.workers,
         max_concurrent_runs = config.settings.max_concurrent_runs,
         "kodx serve is listening"

@@ -24,6 +24,28 @@ pub const MODEL_KEY: &str = "sk-ant-test-key-0123456789";
 pub const REPO: &str = "acme/widgets";
 
 /// A running `kodx serve` and the fakes around it.
+/// Runs `$body` with `$pool` connected to the server's database, SQLite or PostgreSQL.
+macro_rules! on_db {
+    ($url:expr, $pool:ident => $body:expr) => {{
+        let url: &str = $url;
+        if url.starts_with("sqlite") {
+            let $pool = sqlx::SqlitePool::connect(url)
+                .await
+                .expect("the server's database");
+            let out = $body;
+            $pool.close().await;
+            out
+        } else {
+            let $pool = sqlx::PgPool::connect(url)
+                .await
+                .expect("the server's database");
+            let out = $body;
+            $pool.close().await;
+            out
+        }
+    }};
+}
+
 pub struct Served {
     pub url: String,
     pub github: FakeGitHub,
@@ -82,6 +104,8 @@ pub struct Options {
     pub pid_namespace: bool,
     /// RLIMIT_NOFILE (soft and hard) of the server process.
     pub fd_limit: Option<u64>,
+    /// `DATABASE_URL` (default: a SQLite file in the test's directory).
+    pub database_url: Option<String>,
 }
 
 impl Served {
@@ -136,6 +160,10 @@ impl Served {
         .unwrap();
         let tmp = dir.path().join("tmp");
         std::fs::create_dir(&tmp).unwrap();
+        let database_url = opts
+            .database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", dir.path().join("kodx.db").display()));
         let key = dir.path().join("app-key.pem");
         std::fs::write(&key, TEST_APP_KEY).unwrap();
 
@@ -146,10 +174,7 @@ impl Served {
             ("GITHUB_API_URL".into(), github.url()),
             ("HOST".into(), "127.0.0.1".into()),
             ("PORT".into(), "0".into()),
-            (
-                "DATABASE_URL".into(),
-                format!("sqlite://{}", dir.path().join("kodx.db").display()),
-            ),
+            ("DATABASE_URL".into(), database_url.clone()),
             ("KODX_CONFIG".into(), settings.display().to_string()),
             ("KODX_IMAGE".into(), super::image()),
             ("ANTHROPIC_API_KEY".into(), MODEL_KEY.into()),
@@ -446,7 +471,11 @@ impl Served {
     }
 
     fn database_url(&self) -> String {
-        format!("sqlite://{}", self.dir.path().join("kodx.db").display())
+        self.env
+            .iter()
+            .find(|(k, _)| k == "DATABASE_URL")
+            .map(|(_, v)| v.clone())
+            .expect("DATABASE_URL is set")
     }
 
     /// Ends the test in one place: once the queue is empty (with workers), stops the server
@@ -460,18 +489,16 @@ impl Served {
     /// The server stays stopped; the test may look at the fakes afterwards, knowing nothing
     /// more will happen.
     pub async fn finish(&mut self) {
-        let pool = sqlx::sqlite::SqlitePool::connect(&self.database_url())
-            .await
-            .expect("the server's database");
+        let url = self.database_url();
         if self.workers && self.child.id().is_some() {
             let deadline = Instant::now() + WAIT;
             loop {
-                let pending: Vec<(String, String, String)> = sqlx::query_as(
+                let pending: Vec<(String, String, String)> = on_db!(&url, pool => sqlx::query_as(
                     "SELECT id, kind, status FROM runs WHERE status IN ('queued', 'running')",
                 )
                 .fetch_all(&pool)
                 .await
-                .unwrap();
+                .unwrap());
                 if pending.is_empty() {
                     break;
                 }
@@ -514,11 +541,11 @@ impl Served {
                 .into_iter()
                 .map(|r| format!("the model rejected: {r:?}")),
         );
-        let instance: Option<String> =
+        let instance: Option<String> = on_db!(&url, pool =>
             sqlx::query_scalar("SELECT value FROM kodx_meta WHERE key = 'instance'")
                 .fetch_optional(&pool)
                 .await
-                .unwrap();
+                .unwrap());
         if let (Some(instance), Ok(engine)) = (instance, kodx::sandbox::Engine::connect().await) {
             let label = format!("{}={instance}", kodx::sandbox::docker::INSTANCE_LABEL);
             for id in super::containers_labelled(&engine, &label).await {
@@ -527,11 +554,11 @@ impl Served {
                 ));
             }
         }
-        let transcripts: Vec<String> = sqlx::query_scalar("SELECT record FROM transcripts")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-        pool.close().await;
+        let transcripts: Vec<String> = on_db!(&url, pool =>
+            sqlx::query_scalar("SELECT record FROM transcripts")
+                .fetch_all(&pool)
+                .await
+                .unwrap());
         let log = self.log();
         let mut written: Vec<(String, String)> = Vec::new();
         for r in self.model.requests() {

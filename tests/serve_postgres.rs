@@ -1,0 +1,91 @@
+//! `kodx serve` with `DATABASE_URL=postgres://…`: the same webhook → queue → worker → pull
+//! request path as on SQLite, against a real PostgreSQL server (see
+//! `kodx::db::test_databases`), the real Docker engine, the fake GitHub and model, and a
+//! real git server.
+
+mod common;
+
+use common::serve::{usage, Options, Served, REPO};
+use kodx::db::test_databases;
+use kodx::db::RunStatus;
+use serde_json::{json, Value};
+
+fn tool(chars: &str) -> Vec<Value> {
+    vec![
+        json!({"type": "tool_use", "id": format!("t{}", rand::random::<u16>()),
+                "name": "feed_chars", "input": {"chars": chars}}),
+    ]
+}
+
+/// A server on a fresh PostgreSQL database; `None` when `KODX_SKIP_POSTGRES=1` asked to
+/// test SQLite only (it prints why).
+async fn served_on_postgres(test: &str) -> Option<Served> {
+    let Some(admin) = test_databases::postgres_admin_url() else {
+        eprintln!("SKIPPED {test}: KODX_SKIP_POSTGRES=1");
+        return None;
+    };
+    let url = test_databases::fresh_postgres_database(&admin).await;
+    Some(
+        Served::start(Options {
+            workers: true,
+            database_url: Some(url),
+            ..Options::default()
+        })
+        .await,
+    )
+}
+
+#[tokio::test]
+async fn ask_and_code_runs_work_on_postgres() {
+    let _engine = common::require_engine!();
+    let Some(mut s) = served_on_postgres("ask_and_code_runs_work_on_postgres").await else {
+        return;
+    };
+    s.github
+        .add_issue(REPO, 7, "Add a greeting", "We need hello.txt.", "carol");
+
+    // An ask: answered in the status comment.
+    s.model
+        .reply(tool("cat README.md"), "tool_use", usage(2000, 20));
+    s.model
+        .answer_from_last_tool_result(|out| format!("The readme says: {out}"));
+    let ask = s.comment(7, "alice", "/kodx ask what is this?").await;
+    let answered = s
+        .bot_comment_where(7, "the answer", |c| c.body.contains("The readme says"))
+        .await;
+    assert!(answered.body.contains("# widgets"), "{}", answered.body);
+    s.reaction(&s.trigger(&ask), "rocket").await;
+
+    // A code run on the same issue: a pull request with the change.
+    s.model
+        .reply(tool("echo hello > hello.txt"), "tool_use", usage(2000, 20));
+    s.model.reply(
+        vec![json!({"type": "text", "text": "Added hello.txt."})],
+        "end_turn",
+        usage(2100, 10),
+    );
+    let code = s.comment(7, "alice", "/kodx code add hello.txt").await;
+    s.bot_comment_where(7, "the pull request", |c| c.body.contains("/pull/"))
+        .await;
+    s.reaction(&s.trigger(&code), "rocket").await;
+    let pulls = s.github.created_pulls(REPO);
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+
+    // Both runs are in PostgreSQL, finished, with their cost.
+    let db = s.db().await;
+    assert_eq!(db.backend(), "postgres");
+    for run in [&ask.0, &code.0] {
+        let run = db.get_run(run).await.unwrap().expect("the run is stored");
+        assert_eq!(run.status, RunStatus::Succeeded, "{run:?}");
+        assert!(run.cost_usd.unwrap() > 0.0, "{run:?}");
+    }
+    let code_run = db.get_run(&code.0).await.unwrap().unwrap();
+    assert_eq!(
+        code_run.pr_url.as_deref().map(|u| u.contains("/pull/")),
+        Some(true)
+    );
+    db.close().await;
+    s.finish().await;
+    // The server never logged the database password.
+    assert!(!s.log().contains("kodx:kodx@"), "{}", s.log());
+}
