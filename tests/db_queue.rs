@@ -896,3 +896,54 @@ async fn a_burst_over_three_handles_queues_each_delivery_once() {
         assert_eq!(seen, queued);
     }
 }
+
+/// On PostgreSQL a running run is its worker's while its lease lasts: another process's
+/// recovery leaves it alone, takes it back once the lease expired, and a renewal keeps it.
+#[tokio::test]
+async fn on_postgres_recovery_takes_back_only_expired_leases() {
+    let Some(admin) = kodx::db::test_databases::postgres_admin_url() else {
+        eprintln!(
+            "SKIPPED on_postgres_recovery_takes_back_only_expired_leases: KODX_SKIP_POSTGRES=1"
+        );
+        return;
+    };
+    let url = kodx::db::test_databases::fresh_postgres_database(&admin).await;
+    let a = Db::open(&url).await.unwrap();
+    let b = Db::open(&url).await.unwrap();
+    assert!(a.is_shared());
+    let Accepted::Queued { run_id } = a
+        .accept(&delivery("lease-1"), Some(&new_run("code", 1)))
+        .await
+        .unwrap()
+    else {
+        panic!("queued")
+    };
+    let run = a.claim_run("process-a").await.unwrap().expect("claimed");
+    assert_eq!(run.id, run_id);
+    // Process B starts (or sweeps) while A works: nothing of A's is touched.
+    assert!(b.recover("process-b", 3).await.unwrap().is_empty());
+    assert_eq!(a.renew_leases("process-a").await.unwrap(), 1);
+    assert_eq!(b.renew_leases("process-b").await.unwrap(), 0);
+    // A stops renewing (killed, or paused past its lease).
+    let raw = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query("UPDATE runs SET lease_expires_at = $1 WHERE id = $2")
+        .bind(kodx::db::now_ms() - 1)
+        .bind(&run_id)
+        .execute(&raw)
+        .await
+        .unwrap();
+    let recovered = b.recover("process-b", 3).await.unwrap();
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    assert_eq!(recovered[0].run.id, run_id);
+    assert!(recovered[0].run.recovered);
+    assert_eq!(recovered[0].run.status, RunStatus::Queued);
+    // A's late renewal no longer claims it; B takes it.
+    assert_eq!(a.renew_leases("process-a").await.unwrap(), 0);
+    let again = b
+        .claim_run("process-b")
+        .await
+        .unwrap()
+        .expect("claimed again");
+    assert_eq!((again.id.as_str(), again.attempts), (run_id.as_str(), 2));
+    raw.close().await;
+}

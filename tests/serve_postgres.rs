@@ -89,3 +89,57 @@ async fn ask_and_code_runs_work_on_postgres() {
     // The server never logged the database password.
     assert!(!s.log().contains("kodx:kodx@"), "{}", s.log());
 }
+
+/// `kill -9` of the process running a code run, then a new process on the same PostgreSQL:
+/// the run stays the dead process's until its lease expires (the new process does not take
+/// it at once: on a shared queue a running run may be a live process's), then the new
+/// process queues it again and finishes it: one pull request, one status comment.
+#[tokio::test]
+async fn a_killed_process_run_is_finished_by_another_after_its_lease() {
+    let engine = common::require_engine!();
+    let Some(mut s) =
+        served_on_postgres("a_killed_process_run_is_finished_by_another_after_its_lease").await
+    else {
+        return;
+    };
+    s.github.add_issue(REPO, 7, "Slow", "", "carol");
+    s.model.reply(
+        tool("echo one > one.txt; sleep 300"),
+        "tool_use",
+        usage(1000, 10),
+    );
+    let run = s.comment(7, "alice", "/kodx code write one.txt").await;
+    s.wait_for(
+        "the first model call",
+        std::time::Duration::from_secs(120),
+        || !s.model.requests().is_empty(),
+    )
+    .await;
+    s.kill().await;
+    let killed_at = std::time::Instant::now();
+    s.model
+        .reply(tool("echo one > one.txt"), "tool_use", usage(1000, 10));
+    s.model.reply(
+        vec![json!({"type": "text", "text": "Wrote one.txt."})],
+        "end_turn",
+        usage(1000, 10),
+    );
+    s.restart().await;
+    let done = s
+        .bot_comment_where(7, "the run to finish", |c| c.body.contains("✅"))
+        .await;
+    let took = killed_at.elapsed();
+    assert!(
+        took >= std::time::Duration::from_millis(kodx::db::LEASE_MS as u64 - 2_000),
+        "taken back after {took:?}, before the lease could expire"
+    );
+    assert!(done.body.contains("/pull/"), "{}", done.body);
+    assert_eq!(s.github.created_pulls(REPO).len(), 1);
+    let db = s.db().await;
+    let stored = db.get_run(&run.0).await.unwrap().unwrap();
+    assert_eq!((stored.attempts, stored.recovered), (2, true), "{stored:?}");
+    db.close().await;
+    common::assert_gone(&engine, &format!("kodx-{}", run.0)).await;
+    s.reaction(&s.trigger(&run), "rocket").await;
+    s.finish().await;
+}

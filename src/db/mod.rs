@@ -51,6 +51,7 @@ pub use models::{
     RecoveryAction, Run, RunCounts, RunStatus,
 };
 pub use open::{shown_url, DEFAULT_DATABASE_URL};
+pub use queue::LEASE_MS;
 
 /// What went wrong with the database. Messages name the path or setting to fix; they never
 /// echo a database URL that could hold a password.

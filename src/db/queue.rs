@@ -5,6 +5,9 @@ use super::models::{CancelledRun, EndReason, Finish, Recovered, RecoveryAction, 
 use super::{found, now_ms, Db, DbError, Pool};
 use crate::agent::StopReason;
 
+/// How long a claimed run stays its worker's without a renewal (unix milliseconds).
+pub const LEASE_MS: i64 = 30_000;
+
 impl Db {
     /// Takes the oldest queued `ask`/`code` run whose issue has no `ask`/`code` run running,
     /// marks it running for `worker` and returns it. One statement, so concurrent claimers
@@ -18,7 +21,7 @@ impl Db {
             ($lock:literal) => {
                 concat!(
                     "UPDATE runs SET status = 'running', worker = $1, started_at = $2, \
-                     attempts = attempts + 1, phase = NULL \
+                     lease_expires_at = $3, attempts = attempts + 1, phase = NULL \
                      WHERE status = 'queued' AND id = (\
                        SELECT q.id FROM runs q \
                        WHERE q.status = 'queued' AND q.kind IN ('ask', 'code') \
@@ -44,6 +47,7 @@ impl Db {
                 sqlx::query_as::<_, Run>(claim_run_sql!(""))
                     .bind(worker)
                     .bind(now)
+                    .bind(now + LEASE_MS)
                     .fetch_optional(p)
                     .await
             }
@@ -51,6 +55,7 @@ impl Db {
                 sqlx::query_as::<_, Run>(claim_run_sql!(" FOR UPDATE SKIP LOCKED"))
                     .bind(worker)
                     .bind(now)
+                    .bind(now + LEASE_MS)
                     .fetch_optional(p)
                     .await
             }
@@ -71,7 +76,7 @@ impl Db {
             ($lock:literal) => {
                 concat!(
                     "UPDATE runs SET status = 'running', worker = $1, started_at = $2, \
-                     attempts = attempts + 1, phase = NULL \
+                     lease_expires_at = $3, attempts = attempts + 1, phase = NULL \
                      WHERE status = 'queued' AND id = (\
                        SELECT q.id FROM runs q \
                        WHERE q.status = 'queued' AND q.kind NOT IN ('ask', 'code') \
@@ -88,6 +93,7 @@ impl Db {
                 sqlx::query_as::<_, Run>(claim_control_sql!(""))
                     .bind(worker)
                     .bind(now)
+                    .bind(now + LEASE_MS)
                     .fetch_optional(p)
                     .await?
             }
@@ -95,11 +101,32 @@ impl Db {
                 sqlx::query_as::<_, Run>(claim_control_sql!(" FOR UPDATE SKIP LOCKED"))
                     .bind(worker)
                     .bind(now)
+                    .bind(now + LEASE_MS)
                     .fetch_optional(p)
                     .await?
             }
         };
         Ok(row)
+    }
+
+    /// Extends the leases of the runs `worker` is running to `LEASE` from now; returns how
+    /// many it holds. Called by the worker every third of a lease.
+    pub async fn renew_leases(&self, worker: &str) -> Result<u64, DbError> {
+        let renewed = with_pool!(&self.pool, p => sqlx::query(
+            "UPDATE runs SET lease_expires_at = $1 WHERE worker = $2 AND status = 'running'",
+        )
+        .bind(now_ms() + LEASE_MS)
+        .bind(worker)
+        .execute(p)
+        .await
+        .map(|done| done.rows_affected()))?;
+        Ok(renewed)
+    }
+
+    /// Whether several processes may share this queue (PostgreSQL): then recovery goes by
+    /// leases, and nothing may be swept just because this process starts.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.pool, Pool::Postgres(_))
     }
 
     /// The run with this id, if any.
@@ -245,41 +272,53 @@ impl Db {
         Ok(out)
     }
 
-    /// At start-up, before any worker claims: every run left `running` by a dead process goes
-    /// back to the queue with `recovered` set if it has had fewer than `max_attempts`
-    /// attempts, else fails with stop reason `internal_error`. Handles every running run, so
-    /// it must only be called when no other process works this database. `worker` names the
-    /// recovering process in the log.
+    /// Runs whose process is gone go back to the queue with `recovered` set if they have had
+    /// fewer than `max_attempts` attempts, else fail with stop reason `internal_error`.
+    /// Which runs those are depends on the backend: on SQLite (one process per database
+    /// file) every `running` run, so it must only be called at start-up, before any worker
+    /// claims; on PostgreSQL (processes share the queue) only the runs whose lease expired,
+    /// so any process may call it at any time. `worker` names the recovering process in
+    /// the log.
     pub async fn recover(
         &self,
         worker: &str,
         max_attempts: i64,
     ) -> Result<Vec<Recovered>, DbError> {
         let now = now_ms();
+        // On PostgreSQL a run is another process's until its lease expires.
+        // ($1, now, is bound to both statements; on SQLite it only has to be used.)
+        let orphaned = match self.pool {
+            Pool::Sqlite(_) => "$1 IS NOT NULL",
+            Pool::Postgres(_) => "(lease_expires_at IS NULL OR lease_expires_at < $1)",
+        };
+        let failed_sql = format!(
+            "UPDATE runs SET status = 'failed', stop_reason = $3, \
+             result = CASE WHEN attempts = 2 \
+               THEN '{{\"error\": \"kodx restarted twice during this run\"}}' \
+               ELSE '{{\"error\": \"kodx restarted ' || attempts || ' times during this run\"}}' \
+             END, \
+             finished_at = $1, lease_expires_at = NULL \
+             WHERE status = 'running' AND attempts >= $2 AND {orphaned} RETURNING {}",
+            run_columns!()
+        );
+        let requeued_sql = format!(
+            "UPDATE runs SET status = 'queued', recovered = 1, worker = NULL, phase = NULL, \
+             lease_expires_at = NULL \
+             WHERE status = 'running' AND {orphaned} RETURNING {}",
+            run_columns!()
+        );
         let (failed, requeued) = with_pool!(&self.pool, pool => {
             let mut tx = pool.begin().await?;
-            let failed = sqlx::query_as::<_, Run>(concat!(
-                "UPDATE runs SET status = 'failed', stop_reason = $3, \
-                 result = CASE WHEN attempts = 2 \
-                   THEN '{\"error\": \"kodx restarted twice during this run\"}' \
-                   ELSE '{\"error\": \"kodx restarted ' || attempts || ' times during this run\"}' \
-                 END, \
-                 finished_at = $1 \
-                 WHERE status = 'running' AND attempts >= $2 RETURNING ",
-                run_columns!()
-            ))
-            .bind(now)
-            .bind(max_attempts)
-            .bind(EndReason::InternalError)
-            .fetch_all(&mut *tx)
-            .await?;
-            let requeued = sqlx::query_as::<_, Run>(concat!(
-                "UPDATE runs SET status = 'queued', recovered = 1, worker = NULL, phase = NULL \
-                 WHERE status = 'running' RETURNING ",
-                run_columns!()
-            ))
-            .fetch_all(&mut *tx)
-            .await?;
+            let failed = sqlx::query_as::<_, Run>(&failed_sql)
+                .bind(now)
+                .bind(max_attempts)
+                .bind(EndReason::InternalError)
+                .fetch_all(&mut *tx)
+                .await?;
+            let requeued = sqlx::query_as::<_, Run>(&requeued_sql)
+                .bind(now)
+                .fetch_all(&mut *tx)
+                .await?;
             tx.commit().await?;
             (failed, requeued)
         });
@@ -552,7 +591,8 @@ mod tests {
             assert_eq!(claimed.id, run_id);
             db.set_phase(&run_id, "working").await.unwrap();
 
-            // The process dies; a new one starts.
+            // The process dies; a new one starts (on PostgreSQL: the lease ran out).
+            db.expire_leases().await;
             let recovered = db.recover("new-1", 2).await.unwrap();
             assert_eq!(recovered.len(), 1);
             assert_eq!(recovered[0].action, RecoveryAction::Requeued);
@@ -575,6 +615,7 @@ mod tests {
             assert!(again.recovered);
 
             // It dies again: out of attempts.
+            db.expire_leases().await;
             let recovered = db.recover("new-2", 2).await.unwrap();
             assert_eq!(recovered.len(), 1);
             assert_eq!(recovered[0].action, RecoveryAction::Failed);

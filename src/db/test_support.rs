@@ -100,6 +100,18 @@ pub(crate) async fn run_count(db: &Db) -> i64 {
 
 /// Reads what tests look at and production never asks for.
 impl Db {
+    /// Ends the lease of every running run, as if their processes had died long ago.
+    pub(crate) async fn expire_leases(&self) {
+        with_pool!(&self.pool, p => sqlx::query(
+            "UPDATE runs SET lease_expires_at = $1 WHERE status = 'running'"
+        )
+        .bind(now_ms() - 1)
+        .execute(p)
+        .await
+        .map(|done| done.rows_affected()))
+        .unwrap();
+    }
+
     /// The run's transcript records, in `seq` order.
     pub(crate) async fn transcript(&self, run_id: &str) -> Result<Vec<String>, DbError> {
         let records = with_pool!(&self.pool, p => sqlx::query_scalar("SELECT record FROM transcripts WHERE run_id = $1 ORDER BY seq")

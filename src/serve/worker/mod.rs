@@ -122,6 +122,24 @@ impl Workers {
                 }
             })
         };
+        // Leases: renewed while this process runs its runs (through the shutdown grace
+        // too); on a shared queue, runs whose lease expired are taken back as well.
+        let leases = {
+            let this = self.clone();
+            tokio::spawn(async move {
+                let every = Duration::from_millis(crate::db::LEASE_MS as u64 / 3);
+                loop {
+                    tokio::time::sleep(every).await;
+                    if let Err(e) = this.db.renew_leases(&this.worker_id).await {
+                        tracing::warn!("renewing the leases of running runs failed: {e}");
+                    }
+                    if this.db.is_shared() && !this.shutdown.is_cancelled() {
+                        this.requeue_orphans().await;
+                        this.wake.notify_one();
+                    }
+                }
+            })
+        };
         loop {
             if self.shutdown.is_cancelled() {
                 break;
@@ -154,6 +172,7 @@ impl Workers {
             self.join_all(&mut tasks).await;
         }
         pruner.abort();
+        leases.abort();
         let n = crate::sandbox::docker::remove_all_live().await;
         if n > 0 {
             tracing::info!("removed {n} sandbox container(s) at shutdown");

@@ -15,13 +15,21 @@ use super::{run_span, Workers};
 impl Workers {
     /// Runs left `running` by a dead process go back to the queue (once), and what it left
     /// behind goes: its containers and its clones. Old transcripts are pruned.
+    ///
+    /// On a queue several processes share (PostgreSQL), the installation's containers and
+    /// clones may be another live process's: only containers whose owner process is dead
+    /// on this host are removed, and only runs whose lease expired are queued again
+    /// ([`crate::db::Db::recover`]; the workers repeat that every third of a lease).
     pub async fn recover(self: &Arc<Self>) {
+        let shared = self.db.is_shared();
         let prefix = self.clone_prefix();
-        match tokio::task::spawn_blocking(move || {
-            remove_stale_clones(&std::env::temp_dir(), &prefix)
-        })
-        .await
-        {
+        let stale = if shared {
+            Ok(0)
+        } else {
+            tokio::task::spawn_blocking(move || remove_stale_clones(&std::env::temp_dir(), &prefix))
+                .await
+        };
+        match stale {
             Ok(0) => {}
             Ok(n) => tracing::info!("removed {n} clone director(ies) an earlier kodx process left"),
             Err(e) => tracing::warn!("could not remove old clones: {e}"),
@@ -29,7 +37,13 @@ impl Workers {
         if let Ok(engine) = self.engine.get().await {
             // Every container of this installation is an orphan now: no run has started
             // yet. Its earlier process may have had the same pid (PID 1 in a container).
-            match engine.sweep_instance_orphans().await {
+            // Not on a shared queue: there they may be another process's.
+            let orphans = if shared {
+                Ok(0)
+            } else {
+                engine.sweep_instance_orphans().await
+            };
+            match orphans {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(
                     "removed {n} container(s) an earlier kodx process of this installation left"
@@ -43,6 +57,12 @@ impl Workers {
             }
         }
         self.prune_transcripts().await;
+        self.requeue_orphans().await;
+    }
+
+    /// Queues again (or fails, past `max_attempts`) the runs whose process is gone, and
+    /// says so in their status comments.
+    pub(super) async fn requeue_orphans(self: &Arc<Self>) {
         let recovered = match self
             .db
             .recover(&self.worker_id, i64::from(self.settings.max_attempts))
