@@ -947,3 +947,47 @@ async fn on_postgres_recovery_takes_back_only_expired_leases() {
     assert_eq!((again.id.as_str(), again.attempts), (run_id.as_str(), 2));
     raw.close().await;
 }
+
+/// On PostgreSQL a process listening hears of a queued run and of a cancel another process
+/// recorded, and finds the cancel request on its own running run.
+#[tokio::test]
+async fn on_postgres_other_processes_hear_of_queued_runs_and_cancels() {
+    let Some(admin) = kodx::db::test_databases::postgres_admin_url() else {
+        eprintln!("SKIPPED on_postgres_other_processes_hear_of_queued_runs_and_cancels: KODX_SKIP_POSTGRES=1");
+        return;
+    };
+    let url = kodx::db::test_databases::fresh_postgres_database(&admin).await;
+    let a = Db::open(&url).await.unwrap();
+    let b = Db::open(&url).await.unwrap();
+    let mut heard = a.listen().await.unwrap().expect("PostgreSQL listens");
+    b.accept(&delivery("n-1"), Some(&new_run("code", 4)))
+        .await
+        .unwrap();
+    assert_eq!(heard_next(&mut heard).await, kodx::db::Wakeup::Queued);
+    let run = a.claim_run("process-a").await.unwrap().expect("claimed");
+    assert!(a.cancel_requests("process-a").await.unwrap().is_empty());
+    b.cancel_issue(&run.request.repo, run.request.issue_number, "bob")
+        .await
+        .unwrap();
+    assert_eq!(heard_next(&mut heard).await, kodx::db::Wakeup::Cancel);
+    assert_eq!(
+        a.cancel_requests("process-a").await.unwrap(),
+        vec![(run.id.clone(), "bob".to_owned())]
+    );
+    // SQLite has nobody else to hear from.
+    let dir = tempfile::tempdir().unwrap();
+    let lite = Db::open(&format!(
+        "sqlite://{}",
+        dir.path().join("kodx.db").display()
+    ))
+    .await
+    .unwrap();
+    assert!(lite.listen().await.unwrap().is_none());
+}
+
+async fn heard_next(heard: &mut kodx::db::Notifications) -> kodx::db::Wakeup {
+    tokio::time::timeout(Duration::from_secs(10), heard.next())
+        .await
+        .expect("a notification within 10 s")
+        .unwrap()
+}

@@ -143,3 +143,44 @@ async fn a_killed_process_run_is_finished_by_another_after_its_lease() {
     s.reaction(&s.trigger(&run), "rocket").await;
     s.finish().await;
 }
+
+/// A `/kodx cancel` taken by another process (here the test, writing to the shared queue as
+/// that process's handler does) stops the run this process is running: the request is
+/// stored on the run and announced with `NOTIFY`.
+#[tokio::test]
+async fn a_cancel_recorded_by_another_process_stops_the_run() {
+    let engine = common::require_engine!();
+    let Some(mut s) =
+        served_on_postgres("a_cancel_recorded_by_another_process_stops_the_run").await
+    else {
+        return;
+    };
+    s.github.add_issue(REPO, 7, "Slow", "", "carol");
+    s.model
+        .reply(tool("sleep 300"), "tool_use", usage(1000, 10));
+    let run = s.comment(7, "alice", "/kodx code wait a while").await;
+    s.wait_for(
+        "the first model call",
+        std::time::Duration::from_secs(120),
+        || !s.model.requests().is_empty(),
+    )
+    .await;
+    let other = s.db().await;
+    let touched = other.cancel_issue(REPO, 7, "bob").await.unwrap();
+    assert_eq!(touched.len(), 1);
+    assert!(touched[0].was_running);
+    other.close().await;
+    let done = s
+        .bot_comment_where(7, "the cancelled run", |c| {
+            c.body.contains("Cancelled by @bob")
+        })
+        .await;
+    assert!(done.body.contains("cancel"), "{}", done.body);
+    let db = s.db().await;
+    let stored = db.get_run(&run.0).await.unwrap().unwrap();
+    assert_eq!(stored.status, RunStatus::Cancelled, "{stored:?}");
+    db.close().await;
+    common::assert_gone(&engine, &format!("kodx-{}", run.0)).await;
+    s.reaction(&s.trigger(&run), "confused").await;
+    s.finish().await;
+}

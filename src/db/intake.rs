@@ -137,9 +137,10 @@ pub(super) async fn accept_writer(
 /// The group commit, written once and compiled for each backend: `$lock` is the statement
 /// that makes the batch the only writer of the queue (SQLite's first write takes its one
 /// write lock; PostgreSQL takes a transaction-scoped advisory lock, so `MAX(seq) + 1` is
-/// right across processes).
+/// right across processes); `$notify`, run before the commit when a run was queued, wakes
+/// idle workers of every process (PostgreSQL `NOTIFY`, delivered on commit).
 macro_rules! accept_batch_for {
-    ($name:ident, $trigger:ident, $db:ty, $lock:expr) => {
+    ($name:ident, $trigger:ident, $db:ty, $lock:expr, $notify:expr) => {
         /// Writes a batch in one transaction; the answers are in the order of `jobs`.
         ///
         /// Two multi-row statements per batch, whatever its size: the deliveries (`RETURNING` the
@@ -269,6 +270,14 @@ macro_rules! accept_batch_for {
                 };
                 answers[i] = Some(Accepted::DuplicateTrigger { run_id });
             }
+            if let Some(notify) = $notify {
+                if answers
+                    .iter()
+                    .any(|a| matches!(a, Some(Accepted::Queued { .. })))
+                {
+                    sqlx::query(notify).execute(&mut *tx).await?;
+                }
+            }
             tx.commit().await?;
             Ok(answers
                 .into_iter()
@@ -301,13 +310,15 @@ accept_batch_for!(
     accept_batch_sqlite,
     run_of_trigger_sqlite,
     sqlx::Sqlite,
+    None::<&str>,
     None::<&str>
 );
 accept_batch_for!(
     accept_batch_postgres,
     run_of_trigger_postgres,
     sqlx::Postgres,
-    Some(PG_INTAKE_LOCK)
+    Some(PG_INTAKE_LOCK),
+    Some(super::queue::NOTIFY_QUEUED)
 );
 
 /// A new run id: 48 random bits as 12 lowercase hex characters.

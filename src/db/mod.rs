@@ -32,6 +32,7 @@ macro_rules! with_pool {
 mod intake;
 #[macro_use]
 mod models;
+mod notify;
 mod open;
 mod queue;
 mod spend;
@@ -50,6 +51,7 @@ pub use models::{
     Accepted, CancelledRun, EndReason, Finish, InstallationRecord, NewDelivery, NewRun, Recovered,
     RecoveryAction, Run, RunCounts, RunStatus,
 };
+pub use notify::{Notifications, Wakeup};
 pub use open::{shown_url, DEFAULT_DATABASE_URL};
 pub use queue::LEASE_MS;
 

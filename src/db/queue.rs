@@ -5,6 +5,12 @@ use super::models::{CancelledRun, EndReason, Finish, Recovered, RecoveryAction, 
 use super::{found, now_ms, Db, DbError, Pool};
 use crate::agent::StopReason;
 
+/// Tells every process (PostgreSQL) that a run was queued.
+pub(super) const NOTIFY_QUEUED: &str = "SELECT pg_notify('kodx', 'queued')";
+
+/// Tells the other processes (PostgreSQL) that a running run was asked to stop.
+pub(super) const NOTIFY_CANCEL: &str = "SELECT pg_notify('kodx', 'cancel')";
+
 /// How long a claimed run stays its worker's without a renewal (unix milliseconds).
 pub const LEASE_MS: i64 = 30_000;
 
@@ -123,6 +129,19 @@ impl Db {
         Ok(renewed)
     }
 
+    /// The runs `worker` is running that someone asked to cancel, with who asked — for a
+    /// `/kodx cancel` another process received.
+    pub async fn cancel_requests(&self, worker: &str) -> Result<Vec<(String, String)>, DbError> {
+        let rows = with_pool!(&self.pool, p => sqlx::query_as(
+            "SELECT id, cancelled_by FROM runs WHERE worker = $1 AND status = 'running' \
+             AND cancelled_by IS NOT NULL",
+        )
+        .bind(worker)
+        .fetch_all(p)
+        .await)?;
+        Ok(rows)
+    }
+
     /// Whether several processes may share this queue (PostgreSQL): then recovery goes by
     /// leases, and nothing may be swept just because this process starts.
     pub fn is_shared(&self) -> bool {
@@ -210,14 +229,17 @@ impl Db {
 
     /// `/kodx cancel` on `repo`#`issue_number`: every queued `ask`/`code` run of the issue
     /// becomes `cancelled` (stop reason `cancelled`, `cancelled_by = by`); the running ones
-    /// are returned unchanged with `was_running` so the caller can stop them. Oldest first,
-    /// cancelled ones before running ones.
+    /// get `cancelled_by = by` (the request to stop, for whichever process runs them: see
+    /// [`Db::cancel_requests`]) and are returned with `was_running` so the caller can stop
+    /// them if they are its own. Oldest first, cancelled ones before running ones. On
+    /// PostgreSQL the other processes are told at once (`NOTIFY`).
     pub async fn cancel_issue(
         &self,
         repo: &str,
         issue_number: i64,
         by: &str,
     ) -> Result<Vec<CancelledRun>, DbError> {
+        let notify = self.is_shared();
         let (order, mut cancelled, running) = with_pool!(&self.pool, pool => {
             let mut tx = pool.begin().await?;
             // The queue's order (RETURNING gives none, and two runs may share a millisecond).
@@ -243,16 +265,21 @@ impl Db {
             .bind(EndReason::Agent(StopReason::Cancelled))
             .fetch_all(&mut *tx)
             .await?;
-            let running = sqlx::query_as::<_, Run>(concat!(
-                "SELECT ",
-                run_columns!(),
-                " FROM runs WHERE repo = $1 AND issue_number = $2 AND status = 'running' \
-                 AND kind IN ('ask', 'code') ORDER BY seq"
+            let mut running = sqlx::query_as::<_, Run>(concat!(
+                "UPDATE runs SET cancelled_by = COALESCE(cancelled_by, $1) \
+                 WHERE repo = $2 AND issue_number = $3 AND status = 'running' \
+                 AND kind IN ('ask', 'code') RETURNING ",
+                run_columns!()
             ))
+            .bind(by)
             .bind(repo)
             .bind(issue_number)
             .fetch_all(&mut *tx)
             .await?;
+            running.sort_by_key(|run| run.created_at);
+            if notify && !running.is_empty() {
+                sqlx::query(NOTIFY_CANCEL).execute(&mut *tx).await?;
+            }
             tx.commit().await?;
             (order, cancelled, running)
         });
@@ -554,7 +581,8 @@ mod tests {
                 assert_eq!(c.run.cancelled_by.as_deref(), Some("bob"));
                 assert!(c.run.finished_at.is_some());
             }
-            assert_eq!(out[2].run.cancelled_by, None);
+            // The running one is asked to stop, for whichever process runs it.
+            assert_eq!(out[2].run.cancelled_by.as_deref(), Some("bob"));
             assert_eq!(out[2].run.finished_at, None);
             // Nothing else was touched.
             assert_eq!(

@@ -58,4 +58,25 @@ impl Workers {
         }
         Ok(Ending::Answered(EndReason::Cancel))
     }
+
+    /// Stops this process's runs that someone asked to cancel through another process
+    /// (a shared PostgreSQL queue: the `/kodx cancel` may have been claimed anywhere).
+    pub(in crate::serve) async fn apply_cancel_requests(&self) {
+        let requests = match self.db.cancel_requests(&self.worker_id).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("reading cancel requests failed: {e}");
+                return;
+            }
+        };
+        for (run_id, by) in requests {
+            if let Some(h) = self.running.lock().expect("lock").get(&run_id) {
+                if !h.cancel.is_cancelled() {
+                    tracing::info!(run_id = %run_id, by = %by, "run cancelled by a request another process took");
+                    *h.cancelled_by.lock().expect("lock") = Some(by);
+                    h.cancel.cancel();
+                }
+            }
+        }
+    }
 }

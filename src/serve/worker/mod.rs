@@ -135,11 +135,14 @@ impl Workers {
                     }
                     if this.db.is_shared() && !this.shutdown.is_cancelled() {
                         this.requeue_orphans().await;
+                        this.apply_cancel_requests().await;
                         this.wake.notify_one();
                     }
                 }
             })
         };
+        // On a shared queue, other processes' queued runs and cancels wake this one at once.
+        let listener = tokio::spawn(self.clone().listen_for_wakeups());
         loop {
             if self.shutdown.is_cancelled() {
                 break;
@@ -173,9 +176,52 @@ impl Workers {
         }
         pruner.abort();
         leases.abort();
+        listener.abort();
         let n = crate::sandbox::docker::remove_all_live().await;
         if n > 0 {
             tracing::info!("removed {n} sandbox container(s) at shutdown");
+        }
+    }
+
+    /// Turns the database's notifications into wake-ups (PostgreSQL; returns at once on
+    /// SQLite). A lost connection is logged once per outage and retried every second;
+    /// meanwhile the one-second poll carries on.
+    async fn listen_for_wakeups(self: Arc<Self>) {
+        let mut outage = false;
+        loop {
+            match self.db.listen().await {
+                Ok(None) => return,
+                Ok(Some(mut notifications)) => {
+                    if outage {
+                        tracing::info!("listening for queue notifications again");
+                    }
+                    // Anything queued or cancelled while not listening.
+                    self.wake.notify_one();
+                    self.apply_cancel_requests().await;
+                    loop {
+                        match notifications.next().await {
+                            Ok(crate::db::Wakeup::Queued) => self.wake.notify_one(),
+                            Ok(crate::db::Wakeup::Cancel) => self.apply_cancel_requests().await,
+                            Err(e) => {
+                                tracing::warn!(
+                                    "queue notifications stopped: {e}; polling meanwhile"
+                                );
+                                outage = true;
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) if !outage => {
+                    tracing::warn!("cannot listen for queue notifications: {e}; polling meanwhile");
+                    outage = true;
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = self.shutdown.cancelled() => return,
+            }
         }
     }
 
