@@ -9,10 +9,23 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// Only receive and queue webhooks; start no workers (another process runs them, or the
-    /// webhook path is being measured).
-    #[arg(long)]
+    /// What this process does: `all` (receive webhooks and run the work), `intake` (only
+    /// receive and queue webhooks; workers elsewhere run them) or `worker` (only run
+    /// queued work; webhooks go to an intake process). Several processes need a shared
+    /// PostgreSQL DATABASE_URL.
+    #[arg(long, value_enum, default_value_t = Role::All)]
+    role: Role,
+    /// Same as `--role intake` (only receive and queue webhooks; for measuring the webhook
+    /// path, or with workers elsewhere).
+    #[arg(long, conflicts_with = "role")]
     no_workers: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Role {
+    All,
+    Intake,
+    Worker,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -51,8 +64,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             }
         }
     });
+    let role = if args.no_workers {
+        Role::Intake
+    } else {
+        args.role
+    };
     let options = ServeOptions {
-        workers: !args.no_workers,
+        workers: role != Role::Intake,
+        intake: role != Role::Worker,
         ..ServeOptions::default()
     };
     serve(config, listener, shutdown, options).await?;

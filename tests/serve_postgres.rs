@@ -184,3 +184,74 @@ async fn a_cancel_recorded_by_another_process_stops_the_run() {
     s.reaction(&s.trigger(&run), "confused").await;
     s.finish().await;
 }
+
+/// `--role intake` receives and queues; `--role worker` (another process, no webhooks) runs
+/// the work: an intake fleet with workers elsewhere.
+#[tokio::test]
+async fn an_intake_process_queues_and_a_worker_process_runs() {
+    let _engine = common::require_engine!();
+    let Some(admin) = test_databases::postgres_admin_url() else {
+        eprintln!(
+            "SKIPPED an_intake_process_queues_and_a_worker_process_runs: KODX_SKIP_POSTGRES=1"
+        );
+        return;
+    };
+    let url = test_databases::fresh_postgres_database(&admin).await;
+    // The intake: `workers: false` starts it with --no-workers, the same as --role intake.
+    let mut s = Served::start(Options {
+        workers: false,
+        database_url: Some(url),
+        ..Options::default()
+    })
+    .await;
+    s.github.add_issue(REPO, 7, "Question", "", "carol");
+    s.model.reply(
+        vec![json!({"type": "text", "text": "It makes widgets."})],
+        "end_turn",
+        usage(1000, 10),
+    );
+    let run = s.comment(7, "alice", "/kodx ask what is this?").await;
+    let db = s.db().await;
+    assert_eq!(
+        db.get_run(&run.0).await.unwrap().unwrap().status,
+        RunStatus::Queued,
+        "nothing runs it yet"
+    );
+    let (mut worker, worker_url) = s.spawn_another(&["--role", "worker"]).await;
+    let answered = s
+        .bot_comment_where(7, "the answer", |c| c.body.contains("It makes widgets."))
+        .await;
+    assert!(answered.body.contains("answered"), "{}", answered.body);
+    s.reaction(&s.trigger(&run), "rocket").await;
+    // The worker takes no webhooks, and says where they go.
+    let refused = reqwest::Client::new()
+        .post(format!("{worker_url}/webhook"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 404);
+    assert!(refused.text().await.unwrap().contains("--role worker"));
+    // Its health endpoint answers.
+    let health = reqwest::get(format!("{worker_url}/healthz")).await.unwrap();
+    assert_eq!(health.status(), 200);
+    terminate(&mut worker).await;
+    assert_eq!(
+        db.get_run(&run.0).await.unwrap().unwrap().status,
+        RunStatus::Succeeded
+    );
+    db.close().await;
+    s.finish().await;
+}
+
+/// SIGTERM, then wait: a graceful stop.
+async fn terminate(child: &mut tokio::process::Child) {
+    let pid = child.id().expect("running") as i32;
+    // SAFETY: kill(2) with a pid this test spawned and has not reaped.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait())
+        .await
+        .expect("stops within 30 s")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}

@@ -49,14 +49,31 @@ pub trait HealthCheck: Send + Sync {
     async fn docker(&self) -> Result<(), String>;
 }
 
-pub fn router(state: HttpState) -> Router {
+/// The routes; `intake: false` (`--role worker`) answers webhooks with `404`.
+pub fn router(state: HttpState, intake: bool) -> Router {
+    let webhook = if intake {
+        post(webhook)
+    } else {
+        post(not_an_intake)
+    };
     Router::new()
-        .route("/webhook", post(webhook))
-        .route("/api/github/webhooks", post(webhook))
+        .route("/webhook", webhook.clone())
+        .route("/api/github/webhooks", webhook)
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// A webhook sent to a worker-only process: nothing is read or stored.
+async fn not_an_intake() -> Response {
+    answer(
+        StatusCode::NOT_FOUND,
+        serde_json::json!({
+            "error": "this kodx serve process runs with --role worker and takes no webhooks; \
+                      point the GitHub App's webhook URL at a process with --role all or intake"
+        }),
+    )
 }
 
 fn answer(status: StatusCode, body: serde_json::Value) -> Response {

@@ -37,6 +37,10 @@ pub struct ServeOptions {
     /// Start workers. Without them webhooks are only verified and queued (for a separate
     /// worker process, or to measure the webhook path alone).
     pub workers: bool,
+    /// Receive webhooks (`--role all|intake`). A worker-only process (`--role worker`)
+    /// answers webhooks with `404`, saying where they belong, and serves health and
+    /// metrics.
+    pub intake: bool,
     /// Makes the model clients.
     pub providers: Arc<dyn ProviderFactory>,
     pub pricing: Pricing,
@@ -46,6 +50,7 @@ impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             workers: true,
+            intake: true,
             providers: Arc::new(EnvProviders),
             pricing: Pricing::builtin(),
         }
@@ -125,6 +130,7 @@ pub async fn serve(
         github = %config.github_api_url,
         database = %crate::db::shown_url(&config.database_url),
         workers = options.workers,
+        intake = options.intake,
         max_concurrent_runs = config.settings.max_concurrent_runs,
         "kodx serve is listening"
     );
@@ -136,7 +142,7 @@ pub async fn serve(
     };
     listen::serve_http(
         listener,
-        http::router(state),
+        http::router(state, options.intake),
         limits,
         metrics.connections.clone(),
         shutdown.clone(),

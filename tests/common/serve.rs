@@ -187,7 +187,7 @@ impl Served {
         let log = Arc::new(Mutex::new(String::new()));
         let (child, url) = spawn(
             &env,
-            opts.workers,
+            if opts.workers { &[] } else { &["--no-workers"] },
             opts.pid_namespace,
             opts.fd_limit,
             dir.path(),
@@ -229,7 +229,7 @@ impl Served {
     pub async fn restart(&mut self) {
         let (child, url) = spawn(
             &self.env,
-            self.workers,
+            if self.workers { &[] } else { &["--no-workers"] },
             self.pid_namespace,
             self.fd_limit,
             self.dir.path(),
@@ -238,6 +238,21 @@ impl Served {
         .await;
         self.child = child;
         self.url = url;
+    }
+
+    /// Another `kodx serve` process with `args` (e.g. `--role worker`) on the same
+    /// database, fakes and settings, logging into the same log; its URL. The test stops it
+    /// (it is killed when dropped).
+    pub async fn spawn_another(&self, args: &[&str]) -> (tokio::process::Child, String) {
+        spawn(
+            &self.env,
+            args,
+            false,
+            self.fd_limit,
+            self.dir.path(),
+            &self.log,
+        )
+        .await
     }
 
     /// The host's pid of the `kodx serve` process (inside a PID namespace it is PID 1 there,
@@ -609,7 +624,7 @@ impl Served {
 
 async fn spawn(
     env: &[(String, String)],
-    workers: bool,
+    args: &[&str],
     pid_namespace: bool,
     fd_limit: Option<u64>,
     dir: &std::path::Path,
@@ -624,10 +639,7 @@ async fn spawn(
     } else {
         tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"))
     };
-    cmd.arg("serve");
-    if !workers {
-        cmd.arg("--no-workers");
-    }
+    cmd.arg("serve").args(args);
     cmd.env_remove("PRIVATE_KEY")
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .current_dir(dir)
