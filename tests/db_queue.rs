@@ -991,3 +991,69 @@ async fn heard_next(heard: &mut kodx::db::Notifications) -> kodx::db::Wakeup {
         .expect("a notification within 10 s")
         .unwrap()
 }
+
+/// Runs starting together through several handles (processes) reserve their caps against
+/// one monthly budget: together they are granted exactly the budget, never more; a run's
+/// reservation settles to its cost when it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn budget_reservations_racing_never_overspend() {
+    const BUDGET: i64 = 1_000_000; // $1.00
+    const WANT: i64 = 300_000; // $0.30 each
+    let dir = tempfile::tempdir().unwrap();
+    for url in each_backend(dir.path()).await {
+        let handles = [
+            Db::open(&url).await.unwrap(),
+            Db::open(&url).await.unwrap(),
+            Db::open(&url).await.unwrap(),
+        ];
+        let mut runs = Vec::new();
+        for issue in 0..10 {
+            handles[0]
+                .accept(
+                    &delivery(&format!("budget-{issue}")),
+                    Some(&new_run("code", issue)),
+                )
+                .await
+                .unwrap();
+            runs.push(handles[0].claim_run("w").await.unwrap().expect("claimed"));
+        }
+        let since = 0;
+        let mut tasks = Vec::new();
+        for (i, run) in runs.iter().enumerate() {
+            let db = handles[i % 3].clone();
+            let id = run.id.clone();
+            let inst = run.request.installation_id;
+            tasks.push(tokio::spawn(async move {
+                let got = db
+                    .reserve_budget(&id, inst, since, WANT, BUDGET)
+                    .await
+                    .unwrap();
+                (id, got)
+            }));
+        }
+        let mut by_run = Vec::new();
+        for t in tasks {
+            by_run.push(t.await.unwrap());
+        }
+        let mut granted: Vec<i64> = by_run.iter().map(|(_, g)| *g).collect();
+        granted.sort_unstable();
+        assert_eq!(granted.iter().sum::<i64>(), BUDGET, "{url:.9}: {granted:?}");
+        assert_eq!(
+            granted,
+            [0, 0, 0, 0, 0, 0, 100_000, 300_000, 300_000, 300_000],
+            "{url:.9}"
+        );
+        let inst = runs[0].request.installation_id;
+        let spent = handles[1].spend_since(inst, since).await.unwrap();
+        assert!((spent - 1.0).abs() < 1e-9, "{spent}");
+        // Every run ends; one of those granted $0.30 spent $0.05, the others nothing.
+        let spender = by_run.iter().find(|(_, g)| *g == WANT).unwrap().0.clone();
+        for (id, _) in &by_run {
+            let mut fin = succeeded();
+            fin.cost_usd = if *id == spender { 0.05 } else { 0.0 };
+            assert!(handles[2].finish(id, &fin).await.unwrap());
+        }
+        let spent = handles[1].spend_since(inst, since).await.unwrap();
+        assert!((spent - 0.05).abs() < 1e-9, "settled to the cost: {spent}");
+    }
+}

@@ -54,6 +54,7 @@ pub use models::{
 pub use notify::{Notifications, Wakeup};
 pub use open::{shown_url, DEFAULT_DATABASE_URL};
 pub use queue::LEASE_MS;
+pub use spend::to_micros;
 
 /// What went wrong with the database. Messages name the path or setting to fix; they never
 /// echo a database URL that could hold a password.

@@ -202,7 +202,7 @@ impl Db {
         let changed = with_pool!(&self.pool, p => sqlx::query(
             "UPDATE runs SET status = $1, stop_reason = $2, cost_usd = $3, input_tokens = $4, \
              output_tokens = $5, cache_read_tokens = $6, cache_write_tokens = $7, \
-             api_calls = $8, result = $9, pr_url = $10, finished_at = $11 \
+             api_calls = $8, result = $9, pr_url = $10, finished_at = $11, cost_micros = $13 \
              WHERE id = $12 AND status IN ('queued', 'running')",
         )
         .bind(fin.status)
@@ -217,6 +217,7 @@ impl Db {
         .bind(&fin.pr_url)
         .bind(now_ms())
         .bind(run_id)
+        .bind(super::to_micros(fin.cost_usd))
         .execute(p).await.map(|done| done.rows_affected()))?;
         if changed == 1 {
             return Ok(true);
@@ -324,7 +325,8 @@ impl Db {
                THEN '{{\"error\": \"kodx restarted twice during this run\"}}' \
                ELSE '{{\"error\": \"kodx restarted ' || attempts || ' times during this run\"}}' \
              END, \
-             finished_at = $1, lease_expires_at = NULL \
+             finished_at = $1, lease_expires_at = NULL, \
+             cost_micros = COALESCE(reserved_micros, 0) \
              WHERE status = 'running' AND attempts >= $2 AND {orphaned} RETURNING {}",
             run_columns!()
         );

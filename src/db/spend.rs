@@ -1,7 +1,34 @@
 //! Run counts and spend, for `/metrics` and monthly budgets.
 
 use super::models::{RunCounts, RunStatus};
-use super::{Db, DbError};
+use super::{Db, DbError, Pool};
+
+/// What a run counts against its installation's monthly budget, in micro-dollars: its
+/// reservation while it is queued or running, its cost once it ended (runs written before
+/// costs were kept in micro-dollars: their `cost_usd`).
+macro_rules! counted_micros {
+    ($alias:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $alias,
+            ".status IN ('queued', 'running') \
+               THEN COALESCE(",
+            $alias,
+            ".reserved_micros, 0) \
+               ELSE COALESCE(",
+            $alias,
+            ".cost_micros, \
+                 CAST(ROUND(COALESCE(",
+            $alias,
+            ".cost_usd, 0) * 1000000) AS BIGINT)) END"
+        )
+    };
+}
+
+/// US dollars to micro-dollars, rounded up (a cost is never under-counted).
+pub fn to_micros(usd: f64) -> i64 {
+    (usd * 1_000_000.0).ceil() as i64
+}
 
 impl Db {
     /// Runs by status and total spend, for `/metrics`.
@@ -26,17 +53,86 @@ impl Db {
 
     /// What an installation's runs created at or after `since_ms` (unix milliseconds) have
     /// cost, for a monthly budget.
+    ///
+    /// Queued and running runs count what they reserved ([`Db::reserve_budget`]).
     pub async fn spend_since(&self, installation_id: i64, since_ms: i64) -> Result<f64, DbError> {
-        let spend: f64 = with_pool!(&self.pool, p => sqlx::query_scalar(
-            "SELECT COALESCE(SUM(cost_usd), 0.0) FROM runs \
-             WHERE installation_id = $1 AND created_at >= $2",
-        )
+        let micros: i64 = with_pool!(&self.pool, p => sqlx::query_scalar(concat!(
+            "SELECT CAST(COALESCE(SUM(", counted_micros!("r"), "), 0) AS BIGINT) FROM runs r \
+             WHERE r.installation_id = $1 AND r.created_at >= $2",
+        ))
         .bind(installation_id)
         .bind(since_ms)
         .fetch_one(p).await)?;
-        Ok(spend)
+        Ok(micros as f64 / 1_000_000.0)
+    }
+
+    /// Reserves up to `want_micros` of the installation's monthly budget (`budget_micros`,
+    /// spent since `since_ms`) for the running run `run_id`: what is left, at most what it
+    /// asks for, never below zero. Atomic across processes: on SQLite one statement under
+    /// the one write lock, on PostgreSQL a transaction holding the installation's advisory
+    /// lock, so two runs starting together never both get the same last dollars. Returns
+    /// the micro-dollars reserved.
+    pub async fn reserve_budget(
+        &self,
+        run_id: &str,
+        installation_id: i64,
+        since_ms: i64,
+        want_micros: i64,
+        budget_micros: i64,
+    ) -> Result<i64, DbError> {
+        macro_rules! reserve_sql {
+            ($least:literal, $greatest:literal) => {
+                concat!(
+                    "UPDATE runs SET reserved_micros = ",
+                    $least,
+                    "($1, ",
+                    $greatest,
+                    "(0, $2 - (\
+                       SELECT CAST(COALESCE(SUM(",
+                    counted_micros!("o"),
+                    "), 0) AS BIGINT) \
+                       FROM runs o WHERE o.installation_id = $3 AND o.created_at >= $4 \
+                       AND o.id <> $5))) \
+                     WHERE id = $5 RETURNING reserved_micros"
+                )
+            };
+        }
+        let granted: Option<i64> = match &self.pool {
+            Pool::Sqlite(p) => {
+                sqlx::query_scalar(reserve_sql!("MIN", "MAX"))
+                    .bind(want_micros)
+                    .bind(budget_micros)
+                    .bind(installation_id)
+                    .bind(since_ms)
+                    .bind(run_id)
+                    .fetch_optional(p)
+                    .await?
+            }
+            Pool::Postgres(p) => {
+                let mut tx = p.begin().await?;
+                // One installation's reservations one at a time, across processes.
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(BUDGET_LOCK ^ installation_id)
+                    .execute(&mut *tx)
+                    .await?;
+                let granted = sqlx::query_scalar(reserve_sql!("LEAST", "GREATEST"))
+                    .bind(want_micros)
+                    .bind(budget_micros)
+                    .bind(installation_id)
+                    .bind(since_ms)
+                    .bind(run_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                granted
+            }
+        };
+        granted.ok_or_else(|| DbError::NotFound(run_id.to_owned()))
     }
 }
+
+/// The advisory lock key space of budget reservations (xor the installation id).
+const BUDGET_LOCK: i64 = 0x4b4f_4458_0000_0000;
 
 #[cfg(test)]
 mod tests {

@@ -253,6 +253,45 @@ impl Workers {
         Ok(Admission::new(config, permission, budget, ended))
     }
 
+    /// Reserves the run's cost cap against the installation's monthly budget as it starts
+    /// (atomically, across processes: [`crate::db::Db::reserve_budget`]) and caps the run
+    /// at what it got. `Some(refusal)` when less than a cent is left.
+    pub(super) async fn reserve(
+        &self,
+        run: &Run,
+        admission: &mut Admission,
+        kind: RunKind,
+    ) -> anyhow::Result<Option<Refusal>> {
+        let Some(budget) = self.settings.monthly_budget_usd else {
+            return Ok(None);
+        };
+        let want = admission
+            .config
+            .cost_limit_for(kind, &self.settings.maxima());
+        let granted = self
+            .db
+            .reserve_budget(
+                &run.id,
+                run.request.installation_id,
+                month_start_ms(crate::db::now_ms()),
+                crate::db::to_micros(want),
+                crate::db::to_micros(budget),
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("reserving the run's budget failed: {e}"))?;
+        let left = granted as f64 / 1_000_000.0;
+        let b = Budget {
+            budget,
+            spent: budget - left,
+        };
+        if b.is_spent() {
+            tracing::info!("refused at start: monthly budget spent");
+            return Ok(Some(Refusal::BudgetSpent(b)));
+        }
+        admission.budget = Some(b);
+        Ok(None)
+    }
+
     /// The installation's monthly budget and its spend this month, if the server has one.
     async fn budget(&self, run: &Run) -> Option<Budget> {
         let budget = self.settings.monthly_budget_usd?;

@@ -107,7 +107,7 @@ impl Workers {
             .with_context(|| format!("the repository name {:?} is not valid", run.request.repo))?;
         // The admission made when the run was acknowledged, unless the run waited since (or
         // an earlier process acknowledged it): then its config and budget are read again.
-        let admission = match admission {
+        let mut admission = match admission {
             Some(a) if a.is_fresh(self.ended()) => a,
             earlier => {
                 let permission = earlier.and_then(|a| a.permission);
@@ -117,6 +117,11 @@ impl Workers {
                 }
             }
         };
+        // Its cost cap is reserved against the monthly budget now, so runs starting
+        // together (here or in other processes) cannot spend the same dollars twice.
+        if let Some(refusal) = self.reserve(run, &mut admission, kind).await? {
+            return self.refused_after_wait(run, refusal);
+        }
         let maxima = self.settings.maxima();
         *log.admission.lock().expect("lock") = Some(admission.to_json(kind, &maxima));
         let status = self.status_comment(&gh, &repo, run).await;
