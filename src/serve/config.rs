@@ -573,11 +573,15 @@ mod tests {
     #[test]
     fn repo_cache_keys_default_beside_the_database() {
         let c = ServeConfig::from_lookup(lookup(&without_config(&[]))).unwrap();
-        assert_eq!(c.settings.repo_cache_dir, Some(PathBuf::from("data/mirrors")));
+        assert_eq!(
+            c.settings.repo_cache_dir,
+            Some(PathBuf::from("data/mirrors"))
+        );
         assert_eq!(c.settings.repo_cache_max_bytes, 10 << 30);
-        let c = ServeConfig::from_lookup(lookup(&without_config(&[
-            ("DATABASE_URL", "sqlite:///var/lib/kodx/kodx.db?mode=rwc"),
-        ])))
+        let c = ServeConfig::from_lookup(lookup(&without_config(&[(
+            "DATABASE_URL",
+            "sqlite:///var/lib/kodx/kodx.db?mode=rwc",
+        )])))
         .unwrap();
         assert_eq!(
             c.settings.repo_cache_dir,
@@ -588,14 +592,20 @@ mod tests {
             ("KODX_REPO_CACHE_MAX_BYTES", "0"),
         ])))
         .unwrap();
-        assert_eq!(c.settings.repo_cache_dir, Some(PathBuf::from("/srv/mirrors")));
+        assert_eq!(
+            c.settings.repo_cache_dir,
+            Some(PathBuf::from("/srv/mirrors"))
+        );
         assert_eq!(c.settings.repo_cache_max_bytes, 0);
         let e = ServeConfig::from_lookup(lookup(&without_config(&[(
             "KODX_REPO_CACHE_MAX_BYTES",
             "10G",
         )])))
         .unwrap_err();
-        assert!(e.0.contains("KODX_REPO_CACHE_MAX_BYTES") && e.0.contains("10G"), "{e}");
+        assert!(
+            e.0.contains("KODX_REPO_CACHE_MAX_BYTES") && e.0.contains("10G"),
+            "{e}"
+        );
         let s = parse_settings(
             "repo_cache_dir = \"/tmp/m\"\nrepo_cache_max_bytes = 1048576\n",
             "kodx.toml",

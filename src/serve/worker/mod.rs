@@ -187,8 +187,10 @@ impl Workers {
     /// behind goes: its containers and its clones. Old transcripts are pruned.
     pub async fn recover(self: &Arc<Self>) {
         let prefix = self.clone_prefix();
+        let runs = self.repo_cache().map(|c| c.root().join(run::RUNS_DIR));
         match tokio::task::spawn_blocking(move || {
             remove_stale_clones(&std::env::temp_dir(), &prefix)
+                + runs.map_or(0, |dir| remove_stale_clones(&dir, &prefix))
         })
         .await
         {

@@ -14,8 +14,8 @@ use crate::db::{Db, Run, RunStatus};
 use crate::github::{GitHubError, Installation, PullInfo, RepoName};
 use crate::model::{Provider, ProviderError, Request, Response};
 use crate::program::Program;
-use crate::repo_config::{OnLimit, RepoConfig};
 use crate::repo_cache::{RepoCache, RepoKey};
+use crate::repo_config::{OnLimit, RepoConfig};
 use crate::sandbox::{RepoSource, Sandbox, SandboxError};
 use crate::serve::context::{strip_hidden, ContextComment, RunContext};
 use crate::serve::deliver::{self, Target};
@@ -163,17 +163,18 @@ impl Workers {
             metrics: self.metrics.clone(),
         };
         // Readable by this user alone: it holds a private repository. A clone from the
-        // repository cache goes beside the mirrors: on their filesystem it hard-links their
-        // packs instead of copying them.
-        let runs_dir = self.repo_cache().map(|c| c.root().join(RUNS_DIR));
-        if let Some(dir) = &runs_dir {
-            if let Err(e) = std::fs::create_dir_all(dir) {
-                return Err(RunFailure::User(format!(
+        // repository cache must be on the mirrors' filesystem to hard-link their packs
+        // instead of copying them: in the temporary directory when it is there, else beside
+        // the mirrors.
+        let runs_dir = match self.repo_cache() {
+            Some(cache) => Some(clones_dir(cache.root()).map_err(|e| {
+                RunFailure::User(format!(
                     "The repository cache has no room for this run's clone: cannot create {}: {e}; check that the data volume is writable",
-                    dir.display()
-                )));
-            }
-        }
+                    cache.root().display()
+                ))
+            })?),
+            None => None,
+        };
         let prefix = format!("{}{}-", self.clone_prefix(), run.id);
         let mut builder = tempfile::Builder::new();
         builder
@@ -606,7 +607,7 @@ impl Workers {
     }
 
     /// The repository cache, unless `repo_cache_max_bytes = 0` turned it off.
-    fn repo_cache(&self) -> Option<RepoCache> {
+    pub(super) fn repo_cache(&self) -> Option<RepoCache> {
         let dir = self.settings.repo_cache_dir.as_ref()?;
         (self.settings.repo_cache_max_bytes > 0)
             .then(|| RepoCache::new(dir, self.settings.repo_cache_max_bytes))
@@ -715,9 +716,26 @@ impl Workers {
     }
 }
 
-/// Where the runs' clones go under the repository cache's directory (a name its mirrors
-/// never take: they are `<owner>/<name>.git`, and an owner never starts with a dot).
-const RUNS_DIR: &str = ".runs";
+/// Where the runs' clones go under the repository cache's directory when the temporary
+/// directory is on another filesystem (a name its mirrors never take: they are
+/// `<owner>/<name>.git`, and an owner never starts with a dot).
+pub(super) const RUNS_DIR: &str = ".runs";
+
+/// Where a run's clone from the mirrors under `cache_root` goes: the temporary directory if
+/// it is on their filesystem (a hard link costs nothing there), else `<cache_root>/.runs`
+/// (created). `Err`: the cache's directory cannot be created.
+fn clones_dir(cache_root: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::create_dir_all(cache_root)?;
+    let tmp = std::env::temp_dir();
+    let device = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    if device(&tmp).is_some() && device(&tmp) == device(cache_root) {
+        return Ok(tmp);
+    }
+    let runs = cache_root.join(RUNS_DIR);
+    std::fs::create_dir_all(&runs)?;
+    Ok(runs)
+}
 
 /// Where a code run's change went.
 pub(super) enum Delivered {
