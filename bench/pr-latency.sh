@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Webhook → pull request opened, end to end through the real `kodx serve` (release build),
 # the real Docker engine, a real git server (git http-backend) and a scripted model that
-# answers at once; small repository and 20,000-file repository. Prints the median of each
-# phase and of the whole. Needs the Docker engine and the test images (bash .ci/run, or
+# answers at once, on a small repository, a cargo-sized one (3,000 files, 20,000 commits,
+# synthetic history via git fast-import) and a 20,000-file one. Each repository starts with
+# a cold repository cache: the first run makes the mirror, the later ones fetch. Prints each
+# phase (first run, median of later runs), queue and acknowledgement time, `/kodx ask`
+# latency from the model's last answer to the posted answer, and each figure against the
+# issue 11 target (ok/MISSED). Needs the Docker engine and the test images (bash .ci/run, or
 # tests/images/build.sh with dockerd running).
-#   KODX_BENCH_RUNS=7 bash bench/pr-latency.sh
+#   KODX_BENCH_RUNS=5 bash bench/pr-latency.sh
+#   KODX_BENCH_FILES=300 KODX_BENCH_COMMITS=500 bash bench/pr-latency.sh   # a quick look
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec cargo test --release --test bench_pr -- --ignored --nocapture --test-threads 1

@@ -1,33 +1,66 @@
 #!/usr/bin/env bash
 # Fixed overhead of one `kodx run`: process start, engine connection, container, first
-# shell, one model call answered at once by a stand-in model API on loopback, teardown.
+# shell, model calls answered at once by a stand-in model API on loopback, teardown.
 # Prints each run's wall time and the median / p95 in ms.
+#
+# With COMMANDS > 0 the stand-in asks for that many shell commands (`true`), one per
+# model call, and prints the gap per call: from its answer leaving to kodx's next request
+# arriving (kodx's turnaround: the shell round trip and building the request). WRITES
+# picks how the stand-in answers: `once` (headers and body in one write, TCP_NODELAY: as
+# a real API server) or `split` (Python http.server's default: headers and body in two
+# writes with Nagle on, which stalls on the client's delayed ACK).
 #   bash bench/run-overhead.sh [RUNS] [IMAGE]
+#   COMMANDS=10 WRITES=split bash bench/run-overhead.sh 10
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-20}
 image=${2:-kodx-test:bookworm}
+commands=${COMMANDS:-0}
+writes=${WRITES:-once}
 cargo build --release -q
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-python3 - "$port" <<'PY' &
-import http.server, json, sys
+gaps=$(mktemp)
+python3 - "$port" "$commands" "$writes" "$gaps" <<'PY' &
+import http.server, json, sys, time
+port, commands, writes, gaps = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+last = [None]
 class H(http.server.BaseHTTPRequestHandler):
+    # `split` is the stand-in as it was: HTTP/1.0 (a connection per call), two writes.
+    protocol_version = "HTTP/1.1" if writes == "once" else "HTTP/1.0"
+    disable_nagle_algorithm = writes == "once"
     def do_POST(self):
-        self.rfile.read(int(self.headers["content-length"]))
+        req = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        arrived = time.monotonic()
+        done = sum(1 for m in req["messages"] if isinstance(m.get("content"), list)
+                   for b in m["content"] if b.get("type") == "tool_result")
+        if done and last[0] is not None:
+            with open(gaps, "a") as f:
+                f.write(f"{done} {(arrived - last[0]) * 1000:.2f}\n")
+        if done < commands:
+            content = [{"type": "tool_use", "id": f"t{done}", "name": "feed_chars",
+                        "input": {"chars": "true\n"}}]
+            stop = "tool_use"
+        else:
+            content = [{"type": "text", "text": "hi"}]
+            stop = "end_turn"
         body = json.dumps({"id": "m", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
-                           "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+                           "content": content, "stop_reason": stop,
                            "usage": {"input_tokens": 10, "output_tokens": 2}}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        head = (f"{self.protocol_version} 200 OK\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\n\r\n").encode()
+        if writes == "once":
+            self.wfile.write(head + body)
+        else:
+            self.wfile.write(head)
+            self.wfile.write(body)
+        self.wfile.flush()
+        last[0] = time.monotonic()
     def log_message(self, *a):
         pass
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 PY
 server=$!
-trap 'kill $server 2>/dev/null' EXIT
+trap 'kill $server 2>/dev/null; rm -f "$gaps"' EXIT
 sleep 0.5
 export ANTHROPIC_BASE_URL="http://127.0.0.1:$port" ANTHROPIC_API_KEY=sk-ant-bench KODX_IMAGE="$image"
 times=()
@@ -44,3 +77,9 @@ printf '%s\n' "${times[@]}" | sort -n | awk -v n="$runs" '
     p95 = v[int((95 * n + 99) / 100)]
     printf "kodx run fixed overhead (%d runs): median %d ms, p95 %d ms, min %d ms, max %d ms\n", n, med, p95, v[1], v[n]
   }'
+if [ "$commands" -gt 0 ]; then
+  echo "gap per model call (stand-in answer sent → kodx's next request), median over runs, writes=$writes:"
+  sort -k1,1n -k2,2n "$gaps" | awk '
+    { k = $1; c[k]++; g[k, c[k]] = $2 }
+    END { for (k = 1; k in c; k++) printf "  call %2d: %7.2f ms\n", k + 1, g[k, int((c[k] + 1) / 2)] }'
+fi

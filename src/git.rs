@@ -1194,7 +1194,8 @@ fn clean_body(body: &str) -> String {
 /// Pushes the current branch's `HEAD` to `refs/heads/<remote_branch>` at `url`, never
 /// forcing. When the server refuses because the remote branch moved (non-fast-forward), the
 /// branch is fetched (into `refs/remotes/origin/<remote_branch>`), the local commits are
-/// rebased onto it (authors kept, committer kept with a new time), the work tree follows,
+/// rebased onto it (authors kept, committer kept with a new time), the work tree follows
+/// (only the index, in a clone without files),
 /// and the push is tried again: up to `attempts` rebases, then [`GitError::Moved`].
 ///
 /// A rebase conflict is [`GitError::Conflict`] with nothing pushed and the local branch as
@@ -1303,11 +1304,21 @@ fn rebase_head_onto(repo: &Repository, upstream: Oid) -> Result<(), GitError> {
     drop(rebase);
 
     let commit = repo.find_commit(last).map_err(other)?;
-    repo.checkout_tree(
-        commit.as_object(),
-        Some(git2::build::CheckoutBuilder::new().force()),
-    )
-    .map_err(other)?;
+    if has_files(repo) {
+        repo.checkout_tree(
+            commit.as_object(),
+            Some(git2::build::CheckoutBuilder::new().force()),
+        )
+        .map_err(other)?;
+    } else {
+        // A clone whose files were never written ([`clone_from_mirror`] without files):
+        // only the index follows; the files stay where they were, nowhere.
+        let mut index = repo.index().map_err(other)?;
+        index
+            .read_tree(&commit.tree().map_err(other)?)
+            .map_err(other)?;
+        index.write().map_err(other)?;
+    }
     let head = repo.head().map_err(other)?;
     if head.is_branch() {
         let name = head
@@ -1320,6 +1331,19 @@ fn rebase_head_onto(repo: &Repository, upstream: Oid) -> Result<(), GitError> {
         repo.set_head_detached(last).map_err(other)?;
     }
     Ok(())
+}
+
+/// Whether the work tree of `repo` holds anything besides `.git` (a clone made by
+/// [`clone_from_mirror`] without files holds nothing else).
+fn has_files(repo: &Repository) -> bool {
+    let Some(workdir) = repo.workdir() else {
+        return false;
+    };
+    std::fs::read_dir(workdir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name() != std::ffi::OsStr::new(".git"))
+    })
 }
 
 /// The URL and token of one operation, and what its callbacks learnt.

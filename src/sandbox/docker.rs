@@ -112,6 +112,8 @@ pub struct SandboxSpec {
     pub image: String,
     /// Host directory copied to `/workspace/repo`; `None` gives an empty `/workspace`.
     pub repo_dir: Option<PathBuf>,
+    /// What of `repo_dir` is copied: its files, or its `HEAD` from git objects.
+    pub repo_source: RepoSource,
     pub setup_script: Option<String>,
     pub setup_timeout: Duration,
     pub disable_network_after_setup: bool,
@@ -142,6 +144,7 @@ impl SandboxSpec {
             run_id: run_id.into(),
             image: image.into(),
             repo_dir: None,
+            repo_source: RepoSource::Files,
             setup_script: None,
             setup_timeout: Duration::from_secs(600),
             disable_network_after_setup: false,
@@ -155,6 +158,19 @@ impl SandboxSpec {
             archive_limits: ArchiveLimits::default(),
         }
     }
+}
+
+/// How [`SandboxSpec::repo_dir`] becomes `/workspace/repo`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RepoSource {
+    /// The directory's files as they are on disk, `.git` included (`kodx run`).
+    #[default]
+    Files,
+    /// A git clone whose files need not be on disk (`kodx serve`'s clone from the
+    /// repository cache): the tree of the commit its `HEAD` names is streamed from the git
+    /// objects straight into the container, with the clone's `.git`
+    /// ([`archive::pack_checkout_to`]). The tree is written once, in the container.
+    GitHead,
 }
 
 /// Capabilities kept: what `apt-get`, `pip`, `chown` and servers on high ports need.
@@ -190,14 +206,19 @@ struct PackTask {
 }
 
 impl PackTask {
-    fn start(dir: PathBuf) -> PackTask {
+    fn start(dir: PathBuf, source: RepoSource, limits: ArchiveLimits) -> PackTask {
         let (tx, body) = tokio::sync::mpsc::channel(PIPE_CHUNKS);
         let task = tokio::task::spawn_blocking(move || {
             let mut pipe = Pipe {
                 tx,
                 buf: BytesMut::new(),
             };
-            let packed = archive::pack_dir_to(&dir, REPO_PREFIX, &mut pipe);
+            let packed = match source {
+                RepoSource::Files => archive::pack_dir_to(&dir, REPO_PREFIX, &mut pipe),
+                RepoSource::GitHead => {
+                    archive::pack_checkout_to(&dir, REPO_PREFIX, &limits, &mut pipe)
+                }
+            };
             if let Err(e) = &packed {
                 // Ends the upload with an error rather than a short tar.
                 let _ = pipe.tx.blocking_send(Err(io::Error::other(e.to_string())));
@@ -573,7 +594,10 @@ impl Engine {
             }
         }
         // Pack on a blocking thread, streamed into the upload once the container runs.
-        let pack = spec.repo_dir.clone().map(PackTask::start);
+        let pack = spec
+            .repo_dir
+            .clone()
+            .map(|dir| PackTask::start(dir, spec.repo_source, spec.archive_limits.clone()));
         self.ensure_image(&spec.image, &mut progress).await?;
         let workdir = if spec.repo_dir.is_some() {
             "/workspace/repo"

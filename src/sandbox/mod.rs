@@ -19,7 +19,7 @@ use async_trait::async_trait;
 
 pub use archive::{Change, ChangeKind, ChangeSet, Contents, Exported, NewEntry};
 pub use docker::{
-    DiskGuard, DockerSandbox, Engine, NetworkMode, ResourceLimits, SandboxSpec,
+    DiskGuard, DockerSandbox, Engine, NetworkMode, RepoSource, ResourceLimits, SandboxSpec,
     DEFAULT_MAX_DISK_BYTES,
 };
 pub use error::{Result, SandboxError};

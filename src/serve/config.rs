@@ -94,6 +94,14 @@ pub struct Settings {
     /// connections. Past it the connection holding the most is refused (`503`), so small
     /// deliveries get through while big unsigned ones are dropped.
     pub unverified_body_bytes: usize,
+    /// Where the repository cache keeps one bare mirror per repository
+    /// (`KODX_REPO_CACHE_DIR` sets it too). Unset: `mirrors/` next to the SQLite database
+    /// (`data/mirrors` by default).
+    pub repo_cache_dir: Option<PathBuf>,
+    /// Bytes all mirrors together may take before the least recently used go
+    /// (`KODX_REPO_CACHE_MAX_BYTES` sets it too); `0` turns the cache off: every run clones
+    /// over the network into a temporary directory.
+    pub repo_cache_max_bytes: u64,
 }
 
 impl Default for Settings {
@@ -121,6 +129,8 @@ impl Default for Settings {
             header_timeout_secs: 10.0,
             body_timeout_secs: 15.0,
             unverified_body_bytes: 64 * 1024 * 1024,
+            repo_cache_dir: None,
+            repo_cache_max_bytes: crate::repo_cache::DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -307,6 +317,19 @@ impl ServeConfig {
         if let Some(image) = get("KODX_IMAGE") {
             settings.image = image;
         }
+        if let Some(dir) = get("KODX_REPO_CACHE_DIR") {
+            settings.repo_cache_dir = Some(PathBuf::from(dir));
+        }
+        if let Some(bytes) = get("KODX_REPO_CACHE_MAX_BYTES") {
+            settings.repo_cache_max_bytes = bytes.trim().parse().map_err(|_| {
+                ConfigError(format!(
+                    "KODX_REPO_CACHE_MAX_BYTES must be a number of bytes (0 turns the repository cache off), got {bytes:?}"
+                ))
+            })?;
+        }
+        if settings.repo_cache_dir.is_none() {
+            settings.repo_cache_dir = Some(data_dir(&database_url).join("mirrors"));
+        }
         Ok(ServeConfig {
             app_id: app_id.expect("checked"),
             private_key: private_key.expect("checked"),
@@ -318,6 +341,26 @@ impl ServeConfig {
             config_file,
             settings,
         })
+    }
+}
+
+/// The directory the SQLite database of `database_url` is in (`data` when it has none,
+/// e.g. in memory): where the server keeps what it keeps on disk.
+pub fn data_dir(database_url: &str) -> PathBuf {
+    let url = database_url.trim();
+    let lower = url.to_ascii_lowercase();
+    let rest = if lower.starts_with("sqlite://") {
+        &url["sqlite://".len()..]
+    } else if lower.starts_with("sqlite:") {
+        &url["sqlite:".len()..]
+    } else {
+        ""
+    };
+    let path = rest.split('?').next().unwrap_or("");
+    match Path::new(path).parent() {
+        Some(dir) if path != ":memory:" && !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ if path != ":memory:" && !path.is_empty() => PathBuf::from("."),
+        _ => PathBuf::from("data"),
     }
 }
 
@@ -525,6 +568,53 @@ mod tests {
                 "{mode:?}, repository asks for the cut: {repo_cut}"
             );
         }
+    }
+
+    #[test]
+    fn repo_cache_keys_default_beside_the_database() {
+        let c = ServeConfig::from_lookup(lookup(&without_config(&[]))).unwrap();
+        assert_eq!(
+            c.settings.repo_cache_dir,
+            Some(PathBuf::from("data/mirrors"))
+        );
+        assert_eq!(c.settings.repo_cache_max_bytes, 10 << 30);
+        let c = ServeConfig::from_lookup(lookup(&without_config(&[(
+            "DATABASE_URL",
+            "sqlite:///var/lib/kodx/kodx.db?mode=rwc",
+        )])))
+        .unwrap();
+        assert_eq!(
+            c.settings.repo_cache_dir,
+            Some(PathBuf::from("/var/lib/kodx/mirrors"))
+        );
+        let c = ServeConfig::from_lookup(lookup(&without_config(&[
+            ("KODX_REPO_CACHE_DIR", "/srv/mirrors"),
+            ("KODX_REPO_CACHE_MAX_BYTES", "0"),
+        ])))
+        .unwrap();
+        assert_eq!(
+            c.settings.repo_cache_dir,
+            Some(PathBuf::from("/srv/mirrors"))
+        );
+        assert_eq!(c.settings.repo_cache_max_bytes, 0);
+        let e = ServeConfig::from_lookup(lookup(&without_config(&[(
+            "KODX_REPO_CACHE_MAX_BYTES",
+            "10G",
+        )])))
+        .unwrap_err();
+        assert!(
+            e.0.contains("KODX_REPO_CACHE_MAX_BYTES") && e.0.contains("10G"),
+            "{e}"
+        );
+        let s = parse_settings(
+            "repo_cache_dir = \"/tmp/m\"\nrepo_cache_max_bytes = 1048576\n",
+            "kodx.toml",
+        )
+        .unwrap();
+        assert_eq!(s.repo_cache_dir, Some(PathBuf::from("/tmp/m")));
+        assert_eq!(s.repo_cache_max_bytes, 1 << 20);
+        assert_eq!(data_dir("sqlite::memory:"), PathBuf::from("data"));
+        assert_eq!(data_dir("sqlite://kodx.db"), PathBuf::from("."));
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod fake_openai;
 pub mod git_server;
 pub mod net;
 pub mod serve;
+pub mod synthetic;
 
 use std::collections::HashMap;
 use std::time::Duration;

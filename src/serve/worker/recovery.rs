@@ -23,11 +23,17 @@ impl Workers {
     pub async fn recover(self: &Arc<Self>) {
         let shared = self.db.is_shared();
         let prefix = self.clone_prefix();
+        let runs = self
+            .repo_cache()
+            .map(|c| c.root().join(super::run::RUNS_DIR));
         let stale = if shared {
             Ok(0)
         } else {
-            tokio::task::spawn_blocking(move || remove_stale_clones(&std::env::temp_dir(), &prefix))
-                .await
+            tokio::task::spawn_blocking(move || {
+                remove_stale_clones(&std::env::temp_dir(), &prefix)
+                    + runs.map_or(0, |dir| remove_stale_clones(&dir, &prefix))
+            })
+            .await
         };
         match stale {
             Ok(0) => {}

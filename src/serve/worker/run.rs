@@ -14,8 +14,9 @@ use crate::db::{Db, Run, RunStatus};
 use crate::github::{GitHubError, Installation, PullInfo, RepoName};
 use crate::model::{Provider, ProviderError, Request, Response};
 use crate::program::Program;
+use crate::repo_cache::{RepoCache, RepoKey};
 use crate::repo_config::{OnLimit, RepoConfig};
-use crate::sandbox::{Sandbox, SandboxError};
+use crate::sandbox::{RepoSource, Sandbox, SandboxError};
 use crate::serve::context::{strip_hidden, ContextComment, RunContext};
 use crate::serve::deliver::{self, Target};
 use crate::serve::messages;
@@ -164,12 +165,29 @@ impl Workers {
             inner: provider,
             metrics: self.metrics.clone(),
         };
-        // Readable by this user alone: it holds a private repository.
-        let workdir = match tempfile::Builder::new()
-            .prefix(&format!("{}{}-", self.clone_prefix(), run.id))
-            .permissions(std::fs::Permissions::from_mode(0o700))
-            .tempdir()
-        {
+        // Readable by this user alone: it holds a private repository. A clone from the
+        // repository cache must be on the mirrors' filesystem to hard-link their packs
+        // instead of copying them: in the temporary directory when it is there, else beside
+        // the mirrors.
+        let runs_dir = match self.repo_cache() {
+            Some(cache) => Some(clones_dir(cache.root()).map_err(|e| {
+                RunFailure::User(format!(
+                    "The repository cache has no room for this run's clone: cannot create {}: {e}; check that the data volume is writable",
+                    cache.root().display()
+                ))
+            })?),
+            None => None,
+        };
+        let prefix = format!("{}{}-", self.clone_prefix(), run.id);
+        let mut builder = tempfile::Builder::new();
+        builder
+            .prefix(&prefix)
+            .permissions(std::fs::Permissions::from_mode(0o700));
+        let made = match &runs_dir {
+            Some(dir) => builder.tempdir_in(dir),
+            None => builder.tempdir(),
+        };
+        let workdir = match made {
             Ok(d) => d,
             Err(e) => {
                 return Err(RunFailure::Internal(anyhow::anyhow!(
@@ -180,27 +198,75 @@ impl Workers {
         let dest = workdir.path().join("repo");
         let token = gh.token().expose_secret().to_string();
         timings.add("prepare", prepare_started.elapsed());
-        let clone_started = Instant::now();
-        let cloned = {
-            let dest = dest.clone();
-            let url = clone_url.clone();
-            tokio::task::spawn_blocking(move || {
-                crate::git::clone(&url, &token, &dest, &checkout, depth)
-            })
-            .await
+        let source = match self.repo_cache() {
+            Some(cache) => {
+                let key = RepoKey::parse(&run.request.repo).map_err(|e| {
+                    RunFailure::User(format!("The repository cache refused this run: {e}"))
+                })?;
+                let checked = {
+                    let dest = dest.clone();
+                    let url = clone_url.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let first = !cache.mirror_path(&key).exists();
+                        cache
+                            .checkout(&key, &url, &token, &checkout, &dest, false)
+                            .map(|c| (c, first))
+                    })
+                    .await
+                };
+                match checked {
+                    Ok(Ok((c, first))) => {
+                        // A first download of the whole history is a clone; later ones
+                        // fetch what the mirror lacks.
+                        timings.add(if first { "clone" } else { "fetch" }, c.fetch_took);
+                        timings.add("checkout", c.clone_took);
+                        tracing::info!(
+                            head = %c.commit,
+                            fetched = c.fetched,
+                            objects = c.received_objects,
+                            bytes = c.received_bytes,
+                            recovery = ?c.recovery,
+                            "checked out from the repository cache"
+                        );
+                        RepoSource::GitHead
+                    }
+                    Ok(Err(e)) => {
+                        return Err(RunFailure::User(messages::clone_failed(&e.to_string())))
+                    }
+                    Err(e) => {
+                        return Err(RunFailure::Internal(anyhow::anyhow!(
+                            "the clone task failed: {e}"
+                        )))
+                    }
+                }
+            }
+            None => {
+                let clone_started = Instant::now();
+                let cloned = {
+                    let dest = dest.clone();
+                    let url = clone_url.clone();
+                    tokio::task::spawn_blocking(move || {
+                        crate::git::clone(&url, &token, &dest, &checkout, depth)
+                    })
+                    .await
+                };
+                match cloned {
+                    Ok(Ok(c)) => {
+                        timings.add("clone", clone_started.elapsed());
+                        tracing::info!(head = %c.head_sha, "cloned")
+                    }
+                    Ok(Err(e)) => {
+                        return Err(RunFailure::User(messages::clone_failed(&e.to_string())))
+                    }
+                    Err(e) => {
+                        return Err(RunFailure::Internal(anyhow::anyhow!(
+                            "the clone task failed: {e}"
+                        )))
+                    }
+                }
+                RepoSource::Files
+            }
         };
-        match cloned {
-            Ok(Ok(c)) => {
-                timings.add("clone", clone_started.elapsed());
-                tracing::info!(head = %c.head_sha, "cloned")
-            }
-            Ok(Err(e)) => return Err(RunFailure::User(messages::clone_failed(&e.to_string()))),
-            Err(e) => {
-                return Err(RunFailure::Internal(anyhow::anyhow!(
-                    "the clone task failed: {e}"
-                )))
-            }
-        }
         if cancel.is_cancelled() {
             return Ok(self.cancelled_early(run, cost_limit, program));
         }
@@ -216,6 +282,7 @@ impl Workers {
         };
         let mut spec = plan.sandbox.clone();
         spec.repo_dir = Some(dest.clone());
+        spec.repo_source = source;
         if run.attempts > 1 {
             // An earlier attempt's container (whoever made it) would hold the name.
             match engine.remove_run_containers(&spec.run_id).await {
@@ -327,8 +394,8 @@ impl Workers {
             let delivered = match changes {
                 Ok(changes) => {
                     self.deliver(
-                        run, &repo, &dest, &clone_url, &target, changes, &done, draft, partial,
-                        timings,
+                        run, &repo, &dest, source, &clone_url, &target, changes, &done, draft,
+                        partial, timings,
                     )
                     .await
                 }
@@ -358,14 +425,16 @@ impl Workers {
         Ok(Ending::Work { status, done })
     }
 
-    /// Applies a code run's change set to the host clone, commits it, pushes it and opens
-    /// (or finds) the pull request. `Err` is the sentence the status comment shows.
+    /// Commits a code run's change set in the run's clone (applied to its files, or for a
+    /// clone from the repository cache onto its commit from the objects), pushes it and
+    /// opens (or finds) the pull request. `Err` is the sentence the status comment shows.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn deliver(
         &self,
         run: &Run,
         repo: &RepoName,
         dest: &std::path::Path,
+        source: RepoSource,
         clone_url: &str,
         target: &Target,
         changes: crate::sandbox::archive::ChangeSet,
@@ -423,9 +492,11 @@ impl Workers {
             type Pushed = Option<(String, String, Duration, Duration)>;
             tokio::task::spawn_blocking(move || -> Result<Pushed, String> {
                 let started = Instant::now();
-                changes
-                    .apply(&dest)
-                    .map_err(|e| format!("The changes could not be applied to the clone: {e}"))?;
+                if source == RepoSource::Files {
+                    changes.apply(&dest).map_err(|e| {
+                        format!("The changes could not be applied to the clone: {e}")
+                    })?;
+                }
                 let request = crate::git::CommitRequest {
                     author: crate::git::Identity {
                         name: identity_name,
@@ -436,8 +507,14 @@ impl Workers {
                     trailers: &trailers,
                     max_file_bytes,
                 };
-                let Some(commit) = crate::git::commit_all(&dest, &request)
-                    .map_err(|e| format!("The change could not be committed: {e}"))?
+                let committed = match source {
+                    RepoSource::Files => crate::git::commit_all(&dest, &request),
+                    // The clone has no files: the change set goes onto the commit the
+                    // container was given, from the objects.
+                    RepoSource::GitHead => crate::git::commit_change_set(&dest, &changes, &request),
+                };
+                let Some(commit) =
+                    committed.map_err(|e| format!("The change could not be committed: {e}"))?
                 else {
                     return Ok(None);
                 };
@@ -515,6 +592,13 @@ impl Workers {
                 "Pushed the change to branch `{branch}`, but opening the pull request failed: {e}"
             )),
         }
+    }
+
+    /// The repository cache, unless `repo_cache_max_bytes = 0` turned it off.
+    pub(super) fn repo_cache(&self) -> Option<RepoCache> {
+        let dir = self.settings.repo_cache_dir.as_ref()?;
+        (self.settings.repo_cache_max_bytes > 0)
+            .then(|| RepoCache::new(dir, self.settings.repo_cache_max_bytes))
     }
 
     /// A run whose config or budget changed while it waited: it ends as it did before
@@ -618,6 +702,27 @@ impl Workers {
             })
             .collect())
     }
+}
+
+/// Where the runs' clones go under the repository cache's directory when the temporary
+/// directory is on another filesystem (a name its mirrors never take: they are
+/// `<owner>/<name>.git`, and an owner never starts with a dot).
+pub(super) const RUNS_DIR: &str = ".runs";
+
+/// Where a run's clone from the mirrors under `cache_root` goes: the temporary directory if
+/// it is on their filesystem (a hard link costs nothing there), else `<cache_root>/.runs`
+/// (created). `Err`: the cache's directory cannot be created.
+fn clones_dir(cache_root: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::create_dir_all(cache_root)?;
+    let tmp = std::env::temp_dir();
+    let device = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    if device(&tmp).is_some() && device(&tmp) == device(cache_root) {
+        return Ok(tmp);
+    }
+    let runs = cache_root.join(RUNS_DIR);
+    std::fs::create_dir_all(&runs)?;
+    Ok(runs)
 }
 
 /// Where a code run's change went.
