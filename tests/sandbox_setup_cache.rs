@@ -495,3 +495,61 @@ async fn a_served_run_says_whether_the_setup_came_from_the_cache() {
         }
     }
 }
+
+/// `kodx run --setup-cache`: the second run on the same checkout skips the script and says
+/// so; the shell sees the setup's one run.
+#[tokio::test]
+async fn kodx_run_with_setup_cache_skips_the_script_the_second_time() {
+    use common::fake_anthropic::FakeAnthropic;
+    let engine = common::require_engine!();
+    let _lock = cache_lock(false);
+    const KEY: &str = "sk-ant-cli-test-0123456789";
+    let fake = FakeAnthropic::start(KEY).await;
+    let repo = repo();
+    let dir = tempfile::tempdir().unwrap();
+    let setup = dir.path().join("setup.sh");
+    std::fs::write(&setup, "echo run >> /var/tmp/setup-runs\n").unwrap();
+    let mut stderrs = Vec::new();
+    for i in 0..2 {
+        fake.reply(
+            vec![tool(&format!("t{i}"), "cat /var/tmp/setup-runs")],
+            "tool_use",
+            common::serve::usage(100, 5),
+        );
+        fake.answer_from_last_tool_result(|out| format!("RUNS<<{out}>>"));
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"))
+            .env("ANTHROPIC_BASE_URL", &fake.url)
+            .env("ANTHROPIC_API_KEY", KEY)
+            .env("KODX_IMAGE", image())
+            .env_remove("KODX_PRICING")
+            .stdin(std::process::Stdio::null())
+            .args(["run", "-p", "how often did setup run?", "--setup-cache"])
+            .arg("--repo-dir")
+            .arg(repo.path())
+            .arg("--setup-script")
+            .arg(&setup)
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("RUNS<<run\n[exit status: 0]>>"),
+            "{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        stderrs.push(stderr);
+    }
+    assert!(!stderrs[0].contains("setup cache"), "{}", stderrs[0]);
+    assert!(
+        stderrs[1].contains("the setup came from the setup cache"),
+        "{}",
+        stderrs[1]
+    );
+    let scope = std::fs::canonicalize(repo.path())
+        .unwrap()
+        .display()
+        .to_string();
+    assert_eq!(images_of(&engine, &scope).await.len(), 1);
+    remove_images_of(&engine, &scope).await;
+}
