@@ -27,11 +27,14 @@ fn cache_lock(exclusive: bool) -> std::fs::File {
         .write(true)
         .open(path)
         .unwrap();
-    if exclusive {
-        f.lock().unwrap();
+    use std::os::fd::AsRawFd;
+    let op = if exclusive {
+        libc::LOCK_EX
     } else {
-        f.lock_shared().unwrap();
-    }
+        libc::LOCK_SH
+    };
+    // SAFETY: flock on a descriptor this function owns; released when the file closes.
+    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), op) }, 0, "locking");
     f
 }
 
