@@ -671,9 +671,16 @@ impl Engine {
         patterns.extend(cache.key_files.iter().cloned());
         let files = match spec.repo_dir.clone() {
             Some(dir) => {
-                match tokio::task::spawn_blocking(move || setup_cache::key_files(&dir, &patterns))
-                    .await
-                {
+                // From where the copy-in takes the files: the disk, or a clone's objects
+                // when nothing is checked out.
+                let read = move || {
+                    if setup_cache::only_git(&dir) {
+                        setup_cache::key_files_at_head(&dir, &patterns)
+                    } else {
+                        setup_cache::key_files(&dir, &patterns)
+                    }
+                };
+                match tokio::task::spawn_blocking(read).await {
                     Ok(Ok(files)) => files,
                     Ok(Err(e)) => {
                         tracing::warn!("setup cache off for this run: {e}");

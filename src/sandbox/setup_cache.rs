@@ -303,6 +303,82 @@ pub fn key_files(root: &Path, patterns: &[String]) -> Result<Vec<KeyFile>> {
     Ok(found.into_values().collect())
 }
 
+/// Whether `dir` holds a clone with nothing checked out (only `.git`): its files are in its
+/// git objects, and the copy-in takes them from there.
+pub fn only_git(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    let names: Vec<_> = entries.flatten().map(|e| e.file_name()).collect();
+    names.len() == 1 && names[0] == ".git"
+}
+
+/// As [`key_files`], from the tree of the commit `HEAD` points at in the repository at
+/// `repo_dir` (a clone whose files are not on disk). A symlink is its target text, as on
+/// disk; submodules and trees are left out.
+pub fn key_files_at_head(repo_dir: &Path, patterns: &[String]) -> Result<Vec<KeyFile>> {
+    let failed = |e: git2::Error| {
+        SandboxError::InvalidInput(format!(
+            "reading the key files from {}: {}",
+            repo_dir.display(),
+            e.message()
+        ))
+    };
+    let repo = git2::Repository::open(repo_dir).map_err(failed)?;
+    let tree = repo.head().and_then(|h| h.peel_to_tree()).map_err(failed)?;
+    let mut found = std::collections::BTreeMap::new();
+    let mut listed = 0usize;
+    for pattern in patterns {
+        check_pattern(pattern).map_err(SandboxError::InvalidInput)?;
+        // (path, tree id) of the directories matched so far.
+        let mut dirs = vec![(String::new(), tree.id())];
+        let parts: Vec<&str> = pattern.split('/').collect();
+        for (i, part) in parts.iter().enumerate() {
+            let last = i + 1 == parts.len();
+            let mut next = Vec::new();
+            for (dir, id) in &dirs {
+                let t = repo.find_tree(*id).map_err(failed)?;
+                for entry in t.iter() {
+                    listed += 1;
+                    if listed > MAX_LISTED {
+                        return Err(SandboxError::InvalidInput(format!(
+                            "setup_cache_key_files: the patterns look at more than {MAX_LISTED} names; name the files more precisely"
+                        )));
+                    }
+                    let Ok(name) = entry.name() else { continue };
+                    if !matches(part, name) {
+                        continue;
+                    }
+                    let rel = if dir.is_empty() {
+                        name.to_string()
+                    } else {
+                        format!("{dir}/{name}")
+                    };
+                    let mode = entry.filemode();
+                    if !last {
+                        if mode == 0o040000 {
+                            next.push((rel, entry.id()));
+                        }
+                    } else if (mode & 0o170000 == 0o100000 || mode == 0o120000)
+                        && !found.contains_key(&rel)
+                    {
+                        let blob = repo.find_blob(entry.id()).map_err(failed)?;
+                        let digest: [u8; 32] = Sha256::digest(blob.content()).into();
+                        found.insert(rel.clone(), KeyFile { path: rel, digest });
+                        if found.len() > MAX_KEY_FILES {
+                            return Err(SandboxError::InvalidInput(format!(
+                                "setup_cache_key_files: more than {MAX_KEY_FILES} files match; name fewer"
+                            )));
+                        }
+                    }
+                }
+            }
+            dirs = next;
+        }
+    }
+    Ok(found.into_values().collect())
+}
+
 /// Whether every component of `rel` (a directory under `root`) is a real directory.
 fn real_dir(root: &Path, rel: &str) -> bool {
     let mut path = root.to_path_buf();
@@ -769,6 +845,50 @@ mod tests {
         let flask: [u8; 32] = Sha256::digest(b"flask\n").into();
         assert_eq!(found[3].digest, flask);
         assert!(key_files(root, &["../x".to_string()]).is_err());
+    }
+
+    #[test]
+    fn key_files_from_head_match_those_on_disk() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("work");
+        std::fs::create_dir_all(root.join("packages/a")).unwrap();
+        std::fs::write(root.join("requirements.txt"), "flask\n").unwrap();
+        std::fs::write(root.join("Cargo.lock"), "lock\n").unwrap();
+        std::fs::write(root.join("packages/a/package.json"), "{}").unwrap();
+        std::fs::write(root.join("other.txt"), "x").unwrap();
+        std::os::unix::fs::symlink("Cargo.lock", root.join("Cargo.toml")).unwrap();
+        let git = |args: &[&str], dir: &Path| {
+            let ok = std::process::Command::new("git")
+                .args(["-c", "user.name=t", "-c", "user.email=t@e"])
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .unwrap();
+            assert!(ok.status.success(), "{ok:?}");
+        };
+        git(&["init", "-q"], &root);
+        git(&["add", "-A"], &root);
+        git(&["commit", "-qm", "c"], &root);
+        let mut patterns: Vec<String> = DEFAULT_KEY_FILES.iter().map(|s| s.to_string()).collect();
+        patterns.push("packages/*/package.json".into());
+        let on_disk = key_files(&root, &patterns).unwrap();
+        assert_eq!(on_disk.len(), 4);
+        // A clone with nothing checked out.
+        let bare = tmp.path().join("clone");
+        git(
+            &[
+                "clone",
+                "-q",
+                "--no-checkout",
+                root.to_str().unwrap(),
+                bare.to_str().unwrap(),
+            ],
+            tmp.path(),
+        );
+        assert!(only_git(&bare));
+        assert!(!only_git(&root));
+        assert_eq!(key_files(&bare, &patterns).unwrap(), []);
+        assert_eq!(key_files_at_head(&bare, &patterns).unwrap(), on_disk);
     }
 
     #[test]
