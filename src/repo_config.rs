@@ -27,6 +27,11 @@ pub struct RepoConfig {
     pub image: Option<String>,
     pub setup_script: Option<String>,
     pub disable_network_after_setup: Option<bool>,
+    /// `setup_cache: false` turns the setup cache off for the repository.
+    pub setup_cache: Option<bool>,
+    /// Files the setup depends on besides the default lockfiles and manifests: paths or
+    /// patterns (`*`, `?` within one component) relative to the root.
+    pub setup_cache_key_files: Vec<String>,
     pub model: Option<String>,
     pub cost_limit: CostLimits,
     pub max_iterations: Option<u32>,
@@ -191,6 +196,8 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "image",
     "setup_script",
     "disable_network_after_setup",
+    "setup_cache",
+    "setup_cache_key_files",
     "model",
     "cost_limit",
     "max_iterations",
@@ -204,12 +211,14 @@ const TOP_LEVEL_KEYS: &[&str] = &[
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, model, cost_limit, max_iterations, ask_permission, pr)"
+    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr)"
 )]
 struct RawRepoConfig {
     image: Option<Text>,
     setup_script: Option<Text>,
     disable_network_after_setup: Option<bool>,
+    setup_cache: Option<bool>,
+    setup_cache_key_files: Option<KeyFiles>,
     model: Option<Text>,
     cost_limit: Option<RawCostLimits>,
     max_iterations: Option<Iterations>,
@@ -254,6 +263,8 @@ impl RawRepoConfig {
             image: self.image.map(|t| t.0),
             setup_script: self.setup_script.map(|t| t.0),
             disable_network_after_setup: self.disable_network_after_setup,
+            setup_cache: self.setup_cache,
+            setup_cache_key_files: self.setup_cache_key_files.map(|k| k.0).unwrap_or_default(),
             model: self.model.map(|t| t.0),
             cost_limit,
             max_iterations: self.max_iterations.map(|i| i.0),
@@ -272,6 +283,36 @@ struct Text(String);
 impl<'de> Deserialize<'de> for Text {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_any(StrVisitor("a string", |s| Ok(Text(s.to_string()))))
+    }
+}
+
+/// `setup_cache_key_files`: at most [`MAX_KEY_PATTERNS`] relative paths or patterns.
+///
+/// [`MAX_KEY_PATTERNS`]: crate::sandbox::setup_cache::MAX_KEY_PATTERNS
+struct KeyFiles(Vec<String>);
+
+/// One `setup_cache_key_files` entry.
+struct KeyFile(String);
+
+impl<'de> Deserialize<'de> for KeyFile {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrVisitor("a path relative to the repository root", |s| {
+            crate::sandbox::setup_cache::check_pattern(s).map(|()| KeyFile(s.to_string()))
+        }))
+    }
+}
+
+impl<'de> Deserialize<'de> for KeyFiles {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use crate::sandbox::setup_cache::MAX_KEY_PATTERNS;
+        let list: Vec<KeyFile> = Vec::deserialize(deserializer)?;
+        if list.len() > MAX_KEY_PATTERNS {
+            return Err(serde::de::Error::custom(format!(
+                "must list at most {MAX_KEY_PATTERNS} paths, got {}",
+                list.len()
+            )));
+        }
+        Ok(KeyFiles(list.into_iter().map(|k| k.0).collect()))
     }
 }
 
@@ -471,6 +512,8 @@ pr: { draft: false, branch_prefix: kodx/ }
                 image: Some("python:3.12".into()),
                 setup_script: Some("pip install -r requirements.txt\n".into()),
                 disable_network_after_setup: Some(true),
+                setup_cache: None,
+                setup_cache_key_files: Vec::new(),
                 model: Some("claude-sonnet-4-5".into()),
                 cost_limit: CostLimits {
                     code: Some(2.0),
@@ -648,6 +691,27 @@ pr: { draft: false, branch_prefix: kodx/ }
                 1,
                 &["\"disable_network_after_setup\""],
             ),
+            ("setup_cache: sometimes\n", 1, &["\"setup_cache\""]),
+            (
+                "setup_cache_key_files: go.sum\n",
+                1,
+                &["\"setup_cache_key_files\"", "sequence"],
+            ),
+            (
+                "model: x\nsetup_cache_key_files: [\"../secrets\"]\n",
+                2,
+                &["\"setup_cache_key_files", "\"..\""],
+            ),
+            (
+                "setup_cache_key_files: [\"/etc/passwd\"]\n",
+                1,
+                &["\"setup_cache_key_files", "relative"],
+            ),
+            (
+                "setup_cache_key_files: [\"**/package.json\"]\n",
+                1,
+                &["\"setup_cache_key_files", "only the wildcards"],
+            ),
             (
                 "pr: true\n",
                 1,
@@ -721,6 +785,25 @@ pr: { draft: false, branch_prefix: kodx/ }
         assert_eq!(c.cost_limit_for(RunKind::Code, &MAXIMA), 3.0);
         assert_eq!(c.cost_limit_for(RunKind::Ask, &MAXIMA), 1.0);
         assert_eq!(c.max_iterations(&MAXIMA), 7);
+    }
+
+    #[test]
+    fn setup_cache_keys_parse_and_are_bounded() {
+        let c = RepoConfig::parse(
+            "setup_cache: false\nsetup_cache_key_files: [tools/versions.txt, \"requirements/*.txt\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.setup_cache, Some(false));
+        assert_eq!(
+            c.setup_cache_key_files,
+            ["tools/versions.txt", "requirements/*.txt"]
+        );
+        let d = RepoConfig::default();
+        assert_eq!((d.setup_cache, d.setup_cache_key_files.len()), (None, 0));
+        let many: Vec<String> = (0..65).map(|i| format!("f{i}")).collect();
+        let (line, shown) = err(&format!("setup_cache_key_files: [{}]\n", many.join(", ")));
+        assert_eq!(line, Some(1), "{shown}");
+        assert!(shown.contains("at most 64 paths, got 65"), "{shown}");
     }
 
     #[test]

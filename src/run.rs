@@ -46,6 +46,11 @@ pub struct RunArgs {
     /// Cut the container's network after the setup script.
     #[arg(long)]
     disable_network_after_setup: bool,
+    /// Keep the container after a successful setup script as a local image
+    /// (`kodx-setup:…`) and start from it next time the image, the script, this checkout's
+    /// path and its lockfiles are the same (the script is then skipped).
+    #[arg(long)]
+    setup_cache: bool,
     /// The container's network: on, setup-only (cut after the setup script), off (none,
     /// not even for setup). The host, link-local and private ranges are never reachable.
     #[arg(long, default_value = "on", value_parser = clap::builder::PossibleValuesParser::new(NetworkMode::NAMES))]
@@ -316,6 +321,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let provider = provider_for(&program)?;
     spec.repo_dir = repo.clone();
+    if args.setup_cache {
+        // Shared only by runs on the same checkout directory.
+        let scope = match &repo {
+            Some(dir) => std::fs::canonicalize(dir)
+                .unwrap_or_else(|_| dir.clone())
+                .display()
+                .to_string(),
+            None => String::new(),
+        };
+        spec.setup_cache = Some(kodx::sandbox::SetupCacheSpec::new(scope));
+    }
 
     let mut transcript = match &args.transcript {
         Some(path) => Some(std::io::BufWriter::new(
@@ -333,7 +349,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .start_with_progress(&spec, |line| out.note(&format!("kodx: {line}")))
         .await
     {
-        Ok(sb) => sb,
+        Ok(sb) => {
+            if sb.setup_report().cache == kodx::sandbox::SetupCacheUse::Hit {
+                out.note("kodx: the setup came from the setup cache (the script did not run)");
+            }
+            sb
+        }
         Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {
             out.note(&format!("kodx: {e}"));
             let outcome = Outcome {

@@ -24,6 +24,7 @@ use futures_util::StreamExt;
 
 use super::archive::{self, ArchiveLimits, ChangeSet, Exported, Manifest};
 use super::net::{self, Cidr, NETWORK_NAME};
+use super::setup_cache::{self, SetupCacheSpec, SetupCacheUse, SetupReport};
 use super::shell::{self, FeedOutput, Shell};
 use super::term;
 use super::{Result, Sandbox, SandboxError};
@@ -133,6 +134,9 @@ pub struct SandboxSpec {
     /// Refused, the watchdog applies.
     pub disk_quota: Option<bool>,
     pub limits: ResourceLimits,
+    /// Keep the result of a successful setup script as a local image and start from it
+    /// when the key matches ([`setup_cache`]); `None`: off.
+    pub setup_cache: Option<SetupCacheSpec>,
     /// Bytes of output one `feed_chars` returns at most (the middle is cut past that).
     pub output_cap: usize,
     pub archive_limits: ArchiveLimits,
@@ -154,6 +158,7 @@ impl SandboxSpec {
             disk_check_interval: Duration::from_secs(10),
             disk_quota: None,
             limits: ResourceLimits::default(),
+            setup_cache: None,
             output_cap: 20_000,
             archive_limits: ArchiveLimits::default(),
         }
@@ -599,6 +604,7 @@ impl Engine {
             .clone()
             .map(|dir| PackTask::start(dir, spec.repo_source, spec.archive_limits.clone()));
         self.ensure_image(&spec.image, &mut progress).await?;
+        let cache = self.setup_cache_plan(spec).await;
         let workdir = if spec.repo_dir.is_some() {
             "/workspace/repo"
         } else {
@@ -614,9 +620,34 @@ impl Engine {
             )?)
         };
         progress("creating container");
-        let (id, guard) = self
-            .create_container(spec, workdir, network.as_ref().map(|(n, _)| n.id.as_str()))
-            .await?;
+        let mut cache = cache;
+        let network_id = network.as_ref().map(|(n, _)| n.id.as_str());
+        let created = match cache.as_ref().and_then(|c| c.hit.as_deref()) {
+            Some(cached) => {
+                match self
+                    .create_container(spec, cached, workdir, network_id)
+                    .await
+                {
+                    Ok(c) => Ok(c),
+                    // Evicted by another process since the lookup: set up as without it.
+                    Err(e) => {
+                        tracing::warn!(
+                            "the cached setup image is gone ({e}); running the setup script"
+                        );
+                        if let Some(c) = cache.as_mut() {
+                            c.hit = None;
+                        }
+                        self.create_container(spec, &spec.image, workdir, network_id)
+                            .await
+                    }
+                }
+            }
+            None => {
+                self.create_container(spec, &spec.image, workdir, network_id)
+                    .await
+            }
+        };
+        let (id, guard) = created?;
         let sandbox = DockerSandbox::new(self.docker.clone(), id, spec, workdir, guard);
         if guard == DiskGuard::Watchdog {
             if let Some(limit) = spec.max_disk_bytes {
@@ -625,7 +656,7 @@ impl Engine {
         }
         let network = network.as_ref().map(|(n, addrs)| (n, addrs.as_slice()));
         let prepared = tokio::select! {
-            r = self.prepare(&sandbox, spec, pack, network, &mut progress) => r,
+            r = self.prepare(&sandbox, spec, cache.as_ref(), pack, network, &mut progress) => r,
             e = sandbox.disk_exceeded() => Err(e),
         };
         // A setup script killed by the watchdog fails too: the disk limit is the reason.
@@ -642,10 +673,83 @@ impl Engine {
         }
     }
 
-    /// Makes the container; returns its id and how its disk use is bounded.
+    /// What the setup cache has for `spec`: `None` when it is off for this run (not asked
+    /// for, no setup script, or the key cannot be made: then the run sets up as without it).
+    async fn setup_cache_plan(&self, spec: &SandboxSpec) -> Option<CachePlan> {
+        let (cache, script) = (spec.setup_cache.as_ref()?, spec.setup_script.as_ref()?);
+        let base = match self.docker.inspect_image(&spec.image).await {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::warn!(
+                    "setup cache off for this run: inspecting {}: {e}",
+                    spec.image
+                );
+                return None;
+            }
+        };
+        let base_id = base.id?;
+        let mut patterns: Vec<String> = setup_cache::DEFAULT_KEY_FILES
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        patterns.extend(cache.key_files.iter().cloned());
+        let files = match spec.repo_dir.clone() {
+            Some(dir) => {
+                // From where the copy-in takes the files: the disk, or a clone's objects
+                // when nothing is checked out.
+                let read = move || {
+                    if setup_cache::only_git(&dir) {
+                        setup_cache::key_files_at_head(&dir, &patterns)
+                    } else {
+                        setup_cache::key_files(&dir, &patterns)
+                    }
+                };
+                match tokio::task::spawn_blocking(read).await {
+                    Ok(Ok(files)) => files,
+                    Ok(Err(e)) => {
+                        tracing::warn!("setup cache off for this run: {e}");
+                        return None;
+                    }
+                    Err(e) => {
+                        tracing::warn!("setup cache off for this run: {e}");
+                        return None;
+                    }
+                }
+            }
+            None => Vec::new(),
+        };
+        // One installation's images never serve another's runs on a shared engine.
+        let scope = format!(
+            "{}\n{}",
+            self.instance.as_deref().unwrap_or(""),
+            cache.scope
+        );
+        let key = setup_cache::cache_key(&setup_cache::KeyInputs {
+            image_id: &base_id,
+            scope: &scope,
+            script,
+            network: !spec.no_network,
+            files: &files,
+        });
+        let hit = setup_cache::lookup(&self.docker, &key).await;
+        if hit.is_some() {
+            setup_cache::touch(&self.docker, &key).await;
+        }
+        tracing::info!(key = %&key[..16], hit = hit.is_some(), files = files.len(), "setup cache");
+        Some(CachePlan {
+            key,
+            base_id,
+            base_config: base.config.unwrap_or_default(),
+            hit,
+            spec: cache.clone(),
+        })
+    }
+
+    /// Makes the container from `image`; returns its id and how its disk use is bounded.
     async fn create_container(
         &self,
         spec: &SandboxSpec,
+        image: &str,
         workdir: &str,
         network: Option<&str>,
     ) -> Result<(String, DiskGuard)> {
@@ -673,7 +777,7 @@ impl Engine {
             ..Default::default()
         };
         let body = ContainerCreateBody {
-            image: Some(spec.image.clone()),
+            image: Some(image.to_string()),
             // Keeps the container alive without anything installed in the image; the
             // engine's init (PID 1) reaps what the model's shells leave behind.
             cmd: Some(vec![
@@ -749,11 +853,14 @@ impl Engine {
         &self,
         sandbox: &DockerSandbox,
         spec: &SandboxSpec,
+        cache: Option<&CachePlan>,
         pack: Option<PackTask>,
         network: Option<(&net::SandboxNetwork, &[std::net::Ipv4Addr])>,
         progress: &mut impl FnMut(&str),
     ) -> Result<()> {
         let id = sandbox.id.as_str();
+        let hit = cache.is_some_and(|c| c.hit.is_some());
+        let cleaned = std::sync::Mutex::new(None);
         // The fence's helper container is made while the sandbox starts, so only the
         // helper's own start is left for after.
         let fencing = async {
@@ -798,10 +905,23 @@ impl Engine {
             // kodx's own files in /tmp: the shells' rc file and the setup script.
             // Uploaded at `/` so that an image without /tmp gets one.
             let mut files = vec![("tmp/.kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
-            if let Some(script) = &spec.setup_script {
-                files.push(("tmp/setup.sh", script.as_bytes(), 0o700));
+            match &spec.setup_script {
+                Some(script) if !hit => files.push(("tmp/setup.sh", script.as_bytes(), 0o700)),
+                _ => {}
             }
             upload(&self.docker, id, "/", archive::pack_files(&files)).await?;
+            if hit {
+                // The checkout the cached setup ran on goes before this run's comes in.
+                let started = std::time::Instant::now();
+                exec_checked(
+                    &self.docker,
+                    id,
+                    &format!("sh {}", setup_cache::CLEAN_SCRIPT),
+                    "clearing the cached image's workspace",
+                )
+                .await?;
+                *cleaned.lock().unwrap() = Some(started.elapsed());
+            }
             if let Some(PackTask { task, body }) = pack {
                 progress("copying the repository");
                 let chunks = futures_util::stream::unfold(body, |mut rx| async move {
@@ -836,16 +956,70 @@ impl Engine {
             Ok(())
         };
         tokio::try_join!(fence, files)?;
-        if let Some(_script) = &spec.setup_script {
-            progress("running the setup script");
-            run_setup(&self.docker, id, &sandbox.workdir, spec.setup_timeout).await?;
-        }
+        let report = match (&spec.setup_script, cache) {
+            (Some(_), Some(_)) if hit => SetupReport {
+                cache: SetupCacheUse::Hit,
+                took: cleaned.into_inner().unwrap(),
+            },
+            (Some(_), cache) => {
+                progress("running the setup script");
+                let started = std::time::Instant::now();
+                run_setup(&self.docker, id, &sandbox.workdir, spec.setup_timeout).await?;
+                let took = started.elapsed();
+                if let Some(plan) = cache {
+                    progress("saving the setup to the cache");
+                    if let Err(e) = self.save_setup(sandbox, plan).await {
+                        tracing::warn!("the setup was not cached: {e}");
+                    }
+                }
+                SetupReport {
+                    cache: if cache.is_some() {
+                        SetupCacheUse::Miss
+                    } else {
+                        SetupCacheUse::Off
+                    },
+                    took: Some(took),
+                }
+            }
+            (None, _) => SetupReport::default(),
+        };
+        *sandbox.setup.lock().unwrap() = report;
         if spec.disable_network_after_setup && !spec.no_network {
             progress("cutting the network");
             cut_network(&self.docker, id).await?;
         }
         progress("starting the shell");
         sandbox.create_new_shell("default").await?;
+        Ok(())
+    }
+
+    /// Commits the container after its setup as the cached image of `plan`'s key, then
+    /// evicts what is over the cache's bounds.
+    async fn save_setup(&self, sandbox: &DockerSandbox, plan: &CachePlan) -> Result<()> {
+        let script = {
+            let baseline = sandbox.baseline.lock().unwrap();
+            setup_cache::clean_script(&sandbox.workdir, &baseline)
+        };
+        let files = [(&setup_cache::CLEAN_SCRIPT[1..], script.as_bytes(), 0o644)];
+        upload(&self.docker, &sandbox.id, "/", archive::pack_files(&files)).await?;
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let config = setup_cache::committed_config(
+            &plan.base_config,
+            &plan.key,
+            &plan.spec.scope,
+            &plan.base_id,
+            created,
+        );
+        let image = setup_cache::commit(&self.docker, &sandbox.id, &plan.key, config).await?;
+        tracing::info!(image = %image, key = %&plan.key[..16], "setup cached");
+        let removed =
+            setup_cache::evict(&self.docker, plan.spec.max_images, plan.spec.max_bytes).await?;
+        if removed > 0 {
+            tracing::info!("evicted {removed} setup cache image(s)");
+        }
         Ok(())
     }
 
@@ -1071,6 +1245,52 @@ async fn upload(docker: &Docker, id: &str, path: &str, tar: Vec<u8>) -> Result<(
         .map_err(|e| SandboxError::docker(format!("copying files to {path} in the container"), e))
 }
 
+/// What the setup cache has for one run ([`Engine::setup_cache_plan`]).
+struct CachePlan {
+    key: String,
+    base_id: String,
+    base_config: bollard::models::ImageConfig,
+    /// The cached image's id when there is one.
+    hit: Option<String>,
+    spec: SetupCacheSpec,
+}
+
+/// Runs `sh -c command` in the container to its end; fails unless it exits 0.
+async fn exec_checked(docker: &Docker, id: &str, command: &str, what: &str) -> Result<()> {
+    let exec = docker
+        .create_exec(
+            id,
+            CreateExecOptions {
+                cmd: Some(vec!["/bin/sh", "-c", command]),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| SandboxError::docker(what, e))?;
+    if let StartExecResults::Attached { mut output, .. } =
+        docker
+            .start_exec(&exec.id, None)
+            .await
+            .map_err(|e| SandboxError::docker(what, e))?
+    {
+        while let Some(Ok(_)) = output.next().await {}
+    }
+    let code = docker
+        .inspect_exec(&exec.id)
+        .await
+        .map_err(|e| SandboxError::docker(what, e))?
+        .exit_code
+        .unwrap_or(-1);
+    if code != 0 {
+        return Err(SandboxError::InvalidInput(format!(
+            "{what}: exit code {code}"
+        )));
+    }
+    Ok(())
+}
+
 fn upload_options(path: &str) -> UploadToContainerOptions {
     UploadToContainerOptions {
         path: path.to_string(),
@@ -1272,6 +1492,8 @@ pub struct DockerSandbox {
     watchdog: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Set by the watchdog when the disk limit was passed: (limit, bytes written).
     disk_tripped: tokio::sync::watch::Sender<Option<(u64, u64)>>,
+    /// How the setup went (the cache's part in it).
+    setup: Mutex<SetupReport>,
 }
 
 /// Most shells one sandbox keeps at once.
@@ -1298,11 +1520,17 @@ impl DockerSandbox {
             disk_guard,
             watchdog: Mutex::new(None),
             disk_tripped: tokio::sync::watch::Sender::new(None),
+            setup: Mutex::new(SetupReport::default()),
         }
     }
 
     pub fn container_id(&self) -> &str {
         &self.id
+    }
+
+    /// Whether the setup came from the cache, and how long it took.
+    pub fn setup_report(&self) -> SetupReport {
+        *self.setup.lock().unwrap()
     }
 
     /// How this sandbox's disk use is bounded: the engine's quota or kodx's watchdog.

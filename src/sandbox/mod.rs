@@ -9,6 +9,7 @@ pub mod docker;
 pub mod error;
 pub mod gitconfig;
 pub mod net;
+pub mod setup_cache;
 pub mod shell;
 pub mod term;
 
@@ -24,6 +25,7 @@ pub use docker::{
 };
 pub use error::{Result, SandboxError};
 pub use net::Cidr;
+pub use setup_cache::{SetupCacheSpec, SetupCacheUse, SetupReport};
 pub use shell::{FeedOutput, ShellStatus};
 
 /// The shell `feed_chars` uses when the model names none.

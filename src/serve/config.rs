@@ -102,6 +102,11 @@ pub struct Settings {
     /// (`KODX_REPO_CACHE_MAX_BYTES` sets it too); `0` turns the cache off: every run clones
     /// over the network into a temporary directory.
     pub repo_cache_max_bytes: u64,
+    // ---- the setup cache (sandbox::setup_cache); 0 in either turns it off ----
+    /// Cached setup images kept at most, least recently used removed first.
+    pub setup_cache_max_images: usize,
+    /// Bytes of cached setup layers kept at most.
+    pub setup_cache_max_bytes: u64,
 }
 
 impl Default for Settings {
@@ -131,6 +136,8 @@ impl Default for Settings {
             unverified_body_bytes: 64 * 1024 * 1024,
             repo_cache_dir: None,
             repo_cache_max_bytes: crate::repo_cache::DEFAULT_MAX_BYTES,
+            setup_cache_max_images: crate::sandbox::setup_cache::DEFAULT_MAX_IMAGES,
+            setup_cache_max_bytes: crate::sandbox::setup_cache::DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -141,6 +148,11 @@ impl Settings {
             cost_limit: self.max_cost_limit,
             max_iterations: self.max_iterations,
         }
+    }
+
+    /// Whether runs may use the setup cache at all.
+    pub fn setup_cache_on(&self) -> bool {
+        self.setup_cache_max_images > 0 && self.setup_cache_max_bytes > 0
     }
 
     pub fn status_interval(&self) -> Duration {
@@ -615,6 +627,32 @@ mod tests {
         assert_eq!(s.repo_cache_max_bytes, 1 << 20);
         assert_eq!(data_dir("sqlite::memory:"), PathBuf::from("data"));
         assert_eq!(data_dir("sqlite://kodx.db"), PathBuf::from("."));
+    }
+
+    #[test]
+    fn setup_cache_settings() {
+        let d = Settings::default();
+        assert!(d.setup_cache_on());
+        assert_eq!(
+            (d.setup_cache_max_images, d.setup_cache_max_bytes),
+            (20, 20 << 30)
+        );
+        let s = parse_settings(
+            "setup_cache_max_images = 3\nsetup_cache_max_bytes = 1000000\n",
+            "kodx.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            (s.setup_cache_max_images, s.setup_cache_max_bytes),
+            (3, 1_000_000)
+        );
+        assert!(s.setup_cache_on());
+        let off = parse_settings("setup_cache_max_images = 0\n", "kodx.toml").unwrap();
+        assert!(!off.setup_cache_on());
+        let off = parse_settings("setup_cache_max_bytes = 0\n", "kodx.toml").unwrap();
+        assert!(!off.setup_cache_on());
+        let e = parse_settings("setup_cache_max_images = -1\n", "kodx.toml").unwrap_err();
+        assert!(e.0.contains("line 1"), "{e}");
     }
 
     #[test]

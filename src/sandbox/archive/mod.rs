@@ -121,6 +121,11 @@ impl Manifest {
         self.entries.is_empty()
     }
 
+    /// Every path with its entry, in path order.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &ManifestEntry)> + '_ {
+        self.entries.iter().map(|(p, e)| (p.as_str(), e))
+    }
+
     /// The entry at `path` (relative, e.g. "src/main.rs").
     pub fn get(&self, path: &str) -> Option<&ManifestEntry> {
         self.entries.get(path)

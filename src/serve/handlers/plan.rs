@@ -10,7 +10,8 @@ use crate::cost::Pricing;
 use crate::git::Checkout;
 use crate::github::PullInfo;
 use crate::program::{self, Overrides, Plan, Program};
-use crate::repo_config::OnLimit;
+use crate::repo_config::{OnLimit, RepoConfig};
+use crate::sandbox::SetupCacheSpec;
 use crate::serve::config::Settings;
 use crate::serve::context::RunContext;
 use crate::serve::deliver::{self, Target};
@@ -55,7 +56,7 @@ pub(in crate::serve) fn prepare(
         .run_kind()
         .expect("only ask and code runs are planned");
     let config = &admission.config;
-    let plan = program_plan(run_id, kind, admission, settings, pricing)
+    let mut plan = program_plan(run_id, kind, admission, settings, pricing)
         .map_err(|e| RunFailure::User(messages::model_without_price(&e.to_string())))?;
     let default_checkout = if request.is_pull_request {
         // The PR head from the base repository (refs/pull/N/head): a fork is never cloned
@@ -102,6 +103,7 @@ pub(in crate::serve) fn prepare(
             }),
         ),
     };
+    plan.sandbox.setup_cache = setup_cache(&request.repo, &checkout, config, settings);
     Ok(RunPlan {
         kind,
         plan,
@@ -111,6 +113,30 @@ pub(in crate::serve) fn prepare(
         target,
         draft: config.pr.draft,
         on_limit: config.pr.on_limit,
+    })
+}
+
+/// The setup cache of a run on `repo` (`None`: off, by the server or the repository). A
+/// pull request's head is its own scope: what the setup made from a fork's (or any PR's)
+/// code never serves a run on the repository's own branches, nor another PR.
+pub(in crate::serve) fn setup_cache(
+    repo: &str,
+    checkout: &Checkout,
+    config: &RepoConfig,
+    settings: &Settings,
+) -> Option<SetupCacheSpec> {
+    if !settings.setup_cache_on() || config.setup_cache == Some(false) {
+        return None;
+    }
+    let scope = match checkout {
+        Checkout::PullHead(n) => format!("{repo}#pull/{n}"),
+        _ => repo.to_string(),
+    };
+    Some(SetupCacheSpec {
+        scope,
+        key_files: config.setup_cache_key_files.clone(),
+        max_images: settings.setup_cache_max_images,
+        max_bytes: settings.setup_cache_max_bytes,
     })
 }
 
@@ -321,6 +347,61 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn setup_cache_follows_server_and_repository_and_scopes_pull_heads() {
+        let settings = Settings::default();
+        let config = RepoConfig {
+            setup_cache_key_files: vec!["tools/*.txt".into()],
+            ..Default::default()
+        };
+        let on = setup_cache("acme/widgets", &Checkout::DefaultBranch, &config, &settings)
+            .expect("on by default");
+        assert_eq!(on.scope, "acme/widgets");
+        assert_eq!(on.key_files, ["tools/*.txt"]);
+        assert_eq!((on.max_images, on.max_bytes), (20, 20 << 30));
+        let branch = setup_cache(
+            "acme/widgets",
+            &Checkout::Branch("b".into()),
+            &config,
+            &settings,
+        );
+        assert_eq!(branch.unwrap().scope, "acme/widgets");
+        let pr = setup_cache("acme/widgets", &Checkout::PullHead(7), &config, &settings);
+        assert_eq!(pr.unwrap().scope, "acme/widgets#pull/7");
+        let repo_off = RepoConfig {
+            setup_cache: Some(false),
+            ..Default::default()
+        };
+        assert_eq!(
+            setup_cache(
+                "acme/widgets",
+                &Checkout::DefaultBranch,
+                &repo_off,
+                &settings
+            ),
+            None
+        );
+        let server_off = Settings {
+            setup_cache_max_images: 0,
+            ..Settings::default()
+        };
+        assert_eq!(
+            setup_cache(
+                "acme/widgets",
+                &Checkout::DefaultBranch,
+                &config,
+                &server_off
+            ),
+            None
+        );
+        // Through the whole plan: an issue run's sandbox has it.
+        let plan = plan_of(code(), None, config);
+        assert_eq!(
+            plan.plan.sandbox.setup_cache.map(|c| c.scope).as_deref(),
+            Some("acme/widgets")
+        );
     }
 
     /// `kodx serve` and `kodx run` make a run's sandbox and agent settings with the same

@@ -56,6 +56,8 @@ pub(in crate::serve) struct RunLog {
     pub timings: Timings,
     /// The admission it ran under ([`super::gate::Admission::to_json`]).
     pub admission: Mutex<Option<serde_json::Value>>,
+    /// Whether the setup came from the cache: `hit`, `miss` or `off` (`None`: no container).
+    pub setup_cache: Mutex<Option<&'static str>>,
 }
 
 /// How long each phase of a run took (stored with its result, logged, and read by
@@ -156,6 +158,7 @@ impl Workers {
                 "model": o.model,
                 "timings_ms": log.timings.to_json(),
                 "admission": log.admission.lock().expect("lock").clone(),
+                "setup_cache": *log.setup_cache.lock().expect("lock"),
             })
             .to_string(),
             pr_url: done.pr_url.clone(),

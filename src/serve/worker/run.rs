@@ -298,7 +298,13 @@ impl Workers {
         };
         let sandbox = match sandbox {
             Ok(s) => {
+                let setup = s.setup_report();
+                // The container phase is the whole start; the setup is its part.
                 timings.add("container", setup_started.elapsed());
+                if let Some(took) = setup.took {
+                    timings.add(setup.phase(), took);
+                }
+                *log.setup_cache.lock().expect("lock") = Some(setup.cache.as_str());
                 s
             }
             Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {
