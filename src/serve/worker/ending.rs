@@ -55,6 +55,11 @@ pub(in crate::serve) struct RunLog {
     pub timings: Timings,
     /// The admission it ran under ([`super::gate::Admission::to_json`]).
     pub admission: Mutex<Option<serde_json::Value>>,
+    /// The branch a code run pushed its change to (what `/kodx continue` goes on from).
+    pub branch: Mutex<Option<String>>,
+    /// For `/kodx continue`: the run it went on with, the first request and what the
+    /// parts before cost.
+    pub continues: Mutex<Option<serde_json::Value>>,
 }
 
 /// How long each phase of a run took (stored with its result, logged, and read by
@@ -158,6 +163,8 @@ impl Workers {
                 "model": o.model,
                 "timings_ms": log.timings.to_json(),
                 "admission": log.admission.lock().expect("lock").clone(),
+                "branch": log.branch.lock().expect("lock").clone(),
+                "continues": log.continues.lock().expect("lock").clone(),
             })
             .to_string(),
             pr_url: done.pr_url.clone(),

@@ -110,6 +110,8 @@ pub(in crate::serve) enum Refusal {
     InvalidConfig(RepoConfigError),
     /// The command could not be read (empty, too long): the sentence saying why.
     BadRequest(String),
+    /// `/kodx continue` has nothing it can go on with, or asks for too much.
+    CannotContinue(crate::serve::handlers::continue_run::CannotContinue),
 }
 
 impl Refusal {
@@ -120,7 +122,7 @@ impl Refusal {
             Refusal::NotPermitted { .. } => EndReason::NotPermitted,
             Refusal::BudgetSpent(_) => EndReason::BudgetSpent,
             Refusal::InvalidConfig(_) => EndReason::InvalidConfig,
-            Refusal::BadRequest(_) => EndReason::Refused,
+            Refusal::BadRequest(_) | Refusal::CannotContinue(_) => EndReason::Refused,
         }
     }
 
@@ -139,6 +141,9 @@ impl Refusal {
             }
             Refusal::InvalidConfig(e) => json!({ "refused": reason, "error": e.to_string() }),
             Refusal::BadRequest(why) => json!({ "refused": reason, "error": why }),
+            Refusal::CannotContinue(why) => {
+                json!({ "refused": reason, "error": why.to_string() })
+            }
         }
     }
 
@@ -165,6 +170,7 @@ impl Refusal {
                 "kodx cannot run because the repository's configuration is invalid:\n\n```\n{e}\n```\n\nFix `{}` on the default branch and run the command again.",
                 RepoConfig::PATH
             ),
+            Refusal::CannotContinue(why) => format!("kodx did not continue: {why}."),
             Refusal::BadRequest(why) => format!(
                 "@{} kodx did not start: {}.",
                 comment::redact(author),
@@ -363,7 +369,9 @@ pub(in crate::serve) fn not_permitted(
         _ => "people with write, maintain or admin access to this repository",
     };
     let what = match kind {
-        JobKind::Ask | JobKind::Code | JobKind::Cancel => format!("`/kodx {kind}`"),
+        JobKind::Ask | JobKind::Code | JobKind::Continue | JobKind::Cancel => {
+            format!("`/kodx {kind}`")
+        }
         _ => "kodx".to_string(),
     };
     format!(

@@ -24,7 +24,10 @@ use super::ending::{RunLog, Timings};
 use super::gate::Admission;
 use super::gate::Refusal;
 use super::{run_kind, zero_outcome, Acked, Ending, RunFailure, RunHandle, Workers};
+use crate::model::Message;
+use crate::serve::handlers::continue_run;
 use crate::serve::handlers::plan::{prepare, RunPlan};
+use crate::serve::job::Job;
 use anyhow::Context as _;
 
 impl Workers {
@@ -122,6 +125,27 @@ impl Workers {
         };
         let maxima = self.settings.maxima();
         *log.admission.lock().expect("lock") = Some(admission.to_json(kind, &maxima));
+        // `/kodx continue`: the stopped run it goes on with, checked before anything shows.
+        let resumption = match &run.request.job {
+            Job::Continue { more } => {
+                let resumption = self
+                    .resumption(run)
+                    .await
+                    .context("reading the stopped run from the database failed")?
+                    .map_err(Refusal::CannotContinue)?;
+                let limits = continue_run::limits(*more, &admission, &maxima)
+                    .map_err(Refusal::CannotContinue)?;
+                let earlier = &resumption.earlier;
+                *log.branch.lock().expect("lock") = Some(earlier.branch.clone());
+                *log.continues.lock().expect("lock") = Some(serde_json::json!({
+                    "run": earlier.id,
+                    "request": earlier.request,
+                    "cost_usd": earlier.cost,
+                }));
+                Some((resumption, limits))
+            }
+            _ => None,
+        };
         self.edit_phase(&gh, &repo, run, &Phase::SettingUp).await;
         let _ = self.db.set_phase(&run.id, "setting_up").await;
 
@@ -130,6 +154,18 @@ impl Workers {
             .context(&gh, &repo, run)
             .await
             .context("reading the issue from GitHub failed")?;
+        let mut run_plan = prepare(
+            &run.id,
+            &run.request,
+            &admission,
+            &context,
+            pull.as_ref(),
+            &self.settings,
+            &self.pricing,
+        )?;
+        if let Some((resumption, (cost, steps))) = &resumption {
+            continue_run::resume_plan(&mut run_plan, &resumption.earlier, *cost, *steps);
+        }
         let RunPlan {
             kind,
             plan,
@@ -140,15 +176,7 @@ impl Workers {
             draft,
             on_limit,
             ..
-        } = prepare(
-            &run.id,
-            &run.request,
-            &admission,
-            &context,
-            pull.as_ref(),
-            &self.settings,
-            &self.pricing,
-        )?;
+        } = run_plan;
         let cost_limit = plan.agent.cost_limit;
         let clone_url = run.request.clone_url.clone();
         let program = &plan.program;
@@ -285,9 +313,13 @@ impl Workers {
             cancel: cancel.clone(),
         };
         let agent_started = Instant::now();
+        let (messages, earlier) = match resumption {
+            Some((r, _)) => (r.messages, Some(r.earlier)),
+            None => (vec![Message::user_text(&prompt)], None),
+        };
         let outcome = agent
-            .run(
-                &prompt,
+            .resume(
+                messages,
                 |p| {
                     let _ = progress_tx.send(Some(p.clone()));
                 },
@@ -334,10 +366,23 @@ impl Workers {
             failure: None,
         };
         if let (Some(target), Some(changes)) = (target, changes) {
+            // A continuation's commit and pull request say the request it continues.
+            let as_code;
+            let asked = match &earlier {
+                Some(earlier) => {
+                    let mut r = run.clone();
+                    r.request.job = Job::Code {
+                        request: earlier.request.clone(),
+                    };
+                    as_code = r;
+                    &as_code
+                }
+                None => run,
+            };
             let delivered = match changes {
                 Ok(changes) => {
                     self.deliver(
-                        run, &repo, &dest, &clone_url, &target, changes, &done, draft, partial,
+                        asked, &repo, &dest, &clone_url, &target, changes, &done, draft, partial,
                         timings,
                     )
                     .await
@@ -346,6 +391,10 @@ impl Workers {
                     "The changes could not be taken out of the container: {e}"
                 )),
             };
+            if matches!(delivered, Ok(Delivered::Pull(_) | Delivered::Pushed { .. })) {
+                let (Target::NewPull { branch, .. } | Target::PullBranch { branch }) = &target;
+                *log.branch.lock().expect("lock") = Some(branch.clone());
+            }
             match delivered {
                 Ok(Delivered::Pull(url)) => done.pr_url = Some(url),
                 Ok(Delivered::Pushed { sha, branch }) => done.pushed = Some((sha, branch)),
@@ -360,6 +409,11 @@ impl Workers {
         }
         // The clone (and for ask runs, the container's changes) go with `workdir`.
         drop(workdir);
+        if let Some(earlier) = &earlier {
+            let finished = done.succeeded() && done.pr_url.is_some();
+            done.text =
+                continue_run::both_parts(&done.text, earlier, done.outcome.usd_cost, finished);
+        }
         let status = if done.succeeded() {
             RunStatus::Succeeded
         } else {
@@ -503,6 +557,11 @@ impl Workers {
         })?;
         if let Some(pr) = existing {
             let _ = gh.update_pull_body(repo, pr.number, &pull_body).await;
+            // A continuation that finished: the title no longer says incomplete.
+            if partial.is_none() {
+                let title = deliver::title_from(&request_text, 100);
+                let _ = gh.update_pull_title(repo, pr.number, &title).await;
+            }
             timings.add("pull_request", pr_started.elapsed());
             return Ok(Delivered::Pull(pr.html_url));
         }
