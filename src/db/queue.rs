@@ -15,11 +15,11 @@ impl Db {
              attempts = attempts + 1, phase = NULL \
              WHERE status = 'queued' AND id = (\
                SELECT q.id FROM runs q \
-               WHERE q.status = 'queued' AND q.kind IN ('ask', 'code') \
+               WHERE q.status = 'queued' AND q.kind IN ('ask', 'code', 'continue') \
                AND NOT EXISTS (\
                  SELECT 1 FROM runs r \
                  WHERE r.repo = q.repo AND r.issue_number = q.issue_number \
-                 AND r.status = 'running' AND r.kind IN ('ask', 'code')) \
+                 AND r.status = 'running' AND r.kind IN ('ask', 'code', 'continue')) \
                ORDER BY q.seq LIMIT 1) \
              RETURNING ",
             run_columns!()
@@ -39,7 +39,7 @@ impl Db {
              attempts = attempts + 1, phase = NULL \
              WHERE status = 'queued' AND id = (\
                SELECT q.id FROM runs q \
-               WHERE q.status = 'queued' AND q.kind NOT IN ('ask', 'code') \
+               WHERE q.status = 'queued' AND q.kind NOT IN ('ask', 'code', 'continue') \
                ORDER BY q.seq LIMIT 1) \
              RETURNING ",
             run_columns!()
@@ -152,7 +152,7 @@ impl Db {
         // The queue's order (RETURNING gives none, and two runs may share a millisecond).
         let order: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM runs WHERE repo = $1 AND issue_number = $2 AND status = 'queued' \
-             AND kind IN ('ask', 'code') ORDER BY seq",
+             AND kind IN ('ask', 'code', 'continue') ORDER BY seq",
         )
         .bind(repo)
         .bind(issue_number)
@@ -162,7 +162,7 @@ impl Db {
             "UPDATE runs SET status = 'cancelled', stop_reason = $5, \
              cancelled_by = $1, finished_at = $2 \
              WHERE repo = $3 AND issue_number = $4 AND status = 'queued' \
-             AND kind IN ('ask', 'code') RETURNING ",
+             AND kind IN ('ask', 'code', 'continue') RETURNING ",
             run_columns!()
         ))
         .bind(by)
@@ -176,7 +176,7 @@ impl Db {
             "SELECT ",
             run_columns!(),
             " FROM runs WHERE repo = $1 AND issue_number = $2 AND status = 'running' \
-             AND kind IN ('ask', 'code') ORDER BY seq"
+             AND kind IN ('ask', 'code', 'continue') ORDER BY seq"
         ))
         .bind(repo)
         .bind(issue_number)

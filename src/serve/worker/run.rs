@@ -128,12 +128,12 @@ impl Workers {
         // `/kodx continue`: the stopped run it goes on with, checked before anything shows.
         let resumption = match &run.request.job {
             Job::Continue { more } => {
+                let limits = continue_run::limits(*more, &admission, &maxima)
+                    .map_err(Refusal::CannotContinue)?;
                 let resumption = self
                     .resumption(run)
                     .await
                     .context("reading the stopped run from the database failed")?
-                    .map_err(Refusal::CannotContinue)?;
-                let limits = continue_run::limits(*more, &admission, &maxima)
                     .map_err(Refusal::CannotContinue)?;
                 let earlier = &resumption.earlier;
                 *log.branch.lock().expect("lock") = Some(earlier.branch.clone());
