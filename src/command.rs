@@ -77,7 +77,7 @@ impl More {
     }
 
     /// Parses the argument of `/kodx continue` (its first line).
-    fn parse(argument: &str) -> Result<More, ParseError> {
+    pub fn parse(argument: &str) -> Result<More, ParseError> {
         let words: Vec<&str> = argument.split_whitespace().collect();
         let bad = || ParseError::BadContinue {
             found: argument.trim().chars().take(MAX_UNKNOWN_CHARS).collect(),

@@ -137,13 +137,10 @@ impl Reporter {
     }
 }
 
-/// The most of a transcript `--resume` reads (its tool outputs are capped; a run of a
-/// thousand steps stays far below this).
-const MAX_RESUME_BYTES: u64 = 512 << 20;
-
 /// The conversation a transcript file holds, ready to go on with `extra` (the prompt of
 /// this run, maybe empty) told after the resume note.
 fn resumed_messages(path: &Path, extra: &str) -> anyhow::Result<Vec<kodx::model::Message>> {
+    use kodx::transcript::{ResumeError, Resumer, MAX_RESUME_BYTES};
     use std::io::BufRead;
     let file = std::fs::File::open(path)
         .with_context(|| format!("--resume {}: cannot open it", path.display()))?;
@@ -156,34 +153,24 @@ fn resumed_messages(path: &Path, extra: &str) -> anyhow::Result<Vec<kodx::model:
             MAX_RESUME_BYTES >> 20
         );
     }
-    let mut conversation = kodx::transcript::Conversation::default();
-    let mut requests = 0;
+    let mut resumer = Resumer::default();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.with_context(|| format!("--resume {}: reading it", path.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        match conversation.apply_json(&line) {
-            Ok(Some(_)) => requests += 1,
-            Ok(None) => {}
-            Err(e) => bail!("--resume {} line {}: {e}", path.display(), i + 1),
+        match resumer.push(&line) {
+            Ok(()) => {}
+            Err(ResumeError::Record { problem, .. }) => {
+                bail!("--resume {} line {}: {problem}", path.display(), i + 1)
+            }
+            Err(e) => bail!("--resume {}: {e}", path.display()),
         }
     }
-    if requests == 0 {
-        bail!(
+    resumer.finish(extra).map_err(|e| match e {
+        ResumeError::NoRequest => anyhow::anyhow!(
             "--resume {}: no model request in it; pass the file `kodx run --transcript` wrote",
             path.display()
-        );
-    }
-    let note = if extra.trim().is_empty() {
-        kodx::agent::RESUMED_NOTE.to_string()
-    } else {
-        format!("{}\n\n{}", kodx::agent::RESUMED_NOTE, extra.trim())
-    };
-    Ok(kodx::agent::resumed_conversation(
-        conversation.messages(),
-        &note,
-    ))
+        ),
+        e => anyhow::anyhow!("--resume {}: {e}", path.display()),
+    })
 }
 
 fn read_prompt(args: &RunArgs) -> anyhow::Result<String> {

@@ -260,6 +260,76 @@ pub fn requests<'a>(
     Ok(out)
 }
 
+/// The most of a transcript a resumed run reads (its tool outputs are capped; a run of a
+/// thousand steps stays far below this).
+pub const MAX_RESUME_BYTES: u64 = 512 << 20;
+
+/// Why a stored transcript cannot be resumed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ResumeError {
+    #[error("it is more than a transcript kodx reads ({} MiB)", MAX_RESUME_BYTES >> 20)]
+    TooLarge,
+    #[error("record {record}: {problem}")]
+    Record { record: usize, problem: String },
+    #[error("it holds no model request")]
+    NoRequest,
+}
+
+/// Replays a stored transcript, record by record (a `.jsonl` file's lines or the database's
+/// rows), into the conversation a resumed run goes on with: [`Resumer::push`] each record,
+/// then [`Resumer::finish`]. Reads at most [`MAX_RESUME_BYTES`]. `kodx run --resume` and
+/// `/kodx continue` both use it.
+#[derive(Debug, Default)]
+pub struct Resumer {
+    conversation: Conversation,
+    records: usize,
+    requests: usize,
+    bytes: u64,
+}
+
+impl Resumer {
+    /// Replays one record (blank lines are skipped).
+    pub fn push(&mut self, json: &str) -> Result<(), ResumeError> {
+        self.records += 1;
+        self.bytes += json.len() as u64 + 1;
+        if self.bytes > MAX_RESUME_BYTES {
+            return Err(ResumeError::TooLarge);
+        }
+        if json.trim().is_empty() {
+            return Ok(());
+        }
+        match self.conversation.apply_json(json) {
+            Ok(Some(_)) => self.requests += 1,
+            Ok(None) => {}
+            Err(problem) => {
+                return Err(ResumeError::Record {
+                    record: self.records,
+                    problem,
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// The conversation, ready to go on: interrupted tool calls answered, and
+    /// [`crate::agent::RESUMED_NOTE`] told (followed by `extra`, when not blank) in its
+    /// newest user message.
+    pub fn finish(self, extra: &str) -> Result<Vec<Message>, ResumeError> {
+        if self.requests == 0 {
+            return Err(ResumeError::NoRequest);
+        }
+        let note = if extra.trim().is_empty() {
+            crate::agent::RESUMED_NOTE.to_string()
+        } else {
+            format!("{}\n\n{}", crate::agent::RESUMED_NOTE, extra.trim())
+        };
+        Ok(crate::agent::resumed_conversation(
+            self.conversation.messages(),
+            &note,
+        ))
+    }
+}
+
 /// Makes the records of one run: each request as its change to the conversation the
 /// records before it built.
 #[derive(Debug, Default)]
@@ -460,5 +530,54 @@ mod tests {
         let m = c.messages();
         assert_eq!(m.len(), 3);
         assert_eq!(m[2].content, vec![result("t1", "done")]);
+    }
+
+    #[test]
+    fn a_resumer_rebuilds_the_conversation_and_tells_the_note() {
+        let lines = [
+            serde_json::to_string(
+                &Recorder::default().request(1, &request(vec![Message::user_text("go")])),
+            )
+            .unwrap(),
+            String::new(),
+            serde_json::to_string(&response(vec![call("t1")])).unwrap(),
+        ];
+        let mut r = Resumer::default();
+        for l in &lines {
+            r.push(l).unwrap();
+        }
+        let m = r.finish("and add tests").unwrap();
+        // The prompt, the call, then its (interrupted) result with the note and the extra.
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[0], Message::user_text("go"));
+        let last = serde_json::to_string(&m[2]).unwrap();
+        assert!(last.contains("stopped before this call returned"), "{last}");
+        assert!(last.contains("resumed in a new environment"), "{last}");
+        assert!(last.contains("and add tests"), "{last}");
+    }
+
+    #[test]
+    fn a_resumer_refuses_empty_bad_and_oversized_transcripts() {
+        assert_eq!(
+            Resumer::default().finish("").unwrap_err(),
+            ResumeError::NoRequest
+        );
+        let mut r = Resumer::default();
+        r.push("").unwrap();
+        assert!(matches!(
+            r.push("not json"),
+            Err(ResumeError::Record { record: 2, .. })
+        ));
+        // The bound counts what was read, so a stream of many records stops too.
+        let big = " ".repeat(1 << 20);
+        let mut r = Resumer::default();
+        let mut refused = None;
+        for i in 0..=(MAX_RESUME_BYTES >> 20) {
+            if let Err(e) = r.push(&big) {
+                refused = Some((i, e));
+                break;
+            }
+        }
+        assert_eq!(refused.map(|(_, e)| e), Some(ResumeError::TooLarge));
     }
 }

@@ -30,15 +30,15 @@ impl Db {
                      lease_expires_at = $3, attempts = attempts + 1, phase = NULL \
                      WHERE status = 'queued' AND id = (\
                        SELECT q.id FROM runs q \
-                       WHERE q.status = 'queued' AND q.kind IN ('ask', 'code') \
+                       WHERE q.status = 'queued' AND q.kind IN ('ask', 'code', 'continue') \
                        AND NOT EXISTS (\
                          SELECT 1 FROM runs r \
                          WHERE r.repo = q.repo AND r.issue_number = q.issue_number \
-                         AND r.status = 'running' AND r.kind IN ('ask', 'code')) \
+                         AND r.status = 'running' AND r.kind IN ('ask', 'code', 'continue')) \
                        AND NOT EXISTS (\
                          SELECT 1 FROM runs o \
                          WHERE o.repo = q.repo AND o.issue_number = q.issue_number \
-                         AND o.status = 'queued' AND o.kind IN ('ask', 'code') \
+                         AND o.status = 'queued' AND o.kind IN ('ask', 'code', 'continue') \
                          AND o.seq < q.seq) \
                        ORDER BY q.seq LIMIT 1",
                     $lock,
@@ -85,7 +85,7 @@ impl Db {
                      lease_expires_at = $3, attempts = attempts + 1, phase = NULL \
                      WHERE status = 'queued' AND id = (\
                        SELECT q.id FROM runs q \
-                       WHERE q.status = 'queued' AND q.kind NOT IN ('ask', 'code') \
+                       WHERE q.status = 'queued' AND q.kind NOT IN ('ask', 'code', 'continue') \
                        ORDER BY q.seq LIMIT 1",
                     $lock,
                     ") RETURNING ",
@@ -246,7 +246,7 @@ impl Db {
             // The queue's order (RETURNING gives none, and two runs may share a millisecond).
             let order: Vec<String> = sqlx::query_scalar(
                 "SELECT id FROM runs WHERE repo = $1 AND issue_number = $2 AND status = 'queued' \
-                 AND kind IN ('ask', 'code') ORDER BY seq",
+                 AND kind IN ('ask', 'code', 'continue') ORDER BY seq",
             )
             .bind(repo)
             .bind(issue_number)
@@ -256,7 +256,7 @@ impl Db {
                 "UPDATE runs SET status = 'cancelled', stop_reason = $5, \
                  cancelled_by = $1, finished_at = $2 \
                  WHERE repo = $3 AND issue_number = $4 AND status = 'queued' \
-                 AND kind IN ('ask', 'code') RETURNING ",
+                 AND kind IN ('ask', 'code', 'continue') RETURNING ",
                 run_columns!()
             ))
             .bind(by)
@@ -269,7 +269,7 @@ impl Db {
             let mut running = sqlx::query_as::<_, Run>(concat!(
                 "UPDATE runs SET cancelled_by = COALESCE(cancelled_by, $1) \
                  WHERE repo = $2 AND issue_number = $3 AND status = 'running' \
-                 AND kind IN ('ask', 'code') RETURNING ",
+                 AND kind IN ('ask', 'code', 'continue') RETURNING ",
                 run_columns!()
             ))
             .bind(by)

@@ -20,6 +20,9 @@ pub(crate) fn new_run(kind: &str, repo: &str, issue_number: i64) -> NewRun {
     let job = match kind {
         "ask" => Job::Ask { question: argument },
         "code" => Job::Code { request: argument },
+        "continue" => Job::Continue {
+            more: crate::command::More::Default,
+        },
         "cancel" => Job::Cancel,
         "help" => Job::Help { unknown: None },
         "refuse" => Job::Refuse { reason: argument },
@@ -118,13 +121,5 @@ impl Db {
                 .bind(run_id)
                 .fetch_all(p).await)?;
         Ok(records)
-    }
-
-    /// When the run's transcript was deleted for its age, if it was.
-    pub(crate) async fn transcript_pruned_at(&self, run_id: &str) -> Result<Option<i64>, DbError> {
-        let at: Option<Option<i64>> = with_pool!(&self.pool, p => sqlx::query_scalar("SELECT transcript_pruned_at FROM runs WHERE id = $1")
-                .bind(run_id)
-                .fetch_optional(p).await)?;
-        at.ok_or_else(|| DbError::NotFound(run_id.to_owned()))
     }
 }

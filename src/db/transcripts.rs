@@ -1,6 +1,8 @@
 //! What a run did, record by record, and pruning old transcripts of finished runs.
 
-use super::{now_ms, Db, DbError};
+use futures_util::TryStreamExt;
+
+use super::{now_ms, Db, DbError, Run};
 
 impl Db {
     /// Stores record `seq` of the run's transcript (JSON text). A `seq` already stored for the
@@ -42,6 +44,64 @@ impl Db {
         .bind(run_id)
         .fetch_one(p).await)?;
         Ok(next)
+    }
+
+    /// The run's transcript records in `seq` order, handed one by one to `each` as they
+    /// are read (so a long transcript is never held twice); `each` stops the read by
+    /// returning `Err`.
+    pub async fn each_transcript_record<E>(
+        &self,
+        run_id: &str,
+        mut each: impl FnMut(&str) -> Result<(), E>,
+    ) -> Result<Result<(), E>, DbError> {
+        with_pool!(&self.pool, p => {
+            let mut rows = sqlx::query_scalar::<_, String>(
+                "SELECT record FROM transcripts WHERE run_id = $1 ORDER BY seq",
+            )
+            .bind(run_id)
+            .fetch(p);
+            while let Some(record) = rows.try_next().await? {
+                if let Err(e) = each(&record) {
+                    return Ok(Err(e));
+                }
+            }
+            Ok(Ok(()))
+        })
+    }
+
+    /// When the run's transcript was deleted for its age, if it was.
+    pub async fn transcript_pruned_at(&self, run_id: &str) -> Result<Option<i64>, DbError> {
+        let at: Option<Option<i64>> = with_pool!(&self.pool, p => {
+            sqlx::query_scalar("SELECT transcript_pruned_at FROM runs WHERE id = $1")
+                .bind(run_id)
+                .fetch_optional(p)
+                .await
+        })?;
+        at.ok_or_else(|| DbError::NotFound(run_id.to_owned()))
+    }
+
+    /// The finished `code` and `continue` runs on one issue or pull request, newest first
+    /// (at most `limit`): where `/kodx continue` looks for the run to go on with.
+    pub async fn finished_code_runs(
+        &self,
+        repo: &str,
+        issue_number: i64,
+        limit: i64,
+    ) -> Result<Vec<Run>, DbError> {
+        let rows = with_pool!(&self.pool, p => sqlx::query_as::<_, Run>(concat!(
+            "SELECT ",
+            run_columns!(),
+            " FROM runs WHERE repo = $1 AND issue_number = $2 \
+              AND kind IN ('code', 'continue') \
+              AND status IN ('succeeded', 'failed', 'cancelled') \
+              ORDER BY seq DESC LIMIT $3"
+        ))
+        .bind(repo)
+        .bind(issue_number)
+        .bind(limit)
+        .fetch_all(p)
+        .await)?;
+        Ok(rows)
     }
 
     /// Deletes the transcripts of runs that finished before `before_ms` (unix milliseconds)

@@ -545,6 +545,25 @@ impl Installation {
         Ok(())
     }
 
+    /// Sets a pull request's title (`PATCH /repos/{o}/{r}/pulls/{n}`).
+    pub async fn update_pull_title(
+        &self,
+        repo: &RepoName,
+        number: u64,
+        title: &str,
+    ) -> Result<(), GitHubError> {
+        let path = format!("{}/pulls/{number}", repo_path(repo));
+        self.request(
+            http::Method::PATCH,
+            &path,
+            None,
+            JSON,
+            Some(&json!({ "title": title })),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// The numeric id of a GitHub account (`GET /users/{login}`; a bot's login
     /// `name[bot]` is percent-encoded), e.g. for a `Co-authored-by:` trailer's noreply
     /// address. An unknown login is `NotFound`.

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use sqlx::{FromRow, Row};
 
-use crate::command::{Command, ParseError};
+use crate::command::{Command, More, ParseError};
 use crate::github::ReactionTarget;
 
 /// What was asked.
@@ -21,6 +21,12 @@ pub enum Job {
     Ask { question: String },
     /// `/kodx code <request>`: agent work that ends in a pull request.
     Code { request: String },
+    /// `/kodx continue [$N | N steps]`: resume the code run here that a limit stopped, with
+    /// `more` budget or steps.
+    Continue {
+        #[serde(serialize_with = "more_argument")]
+        more: More,
+    },
     /// `/kodx cancel`: stop the runs on this issue.
     Cancel,
     /// `/kodx help`, or an unknown subcommand (named in the answer).
@@ -37,6 +43,7 @@ pub enum Job {
 pub enum JobKind {
     Ask,
     Code,
+    Continue,
     Cancel,
     Help,
     Refuse,
@@ -48,16 +55,17 @@ impl JobKind {
         match self {
             JobKind::Ask => "ask",
             JobKind::Code => "code",
+            JobKind::Continue => "continue",
             JobKind::Cancel => "cancel",
             JobKind::Help => "help",
             JobKind::Refuse => "refuse",
         }
     }
 
-    /// `ask` and `code` do agent work (one at a time per issue, under `max_concurrent_runs`);
-    /// the others are short control jobs.
+    /// `ask`, `code` and `continue` do agent work (one at a time per issue, under
+    /// `max_concurrent_runs`); the others are short control jobs.
     pub fn is_work(self) -> bool {
-        matches!(self, JobKind::Ask | JobKind::Code)
+        matches!(self, JobKind::Ask | JobKind::Code | JobKind::Continue)
     }
 }
 
@@ -85,7 +93,8 @@ impl JobKind {
     pub fn run_kind(self) -> Option<RunKind> {
         match self {
             JobKind::Ask => Some(RunKind::Ask),
-            JobKind::Code => Some(RunKind::Code),
+            // Only code runs are continued (an answer is asked for again).
+            JobKind::Code | JobKind::Continue => Some(RunKind::Code),
             JobKind::Cancel | JobKind::Help | JobKind::Refuse => None,
         }
     }
@@ -105,10 +114,7 @@ impl Job {
             Ok(Command::Ask { question }) => Job::Ask { question },
             Ok(Command::Cancel) => Job::Cancel,
             Ok(Command::Help { unknown }) => Job::Help { unknown },
-            // Not served yet: answered as the unknown subcommand it was until now.
-            Ok(Command::Continue { .. }) => Job::Help {
-                unknown: Some("continue".to_string()),
-            },
+            Ok(Command::Continue { more }) => Job::Continue { more },
             Err(e) => Job::Refuse {
                 reason: e.to_string(),
             },
@@ -120,6 +126,11 @@ impl Job {
         match kind {
             JobKind::Ask => Job::Ask { question: argument },
             JobKind::Code => Job::Code { request: argument },
+            // Stored as the command wrote it; a row no version could write reads as the
+            // default rather than failing the whole row.
+            JobKind::Continue => Job::Continue {
+                more: More::parse(&argument).unwrap_or(More::Default),
+            },
             JobKind::Cancel => Job::Cancel,
             JobKind::Help => Job::Help {
                 unknown: (!argument.is_empty()).then_some(argument),
@@ -132,21 +143,24 @@ impl Job {
         match self {
             Job::Ask { .. } => JobKind::Ask,
             Job::Code { .. } => JobKind::Code,
+            Job::Continue { .. } => JobKind::Continue,
             Job::Cancel => JobKind::Cancel,
             Job::Help { .. } => JobKind::Help,
             Job::Refuse { .. } => JobKind::Refuse,
         }
     }
 
-    /// The text stored in the `argument` column: the question, the request, the unknown
-    /// subcommand or the refusal's reason (empty for `cancel`).
-    pub fn argument(&self) -> &str {
+    /// The text stored in the `argument` column: the question, the request, what
+    /// `continue` adds (`$2`, `20 steps`), the unknown subcommand or the refusal's reason
+    /// (empty for `cancel`).
+    pub fn argument(&self) -> std::borrow::Cow<'_, str> {
         match self {
-            Job::Ask { question } => question,
-            Job::Code { request } => request,
-            Job::Cancel => "",
-            Job::Help { unknown } => unknown.as_deref().unwrap_or(""),
-            Job::Refuse { reason } => reason,
+            Job::Ask { question } => question.into(),
+            Job::Code { request } => request.into(),
+            Job::Continue { more } => more.as_argument().into(),
+            Job::Cancel => "".into(),
+            Job::Help { unknown } => unknown.as_deref().unwrap_or("").into(),
+            Job::Refuse { reason } => reason.into(),
         }
     }
 
@@ -158,6 +172,10 @@ impl Job {
     pub fn command_line(&self) -> String {
         format!("/kodx {} {}", self.kind(), self.argument())
     }
+}
+
+fn more_argument<S: serde::Serializer>(more: &More, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&more.as_argument())
 }
 
 /// Where a command was written (the `trigger_kind` column).
@@ -323,7 +341,7 @@ impl RunRequest {
             .push_bind(self.repo.as_str())
             .push_bind(self.issue_number)
             .push_bind(i64::from(self.is_pull_request))
-            .push_bind(self.job.argument())
+            .push_bind(self.job.argument().into_owned())
             .push_bind(self.author.as_str())
             .push_bind(self.author_id)
             .push_bind(self.trigger.kind())
@@ -383,6 +401,18 @@ mod tests {
                 request: "add a flag".into(),
             },
             Job::Cancel,
+            Job::Continue {
+                more: More::Default,
+            },
+            Job::Continue {
+                more: More::Usd(2.5),
+            },
+            Job::Continue {
+                more: More::Steps(1),
+            },
+            Job::Continue {
+                more: More::Steps(20),
+            },
             Job::Help { unknown: None },
             Job::Help {
                 unknown: Some("frobnicate".into()),
@@ -403,6 +433,13 @@ mod tests {
             Job::Refuse {
                 reason: "`/kodx code` needs a request".into()
             }
+        );
+        assert_eq!(
+            Job::from_command(Ok(Command::Continue {
+                more: More::Steps(5)
+            }))
+            .command_line(),
+            "/kodx continue 5 steps"
         );
         assert_eq!(
             Job::from_command(Ok(Command::Cancel)).command_line(),

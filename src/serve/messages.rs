@@ -27,7 +27,9 @@ pub fn not_permitted(author: &str, kind: JobKind, needed: Permission, has: Permi
         _ => "people with write, maintain or admin access to this repository",
     };
     let what = match kind {
-        JobKind::Ask | JobKind::Code | JobKind::Cancel => format!("`/kodx {kind}`"),
+        JobKind::Ask | JobKind::Code | JobKind::Continue | JobKind::Cancel => {
+            format!("`/kodx {kind}`")
+        }
         _ => "kodx".to_string(),
     };
     format!(
@@ -68,6 +70,12 @@ pub fn invalid_config(error: &str) -> String {
 /// A command that was found but cannot run (`why`: empty, too long).
 pub fn bad_request(author: &str, why: &str) -> String {
     format!("@{} kodx did not start: {}.", redact(author), redact(why))
+}
+
+/// `/kodx continue` that cannot go on (`why`: nothing stopped here, no right, over the
+/// maximum …).
+pub fn cannot_continue(why: &str) -> String {
+    format!("kodx did not continue: {why}.")
 }
 
 /// The answer to `/kodx cancel` where nothing runs.

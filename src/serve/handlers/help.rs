@@ -17,6 +17,7 @@ pub fn help_text(unknown: &str) -> String {
          | --- | --- | --- |\n\
          | `/kodx ask <question>` | the agent reads the code and answers here | write access (or read, if the repository allows it) |\n\
          | `/kodx code <request>` | the agent makes the change and opens a pull request | write access |\n\
+         | `/kodx continue [$N \\| N steps]` | resumes the code run here that a cost, step or time limit stopped, on its branch and pull request, with the repository's limit again (or `$N` / `N steps`) | write access |\n\
          | `/kodx cancel` | stops the runs on this issue or pull request | write access |\n\
          | `/kodx help` | this message | everyone |\n\n\
          The command must start a line, outside code blocks and quotes; everything after it is the request. \

@@ -2,6 +2,7 @@
 //! answered at once, without waiting for a run slot.
 
 mod cancel;
+pub(in crate::serve) mod continue_run;
 mod help;
 pub(in crate::serve) mod plan;
 
@@ -50,7 +51,7 @@ impl Workers {
             }
             Job::Cancel => self.cancel(&gh, &repo, job).await,
             // The request could not be read (empty, too long).
-            Job::Ask { .. } | Job::Code { .. } | Job::Refuse { .. } => {
+            Job::Ask { .. } | Job::Code { .. } | Job::Continue { .. } | Job::Refuse { .. } => {
                 Err(Refusal::BadRequest(job.request.job.argument().to_string()).into())
             }
         }

@@ -58,6 +58,11 @@ pub(in crate::serve) struct RunLog {
     pub admission: Mutex<Option<serde_json::Value>>,
     /// Whether the setup came from the cache: `hit`, `miss` or `off` (`None`: no container).
     pub setup_cache: Mutex<Option<&'static str>>,
+    /// The branch a code run pushed its change to (what `/kodx continue` goes on from).
+    pub branch: Mutex<Option<String>>,
+    /// For `/kodx continue`: the run it went on with, the first request and what the
+    /// parts before cost.
+    pub continues: Mutex<Option<serde_json::Value>>,
 }
 
 /// How long each phase of a run took (stored with its result, logged, and read by
@@ -159,6 +164,8 @@ impl Workers {
                 "timings_ms": log.timings.to_json(),
                 "admission": log.admission.lock().expect("lock").clone(),
                 "setup_cache": *log.setup_cache.lock().expect("lock"),
+                "branch": log.branch.lock().expect("lock").clone(),
+                "continues": log.continues.lock().expect("lock").clone(),
             })
             .to_string(),
             pr_url: done.pr_url.clone(),

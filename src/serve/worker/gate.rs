@@ -110,6 +110,8 @@ pub(in crate::serve) enum Refusal {
     InvalidConfig(RepoConfigError),
     /// The command could not be read (empty, too long): the sentence saying why.
     BadRequest(String),
+    /// `/kodx continue` has nothing it can go on with, or asks for too much.
+    CannotContinue(crate::serve::handlers::continue_run::CannotContinue),
 }
 
 impl Refusal {
@@ -122,7 +124,7 @@ impl Refusal {
             Refusal::NotPermitted { .. } => EndReason::NotPermitted,
             Refusal::BudgetSpent(_) => EndReason::BudgetExceeded,
             Refusal::InvalidConfig(_) => EndReason::InvalidConfig,
-            Refusal::BadRequest(_) => EndReason::Refused,
+            Refusal::BadRequest(_) | Refusal::CannotContinue(_) => EndReason::Refused,
         }
     }
 
@@ -142,6 +144,9 @@ impl Refusal {
             }
             Refusal::InvalidConfig(e) => json!({ "refused": reason, "error": e.to_string() }),
             Refusal::BadRequest(why) => json!({ "refused": reason, "error": why }),
+            Refusal::CannotContinue(why) => {
+                json!({ "refused": reason, "error": why.to_string() })
+            }
         }
     }
 
@@ -156,6 +161,7 @@ impl Refusal {
             }
             Refusal::BudgetSpent(b) => messages::budget_spent(b.budget, b.spent),
             Refusal::InvalidConfig(e) => messages::invalid_config(&e.to_string()),
+            Refusal::CannotContinue(why) => messages::cannot_continue(&why.to_string()),
             Refusal::BadRequest(why) => messages::bad_request(author, why),
         }
     }

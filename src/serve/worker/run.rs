@@ -26,7 +26,10 @@ use super::ending::{RunLog, Timings};
 use super::gate::Admission;
 use super::gate::Refusal;
 use super::{run_kind, zero_outcome, Acked, Ending, RunFailure, RunHandle, Workers};
+use crate::model::Message;
+use crate::serve::handlers::continue_run;
 use crate::serve::handlers::plan::{prepare, RunPlan};
+use crate::serve::job::Job;
 use anyhow::Context as _;
 
 impl Workers {
@@ -125,6 +128,27 @@ impl Workers {
         }
         let maxima = self.settings.maxima();
         *log.admission.lock().expect("lock") = Some(admission.to_json(kind, &maxima));
+        // `/kodx continue`: the stopped run it goes on with, checked before anything shows.
+        let resumption = match &run.request.job {
+            Job::Continue { more } => {
+                let limits = continue_run::limits(*more, &admission, &maxima)
+                    .map_err(Refusal::CannotContinue)?;
+                let resumption = self
+                    .resumption(run)
+                    .await
+                    .context("reading the stopped run from the database failed")?
+                    .map_err(Refusal::CannotContinue)?;
+                let earlier = &resumption.earlier;
+                *log.branch.lock().expect("lock") = Some(earlier.branch.clone());
+                *log.continues.lock().expect("lock") = Some(serde_json::json!({
+                    "run": earlier.id,
+                    "request": earlier.request,
+                    "cost_usd": earlier.cost,
+                }));
+                Some((resumption, limits))
+            }
+            _ => None,
+        };
         let status = self.status_comment(&gh, &repo, run).await;
         status.edit(&Phase::SettingUp).await;
         let _ = self.db.set_phase(&run.id, "setting_up").await;
@@ -134,6 +158,18 @@ impl Workers {
             .context(&gh, &repo, run)
             .await
             .context("reading the issue from GitHub failed")?;
+        let mut run_plan = prepare(
+            &run.id,
+            &run.request,
+            &admission,
+            &context,
+            pull.as_ref(),
+            &self.settings,
+            &self.pricing,
+        )?;
+        if let Some((resumption, (cost, steps))) = &resumption {
+            continue_run::resume_plan(&mut run_plan, &resumption.earlier, *cost, *steps);
+        }
         let RunPlan {
             kind,
             plan,
@@ -144,15 +180,7 @@ impl Workers {
             draft,
             on_limit,
             ..
-        } = prepare(
-            &run.id,
-            &run.request,
-            &admission,
-            &context,
-            pull.as_ref(),
-            &self.settings,
-            &self.pricing,
-        )?;
+        } = run_plan;
         let cost_limit = plan.agent.cost_limit;
         let clone_url = run.request.clone_url.clone();
         let program = &plan.program;
@@ -348,9 +376,13 @@ impl Workers {
             cancel: cancel.clone(),
         };
         let agent_started = Instant::now();
+        let (messages, earlier) = match resumption {
+            Some((r, _)) => (r.messages, Some(r.earlier)),
+            None => (vec![Message::user_text(&prompt)], None),
+        };
         let outcome = agent
-            .run(
-                &prompt,
+            .resume(
+                messages,
                 |p| {
                     let _ = progress_tx.send(Some(p.clone()));
                 },
@@ -397,10 +429,23 @@ impl Workers {
             failure: None,
         };
         if let (Some(target), Some(changes)) = (target, changes) {
+            // A continuation's commit and pull request say the request it continues.
+            let as_code;
+            let asked = match &earlier {
+                Some(earlier) => {
+                    let mut r = run.clone();
+                    r.request.job = Job::Code {
+                        request: earlier.request.clone(),
+                    };
+                    as_code = r;
+                    &as_code
+                }
+                None => run,
+            };
             let delivered = match changes {
                 Ok(changes) => {
                     self.deliver(
-                        run, &repo, &dest, source, &clone_url, &target, changes, &done, draft,
+                        asked, &repo, &dest, source, &clone_url, &target, changes, &done, draft,
                         partial, timings,
                     )
                     .await
@@ -409,6 +454,10 @@ impl Workers {
                     "The changes could not be taken out of the container: {e}"
                 )),
             };
+            if matches!(delivered, Ok(Delivered::Pull(_) | Delivered::Pushed { .. })) {
+                let (Target::NewPull { branch, .. } | Target::PullBranch { branch }) = &target;
+                *log.branch.lock().expect("lock") = Some(branch.clone());
+            }
             match delivered {
                 Ok(Delivered::Pull(url)) => done.pr_url = Some(url),
                 Ok(Delivered::Pushed { sha, branch }) => done.pushed = Some((sha, branch)),
@@ -423,6 +472,11 @@ impl Workers {
         }
         // The clone (and for ask runs, the container's changes) go with `workdir`.
         drop(workdir);
+        if let Some(earlier) = &earlier {
+            let finished = done.succeeded() && done.pr_url.is_some();
+            done.text =
+                continue_run::both_parts(&done.text, earlier, done.outcome.usd_cost, finished);
+        }
         let status = if done.succeeded() {
             RunStatus::Succeeded
         } else {
@@ -465,7 +519,7 @@ impl Workers {
             .map_err(|e| format!("kodx could not read its own GitHub identity: {e}"))?;
         // Work a limit cut short says so in its subject, commit and pull request.
         let request_text = match partial {
-            Some(_) => messages::incomplete_request(run.request.job.argument()),
+            Some(_) => messages::incomplete_request(&run.request.job.argument()),
             None => run.request.job.argument().to_string(),
         };
         let summary = match partial {
@@ -574,6 +628,11 @@ impl Workers {
         })?;
         if let Some(pr) = existing {
             let _ = gh.update_pull_body(repo, pr.number, &pull_body).await;
+            // A continuation that finished: the title no longer says incomplete.
+            if partial.is_none() {
+                let title = deliver::title_from(&request_text, 100);
+                let _ = gh.update_pull_title(repo, pr.number, &title).await;
+            }
             timings.add("pull_request", pr_started.elapsed());
             return Ok(Delivered::Pull(pr.html_url));
         }

@@ -1,0 +1,416 @@
+//! `/kodx continue [$N | N steps]`: the code run on this issue or pull request that a limit
+//! stopped goes on — its conversation from its stored transcript, its work tree from the
+//! branch it pushed to, with more budget or steps — and delivers to the same branch and
+//! pull request.
+//!
+//! [`choose`] picks the run to continue from the issue's finished code runs, [`limits`]
+//! works out the extra budget, [`Workers::resumption`] reads the transcript; the worker's
+//! one execution path then runs it (see `worker/run.rs`).
+
+use super::plan::RunPlan;
+use crate::agent::StopReason;
+use crate::command::More;
+use crate::db::{EndReason, Run};
+use crate::git::Checkout;
+use crate::model::Message;
+use crate::repo_config::{RunKind, ServerMaxima};
+use crate::serve::deliver::Target;
+use crate::serve::worker::gate::Admission;
+use crate::serve::worker::Workers;
+use crate::transcript::{ResumeError, Resumer};
+
+/// How many of the issue's latest finished code runs are looked at.
+const LOOK_BACK: i64 = 20;
+
+/// Why `/kodx continue` does not start: the sentence the answer gives.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(in crate::serve) enum CannotContinue {
+    #[error("there is no stopped `/kodx code` run here to continue")]
+    Nothing,
+    #[error(
+        "the last code run here (`{id}`) finished its work; there is nothing to continue. \
+         Ask for more with `/kodx code`"
+    )]
+    Finished { id: String },
+    #[error(
+        "the last code run here (`{id}`) ended with `{reason}`; only a run stopped by its cost, \
+         step or time limit can be continued. Run `/kodx code` again"
+    )]
+    NotStopped { id: String, reason: String },
+    #[error(
+        "the stopped run `{id}` pushed nothing (its change set was empty, or `pr.on_limit: \
+         discard` threw it away), so there is no work to continue from. Run `/kodx code` again"
+    )]
+    NothingPushed { id: String },
+    #[error(
+        "the transcript of run `{id}` was deleted for its age, so its conversation cannot be \
+         resumed. Run `/kodx code` again"
+    )]
+    Pruned { id: String },
+    #[error("the transcript of run `{id}` cannot be resumed: {problem}")]
+    Transcript { id: String, problem: String },
+    #[error("`/kodx continue {asked}` asks for more than this server allows per run ({most})")]
+    AboveMaximum { asked: String, most: String },
+}
+
+/// The stopped run a `/kodx continue` goes on with.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::serve) struct Earlier {
+    pub id: String,
+    /// The request of the first `/kodx code` of the chain (a continue of a continue goes
+    /// back to it): the pull request's title and commit subjects say it.
+    pub request: String,
+    /// The branch the stopped run pushed its work to.
+    pub branch: String,
+    /// What the stopped run (and the parts before it) cost, USD.
+    pub cost: f64,
+}
+
+/// Picks the run to continue from the issue's finished `code` and `continue` runs, newest
+/// first: the newest one the agent ran in (runs refused before they started are skipped)
+/// must have been stopped by its cost, step or time limit and have pushed its work.
+pub(in crate::serve) fn choose(runs: &[Run]) -> Result<Earlier, CannotContinue> {
+    let Some(last) = runs
+        .iter()
+        .find(|r| matches!(r.stop_reason, Some(EndReason::Agent(_))))
+    else {
+        return Err(CannotContinue::Nothing);
+    };
+    let Some(EndReason::Agent(reason)) = last.stop_reason.clone() else {
+        unreachable!("found by its agent stop reason")
+    };
+    let result: serde_json::Value = last
+        .result
+        .as_deref()
+        .and_then(|r| serde_json::from_str(r).ok())
+        .unwrap_or_default();
+    match reason {
+        StopReason::CostLimitExceeded | StopReason::MaxIterations | StopReason::Timeout => {}
+        StopReason::EndTurn => {
+            return Err(CannotContinue::Finished {
+                id: last.id.clone(),
+            })
+        }
+        other => {
+            return Err(CannotContinue::NotStopped {
+                id: last.id.clone(),
+                reason: other.as_str().to_string(),
+            })
+        }
+    }
+    let Some(branch) = result["branch"].as_str().filter(|b| !b.is_empty()) else {
+        return Err(CannotContinue::NothingPushed {
+            id: last.id.clone(),
+        });
+    };
+    let request = match result["continues"]["request"].as_str() {
+        Some(r) => r.to_string(),
+        None => last.request.job.argument().into_owned(),
+    };
+    let before = result["continues"]["cost_usd"].as_f64().unwrap_or(0.0);
+    Ok(Earlier {
+        id: last.id.clone(),
+        request,
+        branch: branch.to_string(),
+        cost: before + last.cost_usd.unwrap_or(0.0),
+    })
+}
+
+/// The cost limit and step limit of the continuation. By default the repository's limits
+/// for a code run (within the server's maxima and what is left of the monthly budget, as
+/// the admission computed them); `$N` sets the cost limit and `N steps` the step limit,
+/// refused above the server's maximum and never above what is left of the budget.
+pub(in crate::serve) fn limits(
+    more: More,
+    admission: &Admission,
+    maxima: &ServerMaxima,
+) -> Result<(f64, u32), CannotContinue> {
+    let cost = admission.cost_limit(RunKind::Code, maxima);
+    let steps = admission.max_iterations(maxima);
+    match more {
+        More::Default => Ok((cost, steps)),
+        More::Usd(usd) if usd > maxima.cost_limit => Err(CannotContinue::AboveMaximum {
+            asked: more.as_argument(),
+            most: crate::cost::format_usd(maxima.cost_limit),
+        }),
+        More::Usd(usd) => {
+            let left = admission.budget.map_or(f64::INFINITY, |b| b.left());
+            Ok((usd.min(left), steps))
+        }
+        More::Steps(n) if n > maxima.max_iterations => Err(CannotContinue::AboveMaximum {
+            asked: more.as_argument(),
+            most: format!("{} steps", maxima.max_iterations),
+        }),
+        More::Steps(n) => Ok((cost, n)),
+    }
+}
+
+/// The plan [`super::plan::prepare`] made for a continue run, turned into the
+/// continuation of `earlier`: the given limits, a clone of the branch it pushed to, and
+/// its change delivered to that branch (so to the same pull request).
+pub(in crate::serve) fn resume_plan(plan: &mut RunPlan, earlier: &Earlier, cost: f64, steps: u32) {
+    plan.plan.agent.cost_limit = cost;
+    plan.plan.agent.max_iterations = steps;
+    plan.checkout = Checkout::Branch(earlier.branch.clone());
+    plan.depth = None;
+    match &mut plan.target {
+        Some(Target::NewPull { branch, .. }) | Some(Target::PullBranch { branch }) => {
+            *branch = earlier.branch.clone()
+        }
+        None => {}
+    }
+}
+
+/// The status comment's text of a continuation: its own summary, then what both parts
+/// cost. When it finished (`finished`), its pull request is still the draft the stopped run
+/// opened (GitHub's REST API cannot mark it ready for review); the text says so.
+pub(in crate::serve) fn both_parts(
+    text: &str,
+    earlier: &Earlier,
+    this_part: f64,
+    finished: bool,
+) -> String {
+    let usd = crate::cost::format_usd;
+    let mut out = format!(
+        "{}\n\n**Continued** from run `{}`: earlier parts {}, this part {}, **{} in total**.",
+        text.trim_end(),
+        earlier.id,
+        usd(earlier.cost),
+        usd(this_part),
+        usd(earlier.cost + this_part),
+    );
+    if finished {
+        out.push_str(
+            " If its pull request is a draft, mark it ready for review on GitHub when it looks right.",
+        );
+    }
+    out
+}
+
+/// What a continuation starts from.
+pub(in crate::serve) struct Resumption {
+    pub earlier: Earlier,
+    /// The stopped run's conversation with the resume note told last.
+    pub messages: Vec<Message>,
+}
+
+impl Workers {
+    /// The run `run` (a `/kodx continue`) goes on with, and its conversation.
+    pub(in crate::serve) async fn resumption(
+        &self,
+        run: &Run,
+    ) -> Result<Result<Resumption, CannotContinue>, crate::db::DbError> {
+        let runs = self
+            .db
+            .finished_code_runs(&run.request.repo, run.request.issue_number, LOOK_BACK)
+            .await?;
+        let earlier = match choose(&runs) {
+            Ok(e) => e,
+            Err(e) => return Ok(Err(e)),
+        };
+        if self.db.transcript_pruned_at(&earlier.id).await?.is_some() {
+            return Ok(Err(CannotContinue::Pruned { id: earlier.id }));
+        }
+        let mut resumer = Resumer::default();
+        let read = self
+            .db
+            .each_transcript_record(&earlier.id, |record| resumer.push(record))
+            .await?;
+        let messages = read.and_then(|()| resumer.finish(""));
+        Ok(match messages {
+            Ok(messages) => Ok(Resumption { earlier, messages }),
+            Err(e) => Err(CannotContinue::Transcript {
+                id: earlier.id,
+                problem: match e {
+                    ResumeError::NoRequest => "it holds no model request".into(),
+                    e => e.to_string(),
+                },
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::RunStatus;
+    use crate::github::Permission;
+    use crate::repo_config::RepoConfig;
+    use crate::serve::job::{Job, RunRequest, Trigger};
+    use crate::serve::worker::gate::Budget;
+
+    fn run(id: &str, stop: EndReason, result: serde_json::Value, cost: f64) -> Run {
+        Run {
+            id: id.into(),
+            delivery_id: "d".into(),
+            request: RunRequest {
+                installation_id: 1,
+                repo: "acme/widgets".into(),
+                issue_number: 7,
+                is_pull_request: false,
+                author: "alice".into(),
+                author_id: 1005,
+                clone_url: "https://github.com/acme/widgets.git".into(),
+                default_branch: "main".into(),
+                job: Job::Code {
+                    request: "add a flag".into(),
+                },
+                trigger: Trigger::IssueComment(11),
+            },
+            status: RunStatus::Failed,
+            phase: None,
+            attempts: 1,
+            worker: None,
+            recovered: false,
+            status_comment_id: None,
+            stop_reason: Some(stop),
+            cost_usd: Some(cost),
+            input_tokens: 0,
+            output_tokens: 0,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+            api_calls: 1,
+            result: Some(result.to_string()),
+            pr_url: None,
+            cancelled_by: None,
+            created_at: 0,
+            started_at: None,
+            finished_at: None,
+        }
+    }
+
+    fn stopped(id: &str) -> Run {
+        run(
+            id,
+            EndReason::Agent(StopReason::MaxIterations),
+            serde_json::json!({"branch": "kodx/7-abc"}),
+            0.25,
+        )
+    }
+
+    #[test]
+    fn the_newest_run_the_agent_ran_in_is_continued() {
+        let refused = run("r", EndReason::NotPermitted, serde_json::json!({}), 0.0);
+        let e = choose(&[refused, stopped("s"), stopped("older")]).unwrap();
+        assert_eq!(
+            e,
+            Earlier {
+                id: "s".into(),
+                request: "add a flag".into(),
+                branch: "kodx/7-abc".into(),
+                cost: 0.25,
+            }
+        );
+    }
+
+    #[test]
+    fn a_continued_continuation_keeps_the_first_request_and_adds_the_costs() {
+        let mut c = run(
+            "c",
+            EndReason::Agent(StopReason::CostLimitExceeded),
+            serde_json::json!({"branch": "kodx/7-abc",
+                "continues": {"run": "s", "request": "add a flag", "cost_usd": 0.25}}),
+            0.5,
+        );
+        c.request.job = Job::Continue {
+            more: More::Default,
+        };
+        let e = choose(&[c]).unwrap();
+        assert_eq!(e.request, "add a flag");
+        assert!((e.cost - 0.75).abs() < 1e-9, "{}", e.cost);
+    }
+
+    #[test]
+    fn only_a_stopped_run_that_pushed_can_be_continued() {
+        assert_eq!(choose(&[]), Err(CannotContinue::Nothing));
+        let refused = run("r", EndReason::BudgetExceeded, serde_json::json!({}), 0.0);
+        assert_eq!(choose(&[refused]), Err(CannotContinue::Nothing));
+        let done = run(
+            "d",
+            EndReason::Agent(StopReason::EndTurn),
+            serde_json::json!({"branch": "b"}),
+            0.1,
+        );
+        // The newest decides, even with a stopped one before it.
+        assert_eq!(
+            choose(&[done, stopped("s")]),
+            Err(CannotContinue::Finished { id: "d".into() })
+        );
+        for reason in [
+            StopReason::Cancelled,
+            StopReason::Error,
+            StopReason::SetupFailed,
+        ] {
+            let r = run("x", EndReason::Agent(reason), serde_json::json!({}), 0.0);
+            assert!(
+                matches!(choose(&[r]), Err(CannotContinue::NotStopped { .. })),
+                "{reason:?}"
+            );
+        }
+        let discarded = run(
+            "z",
+            EndReason::Agent(StopReason::Timeout),
+            serde_json::json!({"branch": null}),
+            0.3,
+        );
+        assert_eq!(
+            choose(&[discarded]),
+            Err(CannotContinue::NothingPushed { id: "z".into() })
+        );
+    }
+
+    fn admission(budget: Option<Budget>) -> Admission {
+        let config = RepoConfig::parse("cost_limit:\n  code: 3\nmax_iterations: 40\n").unwrap();
+        Admission::new(config, Some(Permission::Write), budget, 0)
+    }
+
+    #[test]
+    fn the_text_shows_both_parts_and_the_total() {
+        let e = Earlier {
+            id: "s".into(),
+            request: "add a flag".into(),
+            branch: "b".into(),
+            cost: 0.25,
+        };
+        let t = both_parts("Done.\n", &e, 0.5, true);
+        assert!(t.starts_with("Done.\n\n**Continued** from run `s`"), "{t}");
+        assert!(
+            t.contains("earlier parts $0.2500, this part $0.5000, **$0.7500 in total**"),
+            "{t}"
+        );
+        assert!(t.contains("ready for review"), "{t}");
+        assert!(!both_parts("x", &e, 0.5, false).contains("ready for review"));
+    }
+
+    #[test]
+    fn extra_budget_defaults_to_the_repositorys_and_stays_within_maxima_and_budget() {
+        let maxima = ServerMaxima {
+            cost_limit: 5.0,
+            max_iterations: 100,
+        };
+        let free = admission(None);
+        assert_eq!(limits(More::Default, &free, &maxima), Ok((3.0, 40)));
+        assert_eq!(limits(More::Usd(4.5), &free, &maxima), Ok((4.5, 40)));
+        assert_eq!(limits(More::Steps(80), &free, &maxima), Ok((3.0, 80)));
+        assert_eq!(
+            limits(More::Usd(6.0), &free, &maxima),
+            Err(CannotContinue::AboveMaximum {
+                asked: "$6".into(),
+                most: crate::cost::format_usd(5.0),
+            })
+        );
+        assert!(matches!(
+            limits(More::Steps(101), &free, &maxima),
+            Err(CannotContinue::AboveMaximum { .. })
+        ));
+        // What is left of the monthly budget bounds the default and `$N` alike.
+        let tight = admission(Some(Budget {
+            budget: 10.0,
+            spent: 9.0,
+        }));
+        let (cost, _) = limits(More::Default, &tight, &maxima).unwrap();
+        assert!((cost - 1.0).abs() < 1e-9, "{cost}");
+        let (cost, _) = limits(More::Usd(4.0), &tight, &maxima).unwrap();
+        assert!((cost - 1.0).abs() < 1e-9, "{cost}");
+    }
+}
