@@ -35,9 +35,9 @@ pub enum CredentialSource {
 impl std::fmt::Display for CredentialSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CredentialSource::Environment => f.write_str(
-                "environment (APP_ID, PRIVATE_KEY/PRIVATE_KEY_PATH, WEBHOOK_SECRET)",
-            ),
+            CredentialSource::Environment => {
+                f.write_str("environment (APP_ID, PRIVATE_KEY/PRIVATE_KEY_PATH, WEBHOOK_SECRET)")
+            }
             CredentialSource::Saved(p) => write!(f, "saved by setup in {}", p.display()),
         }
     }
@@ -322,9 +322,14 @@ impl ServeConfig {
     pub fn startup(var: impl Fn(&str) -> Option<String>) -> Result<Startup, ConfigError> {
         let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         let (base, host_given) = base_config(&get)?;
-        let from_env = ["APP_ID", "PRIVATE_KEY", "PRIVATE_KEY_PATH", "WEBHOOK_SECRET"]
-            .iter()
-            .any(|v| get(v).is_some());
+        let from_env = [
+            "APP_ID",
+            "PRIVATE_KEY",
+            "PRIVATE_KEY_PATH",
+            "WEBHOOK_SECRET",
+        ]
+        .iter()
+        .any(|v| get(v).is_some());
         if from_env {
             let app = credentials_from_env(&get)?;
             return Ok(Startup::Ready(Box::new(
@@ -365,7 +370,9 @@ const MISSING_APP_VARS: [&str; 3] = [
     "WEBHOOK_SECRET (the secret set in the App's webhook settings)",
 ];
 
-fn credentials_from_env(get: &dyn Fn(&str) -> Option<String>) -> Result<AppCredentials, ConfigError> {
+fn credentials_from_env(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<AppCredentials, ConfigError> {
     let mut missing = Vec::new();
     let app_id = match get("APP_ID") {
         Some(v) => Some(v.trim().parse::<u64>().ok().filter(|&id| id > 0).ok_or_else(|| {
@@ -421,7 +428,10 @@ pub fn web_url_for(api_url: &str) -> String {
         return base.to_string();
     }
     for scheme in ["https://", "http://"] {
-        if let Some(host) = api_url.strip_prefix(scheme).and_then(|r| r.strip_prefix("api.")) {
+        if let Some(host) = api_url
+            .strip_prefix(scheme)
+            .and_then(|r| r.strip_prefix("api."))
+        {
             return format!("{scheme}{host}");
         }
     }

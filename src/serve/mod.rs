@@ -68,7 +68,13 @@ pub async fn serve(
     shutdown: CancellationToken,
     options: ServeOptions,
 ) -> anyhow::Result<()> {
-    serve_startup(Startup::Ready(Box::new(config)), listener, shutdown, options).await
+    serve_startup(
+        Startup::Ready(Box::new(config)),
+        listener,
+        shutdown,
+        options,
+    )
+    .await
 }
 
 /// [`serve`], or setup mode when no App is configured yet: the setup page ([`setup`])

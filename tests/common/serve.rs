@@ -82,6 +82,8 @@ pub struct Options {
     pub pid_namespace: bool,
     /// RLIMIT_NOFILE (soft and hard) of the server process.
     pub fd_limit: Option<u64>,
+    /// Start without the App's variables (setup mode, unless an App was saved).
+    pub setup_mode: bool,
 }
 
 impl Served {
@@ -158,6 +160,11 @@ impl Served {
             // Clones go there: a killed server's leftovers go with the test's directory.
             ("TMPDIR".into(), tmp.display().to_string()),
         ];
+        if opts.setup_mode {
+            env.retain(|(k, _)| {
+                !["APP_ID", "PRIVATE_KEY_PATH", "WEBHOOK_SECRET"].contains(&k.as_str())
+            });
+        }
         env.extend(opts.extra_env.iter().cloned());
         let log = Arc::new(Mutex::new(String::new()));
         let (child, url) = spawn(

@@ -131,7 +131,10 @@ pub fn check_public_url(url: &str) -> Result<String, String> {
 /// a `state` the callback takes.
 pub fn make_state(token: &[u8]) -> String {
     let nonce = hex::encode(rand::random::<[u8; 16]>());
-    format!("{nonce}.{}", hex::encode(state_mac(token, &nonce).finalize().into_bytes()))
+    format!(
+        "{nonce}.{}",
+        hex::encode(state_mac(token, &nonce).finalize().into_bytes())
+    )
 }
 
 /// Whether `state` was made by [`make_state`] under `token` (compared in constant time).
@@ -194,7 +197,10 @@ mod tests {
             "http://127.0.0.1:3000/setup/callback",
         );
         assert!(no_nulls(&m), "{m}");
-        assert_eq!(m["hook_attributes"]["url"], "https://kodx.example.com/webhook");
+        assert_eq!(
+            m["hook_attributes"]["url"],
+            "https://kodx.example.com/webhook"
+        );
         assert_eq!(m["redirect_url"], "http://127.0.0.1:3000/setup/callback");
         assert_eq!(m["url"], "https://kodx.example.com");
         assert_eq!(m["public"], false);
@@ -263,17 +269,22 @@ mod tests {
         let mut info = AppInfo {
             id: 1,
             slug: "k".into(),
-            permissions: [("contents", "write"), ("issues", "read"), ("metadata", "read")]
-                .iter()
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .collect(),
+            permissions: [
+                ("contents", "write"),
+                ("issues", "read"),
+                ("metadata", "read"),
+            ]
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect(),
             events: vec!["issues".into()],
         };
         let (p, e) = missing_grants(&info);
         assert_eq!(p, ["issues: write", "pull_requests: write"]);
         assert_eq!(e, ["issue_comment", "pull_request_review_comment"]);
         info.permissions.insert("issues".into(), "admin".into());
-        info.permissions.insert("pull_requests".into(), "write".into());
+        info.permissions
+            .insert("pull_requests".into(), "write".into());
         info.events = EVENTS.iter().map(|e| e.to_string()).collect();
         assert_eq!(missing_grants(&info), (vec![], vec![]));
     }

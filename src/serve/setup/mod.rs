@@ -193,7 +193,10 @@ fn wrong_token() -> Response {
 const WEBHOOK_503: &str = "kodx is in setup mode: no GitHub App is configured yet; open the setup URL printed by kodx serve";
 
 async fn webhook() -> Response {
-    (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({ "error": WEBHOOK_503 })))
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        axum::Json(serde_json::json!({ "error": WEBHOOK_503 })),
+    )
         .into_response()
 }
 
@@ -256,12 +259,20 @@ struct CreateForm {
     public_url: String,
 }
 
-async fn create(State(s): State<SetupMode>, headers: HeaderMap, Form(f): Form<CreateForm>) -> Response {
+async fn create(
+    State(s): State<SetupMode>,
+    headers: HeaderMap,
+    Form(f): Form<CreateForm>,
+) -> Response {
     if !s.inner.token.matches(&f.token) {
         return wrong_token();
     }
     let Some(origin) = origin(&headers) else {
-        return refused(StatusCode::BAD_REQUEST, "Setup failed", "the request has no usable Host header");
+        return refused(
+            StatusCode::BAD_REQUEST,
+            "Setup failed",
+            "the request has no usable Host header",
+        );
     };
     let checked = (|| {
         let name = manifest::check_name(&f.name)?;
@@ -291,7 +302,10 @@ async fn create(State(s): State<SetupMode>, headers: HeaderMap, Form(f): Form<Cr
     let manifest = manifest::manifest(&name, &public_url, &format!("{origin}/setup/callback"));
     let state = manifest::make_state(s.inner.token.0.expose_secret().as_bytes());
     let action = manifest::new_app_url(&s.inner.config.github_url, &owner, &state);
-    page(StatusCode::OK, page::to_github(&action, &manifest.to_string()))
+    page(
+        StatusCode::OK,
+        page::to_github(&action, &manifest.to_string()),
+    )
 }
 
 #[derive(Deserialize)]
@@ -302,7 +316,11 @@ struct CallbackQuery {
 
 async fn callback(State(s): State<SetupMode>, Query(q): Query<CallbackQuery>) -> Response {
     let token = s.inner.token.0.expose_secret().as_bytes();
-    if !q.state.as_deref().is_some_and(|st| manifest::check_state(token, st)) {
+    if !q
+        .state
+        .as_deref()
+        .is_some_and(|st| manifest::check_state(token, st))
+    {
         return refused(
             StatusCode::FORBIDDEN,
             "Setup refused",
@@ -310,7 +328,11 @@ async fn callback(State(s): State<SetupMode>, Query(q): Query<CallbackQuery>) ->
         );
     }
     let Some(code) = q.code else {
-        return refused(StatusCode::BAD_REQUEST, "Setup failed", "GitHub sent no code back: start again from the setup page");
+        return refused(
+            StatusCode::BAD_REQUEST,
+            "Setup failed",
+            "GitHub sent no code back: start again from the setup page",
+        );
     };
     let mut finished = s.inner.finished.lock().await;
     if *finished {
@@ -365,8 +387,17 @@ async fn import(State(s): State<SetupMode>, Form(f): Form<ImportForm>) -> Respon
     };
     let info = match info {
         Ok(info) if info.id == app_id => info,
-        Ok(info) => return bad(format!("GitHub says this key belongs to App {}, not {app_id}", info.id)),
-        Err(e) => return bad(format!("{e} (check the App ID and that the key is the App's)")),
+        Ok(info) => {
+            return bad(format!(
+                "GitHub says this key belongs to App {}, not {app_id}",
+                info.id
+            ))
+        }
+        Err(e) => {
+            return bad(format!(
+                "{e} (check the App ID and that the key is the App's)"
+            ))
+        }
     };
     let mut finished = s.inner.finished.lock().await;
     if *finished {
@@ -385,7 +416,11 @@ async fn import(State(s): State<SetupMode>, Form(f): Form<ImportForm>) -> Respon
 }
 
 fn already_done() -> Response {
-    refused(StatusCode::GONE, "Already set up", "this server already has its GitHub App")
+    refused(
+        StatusCode::GONE,
+        "Already set up",
+        "this server already has its GitHub App",
+    )
 }
 
 /// Saves the credentials and switches to normal mode; answers the `done` page.

@@ -108,7 +108,7 @@ pub fn to_github(action: &str, manifest: &str) -> Markup {
         "Create the App on GitHub",
         html! {
             h1 { "Create the App on GitHub" }
-            form.card method="post" action=(action) id="manifest-form" {
+            form.card id="manifest-form" method="post" action=(action) {
                 input type="hidden" name="manifest" value=(manifest);
                 p { "Sending the App's manifest to GitHub…" }
                 button type="submit" id="to-github" { "Continue on GitHub" }
@@ -119,7 +119,12 @@ pub fn to_github(action: &str, manifest: &str) -> Markup {
 }
 
 /// After setup: where the credentials came from, the checks, and the install link.
-pub fn done(app_name: &str, install_url: Option<&str>, saved_to: &str, lines: &[CheckLine]) -> Markup {
+pub fn done(
+    app_name: &str,
+    install_url: Option<&str>,
+    saved_to: &str,
+    lines: &[CheckLine],
+) -> Markup {
     layout(
         "kodx is set up",
         html! {

@@ -181,7 +181,10 @@ mod tests {
         assert_eq!(dir_mode, 0o700);
         let back = load(&data).unwrap().unwrap();
         assert_eq!(back.app_id, 42);
-        assert_eq!(back.private_key.expose_secret(), app().private_key.expose_secret());
+        assert_eq!(
+            back.private_key.expose_secret(),
+            app().private_key.expose_secret()
+        );
         assert_eq!(back.slug.as_deref(), Some("kodx-abc"));
         assert!(back.credentials().is_ok());
         assert!(
@@ -203,8 +206,11 @@ mod tests {
     #[test]
     fn a_damaged_file_is_named_without_quoting_it() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(path(dir.path()), "{\"app_id\": 7, \"webhook_secret\": \"zzz-secret\"}")
-            .unwrap();
+        std::fs::write(
+            path(dir.path()),
+            "{\"app_id\": 7, \"webhook_secret\": \"zzz-secret\"}",
+        )
+        .unwrap();
         let e = load(dir.path()).unwrap_err().to_string();
         assert!(e.contains("private_key") && e.contains(FILE_NAME), "{e}");
         assert!(!e.contains("zzz-secret"), "{e}");
