@@ -55,7 +55,7 @@ pub struct AppCredentials {
 /// How `kodx serve` starts: with an App, or in setup mode without one.
 #[derive(Debug, Clone)]
 pub enum Startup {
-    Ready(Box<ServeConfig>),
+    Ready(ServeConfig),
     Setup(SetupConfig),
 }
 
@@ -303,7 +303,7 @@ impl ServeConfig {
     /// must be configured (in the environment or saved by setup).
     pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<ServeConfig, ConfigError> {
         match Self::startup(var)? {
-            Startup::Ready(c) => Ok(*c),
+            Startup::Ready(c) => Ok(c),
             Startup::Setup(_) => Err(ConfigError(format!(
                 "kodx serve needs {}",
                 MISSING_APP_VARS.join(", and ")
@@ -332,9 +332,9 @@ impl ServeConfig {
         .any(|v| get(v).is_some());
         if from_env {
             let app = credentials_from_env(&get)?;
-            return Ok(Startup::Ready(Box::new(
+            return Ok(Startup::Ready(
                 base.with_credentials(app, CredentialSource::Environment),
-            )));
+            ));
         }
         match crate::serve::setup::store::load(&base.data_dir) {
             Ok(Some(saved)) => {
@@ -346,9 +346,9 @@ impl ServeConfig {
                         path.display()
                     ))
                 })?;
-                Ok(Startup::Ready(Box::new(
+                Ok(Startup::Ready(
                     base.with_credentials(app, CredentialSource::Saved(path)),
-                )))
+                ))
             }
             Ok(None) => {
                 let mut setup = base;

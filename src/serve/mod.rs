@@ -68,13 +68,7 @@ pub async fn serve(
     shutdown: CancellationToken,
     options: ServeOptions,
 ) -> anyhow::Result<()> {
-    serve_startup(
-        Startup::Ready(Box::new(config)),
-        listener,
-        shutdown,
-        options,
-    )
-    .await
+    serve_startup(Startup::Ready(config), listener, shutdown, options).await
 }
 
 /// [`serve`], or setup mode when no App is configured yet: the setup page ([`setup`])
@@ -96,7 +90,7 @@ pub async fn serve_startup(
     let addr = listener.local_addr().ok();
     match startup {
         Startup::Ready(config) => {
-            let normal = start(*config, options, metrics.clone(), shutdown.clone()).await?;
+            let normal = start(config, options, metrics.clone(), shutdown.clone()).await?;
             slot.set(normal.router.clone());
             *running.lock().expect("running lock") = Some(normal);
         }
