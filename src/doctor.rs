@@ -18,7 +18,7 @@ use std::time::Duration;
 use kodx::db::Db;
 use kodx::github::{AppInfo, GitHubApp, GitHubError, RequestPolicy, USER_AGENT};
 use kodx::sandbox::Engine;
-use kodx::serve::config::ServeConfig;
+use kodx::serve::config::{ServeConfig, DEFAULT_DATA_DIR};
 use secrecy::ExposeSecret;
 
 /// The sandbox image checked when neither `--image`, `KODX_IMAGE` nor the server config names
@@ -69,7 +69,9 @@ pub async fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     }
     let mut out = Report::new(secrets_from_env());
 
-    let serve_intended = APP_VARS.iter().any(|v| env_value(v).is_some());
+    let data_dir = env_value("KODX_DATA_DIR").unwrap_or_else(|| DEFAULT_DATA_DIR.into());
+    let serve_intended = APP_VARS.iter().any(|v| env_value(v).is_some())
+        || kodx::serve::setup::store::path(std::path::Path::new(&data_dir)).exists();
     let config = check_config(&mut out, serve_intended);
     if let Some(config) = &config {
         let app = check_private_key(&mut out, config);
@@ -194,7 +196,8 @@ fn check_config(out: &mut Report, serve_intended: bool) -> Option<ServeConfig> {
     if !serve_intended {
         out.note(
             "kodx serve is not configured (APP_ID, PRIVATE_KEY or PRIVATE_KEY_PATH, \
-             WEBHOOK_SECRET are not set): its checks are skipped; `kodx run` needs none of them",
+             WEBHOOK_SECRET are not set, and no App was saved by setup): its checks are \
+             skipped; `kodx serve` starts in setup mode; `kodx run` needs none of them",
         );
         return None;
     }
@@ -208,6 +211,7 @@ fn check_config(out: &mut Report, serve_intended: bool) -> Option<ServeConfig> {
                 "configuration: App {}, listening on {}, {settings}",
                 c.app_id, c.listen
             ));
+            out.ok(format!("App credentials from: {}", c.credential_source));
             Some(c)
         }
         Err(e) => {

@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use kodx::serve::config::ServeConfig;
-use kodx::serve::{serve, ServeOptions};
+use kodx::serve::config::{ServeConfig, Startup};
+use kodx::serve::{serve_startup, ServeOptions};
 use tokio_util::sync::CancellationToken;
 
 #[derive(clap::Args)]
@@ -29,11 +29,15 @@ enum Role {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let config = ServeConfig::from_env()?;
-    let listener = kodx::serve::listen::bind(config.listen).with_context(|| {
+    let startup = ServeConfig::startup_from_env()?;
+    let listen = match &startup {
+        Startup::Ready(c) => c.listen,
+        Startup::Setup(s) => s.listen,
+    };
+    let listener = kodx::serve::listen::bind(listen).with_context(|| {
         format!(
             "cannot listen on {} (HOST/PORT): is another server using the port?",
-            config.listen
+            listen
         )
     })?;
     if let Ok(addr) = listener.local_addr() {
@@ -74,6 +78,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         intake: role != Role::Worker,
         ..ServeOptions::default()
     };
-    serve(config, listener, shutdown, options).await?;
+    serve_startup(startup, listener, shutdown, options).await?;
     Ok(ExitCode::SUCCESS)
 }

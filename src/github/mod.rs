@@ -18,6 +18,7 @@
 
 mod error;
 mod installation;
+mod manifest;
 mod policy;
 mod transport;
 mod types;
@@ -33,6 +34,7 @@ use octocrab::Octocrab;
 
 pub use error::GitHubError;
 pub use installation::Installation;
+pub use manifest::{convert_manifest, ConvertedApp};
 pub use policy::RequestPolicy;
 pub use types::{
     noreply_email, Access, AppInfo, BotIdentity, CommentInfo, CommentRef, IssueInfo, NewPull,

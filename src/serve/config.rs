@@ -19,6 +19,80 @@ use crate::webhook::WebhookSecrets;
 /// Where the server config file is looked for when `KODX_CONFIG` is not set.
 pub const DEFAULT_CONFIG_PATH: &str = "config/kodx.toml";
 pub const DEFAULT_GITHUB_API_URL: &str = "https://api.github.com";
+/// Where `kodx serve` keeps what it saves itself (the App's credentials after setup) when
+/// `KODX_DATA_DIR` is not set; the default database lives there too.
+pub const DEFAULT_DATA_DIR: &str = "data";
+
+/// Where the App's id, key and webhook secret came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CredentialSource {
+    /// `APP_ID`, `PRIVATE_KEY`/`PRIVATE_KEY_PATH`, `WEBHOOK_SECRET` (these win).
+    Environment,
+    /// Saved by the setup page (or an import) in this file.
+    Saved(PathBuf),
+}
+
+impl std::fmt::Display for CredentialSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CredentialSource::Environment => {
+                f.write_str("environment (APP_ID, PRIVATE_KEY/PRIVATE_KEY_PATH, WEBHOOK_SECRET)")
+            }
+            CredentialSource::Saved(p) => write!(f, "saved by setup in {}", p.display()),
+        }
+    }
+}
+
+/// What a GitHub App needs to act.
+#[derive(Debug, Clone)]
+pub struct AppCredentials {
+    pub app_id: u64,
+    /// PEM text.
+    pub private_key: SecretString,
+    pub webhook_secrets: WebhookSecrets,
+}
+
+/// How `kodx serve` starts: with an App, or in setup mode without one.
+#[derive(Debug, Clone)]
+pub enum Startup {
+    Ready(ServeConfig),
+    Setup(SetupConfig),
+}
+
+/// Everything but the App's credentials: what setup mode runs with, and what the server
+/// runs with once setup has given it an App.
+#[derive(Debug, Clone)]
+pub struct SetupConfig {
+    /// `127.0.0.1:PORT` unless `HOST` was set.
+    pub listen: SocketAddr,
+    pub github_api_url: String,
+    pub github_url: String,
+    pub database_url: String,
+    pub public_url: Option<String>,
+    pub data_dir: PathBuf,
+    pub config_file: Option<PathBuf>,
+    pub settings: Settings,
+}
+
+impl SetupConfig {
+    /// The server's configuration once it has an App.
+    pub fn with_credentials(self, app: AppCredentials, source: CredentialSource) -> ServeConfig {
+        ServeConfig {
+            app_id: app.app_id,
+            private_key: app.private_key,
+            webhook_secrets: app.webhook_secrets,
+            credential_source: source,
+            github_api_url: self.github_api_url,
+            github_url: self.github_url,
+            listen: self.listen,
+            database_url: self.database_url,
+            public_url: self.public_url,
+            data_dir: self.data_dir,
+            config_file: self.config_file,
+            settings: self.settings,
+        }
+    }
+}
 
 /// Everything `kodx serve` runs with.
 #[derive(Debug, Clone)]
@@ -27,10 +101,15 @@ pub struct ServeConfig {
     /// The App's PEM private key (`expose_secret` reads it).
     pub private_key: SecretString,
     pub webhook_secrets: WebhookSecrets,
+    pub credential_source: CredentialSource,
     pub github_api_url: String,
+    /// GitHub's web host (`GITHUB_URL`): where Apps are created and installed.
+    pub github_url: String,
     pub listen: SocketAddr,
     pub database_url: String,
     pub public_url: Option<String>,
+    /// `KODX_DATA_DIR`: where setup saves the App's credentials.
+    pub data_dir: PathBuf,
     /// Where the settings below came from (`None`: built-in defaults).
     pub config_file: Option<PathBuf>,
     pub settings: Settings,
@@ -242,118 +321,228 @@ impl ServeConfig {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
-    /// Reads the configuration through `var` (the environment, or a map in tests).
+    /// Reads the configuration through `var` (the environment, or a map in tests); an App
+    /// must be configured (in the environment or saved by setup).
     pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<ServeConfig, ConfigError> {
-        let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
-        let mut missing = Vec::new();
-
-        let app_id = match get("APP_ID") {
-            Some(v) => Some(v.trim().parse::<u64>().ok().filter(|&id| id > 0).ok_or_else(|| {
-                ConfigError(format!(
-                    "APP_ID must be the GitHub App's numeric id (App settings → About → App ID), got {v:?}"
-                ))
-            })?),
-            None => {
-                missing.push("APP_ID (the GitHub App's numeric id)");
-                None
-            }
-        };
-        let private_key = match (get("PRIVATE_KEY"), get("PRIVATE_KEY_PATH")) {
-            (Some(pem), _) => Some(SecretString::from(pem.replace("\\n", "\n"))),
-            (None, Some(path)) => {
-                Some(SecretString::from(std::fs::read_to_string(&path).map_err(
-                    |e| ConfigError(format!("PRIVATE_KEY_PATH={path}: cannot read the key: {e}")),
-                )?))
-            }
-            (None, None) => {
-                missing.push(
-                    "PRIVATE_KEY or PRIVATE_KEY_PATH (the App's private key, downloaded from its settings)",
-                );
-                None
-            }
-        };
-        let webhook_secrets = match get("WEBHOOK_SECRET") {
-            Some(v) => Some(
-                WebhookSecrets::parse(&v)
-                    .map_err(|e| ConfigError(format!("WEBHOOK_SECRET: {e}")))?,
-            ),
-            None => {
-                missing.push("WEBHOOK_SECRET (the secret set in the App's webhook settings)");
-                None
-            }
-        };
-        if !missing.is_empty() {
-            return Err(ConfigError(format!(
+        match Self::startup(var)? {
+            Startup::Ready(c) => Ok(c),
+            Startup::Setup(_) => Err(ConfigError(format!(
                 "kodx serve needs {}",
-                missing.join(", and ")
-            )));
+                MISSING_APP_VARS.join(", and ")
+            ))),
         }
+    }
 
-        let github_api_url = get("GITHUB_API_URL")
-            .unwrap_or_else(|| DEFAULT_GITHUB_API_URL.into())
-            .trim_end_matches('/')
-            .to_string();
-        if !(github_api_url.starts_with("https://") || github_api_url.starts_with("http://")) {
-            return Err(ConfigError(format!(
-                "GITHUB_API_URL must be an http(s) URL such as https://api.github.com or https://HOST/api/v3, got {github_api_url:?}"
-            )));
+    /// Reads how `kodx serve` starts from the process environment.
+    pub fn startup_from_env() -> Result<Startup, ConfigError> {
+        Self::startup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads how `kodx serve` starts: the App's credentials from the environment when any of
+    /// its variables is set (they win), else those saved by setup under `KODX_DATA_DIR`,
+    /// else setup mode.
+    pub fn startup(var: impl Fn(&str) -> Option<String>) -> Result<Startup, ConfigError> {
+        let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        let (base, host_given) = base_config(&get)?;
+        let from_env = [
+            "APP_ID",
+            "PRIVATE_KEY",
+            "PRIVATE_KEY_PATH",
+            "WEBHOOK_SECRET",
+        ]
+        .iter()
+        .any(|v| get(v).is_some());
+        if from_env {
+            let app = credentials_from_env(&get)?;
+            return Ok(Startup::Ready(
+                base.with_credentials(app, CredentialSource::Environment),
+            ));
         }
-        let port = match get("PORT") {
-            Some(p) => p.trim().parse::<u16>().map_err(|_| {
-                ConfigError(format!("PORT must be a port number (0–65535), got {p:?}"))
-            })?,
-            None => 3000,
-        };
-        let host = get("HOST").unwrap_or_else(|| "0.0.0.0".into());
-        let ip: IpAddr = host.trim().parse().map_err(|_| {
+        match crate::serve::setup::store::load(&base.data_dir) {
+            Ok(Some(saved)) => {
+                let path = crate::serve::setup::store::path(&base.data_dir);
+                let app = saved.credentials().map_err(|e| {
+                    ConfigError(format!(
+                        "{}: {e} (remove the file to run setup again, or set APP_ID, \
+                         PRIVATE_KEY_PATH and WEBHOOK_SECRET)",
+                        path.display()
+                    ))
+                })?;
+                Ok(Startup::Ready(
+                    base.with_credentials(app, CredentialSource::Saved(path)),
+                ))
+            }
+            Ok(None) => {
+                let mut setup = base;
+                if !host_given {
+                    // Setup mode answers this machine only unless told otherwise.
+                    setup.listen.set_ip(IpAddr::from([127, 0, 0, 1]));
+                }
+                Ok(Startup::Setup(setup))
+            }
+            Err(e) => Err(ConfigError(e.to_string())),
+        }
+    }
+}
+
+/// What `kodx serve` names when the App is only half configured.
+const MISSING_APP_VARS: [&str; 3] = [
+    "APP_ID (the GitHub App's numeric id)",
+    "PRIVATE_KEY or PRIVATE_KEY_PATH (the App's private key, downloaded from its settings)",
+    "WEBHOOK_SECRET (the secret set in the App's webhook settings)",
+];
+
+fn credentials_from_env(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<AppCredentials, ConfigError> {
+    let mut missing = Vec::new();
+    let app_id = match get("APP_ID") {
+        Some(v) => Some(v.trim().parse::<u64>().ok().filter(|&id| id > 0).ok_or_else(|| {
             ConfigError(format!(
-                "HOST must be an IP address to listen on (0.0.0.0, 127.0.0.1, ::), got {host:?}"
+                "APP_ID must be the GitHub App's numeric id (App settings → About → App ID), got {v:?}"
+            ))
+        })?),
+        None => {
+            missing.push(MISSING_APP_VARS[0]);
+            None
+        }
+    };
+    let private_key = match (get("PRIVATE_KEY"), get("PRIVATE_KEY_PATH")) {
+        (Some(pem), _) => Some(SecretString::from(pem.replace("\\n", "\n"))),
+        (None, Some(path)) => Some(SecretString::from(std::fs::read_to_string(&path).map_err(
+            |e| ConfigError(format!("PRIVATE_KEY_PATH={path}: cannot read the key: {e}")),
+        )?)),
+        (None, None) => {
+            missing.push(MISSING_APP_VARS[1]);
+            None
+        }
+    };
+    let webhook_secrets = match get("WEBHOOK_SECRET") {
+        Some(v) => Some(
+            WebhookSecrets::parse(&v).map_err(|e| ConfigError(format!("WEBHOOK_SECRET: {e}")))?,
+        ),
+        None => {
+            missing.push(MISSING_APP_VARS[2]);
+            None
+        }
+    };
+    match (app_id, private_key, webhook_secrets) {
+        (Some(app_id), Some(private_key), Some(webhook_secrets)) => Ok(AppCredentials {
+            app_id,
+            private_key,
+            webhook_secrets,
+        }),
+        _ => Err(ConfigError(format!(
+            "kodx serve needs {} (or none of the App's variables, to set the App up in the browser)",
+            missing.join(", and ")
+        ))),
+    }
+}
+
+/// The web host beside an API URL: `https://api.github.com` → `https://github.com`,
+/// `https://HOST/api/v3` → `https://HOST`, `https://api.HOST` → `https://HOST`; anything
+/// else is taken as it is (a test server serving both).
+pub fn web_url_for(api_url: &str) -> String {
+    if api_url == DEFAULT_GITHUB_API_URL {
+        return "https://github.com".into();
+    }
+    if let Some(base) = api_url.strip_suffix("/api/v3") {
+        return base.to_string();
+    }
+    for scheme in ["https://", "http://"] {
+        if let Some(host) = api_url
+            .strip_prefix(scheme)
+            .and_then(|r| r.strip_prefix("api."))
+        {
+            return format!("{scheme}{host}");
+        }
+    }
+    api_url.to_string()
+}
+
+/// Everything but the App's credentials; `true` when `HOST` was given.
+fn base_config(get: &dyn Fn(&str) -> Option<String>) -> Result<(SetupConfig, bool), ConfigError> {
+    let github_api_url = get("GITHUB_API_URL")
+        .unwrap_or_else(|| DEFAULT_GITHUB_API_URL.into())
+        .trim_end_matches('/')
+        .to_string();
+    if !(github_api_url.starts_with("https://") || github_api_url.starts_with("http://")) {
+        return Err(ConfigError(format!(
+            "GITHUB_API_URL must be an http(s) URL such as https://api.github.com or https://HOST/api/v3, got {github_api_url:?}"
+        )));
+    }
+    let github_url = match get("GITHUB_URL") {
+        Some(u) => {
+            let u = u.trim().trim_end_matches('/').to_string();
+            if !(u.starts_with("https://") || u.starts_with("http://")) {
+                return Err(ConfigError(format!(
+                    "GITHUB_URL must be GitHub's web address such as https://github.com or https://HOST, got {u:?}"
+                )));
+            }
+            u
+        }
+        None => web_url_for(&github_api_url),
+    };
+    let port = match get("PORT") {
+        Some(p) => p
+            .trim()
+            .parse::<u16>()
+            .map_err(|_| ConfigError(format!("PORT must be a port number (0–65535), got {p:?}")))?,
+        None => 3000,
+    };
+    let host_given = get("HOST").is_some();
+    let host = get("HOST").unwrap_or_else(|| "0.0.0.0".into());
+    let ip: IpAddr = host.trim().parse().map_err(|_| {
+        ConfigError(format!(
+            "HOST must be an IP address to listen on (0.0.0.0, 127.0.0.1, ::), got {host:?}"
+        ))
+    })?;
+    let database_url = get("DATABASE_URL").unwrap_or_else(|| DEFAULT_DATABASE_URL.into());
+    let public_url = get("KODX_PUBLIC_URL").map(|u| u.trim_end_matches('/').to_string());
+    let data_dir = PathBuf::from(get("KODX_DATA_DIR").unwrap_or_else(|| DEFAULT_DATA_DIR.into()));
+
+    let (config_file, mut settings) = match get("KODX_CONFIG") {
+        Some(path) => {
+            let path = PathBuf::from(path);
+            let s = load_settings(&path)?;
+            (Some(path), s)
+        }
+        None if Path::new(DEFAULT_CONFIG_PATH).is_file() => {
+            let path = PathBuf::from(DEFAULT_CONFIG_PATH);
+            let s = load_settings(&path)?;
+            (Some(path), s)
+        }
+        None => (None, Settings::default()),
+    };
+    if let Some(image) = get("KODX_IMAGE") {
+        settings.image = image;
+    }
+    if let Some(dir) = get("KODX_REPO_CACHE_DIR") {
+        settings.repo_cache_dir = Some(PathBuf::from(dir));
+    }
+    if let Some(bytes) = get("KODX_REPO_CACHE_MAX_BYTES") {
+        settings.repo_cache_max_bytes = bytes.trim().parse().map_err(|_| {
+            ConfigError(format!(
+                "KODX_REPO_CACHE_MAX_BYTES must be a number of bytes (0 turns the repository cache off), got {bytes:?}"
             ))
         })?;
-        let database_url = get("DATABASE_URL").unwrap_or_else(|| DEFAULT_DATABASE_URL.into());
-        let public_url = get("KODX_PUBLIC_URL").map(|u| u.trim_end_matches('/').to_string());
-
-        let (config_file, mut settings) = match get("KODX_CONFIG") {
-            Some(path) => {
-                let path = PathBuf::from(path);
-                let s = load_settings(&path)?;
-                (Some(path), s)
-            }
-            None if Path::new(DEFAULT_CONFIG_PATH).is_file() => {
-                let path = PathBuf::from(DEFAULT_CONFIG_PATH);
-                let s = load_settings(&path)?;
-                (Some(path), s)
-            }
-            None => (None, Settings::default()),
-        };
-        if let Some(image) = get("KODX_IMAGE") {
-            settings.image = image;
-        }
-        if let Some(dir) = get("KODX_REPO_CACHE_DIR") {
-            settings.repo_cache_dir = Some(PathBuf::from(dir));
-        }
-        if let Some(bytes) = get("KODX_REPO_CACHE_MAX_BYTES") {
-            settings.repo_cache_max_bytes = bytes.trim().parse().map_err(|_| {
-                ConfigError(format!(
-                    "KODX_REPO_CACHE_MAX_BYTES must be a number of bytes (0 turns the repository cache off), got {bytes:?}"
-                ))
-            })?;
-        }
-        if settings.repo_cache_dir.is_none() {
-            settings.repo_cache_dir = Some(data_dir(&database_url).join("mirrors"));
-        }
-        Ok(ServeConfig {
-            app_id: app_id.expect("checked"),
-            private_key: private_key.expect("checked"),
-            webhook_secrets: webhook_secrets.expect("checked"),
-            github_api_url,
+    }
+    if settings.repo_cache_dir.is_none() {
+        settings.repo_cache_dir = Some(self::data_dir(&database_url).join("mirrors"));
+    }
+    Ok((
+        SetupConfig {
             listen: SocketAddr::new(ip, port),
+            github_api_url,
+            github_url,
             database_url,
             public_url,
+            data_dir,
             config_file,
             settings,
-        })
-    }
+        },
+        host_given,
+    ))
 }
 
 /// The directory the SQLite database of `database_url` is in (`data` when it has none,

@@ -16,6 +16,7 @@ pub mod job;
 pub mod listen;
 pub mod messages;
 pub mod metrics;
+pub mod setup;
 pub mod worker;
 
 use std::sync::Arc;
@@ -29,10 +30,11 @@ use tokio_util::sync::CancellationToken;
 use crate::cost::Pricing;
 use crate::db::Db;
 use crate::github::GitHubApp;
-use config::ServeConfig;
+use config::{ServeConfig, Startup};
 use worker::{EngineSlot, EnvProviders, ProviderFactory, Workers};
 
 /// How `serve` runs beyond its configuration.
+#[derive(Clone)]
 pub struct ServeOptions {
     /// Start workers. Without them webhooks are only verified and queued (for a separate
     /// worker process, or to measure the webhook path alone).
@@ -72,6 +74,143 @@ pub async fn serve(
     shutdown: CancellationToken,
     options: ServeOptions,
 ) -> anyhow::Result<()> {
+    serve_startup(Startup::Ready(config), listener, shutdown, options).await
+}
+
+/// [`serve`], or setup mode when no App is configured yet: the setup page ([`setup`])
+/// until it has an App, then the same server as [`serve`] on the same listener, without a
+/// restart.
+pub async fn serve_startup(
+    startup: Startup,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    options: ServeOptions,
+) -> anyhow::Result<()> {
+    let metrics = Arc::new(metrics::Metrics::new());
+    let slot = RouterSlot::default();
+    let running: Arc<std::sync::Mutex<Option<Running>>> = Default::default();
+    let settings = match &startup {
+        Startup::Ready(c) => c.settings.clone(),
+        Startup::Setup(s) => s.settings.clone(),
+    };
+    let addr = listener.local_addr().ok();
+    match startup {
+        Startup::Ready(config) => {
+            let normal = start(config, options, metrics.clone(), shutdown.clone()).await?;
+            slot.set(normal.router.clone());
+            *running.lock().expect("running lock") = Some(normal);
+        }
+        Startup::Setup(config) => {
+            let token = setup::SetupToken::new();
+            let url = setup::local_url(addr, &token);
+            let activator = Activator {
+                options: tokio::sync::Mutex::new(Some(options)),
+                metrics: metrics.clone(),
+                shutdown: shutdown.clone(),
+                slot: slot.clone(),
+                running: running.clone(),
+            };
+            slot.set(setup::router(setup::SetupMode::new(
+                config,
+                token,
+                Arc::new(activator),
+            )));
+            tracing::info!(address = ?addr, "kodx serve is in setup mode: no GitHub App is configured");
+            // The one place the token is shown: to whoever started the server.
+            eprintln!(
+                "kodx serve: setup mode (no GitHub App configured yet). Open this one-time URL in a browser to create or import the App:\n  {url}"
+            );
+        }
+    }
+    let limits = listen::ConnectionLimits {
+        max_connections: settings.max_connections,
+        header_timeout: settings.header_timeout(),
+        // Requests in progress end within their body deadline, and answer quickly then.
+        shutdown_wait: settings.body_timeout() + std::time::Duration::from_secs(5),
+    };
+    listen::serve_http(
+        listener,
+        slot.router(),
+        limits,
+        metrics.connections.clone(),
+        shutdown.clone(),
+    )
+    .await;
+    let normal = running.lock().expect("running lock").take();
+    if let Some(normal) = normal {
+        if let Some(task) = normal.worker_task {
+            let _ = task.await;
+        }
+        normal.db.close().await;
+    }
+    tracing::info!("kodx serve stopped");
+    Ok(())
+}
+
+/// The router the listener serves, swapped once when setup ends.
+#[derive(Clone, Default)]
+struct RouterSlot(Arc<std::sync::RwLock<axum::Router>>);
+
+impl RouterSlot {
+    fn set(&self, router: axum::Router) {
+        *self.0.write().expect("router lock") = router;
+    }
+
+    /// A router that hands each request to the one in the slot at that moment.
+    fn router(&self) -> axum::Router {
+        let slot = self.clone();
+        axum::Router::new().fallback_service(tower::service_fn(
+            move |req: axum::extract::Request| {
+                let router = slot.0.read().expect("router lock").clone();
+                tower::ServiceExt::oneshot(router, req)
+            },
+        ))
+    }
+}
+
+/// The server in normal mode: its router, database and workers.
+struct Running {
+    router: axum::Router,
+    db: Db,
+    app: GitHubApp,
+    engine: Arc<EngineSlot>,
+    worker_task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Turns setup mode into normal mode (see [`setup::Activate`]).
+struct Activator {
+    /// Taken by the one activation.
+    options: tokio::sync::Mutex<Option<ServeOptions>>,
+    metrics: Arc<metrics::Metrics>,
+    shutdown: CancellationToken,
+    slot: RouterSlot,
+    running: Arc<std::sync::Mutex<Option<Running>>>,
+}
+
+#[async_trait::async_trait]
+impl setup::Activate for Activator {
+    async fn activate(&self, config: ServeConfig) -> anyhow::Result<Vec<setup::CheckLine>> {
+        let mut options = self.options.lock().await;
+        let Some(opts) = options.clone() else {
+            anyhow::bail!("this server already has a GitHub App");
+        };
+        // On an error nothing was swapped: setup mode goes on.
+        let normal = start(config, opts, self.metrics.clone(), self.shutdown.clone()).await?;
+        *options = None;
+        let lines = setup::checks(&normal.app, &normal.db, &normal.engine).await;
+        self.slot.set(normal.router.clone());
+        *self.running.lock().expect("running lock") = Some(normal);
+        Ok(lines)
+    }
+}
+
+/// Opens the database, makes the App, starts the workers: normal mode.
+async fn start(
+    config: ServeConfig,
+    options: ServeOptions,
+    metrics: Arc<metrics::Metrics>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Running> {
     let db = Db::open(&config.database_url).await.with_context(|| {
         format!(
             "DATABASE_URL={}",
@@ -84,18 +223,17 @@ pub async fn serve(
         config.private_key.expose_secret(),
     )
     .context("the GitHub App's key (PRIVATE_KEY / PRIVATE_KEY_PATH)")?;
-    let metrics = Arc::new(metrics::Metrics::new());
     let wake = Arc::new(Notify::new());
     let instance = db.instance_id().await.with_context(|| {
         format!(
             "reading this installation's id from DATABASE_URL={}",
-            config.database_url
+            crate::db::shown_url(&config.database_url)
         )
     })?;
     let engine = Arc::new(EngineSlot::for_instance(instance));
     let workers = Workers::new(
         db.clone(),
-        app,
+        app.clone(),
         engine.clone(),
         config.settings.clone(),
         metrics.clone(),
@@ -117,16 +255,16 @@ pub async fn serve(
         db: db.clone(),
         metrics: metrics.clone(),
         wake,
-        health: engine,
+        health: engine.clone(),
         budget: body::BodyBudget::new(
             settings.unverified_body_bytes,
             metrics.unverified_bytes.clone(),
         ),
         body_timeout: settings.body_timeout(),
     };
-    let addr = listener.local_addr().ok();
     tracing::info!(
-        address = ?addr,
+        app_id = config.app_id,
+        credentials = %config.credential_source,
         github = %config.github_api_url,
         database = %crate::db::shown_url(&config.database_url),
         workers = options.workers,
@@ -134,24 +272,11 @@ pub async fn serve(
         max_concurrent_runs = config.settings.max_concurrent_runs,
         "kodx serve is listening"
     );
-    let limits = listen::ConnectionLimits {
-        max_connections: settings.max_connections,
-        header_timeout: settings.header_timeout(),
-        // Requests in progress end within their body deadline, and answer quickly then.
-        shutdown_wait: settings.body_timeout() + std::time::Duration::from_secs(5),
-    };
-    listen::serve_http(
-        listener,
-        http::router(state, options.intake),
-        limits,
-        metrics.connections.clone(),
-        shutdown.clone(),
-    )
-    .await;
-    if let Some(task) = worker_task {
-        let _ = task.await;
-    }
-    db.close().await;
-    tracing::info!("kodx serve stopped");
-    Ok(())
+    Ok(Running {
+        router: http::router(state, options.intake),
+        db,
+        app,
+        engine,
+        worker_task,
+    })
 }

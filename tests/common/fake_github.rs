@@ -288,8 +288,11 @@ struct Shared {
     url: String,
     root: String,
     prefix: String,
-    app_id: u64,
-    public_key: DecodingKey,
+    /// The App's id and the key its JWTs are checked with (replaced by a manifest
+    /// conversion).
+    app: Mutex<(u64, DecodingKey)>,
+    /// Manifest flow: codes handed out by the web form, not yet converted.
+    manifest_codes: Mutex<HashMap<String, (Value, String)>>,
     state: Mutex<StateInner>,
     /// Bumped after every request handled and every comment added: see `changed()`.
     changes: tokio::sync::watch::Sender<u64>,
@@ -320,9 +323,12 @@ impl FakeGitHub {
                 url: format!("{root}{prefix}"),
                 root,
                 prefix: prefix.clone(),
-                app_id,
-                public_key: DecodingKey::from_rsa_pem(TEST_APP_PUBLIC_KEY.as_bytes())
-                    .expect("tests/data/test-app-key.pub.pem"),
+                app: Mutex::new((
+                    app_id,
+                    DecodingKey::from_rsa_pem(TEST_APP_PUBLIC_KEY.as_bytes())
+                        .expect("tests/data/test-app-key.pub.pem"),
+                )),
+                manifest_codes: Mutex::new(HashMap::new()),
                 state: Mutex::new(StateInner {
                     slug: "kodx".into(),
                     installations: BTreeMap::new(),
@@ -357,6 +363,8 @@ impl FakeGitHub {
         } else {
             Router::new().nest(&prefix, api).fallback(no_such_route)
         };
+        // The web side (github.com itself) is at the root.
+        let app = app.merge(web_routes());
         let app = app
             .layer(axum::middleware::from_fn_with_state(fake.clone(), record))
             .with_state(fake.clone());
@@ -377,7 +385,7 @@ impl FakeGitHub {
     }
 
     pub fn app_id(&self) -> u64 {
-        self.inner.app_id
+        self.inner.app.lock().unwrap().0
     }
 
     /// A receiver woken whenever the fake's state may have changed: after each request it
@@ -834,6 +842,7 @@ impl FakeGitHub {
 
 fn api_routes() -> Router<FakeGitHub> {
     Router::new()
+        .route("/app-manifests/{code}/conversions", post(convert_manifest))
         .route("/app", get(get_app))
         .route(
             "/app/installations/{id}/access_tokens",
@@ -1100,7 +1109,8 @@ fn auth_app(fake: &FakeGitHub, req: &Req) -> Result<(), Response> {
     validation.set_required_spec_claims(&["exp", "iat", "iss"]);
     validation.leeway = 0;
     validation.validate_aud = false;
-    let claims = match jsonwebtoken::decode::<Value>(jwt, &fake.inner.public_key, &validation) {
+    let (app_id, key) = fake.inner.app.lock().unwrap().clone();
+    let claims = match jsonwebtoken::decode::<Value>(jwt, &key, &validation) {
         Ok(data) => data.claims,
         Err(e) => {
             return fail(
@@ -1128,7 +1138,6 @@ fn auth_app(fake: &FakeGitHub, req: &Req) -> Result<(), Response> {
             "'Expiration time' claim ('exp') is too far in the future",
         );
     }
-    let app_id = fake.inner.app_id;
     let iss_ok = claims["iss"].as_str() == Some(app_id.to_string().as_str())
         || claims["iss"].as_u64() == Some(app_id);
     if !iss_ok {
@@ -1474,9 +1483,9 @@ async fn get_app(State(fake): State<FakeGitHub>, req: Req) -> Response {
     json_response(
         200,
         json!({
-            "id": fake.inner.app_id,
+            "id": fake.app_id(),
             "slug": slug,
-            "node_id": format!("A_{}", fake.inner.app_id),
+            "node_id": format!("A_{}", fake.app_id()),
             "name": slug,
             "owner": owner,
             "description": "kodx test App",
@@ -2765,4 +2774,211 @@ fn percent_decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+// ---------------------------------------------------------------------------------------
+// The manifest flow's web side: the form GitHub shows at /settings/apps/new (here it
+// validates the posted manifest and "creates" the App at once), and the conversion.
+// ---------------------------------------------------------------------------------------
+
+fn web_routes() -> Router<FakeGitHub> {
+    Router::new()
+        .route("/settings/apps/new", post(new_app_form))
+        .route("/organizations/{org}/settings/apps/new", post(new_app_form))
+}
+
+/// What GitHub's manifest validator refuses, as one line; `None` when it takes it.
+pub fn manifest_problem(m: &Value) -> Option<String> {
+    fn null_at(v: &Value, path: &str) -> Option<String> {
+        match v {
+            Value::Null => Some(path.to_string()),
+            Value::Array(a) => a
+                .iter()
+                .enumerate()
+                .find_map(|(i, x)| null_at(x, &format!("{path}[{i}]"))),
+            Value::Object(o) => o
+                .iter()
+                .find_map(|(k, x)| null_at(x, &format!("{path}.{k}"))),
+            _ => None,
+        }
+    }
+    let Some(obj) = m.as_object() else {
+        return Some("the manifest is not a JSON object".into());
+    };
+    if let Some(p) = null_at(m, "manifest") {
+        return Some(format!("{p} is null"));
+    }
+    let url_field = |v: Option<&Value>, name: &str| match v.and_then(Value::as_str) {
+        Some(u) if u.starts_with("http://") || u.starts_with("https://") => None,
+        _ => Some(format!("{name} must be an http(s) URL")),
+    };
+    if let Some(p) = url_field(obj.get("url"), "url") {
+        return Some(p);
+    }
+    if let Some(p) = url_field(m.pointer("/hook_attributes/url"), "hook_attributes.url") {
+        return Some(p);
+    }
+    if let Some(p) = url_field(obj.get("redirect_url"), "redirect_url") {
+        return Some(p);
+    }
+    if let Some(name) = obj.get("name") {
+        if !name
+            .as_str()
+            .is_some_and(|n| !n.is_empty() && n.chars().count() <= 34)
+        {
+            return Some("name must be 1–34 characters".into());
+        }
+    }
+    if obj.get("public").is_some_and(|p| !p.is_boolean()) {
+        return Some("public must be a boolean".into());
+    }
+    let Some(perms) = obj.get("default_permissions").and_then(Value::as_object) else {
+        return Some("default_permissions must be an object".into());
+    };
+    for (p, level) in perms {
+        if !matches!(level.as_str(), Some("read" | "write" | "admin")) {
+            return Some(format!(
+                "default_permissions.{p} must be read, write or admin"
+            ));
+        }
+    }
+    let Some(events) = obj.get("default_events").and_then(Value::as_array) else {
+        return Some("default_events must be an array".into());
+    };
+    if events.iter().any(|e| !e.is_string()) {
+        return Some("default_events must be event names".into());
+    }
+    let known = |p: &str| APP_PERMISSIONS.iter().any(|(k, _)| *k == p);
+    if let Some((p, _)) = perms.iter().find(|(p, _)| !known(p)) {
+        return Some(format!(
+            "default_permissions.{p} is not a permission this fake knows"
+        ));
+    }
+    None
+}
+
+async fn new_app_form(
+    State(fake): State<FakeGitHub>,
+    org: Option<Path<String>>,
+    req: Req,
+) -> Response {
+    let form = parse_query(&String::from_utf8_lossy(&req.body));
+    let html_error = |fake: &FakeGitHub, why: String| {
+        note_refused(fake, &req, &why);
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            [("content-type", "text/html")],
+            format!("<h1>Invalid GitHub App configuration</h1><p>{why}</p>"),
+        )
+            .into_response()
+    };
+    let Some(text) = form.get("manifest") else {
+        return html_error(&fake, "no `manifest` form field".into());
+    };
+    let manifest: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => return html_error(&fake, format!("the manifest is not JSON: {e}")),
+    };
+    if let Some(why) = manifest_problem(&manifest) {
+        return html_error(&fake, why);
+    }
+    let state = req.query.get("state").cloned().unwrap_or_default();
+    let owner = org.map(|Path(o)| o).unwrap_or_else(|| "octocat".into());
+    let code = format!("{:032x}", rand::random::<u128>());
+    fake.inner
+        .manifest_codes
+        .lock()
+        .unwrap()
+        .insert(code.clone(), (manifest.clone(), owner));
+    let redirect = manifest["redirect_url"].as_str().unwrap();
+    let sep = if redirect.contains('?') { '&' } else { '?' };
+    let state = percent_encoding::utf8_percent_encode(&state, percent_encoding::NON_ALPHANUMERIC);
+    (
+        StatusCode::FOUND,
+        [(
+            "location",
+            format!("{redirect}{sep}code={code}&state={state}"),
+        )],
+    )
+        .into_response()
+}
+
+/// `POST /app-manifests/{code}/conversions`: GitHub's documented answer, with a freshly
+/// made RSA key; from now on the fake is this App (its id, and JWTs signed by that key).
+async fn convert_manifest(
+    State(fake): State<FakeGitHub>,
+    Path(code): Path<String>,
+    req: Req,
+) -> Response {
+    let Some((manifest, owner)) = fake.inner.manifest_codes.lock().unwrap().remove(&code) else {
+        return refuse(
+            &fake,
+            &req,
+            404,
+            "Not Found",
+            "unknown or used manifest code",
+        );
+    };
+    let (pem, public) = new_rsa_key();
+    let id = fake.app_id() + 1000;
+    let name = manifest["name"].as_str().unwrap_or("kodx").to_string();
+    let slug: String = name
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let webhook_secret = format!("{:032x}", rand::random::<u128>());
+    *fake.inner.app.lock().unwrap() = (
+        id,
+        DecodingKey::from_rsa_pem(public.as_bytes()).expect("openssl's public key"),
+    );
+    fake.set_slug(&slug);
+    let mut st = fake.state();
+    let owner_json = user_json(&mut st, &owner, false);
+    drop(st);
+    json_response(
+        201,
+        json!({
+            "id": id,
+            "slug": slug,
+            "node_id": format!("A_{id}"),
+            "owner": owner_json,
+            "name": name,
+            "description": manifest.get("description").cloned().unwrap_or(Value::from("")),
+            "external_url": manifest["url"],
+            "html_url": format!("{}/apps/{slug}", fake.inner.root),
+            "created_at": "2024-01-01T00:00:00Z",
+            "updated_at": "2024-01-01T00:00:00Z",
+            "permissions": manifest["default_permissions"],
+            "events": manifest["default_events"],
+            "client_id": format!("Iv1.{:016x}", rand::random::<u64>()),
+            "client_secret": format!("{:040x}", rand::random::<u128>()),
+            "webhook_secret": webhook_secret,
+            "pem": pem,
+        }),
+    )
+}
+
+/// A new 2048-bit RSA key (PKCS#1 PEM, as GitHub hands out) and its public key.
+fn new_rsa_key() -> (String, String) {
+    let run = |args: &[&str], input: Option<&str>| {
+        use std::io::Write as _;
+        let mut child = std::process::Command::new("openssl")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("openssl runs");
+        if let Some(i) = input {
+            child.stdin.take().unwrap().write_all(i.as_bytes()).unwrap();
+        } else {
+            drop(child.stdin.take());
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "openssl {args:?} failed");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let pem = run(&["genrsa", "-traditional", "2048"], None);
+    let public = run(&["rsa", "-pubout"], Some(&pem));
+    (pem, public)
 }

@@ -106,6 +106,8 @@ pub struct Options {
     pub fd_limit: Option<u64>,
     /// `DATABASE_URL` (default: a SQLite file in the test's directory).
     pub database_url: Option<String>,
+    /// Start without the App's variables (setup mode, unless an App was saved).
+    pub setup_mode: bool,
 }
 
 impl Served {
@@ -183,6 +185,11 @@ impl Served {
             // Clones go there: a killed server's leftovers go with the test's directory.
             ("TMPDIR".into(), tmp.display().to_string()),
         ];
+        if opts.setup_mode {
+            env.retain(|(k, _)| {
+                !["APP_ID", "PRIVATE_KEY_PATH", "WEBHOOK_SECRET"].contains(&k.as_str())
+            });
+        }
         env.extend(opts.extra_env.iter().cloned());
         let log = Arc::new(Mutex::new(String::new()));
         let (child, url) = spawn(

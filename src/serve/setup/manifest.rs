@@ -1,0 +1,291 @@
+//! The pure parts of the manifest flow: the App manifest kodx asks GitHub for, the form's
+//! checks, and the `state` bound to the setup token.
+
+use hmac::{Hmac, Mac};
+use serde_json::{json, Value};
+use sha2::Sha256;
+
+use crate::github::AppInfo;
+
+/// What the App must be allowed (SPEC §2): permission, least level.
+pub const PERMISSIONS: [(&str, &str); 4] = [
+    ("contents", "write"),
+    ("issues", "write"),
+    ("pull_requests", "write"),
+    ("metadata", "read"),
+];
+
+/// The webhook events kodx acts on.
+pub const EVENTS: [&str; 3] = ["issue_comment", "issues", "pull_request_review_comment"];
+
+/// GitHub's longest App name.
+pub const MAX_NAME_CHARS: usize = 34;
+
+/// Who will own the App.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Owner {
+    /// The account signed in on GitHub.
+    Personal,
+    Organization(String),
+}
+
+/// The App manifest (GitHub's "Registering a GitHub App from a manifest"): no `null`
+/// anywhere, since GitHub's validator refuses optional fields set to null.
+pub fn manifest(name: &str, public_url: &str, redirect_url: &str) -> Value {
+    let permissions: serde_json::Map<String, Value> = PERMISSIONS
+        .iter()
+        .map(|(p, level)| (p.to_string(), Value::from(*level)))
+        .collect();
+    json!({
+        "name": name,
+        "url": public_url,
+        "hook_attributes": { "url": format!("{public_url}/webhook"), "active": true },
+        "redirect_url": redirect_url,
+        "description": "kodx: an LLM that works in a sandbox on your issues and pull requests (/kodx code, /kodx ask)",
+        "public": false,
+        "default_permissions": permissions,
+        "default_events": EVENTS,
+    })
+}
+
+/// Where the browser posts the manifest: `<GITHUB_URL>/settings/apps/new` or
+/// `/organizations/ORG/settings/apps/new`, with `state` in the query.
+pub fn new_app_url(github_url: &str, owner: &Owner, state: &str) -> String {
+    let state = percent_encoding::utf8_percent_encode(state, percent_encoding::NON_ALPHANUMERIC);
+    match owner {
+        Owner::Personal => format!("{github_url}/settings/apps/new?state={state}"),
+        Owner::Organization(org) => {
+            format!("{github_url}/organizations/{org}/settings/apps/new?state={state}")
+        }
+    }
+}
+
+/// A fresh default App name: `kodx-` and six random letters and digits.
+pub fn default_app_name() -> String {
+    use rand::Rng as _;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    let tail: String = (0..6)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("kodx-{tail}")
+}
+
+/// The App name as GitHub takes it: 1–34 characters, no control characters.
+pub fn check_name(name: &str) -> Result<String, String> {
+    let name = name.trim();
+    if name.is_empty() {
+        return Err("the App needs a name".into());
+    }
+    if name.chars().count() > MAX_NAME_CHARS {
+        return Err(format!(
+            "GitHub takes App names of at most {MAX_NAME_CHARS} characters"
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err("the App name has control characters".into());
+    }
+    Ok(name.to_string())
+}
+
+/// A GitHub organization login: letters, digits and single hyphens, at most 39.
+pub fn check_org(org: &str) -> Result<String, String> {
+    let org = org.trim();
+    let ok = !org.is_empty()
+        && org.len() <= 39
+        && org.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !org.starts_with('-')
+        && !org.ends_with('-');
+    if ok {
+        Ok(org.to_string())
+    } else {
+        Err(format!(
+            "{org:?} is not an organization name (letters, digits and hyphens, as in github.com/ORG)"
+        ))
+    }
+}
+
+/// The public URL GitHub sends webhooks to: http(s), a host, no query or fragment; without
+/// a trailing slash.
+pub fn check_public_url(url: &str) -> Result<String, String> {
+    let url = url.trim().trim_end_matches('/');
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    match rest {
+        Some(rest)
+            if !rest.is_empty()
+                && !rest.starts_with('/')
+                && !rest.contains(['?', '#', ' ', '"', '<', '>']) =>
+        {
+            Ok(url.to_string())
+        }
+        _ => Err(format!(
+            "the public URL must be an http(s) address GitHub can reach, such as https://kodx.example.com, got {url:?}"
+        )),
+    }
+}
+
+/// The setup token (random, shown once on the terminal) and the `state` bound to it: a
+/// nonce and the HMAC of the nonce under the token. Only the holder of the token can make
+/// a `state` the callback takes.
+pub fn make_state(token: &[u8]) -> String {
+    let nonce = hex::encode(rand::random::<[u8; 16]>());
+    format!(
+        "{nonce}.{}",
+        hex::encode(state_mac(token, &nonce).finalize().into_bytes())
+    )
+}
+
+/// Whether `state` was made by [`make_state`] under `token` (compared in constant time).
+pub fn check_state(token: &[u8], state: &str) -> bool {
+    let Some((nonce, mac)) = state.split_once('.') else {
+        return false;
+    };
+    let Ok(mac) = hex::decode(mac) else {
+        return false;
+    };
+    nonce.len() == 32 && state_mac(token, nonce).verify_slice(&mac).is_ok()
+}
+
+fn state_mac(token: &[u8], nonce: &str) -> Hmac<Sha256> {
+    let mut mac = Hmac::<Sha256>::new_from_slice(token).expect("HMAC takes any key");
+    mac.update(b"kodx-setup-state:");
+    mac.update(nonce.as_bytes());
+    mac
+}
+
+/// What the App lacks of [`PERMISSIONS`] (as `name: level`) and [`EVENTS`].
+pub fn missing_grants(info: &AppInfo) -> (Vec<String>, Vec<&'static str>) {
+    let level = |p: &str| match info.permissions.get(p).map(String::as_str) {
+        Some("admin") => 3,
+        Some("write") => 2,
+        Some("read") => 1,
+        _ => 0,
+    };
+    let permissions = PERMISSIONS
+        .iter()
+        .filter(|(p, need)| level(p) < if *need == "write" { 2 } else { 1 })
+        .map(|(p, need)| format!("{p}: {need}"))
+        .collect();
+    let events = EVENTS
+        .iter()
+        .copied()
+        .filter(|e| !info.events.iter().any(|have| have == e))
+        .collect();
+    (permissions, events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_nulls(v: &Value) -> bool {
+        match v {
+            Value::Null => false,
+            Value::Array(a) => a.iter().all(no_nulls),
+            Value::Object(o) => o.values().all(no_nulls),
+            _ => true,
+        }
+    }
+
+    #[test]
+    fn the_manifest_is_what_github_validates() {
+        let m = manifest(
+            "kodx-abc123",
+            "https://kodx.example.com",
+            "http://127.0.0.1:3000/setup/callback",
+        );
+        assert!(no_nulls(&m), "{m}");
+        assert_eq!(
+            m["hook_attributes"]["url"],
+            "https://kodx.example.com/webhook"
+        );
+        assert_eq!(m["redirect_url"], "http://127.0.0.1:3000/setup/callback");
+        assert_eq!(m["url"], "https://kodx.example.com");
+        assert_eq!(m["public"], false);
+        assert_eq!(
+            m["default_permissions"],
+            json!({"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read"})
+        );
+        assert_eq!(
+            m["default_events"],
+            json!(["issue_comment", "issues", "pull_request_review_comment"])
+        );
+    }
+
+    #[test]
+    fn the_form_goes_to_the_account_or_the_organization() {
+        assert_eq!(
+            new_app_url("https://github.com", &Owner::Personal, "a.b"),
+            "https://github.com/settings/apps/new?state=a%2Eb"
+        );
+        assert_eq!(
+            new_app_url(
+                "https://ghe.example.com",
+                &Owner::Organization("acme".into()),
+                "s"
+            ),
+            "https://ghe.example.com/organizations/acme/settings/apps/new?state=s"
+        );
+    }
+
+    #[test]
+    fn state_is_bound_to_the_token() {
+        let token = b"the-token";
+        let s = make_state(token);
+        assert!(check_state(token, &s));
+        assert_ne!(make_state(token), s, "a fresh nonce each time");
+        assert!(!check_state(b"another-token", &s));
+        let (nonce, mac) = s.split_once('.').unwrap();
+        let other_nonce = format!("{}0", &nonce[..31]);
+        assert!(!check_state(token, &format!("{other_nonce}.{mac}")));
+        for bad in ["", ".", "abc", "x.y", &format!("{nonce}.")] {
+            assert!(!check_state(token, bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn form_values_are_checked() {
+        let name = default_app_name();
+        assert!(name.starts_with("kodx-") && name.len() == 11, "{name}");
+        assert_eq!(check_name("  my app ").unwrap(), "my app");
+        assert!(check_name("").is_err());
+        assert!(check_name(&"x".repeat(35)).is_err());
+        assert!(check_org("acme-corp").is_ok());
+        assert!(check_org("acme/evil").is_err());
+        assert!(check_org("-acme").is_err());
+        assert_eq!(
+            check_public_url("https://kodx.example.com/").unwrap(),
+            "https://kodx.example.com"
+        );
+        assert!(check_public_url("kodx.example.com").is_err());
+        assert!(check_public_url("https://x/?a=1").is_err());
+        assert!(check_public_url("https://").is_err());
+    }
+
+    #[test]
+    fn missing_grants_are_named() {
+        let mut info = AppInfo {
+            id: 1,
+            slug: "k".into(),
+            permissions: [
+                ("contents", "write"),
+                ("issues", "read"),
+                ("metadata", "read"),
+            ]
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect(),
+            events: vec!["issues".into()],
+        };
+        let (p, e) = missing_grants(&info);
+        assert_eq!(p, ["issues: write", "pull_requests: write"]);
+        assert_eq!(e, ["issue_comment", "pull_request_review_comment"]);
+        info.permissions.insert("issues".into(), "admin".into());
+        info.permissions
+            .insert("pull_requests".into(), "write".into());
+        info.events = EVENTS.iter().map(|e| e.to_string()).collect();
+        assert_eq!(missing_grants(&info), (vec![], vec![]));
+    }
+}
