@@ -16,10 +16,11 @@
 
 #[path = "common/git_server.rs"]
 mod git_server;
+#[path = "common/synthetic.rs"]
+mod synthetic;
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use git_server::{accept_tokens, GitServer};
@@ -37,182 +38,9 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// A deterministic xorshift generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-const WORDS: &[&str] = &[
-    "let",
-    "fn",
-    "pub",
-    "struct",
-    "impl",
-    "self",
-    "config",
-    "package",
-    "registry",
-    "source",
-    "dependency",
-    "manifest",
-    "workspace",
-    "target",
-    "build",
-    "unit",
-    "profile",
-    "feature",
-    "resolve",
-    "lockfile",
-    "Result",
-    "Option",
-    "String",
-    "Vec",
-    "HashMap",
-    "PathBuf",
-    "&str",
-    "match",
-    "if",
-    "else",
-    "return",
-    "Ok(())",
-    "Err(e)",
-    "?;",
-    "=>",
-    "{",
-    "}",
-    "(",
-    ")",
-    ".",
-    "::",
-    "gctx",
-    "ws",
-    "pkg",
-    "id",
-    "version",
-    "name",
-    "path",
-    "deps",
-    "compile",
-    "opts",
-];
-
-fn line(rng: &mut Rng) -> String {
-    let indent = "    ".repeat(rng.below(4));
-    let n = 3 + rng.below(9);
-    let words: Vec<&str> = (0..n).map(|_| WORDS[rng.below(WORDS.len())]).collect();
-    format!("{indent}{}\n", words.join(" "))
-}
-
-/// Paths shaped like cargo's tree: `src/cargo/<dir>/<file>.rs`, `tests/testsuite/...`,
-/// `crates/<crate>/src/...`, a few docs and manifests.
-fn paths(count: usize) -> Vec<String> {
-    let mut out = vec!["Cargo.toml".to_string(), "README.md".to_string()];
-    let tops = [
-        ("src/cargo/core", 40),
-        ("src/cargo/ops", 30),
-        ("src/cargo/util", 30),
-        ("tests/testsuite", 50),
-        ("crates", 60),
-        ("src/doc/src", 20),
-    ];
-    let mut i = 0;
-    while out.len() < count {
-        let (top, width) = tops[i % tops.len()];
-        let dir = (i / tops.len()) % width;
-        let ext = if top.starts_with("src/doc") {
-            "md"
-        } else {
-            "rs"
-        };
-        out.push(format!("{top}/m{dir:02}/f{i:04}.{ext}"));
-        i += 1;
-    }
-    out
-}
-
-/// Writes the fast-import stream of `commits` commits on `refs/heads/main` over `files`
-/// files (the first commit adds them all; each later one rewrites a line or two of 1–3
-/// files) into `out`.
-fn fast_import_stream(files: usize, commits: usize, out: &mut impl Write) -> io::Result<u64> {
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
-    let paths = paths(files);
-    // Average ~8 KiB per file, as cargo's sources.
-    let mut contents: Vec<Vec<String>> = paths
-        .iter()
-        .map(|_| (0..(40 + rng.below(260))).map(|_| line(&mut rng)).collect())
-        .collect();
-    let mut time = 1_500_000_000u64;
-    let mut total = 0u64;
-    for c in 1..=commits {
-        time += 600 + rng.below(3600) as u64;
-        let message = format!("Change {c}: {}", line(&mut rng).trim());
-        let mut text = format!(
-            "commit refs/heads/main\nmark :{c}\ncommitter Bench <bench@example.com> {time} +0000\ndata {}\n{message}\n",
-            message.len() + 1
-        );
-        if c > 1 {
-            text.push_str(&format!("from :{}\n", c - 1));
-        }
-        let changed: Vec<usize> = if c == 1 {
-            (0..paths.len()).collect()
-        } else {
-            (0..1 + rng.below(3))
-                .map(|_| rng.below(paths.len()))
-                .collect()
-        };
-        out.write_all(text.as_bytes())?;
-        for f in changed {
-            if c > 1 {
-                let lines = &mut contents[f];
-                let at = rng.below(lines.len());
-                lines[at] = line(&mut rng);
-                if rng.below(4) == 0 {
-                    lines.push(line(&mut rng));
-                }
-            }
-            let body: String = contents[f].concat();
-            total += body.len() as u64;
-            write!(out, "M 100644 inline {}\ndata {}\n", paths[f], body.len())?;
-            out.write_all(body.as_bytes())?;
-            out.write_all(b"\n")?;
-        }
-    }
-    Ok(total)
-}
-
 /// Makes the bare repository `REPO` on the server with the synthetic history.
 fn make_repo(srv: &GitServer, files: usize, commits: usize) -> String {
-    let bare = srv.bare_path(REPO);
-    std::fs::create_dir_all(&bare).unwrap();
-    srv.git(&bare, &["init", "-q", "--bare", "--initial-branch", "main"]);
-    let mut child = srv
-        .git_cmd(&bare)
-        .args(["fast-import", "--quiet"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        let mut stdin = io::BufWriter::new(child.stdin.take().unwrap());
-        fast_import_stream(files, commits, &mut stdin).unwrap();
-        stdin.flush().unwrap();
-    }
-    assert!(child.wait().unwrap().success(), "git fast-import failed");
-    // One well-deltified pack, as a hosted repository serves.
-    srv.git(
-        &bare,
-        &["repack", "-a", "-d", "-q", "--window=10", "--depth=50"],
-    );
+    synthetic::fill_bare(&srv.bare_path(REPO), files, commits);
     srv.clone_url(REPO)
 }
 

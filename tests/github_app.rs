@@ -1232,10 +1232,10 @@ async fn update_pull_body_edits_the_description() {
     with_branches(&fake);
     let inst = app.installation(INST).await.unwrap();
     let pr = inst.create_pull(&repo, &new_pull(BRANCH)).await.unwrap();
-    inst.update_pull_body(&repo, pr.number, "Closes #7\n\ncost: $0.0123")
+    inst.update_pull(&repo, pr.number, None, "Closes #7\n\ncost: $0.0123")
         .await
         .unwrap();
-    inst.update_pull_body(&repo, pr.number, "Closes #7\n\ncost: $0.0456")
+    inst.update_pull(&repo, pr.number, None, "Closes #7\n\ncost: $0.0456")
         .await
         .unwrap();
     let created = &fake.created_pulls(REPO)[0];
@@ -1248,7 +1248,7 @@ async fn update_pull_body_edits_the_description() {
         inst.pull_request(&repo, pr.number).await.unwrap().body,
         "Closes #7\n\ncost: $0.0456"
     );
-    let err = inst.update_pull_body(&repo, 99, "x").await.unwrap_err();
+    let err = inst.update_pull(&repo, 99, None, "x").await.unwrap_err();
     assert!(err.is_not_found(), "{err}");
     assert_clean(&fake);
 }

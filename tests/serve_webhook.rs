@@ -344,9 +344,10 @@ async fn sigterm_stops_the_server_cleanly() {
 
 #[tokio::test]
 async fn bad_configuration_is_one_clear_line() {
+    // Half an App (no App at all starts setup mode instead: tests/serve_setup.rs).
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"))
         .arg("serve")
-        .env_remove("APP_ID")
+        .env("APP_ID", "1")
         .env_remove("PRIVATE_KEY")
         .env_remove("PRIVATE_KEY_PATH")
         .env_remove("WEBHOOK_SECRET")
@@ -356,7 +357,7 @@ async fn bad_configuration_is_one_clear_line() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("APP_ID") && err.contains("WEBHOOK_SECRET"),
+        err.contains("PRIVATE_KEY") && err.contains("WEBHOOK_SECRET"),
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");

@@ -526,41 +526,22 @@ impl Installation {
         Ok(None)
     }
 
-    /// Replaces the description of a pull request (`PATCH /repos/{o}/{r}/pulls/{n}`).
-    pub async fn update_pull_body(
+    /// Replaces the description of a pull request, and its title when one is given
+    /// (`PATCH /repos/{o}/{r}/pulls/{n}`).
+    pub async fn update_pull(
         &self,
         repo: &RepoName,
         number: u64,
+        title: Option<&str>,
         body: &str,
     ) -> Result<(), GitHubError> {
         let path = format!("{}/pulls/{number}", repo_path(repo));
-        self.request(
-            http::Method::PATCH,
-            &path,
-            None,
-            JSON,
-            Some(&json!({ "body": body })),
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// Sets a pull request's title (`PATCH /repos/{o}/{r}/pulls/{n}`).
-    pub async fn update_pull_title(
-        &self,
-        repo: &RepoName,
-        number: u64,
-        title: &str,
-    ) -> Result<(), GitHubError> {
-        let path = format!("{}/pulls/{number}", repo_path(repo));
-        self.request(
-            http::Method::PATCH,
-            &path,
-            None,
-            JSON,
-            Some(&json!({ "title": title })),
-        )
-        .await?;
+        let mut fields = json!({ "body": body });
+        if let Some(title) = title {
+            fields["title"] = json!(title);
+        }
+        self.request(http::Method::PATCH, &path, None, JSON, Some(&fields))
+            .await?;
         Ok(())
     }
 

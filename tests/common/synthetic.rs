@@ -1,6 +1,5 @@
 //! A synthetic repository shaped like rust-lang/cargo (files of ~8 KiB in cargo's layout, a
 //! long history of small commits), written with `git fast-import` — for the benchmarks.
-//! (The same generator as tests/bench_stress_repo_cache.rs.)
 
 use std::io::{self, Write};
 use std::path::Path;

@@ -627,12 +627,13 @@ impl Workers {
             format!("Pushed `{branch}`, but GitHub could not be asked for its pull request: {e}")
         })?;
         if let Some(pr) = existing {
-            let _ = gh.update_pull_body(repo, pr.number, &pull_body).await;
             // A continuation that finished: the title no longer says incomplete.
-            if partial.is_none() {
-                let title = deliver::title_from(&request_text, 100);
-                let _ = gh.update_pull_title(repo, pr.number, &title).await;
-            }
+            let title = partial
+                .is_none()
+                .then(|| deliver::title_from(&request_text, 100));
+            let _ = gh
+                .update_pull(repo, pr.number, title.as_deref(), &pull_body)
+                .await;
             timings.add("pull_request", pr_started.elapsed());
             return Ok(Delivered::Pull(pr.html_url));
         }
