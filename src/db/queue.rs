@@ -11,6 +11,18 @@ pub(super) const NOTIFY_QUEUED: &str = "SELECT pg_notify('kodx', 'queued')";
 /// Tells the other processes (PostgreSQL) that a running run was asked to stop.
 pub(super) const NOTIFY_CANCEL: &str = "SELECT pg_notify('kodx', 'cancel')";
 
+/// The agent runs a worker may start: the oldest queued one of an issue with none running.
+const AGENT_RUN_CANDIDATES: &str = "q.kind IN ('ask', 'code', 'continue') \
+    AND NOT EXISTS (SELECT 1 FROM runs r \
+      WHERE r.repo = q.repo AND r.issue_number = q.issue_number \
+      AND r.status = 'running' AND r.kind IN ('ask', 'code', 'continue')) \
+    AND NOT EXISTS (SELECT 1 FROM runs o \
+      WHERE o.repo = q.repo AND o.issue_number = q.issue_number \
+      AND o.status = 'queued' AND o.kind IN ('ask', 'code', 'continue') AND o.seq < q.seq)";
+
+/// Control jobs: every kind that is not agent work.
+const CONTROL_CANDIDATES: &str = "q.kind NOT IN ('ask', 'code', 'continue')";
+
 /// How long a claimed run stays its worker's without a renewal (unix milliseconds).
 pub const LEASE_MS: i64 = 30_000;
 
@@ -23,49 +35,38 @@ impl Db {
     /// the oldest queued run of an issue is a candidate (so skipping never reorders an
     /// issue's runs), and a unique index allows one running agent run per issue.
     pub async fn claim_run(&self, worker: &str) -> Result<Option<Run>, DbError> {
-        macro_rules! claim_run_sql {
-            ($lock:literal) => {
-                concat!(
-                    "UPDATE runs SET status = 'running', worker = $1, started_at = $2, \
-                     lease_expires_at = $3, attempts = attempts + 1, phase = NULL \
-                     WHERE status = 'queued' AND id = (\
-                       SELECT q.id FROM runs q \
-                       WHERE q.status = 'queued' AND q.kind IN ('ask', 'code', 'continue') \
-                       AND NOT EXISTS (\
-                         SELECT 1 FROM runs r \
-                         WHERE r.repo = q.repo AND r.issue_number = q.issue_number \
-                         AND r.status = 'running' AND r.kind IN ('ask', 'code', 'continue')) \
-                       AND NOT EXISTS (\
-                         SELECT 1 FROM runs o \
-                         WHERE o.repo = q.repo AND o.issue_number = q.issue_number \
-                         AND o.status = 'queued' AND o.kind IN ('ask', 'code', 'continue') \
-                         AND o.seq < q.seq) \
-                       ORDER BY q.seq LIMIT 1",
-                    $lock,
-                    ") RETURNING ",
-                    run_columns!()
-                )
-            };
-        }
-        let now = now_ms();
-        let row = match &self.pool {
-            Pool::Sqlite(p) => {
-                sqlx::query_as::<_, Run>(claim_run_sql!(""))
-                    .bind(worker)
-                    .bind(now)
-                    .bind(now + LEASE_MS)
-                    .fetch_optional(p)
-                    .await
-            }
-            Pool::Postgres(p) => {
-                sqlx::query_as::<_, Run>(claim_run_sql!(" FOR UPDATE SKIP LOCKED"))
-                    .bind(worker)
-                    .bind(now)
-                    .bind(now + LEASE_MS)
-                    .fetch_optional(p)
-                    .await
-            }
+        self.claim(worker, AGENT_RUN_CANDIDATES).await
+    }
+
+    /// Takes the oldest queued control run (any kind but `ask`/`code`/`continue`: `help`,
+    /// `cancel`, `refuse` …), with no per-issue exclusivity.
+    pub async fn claim_control(&self, worker: &str) -> Result<Option<Run>, DbError> {
+        self.claim(worker, CONTROL_CANDIDATES).await
+    }
+
+    /// Marks the first queued run `candidates` (a `WHERE` over `runs q`) picks as running for
+    /// `worker`, with a fresh lease, and returns it. On PostgreSQL the candidate is locked
+    /// `FOR UPDATE SKIP LOCKED`.
+    async fn claim(&self, worker: &str, candidates: &str) -> Result<Option<Run>, DbError> {
+        let lock = match self.pool {
+            Pool::Sqlite(_) => "",
+            Pool::Postgres(_) => " FOR UPDATE SKIP LOCKED",
         };
+        let sql = format!(
+            "UPDATE runs SET status = 'running', worker = $1, started_at = $2, \
+             lease_expires_at = $3, attempts = attempts + 1, phase = NULL \
+             WHERE status = 'queued' AND id = (\
+               SELECT q.id FROM runs q WHERE q.status = 'queued' AND {candidates} \
+               ORDER BY q.seq LIMIT 1{lock}) RETURNING {}",
+            run_columns!()
+        );
+        let now = now_ms();
+        let row = with_pool!(&self.pool, p => sqlx::query_as::<_, Run>(&sql)
+            .bind(worker)
+            .bind(now)
+            .bind(now + LEASE_MS)
+            .fetch_optional(p)
+            .await);
         match row {
             Ok(row) => Ok(row),
             // Another process started a run on the issue between the check and the write
@@ -73,46 +74,6 @@ impl Db {
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(None),
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// Takes the oldest queued control run (any kind but `ask`/`code`: `help`, `cancel`,
-    /// `refuse` …), with no per-issue exclusivity.
-    pub async fn claim_control(&self, worker: &str) -> Result<Option<Run>, DbError> {
-        macro_rules! claim_control_sql {
-            ($lock:literal) => {
-                concat!(
-                    "UPDATE runs SET status = 'running', worker = $1, started_at = $2, \
-                     lease_expires_at = $3, attempts = attempts + 1, phase = NULL \
-                     WHERE status = 'queued' AND id = (\
-                       SELECT q.id FROM runs q \
-                       WHERE q.status = 'queued' AND q.kind NOT IN ('ask', 'code', 'continue') \
-                       ORDER BY q.seq LIMIT 1",
-                    $lock,
-                    ") RETURNING ",
-                    run_columns!()
-                )
-            };
-        }
-        let now = now_ms();
-        let row = match &self.pool {
-            Pool::Sqlite(p) => {
-                sqlx::query_as::<_, Run>(claim_control_sql!(""))
-                    .bind(worker)
-                    .bind(now)
-                    .bind(now + LEASE_MS)
-                    .fetch_optional(p)
-                    .await?
-            }
-            Pool::Postgres(p) => {
-                sqlx::query_as::<_, Run>(claim_control_sql!(" FOR UPDATE SKIP LOCKED"))
-                    .bind(worker)
-                    .bind(now)
-                    .bind(now + LEASE_MS)
-                    .fetch_optional(p)
-                    .await?
-            }
-        };
-        Ok(row)
     }
 
     /// Extends the leases of the runs `worker` is running to `LEASE` from now; returns how

@@ -20,7 +20,7 @@ if [ "$(id -u)" = 0 ]; then
   id "$user" >/dev/null 2>&1 || useradd --system --no-create-home "$user"
 fi
 as_user() { if [ "$(id -u)" = 0 ]; then runuser -u "$user" -- "$@"; else "$@"; fi; }
-if [ -f "$dir/data/postmaster.pid" ] && as_user "$bin/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+if [ -f "$dir/data/postmaster.pid" ] && as_user "$bin/pg_ctl" -D "$dir/data" status >/dev/null 2>&1 9>&-; then
   echo "postgres://kodx:kodx@127.0.0.1:$port/postgres"
   exit 0
 fi
@@ -33,7 +33,8 @@ as_user "$bin/initdb" -D "$dir/data" -U kodx --pwfile="$dir/pw" --auth=scram-sha
   || { cat "$dir/initdb.log" >&2; exit 1; }
 # fsync off: a test cluster, thrown away; many connections: tests run in parallel, each
 # with its own pool.
-as_user "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w start -o \
+# (9>&-: the server must not inherit the lock, or every later caller waits on it forever.)
+as_user "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w start 9>&- -o \
   "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories=$dir -c max_connections=400 -c fsync=off -c synchronous_commit=off" \
   >/dev/null || { tail -n 30 "$dir/log" >&2; exit 1; }
 echo "postgres://kodx:kodx@127.0.0.1:$port/postgres"
