@@ -355,6 +355,18 @@ pub struct Done {
 }
 
 impl Done {
+    /// The end of a run that has nothing to show yet but its outcome.
+    pub fn new(kind: RunKind, outcome: Outcome) -> Self {
+        Done {
+            kind,
+            outcome,
+            text: String::new(),
+            pr_url: None,
+            pushed: None,
+            failure: None,
+        }
+    }
+
     /// The run ended its turn and nothing failed after it.
     pub fn succeeded(&self) -> bool {
         self.outcome.stop_reason == StopReason::EndTurn && self.failure.is_none()

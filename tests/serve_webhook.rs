@@ -339,7 +339,6 @@ async fn sigterm_stops_the_server_cleanly() {
     let s = served().await;
     let status = s.stop().await;
     assert!(status.success(), "{status:?}");
-    tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
 #[tokio::test]

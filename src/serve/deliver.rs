@@ -18,6 +18,15 @@ pub enum Target {
     PullBranch { branch: String },
 }
 
+impl Target {
+    /// The branch the change is pushed to.
+    pub fn branch(&self) -> &str {
+        match self {
+            Target::NewPull { branch, .. } | Target::PullBranch { branch } => branch,
+        }
+    }
+}
+
 /// The first 8 characters of a run id: enough to tell a repository's runs apart.
 pub fn short_id(run_id: &str) -> &str {
     &run_id[..run_id.len().min(8)]

@@ -3,12 +3,11 @@
 use anyhow::Context as _;
 
 use crate::agent::StopReason;
-use crate::comment::Done;
 use crate::db::EndReason;
 use crate::db::Run;
 use crate::github::{Installation, Reaction, RepoName};
 use crate::serve::messages;
-use crate::serve::worker::{run_kind, zero_outcome, Ending, RunFailure, Workers};
+use crate::serve::worker::{Ending, RunFailure, Workers};
 
 impl Workers {
     pub(in crate::serve) async fn cancel(
@@ -34,14 +33,11 @@ impl Workers {
                 }
             } else {
                 self.forget_ack(&t.run.id);
-                let done = Done {
-                    kind: run_kind(&t.run),
-                    outcome: zero_outcome(StopReason::Cancelled, 0.0, String::new()),
-                    text: String::new(),
-                    pr_url: None,
-                    pushed: None,
-                    failure: Some(messages::cancelled_before_it_started(&job.request.author)),
-                };
+                let done = self.failed_done(
+                    &t.run,
+                    StopReason::Cancelled,
+                    messages::cancelled_before_it_started(&job.request.author),
+                );
                 self.post_done(&t.run, &done).await;
             }
         }

@@ -1,10 +1,17 @@
-//! The short control jobs — `help`, `cancel` and refusals of commands that cannot run —
-//! answered at once, without waiting for a run slot.
+//! One handler per command. The agent runs — `ask`, `code` and `continue` — are planned
+//! ([`plan::prepare`], pure), then executed ([`execute`]: the clone, the container, the
+//! agent) and finished by their own handler ([`ask`], [`code`]). The short control jobs —
+//! `help`, `cancel` and refusals of commands that cannot run — are answered here at once,
+//! without waiting for a run slot.
 
+pub(in crate::serve) mod ask;
 mod cancel;
+pub(in crate::serve) mod code;
 pub(in crate::serve) mod continue_run;
+pub(in crate::serve) mod execute;
 mod help;
 pub(in crate::serve) mod plan;
+pub(in crate::serve) mod workspace;
 
 pub use help::help_text;
 

@@ -206,14 +206,14 @@ impl Workers {
     }
 
     /// A run's end without a model call, with `failure` as what the status comment says.
-    pub(super) fn failed_done(&self, run: &Run, reason: StopReason, failure: String) -> Done {
-        Done {
-            kind: run_kind(run),
-            outcome: zero_outcome(reason, 0.0, String::new()),
-            text: String::new(),
-            pr_url: None,
-            pushed: None,
-            failure: Some(failure),
-        }
+    pub(in crate::serve) fn failed_done(
+        &self,
+        run: &Run,
+        reason: StopReason,
+        failure: String,
+    ) -> Done {
+        let mut done = Done::new(run_kind(run), zero_outcome(reason, 0.0, String::new()));
+        done.failure = Some(failure);
+        done
     }
 }

@@ -35,10 +35,9 @@ use crate::serve::job::{JobKind, TriggerKind};
 use crate::serve::metrics::Metrics;
 use tasks::{Panicked, Tasks};
 
-use ending::RunLog;
-pub(in crate::serve) use ending::{Ending, RunFailure};
+pub(in crate::serve) use ending::{Ending, RunFailure, RunLog, Timings};
 pub use resources::{EngineSlot, EnvProviders, ProviderFactory};
-pub(in crate::serve) use status::Acked;
+pub(in crate::serve) use status::{Acked, StatusComment};
 
 /// Everything the workers share.
 pub struct Workers {

@@ -25,7 +25,7 @@ impl Workers {
         let prefix = self.clone_prefix();
         let runs = self
             .repo_cache()
-            .map(|c| c.root().join(super::run::RUNS_DIR));
+            .map(|c| c.root().join(crate::serve::handlers::workspace::RUNS_DIR));
         let stale = if shared {
             Ok(0)
         } else {
@@ -113,7 +113,7 @@ impl Workers {
     }
 
     /// Where this installation's clones go: `$TMPDIR/kodx-run-<instance>-<run id>-XXXXXX`.
-    pub(super) fn clone_prefix(&self) -> String {
+    pub(in crate::serve) fn clone_prefix(&self) -> String {
         format!("kodx-run-{}-", self.engine.instance().unwrap_or("local"))
     }
 

@@ -279,45 +279,59 @@ impl StatusComment {
         react(&self.gh, &self.repo, self.trigger, reaction).await;
     }
 
-    /// Shows the agent's progress at most once per `interval`, until the agent ends (its
-    /// sender is dropped) — also while waiting out the interval: a finished run never waits
-    /// for the next edit.
+    /// Shows the agent's progress at most once per `interval`, until the agent ends.
     pub async fn follow(
         &self,
         interval: std::time::Duration,
-        mut rx: tokio::sync::watch::Receiver<Option<Progress>>,
+        rx: tokio::sync::watch::Receiver<Option<Progress>>,
     ) {
-        let mut last_edit: Option<Instant> = None;
-        let mut shown_step = 0;
-        loop {
-            if rx.changed().await.is_err() {
-                return;
-            }
-            if let Some(at) = last_edit {
-                let until = tokio::time::Instant::from_std(at + interval);
-                // Newer progress only replaces what the edit will show; the end of the
-                // agent ends the wait.
-                loop {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(until) => break,
-                        changed = rx.changed() => if changed.is_err() { return },
-                    }
-                }
-            }
-            let p = rx.borrow_and_update().clone();
-            let Some(p) = p else { continue };
-            if p.step == shown_step {
-                continue;
-            }
-            shown_step = p.step;
+        throttled(interval, rx, |p| async move {
             self.edit(&Phase::Working {
                 step: p.step,
                 spent: p.spent,
                 limit: p.limit,
             })
-            .await;
-            last_edit = Some(Instant::now());
+            .await
+        })
+        .await
+    }
+}
+
+/// Calls `show` with the newest progress of a step not shown yet, at most once per
+/// `interval`, until the agent ends (its sender is dropped) — also while waiting out the
+/// interval: a finished run never waits for the next edit.
+async fn throttled<F, Fut>(
+    interval: std::time::Duration,
+    mut rx: tokio::sync::watch::Receiver<Option<Progress>>,
+    mut show: F,
+) where
+    F: FnMut(Progress) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut last_shown: Option<tokio::time::Instant> = None;
+    let mut shown_step = 0;
+    loop {
+        if rx.changed().await.is_err() {
+            return;
         }
+        if let Some(at) = last_shown {
+            // Newer progress only replaces what the edit will show; the end of the agent
+            // ends the wait.
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at + interval) => break,
+                    changed = rx.changed() => if changed.is_err() { return },
+                }
+            }
+        }
+        let p = rx.borrow_and_update().clone();
+        let Some(p) = p else { continue };
+        if p.step == shown_step {
+            continue;
+        }
+        shown_step = p.step;
+        show(p).await;
+        last_shown = Some(tokio::time::Instant::now());
     }
 }
 
@@ -331,4 +345,86 @@ async fn react(gh: &Installation, repo: &RepoName, target: ReactionTarget, react
 /// The command as the status comment quotes it.
 pub(super) fn command_line(run: &Run) -> String {
     run.request.job.command_line()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    fn step(step: u32) -> Option<Progress> {
+        Some(Progress {
+            step,
+            action: "thinking".into(),
+            spent: 0.01 * step as f64,
+            limit: 1.0,
+            elapsed: Duration::ZERO,
+        })
+    }
+
+    /// The steps shown, each with the seconds since the start.
+    type Shown = Arc<Mutex<Vec<(u32, u64)>>>;
+
+    /// Runs `throttled` with a 10 s interval; returns what it shows and the task's handle.
+    fn follow_for_test(
+        rx: tokio::sync::watch::Receiver<Option<Progress>>,
+    ) -> (Shown, tokio::task::JoinHandle<()>) {
+        let shown = Arc::new(Mutex::new(Vec::new()));
+        let start = Instant::now();
+        let task = {
+            let shown = shown.clone();
+            tokio::spawn(throttled(Duration::from_secs(10), rx, move |p| {
+                let shown = shown.clone();
+                async move {
+                    shown
+                        .lock()
+                        .unwrap()
+                        .push((p.step, start.elapsed().as_secs()));
+                }
+            }))
+        };
+        (shown, task)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn progress_is_shown_at_most_once_per_interval_and_newest_wins() {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let (shown, task) = follow_for_test(rx);
+        tx.send(step(1)).unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Steps 2 to 4 arrive within the interval: only the newest is shown, when it ends.
+        for s in 2..=4 {
+            tx.send(step(s)).unwrap();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        assert_eq!(*shown.lock().unwrap(), vec![(1, 0)]);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(*shown.lock().unwrap(), vec![(1, 0), (4, 10)]);
+        // The same step again is not shown twice.
+        tx.send(step(4)).unwrap();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(shown.lock().unwrap().len(), 2);
+        drop(tx);
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_end_of_the_agent_ends_the_wait_at_once() {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let (shown, task) = follow_for_test(rx);
+        tx.send(step(1)).unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        tx.send(step(2)).unwrap();
+        tokio::task::yield_now().await;
+        let before = Instant::now();
+        drop(tx);
+        task.await.unwrap();
+        // Waiting out the interval would have taken 9 more (paused) seconds.
+        assert_eq!(before.elapsed(), Duration::ZERO);
+        assert_eq!(*shown.lock().unwrap(), vec![(1, 0)]);
+    }
 }

@@ -1,0 +1,274 @@
+//! What `ask` and `code` runs share once planned: the clone, the container, and the agent
+//! working in it with the status comment following its progress and the transcript kept in
+//! the database. [`ask`](super::ask) and [`code`](super::code) do what comes after.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use secrecy::ExposeSecret;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{Agent, Outcome, Progress, Record, StopReason};
+use crate::comment::{Done, Phase};
+use crate::db::{Db, Run, RunStatus};
+use crate::github::Installation;
+use crate::model::{Message, Provider, ProviderError, Request, Response};
+use crate::program::Plan;
+use crate::sandbox::{DockerSandbox, SandboxError};
+use crate::serve::handlers::plan::RunPlan;
+use crate::serve::handlers::workspace::{CloneOf, Workspace};
+use crate::serve::messages;
+use crate::serve::metrics::Metrics;
+use crate::serve::worker::{zero_outcome, Ending, RunFailure, RunLog, StatusComment, Workers};
+
+use anyhow::Context as _;
+
+/// A planned run, ready to execute.
+pub(in crate::serve) struct Execution<'a> {
+    pub run: &'a Run,
+    pub gh: &'a Installation,
+    pub plan: &'a RunPlan,
+    pub status: &'a StatusComment,
+    /// The conversation the agent starts from: the prompt, or a stopped run's messages.
+    pub messages: Vec<Message>,
+    pub cancel: &'a CancellationToken,
+    pub log: &'a RunLog,
+}
+
+/// How far an execution got. (One per run, moved once: its size does not matter.)
+#[allow(clippy::large_enum_variant)]
+pub(in crate::serve) enum Executed {
+    /// The agent ran; its container is still up (a code run's change is in it).
+    Ran {
+        workspace: Workspace,
+        sandbox: DockerSandbox,
+        outcome: Outcome,
+    },
+    /// The run ended before the agent: cancelled, or the repository's setup failed.
+    Over(Ending),
+}
+
+impl Workers {
+    /// Clones, starts the container and runs the agent to its end.
+    pub(in crate::serve) async fn execute(
+        self: &Arc<Self>,
+        exec: Execution<'_>,
+    ) -> Result<Executed, RunFailure> {
+        let Execution {
+            run,
+            gh,
+            plan: run_plan,
+            status,
+            messages,
+            cancel,
+            log,
+        } = exec;
+        let timings = &log.timings;
+        let plan = &run_plan.plan;
+        let provider = self
+            .providers
+            .make(plan.program.model.provider)
+            .map_err(anyhow::Error::msg)
+            .context("the model API is not configured on this server")?;
+        let provider = Timed {
+            inner: provider,
+            metrics: self.metrics.clone(),
+        };
+        let workspace = self
+            .workspace(
+                run,
+                CloneOf {
+                    url: &run.request.clone_url,
+                    token: gh.token().expose_secret().to_string(),
+                    checkout: &run_plan.checkout,
+                    depth: run_plan.depth,
+                },
+                timings,
+            )
+            .await?;
+        if cancel.is_cancelled() {
+            return Ok(Executed::Over(cancelled_early(run_plan)));
+        }
+        let sandbox = match self
+            .container(run, run_plan, &workspace, cancel, log)
+            .await?
+        {
+            Ok(sandbox) => sandbox,
+            Err(over) => return Ok(Executed::Over(over)),
+        };
+
+        // The agent, with the status comment following its progress.
+        self.set_phase(run, "working").await;
+        let (progress_tx, progress_rx) = tokio::sync::watch::channel(None::<Progress>);
+        let updater = tokio::spawn(self.clone().follow_progress(status.clone(), progress_rx));
+        let (records_tx, records_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let writer = tokio::spawn(write_transcript(
+            self.db.clone(),
+            run.id.clone(),
+            records_rx,
+        ));
+        let agent = Agent {
+            provider: &provider,
+            sandbox: &sandbox,
+            config: plan.agent.clone(),
+            cancel: cancel.clone(),
+        };
+        let started = Instant::now();
+        let outcome = agent
+            .resume(
+                messages,
+                |p| {
+                    let _ = progress_tx.send(Some(p.clone()));
+                },
+                |r: &Record| {
+                    if let Ok(line) = serde_json::to_string(r) {
+                        let _ = records_tx.send(line);
+                    }
+                },
+            )
+            .await;
+        timings.add("agent", started.elapsed());
+        drop(progress_tx);
+        drop(records_tx);
+        for (task, what) in [
+            (updater, "following the progress"),
+            (writer, "the transcript writer"),
+        ] {
+            if let Err(e) = task.await {
+                tracing::error!("{what} failed: {e}");
+            }
+        }
+        Ok(Executed::Ran {
+            workspace,
+            sandbox,
+            outcome,
+        })
+    }
+
+    /// The run's container with the clone in it and the setup run. `Ok(Err(_))`: the run
+    /// is over (cancelled while it started, or the repository's setup failed).
+    async fn container(
+        &self,
+        run: &Run,
+        run_plan: &RunPlan,
+        workspace: &Workspace,
+        cancel: &CancellationToken,
+        log: &RunLog,
+    ) -> Result<Result<DockerSandbox, Ending>, RunFailure> {
+        let engine = self
+            .engine
+            .get()
+            .await
+            .map_err(|e| RunFailure::Internal(anyhow::anyhow!("no Docker engine: {e}")))?;
+        let mut spec = run_plan.plan.sandbox.clone();
+        spec.repo_dir = Some(workspace.dest.clone());
+        spec.repo_source = workspace.source;
+        if run.attempts > 1 {
+            // An earlier attempt's container (whoever made it) would hold the name.
+            match engine.remove_run_containers(&spec.run_id).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("removed {n} container(s) of an earlier attempt"),
+                Err(e) => tracing::warn!("could not remove an earlier attempt's container: {e}"),
+            }
+        }
+        let started = Instant::now();
+        let sandbox = tokio::select! {
+            s = engine.start_with_progress(&spec, |line| tracing::info!("{line}")) => s,
+            _ = cancel.cancelled() => return Ok(Err(cancelled_early(run_plan))),
+        };
+        match sandbox {
+            Ok(s) => {
+                let setup = s.setup_report();
+                // The container phase is the whole start; the setup is its part.
+                log.timings.add("container", started.elapsed());
+                if let Some(took) = setup.took {
+                    log.timings.add(setup.phase(), took);
+                }
+                *log.setup_cache.lock().expect("lock") = Some(setup.cache.as_str());
+                Ok(Ok(s))
+            }
+            Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {
+                let mut outcome = stopped(&run_plan.plan, StopReason::SetupFailed);
+                outcome.duration = started.elapsed();
+                outcome.detail = Some(e.to_string());
+                Ok(Err(Ending::Work {
+                    status: RunStatus::Failed,
+                    done: Done::new(run_plan.kind, outcome),
+                }))
+            }
+            Err(e) => Err(RunFailure::User(messages::container_failed(&e.to_string()))),
+        }
+    }
+
+    /// Notes the run's phase (for `/runs` and recovery); a failure is only logged.
+    async fn set_phase(&self, run: &Run, phase: &str) {
+        if let Err(e) = self.db.set_phase(&run.id, phase).await {
+            tracing::warn!("recording the run's phase {phase:?} failed: {e}");
+        }
+    }
+
+    /// Shows that the run is setting up, before its clone.
+    pub(in crate::serve) async fn setting_up(&self, run: &Run, status: &StatusComment) {
+        status.edit(&Phase::SettingUp).await;
+        self.set_phase(run, "setting_up").await;
+    }
+}
+
+/// A run cancelled before its agent started: nothing was spent.
+pub(in crate::serve) fn cancelled_early(run_plan: &RunPlan) -> Ending {
+    Ending::Work {
+        status: RunStatus::Cancelled,
+        done: Done::new(
+            run_plan.kind,
+            stopped(&run_plan.plan, StopReason::Cancelled),
+        ),
+    }
+}
+
+/// The outcome of a run that ended before its agent did anything.
+fn stopped(plan: &Plan, reason: StopReason) -> Outcome {
+    zero_outcome(
+        reason,
+        plan.agent.cost_limit,
+        plan.program.model.name.clone(),
+    )
+}
+
+/// Keeps the transcript in the database as records arrive.
+async fn write_transcript(
+    db: Db,
+    run_id: String,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let mut seq = db.next_transcript_seq(&run_id).await.unwrap_or(0);
+    while let Some(line) = rx.recv().await {
+        if let Err(e) = db.append_transcript(&run_id, seq, &line).await {
+            tracing::warn!("writing the transcript failed: {e}");
+        }
+        seq += 1;
+    }
+}
+
+/// Times model calls for `/metrics`.
+struct Timed {
+    inner: Box<dyn Provider>,
+    metrics: Arc<Metrics>,
+}
+
+#[async_trait::async_trait]
+impl Provider for Timed {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn complete(&self, request: &Request) -> Result<Response, ProviderError> {
+        let started = Instant::now();
+        let r = self.inner.complete(request).await;
+        self.metrics.model_call(&request.model, started.elapsed());
+        r
+    }
+
+    async fn count_tokens(&self, request: &Request) -> Option<u64> {
+        self.inner.count_tokens(request).await
+    }
+}

@@ -1,0 +1,172 @@
+//! A run's clone on the host, in a private temporary directory removed with it: from the
+//! repository cache (a clone sharing the mirror's objects; the files go into the container
+//! straight from git) or, with the cache off, a plain clone whose files are copied in.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::db::Run;
+use crate::git::Checkout;
+use crate::repo_cache::{RepoCache, RepoKey};
+use crate::sandbox::RepoSource;
+use crate::serve::messages;
+use crate::serve::worker::{RunFailure, Timings, Workers};
+
+/// Where the runs' clones go under the repository cache's directory when the temporary
+/// directory is on another filesystem (a name its mirrors never take: they are
+/// `<owner>/<name>.git`, and an owner never starts with a dot).
+pub(in crate::serve) const RUNS_DIR: &str = ".runs";
+
+/// A run's clone. Dropping it removes the clone.
+pub(in crate::serve) struct Workspace {
+    _dir: tempfile::TempDir,
+    /// The clone's work tree (for a clone from the cache, a repository with no files).
+    pub dest: PathBuf,
+    /// How the tree goes into the container, and how its change is committed.
+    pub source: RepoSource,
+}
+
+/// What to clone, with what.
+pub(in crate::serve) struct CloneOf<'a> {
+    pub url: &'a str,
+    /// The installation token (never stored in the clone's config).
+    pub token: String,
+    pub checkout: &'a Checkout,
+    /// A shallow clone's depth (plain clones only; the cache keeps whole histories).
+    pub depth: Option<u32>,
+}
+
+impl Workers {
+    /// Clones `of` for `run` into a new private directory; the phases go into `timings`.
+    pub(in crate::serve) async fn workspace(
+        &self,
+        run: &Run,
+        of: CloneOf<'_>,
+        timings: &Timings,
+    ) -> Result<Workspace, RunFailure> {
+        let cache = self.repo_cache();
+        // Readable by this user alone: it holds a private repository. A clone from the
+        // repository cache must be on the mirrors' filesystem to hard-link their packs
+        // instead of copying them: in the temporary directory when it is there, else beside
+        // the mirrors.
+        let runs_dir = match &cache {
+            Some(cache) => Some(clones_dir(cache.root()).map_err(|e| {
+                RunFailure::User(format!(
+                    "The repository cache has no room for this run's clone: cannot create {}: {e}; check that the data volume is writable",
+                    cache.root().display()
+                ))
+            })?),
+            None => None,
+        };
+        let prefix = format!("{}{}-", self.clone_prefix(), run.id);
+        let mut builder = tempfile::Builder::new();
+        builder
+            .prefix(&prefix)
+            .permissions(std::fs::Permissions::from_mode(0o700));
+        let made = match &runs_dir {
+            Some(dir) => builder.tempdir_in(dir),
+            None => builder.tempdir(),
+        };
+        let dir = made.map_err(|e| {
+            RunFailure::Internal(anyhow::anyhow!("no temporary directory for the clone: {e}"))
+        })?;
+        let dest = dir.path().join("repo");
+        let source = match cache {
+            Some(cache) => {
+                let key = RepoKey::parse(&run.request.repo).map_err(|e| {
+                    RunFailure::User(format!("The repository cache refused this run: {e}"))
+                })?;
+                let checked = {
+                    let dest = dest.clone();
+                    let url = of.url.to_string();
+                    let checkout = of.checkout.clone();
+                    let token = of.token;
+                    tokio::task::spawn_blocking(move || {
+                        let first = !cache.mirror_path(&key).exists();
+                        cache
+                            .checkout(&key, &url, &token, &checkout, &dest, false)
+                            .map(|c| (c, first))
+                    })
+                    .await
+                };
+                let (c, first) = match checked {
+                    Ok(Ok(checked)) => checked,
+                    Ok(Err(e)) => {
+                        return Err(RunFailure::User(messages::clone_failed(&e.to_string())))
+                    }
+                    Err(e) => return Err(clone_task_failed(e)),
+                };
+                // A first download of the whole history is a clone; later ones fetch what
+                // the mirror lacks.
+                timings.add(if first { "clone" } else { "fetch" }, c.fetch_took);
+                timings.add("checkout", c.clone_took);
+                tracing::info!(
+                    head = %c.commit,
+                    fetched = c.fetched,
+                    objects = c.received_objects,
+                    bytes = c.received_bytes,
+                    recovery = ?c.recovery,
+                    "checked out from the repository cache"
+                );
+                RepoSource::GitHead
+            }
+            None => {
+                let started = Instant::now();
+                let cloned = {
+                    let dest = dest.clone();
+                    let url = of.url.to_string();
+                    let checkout = of.checkout.clone();
+                    let (token, depth) = (of.token, of.depth);
+                    tokio::task::spawn_blocking(move || {
+                        crate::git::clone(&url, &token, &dest, &checkout, depth)
+                    })
+                    .await
+                };
+                match cloned {
+                    Ok(Ok(c)) => {
+                        timings.add("clone", started.elapsed());
+                        tracing::info!(head = %c.head_sha, "cloned")
+                    }
+                    Ok(Err(e)) => {
+                        return Err(RunFailure::User(messages::clone_failed(&e.to_string())))
+                    }
+                    Err(e) => return Err(clone_task_failed(e)),
+                }
+                RepoSource::Files
+            }
+        };
+        Ok(Workspace {
+            _dir: dir,
+            dest,
+            source,
+        })
+    }
+
+    /// The repository cache, unless `repo_cache_max_bytes = 0` turned it off.
+    pub(in crate::serve) fn repo_cache(&self) -> Option<RepoCache> {
+        let dir = self.settings.repo_cache_dir.as_ref()?;
+        (self.settings.repo_cache_max_bytes > 0)
+            .then(|| RepoCache::new(dir, self.settings.repo_cache_max_bytes))
+    }
+}
+
+fn clone_task_failed(e: tokio::task::JoinError) -> RunFailure {
+    RunFailure::Internal(anyhow::anyhow!("the clone task failed: {e}"))
+}
+
+/// Where a run's clone from the mirrors under `cache_root` goes: the temporary directory if
+/// it is on their filesystem (a hard link costs nothing there), else `<cache_root>/.runs`
+/// (created). `Err`: the cache's directory cannot be created.
+fn clones_dir(cache_root: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::create_dir_all(cache_root)?;
+    let tmp = std::env::temp_dir();
+    let device = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    if device(&tmp).is_some() && device(&tmp) == device(cache_root) {
+        return Ok(tmp);
+    }
+    let runs = cache_root.join(RUNS_DIR);
+    std::fs::create_dir_all(&runs)?;
+    Ok(runs)
+}
