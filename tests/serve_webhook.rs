@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::serve::{delivery_id, issue_comment, sign, IssueComment, Options, Served, SECRET};
 use serde_json::json;
 
