@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::agent::{Outcome, StopReason};
 use crate::cost::format_usd;
+use crate::sandbox::{SetupCacheUse, SetupReport};
 
 /// GitHub rejects comment bodies longer than this many characters.
 pub const GITHUB_COMMENT_LIMIT: usize = 65_536;
@@ -352,6 +353,8 @@ pub struct Done {
     pub pushed: Option<(String, String)>,
     /// What failed after the agent ended (e.g. the push), or overriding `outcome.detail`.
     pub failure: Option<String>,
+    /// How the container's setup went, shown when the setup cache was on for the run.
+    pub setup: Option<SetupReport>,
 }
 
 impl Done {
@@ -364,6 +367,7 @@ impl Done {
             pr_url: None,
             pushed: None,
             failure: None,
+            setup: None,
         }
     }
 
@@ -400,9 +404,14 @@ pub fn render(run_id: &str, command_line: &str, phase: &Phase) -> String {
         tail.push_str(&cost_summary(&done.outcome));
         tail.push('\n');
     }
+    let setup = match phase {
+        Phase::Done(done) => done.setup.as_ref().and_then(setup_note),
+        _ => None,
+    };
     tail.push_str(&format!(
-        "<sub>kodx run <code>{}</code></sub>\n",
-        escape_html(run_id)
+        "<sub>kodx run <code>{}</code>{}</sub>\n",
+        escape_html(run_id),
+        setup.map(|s| format!(" · {s}")).unwrap_or_default()
     ));
 
     let budget = BODY_LIMIT.saturating_sub(head.len() + tail.len() + 2);
@@ -532,6 +541,22 @@ fn default_failure(reason: StopReason) -> String {
 }
 
 /// The cost summary, always shown for a finished run.
+/// Whether the setup cache served the run's setup (`None` when it was off for the run).
+fn setup_note(setup: &SetupReport) -> Option<String> {
+    let took = setup
+        .took
+        .map(|d| match d.as_secs() {
+            0..=59 => format!(" in {:.1}s", d.as_secs_f64()),
+            _ => format!(" in {}", format_duration(d)),
+        })
+        .unwrap_or_default();
+    match setup.cache {
+        SetupCacheUse::Off => None,
+        SetupCacheUse::Hit => Some(format!("setup from the cache{took}")),
+        SetupCacheUse::Miss => Some(format!("setup ran{took} (not cached yet)")),
+    }
+}
+
 pub fn cost_summary(outcome: &Outcome) -> String {
     let u = &outcome.usage;
     format!(
@@ -696,7 +721,43 @@ mod tests {
             pr_url: None,
             pushed: None,
             failure: None,
+            setup: None,
         }
+    }
+
+    #[test]
+    fn the_footer_says_whether_the_setup_cache_served_the_run() {
+        let mut d = done(RunKind::Code, StopReason::EndTurn, "Done.");
+        let footer = |d: &Done| {
+            let body = render(
+                "0123abcd",
+                "/kodx code x",
+                &Phase::Done(Box::new(d.clone())),
+            );
+            body.lines().last().unwrap().to_string()
+        };
+        assert_eq!(footer(&d), "<sub>kodx run <code>0123abcd</code></sub>");
+        d.setup = Some(SetupReport {
+            cache: SetupCacheUse::Off,
+            took: Some(Duration::from_secs(3)),
+        });
+        assert_eq!(footer(&d), "<sub>kodx run <code>0123abcd</code></sub>");
+        d.setup = Some(SetupReport {
+            cache: SetupCacheUse::Hit,
+            took: Some(Duration::from_millis(400)),
+        });
+        assert_eq!(
+            footer(&d),
+            "<sub>kodx run <code>0123abcd</code> · setup from the cache in 0.4s</sub>"
+        );
+        d.setup = Some(SetupReport {
+            cache: SetupCacheUse::Miss,
+            took: Some(Duration::from_secs(21)),
+        });
+        assert_eq!(
+            footer(&d),
+            "<sub>kodx run <code>0123abcd</code> · setup ran in 21.0s (not cached yet)</sub>"
+        );
     }
 
     const GHS: &str = "ghs_abcdefghijklmnopqrstuvwxyz0123456789";

@@ -120,13 +120,14 @@ async fn code_once(s: &Served, db: &kodx::db::Db, number: u64) -> Measured {
     }
 }
 
-const PHASES: [&str; 11] = [
+const PHASES: [&str; 12] = [
     "prepare",
     "clone",
     "fetch",
     "checkout",
     "container",
     "setup",
+    "setup (cached)",
     "agent",
     "export",
     "commit",

@@ -425,3 +425,45 @@ async fn finish_fails_on_an_installation_token_in_a_comment() {
         .add_comment(REPO, 7, "eve", &format!("leaked: {token}"), false);
     s.finish().await;
 }
+
+/// A repository with a setup script: the first run's setup runs and its result is cached;
+/// the second run starts from the cached image, without running the script, and both
+/// status comments say which happened.
+#[tokio::test]
+async fn the_status_comment_says_whether_the_setup_cache_served_the_run() {
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
+    // A key unique to this test run, so an image an earlier run cached is not hit.
+    let nonce = format!("{:016x}", rand::random::<u64>());
+    s.github.set_file(
+        REPO,
+        ".github/kodx.yml",
+        &format!("setup_script: |\n  echo {nonce} >> /opt/setup-runs\n  echo installed\n"),
+    );
+    for issue in [7, 8] {
+        s.github.add_issue(REPO, issue, "Setup", "", "carol");
+        s.model.reply(
+            vec![tool("t1", json!({"chars": "cat /opt/setup-runs"}))],
+            "tool_use",
+            usage(1000, 10),
+        );
+        s.model
+            .answer_from_last_tool_result(|out| format!("Setup ran: {out}"));
+        s.comment(issue, "alice", "/kodx ask how many setups ran?")
+            .await;
+        let body = s
+            .bot_comment_where(issue, "the answer", |c| c.body.contains("answered"))
+            .await
+            .body;
+        let footer = body.lines().last().unwrap_or_default().to_string();
+        if issue == 7 {
+            assert!(footer.contains("· setup ran in "), "{body}");
+            assert!(footer.contains("(not cached yet)"), "{body}");
+        } else {
+            assert!(footer.contains("· setup from the cache"), "{body}");
+            // The script did not run again: the file it appends to has one line.
+            assert_eq!(body.matches(nonce.as_str()).count(), 1, "{body}");
+        }
+    }
+    s.finish().await;
+}

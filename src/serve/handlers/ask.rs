@@ -15,7 +15,7 @@ impl Workers {
         self: &Arc<Self>,
         exec: Execution<'_>,
     ) -> Result<Ending, RunFailure> {
-        let kind = exec.plan.kind;
+        let (kind, log) = (exec.plan.kind, exec.log);
         let (workspace, sandbox, outcome) = match self.execute(exec).await? {
             Executed::Ran {
                 workspace,
@@ -31,6 +31,7 @@ impl Workers {
         drop(workspace);
         let mut done = Done::new(kind, outcome);
         done.text = done.outcome.last_message.clone();
+        done.setup = *log.setup.lock().expect("lock");
         let status = if done.succeeded() {
             RunStatus::Succeeded
         } else {

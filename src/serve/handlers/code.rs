@@ -108,6 +108,7 @@ impl Workers {
         let teardown = tokio::spawn(async move { sandbox.destroy().await });
         let mut done = Done::new(run_plan.kind, outcome);
         done.text = done.outcome.last_message.clone();
+        done.setup = *log.setup.lock().expect("lock");
         if let Some(changes) = changes {
             // A continuation's commit and pull request say the request it continues.
             let asked = match &code.earlier {

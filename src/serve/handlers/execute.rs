@@ -184,7 +184,7 @@ impl Workers {
                 if let Some(took) = setup.took {
                     log.timings.add(setup.phase(), took);
                 }
-                *log.setup_cache.lock().expect("lock") = Some(setup.cache.as_str());
+                *log.setup.lock().expect("lock") = Some(setup);
                 Ok(Ok(s))
             }
             Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {

@@ -56,8 +56,8 @@ pub(in crate::serve) struct RunLog {
     pub timings: Timings,
     /// The admission it ran under ([`super::gate::Admission::to_json`]).
     pub admission: Mutex<Option<serde_json::Value>>,
-    /// Whether the setup came from the cache: `hit`, `miss` or `off` (`None`: no container).
-    pub setup_cache: Mutex<Option<&'static str>>,
+    /// How the container's setup went (`None`: no container).
+    pub setup: Mutex<Option<crate::sandbox::SetupReport>>,
     /// The branch a code run pushed its change to (what `/kodx continue` goes on from).
     pub branch: Mutex<Option<String>>,
     /// For `/kodx continue`: the run it went on with, the first request and what the
@@ -163,7 +163,7 @@ impl Workers {
                 "model": o.model,
                 "timings_ms": log.timings.to_json(),
                 "admission": log.admission.lock().expect("lock").clone(),
-                "setup_cache": *log.setup_cache.lock().expect("lock"),
+                "setup_cache": log.setup.lock().expect("lock").map(|s| s.cache.as_str()),
                 "branch": log.branch.lock().expect("lock").clone(),
                 "continues": log.continues.lock().expect("lock").clone(),
             })
