@@ -255,3 +255,79 @@ async fn terminate(child: &mut tokio::process::Child) {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// Fencing: the process running a code run is paused (SIGSTOP) past its lease; another
+/// process takes the run back and finishes it (one pull request, the status comment done).
+/// When the paused process goes on (SIGCONT) it finds it lost the lease and stops the run
+/// without a model call, a command, a push or a comment edit.
+#[tokio::test]
+async fn a_paused_process_that_lost_its_lease_does_nothing_more() {
+    let engine = common::require_engine!();
+    let Some(mut s) =
+        served_on_postgres("a_paused_process_that_lost_its_lease_does_nothing_more").await
+    else {
+        return;
+    };
+    s.github.add_issue(REPO, 7, "Slow", "", "carol");
+    s.model.reply(
+        tool("echo one > one.txt; sleep 300"),
+        "tool_use",
+        usage(1000, 10),
+    );
+    let run = s.comment(7, "alice", "/kodx code write one.txt").await;
+    s.wait_for(
+        "the first model call",
+        std::time::Duration::from_secs(120),
+        || !s.model.requests().is_empty(),
+    )
+    .await;
+    s.signal("STOP");
+    s.model
+        .reply(tool("echo one > one.txt"), "tool_use", usage(1000, 10));
+    s.model.reply(
+        vec![json!({"type": "text", "text": "Wrote one.txt."})],
+        "end_turn",
+        usage(1000, 10),
+    );
+    let (mut other, _) = s.spawn_another(&["--role", "worker"]).await;
+    let done = s
+        .bot_comment_where(7, "the other process to finish the run", |c| {
+            c.body.contains("✅")
+        })
+        .await;
+    assert!(done.body.contains("/pull/"), "{}", done.body);
+    let calls = s.model.requests().len();
+    assert_eq!(calls, 3, "one call by the paused process, two by the other");
+
+    s.signal("CONT");
+    s.wait_for(
+        "the resumed process to give the run up",
+        std::time::Duration::from_secs(60),
+        || {
+            s.log()
+                .contains("run given up here: another process holds it now")
+        },
+    )
+    .await;
+    assert!(s.log().contains("lost the run's lease"), "{}", s.log());
+    // Nothing more happened for the run: no model call, no edit, one pull request.
+    assert_eq!(s.model.requests().len(), calls);
+    let after = s
+        .github
+        .comments(REPO, 7)
+        .into_iter()
+        .find(|c| c.id == done.id)
+        .expect("the status comment");
+    assert_eq!(after.body, done.body);
+    assert_eq!(after.edits.len(), done.edits.len(), "{:#?}", after.edits);
+    assert_eq!(s.github.created_pulls(REPO).len(), 1);
+    let db = s.db().await;
+    let stored = db.get_run(&run.0).await.unwrap().unwrap();
+    assert_eq!(stored.status, RunStatus::Succeeded, "{stored:?}");
+    assert_eq!(stored.attempts, 2, "{stored:?}");
+    db.close().await;
+    terminate(&mut other).await;
+    common::assert_gone(&engine, &format!("kodx-{}", run.0)).await;
+    s.reaction(&s.trigger(&run), "rocket").await;
+    s.finish().await;
+}

@@ -90,6 +90,23 @@ impl Db {
         Ok(renewed)
     }
 
+    /// Whether `worker` still holds run `run_id` (nobody took it back: it is still running
+    /// there); if so, its lease is extended to `LEASE` from now. The check before each side
+    /// effect of a run on a shared queue.
+    pub async fn hold_lease(&self, run_id: &str, worker: &str) -> Result<bool, DbError> {
+        let held = with_pool!(&self.pool, p => sqlx::query(
+            "UPDATE runs SET lease_expires_at = $1 \
+             WHERE id = $2 AND worker = $3 AND status = 'running'",
+        )
+        .bind(now_ms() + LEASE_MS)
+        .bind(run_id)
+        .bind(worker)
+        .execute(p)
+        .await
+        .map(|done| done.rows_affected()))?;
+        Ok(held == 1)
+    }
+
     /// The runs `worker` is running that someone asked to cancel, with who asked — for a
     /// `/kodx cancel` another process received.
     pub async fn cancel_requests(&self, worker: &str) -> Result<Vec<(String, String)>, DbError> {

@@ -43,6 +43,10 @@ pub enum SandboxError {
     #[error("no shell named {0:?}: call create_new_shell with that name first")]
     UnknownShell(String),
 
+    /// Refused for a run this process no longer holds (a shared queue's fencing).
+    #[error("not run: this process lost the run's lease; another process runs it now")]
+    LeaseLost,
+
     /// The input is not acceptable (bad shell name, bad path, …).
     #[error("{0}")]
     InvalidInput(String),

@@ -289,6 +289,11 @@ impl Served {
             .unwrap()
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, …) to the `kodx serve` process.
+    pub fn signal(&self, signal: &str) {
+        unsafe_kill(self.kodx_pid(), signal);
+    }
+
     /// SIGKILL: the process dies at once, as in a crash.
     pub async fn kill(&mut self) {
         if self.pid_namespace && self.child.id().is_some() {

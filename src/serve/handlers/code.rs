@@ -21,7 +21,7 @@ use crate::serve::handlers::execute::{Executed, Execution};
 use crate::serve::handlers::workspace::Workspace;
 use crate::serve::job::Job;
 use crate::serve::messages;
-use crate::serve::worker::{Ending, RunFailure, Timings, Workers};
+use crate::serve::worker::{Ending, Fence, RunFailure, Timings, Workers};
 
 /// Where a code run's change went.
 pub(in crate::serve) enum Delivered {
@@ -56,6 +56,8 @@ pub(in crate::serve) enum DeliveryError {
         "Pushed the change to branch `{branch}`, but opening the pull request failed: {error}"
     )]
     OpenPull { branch: String, error: GitHubError },
+    #[error("This process lost the run's lease; another process delivers it.")]
+    LeaseLost,
 }
 
 /// What a code run is given besides its execution.
@@ -72,7 +74,7 @@ impl Workers {
         exec: Execution<'_>,
         code: CodeRun<'_>,
     ) -> Result<Ending, RunFailure> {
-        let (run, run_plan, log) = (exec.run, exec.plan, exec.log);
+        let (run, run_plan, log, fence) = (exec.run, exec.plan, exec.log, exec.fence);
         let timings = &log.timings;
         let (workspace, sandbox, outcome) = match self.execute(exec).await? {
             Executed::Ran {
@@ -130,6 +132,7 @@ impl Workers {
                         target,
                         draft: run_plan.draft,
                         partial,
+                        fence,
                     };
                     self.deliver(change, changes, &done, timings).await
                 }
@@ -185,6 +188,7 @@ impl Workers {
             target,
             draft,
             partial,
+            fence,
         } = change;
         tracing::info!(changes = %changes.summary(), "delivering");
         // A fresh token: the run may have outlived the one it cloned with.
@@ -217,6 +221,10 @@ impl Workers {
             &run.id,
         );
         let trailers = deliver::trailers(&run.request.author, run.request.author_id, &run.id);
+        // Nothing is pushed for a run another process took back.
+        if !fence.holds().await {
+            return Err(DeliveryError::LeaseLost);
+        }
         let max_file_bytes = self.settings.max_commit_file_bytes;
         let token = gh.token().expose_secret().to_string();
         let committed = {
@@ -299,6 +307,9 @@ impl Workers {
         }
         let cost = comment::cost_summary(&done.outcome);
         let pull_body = deliver::pull_body(&summary, target, &run.request.author, &cost, &run.id);
+        if !fence.holds().await {
+            return Err(DeliveryError::LeaseLost);
+        }
         let existing =
             gh.find_open_pull(repo, &branch)
                 .await
@@ -349,6 +360,7 @@ struct Change<'a> {
     draft: bool,
     /// Work a limit cut short, and what the repository wants done with it.
     partial: Option<OnLimit>,
+    fence: &'a Fence,
 }
 
 /// A pushed commit, and how long committing and pushing took.

@@ -14,12 +14,14 @@ use crate::db::{Db, Run, RunStatus};
 use crate::github::Installation;
 use crate::model::{Message, Provider, ProviderError, Request, Response};
 use crate::program::Plan;
-use crate::sandbox::{DockerSandbox, SandboxError};
+use crate::sandbox::{ChangeSet, DockerSandbox, Exported, FeedOutput, Sandbox, SandboxError};
 use crate::serve::handlers::plan::RunPlan;
 use crate::serve::handlers::workspace::{CloneOf, Workspace};
 use crate::serve::messages;
 use crate::serve::metrics::Metrics;
-use crate::serve::worker::{zero_outcome, Ending, RunFailure, RunLog, StatusComment, Workers};
+use crate::serve::worker::{
+    zero_outcome, Ending, Fence, RunFailure, RunLog, StatusComment, Workers,
+};
 
 use anyhow::Context as _;
 
@@ -32,6 +34,8 @@ pub(in crate::serve) struct Execution<'a> {
     /// The conversation the agent starts from: the prompt, or a stopped run's messages.
     pub messages: Vec<Message>,
     pub cancel: &'a CancellationToken,
+    /// The run's hold on its lease, checked before each model call and command.
+    pub fence: &'a Fence,
     pub log: &'a RunLog,
 }
 
@@ -61,6 +65,7 @@ impl Workers {
             status,
             messages,
             cancel,
+            fence,
             log,
         } = exec;
         let timings = &log.timings;
@@ -73,6 +78,7 @@ impl Workers {
         let provider = Timed {
             inner: provider,
             metrics: self.metrics.clone(),
+            fence: fence.clone(),
         };
         let workspace = self
             .workspace(
@@ -107,9 +113,13 @@ impl Workers {
             run.id.clone(),
             records_rx,
         ));
+        let fenced = Fenced {
+            inner: &sandbox,
+            fence,
+        };
         let agent = Agent {
             provider: &provider,
-            sandbox: &sandbox,
+            sandbox: &fenced,
             config: plan.agent.clone(),
             cancel: cancel.clone(),
         };
@@ -249,10 +259,11 @@ async fn write_transcript(
     }
 }
 
-/// Times model calls for `/metrics`.
+/// Times model calls for `/metrics`; none is made once the run's lease is lost.
 struct Timed {
     inner: Box<dyn Provider>,
     metrics: Arc<Metrics>,
+    fence: Fence,
 }
 
 #[async_trait::async_trait]
@@ -262,6 +273,9 @@ impl Provider for Timed {
     }
 
     async fn complete(&self, request: &Request) -> Result<Response, ProviderError> {
+        if !self.fence.holds().await {
+            return Err(lease_lost(self.inner.name()));
+        }
         let started = Instant::now();
         let r = self.inner.complete(request).await;
         self.metrics.model_call(&request.model, started.elapsed());
@@ -270,5 +284,68 @@ impl Provider for Timed {
 
     async fn count_tokens(&self, request: &Request) -> Option<u64> {
         self.inner.count_tokens(request).await
+    }
+}
+
+fn lease_lost(provider: &'static str) -> ProviderError {
+    ProviderError::Api {
+        provider,
+        status: 409,
+        message: "not called: this process lost the run's lease".into(),
+    }
+}
+
+/// The run's container, refusing commands once the run's lease is lost.
+struct Fenced<'a> {
+    inner: &'a DockerSandbox,
+    fence: &'a Fence,
+}
+
+impl Fenced<'_> {
+    async fn check(&self) -> crate::sandbox::Result<()> {
+        if self.fence.holds().await {
+            Ok(())
+        } else {
+            Err(SandboxError::LeaseLost)
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Sandbox for Fenced<'_> {
+    async fn create_new_shell(&self, name: &str) -> crate::sandbox::Result<String> {
+        self.check().await?;
+        self.inner.create_new_shell(name).await
+    }
+
+    async fn feed_chars(
+        &self,
+        name: &str,
+        chars: &str,
+        yield_time: std::time::Duration,
+    ) -> crate::sandbox::Result<FeedOutput> {
+        self.check().await?;
+        self.inner.feed_chars(name, chars, yield_time).await
+    }
+
+    async fn export_workspace(&self, dest: &std::path::Path) -> crate::sandbox::Result<Exported> {
+        self.check().await?;
+        self.inner.export_workspace(dest).await
+    }
+
+    async fn change_set(&self) -> crate::sandbox::Result<ChangeSet> {
+        self.inner.change_set().await
+    }
+
+    fn workdir(&self) -> &str {
+        self.inner.workdir()
+    }
+
+    async fn halted(&self) -> String {
+        self.inner.halted().await
+    }
+
+    async fn destroy(&self) -> crate::sandbox::Result<()> {
+        self.inner.destroy().await
     }
 }

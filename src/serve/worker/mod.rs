@@ -8,6 +8,7 @@
 //! while it waits for a free worker.
 
 mod ending;
+mod fence;
 pub(in crate::serve) mod gate;
 mod recovery;
 mod resources;
@@ -36,6 +37,7 @@ use crate::serve::metrics::Metrics;
 use tasks::{Panicked, Tasks};
 
 pub(in crate::serve) use ending::{Ending, RunFailure, RunLog, Timings};
+pub(in crate::serve) use fence::Fence;
 pub use resources::{EngineSlot, EnvProviders, ProviderFactory};
 pub(in crate::serve) use status::{Acked, StatusComment};
 
@@ -66,6 +68,8 @@ pub(in crate::serve) struct RunHandle {
     pub(in crate::serve) cancel: CancellationToken,
     /// Who cancelled it with `/kodx cancel` (none: shutdown).
     pub(in crate::serve) cancelled_by: Arc<Mutex<Option<String>>>,
+    /// Its hold on the run's lease (a shared queue).
+    pub(in crate::serve) fence: Fence,
 }
 
 impl Workers {
@@ -131,6 +135,20 @@ impl Workers {
                     tokio::time::sleep(every).await;
                     if let Err(e) = this.db.renew_leases(&this.worker_id).await {
                         tracing::warn!("renewing the leases of running runs failed: {e}");
+                    }
+                    if this.db.is_shared() {
+                        // A run another process took back stops here (after a pause past
+                        // its lease, say).
+                        let fences: Vec<Fence> = this
+                            .running
+                            .lock()
+                            .expect("lock")
+                            .values()
+                            .map(|h| h.fence.clone())
+                            .collect();
+                        for fence in fences {
+                            fence.holds().await;
+                        }
                     }
                     if this.db.is_shared() && !this.shutdown.is_cancelled() {
                         this.requeue_orphans().await;

@@ -24,7 +24,7 @@ use crate::serve::messages;
 
 use super::ending::RunLog;
 use super::gate::{Admission, Refusal};
-use super::{run_kind, Acked, Ending, RunFailure, RunHandle, Workers};
+use super::{run_kind, Acked, Ending, Fence, RunFailure, RunHandle, Workers};
 use anyhow::Context as _;
 
 impl Workers {
@@ -33,11 +33,13 @@ impl Workers {
         let started = Instant::now();
         let cancel = CancellationToken::new();
         let cancelled_by = Arc::new(Mutex::new(None));
+        let fence = Fence::new(self.db.clone(), &run.id, &self.worker_id, cancel.clone());
         self.running.lock().expect("lock").insert(
             run.id.clone(),
             RunHandle {
                 cancel: cancel.clone(),
                 cancelled_by: cancelled_by.clone(),
+                fence: fence.clone(),
             },
         );
         tracing::info!(attempt = run.attempts, "run started");
@@ -53,7 +55,10 @@ impl Workers {
         let mut run = run;
         run.status_comment_id = run.status_comment_id.or(comment_id.map(|id| id as i64));
         let ended = match admission {
-            Some(admission) => Some(self.work_inner(&run, admission.ok(), &cancel, &log).await),
+            Some(admission) => Some(
+                self.work_inner(&run, admission.ok(), &cancel, &fence, &log)
+                    .await,
+            ),
             None => None,
         };
         self.running.lock().expect("lock").remove(&run.id);
@@ -62,6 +67,11 @@ impl Workers {
         let Some(mut ended) = ended else {
             return;
         };
+        if fence.is_lost() {
+            // Another process runs it now: nothing of it is written or posted from here.
+            tracing::warn!("run given up here: another process holds it now");
+            return;
+        }
         if let Ok(Ending::Work { status, done }) = &mut ended {
             if done.outcome.stop_reason == StopReason::Cancelled {
                 let by = cancelled_by.lock().expect("lock").clone();
@@ -93,6 +103,7 @@ impl Workers {
         run: &Run,
         admission: Option<Admission>,
         cancel: &CancellationToken,
+        fence: &Fence,
         log: &RunLog,
     ) -> Result<Ending, RunFailure> {
         let prepare_started = Instant::now();
@@ -143,7 +154,10 @@ impl Workers {
             }
             _ => None,
         };
-        let status = self.status_comment(&gh, &repo, run).await;
+        let status = self
+            .status_comment(&gh, &repo, run)
+            .await
+            .fenced(fence.clone());
         self.setting_up(run, &status).await;
 
         // What GitHub says about the issue, then what the run will do.
@@ -175,6 +189,7 @@ impl Workers {
             status: &status,
             messages,
             cancel,
+            fence,
             log,
         };
         match run_plan.kind {

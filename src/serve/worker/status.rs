@@ -214,6 +214,8 @@ pub(in crate::serve) struct StatusComment {
     trigger: ReactionTarget,
     /// `None` until it is posted (creating it may have failed).
     id: Option<u64>,
+    /// The run's hold on its lease: no edit once another process took the run.
+    fence: Option<super::Fence>,
 }
 
 impl StatusComment {
@@ -226,6 +228,21 @@ impl StatusComment {
             command: command_line(run),
             trigger: run.request.trigger.reaction_target(),
             id,
+            fence: None,
+        }
+    }
+
+    /// Edited only while `fence` holds.
+    pub fn fenced(mut self, fence: super::Fence) -> StatusComment {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// Whether this process may still act for the run.
+    async fn may_act(&self) -> bool {
+        match &self.fence {
+            Some(fence) => fence.holds().await,
+            None => true,
         }
     }
 
@@ -247,6 +264,9 @@ impl StatusComment {
     /// goes on.
     pub async fn edit(&self, phase: &Phase) {
         let Some(id) = self.id else { return };
+        if !self.may_act().await {
+            return;
+        }
         if let Err(e) = self
             .gh
             .update_comment(&self.repo, id, &self.body(phase))
@@ -259,6 +279,9 @@ impl StatusComment {
     /// Shows the outcome (posting the comment if it never was) and reacts `rocket` or
     /// `confused` on the command.
     pub async fn finish(&self, done: &Done) {
+        if !self.may_act().await {
+            return;
+        }
         let body = self.body(&Phase::Done(Box::new(done.clone())));
         let posted = match self.id {
             Some(id) => self.gh.update_comment(&self.repo, id, &body).await,
