@@ -134,6 +134,12 @@ async fn a_killed_process_run_is_finished_by_another_after_its_lease() {
         "taken back after {took:?}, before the lease could expire"
     );
     assert!(done.body.contains("/pull/"), "{}", done.body);
+    // The one status comment said the run was taken up again.
+    assert!(
+        done.edits.iter().any(|e| e.contains("queued again")),
+        "{:#?}",
+        done.edits
+    );
     assert_eq!(s.github.created_pulls(REPO).len(), 1);
     let db = s.db().await;
     let stored = db.get_run(&run.0).await.unwrap().unwrap();
@@ -330,4 +336,96 @@ async fn a_paused_process_that_lost_its_lease_does_nothing_more() {
     common::assert_gone(&engine, &format!("kodx-{}", run.0)).await;
     s.reaction(&s.trigger(&run), "rocket").await;
     s.finish().await;
+}
+
+/// Three `kodx serve` processes on one PostgreSQL: a burst of 200 signed commands spread
+/// over them, each delivery sent to two different processes, gives exactly 200 runs, each
+/// run once and answered once (`/kodx help`: one comment each).
+#[tokio::test]
+async fn a_burst_over_three_processes_runs_each_command_once() {
+    let Some(admin) = test_databases::postgres_admin_url() else {
+        eprintln!(
+            "SKIPPED a_burst_over_three_processes_runs_each_command_once: KODX_SKIP_POSTGRES=1"
+        );
+        return;
+    };
+    let url = test_databases::fresh_postgres_database(&admin).await;
+    let mut s = Served::start(Options {
+        workers: true,
+        database_url: Some(url),
+        ..Options::default()
+    })
+    .await;
+    let (mut b, b_url) = s.spawn_another(&["--role", "all"]).await;
+    let (mut c, c_url) = s.spawn_another(&["--role", "all"]).await;
+    let urls = [s.url.clone(), b_url, c_url];
+    const ISSUES: u64 = 20;
+    const PER_ISSUE: u64 = 10;
+    for issue in 1..=ISSUES {
+        s.github.add_issue(REPO, issue, "Help", "", "carol");
+    }
+    let mut deliveries = Vec::new();
+    for n in 0..ISSUES * PER_ISSUE {
+        let issue = 1 + n % ISSUES;
+        let id = s
+            .github
+            .add_comment(REPO, issue, "alice", "/kodx help", false);
+        let payload = common::serve::issue_comment(&common::serve::IssueComment {
+            clone_url: &s.clone_url,
+            number: issue,
+            comment_id: id,
+            body: "/kodx help",
+            ..Default::default()
+        });
+        deliveries.push((n as usize, common::serve::delivery_id(), payload));
+    }
+    // Every delivery goes to one process and, at the same time, again to the next.
+    let sent = futures_util::future::join_all(deliveries.iter().flat_map(|(n, id, payload)| {
+        let s = &s;
+        [urls[n % 3].clone(), urls[(n + 1) % 3].clone()]
+            .into_iter()
+            .map(move |url| async move { s.deliver_to(&url, "issue_comment", id, payload).await })
+    }))
+    .await;
+    let mut run_ids = std::collections::BTreeSet::new();
+    for (status, answer) in &sent {
+        assert!(matches!(status, 200 | 202), "{status} {answer}");
+        if let Some(run) = answer["run_id"].as_str() {
+            run_ids.insert(run.to_string());
+        }
+    }
+    assert_eq!(run_ids.len(), 200, "one run per command, whoever took it");
+    // Each command is answered once.
+    for issue in 1..=ISSUES {
+        for _ in 0..PER_ISSUE {
+            let help = s.next_bot_comment(issue).await;
+            assert!(help.body.contains("/kodx"), "{}", help.body);
+        }
+    }
+    let db = s.db().await;
+    let mut done = 0;
+    let mut workers = std::collections::BTreeSet::new();
+    for run in &run_ids {
+        let stored = db.get_run(run).await.unwrap().unwrap();
+        assert_eq!(stored.attempts, 1, "{stored:?}");
+        done += usize::from(stored.status.is_final());
+        workers.extend(stored.worker.clone());
+    }
+    assert_eq!(done, 200);
+    // The work was shared: more than one process claimed runs.
+    assert!(workers.len() > 1, "{workers:?}");
+    db.close().await;
+    terminate(&mut b).await;
+    terminate(&mut c).await;
+    s.finish().await;
+    let log = s.log();
+    assert_eq!(
+        s.github
+            .all_comments(REPO)
+            .into_iter()
+            .filter(|(_, c)| c.is_bot)
+            .count(),
+        200,
+        "{log}"
+    );
 }

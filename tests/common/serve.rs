@@ -316,6 +316,21 @@ impl Served {
         self.post_raw(event, Some(delivery), Some(&sig), body).await
     }
 
+    /// Posts a delivery signed with the server's secret to another `kodx serve` at `url`
+    /// (one started by `spawn_another`).
+    pub async fn deliver_to(
+        &self,
+        url: &str,
+        event: &str,
+        delivery: &str,
+        body: &Value,
+    ) -> (u16, Value) {
+        let body = body.to_string().into_bytes();
+        let sig = sign(SECRET, &body);
+        self.post_raw_to(url, event, Some(delivery), Some(&sig), body)
+            .await
+    }
+
     pub async fn post_raw(
         &self,
         event: &str,
@@ -323,9 +338,22 @@ impl Served {
         signature: Option<&str>,
         body: Vec<u8>,
     ) -> (u16, Value) {
+        let url = self.url.clone();
+        self.post_raw_to(&url, event, delivery, signature, body)
+            .await
+    }
+
+    async fn post_raw_to(
+        &self,
+        url: &str,
+        event: &str,
+        delivery: Option<&str>,
+        signature: Option<&str>,
+        body: Vec<u8>,
+    ) -> (u16, Value) {
         let mut req = self
             .http
-            .post(format!("{}/webhook", self.url))
+            .post(format!("{url}/webhook"))
             .header("content-type", "application/json")
             .header("x-github-event", event)
             .header("user-agent", "GitHub-Hookshot/test");
