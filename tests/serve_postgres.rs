@@ -429,3 +429,59 @@ async fn a_burst_over_three_processes_runs_each_command_once() {
         "{log}"
     );
 }
+
+/// Queued runs waiting for a slot are acknowledged once across processes: two worker
+/// processes see the same queue, and each run gets one `eyes` and one status comment.
+#[tokio::test]
+async fn waiting_runs_are_acknowledged_once_across_processes() {
+    let _engine = common::require_engine!();
+    let Some(admin) = test_databases::postgres_admin_url() else {
+        eprintln!(
+            "SKIPPED waiting_runs_are_acknowledged_once_across_processes: KODX_SKIP_POSTGRES=1"
+        );
+        return;
+    };
+    let url = test_databases::fresh_postgres_database(&admin).await;
+    let mut s = Served::start(Options {
+        workers: false,
+        database_url: Some(url),
+        ..Options::default()
+    })
+    .await;
+    const RUNS: u64 = 8;
+    let mut runs = Vec::new();
+    for issue in 1..=RUNS {
+        s.github.add_issue(REPO, issue, "Question", "", "carol");
+        s.model.reply(
+            vec![json!({"type": "text", "text": "Because of Rayleigh scattering."})],
+            "end_turn",
+            usage(1000, 10),
+        );
+        runs.push(
+            s.comment(issue, "alice", "/kodx ask why is the sky blue?")
+                .await,
+        );
+    }
+    // Two workers (two slots each) start on a queue of eight.
+    let (mut a, _) = s.spawn_another(&["--role", "worker"]).await;
+    let (mut b, _) = s.spawn_another(&["--role", "worker"]).await;
+    for (issue, run) in (1..=RUNS).zip(&runs) {
+        let done = s
+            .bot_comment_where(issue, "the answer", |c| c.body.contains("answered"))
+            .await;
+        assert!(done.body.contains("Rayleigh"), "{}", done.body);
+        s.reaction(&s.trigger(run), "rocket").await;
+    }
+    terminate(&mut a).await;
+    terminate(&mut b).await;
+    for (issue, run) in (1..=RUNS).zip(&runs) {
+        let bot = common::serve::bot_comments(&s, issue);
+        assert_eq!(bot.len(), 1, "one status comment on #{issue}: {bot:#?}");
+        assert_eq!(
+            s.reactions_on(&s.trigger(run)),
+            ["eyes", "rocket"],
+            "#{issue}"
+        );
+    }
+    s.finish().await;
+}

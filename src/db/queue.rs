@@ -159,6 +159,28 @@ impl Db {
         found(changed, run_id)
     }
 
+    /// Takes the acknowledgement of run `run_id` (its `eyes` and status comment) for
+    /// `worker`: `true` when it is now `worker`'s (or already was), `false` when another
+    /// process took it first. `force` takes it whoever had it (that process is gone).
+    pub async fn take_acknowledgement(
+        &self,
+        run_id: &str,
+        worker: &str,
+        force: bool,
+    ) -> Result<bool, DbError> {
+        let taken = with_pool!(&self.pool, p => sqlx::query(
+            "UPDATE runs SET acked_by = $2 \
+             WHERE id = $1 AND (acked_by IS NULL OR acked_by = $2 OR $3)",
+        )
+        .bind(run_id)
+        .bind(worker)
+        .bind(force)
+        .execute(p)
+        .await
+        .map(|done| done.rows_affected()))?;
+        Ok(taken == 1)
+    }
+
     /// Sets the free-text phase (`setting_up`, `working` …) shown for observability.
     pub async fn set_phase(&self, run_id: &str, phase: &str) -> Result<(), DbError> {
         let changed = with_pool!(&self.pool, p => sqlx::query("UPDATE runs SET phase = $1 WHERE id = $2")

@@ -46,10 +46,15 @@ impl Workers {
         let log = RunLog::default();
         // A run claimed before it was acknowledged is acknowledged now (or refused, and
         // then over).
-        let (admission, comment_id) = match self.ensure_acknowledged(&run).await {
+        let mut acked = self.ensure_acknowledged(&run).await;
+        if matches!(acked, Some(Acked::Elsewhere)) {
+            acked = Some(self.acknowledged_elsewhere(&run).await);
+        }
+        let (admission, comment_id) = match acked {
             Some(Acked::Refused) => (None, None),
             Some(Acked::Admitted(admission, id)) => (Some(Ok(*admission)), id),
-            Some(Acked::Unreachable) | None => (Some(Err(())), None),
+            Some(Acked::Posted(id)) => (Some(Err(())), Some(id)),
+            Some(Acked::Unreachable | Acked::Elsewhere) | None => (Some(Err(())), None),
         };
         self.forget_ack(&run.id);
         let mut run = run;

@@ -22,7 +22,15 @@ pub(in crate::serve) enum Acked {
     Refused,
     /// GitHub could not be asked; nothing was posted.
     Unreachable,
+    /// Another process acknowledges it (a shared queue).
+    Elsewhere,
+    /// Another process acknowledged it: its status comment (the admission is read again).
+    Posted(u64),
 }
+
+/// How long a run claimed here waits for the process acknowledging it to post its status
+/// comment before taking that process to be gone.
+const ACK_ELSEWHERE_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 impl Workers {
     /// Acknowledges the run once, whoever asks first (the task acknowledging it while it
@@ -54,6 +62,55 @@ impl Workers {
     /// Admits the run (who asked, the repository's config, the budget), reacts `eyes` and
     /// creates the status comment; or refuses it (and finishes it).
     pub(in crate::serve) async fn acknowledge(&self, run: &Run) -> Acked {
+        // On a shared queue, once: the first process to take it.
+        if self.db.is_shared() {
+            match self
+                .db
+                .take_acknowledgement(&run.id, &self.worker_id, false)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => return Acked::Elsewhere,
+                Err(e) => {
+                    tracing::warn!("taking the run's acknowledgement failed: {e}");
+                    return Acked::Unreachable;
+                }
+            }
+        }
+        self.acknowledge_now(run).await
+    }
+
+    /// A run claimed here that another process is acknowledging: its status comment, once
+    /// that process posted it; `None` when that process refused the run (it is over). A
+    /// process that does not finish within a while is taken to be gone, and the run is
+    /// acknowledged here.
+    pub(in crate::serve) async fn acknowledged_elsewhere(&self, run: &Run) -> Acked {
+        let deadline = Instant::now() + ACK_ELSEWHERE_WAIT;
+        while Instant::now() < deadline {
+            match self.db.get_run(&run.id).await {
+                Ok(Some(r)) if r.status.is_final() => return Acked::Refused,
+                Ok(Some(r)) => {
+                    if let Some(id) = r.status_comment_id {
+                        return Acked::Posted(id as u64);
+                    }
+                }
+                Ok(None) => return Acked::Refused,
+                Err(e) => tracing::warn!("reading the run failed: {e}"),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        tracing::warn!("the process acknowledging this run did not finish; acknowledging it here");
+        if let Err(e) = self
+            .db
+            .take_acknowledgement(&run.id, &self.worker_id, true)
+            .await
+        {
+            tracing::warn!("taking the run's acknowledgement failed: {e}");
+        }
+        self.acknowledge_now(run).await
+    }
+
+    async fn acknowledge_now(&self, run: &Run) -> Acked {
         let gh = match self.installation(run).await {
             Ok(gh) => gh,
             Err(e) => {
