@@ -69,6 +69,8 @@ pub struct SetupConfig {
     pub github_url: String,
     pub database_url: String,
     pub public_url: Option<String>,
+    /// `WEBHOOK_PROXY_URL`: a smee.io-style channel to receive webhooks from.
+    pub webhook_proxy_url: Option<String>,
     pub data_dir: PathBuf,
     pub config_file: Option<PathBuf>,
     pub settings: Settings,
@@ -87,6 +89,7 @@ impl SetupConfig {
             listen: self.listen,
             database_url: self.database_url,
             public_url: self.public_url,
+            webhook_proxy_url: self.webhook_proxy_url,
             data_dir: self.data_dir,
             config_file: self.config_file,
             settings: self.settings,
@@ -108,6 +111,9 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     pub database_url: String,
     pub public_url: Option<String>,
+    /// `WEBHOOK_PROXY_URL`: a smee.io-style channel webhooks are also received from
+    /// (for a server GitHub cannot reach).
+    pub webhook_proxy_url: Option<String>,
     /// `KODX_DATA_DIR`: where setup saves the App's credentials.
     pub data_dir: PathBuf,
     /// Where the settings below came from (`None`: built-in defaults).
@@ -499,6 +505,20 @@ fn base_config(get: &dyn Fn(&str) -> Option<String>) -> Result<(SetupConfig, boo
     })?;
     let database_url = get("DATABASE_URL").unwrap_or_else(|| DEFAULT_DATABASE_URL.into());
     let public_url = get("KODX_PUBLIC_URL").map(|u| u.trim_end_matches('/').to_string());
+    let webhook_proxy_url = match get("WEBHOOK_PROXY_URL").map(|u| u.trim().to_string()) {
+        Some(u) if u.is_empty() => None,
+        Some(u) if reqwest::Url::parse(&u)
+            .is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host().is_some()) =>
+        {
+            Some(u)
+        }
+        Some(u) => {
+            return Err(ConfigError(format!(
+                "WEBHOOK_PROXY_URL must be an http(s) URL of a webhook channel, e.g. https://smee.io/AbCdEf, got {u:?}"
+            )))
+        }
+        None => None,
+    };
     let data_dir = PathBuf::from(get("KODX_DATA_DIR").unwrap_or_else(|| DEFAULT_DATA_DIR.into()));
 
     let (config_file, mut settings) = match get("KODX_CONFIG") {
@@ -537,6 +557,7 @@ fn base_config(get: &dyn Fn(&str) -> Option<String>) -> Result<(SetupConfig, boo
             github_url,
             database_url,
             public_url,
+            webhook_proxy_url,
             data_dir,
             config_file,
             settings,

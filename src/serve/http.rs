@@ -210,18 +210,30 @@ async fn webhook(State(st): State<HttpState>, request: Request) -> Response {
             return answer(StatusCode::UNAUTHORIZED, json!({ "error": e.to_string() }));
         }
     };
+    let delivery = header(headers, "x-github-delivery");
+    intake(&st, event, delivery, &body).await
+}
+
+/// Stores a delivery whose signature was verified (from the webhook endpoint, or forwarded
+/// by a webhook proxy channel) and answers it: `202` with the run id for a command.
+pub(in crate::serve) async fn intake(
+    st: &HttpState,
+    event: &str,
+    delivery: Option<&str>,
+    body: &[u8],
+) -> Response {
     let bad = |reason: String| {
         st.metrics.webhook(event, "bad_request");
         tracing::warn!(event, "webhook not readable: {reason}");
         answer(StatusCode::BAD_REQUEST, json!({ "error": reason }))
     };
-    let Some(delivery) = header(headers, "x-github-delivery")
+    let Some(delivery) = delivery
         .map(str::trim)
         .filter(|d| !d.is_empty() && d.len() <= 128)
     else {
         return bad("the X-GitHub-Delivery header is missing or too long".into());
     };
-    let triaged = match triage(event, &body) {
+    let triaged = match triage(event, body) {
         Ok(t) => t,
         Err(e) => return bad(e.0),
     };
@@ -237,7 +249,7 @@ async fn webhook(State(st): State<HttpState>, request: Request) -> Response {
             action,
         } => {
             if let Err(e) = st.db.record_installation(*id, account, action).await {
-                return internal(&st, event, &e.to_string());
+                return internal(st, event, &e.to_string());
             }
             (
                 NewDelivery {
@@ -291,7 +303,7 @@ async fn webhook(State(st): State<HttpState>, request: Request) -> Response {
                 json!({ "ignored": format!("duplicate command (this comment or issue already started run {run_id})") }),
             )
         }
-        Err(e) => internal(&st, event, &e.to_string()),
+        Err(e) => internal(st, event, &e.to_string()),
     }
 }
 

@@ -16,6 +16,7 @@ pub mod job;
 pub mod listen;
 pub mod messages;
 pub mod metrics;
+pub mod proxy;
 pub mod setup;
 pub mod worker;
 
@@ -262,6 +263,10 @@ async fn start(
         ),
         body_timeout: settings.body_timeout(),
     };
+    // Webhooks through a proxy channel go through the same intake (ended by `shutdown`).
+    if let (true, Some(url)) = (options.intake, config.webhook_proxy_url.clone()) {
+        tokio::spawn(proxy::forward(url, state.clone(), shutdown.clone()));
+    }
     tracing::info!(
         app_id = config.app_id,
         credentials = %config.credential_source,
