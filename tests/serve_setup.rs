@@ -319,3 +319,51 @@ async fn import_checks_the_key_with_github_before_saving() {
         .await;
     assert!(status < 300, "{status} {answer}");
 }
+
+/// With `WEBHOOK_PROXY_URL`, the App the setup page creates sends its webhooks to the
+/// proxy channel kodx listens to, not to the public URL.
+#[tokio::test]
+async fn with_a_proxy_channel_the_manifest_hooks_the_channel() {
+    let data = tempfile::tempdir().unwrap().keep();
+    let s = Served::start(Options {
+        workers: true,
+        setup_mode: true,
+        extra_env: vec![
+            (
+                "KODX_DATA_DIR".into(),
+                data.join("data").display().to_string(),
+            ),
+            (
+                "WEBHOOK_PROXY_URL".into(),
+                "https://smee.io/AbCdEf123".into(),
+            ),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let url = setup_url(&s).await;
+    let token = url.split("token=").nth(1).unwrap().to_string();
+    let html = reqwest::Client::new()
+        .post(format!("{}/setup/create", s.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(enc(&[
+            ("token", token.as_str()),
+            ("name", "kodx-proxy"),
+            ("owner", "personal"),
+            ("org", ""),
+            ("public_url", "http://127.0.0.1:3000"),
+        ]))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let manifest_text = attr_after(&html, "name=\"manifest\"", "value");
+    let manifest: serde_json::Value = serde_json::from_str(&manifest_text).unwrap();
+    assert_eq!(
+        manifest["hook_attributes"]["url"],
+        "https://smee.io/AbCdEf123"
+    );
+    assert_eq!(common::fake_github::manifest_problem(&manifest), None);
+}

@@ -31,7 +31,7 @@ pub enum Owner {
 
 /// The App manifest (GitHub's "Registering a GitHub App from a manifest"): no `null`
 /// anywhere, since GitHub's validator refuses optional fields set to null.
-pub fn manifest(name: &str, public_url: &str, redirect_url: &str) -> Value {
+pub fn manifest(name: &str, public_url: &str, hook_url: &str, redirect_url: &str) -> Value {
     let permissions: serde_json::Map<String, Value> = PERMISSIONS
         .iter()
         .map(|(p, level)| (p.to_string(), Value::from(*level)))
@@ -39,7 +39,7 @@ pub fn manifest(name: &str, public_url: &str, redirect_url: &str) -> Value {
     json!({
         "name": name,
         "url": public_url,
-        "hook_attributes": { "url": format!("{public_url}/webhook"), "active": true },
+        "hook_attributes": { "url": hook_url, "active": true },
         "redirect_url": redirect_url,
         "description": "kodx: an LLM that works in a sandbox on your issues and pull requests (/kodx code, /kodx ask)",
         "public": false,
@@ -194,6 +194,7 @@ mod tests {
         let m = manifest(
             "kodx-abc123",
             "https://kodx.example.com",
+            "https://kodx.example.com/webhook",
             "http://127.0.0.1:3000/setup/callback",
         );
         assert!(no_nulls(&m), "{m}");

@@ -299,7 +299,17 @@ async fn create(
             )
         }
     };
-    let manifest = manifest::manifest(&name, &public_url, &format!("{origin}/setup/callback"));
+    // GitHub sends webhooks to kodx, or to the proxy channel kodx listens to.
+    let hook_url = match &s.inner.config.webhook_proxy_url {
+        Some(channel) => channel.clone(),
+        None => format!("{public_url}/webhook"),
+    };
+    let manifest = manifest::manifest(
+        &name,
+        &public_url,
+        &hook_url,
+        &format!("{origin}/setup/callback"),
+    );
     let state = manifest::make_state(s.inner.token.0.expose_secret().as_bytes());
     let action = manifest::new_app_url(&s.inner.config.github_url, &owner, &state);
     page(
