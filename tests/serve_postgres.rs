@@ -35,6 +35,25 @@ async fn served_on_postgres(test: &str) -> Option<Served> {
     )
 }
 
+/// Starts a `/kodx code` run on #7 and waits until its first command (`sleep 300` after
+/// writing one.txt) runs in its container; then the model has answered once.
+async fn code_run_in_its_first_command(s: &Served) -> common::serve::RunId {
+    s.github.add_issue(REPO, 7, "Slow", "", "carol");
+    s.model.reply(
+        tool("echo one > one.txt; sleep 300"),
+        "tool_use",
+        usage(1000, 10),
+    );
+    let run = s.comment(7, "alice", "/kodx code write one.txt").await;
+    s.wait_for(
+        "the first model call",
+        std::time::Duration::from_secs(120),
+        || !s.model.requests().is_empty(),
+    )
+    .await;
+    run
+}
+
 #[tokio::test]
 async fn ask_and_code_runs_work_on_postgres() {
     let _engine = common::require_engine!();
@@ -102,19 +121,7 @@ async fn a_killed_process_run_is_finished_by_another_after_its_lease() {
     else {
         return;
     };
-    s.github.add_issue(REPO, 7, "Slow", "", "carol");
-    s.model.reply(
-        tool("echo one > one.txt; sleep 300"),
-        "tool_use",
-        usage(1000, 10),
-    );
-    let run = s.comment(7, "alice", "/kodx code write one.txt").await;
-    s.wait_for(
-        "the first model call",
-        std::time::Duration::from_secs(120),
-        || !s.model.requests().is_empty(),
-    )
-    .await;
+    let run = code_run_in_its_first_command(&s).await;
     s.kill().await;
     let killed_at = std::time::Instant::now();
     s.model
@@ -274,19 +281,7 @@ async fn a_paused_process_that_lost_its_lease_does_nothing_more() {
     else {
         return;
     };
-    s.github.add_issue(REPO, 7, "Slow", "", "carol");
-    s.model.reply(
-        tool("echo one > one.txt; sleep 300"),
-        "tool_use",
-        usage(1000, 10),
-    );
-    let run = s.comment(7, "alice", "/kodx code write one.txt").await;
-    s.wait_for(
-        "the first model call",
-        std::time::Duration::from_secs(120),
-        || !s.model.requests().is_empty(),
-    )
-    .await;
+    let run = code_run_in_its_first_command(&s).await;
     s.signal("STOP");
     s.model
         .reply(tool("echo one > one.txt"), "tool_use", usage(1000, 10));

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::comment::Done;
 use crate::db::RunStatus;
 use crate::sandbox::Sandbox as _;
-use crate::serve::handlers::execute::{Executed, Execution};
+use crate::serve::handlers::execute::Execution;
 use crate::serve::worker::{Ending, RunFailure, Workers};
 
 impl Workers {
@@ -16,13 +16,9 @@ impl Workers {
         exec: Execution<'_>,
     ) -> Result<Ending, RunFailure> {
         let (kind, log) = (exec.plan.kind, exec.log);
-        let (workspace, sandbox, outcome) = match self.execute(exec).await? {
-            Executed::Ran {
-                workspace,
-                sandbox,
-                outcome,
-            } => (workspace, sandbox, outcome),
-            Executed::Over(ending) => return Ok(ending),
+        let (workspace, sandbox, outcome) = match self.execute(exec).await?.ran() {
+            Ok(ran) => ran,
+            Err(ending) => return Ok(ending),
         };
         if let Err(e) = sandbox.destroy().await {
             tracing::warn!("removing the container failed: {e}");

@@ -17,7 +17,7 @@ use crate::repo_config::OnLimit;
 use crate::sandbox::{ChangeSet, RepoSource, Sandbox as _, SandboxError};
 use crate::serve::deliver::{self, Target};
 use crate::serve::handlers::continue_run::{self, Earlier};
-use crate::serve::handlers::execute::{Executed, Execution};
+use crate::serve::handlers::execute::Execution;
 use crate::serve::handlers::workspace::Workspace;
 use crate::serve::job::Job;
 use crate::serve::messages;
@@ -76,13 +76,9 @@ impl Workers {
     ) -> Result<Ending, RunFailure> {
         let (run, run_plan, log, fence) = (exec.run, exec.plan, exec.log, exec.fence);
         let timings = &log.timings;
-        let (workspace, sandbox, outcome) = match self.execute(exec).await? {
-            Executed::Ran {
-                workspace,
-                sandbox,
-                outcome,
-            } => (workspace, sandbox, outcome),
-            Executed::Over(ending) => return Ok(ending),
+        let (workspace, sandbox, outcome) = match self.execute(exec).await?.ran() {
+            Ok(ran) => ran,
+            Err(ending) => return Ok(ending),
         };
         // A run that ended its turn: its exact change set leaves the container. So does one
         // a limit stopped, unless the repository asks to discard its work (`pr.on_limit`):

@@ -52,6 +52,25 @@ pub(in crate::serve) enum Executed {
     Over(Ending),
 }
 
+/// What a run that got as far as its agent has: its clone, its container, its outcome.
+pub(in crate::serve) type Ran = (Workspace, DockerSandbox, Outcome);
+
+impl Executed {
+    /// The agent's run, or the ending of a run that stopped before it. (Once per run:
+    /// the size of the error does not matter.)
+    #[allow(clippy::result_large_err)]
+    pub(in crate::serve) fn ran(self) -> Result<Ran, Ending> {
+        match self {
+            Executed::Ran {
+                workspace,
+                sandbox,
+                outcome,
+            } => Ok((workspace, sandbox, outcome)),
+            Executed::Over(ending) => Err(ending),
+        }
+    }
+}
+
 impl Workers {
     /// Clones, starts the container and runs the agent to its end.
     pub(in crate::serve) async fn execute(
