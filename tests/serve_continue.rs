@@ -118,6 +118,9 @@ async fn continue_finishes_a_stopped_run_as_one_pull_request() {
         "the title says it is done: {:?}",
         pulls[0]
     );
+    // The draft the first part opened is ready for review now (GitHub's GraphQL mutation).
+    assert!(!pulls[0].draft, "{:?}", pulls[0]);
+    assert!(second.contains("now ready for review"), "{second}");
     let head = format!("refs/heads/{branch}");
     assert_eq!(
         s.git.file_at(REPO, &head, "x.txt").as_deref(),

@@ -15,7 +15,7 @@ use super::policy::{Raw, RequestPolicy};
 use super::transport::{self, Auth, Call, JSON};
 use super::types::{
     CommentInfo, CommentRef, IssueInfo, NewPull, Permission, PullBase, PullHead, PullInfo, PullRef,
-    PullRepo, Reaction, ReactionTarget, RepoName,
+    PullRepo, PullState, Reaction, ReactionTarget, RepoName,
 };
 use super::util::{base64_decode, encode_path, encode_segment};
 
@@ -40,6 +40,8 @@ struct Inner {
     expires_at: SystemTime,
     octo: Octocrab,
     policy: RequestPolicy,
+    /// GitHub's GraphQL endpoint beside the REST API ([`graphql_url`]).
+    graphql: String,
 }
 
 impl fmt::Debug for Installation {
@@ -70,6 +72,7 @@ impl Installation {
                 expires_at,
                 octo,
                 policy,
+                graphql: graphql_url(api_url),
             }),
         })
     }
@@ -527,22 +530,64 @@ impl Installation {
     }
 
     /// Replaces the description of a pull request, and its title when one is given
-    /// (`PATCH /repos/{o}/{r}/pulls/{n}`).
+    /// (`PATCH /repos/{o}/{r}/pulls/{n}`); returns what GitHub says of it now.
     pub async fn update_pull(
         &self,
         repo: &RepoName,
         number: u64,
         title: Option<&str>,
         body: &str,
-    ) -> Result<(), GitHubError> {
+    ) -> Result<PullState, GitHubError> {
         let path = format!("{}/pulls/{number}", repo_path(repo));
+        let what = format!("PATCH {path}");
         let mut fields = json!({ "body": body });
         if let Some(title) = title {
             fields["title"] = json!(title);
         }
-        self.request(http::Method::PATCH, &path, None, JSON, Some(&fields))
+        let raw = self
+            .request(http::Method::PATCH, &path, None, JSON, Some(&fields))
             .await?;
-        Ok(())
+        let v = raw.json(&what)?;
+        Ok(PullState {
+            node_id: str_field(&v, "node_id", &what)?.to_string(),
+            draft: v.get("draft").and_then(Value::as_bool).unwrap_or(false),
+        })
+    }
+
+    /// Marks a draft pull request ready for review. GitHub does this over GraphQL only
+    /// (`markPullRequestReadyForReview`, by the pull request's node id); a GraphQL error
+    /// (answered with HTTP 200 and an `errors` list) is an error with GitHub's message.
+    pub async fn mark_ready_for_review(&self, node_id: &str) -> Result<(), GitHubError> {
+        let what = "POST graphql markPullRequestReadyForReview".to_string();
+        let query = json!({
+            "query": "mutation($id: ID!) { markPullRequestReadyForReview(input: {pullRequestId: $id}) { pullRequest { id isDraft } } }",
+            "variables": { "id": node_id },
+        });
+        let raw = self
+            .request(
+                http::Method::POST,
+                &self.inner.graphql,
+                None,
+                JSON,
+                Some(&query),
+            )
+            .await?;
+        let v = raw.json(&what)?;
+        if let Some(errors) = v.get("errors").and_then(Value::as_array) {
+            let message = errors
+                .iter()
+                .filter_map(|e| e.get("message").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(GitHubError::decode(&what, format!("GitHub answered: {message}")));
+        }
+        match v["data"]["markPullRequestReadyForReview"]["pullRequest"]["isDraft"].as_bool() {
+            Some(false) => Ok(()),
+            _ => Err(GitHubError::decode(
+                &what,
+                "the answer does not say the pull request is ready",
+            )),
+        }
     }
 
     /// The numeric id of a GitHub account (`GET /users/{login}`; a bot's login
@@ -608,6 +653,17 @@ impl Installation {
             jwt: None,
         };
         transport::send(&self.inner.octo, policy, call).await
+    }
+}
+
+/// GitHub's GraphQL endpoint for a REST API base: `https://api.github.com/graphql`; on
+/// Enterprise Server (`https://HOST/api/v3`) `https://HOST/api/graphql`; for any other base
+/// (a test server) `<base>/graphql`.
+pub(crate) fn graphql_url(api_url: &str) -> String {
+    let base = api_url.trim_end_matches('/');
+    match base.strip_suffix("/api/v3") {
+        Some(host) => format!("{host}/api/graphql"),
+        None => format!("{base}/graphql"),
     }
 }
 
@@ -733,6 +789,17 @@ fn pull_repo(r: &Value, what: &str) -> Result<PullRepo, GitHubError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn graphql_sits_beside_the_rest_api() {
+        assert_eq!(graphql_url("https://api.github.com"), "https://api.github.com/graphql");
+        assert_eq!(
+            graphql_url("https://ghe.example.com/api/v3/"),
+            "https://ghe.example.com/api/graphql"
+        );
+        assert_eq!(graphql_url("http://127.0.0.1:8080"), "http://127.0.0.1:8080/graphql");
+    }
+
     use super::*;
 
     #[test]

@@ -333,6 +333,14 @@ pub struct PullRef {
     pub head_ref: String,
 }
 
+/// What an update of a pull request says of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullState {
+    /// Its GraphQL node id (what `markPullRequestReadyForReview` takes).
+    pub node_id: String,
+    pub draft: bool,
+}
+
 /// The App's bot account, as commits name it: `login` is `<slug>[bot]`, `noreply_email`
 /// `<id>+<slug>[bot]@users.noreply.github.com` (GitHub links such commits to the bot).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -880,6 +880,7 @@ fn api_routes() -> Router<FakeGitHub> {
             get(get_pull).patch(update_pull),
         )
         .route("/users/{username}", get(get_user))
+        .route("/graphql", post(graphql))
         .route(
             "/repos/{owner}/{repo}/pulls/comments/{id}/reactions",
             post(react_review_comment),
@@ -2509,6 +2510,64 @@ async fn update_pull(
         issue.body = text;
     }
     json_response(200, pull_json(&fake, &mut st, &key, n))
+}
+
+/// `POST /graphql`, as GitHub answers it: HTTP 200 with `data`, or with `errors` (a list of
+/// `{message, type?}`) for a query it cannot run. Only the mutation kodx sends is known:
+/// `markPullRequestReadyForReview(input: {pullRequestId})`, with the pull request's node id
+/// as the variable `id`; it needs an installation token that may write the repository's
+/// pull requests, and turns the draft into a ready pull request.
+async fn graphql(State(fake): State<FakeGitHub>, req: Req) -> Response {
+    if let Err(r) = token_installation(&fake, &req) {
+        return r;
+    }
+    let body = match req.json_object(&fake) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let errors = |message: &str| {
+        json_response(200, json!({ "errors": [{ "message": message }] }))
+    };
+    let query = body.get("query").and_then(Value::as_str).unwrap_or("");
+    let squashed: String = query.split_whitespace().collect::<Vec<_>>().join(" ");
+    if !squashed.starts_with("mutation")
+        || !squashed.contains("markPullRequestReadyForReview(input: {pullRequestId: $id})")
+    {
+        fake.state()
+            .refused
+            .push(format!("POST /graphql: unknown query {query:?}"));
+        return errors("This fake GitHub only knows markPullRequestReadyForReview");
+    }
+    let Some(node) = body["variables"]["id"].as_str() else {
+        return errors("Variable $id of type ID! was provided invalid value");
+    };
+    let Some(number) = node.strip_prefix("PR_").and_then(|n| n.parse::<u64>().ok()) else {
+        return errors(&format!("Could not resolve to a node with the global id of '{node}'"));
+    };
+    let repos: Vec<String> = {
+        let st = fake.state();
+        st.repos
+            .iter()
+            .filter(|(_, r)| r.issues.get(&number).is_some_and(|i| i.pull.is_some()))
+            .map(|(k, _)| k.clone())
+            .collect()
+    };
+    let Some(key) = repos.first() else {
+        return errors(&format!("Could not resolve to a node with the global id of '{node}'"));
+    };
+    let (owner, repo) = key.split_once('/').unwrap();
+    if let Err(r) = auth_installation(&fake, &req, owner, repo, PULLS_WRITE) {
+        return r;
+    }
+    let mut st = fake.state();
+    let issue = st.repos.get_mut(key).unwrap().issues.get_mut(&number).unwrap();
+    issue.pull.as_mut().unwrap().draft = false;
+    json_response(
+        200,
+        json!({ "data": { "markPullRequestReadyForReview": {
+            "pullRequest": { "id": node, "isDraft": false }
+        } } }),
+    )
 }
 
 // -------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ use crate::github::{GitHubError, RepoName};
 use crate::repo_config::OnLimit;
 use crate::sandbox::{ChangeSet, RepoSource, Sandbox as _, SandboxError};
 use crate::serve::deliver::{self, Target};
-use crate::serve::handlers::continue_run::{self, Earlier};
+use crate::serve::handlers::continue_run::{self, Earlier, Readiness};
 use crate::serve::handlers::execute::Execution;
 use crate::serve::handlers::workspace::Workspace;
 use crate::serve::job::Job;
@@ -25,7 +25,9 @@ use crate::serve::worker::{Ending, Fence, RunFailure, Timings, Workers};
 
 /// Where a code run's change went.
 pub(in crate::serve) enum Delivered {
-    Pull(String),
+    /// Its pull request, and what became of its draft state when an earlier part's draft
+    /// was finished.
+    Pull(String, Readiness),
     Pushed { sha: String, branch: String },
     Nothing,
 }
@@ -105,6 +107,7 @@ impl Workers {
         // The container goes while the change is delivered (it is not needed any more).
         let teardown = tokio::spawn(async move { sandbox.destroy().await });
         let mut done = Done::new(run_plan.kind, outcome);
+        let mut readiness = Readiness::Unchanged;
         done.text = done.outcome.last_message.clone();
         done.setup = *log.setup.lock().expect("lock");
         if let Some(changes) = changes {
@@ -135,7 +138,10 @@ impl Workers {
                 Err(e) => Err(DeliveryError::Export(e)),
             };
             match delivered {
-                Ok(Delivered::Pull(url)) => done.pr_url = Some(url),
+                Ok(Delivered::Pull(url, ready)) => {
+                    done.pr_url = Some(url);
+                    readiness = ready;
+                }
                 Ok(Delivered::Pushed { sha, branch }) => done.pushed = Some((sha, branch)),
                 Ok(Delivered::Nothing) => {}
                 Err(failure) => done.failure = Some(failure.to_string()),
@@ -152,9 +158,8 @@ impl Workers {
         // The clone goes with its workspace.
         drop(workspace);
         if let Some(earlier) = &code.earlier {
-            let finished = done.succeeded() && done.pr_url.is_some();
             done.text =
-                continue_run::both_parts(&done.text, earlier, done.outcome.usd_cost, finished);
+                continue_run::both_parts(&done.text, earlier, done.outcome.usd_cost, &readiness);
         }
         let status = if done.succeeded() {
             RunStatus::Succeeded
@@ -318,14 +323,29 @@ impl Workers {
             let title = partial
                 .is_none()
                 .then(|| deliver::title_from(&request_text, 100));
-            if let Err(e) = gh
+            let updated = gh
                 .update_pull(repo, pr.number, title.as_deref(), &pull_body)
-                .await
-            {
-                tracing::warn!("updating the pull request's title and body failed: {e}");
-            }
+                .await;
+            // Work that is finished now: the draft an earlier part opened becomes ready for
+            // review, unless the repository wants its pull requests as drafts.
+            let readiness = match updated {
+                Err(e) => {
+                    tracing::warn!("updating the pull request's title and body failed: {e}");
+                    Readiness::Unchanged
+                }
+                Ok(_) if partial.is_some() => Readiness::Unchanged,
+                Ok(state) if !state.draft => Readiness::Ready,
+                Ok(_) if draft => Readiness::StillDraft(None),
+                Ok(state) => match gh.mark_ready_for_review(&state.node_id).await {
+                    Ok(()) => Readiness::Ready,
+                    Err(e) => {
+                        tracing::warn!("marking the pull request ready for review failed: {e}");
+                        Readiness::StillDraft(Some(e.to_string()))
+                    }
+                },
+            };
             timings.add("pull_request", pr_started.elapsed());
-            return Ok(Delivered::Pull(pr.html_url));
+            return Ok(Delivered::Pull(pr.html_url, readiness));
         }
         let new = crate::github::NewPull {
             title: deliver::title_from(&request_text, 100),
@@ -337,9 +357,9 @@ impl Workers {
         let created = gh.create_pull(repo, &new).await;
         timings.add("pull_request", pr_started.elapsed());
         match created {
-            Ok(pr) => Ok(Delivered::Pull(pr.html_url)),
+            Ok(pr) => Ok(Delivered::Pull(pr.html_url, Readiness::Unchanged)),
             Err(GitHubError::PullExists { .. }) => match gh.find_open_pull(repo, &branch).await {
-                Ok(Some(pr)) => Ok(Delivered::Pull(pr.html_url)),
+                Ok(Some(pr)) => Ok(Delivered::Pull(pr.html_url, Readiness::Unchanged)),
                 _ => Err(DeliveryError::PullMissing { branch }),
             },
             Err(error) => Err(DeliveryError::OpenPull { branch, error }),

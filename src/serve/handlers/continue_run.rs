@@ -161,14 +161,25 @@ pub(in crate::serve) fn resume_plan(plan: &mut RunPlan, earlier: &Earlier, cost:
     }
 }
 
+/// What became of the draft pull request of a continuation that finished.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::serve) enum Readiness {
+    /// The continuation did not finish (or delivered no pull request): nothing to say.
+    Unchanged,
+    /// Marked ready for review (or it was not a draft).
+    Ready,
+    /// Still a draft: the repository asks for drafts (`pr.draft`), or GitHub did not mark
+    /// it ready (why).
+    StillDraft(Option<String>),
+}
+
 /// The status comment's text of a continuation: its own summary, then what both parts
-/// cost. When it finished (`finished`), its pull request is still the draft the stopped run
-/// opened (GitHub's REST API cannot mark it ready for review); the text says so.
+/// cost, and what became of the pull request's draft state when it finished.
 pub(in crate::serve) fn both_parts(
     text: &str,
     earlier: &Earlier,
     this_part: f64,
-    finished: bool,
+    readiness: &Readiness,
 ) -> String {
     let usd = crate::cost::format_usd;
     let mut out = format!(
@@ -179,10 +190,15 @@ pub(in crate::serve) fn both_parts(
         usd(this_part),
         usd(earlier.cost + this_part),
     );
-    if finished {
-        out.push_str(
-            " If its pull request is a draft, mark it ready for review on GitHub when it looks right.",
-        );
+    match readiness {
+        Readiness::Unchanged => {}
+        Readiness::Ready => out.push_str(" Its pull request is now ready for review."),
+        Readiness::StillDraft(None) => out.push_str(
+            " Its pull request stays a draft, as this repository asks (`pr.draft`); mark it ready for review on GitHub when it looks right.",
+        ),
+        Readiness::StillDraft(Some(why)) => out.push_str(&format!(
+            " Its pull request is still a draft: GitHub did not mark it ready for review ({why}); mark it ready on GitHub when it looks right."
+        )),
     }
     out
 }
@@ -372,14 +388,17 @@ mod tests {
             branch: "b".into(),
             cost: 0.25,
         };
-        let t = both_parts("Done.\n", &e, 0.5, true);
+        let t = both_parts("Done.\n", &e, 0.5, &Readiness::Ready);
         assert!(t.starts_with("Done.\n\n**Continued** from run `s`"), "{t}");
         assert!(
             t.contains("earlier parts $0.2500, this part $0.5000, **$0.7500 in total**"),
             "{t}"
         );
-        assert!(t.contains("ready for review"), "{t}");
-        assert!(!both_parts("x", &e, 0.5, false).contains("ready for review"));
+        assert!(t.contains("now ready for review"), "{t}");
+        assert!(!both_parts("x", &e, 0.5, &Readiness::Unchanged).contains("ready for review"));
+        let draft = both_parts("x", &e, 0.5, &Readiness::StillDraft(Some("HTTP 403".into())));
+        assert!(draft.contains("still a draft") && draft.contains("HTTP 403"), "{draft}");
+        assert!(both_parts("x", &e, 0.5, &Readiness::StillDraft(None)).contains("`pr.draft`"));
     }
 
     #[test]
