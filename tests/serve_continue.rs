@@ -88,6 +88,17 @@ async fn continue_finishes_a_stopped_run_as_one_pull_request() {
     );
     s.comment(7, "alice", "/kodx continue 5 steps").await;
     let second = done_where(&s, 7, "Continued").await;
+    // The continuation went on in the stopped run's status comment: one for the whole run.
+    let status = common::serve::bot_comments(&s, 7);
+    assert_eq!(status.len(), 1, "{status:#?}");
+    assert!(
+        status[0]
+            .edits
+            .iter()
+            .any(|e| e.contains("marked incomplete")),
+        "the same comment showed the first part's end: {:#?}",
+        status[0].edits
+    );
     assert!(second.contains("✅"), "{second}");
     assert!(second.contains("all done"), "{second}");
     assert!(second.contains("in total"), "{second}");
@@ -201,4 +212,61 @@ async fn continue_is_refused_when_the_monthly_budget_is_spent() {
         .await;
     s.finish().await;
     assert_eq!(s.model.requests().len(), calls, "no model call");
+}
+
+/// `/kodx continue` while the code run it would continue is still running: refused at once
+/// with a sentence saying to wait for it (or cancel it), not queued silently.
+#[tokio::test]
+async fn continue_while_the_run_is_still_running_says_so() {
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
+    s.github.add_issue(REPO, 7, "Slow", "", "carol");
+    s.model
+        .reply(tool("sleep 300"), "tool_use", usage(1000, 10));
+    let running = s.comment(7, "alice", "/kodx code wait a while").await;
+    s.wait_for(
+        "the first model call",
+        std::time::Duration::from_secs(60),
+        || !s.model.requests().is_empty(),
+    )
+    .await;
+    let cont = s.comment(7, "alice", "/kodx continue").await;
+    let refusal = s
+        .bot_comment_where(7, "the refusal", |c| c.body.contains("has not ended yet"))
+        .await
+        .body;
+    assert!(
+        refusal.contains(&format!("run `{}`", running.0)),
+        "{refusal}"
+    );
+    assert!(refusal.contains("/kodx cancel"), "{refusal}");
+    // The refused continue is over (its row is written just after its comment).
+    let db = s.db().await;
+    let asked = std::time::Instant::now();
+    while !db
+        .get_run(&cont.0)
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+        .is_final()
+    {
+        assert!(
+            asked.elapsed().as_secs() < 30,
+            "the refused run never ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    db.close().await;
+    s.comment(7, "alice", "/kodx cancel").await;
+    s.bot_comment_where(7, "the cancelled run", |c| {
+        c.body.contains("Cancelled by @alice") && c.body.contains("wait a while")
+    })
+    .await;
+    s.finish().await;
+    assert_eq!(
+        s.model.requests().len(),
+        1,
+        "the refused continue made no call"
+    );
 }

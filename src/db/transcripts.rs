@@ -104,6 +104,24 @@ impl Db {
         Ok(rows)
     }
 
+    /// The id of a `code` or `continue` run on the issue of run `run_id`, queued before it,
+    /// that has not finished (it is queued or running).
+    pub async fn unfinished_code_run_before(
+        &self,
+        run_id: &str,
+    ) -> Result<Option<String>, DbError> {
+        let row: Option<(String,)> = with_pool!(&self.pool, p => sqlx::query_as(
+            "SELECT e.id FROM runs e JOIN runs r ON r.id = $1 \
+             WHERE e.repo = r.repo AND e.issue_number = r.issue_number \
+               AND e.kind IN ('code', 'continue') AND e.status IN ('queued', 'running') \
+               AND e.seq < r.seq ORDER BY e.seq DESC LIMIT 1",
+        )
+        .bind(run_id)
+        .fetch_optional(p)
+        .await)?;
+        Ok(row.map(|(id,)| id))
+    }
+
     /// Deletes the transcripts of runs that finished before `before_ms` (unix milliseconds)
     /// and marks those runs `transcript_pruned_at`; the runs' own rows (status, cost,
     /// tokens, result) stay. Queued and running runs are never touched. Returns how many

@@ -579,7 +579,10 @@ impl Installation {
                 .filter_map(|e| e.get("message").and_then(Value::as_str))
                 .collect::<Vec<_>>()
                 .join("; ");
-            return Err(GitHubError::decode(&what, format!("GitHub answered: {message}")));
+            return Err(GitHubError::decode(
+                &what,
+                format!("GitHub answered: {message}"),
+            ));
         }
         match v["data"]["markPullRequestReadyForReview"]["pullRequest"]["isDraft"].as_bool() {
             Some(false) => Ok(()),
@@ -792,12 +795,18 @@ mod tests {
 
     #[test]
     fn graphql_sits_beside_the_rest_api() {
-        assert_eq!(graphql_url("https://api.github.com"), "https://api.github.com/graphql");
+        assert_eq!(
+            graphql_url("https://api.github.com"),
+            "https://api.github.com/graphql"
+        );
         assert_eq!(
             graphql_url("https://ghe.example.com/api/v3/"),
             "https://ghe.example.com/api/graphql"
         );
-        assert_eq!(graphql_url("http://127.0.0.1:8080"), "http://127.0.0.1:8080/graphql");
+        assert_eq!(
+            graphql_url("http://127.0.0.1:8080"),
+            "http://127.0.0.1:8080/graphql"
+        );
     }
 
     use super::*;

@@ -38,8 +38,8 @@ pub use manifest::{convert_manifest, ConvertedApp};
 pub use policy::RequestPolicy;
 pub use types::{
     noreply_email, Access, AppInfo, BotIdentity, CommentInfo, CommentRef, IssueInfo, NewPull,
-    Permission, PullBase, PullHead, PullInfo, PullRef, PullRepo, PullState, Reaction, ReactionTarget,
-    RepoName, RepoNameError, TokenScope,
+    Permission, PullBase, PullHead, PullInfo, PullRef, PullRepo, PullState, Reaction,
+    ReactionTarget, RepoName, RepoNameError, TokenScope,
 };
 
 use policy::Raw;

@@ -2525,9 +2525,7 @@ async fn graphql(State(fake): State<FakeGitHub>, req: Req) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let errors = |message: &str| {
-        json_response(200, json!({ "errors": [{ "message": message }] }))
-    };
+    let errors = |message: &str| json_response(200, json!({ "errors": [{ "message": message }] }));
     let query = body.get("query").and_then(Value::as_str).unwrap_or("");
     let squashed: String = query.split_whitespace().collect::<Vec<_>>().join(" ");
     if !squashed.starts_with("mutation")
@@ -2542,7 +2540,9 @@ async fn graphql(State(fake): State<FakeGitHub>, req: Req) -> Response {
         return errors("Variable $id of type ID! was provided invalid value");
     };
     let Some(number) = node.strip_prefix("PR_").and_then(|n| n.parse::<u64>().ok()) else {
-        return errors(&format!("Could not resolve to a node with the global id of '{node}'"));
+        return errors(&format!(
+            "Could not resolve to a node with the global id of '{node}'"
+        ));
     };
     let repos: Vec<String> = {
         let st = fake.state();
@@ -2553,14 +2553,22 @@ async fn graphql(State(fake): State<FakeGitHub>, req: Req) -> Response {
             .collect()
     };
     let Some(key) = repos.first() else {
-        return errors(&format!("Could not resolve to a node with the global id of '{node}'"));
+        return errors(&format!(
+            "Could not resolve to a node with the global id of '{node}'"
+        ));
     };
     let (owner, repo) = key.split_once('/').unwrap();
     if let Err(r) = auth_installation(&fake, &req, owner, repo, PULLS_WRITE) {
         return r;
     }
     let mut st = fake.state();
-    let issue = st.repos.get_mut(key).unwrap().issues.get_mut(&number).unwrap();
+    let issue = st
+        .repos
+        .get_mut(key)
+        .unwrap()
+        .issues
+        .get_mut(&number)
+        .unwrap();
     issue.pull.as_mut().unwrap().draft = false;
     json_response(
         200,

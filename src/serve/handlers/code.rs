@@ -28,7 +28,10 @@ pub(in crate::serve) enum Delivered {
     /// Its pull request, and what became of its draft state when an earlier part's draft
     /// was finished.
     Pull(String, Readiness),
-    Pushed { sha: String, branch: String },
+    Pushed {
+        sha: String,
+        branch: String,
+    },
     Nothing,
 }
 

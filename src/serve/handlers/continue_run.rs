@@ -49,6 +49,11 @@ pub(in crate::serve) enum CannotContinue {
     Pruned { id: String },
     #[error("the transcript of run `{id}` cannot be resumed: {problem}")]
     Transcript { id: String, problem: String },
+    #[error(
+        "run `{id}` has not ended yet here; `/kodx continue` once it has stopped (or stop it \
+         with `/kodx cancel` first)"
+    )]
+    StillRunning { id: String },
     #[error("`/kodx continue {asked}` asks for more than this server allows per run ({most})")]
     AboveMaximum { asked: String, most: String },
 }
@@ -64,6 +69,8 @@ pub(in crate::serve) struct Earlier {
     pub branch: String,
     /// What the stopped run (and the parts before it) cost, USD.
     pub cost: f64,
+    /// The stopped run's status comment, which the continuation goes on in.
+    pub status_comment_id: Option<i64>,
 }
 
 /// Picks the run to continue from the issue's finished `code` and `continue` runs, newest
@@ -113,6 +120,7 @@ pub(in crate::serve) fn choose(runs: &[Run]) -> Result<Earlier, CannotContinue> 
         request,
         branch: branch.to_string(),
         cost: before + last.cost_usd.unwrap_or(0.0),
+        status_comment_id: last.status_comment_id,
     })
 }
 
@@ -211,6 +219,27 @@ pub(in crate::serve) struct Resumption {
 }
 
 impl Workers {
+    /// The status comment of the stopped run `run` (a `/kodx continue`) would go on with,
+    /// when there is one it can go on with (so a refusal never replaces it).
+    pub(in crate::serve) async fn continued_status_comment(&self, run: &Run) -> Option<u64> {
+        let runs = self
+            .db
+            .finished_code_runs(&run.request.repo, run.request.issue_number, LOOK_BACK)
+            .await
+            .ok()?;
+        let earlier = choose(&runs).ok()?;
+        if self
+            .db
+            .transcript_pruned_at(&earlier.id)
+            .await
+            .ok()?
+            .is_some()
+        {
+            return None;
+        }
+        earlier.status_comment_id.map(|id| id as u64)
+    }
+
     /// The run `run` (a `/kodx continue`) goes on with, and its conversation.
     pub(in crate::serve) async fn resumption(
         &self,
@@ -315,6 +344,7 @@ mod tests {
                 request: "add a flag".into(),
                 branch: "kodx/7-abc".into(),
                 cost: 0.25,
+                status_comment_id: None,
             }
         );
     }
@@ -387,6 +417,7 @@ mod tests {
             request: "add a flag".into(),
             branch: "b".into(),
             cost: 0.25,
+            status_comment_id: None,
         };
         let t = both_parts("Done.\n", &e, 0.5, &Readiness::Ready);
         assert!(t.starts_with("Done.\n\n**Continued** from run `s`"), "{t}");
@@ -396,8 +427,16 @@ mod tests {
         );
         assert!(t.contains("now ready for review"), "{t}");
         assert!(!both_parts("x", &e, 0.5, &Readiness::Unchanged).contains("ready for review"));
-        let draft = both_parts("x", &e, 0.5, &Readiness::StillDraft(Some("HTTP 403".into())));
-        assert!(draft.contains("still a draft") && draft.contains("HTTP 403"), "{draft}");
+        let draft = both_parts(
+            "x",
+            &e,
+            0.5,
+            &Readiness::StillDraft(Some("HTTP 403".into())),
+        );
+        assert!(
+            draft.contains("still a draft") && draft.contains("HTTP 403"),
+            "{draft}"
+        );
         assert!(both_parts("x", &e, 0.5, &Readiness::StillDraft(None)).contains("`pr.draft`"));
     }
 

@@ -8,10 +8,12 @@ use crate::agent::Progress;
 use crate::comment::{self, Done, Phase};
 use crate::db::Run;
 use crate::github::{GitHubError, Installation, Reaction, ReactionTarget, RepoName};
+use crate::serve::job::Job;
 
 use super::ending::RunLog;
-use super::gate::Admission;
+use super::gate::{Admission, Refusal};
 use super::{RunFailure, Workers};
+use crate::serve::handlers::continue_run::CannotContinue;
 
 /// What acknowledging a run came to.
 #[derive(Clone)]
@@ -138,7 +140,33 @@ impl Workers {
                 return Acked::Refused;
             }
         };
+        // `/kodx continue` while the run it would continue has not ended: refused at once
+        // (what to continue is known only when that run stops).
+        if matches!(run.request.job, Job::Continue { .. }) {
+            match self.db.unfinished_code_run_before(&run.id).await {
+                Ok(Some(id)) => {
+                    let refusal = Refusal::CannotContinue(CannotContinue::StillRunning { id });
+                    self.conclude(run, Err(refusal.into()), &RunLog::default(), Instant::now())
+                        .await;
+                    return Acked::Refused;
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("looking for an unfinished run on the issue failed: {e}"),
+            }
+        }
         self.react(&gh, &repo, run, Reaction::Eyes).await;
+        // `/kodx continue` goes on in the status comment of the run it continues.
+        if matches!(run.request.job, Job::Continue { .. }) {
+            if let Some(id) = self.continued_status_comment(run).await {
+                StatusComment::new(gh, repo, run, Some(id))
+                    .edit(&Phase::Queued)
+                    .await;
+                if let Err(e) = self.db.set_status_comment(&run.id, id as i64).await {
+                    tracing::error!("storing the status comment id failed: {e}");
+                }
+                return Acked::Admitted(Box::new(admission), Some(id));
+            }
+        }
         // A comment this run posted before a crash is found by its hidden metadata.
         if let Some(existing) = self.find_status_comment(&gh, &repo, run).await {
             if let Err(e) = self.db.set_status_comment(&run.id, existing as i64).await {
