@@ -382,6 +382,16 @@ impl Done {
 /// from the model, the repository or the user is redacted; the body stays under GitHub's
 /// comment limit (an over-long answer is cut in the middle, with a note).
 pub fn render(run_id: &str, command_line: &str, phase: &Phase) -> String {
+    render_linked(run_id, command_line, phase, None)
+}
+
+/// [`render`], with a link to the run's page in the last line when `link` is given.
+pub fn render_linked(
+    run_id: &str,
+    command_line: &str,
+    phase: &Phase,
+    link: Option<&str>,
+) -> String {
     let mut head = String::new();
     head.push_str(&metadata(run_id));
     head.push('\n');
@@ -409,8 +419,10 @@ pub fn render(run_id: &str, command_line: &str, phase: &Phase) -> String {
         _ => None,
     };
     tail.push_str(&format!(
-        "<sub>kodx run <code>{}</code>{}</sub>\n",
+        "<sub>kodx run <code>{}</code>{}{}</sub>\n",
         escape_html(run_id),
+        link.map(|l| format!(" · <a href=\"{}\">watch the run</a>", escape_html(l)))
+            .unwrap_or_default(),
         setup.map(|s| format!(" · {s}")).unwrap_or_default()
     ));
 

@@ -150,6 +150,18 @@ impl Db {
         Ok(rows)
     }
 
+    /// The newest `limit` runs, newest first (the operator's view).
+    pub async fn recent_runs(&self, limit: i64) -> Result<Vec<Run>, DbError> {
+        let rows = with_pool!(&self.pool, p => sqlx::query_as::<_, Run>(concat!(
+            "SELECT ",
+            run_columns!(),
+            " FROM runs ORDER BY seq DESC LIMIT $1"
+        ))
+        .bind(limit)
+        .fetch_all(p).await)?;
+        Ok(rows)
+    }
+
     /// Remembers the id of the run's status comment.
     pub async fn set_status_comment(&self, run_id: &str, comment_id: i64) -> Result<(), DbError> {
         let changed = with_pool!(&self.pool, p => sqlx::query("UPDATE runs SET status_comment_id = $1 WHERE id = $2")

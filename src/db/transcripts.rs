@@ -104,6 +104,26 @@ impl Db {
         Ok(rows)
     }
 
+    /// Up to `limit` transcript records of `run_id` from sequence number `from` on, with
+    /// their numbers, in order.
+    pub async fn transcript_records(
+        &self,
+        run_id: &str,
+        from: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, String)>, DbError> {
+        let rows = with_pool!(&self.pool, p => sqlx::query_as(
+            "SELECT seq, record FROM transcripts WHERE run_id = $1 AND seq >= $2 \
+             ORDER BY seq LIMIT $3",
+        )
+        .bind(run_id)
+        .bind(from)
+        .bind(limit)
+        .fetch_all(p)
+        .await)?;
+        Ok(rows)
+    }
+
     /// The id of a `code` or `continue` run on the issue of run `run_id`, queued before it,
     /// that has not finished (it is queued or running).
     pub async fn unfinished_code_run_before(

@@ -142,6 +142,8 @@ pub struct Settings {
     /// Transcripts of runs that finished longer ago than this many days are deleted (the
     /// runs' summary rows stay).
     pub transcript_days: u32,
+    /// Serve the run pages (`/runs/{id}`, `/runs`); links to them need `KODX_PUBLIC_URL`.
+    pub run_pages: bool,
     /// How often the status comment may be edited while a run works, in seconds.
     pub status_interval_secs: f64,
     /// How long a shutdown waits for running runs before stopping them, in seconds.
@@ -205,6 +207,7 @@ impl Default for Settings {
             run_timeout_secs: 1800,
             command_timeout_secs: 30,
             transcript_days: 30,
+            run_pages: true,
             status_interval_secs: 10.0,
             shutdown_grace_secs: 30,
             max_attempts: 2,

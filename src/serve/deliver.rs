@@ -113,6 +113,7 @@ pub fn pull_body(
     author: &str,
     cost_summary: &str,
     run_id: &str,
+    link: Option<&str>,
 ) -> String {
     let mut body = String::new();
     body.push_str(comment::metadata(run_id).as_str());
@@ -144,7 +145,12 @@ pub fn pull_body(
         comment::redact(author)
     ));
     body.push_str(cost_summary);
-    body.push_str(&format!("\n\n<sub>kodx run <code>{run_id}</code></sub>\n"));
+    let watch = link
+        .map(|l| format!(" · <a href=\"{l}\">the run's steps</a>"))
+        .unwrap_or_default();
+    body.push_str(&format!(
+        "\n\n<sub>kodx run <code>{run_id}</code>{watch}</sub>\n"
+    ));
     body
 }
 
@@ -209,7 +215,7 @@ mod tests {
             closes: Some(7),
             original: None,
         };
-        let b = pull_body("Summary.", &issue, "alice", "cost", "r1");
+        let b = pull_body("Summary.", &issue, "alice", "cost", "r1", None);
         assert!(
             b.starts_with("<!-- kodx:")
                 && b.contains("Closes #7")
@@ -222,7 +228,7 @@ mod tests {
             closes: None,
             original: Some(8),
         };
-        let b = pull_body("", &fork, "bob", "cost", "r2");
+        let b = pull_body("", &fork, "bob", "cost", "r2", None);
         assert!(b.contains("on top of #8") && !b.contains("Closes"));
     }
 
@@ -236,7 +242,7 @@ mod tests {
             original: None,
         };
         for text in [
-            pull_body(summary, &issue, "alice", "cost", "r1"),
+            pull_body(summary, &issue, "alice", "cost", "r1", None),
             commit_body(summary, 7, false, "r1"),
         ] {
             assert!(!text.contains("@octocat"), "{text}");
@@ -244,7 +250,7 @@ mod tests {
             assert!(!text.contains("Closes #99"), "{text}");
             assert!(!text.contains("\"run\":\"x\""), "{text}");
         }
-        let b = pull_body(summary, &issue, "alice", "cost", "r1");
+        let b = pull_body(summary, &issue, "alice", "cost", "r1", None);
         assert!(b.contains("\nCloses #7\n"), "kodx's own line stays: {b}");
         assert!(b.contains("Requested by @alice"), "{b}");
         assert_eq!(crate::comment::find_run_id(&b).as_deref(), Some("r1"));

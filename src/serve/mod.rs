@@ -17,6 +17,7 @@ pub mod listen;
 pub mod messages;
 pub mod metrics;
 pub mod proxy;
+pub mod runpage;
 pub mod setup;
 pub mod worker;
 
@@ -277,8 +278,29 @@ async fn start(
         max_concurrent_runs = config.settings.max_concurrent_runs,
         "kodx serve is listening"
     );
+    // The run pages, and links to them once the server knows its public address.
+    let mut router = http::router(state, options.intake);
+    if config.settings.run_pages {
+        let pages = runpage::RunPages::open(&config.data_dir, db.clone()).with_context(|| {
+            format!(
+                "the run pages' key in KODX_DATA_DIR={} (set run_pages = false to do without)",
+                config.data_dir.display()
+            )
+        })?;
+        if let Some(public_url) = &config.public_url {
+            let _ = workers
+                .run_links
+                .set((public_url.clone(), pages.key().clone()));
+            eprintln!(
+                "kodx serve: recent runs at {}/runs?token={}",
+                public_url.trim_end_matches('/'),
+                pages.key().operator_token()
+            );
+        }
+        router = router.merge(runpage::routes(std::sync::Arc::new(pages)));
+    }
     Ok(Running {
-        router: http::router(state, options.intake),
+        router,
         db,
         app,
         engine,

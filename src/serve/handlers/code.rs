@@ -310,7 +310,15 @@ impl Workers {
             return Ok(Delivered::Pushed { sha, branch });
         }
         let cost = comment::cost_summary(&done.outcome);
-        let pull_body = deliver::pull_body(&summary, target, &run.request.author, &cost, &run.id);
+        let link = self.run_link(&run.id);
+        let pull_body = deliver::pull_body(
+            &summary,
+            target,
+            &run.request.author,
+            &cost,
+            &run.id,
+            link.as_deref(),
+        );
         if !fence.holds().await {
             return Err(DeliveryError::LeaseLost);
         }

@@ -26,6 +26,10 @@ ul.checks li{padding:.3rem 0;border-bottom:1px solid #eef0f3;overflow-wrap:anywh
 .ok{color:#1a7f37}.fail{color:#cf222e}.note{color:#57606a}
 details summary{cursor:pointer;font-weight:600}
 code{font-family:ui-monospace,monospace;font-size:.9em;overflow-wrap:anywhere}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f8fa;border-radius:6px;padding:.5rem .6rem;margin:.4rem 0;font:.85rem/1.4 ui-monospace,monospace}
+pre.typed{background:#1d232b;color:#e6edf3}
+pre.text{background:none;padding:0;font:inherit}
+pre.fail{border-left:3px solid #cf222e}
 ";
 
 /// The page frame shared by kodx's pages.

@@ -53,6 +53,8 @@ pub struct Workers {
     pub pricing: Pricing,
     /// Identifies this process's claims.
     pub worker_id: String,
+    /// `KODX_PUBLIC_URL` and the run pages' key, when status comments link to run pages.
+    pub(in crate::serve) run_links: std::sync::OnceLock<(String, crate::serve::runpage::RunKey)>,
     /// Stops claiming; running runs get `shutdown_grace_secs`, then are stopped.
     pub shutdown: CancellationToken,
     pub(in crate::serve) running: Mutex<HashMap<String, RunHandle>>,
@@ -94,6 +96,7 @@ impl Workers {
             wake,
             providers,
             pricing,
+            run_links: std::sync::OnceLock::new(),
             worker_id: format!(
                 "{}-{}-{:08x}",
                 hostname(),
@@ -388,6 +391,14 @@ impl Workers {
 }
 
 /// The work a run does (a control job's status comment reads as an `ask`'s).
+impl Workers {
+    /// The address of run `run_id`'s page, when the pages are linked.
+    pub(in crate::serve) fn run_link(&self, run_id: &str) -> Option<String> {
+        let (public_url, key) = self.run_links.get()?;
+        Some(key.link(public_url, run_id))
+    }
+}
+
 pub(in crate::serve) fn run_kind(run: &Run) -> RunKind {
     run.kind().run_kind().unwrap_or(RunKind::Ask)
 }

@@ -159,6 +159,7 @@ impl Workers {
         if matches!(run.request.job, Job::Continue { .. }) {
             if let Some(id) = self.continued_status_comment(run).await {
                 StatusComment::new(gh, repo, run, Some(id))
+                    .linked(self.run_link(&run.id))
                     .edit(&Phase::Queued)
                     .await;
                 if let Err(e) = self.db.set_status_comment(&run.id, id as i64).await {
@@ -174,7 +175,7 @@ impl Workers {
             }
             return Acked::Admitted(Box::new(admission), Some(existing));
         }
-        let mut status = StatusComment::new(gh, repo, run, None);
+        let mut status = StatusComment::new(gh, repo, run, None).linked(self.run_link(&run.id));
         match status.create(&Phase::Queued).await {
             Ok(id) => {
                 if let Err(e) = self.db.set_status_comment(&run.id, id as i64).await {
@@ -222,7 +223,7 @@ impl Workers {
         run: &Run,
     ) -> StatusComment {
         let id = self.status_comment_id(run).await;
-        StatusComment::new(gh.clone(), repo.clone(), run, id)
+        StatusComment::new(gh.clone(), repo.clone(), run, id).linked(self.run_link(&run.id))
     }
 
     pub(in crate::serve) async fn react(
@@ -301,6 +302,8 @@ pub(in crate::serve) struct StatusComment {
     id: Option<u64>,
     /// The run's hold on its lease: no edit once another process took the run.
     fence: Option<super::Fence>,
+    /// The run page's address, shown in the comment.
+    link: Option<String>,
 }
 
 impl StatusComment {
@@ -314,7 +317,14 @@ impl StatusComment {
             trigger: run.request.trigger.reaction_target(),
             id,
             fence: None,
+            link: None,
         }
+    }
+
+    /// Links the run's page.
+    pub fn linked(mut self, link: Option<String>) -> StatusComment {
+        self.link = link;
+        self
     }
 
     /// Edited only while `fence` holds.
@@ -332,7 +342,7 @@ impl StatusComment {
     }
 
     fn body(&self, phase: &Phase) -> String {
-        comment::render(&self.run_id, &self.command, phase)
+        comment::render_linked(&self.run_id, &self.command, phase, self.link.as_deref())
     }
 
     /// Posts it, showing `phase`; returns its id.

@@ -1,0 +1,457 @@
+//! The run page: `GET /runs/{id}?token=…` shows one run — who asked what, where, its status,
+//! timings and cost, and each step of the agent (the model's text, each command typed with
+//! what it printed, the step's tokens and cost) — live while it runs (server-sent events at
+//! `/runs/{id}/events`, a few lines of inline JS). `GET /runs?token=…` is the operator's
+//! list of recent runs. Server-rendered with maud, no external assets.
+//!
+//! Access: each run's link carries a token, an HMAC-SHA256 of the run id under a server key
+//! (32 random bytes in `<KODX_DATA_DIR>/run-pages.key`, mode 0600, made on first start); the
+//! operator's list has its own token from the same key. A wrong or missing token, an unknown
+//! run, or `run_pages = false` are the same `404` with no content. What is shown is redacted
+//! as comments are, and bounded: the first [`MAX_RECORDS`] transcript records, each output
+//! cut to [`MAX_OUTPUT_CHARS`].
+
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use hmac::{Hmac, Mac};
+use maud::{html, Markup, PreEscaped};
+use serde::Deserialize;
+use sha2::Sha256;
+use tokio::sync::Semaphore;
+
+use crate::comment::{self, redact};
+use crate::db::{Db, Run};
+use crate::model::Block;
+use crate::serve::setup::page::layout;
+use crate::transcript::Record;
+
+/// Transcript records one page shows at most.
+pub const MAX_RECORDS: i64 = 2_000;
+/// Characters of one command's output (or one text) shown at most.
+pub const MAX_OUTPUT_CHARS: usize = 20_000;
+/// Outputs longer than this are collapsed.
+const COLLAPSE_CHARS: usize = 600;
+/// Live pages at once (each holds a stream polling the database).
+const MAX_STREAMS: usize = 64;
+const KEY_FILE: &str = "run-pages.key";
+
+/// The server's run pages: the key of their links and the database.
+pub struct RunPages {
+    key: RunKey,
+    db: Db,
+    streams: Arc<Semaphore>,
+}
+
+impl RunPages {
+    /// Reads the key under `data_dir`, making it (mode 0600) the first time.
+    pub fn open(data_dir: &Path, db: Db) -> std::io::Result<RunPages> {
+        Ok(RunPages {
+            key: RunKey::open(data_dir)?,
+            db,
+            streams: Arc::new(Semaphore::new(MAX_STREAMS)),
+        })
+    }
+
+    pub fn key(&self) -> &RunKey {
+        &self.key
+    }
+
+    fn token(&self, run_id: &str) -> String {
+        self.key.token(run_id)
+    }
+
+    fn operator_token(&self) -> String {
+        self.key.operator_token()
+    }
+
+    fn allows(&self, expected: &str, given: Option<&str>) -> bool {
+        RunKey::allows(expected, given)
+    }
+}
+
+/// The key run-page links are made with.
+#[derive(Clone)]
+pub struct RunKey([u8; 32]);
+
+impl RunKey {
+    /// Reads the key under `data_dir`, making it (mode 0600) the first time.
+    pub fn open(data_dir: &Path) -> std::io::Result<RunKey> {
+        load_or_create_key(data_dir).map(RunKey)
+    }
+
+    fn mac(&self, label: &str) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("any key length");
+        mac.update(label.as_bytes());
+        hex::encode(&mac.finalize().into_bytes()[..16])
+    }
+
+    /// The token of run `run_id`'s page.
+    pub fn token(&self, run_id: &str) -> String {
+        self.mac(&format!("run:{run_id}"))
+    }
+
+    /// The token of the operator's list.
+    pub fn operator_token(&self) -> String {
+        self.mac("runs")
+    }
+
+    /// The run page's address under `public_url`.
+    pub fn link(&self, public_url: &str, run_id: &str) -> String {
+        format!(
+            "{}/runs/{run_id}?token={}",
+            public_url.trim_end_matches('/'),
+            self.token(run_id)
+        )
+    }
+
+    fn allows(label_token: &str, given: Option<&str>) -> bool {
+        let Some(given) = given else { return false };
+        // Constant time: every byte compared.
+        let (a, b) = (label_token.as_bytes(), given.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+fn load_or_create_key(data_dir: &Path) -> std::io::Result<[u8; 32]> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = data_dir.join(KEY_FILE);
+    if let Ok(bytes) = std::fs::read(&path) {
+        if let Ok(key) = <[u8; 32]>::try_from(bytes.as_slice()) {
+            return Ok(key);
+        }
+        return Err(std::io::Error::other(format!(
+            "{} is not a 32-byte key; delete it to make a new one (run links change)",
+            path.display()
+        )));
+    }
+    std::fs::create_dir_all(data_dir)?;
+    let key: [u8; 32] = rand::random();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    f.write_all(&key)?;
+    f.sync_all()?;
+    Ok(key)
+}
+
+#[derive(Deserialize)]
+struct TokenQuery {
+    token: Option<String>,
+}
+
+/// The routes (`/runs`, `/runs/{id}`, `/runs/{id}/events`).
+pub fn routes(pages: Arc<RunPages>) -> Router {
+    Router::new()
+        .route("/runs", get(list))
+        .route("/runs/{id}", get(page))
+        .route("/runs/{id}/events", get(events))
+        .with_state(pages)
+}
+
+fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "not found\n").into_response()
+}
+
+async fn page(
+    State(pages): State<Arc<RunPages>>,
+    UrlPath(id): UrlPath<String>,
+    Query(q): Query<TokenQuery>,
+) -> Response {
+    if !pages.allows(&pages.token(&id), q.token.as_deref()) {
+        return not_found();
+    }
+    let Ok(Some(run)) = pages.db.get_run(&id).await else {
+        return not_found();
+    };
+    let steps = steps(&pages.db, &id).await;
+    let live = !run.status.is_final();
+    let token = q.token.unwrap_or_default();
+    Html(render_page(&run, &steps, live, &token).into_string()).into_response()
+}
+
+/// Sends the steps again whenever the transcript grows; ends (telling the page to reload
+/// once) when the run ends.
+async fn events(
+    State(pages): State<Arc<RunPages>>,
+    UrlPath(id): UrlPath<String>,
+    Query(q): Query<TokenQuery>,
+) -> Response {
+    if !pages.allows(&pages.token(&id), q.token.as_deref()) {
+        return not_found();
+    }
+    let Ok(permit) = pages.streams.clone().try_acquire_owned() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "too many live pages\n").into_response();
+    };
+    let stream = futures_util::stream::unfold(
+        (pages, id, -1i64, false, permit),
+        |(pages, id, mut seen, ended, permit)| async move {
+            if ended {
+                return None;
+            }
+            loop {
+                let run = pages.db.get_run(&id).await.ok().flatten();
+                let last = pages
+                    .db
+                    .transcript_records(&id, 0, MAX_RECORDS)
+                    .await
+                    .map(|r| r.last().map_or(-1, |(seq, _)| *seq))
+                    .unwrap_or(seen);
+                let over = run.as_ref().is_none_or(|r| r.status.is_final());
+                if over {
+                    let event = Event::default().event("end").data("ended");
+                    return Some((Ok::<_, Infallible>(event), (pages, id, seen, true, permit)));
+                }
+                if last != seen {
+                    seen = last;
+                    let steps = steps(&pages.db, &id).await;
+                    let html = render_steps(&steps).into_string();
+                    let event = Event::default().event("steps").data(html);
+                    return Some((Ok(event), (pages, id, seen, false, permit)));
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        },
+    );
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+async fn list(State(pages): State<Arc<RunPages>>, Query(q): Query<TokenQuery>) -> Response {
+    if !pages.allows(&pages.operator_token(), q.token.as_deref()) {
+        return not_found();
+    }
+    let runs = pages.db.recent_runs(100).await.unwrap_or_default();
+    let body = html! {
+        h1 { "Recent runs" }
+        div.card {
+            @if runs.is_empty() { p.hint { "No runs yet." } }
+            ul.checks {
+                @for r in &runs {
+                    li {
+                        a href={ "/runs/" (r.id) "?token=" (pages.token(&r.id)) } { code { (r.id) } }
+                        " " (r.request.repo) "#" (r.request.issue_number) " · " (r.kind().as_str())
+                        " · " span class=(status_class(r)) { (r.status.as_str()) }
+                        @if let Some(cost) = r.cost_usd { " · " (crate::cost::format_usd(cost)) }
+                        @if let Some(d) = duration(r) { " · " (comment::format_duration(d)) }
+                    }
+                }
+            }
+        }
+    };
+    Html(layout("Runs", body).into_string()).into_response()
+}
+
+/// One step of the agent as the page shows it.
+#[derive(Default)]
+struct Step {
+    number: u32,
+    text: Vec<String>,
+    /// (shell and what was typed, its output, whether it failed)
+    calls: Vec<(String, String, bool)>,
+    tokens: Option<(u64, u64, u64, u64)>,
+    cost: Option<f64>,
+}
+
+async fn steps(db: &Db, run_id: &str) -> (Vec<Step>, bool) {
+    let records = db
+        .transcript_records(run_id, 0, MAX_RECORDS + 1)
+        .await
+        .unwrap_or_default();
+    let cut = records.len() as i64 > MAX_RECORDS;
+    let mut steps: Vec<Step> = Vec::new();
+    let mut pending: Vec<(String, usize, usize)> = Vec::new(); // tool id → (step idx, call idx)
+    for (_, line) in records.iter().take(MAX_RECORDS as usize) {
+        let Ok(record) = serde_json::from_str::<Record>(line) else {
+            continue;
+        };
+        match record {
+            Record::ModelResponse {
+                step,
+                response,
+                cost_usd,
+            } => {
+                let mut s = Step {
+                    number: step,
+                    ..Default::default()
+                };
+                for block in &response.content {
+                    match block {
+                        Block::Text { text } if !text.trim().is_empty() => {
+                            s.text.push(shown(text));
+                        }
+                        Block::ToolUse { id, name, input } => {
+                            let shell = input["shell"].as_str().unwrap_or("default");
+                            let typed = match input["chars"].as_str() {
+                                Some(chars) => format!("{shell}$ {}", chars.trim_end()),
+                                None => format!("{name} {input}"),
+                            };
+                            pending.push((id.clone(), steps.len(), s.calls.len()));
+                            s.calls.push((shown(&typed), String::new(), false));
+                        }
+                        _ => {}
+                    }
+                }
+                let u = &response.usage;
+                s.tokens = Some((
+                    u.input_tokens,
+                    u.output_tokens,
+                    u.cache_write_tokens,
+                    u.cache_read_tokens,
+                ));
+                s.cost = Some(cost_usd);
+                steps.push(s);
+            }
+            Record::ToolResult {
+                id,
+                output,
+                is_error,
+                ..
+            } => {
+                if let Some((_, si, ci)) = pending.iter().find(|(t, _, _)| *t == id) {
+                    if let Some(call) = steps.get_mut(*si).and_then(|s| s.calls.get_mut(*ci)) {
+                        call.1 = shown(&output);
+                        call.2 = is_error;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (steps, cut)
+}
+
+/// Redacted and cut to [`MAX_OUTPUT_CHARS`].
+fn shown(text: &str) -> String {
+    let text = redact(text);
+    let total = text.chars().count();
+    if total <= MAX_OUTPUT_CHARS {
+        return text;
+    }
+    let mut out: String = text.chars().take(MAX_OUTPUT_CHARS).collect();
+    out.push_str(&format!(
+        "\n… ({} more characters)",
+        total - MAX_OUTPUT_CHARS
+    ));
+    out
+}
+
+fn status_class(run: &Run) -> &'static str {
+    match run.status.as_str() {
+        "succeeded" => "ok",
+        "failed" | "cancelled" => "fail",
+        _ => "note",
+    }
+}
+
+fn duration(run: &Run) -> Option<Duration> {
+    let (start, end) = (run.started_at?, run.finished_at?);
+    Some(Duration::from_millis((end - start).max(0) as u64))
+}
+
+fn render_steps((steps, cut): &(Vec<Step>, bool)) -> Markup {
+    html! {
+        @if steps.is_empty() { p.hint { "No step yet." } }
+        @for s in steps {
+            div.card.step {
+                h2 { "Step " (s.number) }
+                @for t in &s.text { pre.text { (t) } }
+                @for (typed, output, failed) in &s.calls {
+                    pre.typed { (typed) }
+                    @if output.chars().count() > COLLAPSE_CHARS || output.lines().count() > 12 {
+                        details { summary { "output (" (output.lines().count()) " lines)" } pre class=(if *failed { "out fail" } else { "out" }) { (output) } }
+                    } @else if !output.is_empty() {
+                        pre class=(if *failed { "out fail" } else { "out" }) { (output) }
+                    }
+                }
+                p.hint {
+                    @if let Some((i, o, w, r)) = s.tokens {
+                        "tokens: " (i) " in, " (o) " out, " (w) " cache write, " (r) " cache read"
+                    }
+                    @if let Some(c) = s.cost { " · " (crate::cost::format_usd(c)) }
+                }
+            }
+        }
+        @if *cut { p.hint { "Only the first " (MAX_RECORDS) " records are shown." } }
+    }
+}
+
+const LIVE_JS: &str = "
+const es = new EventSource(location.pathname + '/events' + location.search);
+es.addEventListener('steps', e => { document.getElementById('steps').innerHTML = e.data; });
+es.addEventListener('end', () => { es.close(); location.reload(); });
+";
+
+fn render_page(run: &Run, steps: &(Vec<Step>, bool), live: bool, _token: &str) -> Markup {
+    let r = &run.request;
+    let body = html! {
+        h1 { "kodx run " code { (run.id) } }
+        div.card {
+            p { strong { (r.author) } " asked: " code { (shown(&format!("/kodx {} {}", r.job.kind().as_str(), r.job.argument()))) } }
+            p { (r.repo) " #" (r.issue_number) @if r.is_pull_request { " (pull request)" } }
+            p {
+                "Status: " span class=(status_class(run)) { (run.status.as_str()) }
+                @if let Some(reason) = &run.stop_reason { " · stop: " code { (reason.as_str()) } }
+                @if let Some(d) = duration(run) { " · " (comment::format_duration(d)) }
+            }
+            @if let Some(cost) = run.cost_usd {
+                p { "Cost: " strong.cost { (crate::cost::format_usd(cost)) } " · " (run.api_calls) " API calls" }
+            }
+            @if let Some(pr) = &run.pr_url { p { "Pull request: " a href=(pr) { (pr) } } }
+            @if live { p.hint { "Live: new steps appear as the agent works." } }
+        }
+        div #steps { (render_steps(steps)) }
+        @if live { script { (PreEscaped(LIVE_JS)) } }
+    };
+    layout(&format!("Run {}", run.id), body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_per_run_and_checked_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = load_or_create_key(dir.path()).unwrap();
+        assert_eq!(load_or_create_key(dir.path()).unwrap(), key, "kept");
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(dir.path().join(KEY_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let key = RunKey(key);
+        let a = key.token("run-a");
+        assert_ne!(a, key.token("run-b"));
+        assert_ne!(a, key.operator_token());
+        assert!(RunKey::allows(&a, Some(&a)));
+        assert!(!RunKey::allows(&a, Some(&key.token("run-b"))));
+        assert!(!RunKey::allows(&a, Some(&a[..a.len() - 1])));
+        assert!(!RunKey::allows(&a, None));
+        assert_eq!(
+            key.link("https://kodx.example.com/", "run-a"),
+            format!("https://kodx.example.com/runs/run-a?token={a}")
+        );
+    }
+
+    #[test]
+    fn long_output_is_cut_and_secrets_redacted() {
+        let long = "x".repeat(MAX_OUTPUT_CHARS + 10);
+        assert!(shown(&long).ends_with("(10 more characters)"));
+        let secret = "token ghs_abcdefghijklmnopqrstuvwxyz0123456789 here";
+        assert!(!shown(secret).contains("ghs_abcdefghijklmnopqrstuvwxyz0123456789"));
+    }
+}
