@@ -408,6 +408,8 @@ fn render_page(run: &Run, steps: &(Vec<Step>, bool), live: bool, _token: &str) -
             }
             @if let Some(cost) = run.cost_usd {
                 p { "Cost: " strong.cost { (crate::cost::format_usd(cost)) } " · " (run.api_calls) " API calls" }
+            } @else if !steps.0.is_empty() {
+                p { "Spent so far: " strong.cost { (crate::cost::format_usd(steps.0.iter().filter_map(|s| s.cost).sum::<f64>())) } " · " (steps.0.len()) " API calls" }
             }
             @if let Some(pr) = &run.pr_url { p { "Pull request: " a href=(pr) { (pr) } } }
             @if live { p.hint { "Live: new steps appear as the agent works." } }
