@@ -13,7 +13,9 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::serve::{delivery_id, usage, Options, Served, REPO};
+use common::serve::{
+    delivery_id, issue_comment, sign, usage, IssueComment, Options, Served, REPO, SECRET,
+};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
 
@@ -73,12 +75,19 @@ async fn browser(test: &str) -> Option<(Client, tokio::process::Child)> {
     }
 }
 
-/// Saves a screenshot of the current page at `width` × `height` to docs/screenshots/.
+/// Saves a screenshot of the current page at `width` × `height`: to docs/screenshots/ (the
+/// README's) with `KODX_UPDATE_SCREENSHOTS=1`, else to target/screenshots/.
 async fn screenshot(c: &Client, name: &str, width: u32, height: u32) {
     c.set_window_size(width, height).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let png = c.screenshot().await.unwrap();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/screenshots");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    let under = if std::env::var("KODX_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1") {
+        "docs/screenshots"
+    } else {
+        "target/screenshots"
+    };
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(under);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
 }
@@ -155,11 +164,47 @@ async fn setup_in_the_browser_creates_the_app_and_serves_it() {
     assert!(text.contains("Install"), "the install link: {text}");
     let new_app = s.github.app_id();
     assert_ne!(new_app, old_app, "the fake GitHub created a new App");
-    // Without a restart, a webhook signed with the new secret is taken.
-    let (status, answer) = s
-        .deliver("ping", &delivery_id(), &json!({"zen": "hi"}))
+    // Without a restart, a webhook signed with the NEW secret is taken (the old one is
+    // refused), and the server acts as the NEW App (the fake checks every App JWT).
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("data/github-app.json")).unwrap())
+            .unwrap();
+    let new_secret = saved["webhook_secret"].as_str().unwrap().to_string();
+    s.github.add_issue(REPO, 7, "Widgets", "body", "alice");
+    let id = s.github.add_comment(REPO, 7, "alice", "/kodx help", false);
+    let body = issue_comment(&IssueComment {
+        clone_url: &s.clone_url,
+        comment_id: id,
+        body: "/kodx help",
+        ..IssueComment::default()
+    })
+    .to_string()
+    .into_bytes();
+    let (status, _) = s
+        .post_raw(
+            "issue_comment",
+            Some(&delivery_id()),
+            Some(&sign(SECRET, &body)),
+            body.clone(),
+        )
         .await;
-    assert_ne!(status, 503, "{answer}");
+    assert_eq!(status, 401, "the old secret is not this App's");
+    let (status, answer) = s
+        .post_raw(
+            "issue_comment",
+            Some(&delivery_id()),
+            Some(&sign(&new_secret, &body)),
+            body,
+        )
+        .await;
+    assert!(status == 200 || status == 202, "{status} {answer}");
+    let help = s.next_bot_comment(7).await;
+    assert!(help.body.contains("/kodx"), "{}", help.body);
+    assert!(
+        s.github.unauthorized().is_empty(),
+        "{:?}",
+        s.github.unauthorized()
+    );
     c.close().await.unwrap();
 }
 

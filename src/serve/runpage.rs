@@ -216,7 +216,7 @@ async fn events(
                 if last != seen {
                     seen = last;
                     let steps = steps(&pages.db, &id).await;
-                    let html = render_steps(&steps).into_string();
+                    let html = render_steps(&steps, true).into_string();
                     let event = Event::default().event("steps").data(html);
                     return Some((Ok(event), (pages, id, seen, false, permit)));
                 }
@@ -361,8 +361,13 @@ fn duration(run: &Run) -> Option<Duration> {
     Some(Duration::from_millis((end - start).max(0) as u64))
 }
 
-fn render_steps((steps, cut): &(Vec<Step>, bool)) -> Markup {
+/// The steps; while the run is `live`, first what they cost so far.
+fn render_steps((steps, cut): &(Vec<Step>, bool), live: bool) -> Markup {
+    let spent: f64 = steps.iter().filter_map(|s| s.cost).sum();
     html! {
+        @if live && !steps.is_empty() {
+            p.card { "Spent so far: " strong.cost { (crate::cost::format_usd(spent)) } " · " (steps.len()) " API calls" }
+        }
         @if steps.is_empty() { p.hint { "No step yet." } }
         @for s in steps {
             div.card.step {
@@ -408,13 +413,11 @@ fn render_page(run: &Run, steps: &(Vec<Step>, bool), live: bool, _token: &str) -
             }
             @if let Some(cost) = run.cost_usd {
                 p { "Cost: " strong.cost { (crate::cost::format_usd(cost)) } " · " (run.api_calls) " API calls" }
-            } @else if !steps.0.is_empty() {
-                p { "Spent so far: " strong.cost { (crate::cost::format_usd(steps.0.iter().filter_map(|s| s.cost).sum::<f64>())) } " · " (steps.0.len()) " API calls" }
             }
             @if let Some(pr) = &run.pr_url { p { "Pull request: " a href=(pr) { (pr) } } }
             @if live { p.hint { "Live: new steps appear as the agent works." } }
         }
-        div #steps { (render_steps(steps)) }
+        div #steps { (render_steps(steps, live)) }
         @if live { script { (PreEscaped(LIVE_JS)) } }
     };
     layout(&format!("Run {}", run.id), body)
