@@ -13,9 +13,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::serve::{
-    delivery_id, issue_comment, sign, usage, IssueComment, Options, Served, REPO, SECRET,
-};
+use common::serve::{usage, Options, Served, REPO};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
 
@@ -170,41 +168,7 @@ async fn setup_in_the_browser_creates_the_app_and_serves_it() {
         serde_json::from_str(&std::fs::read_to_string(data.join("data/github-app.json")).unwrap())
             .unwrap();
     let new_secret = saved["webhook_secret"].as_str().unwrap().to_string();
-    s.github.add_issue(REPO, 7, "Widgets", "body", "alice");
-    let id = s.github.add_comment(REPO, 7, "alice", "/kodx help", false);
-    let body = issue_comment(&IssueComment {
-        clone_url: &s.clone_url,
-        comment_id: id,
-        body: "/kodx help",
-        ..IssueComment::default()
-    })
-    .to_string()
-    .into_bytes();
-    let (status, _) = s
-        .post_raw(
-            "issue_comment",
-            Some(&delivery_id()),
-            Some(&sign(SECRET, &body)),
-            body.clone(),
-        )
-        .await;
-    assert_eq!(status, 401, "the old secret is not this App's");
-    let (status, answer) = s
-        .post_raw(
-            "issue_comment",
-            Some(&delivery_id()),
-            Some(&sign(&new_secret, &body)),
-            body,
-        )
-        .await;
-    assert!(status == 200 || status == 202, "{status} {answer}");
-    let help = s.next_bot_comment(7).await;
-    assert!(help.body.contains("/kodx"), "{}", help.body);
-    assert!(
-        s.github.unauthorized().is_empty(),
-        "{:?}",
-        s.github.unauthorized()
-    );
+    common::serve::new_app_takes_webhooks(&s, &new_secret).await;
     c.close().await.unwrap();
 }
 

@@ -11,19 +11,8 @@ use std::time::Duration;
 
 use common::fake_anthropic::Scripted;
 use common::fake_github::{FakeBase, FakeHead};
-use common::serve::{usage, Options, Served, REPO};
+use common::serve::{text, tool, usage, Options, Served, REPO};
 use serde_json::{json, Value};
-
-fn tool(chars: &str) -> Vec<Value> {
-    vec![
-        json!({"type": "tool_use", "id": format!("t{}", rand::random::<u16>()),
-                "name": "feed_chars", "input": {"chars": chars}}),
-    ]
-}
-
-fn text(t: &str) -> Vec<Value> {
-    vec![json!({"type": "text", "text": t})]
-}
 
 fn mirror(s: &Served) -> PathBuf {
     s.dir.path().join("mirrors/acme/widgets.git")

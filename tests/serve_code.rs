@@ -7,21 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::fake_github::{FakeBase, FakeHead};
-use common::serve::{bot_comments, usage, Options, Served, REPO};
-use serde_json::{json, Value};
+use common::serve::{bot_comments, text, tool, usage, Options, Served, REPO};
 
 const LONG: Duration = Duration::from_secs(120);
-
-fn tool(chars: &str) -> Vec<Value> {
-    vec![
-        json!({"type": "tool_use", "id": format!("t{}", rand::random::<u16>()),
-                "name": "feed_chars", "input": {"chars": chars}}),
-    ]
-}
-
-fn text(t: &str) -> Vec<Value> {
-    vec![json!({"type": "text", "text": t})]
-}
 
 /// `/kodx code <request>` by alice; the run id and where reactions to the command go.
 async fn ask_code(s: &Served, number: u64, is_pr: bool, request: &str) -> (String, String) {

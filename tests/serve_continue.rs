@@ -4,19 +4,8 @@
 
 mod common;
 
-use common::serve::{usage, Options, Served, REPO};
-use serde_json::{json, Value};
-
-fn tool(chars: &str) -> Vec<Value> {
-    vec![
-        json!({"type": "tool_use", "id": format!("t{}", rand::random::<u16>()),
-                "name": "feed_chars", "input": {"chars": chars}}),
-    ]
-}
-
-fn text(t: &str) -> Vec<Value> {
-    vec![json!({"type": "text", "text": t})]
-}
+use common::serve::{text, tool, usage, Options, Served, REPO};
+use serde_json::Value;
 
 /// A request's messages without the prompt-cache markers (the provider puts them on the
 /// newest blocks, so they move as the conversation grows).

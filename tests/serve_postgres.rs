@@ -5,17 +5,10 @@
 
 mod common;
 
-use common::serve::{usage, Options, Served, REPO};
+use common::serve::{tool, usage, Options, Served, REPO};
 use kodx::db::test_databases;
 use kodx::db::RunStatus;
-use serde_json::{json, Value};
-
-fn tool(chars: &str) -> Vec<Value> {
-    vec![
-        json!({"type": "tool_use", "id": format!("t{}", rand::random::<u16>()),
-                "name": "feed_chars", "input": {"chars": chars}}),
-    ]
-}
+use serde_json::json;
 
 /// A server on a fresh PostgreSQL database; `None` when `KODX_SKIP_POSTGRES=1` asked to
 /// test SQLite only (it prints why).

@@ -8,23 +8,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::serve::{usage, Options, Served, REPO};
+use common::serve::{text, tool, usage, Options, Served, REPO};
 use futures_util::StreamExt as _;
-use serde_json::{json, Value};
 
 const PUBLIC: &str = "https://kodx.example.com";
 const SECRET_LOOKALIKE: &str = "ghs_abcdefghijklmnopqrstuvwxyz0123456789";
-
-fn tool(chars: &str) -> Vec<Value> {
-    vec![
-        json!({"type": "tool_use", "id": format!("t{}", rand::random::<u16>()),
-                "name": "feed_chars", "input": {"chars": chars}}),
-    ]
-}
-
-fn text(t: &str) -> Vec<Value> {
-    vec![json!({"type": "text", "text": t})]
-}
 
 async fn served(settings: Option<&'static str>) -> Served {
     Served::start(Options {

@@ -8,9 +8,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
 
-use common::serve::{
-    delivery_id, issue_comment, sign, IssueComment, Options, Served, REPO, SECRET,
-};
+use common::serve::{delivery_id, sign, Options, Served};
 
 fn enc(pairs: &[(&str, &str)]) -> String {
     let e = |v: &str| {
@@ -220,41 +218,7 @@ async fn setup_creates_the_app_and_serves_it_without_a_restart() {
     assert_ne!(again.status(), 200);
 
     // Now the same server takes webhooks signed with the NEW secret, acting as the NEW App.
-    s.github.add_issue(REPO, 7, "Widgets", "body", "alice");
-    let id = s.github.add_comment(REPO, 7, "alice", "/kodx help", false);
-    let payload = issue_comment(&IssueComment {
-        clone_url: &s.clone_url,
-        comment_id: id,
-        body: "/kodx help",
-        ..IssueComment::default()
-    });
-    let body = payload.to_string().into_bytes();
-    let (status, answer) = s
-        .post_raw(
-            "issue_comment",
-            Some(&delivery_id()),
-            Some(&sign(SECRET, &body)),
-            body.clone(),
-        )
-        .await;
-    assert_eq!(status, 401, "the old secret is not this App's: {answer}");
-    let (status, answer) = s
-        .post_raw(
-            "issue_comment",
-            Some(&delivery_id()),
-            Some(&sign(&new_secret, &body)),
-            body,
-        )
-        .await;
-    assert!(status == 200 || status == 202, "{status} {answer}");
-    let comment = s.next_bot_comment(7).await;
-    assert!(comment.body.contains("/kodx"), "{}", comment.body);
-    // The fake GitHub checks every App JWT against the new App's id and key.
-    assert!(
-        s.github.unauthorized().is_empty(),
-        "{:?}",
-        s.github.unauthorized()
-    );
+    common::serve::new_app_takes_webhooks(&s, &new_secret).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -752,6 +752,60 @@ fn unsafe_kill(pid: u32, signal: &str) {
         .status();
 }
 
+/// After setup made a new App: the same server refuses a webhook signed with the old
+/// secret, takes one signed with `new_secret` and acts as the new App (`/kodx help` on #7 is
+/// answered; the fake GitHub checks every App JWT against the new App's id and key).
+pub async fn new_app_takes_webhooks(s: &Served, new_secret: &str) {
+    s.github.add_issue(REPO, 7, "Widgets", "body", "alice");
+    let id = s.github.add_comment(REPO, 7, "alice", "/kodx help", false);
+    let body = issue_comment(&IssueComment {
+        clone_url: &s.clone_url,
+        comment_id: id,
+        body: "/kodx help",
+        ..IssueComment::default()
+    })
+    .to_string()
+    .into_bytes();
+    let (status, answer) = s
+        .post_raw(
+            "issue_comment",
+            Some(&delivery_id()),
+            Some(&sign(SECRET, &body)),
+            body.clone(),
+        )
+        .await;
+    assert_eq!(status, 401, "the old secret is not this App's: {answer}");
+    let (status, answer) = s
+        .post_raw(
+            "issue_comment",
+            Some(&delivery_id()),
+            Some(&sign(new_secret, &body)),
+            body,
+        )
+        .await;
+    assert!(status == 200 || status == 202, "{status} {answer}");
+    let comment = s.next_bot_comment(7).await;
+    assert!(comment.body.contains("/kodx"), "{}", comment.body);
+    assert!(
+        s.github.unauthorized().is_empty(),
+        "{:?}",
+        s.github.unauthorized()
+    );
+}
+
+/// A scripted model turn that types `chars` into the default shell (`feed_chars`).
+pub fn tool(chars: &str) -> Vec<Value> {
+    vec![
+        json!({"type": "tool_use", "id": format!("t{}", rand::random::<u16>()),
+                "name": "feed_chars", "input": {"chars": chars}}),
+    ]
+}
+
+/// A scripted model turn that only says `t`.
+pub fn text(t: &str) -> Vec<Value> {
+    vec![json!({"type": "text", "text": t})]
+}
+
 /// A Messages API `usage` block.
 pub fn usage(input: u64, output: u64) -> Value {
     json!({"input_tokens": input, "output_tokens": output,
