@@ -202,19 +202,20 @@ async fn events(
             }
             loop {
                 let run = pages.db.get_run(&id).await.ok().flatten();
-                let last = pages
+                // Only the records after the last one sent are read here.
+                let newer = pages
                     .db
-                    .transcript_records(&id, 0, MAX_RECORDS)
+                    .transcript_records(&id, seen + 1, MAX_RECORDS)
                     .await
-                    .map(|r| r.last().map_or(-1, |(seq, _)| *seq))
-                    .unwrap_or(seen);
+                    .ok()
+                    .and_then(|r| r.last().map(|(seq, _)| *seq));
                 let over = run.as_ref().is_none_or(|r| r.status.is_final());
                 if over {
                     let event = Event::default().event("end").data("ended");
                     return Some((Ok::<_, Infallible>(event), (pages, id, seen, true, permit)));
                 }
-                if last != seen {
-                    seen = last;
+                if let Some(newer) = newer {
+                    seen = newer;
                     let steps = steps(&pages.db, &id).await;
                     let html = render_steps(&steps, true).into_string();
                     let event = Event::default().event("steps").data(html);
