@@ -85,7 +85,16 @@ pub async fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .or_else(|| config.as_ref().map(|c| c.settings.image.clone()))
         .unwrap_or_else(|| DEFAULT_IMAGE.to_string());
-    check_docker(&mut out, &image).await;
+    let engines = config
+        .as_ref()
+        .map(|c| c.settings.engines.clone())
+        .unwrap_or_default();
+    if engines.is_empty() {
+        check_docker(&mut out, &image, Engine::connect().await, None).await;
+    }
+    for e in &engines {
+        check_docker(&mut out, &image, Engine::connect_to(e).await, Some(e)).await;
+    }
     if let Some(config) = &config {
         check_database(&mut out, &config.database_url).await;
     }
@@ -376,11 +385,20 @@ fn check_app_settings(out: &mut Report, info: &AppInfo) {
     );
 }
 
-async fn check_docker(out: &mut Report, image: &str) {
-    match Engine::connect().await {
+/// One engine: `listed` names it when it comes from the server config's `[[engines]]`.
+async fn check_docker(
+    out: &mut Report,
+    image: &str,
+    connected: kodx::sandbox::Result<Engine>,
+    listed: Option<&kodx::sandbox::EngineConfig>,
+) {
+    let named = listed.map_or(String::new(), |e| {
+        format!("`{}` (max_runs {}) ", e.name, e.max_runs)
+    });
+    match connected {
         Ok(engine) => {
             out.ok(format!(
-                "Docker engine at {} (API {})",
+                "Docker engine {named}at {} (API {})",
                 engine.host(),
                 engine.api_version()
             ));
@@ -408,6 +426,11 @@ async fn check_docker(out: &mut Report, image: &str) {
                 "start Docker, or point DOCKER_HOST at an engine (tcp://HOST:2376 with \
                  DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH for a remote one)",
             ));
+            let what = match listed {
+                Some(_) => format!("Docker engine {}: {what}", named.trim_end()),
+                None => what.to_string(),
+            };
+            let what = what.as_str();
             // (Its hint ends by pointing at this very command.)
             out.fail(
                 what,

@@ -191,6 +191,67 @@ async fn a_cancel_recorded_by_another_process_stops_the_run() {
     s.finish().await;
 }
 
+/// `/kodx cancel` delivered to one process (an intake) stops the run another process is
+/// running: the webhook, not a database handle, crosses the processes.
+#[tokio::test]
+async fn a_cancel_webhook_to_one_process_stops_the_run_on_another() {
+    let engine = common::require_engine!();
+    let Some(mut s) =
+        served_on_postgres("a_cancel_webhook_to_one_process_stops_the_run_on_another").await
+    else {
+        return;
+    };
+    // The intake: it takes webhooks and runs nothing.
+    let (mut intake, intake_url) = s.spawn_another(&["--role", "intake"]).await;
+    s.github.add_issue(REPO, 7, "Slow", "", "carol");
+    s.model
+        .reply(tool("sleep 300"), "tool_use", usage(1000, 10));
+    let run = s.comment(7, "alice", "/kodx code wait a while").await;
+    s.wait_for(
+        "the first model call",
+        std::time::Duration::from_secs(120),
+        || !s.model.requests().is_empty(),
+    )
+    .await;
+    let id = s
+        .github
+        .add_comment(REPO, 7, "alice", "/kodx cancel", false);
+    let payload = common::serve::issue_comment(&common::serve::IssueComment {
+        clone_url: &s.clone_url,
+        number: 7,
+        comment_id: id,
+        author: "alice",
+        body: "/kodx cancel",
+        ..Default::default()
+    });
+    let (status, answer) = s
+        .deliver_to(
+            &intake_url,
+            "issue_comment",
+            &common::serve::delivery_id(),
+            &payload,
+        )
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    s.bot_comment_where(7, "the cancelled run", |c| {
+        c.body.contains("Cancelled by @alice")
+    })
+    .await;
+    let db = s.db().await;
+    let stored = db.get_run(&run.0).await.unwrap().unwrap();
+    assert_eq!(stored.status, RunStatus::Cancelled, "{stored:?}");
+    db.close().await;
+    assert_eq!(
+        s.model.requests().len(),
+        1,
+        "no model call after the cancel"
+    );
+    common::assert_gone(&engine, &format!("kodx-{}", run.0)).await;
+    s.reaction(&s.trigger(&run), "confused").await;
+    terminate(&mut intake).await;
+    s.finish().await;
+}
+
 /// `--role intake` receives and queues; `--role worker` (another process, no webhooks) runs
 /// the work: an intake fleet with workers elsewhere.
 #[tokio::test]

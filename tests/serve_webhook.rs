@@ -326,10 +326,18 @@ async fn healthz_is_ok_with_database_and_docker() {
     let s = served().await;
     let (status, body) = s.get("/healthz").await;
     assert_eq!(status, 200, "{body}");
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
-        json!({"database": "ok", "docker": "ok"})
+        (&health["database"], &health["docker"]),
+        (&json!("ok"), &json!("ok"))
     );
+    // Without an `[[engines]]` list: the one engine DOCKER_HOST names, called `local`.
+    let engines = health["engines"].as_array().expect("engines");
+    assert_eq!(engines.len(), 1, "{body}");
+    assert_eq!(engines[0]["name"], "local");
+    assert_eq!(engines[0]["up"], true);
+    assert_eq!(engines[0]["runs"], 0);
+    assert!(engines[0].get("error").is_none(), "{body}");
 }
 
 #[tokio::test]

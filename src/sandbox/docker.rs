@@ -441,6 +441,17 @@ impl Engine {
             Docker::connect_with_defaults()
         }
         .map_err(|e| unavailable(&host, e))?;
+        Self::negotiated(docker, host).await
+    }
+
+    /// Connects to one engine of the server's list (`[[engines]]`), over TLS for `tcp://`.
+    pub async fn connect_to(config: &super::engines::EngineConfig) -> Result<Engine> {
+        let docker = config.client().map_err(|e| unavailable(&config.host, e))?;
+        Self::negotiated(docker, config.host.clone()).await
+    }
+
+    /// Negotiates the API version and checks that the engine answers.
+    async fn negotiated(docker: Docker, host: String) -> Result<Engine> {
         let docker = tokio::time::timeout(Duration::from_secs(10), docker.negotiate_version())
             .await
             .map_err(|_| unavailable(&host, "no answer within 10s"))?
@@ -1095,6 +1106,55 @@ impl Engine {
             labels.get(OWNER_LABEL).map(String::as_str) == Some(me)
         })
         .await
+    }
+
+    /// Removes the containers this process made (its [`OWNER_LABEL`]) whose run is not in
+    /// `live`: after the engine came back from an outage, those of runs that ended while it
+    /// was away. Returns how many were removed.
+    pub async fn sweep_own_except(
+        &self,
+        live: &std::collections::HashSet<String>,
+    ) -> Result<usize> {
+        let me = owner_id();
+        self.sweep_labelled(&format!("{OWNER_LABEL}={me}"), |labels| {
+            labels.get(RUN_LABEL).is_some_and(|run| live.contains(run))
+        })
+        .await
+    }
+
+    /// Sandboxes running on this engine now, made by any kodx process (its running
+    /// [`RUN_LABEL`] containers).
+    pub async fn running_sandboxes(&self) -> Result<usize> {
+        let list = self
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: false,
+                filters: Some(HashMap::from([(
+                    "label".to_string(),
+                    vec![RUN_LABEL.to_string()],
+                )])),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| SandboxError::docker("listing kodx containers", e))?;
+        Ok(list.len())
+    }
+
+    /// Whether this engine holds a setup cache image made for `scope` (a repository).
+    pub async fn has_setup_cache_for(&self, scope: &str) -> bool {
+        let label = format!("{}={scope}", setup_cache::SCOPE_LABEL);
+        self.docker
+            .list_images(Some(bollard::query_parameters::ListImagesOptions {
+                filters: Some(HashMap::from([("label".to_string(), vec![label])])),
+                ..Default::default()
+            }))
+            .await
+            .is_ok_and(|l| !l.is_empty())
+    }
+
+    /// Whether `image` is on this engine already (no pull needed).
+    pub async fn has_image(&self, image: &str) -> bool {
+        self.docker.inspect_image(image).await.is_ok()
     }
 
     /// Removes every container of run `run_id` (its [`RUN_LABEL`]), whoever made it: before

@@ -6,6 +6,7 @@
 
 pub mod archive;
 pub mod docker;
+pub mod engines;
 pub mod error;
 pub mod gitconfig;
 pub mod net;
@@ -23,6 +24,7 @@ pub use docker::{
     DiskGuard, DockerSandbox, Engine, NetworkMode, RepoSource, ResourceLimits, SandboxSpec,
     DEFAULT_MAX_DISK_BYTES,
 };
+pub use engines::EngineConfig;
 pub use error::{Result, SandboxError};
 pub use net::Cidr;
 pub use setup_cache::{SetupCacheSpec, SetupCacheUse, SetupReport};

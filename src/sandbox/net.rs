@@ -35,7 +35,9 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::archive;
-use super::docker::{owner_id, register_live, remove, remove_blocking, OWNER_LABEL, RUN_LABEL};
+use super::docker::{
+    owner_id, register_live, remove, remove_blocking, OWNER_LABEL, PROCESS_LABEL, RUN_LABEL,
+};
 use super::{Result, SandboxError};
 
 /// The network every sandbox with network joins. Long-lived and shared by runs and by kodx
@@ -703,11 +705,16 @@ impl Helper {
         caps: &[&str],
         args: &[String],
     ) -> Result<Helper> {
-        let labels = HashMap::from([
+        let mut labels = HashMap::from([
             (RUN_LABEL.to_string(), run_id.to_string()),
             (OWNER_LABEL.to_string(), owner_id().to_string()),
             (HELPER_LABEL.to_string(), "net".to_string()),
         ]);
+        // So a helper left by a killed process is swept with its sandbox
+        // (`Engine::sweep_dead_owners`).
+        if let Some(process) = super::docker::process_identity() {
+            labels.insert(PROCESS_LABEL.to_string(), process.to_string());
+        }
         let body = ContainerCreateBody {
             image: Some(image.to_string()),
             entrypoint: Some(vec![HELPER_PATH.to_string()]),

@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use crate::db::DEFAULT_DATABASE_URL;
 use crate::repo_config::ServerMaxima;
-use crate::sandbox::{Cidr, NetworkMode, DEFAULT_MAX_DISK_BYTES};
+use crate::sandbox::{Cidr, EngineConfig, NetworkMode, DEFAULT_MAX_DISK_BYTES};
 use crate::webhook::WebhookSecrets;
 
 /// Where the server config file is looked for when `KODX_CONFIG` is not set.
@@ -194,6 +194,12 @@ pub struct Settings {
     pub setup_cache_max_images: usize,
     /// Bytes of cached setup layers kept at most.
     pub setup_cache_max_bytes: u64,
+    /// The Docker engines sandboxes run on (`[[engines]]`). Empty: the one engine
+    /// `DOCKER_HOST` (or the local socket) names, with `max_concurrent_runs` sandboxes.
+    pub engines: Vec<EngineConfig>,
+    /// How often each engine is asked whether it answers, in seconds. Two missed answers in
+    /// a row take it out of placement and stop its runs.
+    pub engine_check_secs: f64,
 }
 
 impl Default for Settings {
@@ -226,6 +232,8 @@ impl Default for Settings {
             repo_cache_max_bytes: crate::repo_cache::DEFAULT_MAX_BYTES,
             setup_cache_max_images: crate::sandbox::setup_cache::DEFAULT_MAX_IMAGES,
             setup_cache_max_bytes: crate::sandbox::setup_cache::DEFAULT_MAX_BYTES,
+            engines: Vec::new(),
+            engine_check_secs: 5.0,
         }
     }
 }
@@ -241,6 +249,10 @@ impl Settings {
     /// Whether runs may use the setup cache at all.
     pub fn setup_cache_on(&self) -> bool {
         self.setup_cache_max_images > 0 && self.setup_cache_max_bytes > 0
+    }
+
+    pub fn engine_check_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.engine_check_secs)
     }
 
     pub fn status_interval(&self) -> Duration {
@@ -314,6 +326,13 @@ impl Settings {
         }
         if self.unverified_body_bytes < 64 * 1024 {
             return bad("unverified_body_bytes", "must be at least 65536 (64 KiB)");
+        }
+        if !(self.engine_check_secs.is_finite() && (0.1..=300.0).contains(&self.engine_check_secs))
+        {
+            return bad("engine_check_secs", "must be between 0.1 and 300 seconds");
+        }
+        if let Err(e) = crate::sandbox::engines::check_list(&self.engines) {
+            return Err(ConfigError(format!("{source}: [[engines]]: {e}")));
         }
         Ok(())
     }
@@ -866,6 +885,33 @@ mod tests {
         assert!(!off.setup_cache_on());
         let e = parse_settings("setup_cache_max_images = -1\n", "kodx.toml").unwrap_err();
         assert!(e.0.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn engine_lists() {
+        let s = parse_settings(
+            "engine_check_secs = 0.5\n[[engines]]\nname = \"local\"\nhost = \"unix:///var/run/docker.sock\"\nmax_runs = 3\n\n[[engines]]\nname = \"b2\"\nhost = \"tcp://10.0.0.12:2376\"\ntls_cert_path = \"/etc/kodx/b2\"\n",
+            "kodx.toml",
+        )
+        .unwrap();
+        assert_eq!(s.engines.len(), 2);
+        assert_eq!((s.engines[0].max_runs, s.engines[1].max_runs), (3, 2));
+        assert_eq!(s.engine_check_interval(), Duration::from_millis(500));
+        let e = parse_settings(
+            "[[engines]]\nname = \"b2\"\nhost = \"tcp://10.0.0.12:2375\"\n",
+            "kodx.toml",
+        )
+        .unwrap_err();
+        assert!(
+            e.0.contains("[[engines]]") && e.0.contains("tls_cert_path"),
+            "{e}"
+        );
+        let e = parse_settings(
+            "[[engines]]\nname = \"x\"\nhost = \"unix:///s\"\nport = 1\n",
+            "kodx.toml",
+        )
+        .unwrap_err();
+        assert!(e.0.contains("port"), "{e}");
     }
 
     #[test]

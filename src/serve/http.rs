@@ -45,8 +45,13 @@ pub struct HttpState {
 /// What `/healthz` asks besides the database.
 #[async_trait::async_trait]
 pub trait HealthCheck: Send + Sync {
-    /// `Err` names what is wrong with the Docker engine.
+    /// `Err` names what is wrong with the Docker engine(s): none answers.
     async fn docker(&self) -> Result<(), String>;
+
+    /// Each engine as last checked.
+    fn engines(&self) -> Vec<crate::serve::worker::EngineStatus> {
+        Vec::new()
+    }
 }
 
 /// The routes; `intake: false` (`--role worker`) answers webhooks with `404`.
@@ -333,7 +338,11 @@ async fn healthz(State(st): State<HttpState>) -> Response {
         Ok(()) => "ok".to_string(),
         Err(e) => e.clone(),
     };
-    let body = json!({ "database": field(&db), "docker": field(&docker) });
+    let body = json!({
+        "database": field(&db),
+        "docker": field(&docker),
+        "engines": st.health.engines(),
+    });
     if db.is_ok() && docker.is_ok() {
         answer(StatusCode::OK, body)
     } else {
@@ -344,6 +353,9 @@ async fn healthz(State(st): State<HttpState>) -> Response {
 async fn metrics(State(st): State<HttpState>) -> Response {
     if let Ok(Ok(counts)) = tokio::time::timeout(Duration::from_secs(2), st.db.counts()).await {
         st.metrics.set_queued(counts.queued);
+    }
+    for e in st.health.engines() {
+        st.metrics.engine(&e.name, e.up, e.runs, e.max_runs);
     }
     (
         [(

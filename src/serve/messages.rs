@@ -130,6 +130,23 @@ pub fn container_failed(error: &str) -> String {
     format!("The container could not be started: {error}")
 }
 
+/// No Docker engine of the server answers: the run was not started.
+pub fn no_engine(error: &str) -> String {
+    format!(
+        "No Docker engine of this kodx server answers, so the run was not started ({error}). \
+         Run the command again once the server's operator has an engine back."
+    )
+}
+
+/// The engine running the run stopped answering while it worked.
+pub fn engine_lost(engine: &str) -> String {
+    format!(
+        "The Docker engine `{engine}` stopped answering while this run worked, so the run was \
+         stopped there. New runs go to the engines that answer: run the command again to \
+         retry."
+    )
+}
+
 /// The request line of work a limit cut short (commit subject, pull request title).
 pub fn incomplete_request(request: &str) -> String {
     format!("[incomplete] {request}")
@@ -203,6 +220,8 @@ mod tests {
                 model_without_price("no price for model \"x\""),
                 clone_failed("authentication failed"),
                 container_failed("no such image"),
+                no_engine("local: connection refused"),
+                engine_lost("builder-2"),
             ]
             .join("\n")
         );

@@ -24,6 +24,11 @@ struct RunLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EngineLabels {
+    engine: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabels {
     model: String,
 }
@@ -38,6 +43,9 @@ pub struct Metrics {
     spend: Counter<f64, AtomicU64>,
     model_latency: Family<ModelLabels, Histogram>,
     run_duration: Histogram,
+    engine_up: Family<EngineLabels, Gauge>,
+    engine_runs: Family<EngineLabels, Gauge>,
+    engine_capacity: Family<EngineLabels, Gauge>,
     /// HTTP connections (see `listen`).
     pub connections: crate::serve::listen::ConnectionMetrics,
     /// Bytes of webhook bodies held before their signature is verified.
@@ -96,6 +104,24 @@ impl Metrics {
             "Wall-clock duration of finished runs",
             run_duration.clone(),
         );
+        let engine_up = Family::<EngineLabels, Gauge>::default();
+        registry.register(
+            "engine_up",
+            "Whether the Docker engine answers (1) or is out of placement (0)",
+            engine_up.clone(),
+        );
+        let engine_runs = Family::<EngineLabels, Gauge>::default();
+        registry.register(
+            "engine_runs",
+            "Runs this server has placed on the Docker engine",
+            engine_runs.clone(),
+        );
+        let engine_capacity = Family::<EngineLabels, Gauge>::default();
+        registry.register(
+            "engine_capacity",
+            "Sandboxes the Docker engine takes at once (max_runs)",
+            engine_capacity.clone(),
+        );
         let connections = crate::serve::listen::ConnectionMetrics::default();
         registry.register(
             "http_connections",
@@ -134,7 +160,22 @@ impl Metrics {
             spend,
             model_latency,
             run_duration,
+            engine_up,
+            engine_runs,
+            engine_capacity,
         }
+    }
+
+    /// One engine's gauges (set when `/metrics` is read).
+    pub fn engine(&self, name: &str, up: bool, runs: usize, capacity: usize) {
+        let labels = EngineLabels {
+            engine: name.to_string(),
+        };
+        self.engine_up.get_or_create(&labels).set(i64::from(up));
+        self.engine_runs.get_or_create(&labels).set(runs as i64);
+        self.engine_capacity
+            .get_or_create(&labels)
+            .set(capacity as i64);
     }
 
     pub fn webhook(&self, event: &str, result: &'static str) {

@@ -33,7 +33,7 @@ use crate::cost::Pricing;
 use crate::db::Db;
 use crate::github::GitHubApp;
 use config::{ServeConfig, Startup};
-use worker::{EngineSlot, EnvProviders, ProviderFactory, Workers};
+use worker::{Engines, EnvProviders, ProviderFactory, Workers};
 
 /// How `serve` runs beyond its configuration.
 #[derive(Clone)]
@@ -62,9 +62,13 @@ impl Default for ServeOptions {
 }
 
 #[async_trait::async_trait]
-impl http::HealthCheck for EngineSlot {
+impl http::HealthCheck for Engines {
     async fn docker(&self) -> Result<(), String> {
         self.ping().await
+    }
+
+    fn engines(&self) -> Vec<worker::EngineStatus> {
+        self.statuses()
     }
 }
 
@@ -175,7 +179,7 @@ struct Running {
     router: axum::Router,
     db: Db,
     app: GitHubApp,
-    engine: Arc<EngineSlot>,
+    engine: Arc<Engines>,
     worker_task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -232,7 +236,11 @@ async fn start(
             crate::db::shown_url(&config.database_url)
         )
     })?;
-    let engine = Arc::new(EngineSlot::for_instance(instance));
+    let engine = Arc::new(Engines::new(
+        Some(instance),
+        &config.settings.engines,
+        config.settings.max_concurrent_runs,
+    ));
     let workers = Workers::new(
         db.clone(),
         app.clone(),
@@ -245,6 +253,11 @@ async fn start(
         shutdown.clone(),
     );
     let worker_task = options.workers.then(|| {
+        tokio::spawn(
+            engine
+                .clone()
+                .watch(config.settings.engine_check_interval(), shutdown.clone()),
+        );
         let workers = workers.clone();
         tokio::spawn(async move {
             workers.recover().await;

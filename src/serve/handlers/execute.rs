@@ -122,7 +122,16 @@ impl Workers {
             Err(over) => return Ok(Executed::Over(over)),
         };
 
-        // The agent, with the status comment following its progress.
+        // The agent, with the status comment following its progress. If the engine stops
+        // answering meanwhile, the run is stopped.
+        let (engine_name, lost) = log.placed_on().unzip();
+        let link = lost.clone().map(|lost| {
+            let cancel = cancel.clone();
+            tokio::spawn(async move {
+                lost.cancelled().await;
+                cancel.cancel();
+            })
+        });
         self.set_phase(run, "working").await;
         let (progress_tx, progress_rx) = tokio::sync::watch::channel(None::<Progress>);
         let updater = tokio::spawn(self.clone().follow_progress(status.clone(), progress_rx));
@@ -167,6 +176,24 @@ impl Workers {
                 tracing::error!("{what} failed: {e}");
             }
         }
+        if let Some(link) = link {
+            link.abort();
+        }
+        if let (Some(name), true) = (engine_name, lost.is_some_and(|l| l.is_cancelled())) {
+            tracing::warn!(engine = %name, "the run's Docker engine stopped answering; the run is stopped");
+            // The container goes when the engine is back; do not wait for a dead one.
+            let _ =
+                tokio::time::timeout(std::time::Duration::from_secs(3), sandbox.destroy()).await;
+            let mut outcome = outcome;
+            outcome.stop_reason = StopReason::Error;
+            outcome.detail = Some(format!("the Docker engine {name} stopped answering"));
+            let mut done = Done::new(run_plan.kind, outcome);
+            done.failure = Some(messages::engine_lost(&name));
+            return Ok(Executed::Over(Ending::Work {
+                status: RunStatus::Failed,
+                done,
+            }));
+        }
         Ok(Executed::Ran {
             workspace,
             sandbox,
@@ -184,48 +211,81 @@ impl Workers {
         cancel: &CancellationToken,
         log: &RunLog,
     ) -> Result<Result<DockerSandbox, Ending>, RunFailure> {
-        let engine = self
-            .engine
-            .get()
-            .await
-            .map_err(|e| RunFailure::Internal(anyhow::anyhow!("no Docker engine: {e}")))?;
         let mut spec = run_plan.plan.sandbox.clone();
         spec.repo_dir = Some(workspace.dest.clone());
         spec.repo_source = workspace.source;
-        if run.attempts > 1 {
-            // An earlier attempt's container (whoever made it) would hold the name.
-            match engine.remove_run_containers(&spec.run_id).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!("removed {n} container(s) of an earlier attempt"),
-                Err(e) => tracing::warn!("could not remove an earlier attempt's container: {e}"),
-            }
-        }
         let started = Instant::now();
-        let sandbox = tokio::select! {
-            s = engine.start_with_progress(&spec, |line| tracing::info!("{line}")) => s,
-            _ = cancel.cancelled() => return Ok(Err(cancelled_early(run_plan))),
-        };
-        match sandbox {
-            Ok(s) => {
-                let setup = s.setup_report();
-                // The container phase is the whole start; the setup is its part.
-                log.timings.add("container", started.elapsed());
-                if let Some(took) = setup.took {
-                    log.timings.add(setup.phase(), took);
+        // An engine that fails while the container starts is taken out of placement, and
+        // the run goes to another one (each engine is tried at most once).
+        let mut failures = Vec::new();
+        loop {
+            let placed = tokio::select! {
+                p = self.engine.place(&run.id, &spec.image, &run.request.repo) => p,
+                _ = cancel.cancelled() => return Ok(Err(cancelled_early(run_plan))),
+            };
+            let placement = match placed {
+                Ok(p) => p,
+                Err(e) => {
+                    failures.push(e.0);
+                    return Err(RunFailure::User(messages::no_engine(&failures.join("; "))));
                 }
-                *log.setup.lock().expect("lock") = Some(setup);
-                Ok(Ok(s))
+            };
+            tracing::info!(engine = %placement.name, "placed the run on a Docker engine");
+            let engine = placement.engine.clone();
+            if run.attempts > 1 {
+                // An earlier attempt's container (whoever made it) would hold the name.
+                match engine.remove_run_containers(&spec.run_id).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!("removed {n} container(s) of an earlier attempt"),
+                    Err(e) => {
+                        tracing::warn!("could not remove an earlier attempt's container: {e}")
+                    }
+                }
             }
-            Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {
-                let mut outcome = stopped(&run_plan.plan, StopReason::SetupFailed);
-                outcome.duration = started.elapsed();
-                outcome.detail = Some(e.to_string());
-                Ok(Err(Ending::Work {
-                    status: RunStatus::Failed,
-                    done: Done::new(run_plan.kind, outcome),
-                }))
-            }
-            Err(e) => Err(RunFailure::User(messages::container_failed(&e.to_string()))),
+            let sandbox = tokio::select! {
+                s = engine.start_with_progress(&spec, |line| tracing::info!("{line}")) => s,
+                _ = cancel.cancelled() => return Ok(Err(cancelled_early(run_plan))),
+            };
+            return match sandbox {
+                Ok(s) => {
+                    let setup = s.setup_report();
+                    // The container phase is the whole start; the setup is its part.
+                    log.timings.add("container", started.elapsed());
+                    if let Some(took) = setup.took {
+                        log.timings.add(setup.phase(), took);
+                    }
+                    *log.setup.lock().expect("lock") = Some(setup);
+                    *log.placement.lock().expect("lock") = Some(placement);
+                    Ok(Ok(s))
+                }
+                Err(
+                    e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. }),
+                ) => {
+                    let mut outcome = stopped(&run_plan.plan, StopReason::SetupFailed);
+                    outcome.duration = started.elapsed();
+                    outcome.detail = Some(e.to_string());
+                    Ok(Err(Ending::Work {
+                        status: RunStatus::Failed,
+                        done: Done::new(run_plan.kind, outcome),
+                    }))
+                }
+                Err(e) => {
+                    let answers = tokio::time::timeout(
+                        std::time::Duration::from_secs(3),
+                        engine.docker().ping(),
+                    )
+                    .await
+                    .is_ok_and(|r| r.is_ok());
+                    if answers {
+                        Err(RunFailure::User(messages::container_failed(&e.to_string())))
+                    } else {
+                        tracing::warn!(engine = %placement.name, "the Docker engine failed while the container started: {e}");
+                        self.engine.report_down(&placement.name, &e.to_string());
+                        failures.push(format!("{}: {e}", placement.name));
+                        continue;
+                    }
+                }
+            };
         }
     }
 

@@ -26,7 +26,7 @@ use serde::Deserialize;
 use crate::db::Db;
 use crate::github::{convert_manifest, GitHubApp};
 use crate::serve::config::{CredentialSource, ServeConfig, SetupConfig};
-use crate::serve::worker::EngineSlot;
+use crate::serve::worker::Engines;
 use manifest::Owner;
 use store::SavedApp;
 
@@ -82,7 +82,7 @@ pub trait Activate: Send + Sync {
 
 /// The checks of `kodx doctor` that concern a new App: GitHub takes its JWT, it has the
 /// permissions and events kodx needs, the database opened, the Docker engine answers.
-pub async fn checks(app: &GitHubApp, db: &Db, engine: &EngineSlot) -> Vec<CheckLine> {
+pub async fn checks(app: &GitHubApp, db: &Db, engine: &Engines) -> Vec<CheckLine> {
     let _ = db;
     let mut lines = Vec::new();
     let mut line = |tag, text: String| lines.push(CheckLine { tag, text });

@@ -63,6 +63,19 @@ pub(in crate::serve) struct RunLog {
     /// For `/kodx continue`: the run it went on with, the first request and what the
     /// parts before cost.
     pub continues: Mutex<Option<serde_json::Value>>,
+    /// The Docker engine the run's container is on; given back when the run is over.
+    pub placement: Mutex<Option<super::Placement>>,
+}
+
+impl RunLog {
+    /// The engine's name, and what fires when it stops answering (`None`: no container).
+    pub fn placed_on(&self) -> Option<(String, tokio_util::sync::CancellationToken)> {
+        self.placement
+            .lock()
+            .expect("lock")
+            .as_ref()
+            .map(|p| (p.name.clone(), p.lost().clone()))
+    }
 }
 
 /// How long each phase of a run took (stored with its result, logged, and read by
@@ -166,6 +179,7 @@ impl Workers {
                 "setup_cache": log.setup.lock().expect("lock").map(|s| s.cache.as_str()),
                 "branch": log.branch.lock().expect("lock").clone(),
                 "continues": log.continues.lock().expect("lock").clone(),
+                "engine": log.placed_on().map(|(name, _)| name),
             })
             .to_string(),
             pr_url: done.pr_url.clone(),

@@ -8,6 +8,7 @@
 //! while it waits for a free worker.
 
 mod ending;
+mod engines;
 mod fence;
 pub(in crate::serve) mod gate;
 mod recovery;
@@ -37,15 +38,16 @@ use crate::serve::metrics::Metrics;
 use tasks::{Panicked, Tasks};
 
 pub(in crate::serve) use ending::{Ending, RunFailure, RunLog, Timings};
+pub use engines::{EngineStatus, Engines, NoEngine, Placement};
 pub(in crate::serve) use fence::Fence;
-pub use resources::{EngineSlot, EnvProviders, ProviderFactory};
+pub use resources::{EnvProviders, ProviderFactory};
 pub(in crate::serve) use status::{Acked, StatusComment};
 
 /// Everything the workers share.
 pub struct Workers {
     pub db: Db,
     pub app: GitHubApp,
-    pub engine: Arc<EngineSlot>,
+    pub engine: Arc<Engines>,
     pub settings: Settings,
     pub metrics: Arc<Metrics>,
     pub wake: Arc<Notify>,
@@ -79,7 +81,7 @@ impl Workers {
     pub fn new(
         db: Db,
         app: GitHubApp,
-        engine: Arc<EngineSlot>,
+        engine: Arc<Engines>,
         settings: Settings,
         metrics: Arc<Metrics>,
         wake: Arc<Notify>,

@@ -40,7 +40,7 @@ impl Workers {
             Ok(n) => tracing::info!("removed {n} clone director(ies) an earlier kodx process left"),
             Err(e) => tracing::warn!("could not remove old clones: {e}"),
         }
-        if let Ok(engine) = self.engine.get().await {
+        for (name, engine) in self.engine.answering().await {
             // Every container of this installation is an orphan now: no run has started
             // yet. Its earlier process may have had the same pid (PID 1 in a container).
             // Not on a shared queue: there they may be another process's.
@@ -52,14 +52,17 @@ impl Workers {
             match orphans {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(
+                    engine = %name,
                     "removed {n} container(s) an earlier kodx process of this installation left"
                 ),
-                Err(e) => tracing::warn!("could not sweep old containers: {e}"),
+                Err(e) => tracing::warn!(engine = %name, "could not sweep old containers: {e}"),
             }
             match engine.sweep_dead_owners().await {
                 Ok(0) => {}
-                Ok(n) => tracing::info!("removed {n} container(s) left by a dead kodx process"),
-                Err(e) => tracing::warn!("could not sweep old containers: {e}"),
+                Ok(n) => {
+                    tracing::info!(engine = %name, "removed {n} container(s) left by a dead kodx process")
+                }
+                Err(e) => tracing::warn!(engine = %name, "could not sweep old containers: {e}"),
             }
         }
         self.prune_transcripts().await;
