@@ -161,16 +161,7 @@ async fn a_cancel_recorded_by_another_process_stops_the_run() {
     else {
         return;
     };
-    s.github.add_issue(REPO, 7, "Slow", "", "carol");
-    s.model
-        .reply(tool("sleep 300"), "tool_use", usage(1000, 10));
-    let run = s.comment(7, "alice", "/kodx code wait a while").await;
-    s.wait_for(
-        "the first model call",
-        std::time::Duration::from_secs(120),
-        || !s.model.requests().is_empty(),
-    )
-    .await;
+    let run = code_run_in_its_first_command(&s).await;
     let other = s.db().await;
     let touched = other.cancel_issue(REPO, 7, "bob").await.unwrap();
     assert_eq!(touched.len(), 1);
@@ -203,16 +194,7 @@ async fn a_cancel_webhook_to_one_process_stops_the_run_on_another() {
     };
     // The intake: it takes webhooks and runs nothing.
     let (mut intake, intake_url) = s.spawn_another(&["--role", "intake"]).await;
-    s.github.add_issue(REPO, 7, "Slow", "", "carol");
-    s.model
-        .reply(tool("sleep 300"), "tool_use", usage(1000, 10));
-    let run = s.comment(7, "alice", "/kodx code wait a while").await;
-    s.wait_for(
-        "the first model call",
-        std::time::Duration::from_secs(120),
-        || !s.model.requests().is_empty(),
-    )
-    .await;
+    let run = code_run_in_its_first_command(&s).await;
     let id = s
         .github
         .add_comment(REPO, 7, "alice", "/kodx cancel", false);

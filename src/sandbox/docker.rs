@@ -1040,16 +1040,15 @@ impl Engine {
         self.sweep_labelled(RUN_LABEL, keep).await
     }
 
-    /// Removes the containers carrying `label` (`key` or `key=value`) that `keep` says no to.
-    async fn sweep_labelled(
+    /// The containers carrying `label` (`key` or `key=value`); stopped ones too with `all`.
+    async fn labelled(
         &self,
         label: &str,
-        keep: impl Fn(&HashMap<String, String>) -> bool,
-    ) -> Result<usize> {
-        let list = self
-            .docker
+        all: bool,
+    ) -> Result<Vec<bollard::models::ContainerSummary>> {
+        self.docker
             .list_containers(Some(ListContainersOptions {
-                all: true,
+                all,
                 filters: Some(HashMap::from([(
                     "label".to_string(),
                     vec![label.to_string()],
@@ -1057,7 +1056,16 @@ impl Engine {
                 ..Default::default()
             }))
             .await
-            .map_err(|e| SandboxError::docker("listing kodx containers", e))?;
+            .map_err(|e| SandboxError::docker("listing kodx containers", e))
+    }
+
+    /// Removes the containers carrying `label` (`key` or `key=value`) that `keep` says no to.
+    async fn sweep_labelled(
+        &self,
+        label: &str,
+        keep: impl Fn(&HashMap<String, String>) -> bool,
+    ) -> Result<usize> {
+        let list = self.labelled(label, true).await?;
         let mut removed = 0;
         for c in list {
             let labels = c.labels.unwrap_or_default();
@@ -1125,19 +1133,7 @@ impl Engine {
     /// Sandboxes running on this engine now, made by any kodx process (its running
     /// [`RUN_LABEL`] containers).
     pub async fn running_sandboxes(&self) -> Result<usize> {
-        let list = self
-            .docker
-            .list_containers(Some(ListContainersOptions {
-                all: false,
-                filters: Some(HashMap::from([(
-                    "label".to_string(),
-                    vec![RUN_LABEL.to_string()],
-                )])),
-                ..Default::default()
-            }))
-            .await
-            .map_err(|e| SandboxError::docker("listing kodx containers", e))?;
-        Ok(list.len())
+        Ok(self.labelled(RUN_LABEL, false).await?.len())
     }
 
     /// Whether this engine holds a setup cache image made for `scope` (a repository).
