@@ -215,8 +215,8 @@ impl Workers {
         spec.repo_dir = Some(workspace.dest.clone());
         spec.repo_source = workspace.source;
         let started = Instant::now();
-        // An engine that fails while the container starts is taken out of placement, and
-        // the run goes to another one (each engine is tried at most once).
+        // An engine that fails while the container starts counts a missed answer and the run
+        // is placed again (two in a row take an engine out, so this ends).
         let mut failures = Vec::new();
         loop {
             let placed = tokio::select! {
@@ -280,7 +280,7 @@ impl Workers {
                         Err(RunFailure::User(messages::container_failed(&e.to_string())))
                     } else {
                         tracing::warn!(engine = %placement.name, "the Docker engine failed while the container started: {e}");
-                        self.engine.report_down(&placement.name, &e.to_string());
+                        self.engine.report_failure(&placement.name, &e.to_string());
                         failures.push(format!("{}: {e}", placement.name));
                         continue;
                     }

@@ -6,7 +6,8 @@
 //!   this process's placements and every process's running sandboxes on it), preferring
 //!   the engine that holds the repository's setup cache, then one that has the image
 //!   already, then the one with the most room. With room nowhere, the run waits for it.
-//! - **Outages.** An engine that misses two checks in a row is out of placement, and its
+//! - **Outages.** An engine that misses two answers in a row (checks, or calls made to
+//!   place or start a run) is out of placement, and its
 //!   runs are stopped (their [`Placement::lost`] token fires). When it answers again, the
 //!   containers this process left there for runs that are over are removed, as are those
 //!   of dead kodx processes, and it takes runs again.
@@ -220,7 +221,7 @@ impl Engines {
                 let engine = match self.connect(m).await {
                     Ok(e) => e,
                     Err(e) => {
-                        self.mark_down(m, &e.to_string());
+                        self.missed(m, &e.to_string());
                         reasons.push(format!("{}: {e}", m.name));
                         continue;
                     }
@@ -228,7 +229,7 @@ impl Engines {
                 let running = match engine.running_sandboxes().await {
                     Ok(n) => n,
                     Err(e) => {
-                        self.mark_down(m, &e.to_string());
+                        self.missed(m, &e.to_string());
                         reasons.push(format!("{}: {e}", m.name));
                         continue;
                     }
@@ -274,12 +275,24 @@ impl Engines {
         }
     }
 
-    /// Takes `member` out of placement at once (a failed connection or call), firing its
-    /// runs' [`Placement::lost`].
+    /// One failed answer of `member` (a check, a connection, a call): the second in a row
+    /// takes it out of placement.
+    fn missed(&self, member: &Member, error: &str) {
+        let down = {
+            let mut st = member.state.lock().expect("lock");
+            st.missed += 1;
+            st.error = Some(error.to_string());
+            st.missed >= 2 && st.health != Health::Down
+        };
+        if down {
+            self.mark_down(member, error);
+        }
+    }
+
+    /// Takes `member` out of placement, firing its runs' [`Placement::lost`].
     fn mark_down(&self, member: &Member, error: &str) {
         let mut st = member.state.lock().expect("lock");
         st.error = Some(error.to_string());
-        st.missed = st.missed.max(2);
         if st.health != Health::Down {
             tracing::warn!(engine = %member.name, "the Docker engine stopped answering: {error}");
             st.health = Health::Down;
@@ -287,10 +300,10 @@ impl Engines {
         }
     }
 
-    /// Takes the engine named `name` out of placement (a run found it gone).
-    pub fn report_down(&self, name: &str, error: &str) {
+    /// A run found the engine named `name` not answering (counts as a missed check).
+    pub fn report_failure(&self, name: &str, error: &str) {
         if let Some(m) = self.members.iter().find(|m| m.name == name) {
-            self.mark_down(m, error);
+            self.missed(m, error);
         }
     }
 
@@ -322,17 +335,7 @@ impl Engines {
                     st.error = None;
                 }
             }
-            Err(error) => {
-                let down = {
-                    let mut st = m.state.lock().expect("lock");
-                    st.missed += 1;
-                    st.error = Some(error.clone());
-                    st.missed >= 2 && st.health != Health::Down
-                };
-                if down {
-                    self.mark_down(m, &error);
-                }
-            }
+            Err(error) => self.missed(m, &error),
         }
     }
 
