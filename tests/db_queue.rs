@@ -1057,3 +1057,68 @@ async fn budget_reservations_racing_never_overspend() {
         assert!((spent - 0.05).abs() < 1e-9, "settled to the cost: {spent}");
     }
 }
+
+/// Runs placed on one engine through several handles (processes) at once: no more of them
+/// than its `max_runs` are granted a slot; a run that ends frees its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn engine_slots_racing_never_exceed_max_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in each_backend(dir.path()).await {
+        let handles = [
+            Db::open(&url).await.unwrap(),
+            Db::open(&url).await.unwrap(),
+            Db::open(&url).await.unwrap(),
+        ];
+        let mut runs = Vec::new();
+        for issue in 0..9 {
+            handles[0]
+                .accept(
+                    &delivery(&format!("engine-{issue}")),
+                    Some(&new_run("code", issue)),
+                )
+                .await
+                .unwrap();
+            runs.push(handles[0].claim_run("w").await.unwrap().expect("claimed"));
+        }
+        let tasks: Vec<_> = runs
+            .iter()
+            .enumerate()
+            .map(|(i, run)| {
+                let db = handles[i % 3].clone();
+                let id = run.id.clone();
+                tokio::spawn(async move {
+                    let got = db.take_engine_slot(&id, "builder-2", 4).await.unwrap();
+                    (id, got)
+                })
+            })
+            .collect();
+        let mut granted = Vec::new();
+        for t in tasks {
+            let (id, got) = t.await.unwrap();
+            if got {
+                granted.push(id);
+            }
+        }
+        assert_eq!(granted.len(), 4, "{url:.9}: {granted:?}");
+        // Another engine is counted apart.
+        let other = runs.iter().find(|r| !granted.contains(&r.id)).unwrap();
+        assert!(handles[1]
+            .take_engine_slot(&other.id, "local", 1)
+            .await
+            .unwrap());
+        // A run that ends frees its slot for the next.
+        assert!(handles[2].finish(&granted[0], &succeeded()).await.unwrap());
+        let waiting = runs
+            .iter()
+            .find(|r| !granted.contains(&r.id) && r.id != other.id)
+            .unwrap();
+        assert!(handles[1]
+            .take_engine_slot(&waiting.id, "builder-2", 4)
+            .await
+            .unwrap());
+        assert!(!handles[0]
+            .take_engine_slot(&other.id, "builder-2", 4)
+            .await
+            .unwrap());
+    }
+}

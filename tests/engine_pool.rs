@@ -108,6 +108,21 @@ impl Extra {
         tag
     }
 
+    /// Removes every setup cache image of `REPO` from it (left by an earlier, failed run of
+    /// these tests: only they use their own engines).
+    fn clear_setup_cache_images(&self) {
+        let sock = format!("unix://{}", self.socket);
+        let st = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "ids=$(docker -H {sock} images -q --filter label=kodx.setup-cache.scope={REPO}); \
+                 [ -z \"$ids\" ] || docker -H {sock} rmi -f $ids >/dev/null"
+            ))
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+
     fn remove_image(&self, tag: &str) {
         let _ = std::process::Command::new("docker")
             .args(["-H", &format!("unix://{}", self.socket), "rmi", tag])
@@ -419,6 +434,8 @@ async fn placement_prefers_the_engine_holding_the_repository_setup_cache() {
         return;
     };
     let cached = Extra::start("cached", 23765, 1).expect("a second engine of this test");
+    plain.clear_setup_cache_images();
+    cached.clear_setup_cache_images();
     let tag = cached.add_setup_cache_image();
     let mut s = Served::start(Options {
         workers: true,

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::serve::{tool, usage, Options, Served, REPO};
+use common::serve::{text, tool, usage, Options, Served, REPO};
 use kodx::db::test_databases;
 use kodx::db::RunStatus;
 use serde_json::json;
@@ -515,4 +515,83 @@ async fn waiting_runs_are_acknowledged_once_across_processes() {
         );
     }
     s.finish().await;
+}
+
+/// Two processes (one run at a time each) sharing one engine that takes one sandbox: their
+/// runs take turns on it (the database counts the runs placed there), never two at once.
+#[tokio::test]
+async fn processes_sharing_an_engine_respect_its_max_runs() {
+    let engine = common::require_engine!();
+    let Some(admin) = test_databases::postgres_admin_url() else {
+        eprintln!("SKIPPED processes_sharing_an_engine_respect_its_max_runs: KODX_SKIP_POSTGRES=1");
+        return;
+    };
+    let host = std::env::var("DOCKER_HOST")
+        .ok()
+        .filter(|h| h.starts_with("unix://"))
+        .unwrap_or_else(|| "unix:///var/run/docker.sock".into());
+    let settings = format!(
+        "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nmax_concurrent_runs = 1\n\n\
+         [[engines]]\nname = \"shared\"\nhost = \"{host}\"\nmax_runs = 1\n"
+    );
+    let mut s = Served::start(Options {
+        workers: true,
+        database_url: Some(test_databases::fresh_postgres_database(&admin).await),
+        settings: Some(Box::leak(settings.into_boxed_str())),
+        ..Options::default()
+    })
+    .await;
+    let (mut other, _) = s.spawn_another(&["--role", "worker"]).await;
+    s.github.add_issue(REPO, 7, "One", "", "carol");
+    s.github.add_issue(REPO, 8, "Two", "", "carol");
+    for _ in 0..2 {
+        s.model.reply(tool("sleep 2"), "tool_use", usage(100, 10));
+        s.model.reply(text("Done."), "end_turn", usage(100, 10));
+    }
+    let a = s.comment(7, "alice", "/kodx ask one?").await;
+    let b = s.comment(8, "alice", "/kodx ask two?").await;
+    let labels = [a.container_label(), b.container_label()];
+    let mut most = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        // Runs with a running container (a run's short-lived network helper carries its
+        // label too).
+        let mut running = 0;
+        for label in &labels {
+            let containers =
+                common::running_containers_labelled(&engine, &format!("kodx.run={label}")).await;
+            running += usize::from(!containers.is_empty());
+        }
+        most = most.max(running);
+        let done = bot_comments_with(&s, 7, "Done.") && bot_comments_with(&s, 8, "Done.");
+        if done {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", s.log());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        most, 1,
+        "two sandboxes ran at once on an engine that takes one"
+    );
+    for issue in [7, 8] {
+        s.bot_comment_where(issue, "the answer", |c| c.body.contains("Done."))
+            .await;
+    }
+    let db = s.db().await;
+    for run in [&a, &b] {
+        let row = db.get_run(run).await.unwrap().unwrap();
+        let result: serde_json::Value =
+            serde_json::from_str(row.result.as_deref().unwrap_or("{}")).unwrap();
+        assert_eq!(result["engine"], "shared", "{result}");
+    }
+    db.close().await;
+    terminate(&mut other).await;
+    s.finish().await;
+}
+
+fn bot_comments_with(s: &Served, issue: u64, text: &str) -> bool {
+    common::serve::bot_comments(s, issue)
+        .iter()
+        .any(|c| c.body.contains(text))
 }

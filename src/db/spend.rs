@@ -134,6 +134,62 @@ impl Db {
 /// The advisory lock key space of budget reservations (xor the installation id).
 const BUDGET_LOCK: i64 = 0x4b4f_4458_0000_0000;
 
+impl Db {
+    /// Places run `run_id` (running) on the engine `engine` if fewer than `max_runs` running
+    /// runs are placed there; whether it was. Atomic across processes: SQLite's one writer,
+    /// PostgreSQL an advisory lock per engine name.
+    pub async fn take_engine_slot(
+        &self,
+        run_id: &str,
+        engine: &str,
+        max_runs: usize,
+    ) -> Result<bool, DbError> {
+        const SQL: &str = "UPDATE runs SET engine = $1 WHERE id = $2 AND status = 'running' \
+             AND (SELECT COUNT(*) FROM runs WHERE engine = $1 AND status = 'running' \
+             AND id <> $2) < $3";
+        let max = max_runs as i64;
+        let taken = match &self.pool {
+            Pool::Sqlite(p) => sqlx::query(SQL)
+                .bind(engine)
+                .bind(run_id)
+                .bind(max)
+                .execute(p)
+                .await?
+                .rows_affected(),
+            Pool::Postgres(p) => {
+                let mut tx = p.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(ENGINE_LOCK ^ name_key(engine))
+                    .execute(&mut *tx)
+                    .await?;
+                let n = sqlx::query(SQL)
+                    .bind(engine)
+                    .bind(run_id)
+                    .bind(max)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                tx.commit().await?;
+                n
+            }
+        };
+        Ok(taken == 1)
+    }
+}
+
+/// The advisory lock key space of engine placements (xor a hash of the engine's name).
+const ENGINE_LOCK: i64 = 0x4b4f_4458_454e_0000;
+
+/// A stable 32-bit hash of `name` (FNV-1a), the same in every process.
+fn name_key(name: &str) -> i64 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in name.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    i64::from(h)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -236,11 +236,14 @@ async fn start(
             crate::db::shown_url(&config.database_url)
         )
     })?;
-    let engine = Arc::new(Engines::new(
-        Some(instance),
-        &config.settings.engines,
-        config.settings.max_concurrent_runs,
-    ));
+    let engine = Arc::new(
+        Engines::new(
+            Some(instance),
+            &config.settings.engines,
+            config.settings.max_concurrent_runs,
+        )
+        .shared_through(db.clone()),
+    );
     let workers = Workers::new(
         db.clone(),
         app.clone(),

@@ -95,10 +95,20 @@ pub async fn containers_of(engine: &Engine, run_id: &str) -> Vec<String> {
 
 /// Containers with the label `key=value`, running or not.
 pub async fn containers_labelled(engine: &Engine, label: &str) -> Vec<String> {
+    labelled(engine, label, true).await
+}
+
+/// The running containers carrying `label`.
+#[allow(dead_code)]
+pub async fn running_containers_labelled(engine: &Engine, label: &str) -> Vec<String> {
+    labelled(engine, label, false).await
+}
+
+async fn labelled(engine: &Engine, label: &str, all: bool) -> Vec<String> {
     engine
         .docker()
         .list_containers(Some(ListContainersOptions {
-            all: true,
+            all,
             filters: Some(HashMap::from([(
                 "label".to_string(),
                 vec![label.to_string()],

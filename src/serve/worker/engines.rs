@@ -113,6 +113,9 @@ pub struct Engines {
     instance: Option<String>,
     /// Room freed or an engine came back.
     changed: Arc<Notify>,
+    /// The queue, when several processes share it (PostgreSQL): engine slots are taken
+    /// there ([`crate::db::Db::take_engine_slot`]).
+    shared: Option<crate::db::Db>,
 }
 
 impl Engines {
@@ -150,7 +153,14 @@ impl Engines {
             members,
             instance,
             changed: Arc::new(Notify::new()),
+            shared: None,
         }
+    }
+
+    /// Engine slots counted in `db` too, for processes sharing its queue (PostgreSQL).
+    pub fn shared_through(mut self, db: crate::db::Db) -> Self {
+        self.shared = db.is_shared().then_some(db);
+        self
     }
 
     pub fn instance(&self) -> Option<&str> {
@@ -202,7 +212,7 @@ impl Engines {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let mut best: Option<((bool, bool, usize), usize, Engine)> = None;
+            let mut candidates: Vec<((bool, bool, usize), usize, Engine)> = Vec::new();
             let mut reasons = Vec::new();
             let mut any_up = false;
             for (i, m) in self.members.iter().enumerate() {
@@ -239,32 +249,47 @@ impl Engines {
                 if used >= m.max_runs {
                     continue;
                 }
-                let free = m.max_runs - used;
                 let score = (
                     engine.has_setup_cache_for(scope).await,
                     engine.has_image(image).await,
-                    free,
+                    m.max_runs - used,
                 );
-                if best.as_ref().is_none_or(|(s, _, _)| score > *s) {
-                    best = Some((score, i, engine));
-                }
+                candidates.push((score, i, engine));
             }
-            if let Some((_, i, engine)) = best {
+            // Best first; among equals, the first listed (a stable sort).
+            candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
+            for (_, i, engine) in candidates {
                 let m = &self.members[i];
-                let mut st = m.state.lock().expect("lock");
                 // Re-checked under the lock: another run may have taken the last room.
-                if st.health != Health::Down && st.placed.len() < m.max_runs {
+                let down = {
+                    let mut st = m.state.lock().expect("lock");
+                    if st.health == Health::Down || st.placed.len() >= m.max_runs {
+                        continue;
+                    }
                     st.placed.insert(run_id.to_string());
-                    return Ok(Placement {
-                        engine,
-                        name: m.name.clone(),
-                        run_id: run_id.to_string(),
-                        member: m.clone(),
-                        changed: self.changed.clone(),
-                        down: st.down.clone(),
-                    });
+                    st.down.clone()
+                };
+                let placement = Placement {
+                    engine,
+                    name: m.name.clone(),
+                    run_id: run_id.to_string(),
+                    member: m.clone(),
+                    changed: self.changed.clone(),
+                    down,
+                };
+                // Processes sharing the queue share the engines: the database counts
+                // their runs on it (dropping the placement gives the local slot back).
+                if let Some(db) = &self.shared {
+                    match db.take_engine_slot(run_id, &m.name, m.max_runs).await {
+                        Ok(true) => {}
+                        Ok(false) => continue,
+                        Err(e) => {
+                            tracing::warn!(engine = %m.name, "counting the engine's runs in the database failed: {e}");
+                            continue;
+                        }
+                    }
                 }
-                continue;
+                return Ok(placement);
             }
             if !any_up {
                 return Err(NoEngine(reasons.join("; ")));
