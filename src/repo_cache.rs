@@ -28,7 +28,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::git::{self, Checkout, FetchProgress, GitError, MirrorTip};
+use crate::git::{self, Checkout, FetchProgress, GitError, History, MirrorTip};
 
 /// The default byte budget of all mirrors together: 10 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 10 << 30;
@@ -156,6 +156,9 @@ pub struct CheckedOut {
     /// Objects and bytes the refresh received.
     pub received_objects: usize,
     pub received_bytes: usize,
+    /// Whether the mirror, and so the clone, is shallow (holds only the tips it was
+    /// asked for).
+    pub shallow: bool,
     /// Set when the mirror was found as a crashed fetch left it.
     pub recovery: Option<Recovery>,
     /// Time spent refreshing the mirror (ref list and fetch), and making the clone.
@@ -246,9 +249,26 @@ impl RepoCache {
         dest: &Path,
         files: bool,
     ) -> Result<CheckedOut> {
+        self.checkout_for(key, url, token, want, History::Whole, dest, files)
+    }
+
+    /// As [`RepoCache::checkout`], with the mirror holding `history` of `want` (see
+    /// [`History`]: a run that needs only the tip makes a new mirror shallow, one that
+    /// needs the history deepens a shallow mirror). The clone is as shallow as the mirror.
+    #[allow(clippy::too_many_arguments)]
+    pub fn checkout_for(
+        &self,
+        key: &RepoKey,
+        url: &str,
+        token: &str,
+        want: &Checkout,
+        history: History,
+        dest: &Path,
+        files: bool,
+    ) -> Result<CheckedOut> {
         let held = self.hold(key)?;
         let started = Instant::now();
-        let (tip, recovery) = self.refresh_held(key, url, token, want, None)?;
+        let (tip, recovery) = self.refresh_held(key, url, token, want, history, None)?;
         let fetch_took = started.elapsed();
         let started = Instant::now();
         let cloned = git::clone_from_mirror(&self.mirror_path(key), &tip, url, want, dest, files)?;
@@ -263,6 +283,7 @@ impl RepoCache {
             fetched: tip.fetched,
             received_objects: tip.received_objects,
             received_bytes: tip.received_bytes,
+            shallow: tip.shallow,
             recovery,
             fetch_took,
             clone_took,
@@ -280,7 +301,7 @@ impl RepoCache {
         progress: Option<&mut FetchProgress<'_>>,
     ) -> Result<(MirrorTip, Option<Recovery>)> {
         let _held = self.hold(key)?;
-        self.refresh_held(key, url, token, want, progress)
+        self.refresh_held(key, url, token, want, History::Whole, progress)
     }
 
     fn refresh_held(
@@ -289,6 +310,7 @@ impl RepoCache {
         url: &str,
         token: &str,
         want: &Checkout,
+        history: History,
         progress: Option<&mut FetchProgress<'_>>,
     ) -> Result<(MirrorTip, Option<Recovery>)> {
         let dir = self.mirror_path(key);
@@ -319,7 +341,7 @@ impl RepoCache {
         File::create(&marker)
             .and_then(|f| f.sync_all())
             .map_err(io_err("write the marker", &marker))?;
-        let fetched = git::fetch_mirror(&dir, url, token, want, Some(&mut report));
+        let fetched = git::fetch_mirror_for(&dir, url, token, want, history, Some(&mut report));
         let fetched = match fetched {
             // A local failure (not the network, the server or a stop asked for): the
             // mirror itself is suspect. Fetched again from scratch, once.
@@ -331,7 +353,7 @@ impl RepoCache {
                 File::create(&marker)
                     .and_then(|f| f.sync_all())
                     .map_err(io_err("write the marker", &marker))?;
-                git::fetch_mirror(&dir, url, token, want, Some(&mut report))
+                git::fetch_mirror_for(&dir, url, token, want, history, Some(&mut report))
             }
             other => other,
         };
