@@ -16,8 +16,7 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 
-use flate2::write::ZlibEncoder;
-use flate2::Compression;
+use flate2::{Compress, Compression, FlushCompress, Status};
 use sha1::{Digest, Sha1};
 
 /// `PACK`, version, object count.
@@ -47,6 +46,9 @@ impl Write for Spool {
 /// A pack being made. Objects are added once each, whatever order they come in.
 pub(super) struct TipPack {
     spool: Spool,
+    zlib: Compress,
+    /// The compressor's output, on its way to the spool.
+    buf: Vec<u8>,
     seen: HashSet<git2::Oid>,
     /// Per object: its id, the CRC-32 of its packed bytes, its offset in the pack.
     entries: Vec<(git2::Oid, u32, u64)>,
@@ -69,6 +71,8 @@ impl TipPack {
                 len: 0,
                 crc: crc32fast::Hasher::new(),
             },
+            zlib: Compress::new(Compression::fast(), true),
+            buf: vec![0; 64 << 10],
             seen: HashSet::new(),
             entries: Vec::new(),
         })
@@ -107,9 +111,24 @@ impl TipPack {
         header[n] = byte;
         n += 1;
         self.spool.write_all(&header[..n])?;
-        let mut z = ZlibEncoder::new(&mut self.spool, Compression::fast());
-        z.write_all(data)?;
-        z.finish()?;
+        // One compressor for all objects, reset between them: a new one per object
+        // costs more than compressing a small file.
+        self.zlib.reset();
+        let mut input = data;
+        loop {
+            let (before_in, before_out) = (self.zlib.total_in(), self.zlib.total_out());
+            let status = self
+                .zlib
+                .compress(input, &mut self.buf, FlushCompress::Finish)
+                .map_err(io::Error::other)?;
+            let used = (self.zlib.total_in() - before_in) as usize;
+            let made = (self.zlib.total_out() - before_out) as usize;
+            input = &input[used..];
+            self.spool.write_all(&self.buf[..made])?;
+            if status == Status::StreamEnd {
+                break;
+            }
+        }
         let crc = std::mem::replace(&mut self.spool.crc, crc32fast::Hasher::new()).finalize();
         self.entries.push((id, crc, offset));
         Ok(())
@@ -158,7 +177,7 @@ impl TipPack {
 
         // The index, version 2: fan-out, ids, CRCs, offsets (large ones in a second
         // table), the pack's checksum, then its own.
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        entries.sort_unstable_by_key(|e| e.0);
         let large = entries.iter().filter(|e| e.2 >= 1 << 31).count();
         let mut idx = Vec::with_capacity(
             8 + 1024 + entries.len() * 28 + large * 8 + 2 * TRAILER_BYTES as usize,
