@@ -511,7 +511,7 @@ pub fn fetch_mirror_for(
 ///
 /// `files`: check the files out; otherwise write only the index, as if they had been (the
 /// work tree then goes into the container straight from the objects,
-/// [`crate::sandbox::archive::pack_tree_to`]).
+/// [`crate::sandbox::archive::pack_checkout_to`]).
 pub fn clone_from_mirror(
     mirror: &Path,
     tip: &MirrorTip,

@@ -7,6 +7,11 @@
 //!   only the objects the mirror lacks, and nothing at all when the mirror has the commit
 //!   the server advertises. The token goes through git2's credential callback
 //!   ([`crate::git::fetch_mirror`]): never into a URL, the mirror's configuration or a log.
+//! - **History only where a run needs it** ([`git::History`]). An issue's or an `ask`
+//!   run needs the tip alone: a mirror it creates is shallow (depth 1: one commit's
+//!   objects, not 20,000 commits of history), and later tips come at depth 1 too. A run on
+//!   a pull request deepens a shallow mirror to the whole history once; a whole mirror
+//!   stays whole. A clone carries its mirror's `shallow` list.
 //! - **Runs share nothing mutable.** A run's clone hard-links the mirror's pack files (which
 //!   nothing ever writes again) and has its own refs, index and work tree
 //!   ([`crate::git::clone_from_mirror`]). Once made, it no longer needs the mirror: the
@@ -237,7 +242,7 @@ impl RepoCache {
     /// the repository's mirror: the mirror is refreshed (created on first use), `dest` is
     /// cloned from it, and the mirrors are brought back under the budget. `files`: check
     /// the files out on the host; otherwise only the index is written (the tree goes into
-    /// the container from the objects, [`crate::sandbox::archive::pack_tree_to`]).
+    /// the container from the objects, [`crate::sandbox::archive::pack_checkout_to`]).
     ///
     /// `dest` on the cache's filesystem makes the clone cost no bytes (hard links).
     pub fn checkout(
