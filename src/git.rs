@@ -374,7 +374,28 @@ pub struct MirrorTip {
     /// Objects and bytes the fetch received (0 without a download).
     pub received_objects: usize,
     pub received_bytes: usize,
+    /// Whether the mirror is shallow now (it holds the tips it was asked for, not all
+    /// their history: see [`History::Tip`]).
+    pub shallow: bool,
 }
+
+/// How much history a mirror must hold for a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum History {
+    /// All of it: a shallow mirror is deepened to the whole history (a pull request's
+    /// run: its commits, a rebase onto its base).
+    #[default]
+    Whole,
+    /// The commit the ref names, with its tree (issue and `ask` runs). A new mirror is
+    /// made shallow (depth 1: one commit's objects instead of the whole history), and a
+    /// shallow one stays so (later tips come at depth 1 too, so each commit the mirror
+    /// holds is either complete or listed in its `shallow` file); a mirror that has the
+    /// whole history keeps it, and fetches incrementally as ever.
+    Tip,
+}
+
+/// The depth libgit2 takes to deepen a shallow repository to its whole history.
+const UNSHALLOW: i32 = i32::MAX;
 
 /// Fetch progress: `(received objects, total objects, received bytes)`. Returning `false`
 /// stops the fetch.
@@ -390,6 +411,18 @@ pub fn fetch_mirror(
     url: &str,
     token: &str,
     checkout: &Checkout,
+    progress: Option<&mut FetchProgress<'_>>,
+) -> Result<MirrorTip, GitError> {
+    fetch_mirror_for(mirror, url, token, checkout, History::Whole, progress)
+}
+
+/// As [`fetch_mirror`], bringing `history` of it: see [`History`].
+pub fn fetch_mirror_for(
+    mirror: &Path,
+    url: &str,
+    token: &str,
+    checkout: &Checkout,
+    history: History,
     progress: Option<&mut FetchProgress<'_>>,
 ) -> Result<MirrorTip, GitError> {
     init();
@@ -412,8 +445,19 @@ pub fn fetch_mirror(
             _ => format!("branch `{branch}`"),
         }));
     };
+    let shallow = repo.is_shallow();
+    let empty = repo
+        .references()
+        .map(|mut refs| refs.next().is_none())
+        .map_err(other)?;
+    let depth = match history {
+        History::Whole if shallow => UNSHALLOW,
+        History::Tip if shallow || empty => 1,
+        _ => 0,
+    };
     let have = repo.refname_to_id(&source).ok();
-    let up_to_date = have == Some(advertised) && repo.find_commit(advertised).is_ok();
+    let up_to_date =
+        have == Some(advertised) && repo.find_commit(advertised).is_ok() && depth != UNSHALLOW;
     let received = Rc::new(std::cell::Cell::new((0usize, 0usize)));
     if !up_to_date {
         let mut callbacks = session.callbacks();
@@ -428,7 +472,8 @@ pub fn fetch_mirror(
         });
         let mut opts = FetchOptions::new();
         opts.remote_callbacks(callbacks)
-            .download_tags(AutotagOption::None);
+            .download_tags(AutotagOption::None)
+            .depth(depth);
         conn.remote()
             .fetch(
                 &[format!("+{source}:{source}")],
@@ -454,6 +499,7 @@ pub fn fetch_mirror(
         fetched: !up_to_date,
         received_objects,
         received_bytes,
+        shallow: repo.is_shallow(),
     })
 }
 
@@ -465,7 +511,7 @@ pub fn fetch_mirror(
 ///
 /// `files`: check the files out; otherwise write only the index, as if they had been (the
 /// work tree then goes into the container straight from the objects,
-/// [`crate::sandbox::archive::pack_tree_to`]).
+/// [`crate::sandbox::archive::pack_checkout_to`]).
 pub fn clone_from_mirror(
     mirror: &Path,
     tip: &MirrorTip,
@@ -487,6 +533,19 @@ pub fn clone_from_mirror(
             dest.display()
         ))
     })?;
+    // A shallow mirror's list of commits whose parents it lacks: the clone lacks them
+    // too (without it, a walk of the history, as a push makes, would fail on them).
+    let shallow = mirror.join("shallow");
+    match std::fs::copy(&shallow, repo.path().join("shallow")) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(GitError::Other(format!(
+                "cannot copy the mirror's shallow list into {}: {e}",
+                dest.display()
+            )))
+        }
+    }
     // Opened again: the packs linked in are seen from the start.
     drop(repo);
     let repo = Repository::open(dest).map_err(other)?;

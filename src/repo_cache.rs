@@ -7,6 +7,11 @@
 //!   only the objects the mirror lacks, and nothing at all when the mirror has the commit
 //!   the server advertises. The token goes through git2's credential callback
 //!   ([`crate::git::fetch_mirror`]): never into a URL, the mirror's configuration or a log.
+//! - **History only where a run needs it** ([`git::History`]). An issue's or an `ask`
+//!   run needs the tip alone: a mirror it creates is shallow (depth 1: one commit's
+//!   objects, not 20,000 commits of history), and later tips come at depth 1 too. A run on
+//!   a pull request deepens a shallow mirror to the whole history once; a whole mirror
+//!   stays whole. A clone carries its mirror's `shallow` list.
 //! - **Runs share nothing mutable.** A run's clone hard-links the mirror's pack files (which
 //!   nothing ever writes again) and has its own refs, index and work tree
 //!   ([`crate::git::clone_from_mirror`]). Once made, it no longer needs the mirror: the
@@ -28,7 +33,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::git::{self, Checkout, FetchProgress, GitError, MirrorTip};
+use crate::git::{self, Checkout, FetchProgress, GitError, History, MirrorTip};
 
 /// The default byte budget of all mirrors together: 10 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 10 << 30;
@@ -156,6 +161,9 @@ pub struct CheckedOut {
     /// Objects and bytes the refresh received.
     pub received_objects: usize,
     pub received_bytes: usize,
+    /// Whether the mirror, and so the clone, is shallow (holds only the tips it was
+    /// asked for).
+    pub shallow: bool,
     /// Set when the mirror was found as a crashed fetch left it.
     pub recovery: Option<Recovery>,
     /// Time spent refreshing the mirror (ref list and fetch), and making the clone.
@@ -234,7 +242,7 @@ impl RepoCache {
     /// the repository's mirror: the mirror is refreshed (created on first use), `dest` is
     /// cloned from it, and the mirrors are brought back under the budget. `files`: check
     /// the files out on the host; otherwise only the index is written (the tree goes into
-    /// the container from the objects, [`crate::sandbox::archive::pack_tree_to`]).
+    /// the container from the objects, [`crate::sandbox::archive::pack_checkout_to`]).
     ///
     /// `dest` on the cache's filesystem makes the clone cost no bytes (hard links).
     pub fn checkout(
@@ -246,9 +254,26 @@ impl RepoCache {
         dest: &Path,
         files: bool,
     ) -> Result<CheckedOut> {
+        self.checkout_for(key, url, token, want, History::Whole, dest, files)
+    }
+
+    /// As [`RepoCache::checkout`], with the mirror holding `history` of `want` (see
+    /// [`History`]: a run that needs only the tip makes a new mirror shallow, one that
+    /// needs the history deepens a shallow mirror). The clone is as shallow as the mirror.
+    #[allow(clippy::too_many_arguments)]
+    pub fn checkout_for(
+        &self,
+        key: &RepoKey,
+        url: &str,
+        token: &str,
+        want: &Checkout,
+        history: History,
+        dest: &Path,
+        files: bool,
+    ) -> Result<CheckedOut> {
         let held = self.hold(key)?;
         let started = Instant::now();
-        let (tip, recovery) = self.refresh_held(key, url, token, want, None)?;
+        let (tip, recovery) = self.refresh_held(key, url, token, want, history, None)?;
         let fetch_took = started.elapsed();
         let started = Instant::now();
         let cloned = git::clone_from_mirror(&self.mirror_path(key), &tip, url, want, dest, files)?;
@@ -263,6 +288,7 @@ impl RepoCache {
             fetched: tip.fetched,
             received_objects: tip.received_objects,
             received_bytes: tip.received_bytes,
+            shallow: tip.shallow,
             recovery,
             fetch_took,
             clone_took,
@@ -280,7 +306,7 @@ impl RepoCache {
         progress: Option<&mut FetchProgress<'_>>,
     ) -> Result<(MirrorTip, Option<Recovery>)> {
         let _held = self.hold(key)?;
-        self.refresh_held(key, url, token, want, progress)
+        self.refresh_held(key, url, token, want, History::Whole, progress)
     }
 
     fn refresh_held(
@@ -289,6 +315,7 @@ impl RepoCache {
         url: &str,
         token: &str,
         want: &Checkout,
+        history: History,
         progress: Option<&mut FetchProgress<'_>>,
     ) -> Result<(MirrorTip, Option<Recovery>)> {
         let dir = self.mirror_path(key);
@@ -319,7 +346,7 @@ impl RepoCache {
         File::create(&marker)
             .and_then(|f| f.sync_all())
             .map_err(io_err("write the marker", &marker))?;
-        let fetched = git::fetch_mirror(&dir, url, token, want, Some(&mut report));
+        let fetched = git::fetch_mirror_for(&dir, url, token, want, history, Some(&mut report));
         let fetched = match fetched {
             // A local failure (not the network, the server or a stop asked for): the
             // mirror itself is suspect. Fetched again from scratch, once.
@@ -331,7 +358,7 @@ impl RepoCache {
                 File::create(&marker)
                     .and_then(|f| f.sync_all())
                     .map_err(io_err("write the marker", &marker))?;
-                git::fetch_mirror(&dir, url, token, want, Some(&mut report))
+                git::fetch_mirror_for(&dir, url, token, want, history, Some(&mut report))
             }
             other => other,
         };

@@ -175,3 +175,114 @@ fn a_change_set_commits_the_same_tree_without_the_files_on_disk() {
         "nothing was committed"
     );
 }
+
+/// `git rev-list --count HEAD` in the clone at `dir` (the git CLI, which honours `shallow`).
+fn count_commits(srv: &GitServer, dir: &Path) -> usize {
+    let out = srv.git(dir, &["rev-list", "--count", "HEAD"]);
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A run that needs only the tip makes the mirror shallow (one commit's objects, not the
+/// history); later tips come at depth 1 and the mirror stays consistent; a change is
+/// committed on the tip and pushed with the right parent; a run that needs the history
+/// deepens the mirror to all of it, and then the mirror stays whole.
+#[test]
+fn a_shallow_mirror_serves_tip_runs_and_deepens_for_history() {
+    use kodx::git::History;
+    assert!(git_server::git_available(), "these tests need the git CLI");
+    let srv = GitServer::start(accept_tokens(&[TOKEN]));
+    let url = srv.create_repo(REPO, "main", &[("README.md", b"one\n", 0o644)]);
+    for i in 2..=5 {
+        let text = format!("version {i}\n");
+        srv.commit_on_branch(
+            REPO,
+            "main",
+            &[("README.md", text.as_bytes(), 0o644)],
+            &format!("Commit {i}"),
+        );
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = RepoCache::new(tmp.path().join("mirrors"), 1 << 30);
+    let key = RepoKey::parse(REPO).unwrap();
+    let mirror = cache.mirror_path(&key);
+    let checkout = |name: &str, want: &Checkout, history: History| {
+        let dest = tmp.path().join(name);
+        let c = cache
+            .checkout_for(&key, &url, TOKEN, want, history, &dest, false)
+            .unwrap();
+        (dest, c)
+    };
+
+    // First run, tip only: a shallow mirror with one commit.
+    let (first, c) = checkout("first", &Checkout::DefaultBranch, History::Tip);
+    let main5 = srv.branch_sha(REPO, "main").unwrap();
+    assert_eq!(c.commit, main5);
+    assert!(c.fetched && c.shallow);
+    assert_eq!(
+        std::fs::read_to_string(mirror.join("shallow")).unwrap(),
+        format!("{main5}\n")
+    );
+    assert_eq!(
+        std::fs::read_to_string(first.join(".git/shallow")).unwrap(),
+        format!("{main5}\n"),
+        "the clone is as shallow as the mirror"
+    );
+    assert_eq!(count_commits(&srv, &first), 1);
+
+    // A new commit upstream: fetched at depth 1 too, only what changed.
+    let main6 = srv.commit_on_branch(REPO, "main", &[("NEW.md", b"new\n", 0o644)], "Commit 6");
+    let (second, c) = checkout("second", &Checkout::DefaultBranch, History::Tip);
+    assert_eq!(c.commit, main6);
+    assert!(c.fetched && c.shallow);
+    assert!(c.received_objects <= 3, "{} objects", c.received_objects);
+    let shallow = std::fs::read_to_string(mirror.join("shallow")).unwrap();
+    assert!(shallow.contains(&main6), "{shallow}");
+    assert_eq!(count_commits(&srv, &second), 1);
+    // Nothing new: no download at all.
+    let (_, c) = checkout("again", &Checkout::DefaultBranch, History::Tip);
+    assert!(!c.fetched && c.shallow);
+
+    // A change committed on the shallow tip and pushed: its parent is the tip, and the
+    // server has a sound history.
+    let limits = ArchiveLimits::default();
+    let mut tar = Vec::new();
+    let baseline = archive::pack_tip_to(&second, "repo", &limits, &mut tar).unwrap();
+    let work = tmp.path().join("container");
+    archive::extract(&tar, "repo", &work, &limits).unwrap();
+    put(&work, "README.md", b"changed in the container\n", 0o644);
+    let (after, _) = archive::pack_dir(&work, "repo").unwrap();
+    let changes = archive::change_set(&after, "repo", &baseline, &limits).unwrap();
+    let made = git::commit_change_set(&second, &changes, &request(1 << 20))
+        .unwrap()
+        .unwrap();
+    git::push(&second, &url, TOKEN, "HEAD", "kodx/shallow", true).unwrap();
+    assert_eq!(srv.branch_sha(REPO, "kodx/shallow").unwrap(), made.sha);
+    assert_eq!(
+        srv.ref_sha(REPO, "kodx/shallow^").unwrap(),
+        main6,
+        "the commit's parent is the tip"
+    );
+    assert_eq!(srv.commit_count(REPO, "kodx/shallow"), 7);
+    srv.git(&srv.bare_path(REPO), &["fsck", "--strict"]);
+    assert_eq!(
+        srv.file_at(REPO, "kodx/shallow", "README.md").unwrap(),
+        b"changed in the container\n"
+    );
+
+    // A run that needs the history (a pull request's): the mirror is deepened.
+    let pr = srv.create_pull_ref(REPO, 7, &[("pr.txt", b"pr\n", 0o644)]);
+    let (whole, c) = checkout("whole", &Checkout::PullHead(7), History::Whole);
+    assert_eq!(c.commit, pr);
+    assert!(c.fetched && !c.shallow);
+    assert!(!mirror.join("shallow").exists());
+    assert!(!whole.join(".git/shallow").exists());
+    assert_eq!(count_commits(&srv, &whole), 7);
+    // And then stays whole, for tip runs too.
+    let (tip, c) = checkout("tip", &Checkout::DefaultBranch, History::Tip);
+    assert!(!c.shallow);
+    assert_eq!(count_commits(&srv, &tip), 6);
+}

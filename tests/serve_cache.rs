@@ -134,7 +134,8 @@ async fn a_second_run_fetches_only_what_the_mirror_lacks() {
         s.github.add_issue(REPO, n, "Write", "", "carol");
     }
 
-    // First run: the mirror is made (a clone of the whole history).
+    // First run: the mirror is made (an issue's run needs only the tip: a shallow
+    // clone of it, one commit deep).
     let (first, result) = code_run(&s, 7, "one.txt", "one").await;
     assert_eq!(
         s.github.created_pulls(REPO).len(),
@@ -149,7 +150,12 @@ async fn a_second_run_fetches_only_what_the_mirror_lacks() {
     );
     assert!(!p.contains(&"fetch".into()), "{p:?}");
     let after_first = packs(&mirror(&s));
-    assert!(!after_first.is_empty(), "the mirror holds the history");
+    assert!(!after_first.is_empty(), "the mirror holds the tip");
+    assert_eq!(
+        std::fs::read_to_string(mirror(&s).join("shallow")).unwrap(),
+        format!("{}\n", s.git.branch_sha(REPO, "main").unwrap()),
+        "the mirror is shallow"
+    );
     let branch = format!("kodx/issue-7-{}", &first[..8]);
     assert_eq!(s.git.file_at(REPO, &branch, "one.txt").unwrap(), b"one\n");
 
@@ -174,7 +180,9 @@ async fn a_second_run_fetches_only_what_the_mirror_lacks() {
         p.contains(&"fetch".into()) && !p.contains(&"clone".into()),
         "{p:?}"
     );
-    assert_eq!(downloads(&s) - before, 1, "one download of the new objects");
+    // A depth-1 fetch over stateless HTTP is two requests: the shallow list, then the
+    // pack.
+    assert_eq!(downloads(&s) - before, 2, "one fetch of the new objects");
     let after_second = packs(&mirror(&s));
     let new: Vec<_> = after_second
         .iter()
@@ -299,6 +307,116 @@ async fn a_pull_request_run_whose_head_moved_works_on_the_new_head() {
     );
     assert_eq!(s.git.file_at(REPO, "feature", "a.txt").unwrap(), b"x\n");
     assert_eq!(s.git.file_at(REPO, "feature", "b.txt").unwrap(), b"x\n");
+}
+
+/// An issue's run gets a `.git` of the tip alone in its container (a shallow repository:
+/// no history to copy in), in which git works as in any clone: `git status` is clean,
+/// `git diff` sees the agent's change, `git log -1` names the tip, `git fsck` passes. The
+/// pull request's commit sits on the tip. A later run on a pull request of the same
+/// repository gets the whole history (the mirror is deepened for it).
+#[tokio::test]
+async fn an_issue_run_gets_the_tip_alone_and_git_works_in_it() {
+    let _engine = common::require_engine!();
+    let s = Served::with_workers().await;
+    for i in 2..=4 {
+        let text = format!("# widgets {i}\n");
+        s.git.commit_on_branch(
+            REPO,
+            "main",
+            &[("README.md", text.as_bytes(), 0o644)],
+            &format!("edition {i}"),
+        );
+    }
+    let main = s.git.branch_sha(REPO, "main").unwrap();
+    let commits = s.git.commit_count(REPO, "main");
+    assert!(commits >= 4);
+    s.github.add_issue(REPO, 7, "Look", "", "carol");
+    let script = "git log --format=%H > /tmp/log; git status --porcelain > /tmp/status; \
+         echo more >> README.md; git diff --stat > /tmp/diff; \
+         git log -1 --format=%H > /tmp/one; cat .git/shallow > /tmp/shallow; \
+         (git fsck --no-dangling; echo exit=$?) > /tmp/fsck 2>&1; \
+         cp /tmp/log log.txt; cp /tmp/status status.txt; cp /tmp/diff diff.txt; \
+         cp /tmp/one one.txt; cp /tmp/shallow shallow.txt; cp /tmp/fsck fsck.txt";
+    s.model.reply(tool(script), "tool_use", usage(1000, 10));
+    s.model.reply(text("Looked."), "end_turn", usage(1100, 10));
+    let run = s.comment(7, "alice", "/kodx code look at git").await;
+    let result = result_of(&s, &run.0).await;
+    let branch = format!("kodx/issue-7-{}", &run.0[..8]);
+    let file = |name: &str| {
+        String::from_utf8(
+            s.git
+                .file_at(REPO, &branch, name)
+                .unwrap_or_else(|| panic!("no {name}: {result}\n{}", s.log())),
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        file("log.txt"),
+        format!("{main}\n"),
+        "the history is the tip"
+    );
+    assert_eq!(file("one.txt"), format!("{main}\n"));
+    assert_eq!(file("shallow.txt"), format!("{main}\n"));
+    assert_eq!(file("status.txt"), "", "a clean work tree");
+    assert!(
+        file("diff.txt").contains("README.md | 1 +"),
+        "{}",
+        file("diff.txt")
+    );
+    assert!(
+        file("fsck.txt").ends_with("exit=0\n"),
+        "{}",
+        file("fsck.txt")
+    );
+    assert_eq!(s.git.ref_sha(REPO, &format!("{branch}~1")).unwrap(), main);
+    assert_eq!(s.git.commit_count(REPO, &branch), commits + 1);
+    assert!(mirror(&s).join("shallow").exists());
+
+    // A pull request's run needs the history: the mirror is deepened, and its container
+    // has all of it.
+    let head = s
+        .git
+        .commit_on_branch(REPO, "feature", &[("f.txt", b"f\n", 0o644)], "feature");
+    s.git
+        .commit(REPO, "refs/pull/8/head", Some(&head), &[], "same");
+    s.github.add_pull(
+        REPO,
+        8,
+        "Feature",
+        "Adds f.txt",
+        "alice",
+        FakeHead {
+            ref_name: "feature".into(),
+            sha: head.clone(),
+            repo: Some(REPO.into()),
+            clone_url: s.clone_url.clone(),
+        },
+        FakeBase {
+            ref_name: "main".into(),
+            sha: main.clone(),
+        },
+        "+f\n",
+    );
+    s.model.reply(
+        tool("git log --format=%H | wc -l > count.txt"),
+        "tool_use",
+        usage(1000, 10),
+    );
+    s.model.reply(text("Counted."), "end_turn", usage(1100, 10));
+    let run = s.comment(8, "alice", "/kodx code count the commits").await;
+    let result = result_of(&s, &run.0).await;
+    let count = s
+        .git
+        .file_at(REPO, "feature", "count.txt")
+        .unwrap_or_else(|| panic!("no count.txt: {result}\n{}", s.log()));
+    assert_eq!(
+        String::from_utf8(count).unwrap().trim(),
+        (commits + 1).to_string()
+    );
+    assert!(
+        !mirror(&s).join("shallow").exists(),
+        "the mirror was deepened"
+    );
 }
 
 /// Both runs of a repository at once: each reads its request from the model's prompt and

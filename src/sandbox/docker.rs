@@ -176,6 +176,10 @@ pub enum RepoSource {
     /// objects straight into the container, with the clone's `.git`
     /// ([`archive::pack_checkout_to`]). The tree is written once, in the container.
     GitHead,
+    /// As [`RepoSource::GitHead`], with a `.git` that holds only that commit (a shallow
+    /// repository: [`archive::pack_tip_to`]) instead of the clone's whole history: for runs
+    /// that need only the tip (issues and `ask`).
+    GitTip,
 }
 
 /// Capabilities kept: what `apt-get`, `pip`, `chown` and servers on high ports need.
@@ -223,6 +227,7 @@ impl PackTask {
                 RepoSource::GitHead => {
                     archive::pack_checkout_to(&dir, REPO_PREFIX, &limits, &mut pipe)
                 }
+                RepoSource::GitTip => archive::pack_tip_to(&dir, REPO_PREFIX, &limits, &mut pipe),
             };
             if let Err(e) = &packed {
                 // Ends the upload with an error rather than a short tar.

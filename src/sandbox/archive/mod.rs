@@ -32,15 +32,16 @@ mod ignore;
 mod pack;
 #[cfg(test)]
 mod testutil;
+mod tip;
 mod untrusted;
 mod write;
 
 pub use changes::{change_set, change_set_from, Change, ChangeKind, ChangeSet, Contents, NewEntry};
-pub use pack::{pack_checkout_to, pack_dir, pack_dir_to, pack_file, pack_files};
+pub use pack::{pack_checkout_to, pack_dir, pack_dir_to, pack_file, pack_files, pack_tip_to};
 pub use untrusted::memory_opener;
 pub use write::{extract, replace_dir, replace_dir_from, Exported};
 // Each layer sees the others' crate-private items (`use super::*`) through this.
-use {changes::*, ignore::*, pack::*, untrusted::*, write::*};
+use {changes::*, ignore::*, pack::*, tip::*, untrusted::*, write::*};
 
 /// Longest entry name or symlink target accepted (Linux's PATH_MAX).
 const MAX_NAME_BYTES: usize = 4096;

@@ -75,6 +75,32 @@ pub fn pack_checkout_to<W: Write>(
     limits: &ArchiveLimits,
     out: W,
 ) -> Result<Manifest> {
+    pack_head(repo_dir, prefix, limits, false, out)
+}
+
+/// As [`pack_checkout_to`], with a `.git` that holds the commit `HEAD` names and nothing
+/// older: a shallow repository (`.git/shallow` names that commit) whose objects are the
+/// commit, its trees and its blobs, in one pack made while the tree is packed (each blob
+/// is read once, for both). `git status`, `git diff`, `git log` and `git commit` work in
+/// it; the history does not come along (for runs that need only the tip: issues and
+/// `ask`). The rest of the clone's `.git` (`HEAD`, refs, config rewritten, index) goes in
+/// as it is; its object store and `shallow` file do not.
+pub fn pack_tip_to<W: Write>(
+    repo_dir: &Path,
+    prefix: &str,
+    limits: &ArchiveLimits,
+    out: W,
+) -> Result<Manifest> {
+    pack_head(repo_dir, prefix, limits, true, out)
+}
+
+fn pack_head<W: Write>(
+    repo_dir: &Path,
+    prefix: &str,
+    limits: &ArchiveLimits,
+    tip_only: bool,
+    out: W,
+) -> Result<Manifest> {
     if !prefix.is_empty() {
         check_rel(prefix).map_err(|why| {
             SandboxError::InvalidInput(format!("bad archive prefix {prefix:?}: {why}"))
@@ -114,14 +140,35 @@ pub fn pack_checkout_to<W: Write>(
         .manifest
         .entries
         .insert(".git".into(), ManifestEntry::Dir { mode });
-    packer.walk(&dot_git, ".git")?;
+    let mut tip = None;
+    if tip_only {
+        packer.walk_skipping(&dot_git, ".git", &["objects", "shallow"])?;
+        let shallow = format!("{}\n", commit.id());
+        packer
+            .append_file(".git/shallow", 0o644, mtime, shallow.as_bytes())
+            .map_err(io_at("archiving", &dot_git))?;
+        let mut pack = TipPack::new().map_err(|e| SandboxError::io("making the tip's pack", e))?;
+        let odb = repo.odb().map_err(|e| git("opening the objects", e))?;
+        for id in [commit.id(), tree.id()] {
+            let o = odb.read(id).map_err(|e| git("reading HEAD", e))?;
+            pack.add(id, o.kind(), o.data())
+                .map_err(|e| SandboxError::io("making the tip's pack", e))?;
+        }
+        tip = Some(pack);
+    } else {
+        packer.walk(&dot_git, ".git")?;
+    }
     let mut budget = TreeBudget {
         limits,
         entries: packer.manifest.len(),
         bytes: 0,
         names: 0,
+        tip,
     };
     packer.walk_tree(&repo, &tree, "", mtime, &mut budget)?;
+    if let Some(pack) = budget.tip.take() {
+        packer.append_pack(pack, mtime)?;
+    }
     packer
         .builder
         .into_inner()
@@ -136,6 +183,8 @@ struct TreeBudget<'l> {
     entries: usize,
     bytes: u64,
     names: u64,
+    /// The pack of a tip-only `.git`, taking every tree and blob met.
+    tip: Option<TipPack>,
 }
 
 /// Why a name in a git tree cannot be checked out, if it cannot: not a single component,
@@ -200,6 +249,11 @@ pub(super) struct Packer<'p, W: Write> {
 impl<W: Write> Packer<'_, W> {
     /// Appends the contents of the host directory `dir` (at `rel` in the tree), sorted by name.
     pub(super) fn walk(&mut self, dir: &Path, rel: &str) -> Result<()> {
+        self.walk_skipping(dir, rel, &[])
+    }
+
+    /// As [`Packer::walk`], leaving out the entries of `dir` itself named in `skip`.
+    pub(super) fn walk_skipping(&mut self, dir: &Path, rel: &str, skip: &[&str]) -> Result<()> {
         let mut names = fs::read_dir(dir)
             .and_then(|entries| {
                 entries
@@ -207,6 +261,7 @@ impl<W: Write> Packer<'_, W> {
                     .collect::<io::Result<Vec<_>>>()
             })
             .map_err(io_at("reading the directory", dir))?;
+        names.retain(|n| !skip.iter().any(|s| n.as_os_str() == *s));
         names.sort();
         for name in names {
             let path = dir.join(&name);
@@ -368,6 +423,11 @@ impl<W: Write> Packer<'_, W> {
             let entry_out = match entry.filemode() {
                 0o040000 => {
                     let sub = repo.find_tree(entry.id()).map_err(|e| missing(&rel, e))?;
+                    if let Some(pack) = budget.tip.as_mut() {
+                        let raw = odb.read(entry.id()).map_err(|e| missing(&rel, e))?;
+                        pack.add(entry.id(), raw.kind(), raw.data())
+                            .map_err(|e| SandboxError::io("making the tip's pack", e))?;
+                    }
                     let mut h = header(EntryType::Directory, 0o755, mtime, 0);
                     self.builder
                         .append_data(&mut h, format!("{tar_path}/"), io::empty())
@@ -395,6 +455,10 @@ impl<W: Write> Packer<'_, W> {
                         ));
                     }
                     let blob = repo.find_blob(entry.id()).map_err(|e| missing(&rel, e))?;
+                    if let Some(pack) = budget.tip.as_mut() {
+                        pack.add(entry.id(), git2::ObjectType::Blob, blob.content())
+                            .map_err(|e| SandboxError::io("making the tip's pack", e))?;
+                    }
                     let target = std::str::from_utf8(blob.content())
                         .map_err(|_| at(&rel, "a symlink target that is not UTF-8".into()))?
                         .to_string();
@@ -431,6 +495,10 @@ impl<W: Write> Packer<'_, W> {
                     }
                     let blob = repo.find_blob(entry.id()).map_err(|e| missing(&rel, e))?;
                     let data = blob.content();
+                    if let Some(pack) = budget.tip.as_mut() {
+                        pack.add(entry.id(), git2::ObjectType::Blob, data)
+                            .map_err(|e| SandboxError::io("making the tip's pack", e))?;
+                    }
                     let mut h = header(EntryType::Regular, mode, mtime, data.len() as u64);
                     self.builder
                         .append_data(&mut h, &tar_path, data)
@@ -446,6 +514,59 @@ impl<W: Write> Packer<'_, W> {
             self.manifest.entries.insert(rel, entry_out);
         }
         Ok(())
+    }
+
+    /// Appends the regular file `rel` (in the tree) holding `data`, into the manifest too.
+    fn append_file(&mut self, rel: &str, mode: u32, mtime: u64, data: &[u8]) -> io::Result<()> {
+        let mut h = header(EntryType::Regular, mode, mtime, data.len() as u64);
+        let tar_path = self.path_in_tar(rel);
+        self.builder.append_data(&mut h, tar_path, data)?;
+        self.manifest.entries.insert(
+            rel.to_string(),
+            ManifestEntry::File {
+                mode,
+                size: data.len() as u64,
+                sha256: sha256_of(data),
+            },
+        );
+        Ok(())
+    }
+
+    /// Appends `.git/objects/pack/` with the tip's pack and its index.
+    fn append_pack(&mut self, pack: TipPack, mtime: u64) -> Result<()> {
+        let failed = |e: io::Error| SandboxError::io("archiving the tip's pack", e);
+        let done = pack.finish().map_err(failed)?;
+        for dir in [".git/objects", ".git/objects/pack"] {
+            let mut h = header(EntryType::Directory, 0o755, mtime, 0);
+            self.builder
+                .append_data(&mut h, self.path_in_tar(dir) + "/", io::empty())
+                .map_err(failed)?;
+            self.manifest
+                .entries
+                .insert(dir.to_string(), ManifestEntry::Dir { mode: 0o755 });
+        }
+        // Packs are read-only, as git leaves them.
+        let rel = format!(".git/objects/pack/pack-{}.pack", done.name);
+        let mut data = Exact {
+            inner: done.pack,
+            left: done.pack_len,
+            hasher: Sha256::new(),
+        };
+        let mut h = header(EntryType::Regular, 0o444, mtime, done.pack_len);
+        self.builder
+            .append_data(&mut h, self.path_in_tar(&rel), &mut data)
+            .map_err(failed)?;
+        self.manifest.entries.insert(
+            rel,
+            ManifestEntry::File {
+                mode: 0o444,
+                size: done.pack_len,
+                sha256: data.hasher.finalize().into(),
+            },
+        );
+        let rel = format!(".git/objects/pack/pack-{}.idx", done.name);
+        self.append_file(&rel, 0o444, mtime, &done.idx)
+            .map_err(failed)
     }
 
     /// Appends a symlink with its target bytes exactly as given (the tar crate's own
@@ -729,6 +850,108 @@ mod tests {
             Some(&Snap::File(0o755, b"#!/bin/sh\necho hi\n".to_vec()))
         );
         assert_eq!(a.get("vendor-sub"), Some(&Snap::Dir(0o755)));
+    }
+
+    /// The tip-only `.git`: the same work tree as with the whole `.git`, and a shallow
+    /// repository that holds the commit, its trees and blobs (each once), nothing older.
+    #[test]
+    fn pack_tip_holds_the_commit_alone() {
+        let tmp = TempDir::new().unwrap();
+        let repo_dir = tmp.path().join("repo");
+        let repo = committed(&repo_dir, &[("old.txt", b"old\n", 0o100644)]);
+        let old_blob = repo.blob(b"old\n").unwrap();
+        let first = repo.head().unwrap().peel_to_commit().unwrap().id();
+        let mut files = SAMPLE.to_vec();
+        files.push(("copy/README.md", b"# hi\n", 0o100644)); // the same blob twice
+        let second = committed(&tmp.path().join("scratch"), &files);
+        let tree = second.head().unwrap().peel_to_tree().unwrap();
+        // The same objects in `repo`, as a second commit over the first.
+        let odb = repo.odb().unwrap();
+        let second_odb = second.odb().unwrap();
+        for id in [tree.id()] {
+            let mut stack = vec![id];
+            while let Some(id) = stack.pop() {
+                let o = second_odb.read(id).unwrap();
+                odb.write(o.kind(), o.data()).unwrap();
+                if o.kind() == git2::ObjectType::Tree {
+                    let t = second.find_tree(id).unwrap();
+                    stack.extend(t.iter().map(|e| e.id()));
+                }
+            }
+        }
+        commit_tree(&repo, tree.id());
+        let head = repo.head().unwrap().peel_to_commit().unwrap();
+        assert_eq!(head.parent_id(0).unwrap(), first);
+        let mut index = repo.index().unwrap();
+        index.read_tree(&tree).unwrap();
+        index.write().unwrap();
+
+        let mut tip_tar = Vec::new();
+        let manifest =
+            pack_tip_to(&repo_dir, "repo", &ArchiveLimits::default(), &mut tip_tar).unwrap();
+        let mut whole_tar = Vec::new();
+        let whole =
+            pack_checkout_to(&repo_dir, "repo", &ArchiveLimits::default(), &mut whole_tar).unwrap();
+        let work = |m: &Manifest| -> BTreeMap<String, ManifestEntry> {
+            m.entries
+                .iter()
+                .filter(|(p, _)| !p.starts_with(".git"))
+                .map(|(p, e)| (p.clone(), e.clone()))
+                .collect()
+        };
+        assert_eq!(work(&manifest), work(&whole));
+        assert_eq!(manifest.get(".git/index"), whole.get(".git/index"));
+        assert_eq!(manifest.get(".git/HEAD"), whole.get(".git/HEAD"));
+        let packs: Vec<&String> = manifest
+            .entries
+            .keys()
+            .filter(|p| p.starts_with(".git/objects/"))
+            .collect();
+        assert_eq!(packs.len(), 3, "{packs:?}"); // pack/, .pack, .idx
+                                                 // Deterministic.
+        let mut again = Vec::new();
+        pack_tip_to(&repo_dir, "repo", &ArchiveLimits::default(), &mut again).unwrap();
+        assert!(again == tip_tar, "the same tar twice");
+
+        let out = tmp.path().join("out");
+        extract(&tip_tar, "repo", &out, &ArchiveLimits::default()).unwrap();
+        assert_eq!(
+            fs::read_to_string(out.join(".git/shallow")).unwrap(),
+            format!("{}\n", head.id())
+        );
+        let copy = git2::Repository::open(&out).unwrap();
+        assert!(copy.is_shallow());
+        let tip = copy.head().unwrap().peel_to_commit().unwrap();
+        assert_eq!(tip.id(), head.id());
+        assert_eq!(tip.parent_count(), 0, "the history stops at the tip");
+        assert!(copy.find_commit(first).is_err());
+        assert!(copy.find_blob(old_blob).is_err());
+        // Every object of the tip's tree reads back; the work tree is clean against it.
+        tip.tree()
+            .unwrap()
+            .walk(git2::TreeWalkMode::PreOrder, |_, e| {
+                let o = copy.find_object(e.id(), None);
+                assert!(o.is_ok() || e.filemode() == 0o160000, "{:?}", e.name());
+                git2::TreeWalkResult::Ok
+            })
+            .unwrap();
+        let statuses = copy
+            .statuses(Some(git2::StatusOptions::new().include_untracked(true)))
+            .unwrap();
+        let dirty: Vec<String> = statuses
+            .iter()
+            .map(|s| format!("{:?} {:?}", s.path(), s.status()))
+            .collect();
+        assert!(dirty.is_empty(), "{dirty:?}");
+        // Six blobs (one of them at two paths), six trees, the commit.
+        let odb = copy.odb().unwrap();
+        let mut count = 0;
+        odb.foreach(|_| {
+            count += 1;
+            true
+        })
+        .unwrap();
+        assert_eq!(count, 6 + 6 + 1, "objects in the pack");
     }
 
     /// A commit of a hand-written tree object: `entries` as `(mode, name, object)`.

@@ -256,7 +256,9 @@ impl Workers {
                     RepoSource::Files => crate::git::commit_all(&dest, &request),
                     // The clone has no files: the change set goes onto the commit the
                     // container was given, from the objects.
-                    RepoSource::GitHead => crate::git::commit_change_set(&dest, &changes, &request),
+                    RepoSource::GitHead | RepoSource::GitTip => {
+                        crate::git::commit_change_set(&dest, &changes, &request)
+                    }
                 };
                 let Some(commit) = committed.map_err(DeliveryError::Commit)? else {
                     return Ok(None);

@@ -107,6 +107,7 @@ impl Workers {
                     token: gh.token().expose_secret().to_string(),
                     checkout: &run_plan.checkout,
                     depth: run_plan.depth,
+                    tip_only: run_plan.tip_only(),
                 },
                 timings,
             )

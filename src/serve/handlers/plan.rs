@@ -40,6 +40,15 @@ pub(in crate::serve) struct RunPlan {
     pub on_limit: OnLimit,
 }
 
+impl RunPlan {
+    /// Whether the run needs only the commit it starts from, not its history: an `ask`
+    /// run, and a code run on an issue (on the default branch). A code run on a pull
+    /// request gets the history (its commits, a rebase onto its base).
+    pub fn tip_only(&self) -> bool {
+        self.kind == RunKind::Ask || self.checkout == Checkout::DefaultBranch
+    }
+}
+
 /// The run's plan. Fails (for the maintainer to fix) only when the model has no price.
 pub(in crate::serve) fn prepare(
     run_id: &str,

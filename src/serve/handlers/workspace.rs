@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::db::Run;
-use crate::git::Checkout;
+use crate::git::{Checkout, History};
 use crate::repo_cache::{RepoCache, RepoKey};
 use crate::sandbox::RepoSource;
 use crate::serve::messages;
@@ -33,8 +33,12 @@ pub(in crate::serve) struct CloneOf<'a> {
     /// The installation token (never stored in the clone's config).
     pub token: String,
     pub checkout: &'a Checkout,
-    /// A shallow clone's depth (plain clones only; the cache keeps whole histories).
+    /// A shallow clone's depth (plain clones only).
     pub depth: Option<u32>,
+    /// The run needs only the tip (an issue's or an `ask` run): from the repository cache,
+    /// the container's `.git` holds that commit alone ([`RepoSource::GitTip`]), and a new
+    /// mirror is made shallow. A run on a pull request gets the history.
+    pub tip_only: bool,
 }
 
 impl Workers {
@@ -82,10 +86,15 @@ impl Workers {
                     let url = of.url.to_string();
                     let checkout = of.checkout.clone();
                     let token = of.token;
+                    let history = if of.tip_only {
+                        History::Tip
+                    } else {
+                        History::Whole
+                    };
                     tokio::task::spawn_blocking(move || {
                         let first = !cache.mirror_path(&key).exists();
                         cache
-                            .checkout(&key, &url, &token, &checkout, &dest, false)
+                            .checkout_for(&key, &url, &token, &checkout, history, &dest, false)
                             .map(|c| (c, first))
                     })
                     .await
@@ -106,10 +115,15 @@ impl Workers {
                     fetched = c.fetched,
                     objects = c.received_objects,
                     bytes = c.received_bytes,
+                    shallow = c.shallow,
                     recovery = ?c.recovery,
                     "checked out from the repository cache"
                 );
-                RepoSource::GitHead
+                if of.tip_only {
+                    RepoSource::GitTip
+                } else {
+                    RepoSource::GitHead
+                }
             }
             None => {
                 let started = Instant::now();
