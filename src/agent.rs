@@ -906,6 +906,35 @@ fn elide_oldest_result(request: &mut Request) -> bool {
             }
         }
     }
+    // Every old result is short: then the model's own old words (long commands it typed,
+    // long text it wrote), oldest first. What it did stays readable in the results' order
+    // and its tool calls keep their ids.
+    for message in &mut request.messages[..last] {
+        if message.role != Role::Assistant {
+            continue;
+        }
+        for block in &mut message.content {
+            match block {
+                Block::Text { text } if text.len() > 200 && !text.starts_with("[elided") => {
+                    *text = format!("[elided: {} bytes of old text]", text.len());
+                    return true;
+                }
+                Block::ToolUse { input, .. } => {
+                    if let Some(fields) = input.as_object_mut() {
+                        for value in fields.values_mut() {
+                            if let Value::String(v) = value {
+                                if v.len() > 200 && !v.starts_with("[elided") {
+                                    *v = format!("[elided: {} bytes of an old command]", v.len());
+                                    return true;
+                                }
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
     false
 }
 
@@ -984,6 +1013,66 @@ mod tests {
             panic!()
         };
         assert_eq!(content.len(), 50_000, "the newest result is kept");
+    }
+
+    #[test]
+    fn then_the_models_old_long_commands_and_text_are_elided() {
+        let long = "y".repeat(5_000);
+        let mut messages = vec![Message::user_text("go")];
+        for i in 0..3 {
+            messages.push(Message {
+                role: Role::Assistant,
+                content: vec![
+                    Block::Text { text: long.clone() },
+                    Block::ToolUse {
+                        id: format!("t{i}"),
+                        name: "feed_chars".into(),
+                        input: json!({"chars": long.clone(), "shell": "default"}),
+                    },
+                ],
+            });
+            messages.push(Message {
+                role: Role::User,
+                content: vec![Block::ToolResult {
+                    tool_use_id: format!("t{i}"),
+                    content: "ok".into(),
+                    is_error: false,
+                }],
+            });
+        }
+        let mut req = Request {
+            model: "m".into(),
+            system: String::new(),
+            messages,
+            tools: vec![],
+            max_tokens: 100,
+            temperature: None,
+            answer_only: false,
+        };
+        let mut n = 0;
+        while elide_oldest_result(&mut req) {
+            n += 1;
+        }
+        // Two old exchanges, a text and a command each; the newest exchange is kept.
+        assert_eq!(n, 4);
+        let Block::ToolUse { id, input, .. } = &req.messages[1].content[1] else {
+            panic!()
+        };
+        assert_eq!(id, "t0");
+        assert_eq!(input["chars"], "[elided: 5000 bytes of an old command]");
+        assert_eq!(input["shell"], "default");
+        let Block::Text { text } = &req.messages[3].content[0] else {
+            panic!()
+        };
+        assert_eq!(text, "[elided: 5000 bytes of old text]");
+        let Block::ToolUse { input, .. } = &req.messages[5].content[1] else {
+            panic!()
+        };
+        assert_eq!(
+            input["chars"].as_str().unwrap().len(),
+            5_000,
+            "the newest is kept"
+        );
     }
 
     #[test]

@@ -367,6 +367,13 @@ async fn bench_cap_utilisation() {
                 share * 100.0,
                 if ok { "ok" } else { "MISSED" }
             );
+            if std::env::var("KODX_BENCH_DETAIL").is_ok() {
+                println!(
+                    "         stop: {:?} {}",
+                    o.stop_reason,
+                    o.detail.as_deref().unwrap_or("")
+                );
+            }
         }
     }
     println!("{missed} missed");
