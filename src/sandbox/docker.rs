@@ -218,9 +218,11 @@ impl PackTask {
     fn start(dir: PathBuf, source: RepoSource, limits: ArchiveLimits) -> PackTask {
         let (tx, body) = tokio::sync::mpsc::channel(PIPE_CHUNKS);
         let task = tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
             let mut pipe = Pipe {
                 tx,
                 buf: BytesMut::new(),
+                waited: Duration::ZERO,
             };
             let packed = match source {
                 RepoSource::Files => archive::pack_dir_to(&dir, REPO_PREFIX, &mut pipe),
@@ -233,6 +235,13 @@ impl PackTask {
                 // Ends the upload with an error rather than a short tar.
                 let _ = pipe.tx.blocking_send(Err(io::Error::other(e.to_string())));
             }
+            // Where the copy-in's time goes: reading the repository, or the engine taking
+            // the tar (the pipe is full while it writes the files).
+            tracing::info!(
+                took_ms = started.elapsed().as_millis() as u64,
+                engine_ms = pipe.waited.as_millis() as u64,
+                "packed the repository into the container"
+            );
             packed
         });
         PackTask { task, body }
@@ -243,6 +252,8 @@ impl PackTask {
 struct Pipe {
     tx: tokio::sync::mpsc::Sender<io::Result<Bytes>>,
     buf: BytesMut,
+    /// Time spent waiting for the upload to take a chunk.
+    waited: Duration,
 }
 
 impl Pipe {
@@ -251,7 +262,10 @@ impl Pipe {
             return Ok(());
         }
         let chunk = self.buf.split().freeze();
-        self.tx.blocking_send(Ok(chunk)).map_err(|_| {
+        let started = std::time::Instant::now();
+        let sent = self.tx.blocking_send(Ok(chunk));
+        self.waited += started.elapsed();
+        sent.map_err(|_| {
             io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "the upload to the container stopped",
