@@ -90,13 +90,21 @@ async fn screenshot(c: &Client, name: &str, width: u32, height: u32) {
     std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
 }
 
+/// The page's text. Right after a click the browser may still be between two pages (no
+/// body yet, or the old one going stale): asked again until the new page answers.
 async fn page_text(c: &Client) -> String {
-    c.find(Locator::Css("body"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    let mut last = None;
+    for _ in 0..100 {
+        match c.find(Locator::Css("body")).await {
+            Ok(body) => match body.text().await {
+                Ok(text) => return text,
+                Err(e) => last = Some(e),
+            },
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the page has no body after 10 s: {last:?}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -320,10 +320,8 @@ impl Workers {
     /// one short comment; a request that cannot be read, one short comment and `confused`;
     /// the others, the status comment (or a new one) and `confused`.
     pub(super) async fn refuse(&self, run: &Run, refusal: &Refusal) {
-        match self.github(run).await {
-            Ok((gh, repo)) => self.post_refusal(&gh, &repo, run, refusal).await,
-            Err(e) => tracing::error!("the refusal was not posted: {e:#}"),
-        }
+        // Recorded before it is posted: whoever reads the refusal and sends the next
+        // command (a `/kodx continue` right after) finds this run ended.
         self.finish_quietly(
             run,
             RunStatus::Failed,
@@ -331,6 +329,10 @@ impl Workers {
             refusal.to_json(),
         )
         .await;
+        match self.github(run).await {
+            Ok((gh, repo)) => self.post_refusal(&gh, &repo, run, refusal).await,
+            Err(e) => tracing::error!("the refusal was not posted: {e:#}"),
+        }
     }
 
     async fn post_refusal(&self, gh: &Installation, repo: &RepoName, run: &Run, refusal: &Refusal) {
