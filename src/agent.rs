@@ -972,6 +972,19 @@ mod tests {
         }
     }
 
+    /// A request of `messages` and nothing else.
+    fn request_of(messages: Vec<Message>) -> Request {
+        Request {
+            model: "m".into(),
+            system: String::new(),
+            messages,
+            tools: vec![],
+            max_tokens: 100,
+            temperature: None,
+            answer_only: false,
+        }
+    }
+
     #[test]
     fn old_bulky_results_are_elided_first() {
         let big = "x".repeat(50_000);
@@ -994,15 +1007,7 @@ mod tests {
                 }],
             });
         }
-        let mut req = Request {
-            model: "m".into(),
-            system: String::new(),
-            messages,
-            tools: vec![],
-            max_tokens: 100,
-            temperature: None,
-            answer_only: false,
-        };
+        let mut req = request_of(messages);
         elide_old_results(&mut req, 120_000, &PromptLedger::default());
         assert!(crate::cost::request_token_upper_bound(&req) <= 120_000);
         let Block::ToolResult { content, .. } = &req.messages[2].content[0] else {
@@ -1040,15 +1045,7 @@ mod tests {
                 }],
             });
         }
-        let mut req = Request {
-            model: "m".into(),
-            system: String::new(),
-            messages,
-            tools: vec![],
-            max_tokens: 100,
-            temperature: None,
-            answer_only: false,
-        };
+        let mut req = request_of(messages);
         let mut n = 0;
         while elide_oldest_result(&mut req) {
             n += 1;

@@ -992,6 +992,32 @@ async fn heard_next(heard: &mut kodx::db::Notifications) -> kodx::db::Wakeup {
         .unwrap()
 }
 
+/// Three handles on the database at `url` (three processes), and `n` code runs on issues
+/// 0..n queued and claimed through the first.
+async fn claimed_over_three_handles(
+    url: &str,
+    prefix: &str,
+    n: i64,
+) -> ([Db; 3], Vec<kodx::db::Run>) {
+    let handles = [
+        Db::open(url).await.unwrap(),
+        Db::open(url).await.unwrap(),
+        Db::open(url).await.unwrap(),
+    ];
+    let mut runs = Vec::new();
+    for issue in 0..n {
+        handles[0]
+            .accept(
+                &delivery(&format!("{prefix}-{issue}")),
+                Some(&new_run("code", issue)),
+            )
+            .await
+            .unwrap();
+        runs.push(handles[0].claim_run("w").await.unwrap().expect("claimed"));
+    }
+    (handles, runs)
+}
+
 /// Runs starting together through several handles (processes) reserve their caps against
 /// one monthly budget: together they are granted exactly the budget, never more; a run's
 /// reservation settles to its cost when it ends.
@@ -1001,22 +1027,7 @@ async fn budget_reservations_racing_never_overspend() {
     const WANT: i64 = 300_000; // $0.30 each
     let dir = tempfile::tempdir().unwrap();
     for url in each_backend(dir.path()).await {
-        let handles = [
-            Db::open(&url).await.unwrap(),
-            Db::open(&url).await.unwrap(),
-            Db::open(&url).await.unwrap(),
-        ];
-        let mut runs = Vec::new();
-        for issue in 0..10 {
-            handles[0]
-                .accept(
-                    &delivery(&format!("budget-{issue}")),
-                    Some(&new_run("code", issue)),
-                )
-                .await
-                .unwrap();
-            runs.push(handles[0].claim_run("w").await.unwrap().expect("claimed"));
-        }
+        let (handles, runs) = claimed_over_three_handles(&url, "budget", 10).await;
         let since = 0;
         let mut tasks = Vec::new();
         for (i, run) in runs.iter().enumerate() {
@@ -1064,22 +1075,7 @@ async fn budget_reservations_racing_never_overspend() {
 async fn engine_slots_racing_never_exceed_max_runs() {
     let dir = tempfile::tempdir().unwrap();
     for url in each_backend(dir.path()).await {
-        let handles = [
-            Db::open(&url).await.unwrap(),
-            Db::open(&url).await.unwrap(),
-            Db::open(&url).await.unwrap(),
-        ];
-        let mut runs = Vec::new();
-        for issue in 0..9 {
-            handles[0]
-                .accept(
-                    &delivery(&format!("engine-{issue}")),
-                    Some(&new_run("code", issue)),
-                )
-                .await
-                .unwrap();
-            runs.push(handles[0].claim_run("w").await.unwrap().expect("claimed"));
-        }
+        let (handles, runs) = claimed_over_three_handles(&url, "engine", 9).await;
         let tasks: Vec<_> = runs
             .iter()
             .enumerate()
