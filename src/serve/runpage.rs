@@ -125,25 +125,50 @@ fn load_or_create_key(data_dir: &Path) -> std::io::Result<[u8; 32]> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let path = data_dir.join(KEY_FILE);
-    if let Ok(bytes) = std::fs::read(&path) {
-        if let Ok(key) = <[u8; 32]>::try_from(bytes.as_slice()) {
-            return Ok(key);
+    let read = |path: &Path| -> std::io::Result<Option<[u8; 32]>> {
+        match std::fs::read(path) {
+            Ok(bytes) => <[u8; 32]>::try_from(bytes.as_slice())
+                .map(Some)
+                .map_err(|_| {
+                    std::io::Error::other(format!(
+                        "{} is not a 32-byte key; delete it to make a new one (run links change)",
+                        path.display()
+                    ))
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
         }
-        return Err(std::io::Error::other(format!(
-            "{} is not a 32-byte key; delete it to make a new one (run links change)",
-            path.display()
-        )));
+    };
+    if let Some(key) = read(&path)? {
+        return Ok(key);
     }
+    // Several processes may share the data directory and start together: the key is
+    // written whole under a name of this process's own, then linked into place, which
+    // fails if another process was first. Nobody ever reads a half-written key.
     std::fs::create_dir_all(data_dir)?;
     let key: [u8; 32] = rand::random();
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)?;
-    f.write_all(&key)?;
-    f.sync_all()?;
-    Ok(key)
+    let tmp = data_dir.join(format!(
+        ".{KEY_FILE}.{}.{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&key)?;
+        f.sync_all()?;
+        std::fs::hard_link(&tmp, &path)
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    match written {
+        Ok(()) => Ok(key),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(&path)?
+            .ok_or_else(|| std::io::Error::other(format!("{} vanished", path.display()))),
+        Err(e) => Err(e),
+    }
 }
 
 #[derive(Deserialize)]
@@ -451,6 +476,35 @@ mod tests {
             key.link("https://kodx.example.com/", "run-a"),
             format!("https://kodx.example.com/runs/run-a?token={a}")
         );
+    }
+
+    /// Processes sharing a data directory start together: each gets the one key, never
+    /// an error or a half-written file, and no temporary file is left behind.
+    #[test]
+    fn processes_starting_together_share_one_key() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+            let keys: Vec<[u8; 32]> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..8)
+                    .map(|_| {
+                        let barrier = barrier.clone();
+                        let dir = dir.path();
+                        s.spawn(move || {
+                            barrier.wait();
+                            load_or_create_key(dir).unwrap()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert!(keys.iter().all(|k| *k == keys[0]));
+            let names: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(names, [KEY_FILE], "only the key is left");
+        }
     }
 
     #[test]
