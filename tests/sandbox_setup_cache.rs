@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bollard::query_parameters::{ListImagesOptions, RemoveImageOptions};
 use common::*;
 use kodx::sandbox::setup_cache::{KEY_LABEL, SCOPE_LABEL};
-use kodx::sandbox::{Engine, Sandbox, SandboxSpec, SetupCacheSpec, SetupCacheUse};
+use kodx::sandbox::{Engine, RepoSource, Sandbox, SandboxSpec, SetupCacheSpec, SetupCacheUse};
 
 /// Held while a test relies on cached images staying (shared) or evicts (exclusive).
 fn cache_lock(exclusive: bool) -> std::fs::File {
@@ -198,7 +198,8 @@ async fn a_miss_then_a_hit_skips_the_script_and_shows_exactly_the_new_checkout()
          a two\nm.js\n"
     );
     // What the setup made shows as it does after a fresh setup: the ignored tree not at
-    // all, the rest as added. The setup's edit of a tracked file is not carried over.
+    // all, the rest as added. The setup's edit of a tracked file the new checkout changed
+    // gives way to the new version.
     let changes = changes(&sb).await;
     assert_eq!(fresh_changes, ["added made-by-setup.txt", "modified a.txt"]);
     assert_eq!(changes, ["added made-by-setup.txt"]);
@@ -220,6 +221,154 @@ async fn a_miss_then_a_hit_skips_the_script_and_shows_exactly_the_new_checkout()
     sb.destroy().await.unwrap();
     assert_gone(&engine, &spec.run_id).await;
     remove_images_of(&engine, &scope).await;
+}
+
+/// A setup that leaves a file inside a directory of the checkout, and edits a tracked file
+/// the next checkout does not change.
+const DELTA_SCRIPT: &str = "set -e\necho run >> /var/tmp/setup-runs\nmkdir -p node_modules\n\
+                            echo m > node_modules/m.js\necho built > lib/built.o\n\
+                            echo edited-by-setup > same.txt\n";
+
+/// The checkouts of the delta test: `first`, then what the second changes.
+fn delta_tree(dir: &Path, second: bool) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let _ = std::fs::remove_dir_all(dir.join("lib"));
+    let _ = std::fs::remove_dir_all(dir.join("flip"));
+    let _ = std::fs::remove_dir_all(dir.join("flop"));
+    for rel in [
+        "changed.txt",
+        "gone.txt",
+        "added.txt",
+        "link",
+        "run.sh",
+        "flip",
+        "flop",
+    ] {
+        let _ = std::fs::remove_file(dir.join(rel));
+    }
+    put(dir, "package-lock.json", "{\"lockfileVersion\": 3}\n");
+    put(dir, ".gitignore", "node_modules/\n*.o\n");
+    put(dir, "same.txt", "same\n");
+    for n in 0..300 {
+        put(dir, &format!("many/f{n}.txt"), &format!("file {n}\n"));
+    }
+    put(dir, "run.sh", "echo hi\n");
+    if !second {
+        put(dir, "changed.txt", "one\n");
+        put(dir, "gone.txt", "gone\n");
+        put(dir, "lib/src.c", "int x;\n");
+        put(dir, "flip/inside.txt", "a directory first\n");
+        put(dir, "flop", "a file first\n");
+        std::os::unix::fs::symlink("same.txt", dir.join("link")).unwrap();
+    } else {
+        put(dir, "changed.txt", "two\n");
+        put(dir, "added.txt", "new\n");
+        put(dir, "flip", "a file now\n");
+        put(dir, "flop/inside.txt", "a directory now\n");
+        std::os::unix::fs::symlink("added.txt", dir.join("link")).unwrap();
+        std::fs::set_permissions(dir.join("run.sh"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+    }
+}
+
+fn commit_all(dir: &Path, message: &str) {
+    let repo = git2::Repository::open(dir).unwrap_or_else(|_| git2::Repository::init(dir).unwrap());
+    let mut index = repo.index().unwrap();
+    index
+        .add_all(["*"], git2::IndexAddOption::FORCE, None)
+        .unwrap();
+    index.update_all(["*"], None).unwrap();
+    index.write().unwrap();
+    let tree = repo.find_tree(index.write_tree().unwrap()).unwrap();
+    let sig = git2::Signature::now("t", "t@example.com").unwrap();
+    let parent = repo.head().ok().and_then(|h| h.peel_to_commit().ok());
+    let parents: Vec<&git2::Commit> = parent.iter().collect();
+    repo.commit(Some("HEAD"), &sig, &sig, message, &tree, &parents)
+        .unwrap();
+}
+
+/// A hit copies in only what its checkout has different from the image's, and deletes
+/// what it no longer has: every kind of change (edited, added, deleted, mode, symlink
+/// target, file to directory and back) comes out as the new checkout, files the two
+/// checkouts share are not written again, and the workspace is what a fresh setup on the
+/// new checkout would give (what the setup made stays, its edit of an unchanged tracked
+/// file too). From a directory (`kodx run`) and from a clone's tip (`kodx serve`).
+#[tokio::test]
+async fn a_hit_writes_only_what_the_new_checkout_changed() {
+    let engine = common::require_engine!();
+    let _lock = cache_lock(false);
+    for source in [RepoSource::Files, RepoSource::GitTip] {
+        let scope = scope("delta");
+        let repo = tempfile::tempdir().unwrap();
+        delta_tree(repo.path(), false);
+        if source == RepoSource::GitTip {
+            commit_all(repo.path(), "first");
+        }
+        let mut spec = cached_spec("cache-delta", &scope, repo.path(), DELTA_SCRIPT);
+        spec.repo_source = source;
+        let sb = start(&engine, &spec).await;
+        assert_eq!(sb.setup_report().cache, SetupCacheUse::Miss);
+        let fresh_changes = changes(&sb).await;
+        sb.destroy().await.unwrap();
+
+        delta_tree(repo.path(), true);
+        if source == RepoSource::GitTip {
+            commit_all(repo.path(), "second");
+        }
+        // Whole seconds: `stat -c %Z` below.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        spec.run_id = run_id("cache-delta");
+        let sb = start(&engine, &spec).await;
+        assert_eq!(sb.setup_report().cache, SetupCacheUse::Hit, "{source:?}");
+        assert_eq!(run(&sb, "cat /var/tmp/setup-runs").await, "run\n");
+        let listing = run(
+            &sb,
+            "find . -path ./.git -prune -o -path ./many -prune -o -print | sort; ls many | wc -l; \
+             cat changed.txt added.txt flip flop/inside.txt same.txt; readlink link; \
+             stat -c %a run.sh; cat lib/built.o; ls node_modules",
+        )
+        .await;
+        assert_eq!(
+            listing,
+            ".\n./.gitignore\n./added.txt\n./changed.txt\n./flip\n./flop\n./flop/inside.txt\n\
+             ./lib\n./lib/built.o\n./link\n./node_modules\n./node_modules/m.js\n\
+             ./package-lock.json\n./run.sh\n./same.txt\n300\n\
+             two\nnew\na file now\na directory now\nedited-by-setup\nadded.txt\n755\nbuilt\nm.js\n",
+            "{source:?}"
+        );
+        // Written again: what changed. Not: the 300 files both checkouts share.
+        let rewritten = run(
+            &sb,
+            &format!(
+                "for f in .gitignore package-lock.json many/*; do \
+                 [ $(stat -c %Z \"$f\") -ge {before} ] && echo \"$f\"; done; \
+                 for f in changed.txt added.txt flip flop/inside.txt; do \
+                 [ $(stat -c %Z \"$f\") -ge {before} ] || echo \"old $f\"; done; true"
+            ),
+        )
+        .await;
+        assert_eq!(rewritten, "", "{source:?}");
+        // As after a fresh setup: the setup's edit of a file both checkouts share shows.
+        assert!(
+            fresh_changes.contains(&"modified same.txt".to_string()),
+            "{fresh_changes:?}"
+        );
+        assert_eq!(changes(&sb).await, ["modified same.txt"], "{source:?}");
+        if source == RepoSource::GitTip {
+            // The clone's tip, not the image's: git agrees with the files.
+            assert_eq!(
+                run(&sb, "git log --format=%s; git status --porcelain").await,
+                "second\n M same.txt\n",
+                "{source:?}"
+            );
+        }
+        sb.destroy().await.unwrap();
+        remove_images_of(&engine, &scope).await;
+    }
 }
 
 #[tokio::test]

@@ -212,39 +212,55 @@ const REPO_PREFIX: &str = "workspace/repo";
 struct PackTask {
     task: tokio::task::JoinHandle<Result<Manifest>>,
     body: tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
+    /// What the container already holds of the tree (a cached setup image's checkout),
+    /// told before anything is packed: those entries stay out of the tar. Dropped: nothing.
+    have: tokio::sync::oneshot::Sender<Option<Arc<Manifest>>>,
 }
 
 impl PackTask {
     fn start(dir: PathBuf, source: RepoSource, limits: ArchiveLimits) -> PackTask {
         let (tx, body) = tokio::sync::mpsc::channel(PIPE_CHUNKS);
+        let (have, had) = tokio::sync::oneshot::channel::<Option<Arc<Manifest>>>();
         let task = tokio::task::spawn_blocking(move || {
+            let had = had.blocking_recv().ok().flatten();
             let started = std::time::Instant::now();
             let mut pipe = Pipe {
                 tx,
                 buf: BytesMut::new(),
                 waited: Duration::ZERO,
             };
-            let packed = match source {
-                RepoSource::Files => archive::pack_dir_to(&dir, REPO_PREFIX, &mut pipe),
-                RepoSource::GitHead => {
-                    archive::pack_checkout_to(&dir, REPO_PREFIX, &limits, &mut pipe)
-                }
-                RepoSource::GitTip => archive::pack_tip_to(&dir, REPO_PREFIX, &limits, &mut pipe),
+            let source = match source {
+                RepoSource::Files => archive::PackSource::Dir,
+                RepoSource::GitHead => archive::PackSource::Checkout,
+                RepoSource::GitTip => archive::PackSource::Tip,
             };
+            let packed = archive::pack_over_to(
+                &dir,
+                source,
+                REPO_PREFIX,
+                &limits,
+                had.as_deref(),
+                &mut pipe,
+            );
             if let Err(e) = &packed {
                 // Ends the upload with an error rather than a short tar.
                 let _ = pipe.tx.blocking_send(Err(io::Error::other(e.to_string())));
             }
+            let (entries, skipped) = packed
+                .as_ref()
+                .map_or((0, Default::default()), |(m, s)| (m.len(), *s));
             // Where the copy-in's time goes: reading the repository, or the engine taking
             // the tar (the pipe is full while it writes the files).
             tracing::info!(
                 took_ms = started.elapsed().as_millis() as u64,
                 engine_ms = pipe.waited.as_millis() as u64,
+                entries,
+                already_there = skipped.entries,
                 "packed the repository into the container"
             );
-            packed
+            packed.map(|(m, _)| m)
         });
-        PackTask { task, body }
+        PackTask { task, body, have }
     }
 }
 
@@ -940,19 +956,28 @@ impl Engine {
                 _ => {}
             }
             upload(&self.docker, id, "/", archive::pack_files(&files)).await?;
-            if hit {
-                // The checkout the cached setup ran on goes before this run's comes in.
-                let started = std::time::Instant::now();
+            let started = std::time::Instant::now();
+            // The checkout the cached image holds: this run's goes in over it, only what
+            // differs. An image without it (made by an older kodx) is cleaned first.
+            let stored = if hit && pack.is_some() {
+                let stored = stored_manifest(&self.docker, id).await;
+                let command = match stored {
+                    Some(_) => format!("cd '{}' && rm -rf ./.git", sandbox.workdir),
+                    None => format!("sh {}", setup_cache::CLEAN_SCRIPT),
+                };
                 exec_checked(
                     &self.docker,
                     id,
-                    &format!("sh {}", setup_cache::CLEAN_SCRIPT),
+                    &command,
                     "clearing the cached image's workspace",
                 )
                 .await?;
-                *cleaned.lock().unwrap() = Some(started.elapsed());
-            }
-            if let Some(PackTask { task, body }) = pack {
+                stored.map(Arc::new)
+            } else {
+                None
+            };
+            if let Some(PackTask { task, body, have }) = pack {
+                let _ = have.send(stored.clone());
                 progress("copying the repository");
                 let chunks = futures_util::stream::unfold(body, |mut rx| async move {
                     rx.recv().await.map(|chunk| (chunk, rx))
@@ -981,7 +1006,23 @@ impl Engine {
                     }
                     (Err(e), _) | (Ok(_), Err(e)) => return Err(e),
                 };
+                if let Some(script) = stored.as_ref().and_then(|stored| {
+                    setup_cache::delta_script(&sandbox.workdir, stored, &manifest)
+                }) {
+                    let files = [(&DELTA_SCRIPT[1..], script.as_bytes(), 0o644)];
+                    upload(&self.docker, id, "/", archive::pack_files(&files)).await?;
+                    exec_checked(
+                        &self.docker,
+                        id,
+                        &format!("sh {DELTA_SCRIPT}; rm -f {DELTA_SCRIPT}"),
+                        "removing what the cached image has and this checkout does not",
+                    )
+                    .await?;
+                }
                 *sandbox.baseline.lock().unwrap() = manifest;
+            }
+            if hit {
+                *cleaned.lock().unwrap() = Some(started.elapsed());
             }
             Ok(())
         };
@@ -1030,7 +1071,11 @@ impl Engine {
             let baseline = sandbox.baseline.lock().unwrap();
             setup_cache::clean_script(&sandbox.workdir, &baseline)
         };
-        let files = [(&setup_cache::CLEAN_SCRIPT[1..], script.as_bytes(), 0o644)];
+        let stored = sandbox.baseline.lock().unwrap().without_git().to_bytes();
+        let files = [
+            (&setup_cache::CLEAN_SCRIPT[1..], script.as_bytes(), 0o644),
+            (&setup_cache::MANIFEST_FILE[1..], stored.as_slice(), 0o644),
+        ];
         upload(&self.docker, &sandbox.id, "/", archive::pack_files(&files)).await?;
         let created = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -1318,6 +1363,69 @@ async fn upload(docker: &Docker, id: &str, path: &str, tar: Vec<u8>) -> Result<(
         )
         .await
         .map_err(|e| SandboxError::docker(format!("copying files to {path} in the container"), e))
+}
+
+/// Where a run from a cached setup image puts the script that deletes what its checkout
+/// no longer has ([`setup_cache::delta_script`]).
+const DELTA_SCRIPT: &str = "/tmp/.kodx/delta.sh";
+
+/// The checkout a cached setup image holds ([`setup_cache::MANIFEST_FILE`]), read from the
+/// container made from it; `None` when it has none or it cannot be read (the run then
+/// cleans the image's checkout and copies its own whole).
+async fn stored_manifest(docker: &Docker, id: &str) -> Option<Manifest> {
+    let path = setup_cache::MANIFEST_FILE;
+    let options = DownloadFromContainerOptions {
+        path: path.to_string(),
+    };
+    let mut stream = docker.download_from_container(id, Some(options));
+    // The file and its tar headers.
+    let max = setup_cache::MAX_MANIFEST_BYTES + (64 << 10);
+    let mut tar = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(chunk) if (tar.len() + chunk.len()) as u64 <= max => tar.extend_from_slice(&chunk),
+            Ok(_) => {
+                tracing::warn!(
+                    "the cached image's manifest is over {} bytes; copying the whole checkout",
+                    setup_cache::MAX_MANIFEST_BYTES
+                );
+                return None;
+            }
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return None,
+            Err(e) => {
+                tracing::warn!(
+                    "reading the cached image's manifest: {e}; copying the whole checkout"
+                );
+                return None;
+            }
+        }
+    }
+    let read = || -> std::result::Result<Manifest, String> {
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let mut entry = archive
+            .entries()
+            .and_then(|mut e| e.next().transpose())
+            .map_err(|e| e.to_string())?
+            .ok_or("an empty archive")?;
+        let mut bytes = Vec::new();
+        entry
+            .by_ref()
+            .take(setup_cache::MAX_MANIFEST_BYTES)
+            .read_to_end(&mut bytes)
+            .map_err(|e| e.to_string())?;
+        Manifest::from_bytes(&bytes)
+    };
+    match read() {
+        Ok(manifest) => Some(manifest),
+        Err(e) => {
+            tracing::warn!(
+                "the cached image's manifest cannot be read ({e}); copying the whole checkout"
+            );
+            None
+        }
+    }
 }
 
 /// What the setup cache has for one run ([`Engine::setup_cache_plan`]).

@@ -7,11 +7,17 @@
 //! text, and the path and contents of each key file (lockfiles and manifests at the root
 //! by default, plus the repository's `setup_cache_key_files`).
 //!
-//! The cached image holds `/workspace/repo` as the setup left it. A run that starts from it
-//! first deletes the files of the checkout the setup ran on (their list is kept in the
-//! image, [`CLEAN_SCRIPT`]), then copies its own checkout in: the workspace is exactly the
-//! new checkout plus what the setup made inside it (`node_modules`, `.venv`, …). A tracked
-//! file the setup changed is replaced by the new checkout's version.
+//! The cached image holds `/workspace/repo` as the setup left it, and the manifest of the
+//! checkout the setup ran on ([`MANIFEST_FILE`]). A run that starts from it copies in only
+//! the entries its own checkout has different (a file's contents or mode, a symlink's
+//! target, an entry's kind), then deletes what its checkout no longer has
+//! ([`delta_script`]); `.git` is replaced whole. The workspace is the new checkout plus what
+//! the setup made inside it (`node_modules`, `.venv`, …), as a fresh setup would leave it:
+//! a tracked file the setup edited keeps the edit while the checkouts agree on it, and
+//! takes the new checkout's version when they do not. Files the two checkouts share are
+//! not written again, which is most of the copy-in's time on a large repository. Images
+//! from before the manifest was kept are cleaned whole ([`CLEAN_SCRIPT`]) and the checkout
+//! copied in full.
 //!
 //! Images are named `kodx-setup:<first 32 hex digits of the key>` and labelled
 //! ([`KEY_LABEL`]); only images with that label are ever removed. The last use of an image
@@ -47,6 +53,16 @@ pub const CREATED_LABEL: &str = "kodx.setup-cache.created";
 
 /// In a cached image: deletes the files of the checkout the setup ran on.
 pub const CLEAN_SCRIPT: &str = "/.kodx-setup/clean.sh";
+
+/// In a cached image: the manifest of the checkout the setup ran on, `.git` left out
+/// ([`Manifest::to_bytes`]). A run starting from the image copies in only what its own
+/// checkout has different, and deletes what it no longer has ([`delta_script`]). Images
+/// made before kodx kept it are cleaned whole ([`CLEAN_SCRIPT`]).
+pub const MANIFEST_FILE: &str = "/.kodx-setup/manifest";
+
+/// The most bytes of a cached image's manifest read back (past it, the run cleans the
+/// image's checkout and copies its own whole).
+pub const MAX_MANIFEST_BYTES: u64 = 128 << 20;
 
 /// Key files used when the repository names none, at the repository's root.
 pub const DEFAULT_KEY_FILES: &[&str] = &[
@@ -444,11 +460,36 @@ pub fn image_name(key: &str) -> String {
 /// setup ran on): files and symlinks, the `.git` directory, then the directories left
 /// empty, deepest first. What the setup made stays.
 pub fn clean_script(workdir: &str, manifest: &Manifest) -> String {
+    removal_script(workdir, manifest.entries(), true)
+}
+
+/// A shell script that deletes, under `workdir`, what the checkout the cached image holds
+/// (`stored`) has and the new one (`new`) does not: files and symlinks, then directories
+/// left empty, deepest first. `.git` is not touched. With the new checkout's changed and
+/// added entries copied in (an entry of another kind replaces the old one as it goes in),
+/// the workspace is the new checkout plus what the setup made.
+pub fn delta_script(workdir: &str, stored: &Manifest, new: &Manifest) -> Option<String> {
+    let mut gone = stored
+        .entries()
+        .filter(|(path, _)| new.get(path).is_none())
+        .peekable();
+    gone.peek()?;
+    Some(removal_script(workdir, gone, false))
+}
+
+fn removal_script<'m>(
+    workdir: &str,
+    entries: impl Iterator<Item = (&'m str, &'m ManifestEntry)>,
+    with_git: bool,
+) -> String {
     let quote = |p: &str| format!("'{}'", p.replace('\'', r"'\''"));
-    let mut out = format!("cd {} || exit 0\nrm -rf -- ./.git\n", quote(workdir));
+    let mut out = format!("cd {} || exit 0\n", quote(workdir));
+    if with_git {
+        out.push_str("rm -rf -- ./.git\n");
+    }
     let mut files = Vec::new();
     let mut dirs = Vec::new();
-    for (path, entry) in manifest.entries() {
+    for (path, entry) in entries {
         if path == ".git" || path.starts_with(".git/") {
             continue;
         }
@@ -920,6 +961,35 @@ mod tests {
         assert!(!dir.join("top").exists());
         assert!(!dir.join("a/b").exists());
         assert!(dir.join("a/node_modules/m.js").exists());
+    }
+
+    #[test]
+    fn delta_script_deletes_only_what_the_new_checkout_lacks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("repo");
+        std::fs::create_dir_all(dir.join("a/b")).unwrap();
+        std::fs::create_dir_all(dir.join(".git")).unwrap();
+        std::fs::write(dir.join("a/b/gone.txt"), "x").unwrap();
+        std::fs::write(dir.join("kept"), "y").unwrap();
+        let (_, old) = super::super::archive::pack_dir(&dir, "repo").unwrap();
+        assert_eq!(delta_script("/w", &old, &old), None, "nothing to delete");
+        std::fs::remove_dir_all(dir.join("a")).unwrap();
+        let (_, new) = super::super::archive::pack_dir(&dir, "repo").unwrap();
+        // What the setup made inside a/ keeps a/ there.
+        std::fs::create_dir_all(dir.join("a/b")).unwrap();
+        std::fs::write(dir.join("a/b/gone.txt"), "x").unwrap();
+        std::fs::write(dir.join("a/setup-made"), "s").unwrap();
+        let script = delta_script(dir.to_str().unwrap(), &old, &new).unwrap();
+        assert!(!script.contains(".git"), "{script}");
+        let ok = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        assert!(!dir.join("a/b").exists());
+        assert!(dir.join("a/setup-made").exists() && dir.join("kept").exists());
+        assert!(dir.join(".git").exists());
     }
 
     #[test]

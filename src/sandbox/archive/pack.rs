@@ -24,6 +24,54 @@ use crate::sandbox::{Result, SandboxError};
 /// Names and symlink targets must be UTF-8. A file that changes size while it is read
 /// is an error naming it.
 pub fn pack_dir_to<W: Write>(src: &Path, prefix: &str, out: W) -> Result<Manifest> {
+    pack_dir_over(src, prefix, None, out).map(|(m, _)| m)
+}
+
+/// What a pack over a tree the destination already holds left out ([`pack_over_to`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// Entries (files, symlinks, directories) not written.
+    pub entries: usize,
+    /// Bytes of the files among them.
+    pub bytes: u64,
+}
+
+/// Which tree [`pack_over_to`] packs: as [`pack_dir_to`], [`pack_checkout_to`] or
+/// [`pack_tip_to`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackSource {
+    Dir,
+    Checkout,
+    Tip,
+}
+
+/// Packs as the function `source` names, for a destination that already holds the tree
+/// `have` describes: an entry whose manifest entry is the same as `have`'s at its path
+/// stays out of the tar (the returned manifest still lists it, as the whole tree's
+/// baseline). `.git` always goes in whole. With `have` empty or `None`, this is the plain
+/// pack. What was left out is counted in [`Skipped`]. A file on disk the same size and mode
+/// as `have`'s is read twice when it differs (hashed first, then streamed).
+pub fn pack_over_to<W: Write>(
+    src: &Path,
+    source: PackSource,
+    prefix: &str,
+    limits: &ArchiveLimits,
+    have: Option<&Manifest>,
+    out: W,
+) -> Result<(Manifest, Skipped)> {
+    match source {
+        PackSource::Dir => pack_dir_over(src, prefix, have, out),
+        PackSource::Checkout => pack_head(src, prefix, limits, false, have, out),
+        PackSource::Tip => pack_head(src, prefix, limits, true, have, out),
+    }
+}
+
+fn pack_dir_over<W: Write>(
+    src: &Path,
+    prefix: &str,
+    have: Option<&Manifest>,
+    out: W,
+) -> Result<(Manifest, Skipped)> {
     if !prefix.is_empty() {
         check_rel(prefix).map_err(|why| {
             SandboxError::InvalidInput(format!("bad archive prefix {prefix:?}: {why}"))
@@ -40,6 +88,8 @@ pub fn pack_dir_to<W: Write>(src: &Path, prefix: &str, out: W) -> Result<Manifes
         builder: tar::Builder::new(out),
         manifest: Manifest::default(),
         prefix,
+        have,
+        skipped: Skipped::default(),
     };
     if !prefix.is_empty() {
         let mut h = header(EntryType::Directory, 0o755, mtime(&meta), 0);
@@ -54,7 +104,7 @@ pub fn pack_dir_to<W: Write>(src: &Path, prefix: &str, out: W) -> Result<Manifes
         .into_inner()
         .and_then(|mut out| out.flush())
         .map_err(|e| SandboxError::io("finishing the tar", e))?;
-    Ok(packer.manifest)
+    Ok((packer.manifest, packer.skipped))
 }
 
 /// As [`pack_dir_to`] for a clone whose files need not be on disk: the tree of the
@@ -75,7 +125,7 @@ pub fn pack_checkout_to<W: Write>(
     limits: &ArchiveLimits,
     out: W,
 ) -> Result<Manifest> {
-    pack_head(repo_dir, prefix, limits, false, out)
+    pack_head(repo_dir, prefix, limits, false, None, out).map(|(m, _)| m)
 }
 
 /// As [`pack_checkout_to`], with a `.git` that holds the commit `HEAD` names and nothing
@@ -91,7 +141,7 @@ pub fn pack_tip_to<W: Write>(
     limits: &ArchiveLimits,
     out: W,
 ) -> Result<Manifest> {
-    pack_head(repo_dir, prefix, limits, true, out)
+    pack_head(repo_dir, prefix, limits, true, None, out).map(|(m, _)| m)
 }
 
 fn pack_head<W: Write>(
@@ -99,8 +149,9 @@ fn pack_head<W: Write>(
     prefix: &str,
     limits: &ArchiveLimits,
     tip_only: bool,
+    have: Option<&Manifest>,
     out: W,
-) -> Result<Manifest> {
+) -> Result<(Manifest, Skipped)> {
     if !prefix.is_empty() {
         check_rel(prefix).map_err(|why| {
             SandboxError::InvalidInput(format!("bad archive prefix {prefix:?}: {why}"))
@@ -120,6 +171,8 @@ fn pack_head<W: Write>(
         builder: tar::Builder::new(out),
         manifest: Manifest::default(),
         prefix,
+        have,
+        skipped: Skipped::default(),
     };
     if !prefix.is_empty() {
         let mut h = header(EntryType::Directory, 0o755, mtime, 0);
@@ -174,7 +227,7 @@ fn pack_head<W: Write>(
         .into_inner()
         .and_then(|mut out| out.flush())
         .map_err(|e| SandboxError::io("finishing the tar", e))?;
-    Ok(packer.manifest)
+    Ok((packer.manifest, packer.skipped))
 }
 
 /// What [`Packer::walk_tree`] has used of the limits so far.
@@ -244,9 +297,55 @@ pub(super) struct Packer<'p, W: Write> {
     pub(super) builder: tar::Builder<W>,
     pub(super) manifest: Manifest,
     pub(super) prefix: &'p str,
+    /// What the destination already holds ([`pack_over_to`]).
+    pub(super) have: Option<&'p Manifest>,
+    pub(super) skipped: Skipped,
 }
 
 impl<W: Write> Packer<'_, W> {
+    /// Whether the destination already holds `entry` at `rel` (never for `.git`): then it
+    /// is counted as skipped and the caller leaves it out of the tar.
+    fn already_there(&mut self, rel: &str, entry: &ManifestEntry) -> bool {
+        if rel == ".git" || rel.starts_with(".git/") {
+            return false;
+        }
+        let same = self.have.and_then(|h| h.get(rel)) == Some(entry);
+        if same {
+            self.skipped.entries += 1;
+            if let ManifestEntry::File { size, .. } = entry {
+                self.skipped.bytes += size;
+            }
+        }
+        same
+    }
+
+    /// For a file on disk at `rel` whose mode and size are those `have` lists there: its
+    /// entry when its contents are the same too (it stays out of the tar), else `None`.
+    fn same_file_as_had(
+        &mut self,
+        rel: &str,
+        path: &Path,
+        mode: u32,
+        size: u64,
+    ) -> Result<Option<ManifestEntry>> {
+        match self.have.and_then(|h| h.file(rel)) {
+            Some((m, s, _)) if m == mode && s == size => {}
+            _ => return Ok(None),
+        }
+        let mut hashed = Exact {
+            inner: File::open(path).map_err(io_at("reading", path))?,
+            left: size,
+            hasher: Sha256::new(),
+        };
+        io::copy(&mut hashed, &mut io::sink()).map_err(io_at("reading", path))?;
+        let entry = ManifestEntry::File {
+            mode,
+            size,
+            sha256: hashed.hasher.finalize().into(),
+        };
+        Ok(self.already_there(rel, &entry).then_some(entry))
+    }
+
     /// Appends the contents of the host directory `dir` (at `rel` in the tree), sorted by name.
     pub(super) fn walk(&mut self, dir: &Path, rel: &str) -> Result<()> {
         self.walk_skipping(dir, rel, &[])
@@ -282,11 +381,14 @@ impl<W: Write> Packer<'_, W> {
             let mode = meta.mode() & 0o7777;
             let kind = meta.file_type();
             let entry = if kind.is_dir() {
-                let mut h = header(EntryType::Directory, mode, mtime(&meta), 0);
-                self.builder
-                    .append_data(&mut h, format!("{tar_path}/"), io::empty())
-                    .map_err(io_at("archiving", &path))?;
-                ManifestEntry::Dir { mode }
+                let entry = ManifestEntry::Dir { mode };
+                if !self.already_there(&rel, &entry) {
+                    let mut h = header(EntryType::Directory, mode, mtime(&meta), 0);
+                    self.builder
+                        .append_data(&mut h, format!("{tar_path}/"), io::empty())
+                        .map_err(io_at("archiving", &path))?;
+                }
+                entry
             } else if kind.is_file() && crate::sandbox::gitconfig::is_config_path(&rel) {
                 // Credentials in the git config never enter the sandbox (gitconfig.rs).
                 // Read at most one byte past the size sanitize accepts (bigger: a minimal config).
@@ -309,6 +411,10 @@ impl<W: Write> Packer<'_, W> {
                 }
             } else if kind.is_file() {
                 let size = meta.len();
+                if let Some(entry) = self.same_file_as_had(&rel, &path, mode, size)? {
+                    self.manifest.entries.insert(rel, entry);
+                    continue;
+                }
                 let file = File::open(&path).map_err(io_at("reading", &path))?;
                 let mut data = Exact {
                     inner: file,
@@ -332,9 +438,14 @@ impl<W: Write> Packer<'_, W> {
                         path.display()
                     ))
                 })?;
-                self.append_symlink(&tar_path, &target, mode, mtime(&meta))
-                    .map_err(io_at("archiving", &path))?;
-                ManifestEntry::Symlink { target }
+                let entry = ManifestEntry::Symlink {
+                    target: target.clone(),
+                };
+                if !self.already_there(&rel, &entry) {
+                    self.append_symlink(&tar_path, &target, mode, mtime(&meta))
+                        .map_err(io_at("archiving", &path))?;
+                }
+                entry
             } else {
                 continue; // sockets, FIFOs, devices
             };
@@ -428,23 +539,27 @@ impl<W: Write> Packer<'_, W> {
                         pack.add(entry.id(), raw.kind(), raw.data())
                             .map_err(|e| SandboxError::io("making the tip's pack", e))?;
                     }
-                    let mut h = header(EntryType::Directory, 0o755, mtime, 0);
-                    self.builder
-                        .append_data(&mut h, format!("{tar_path}/"), io::empty())
-                        .map_err(archiving)?;
-                    self.manifest
-                        .entries
-                        .insert(rel.clone(), ManifestEntry::Dir { mode: 0o755 });
+                    let entry = ManifestEntry::Dir { mode: 0o755 };
+                    if !self.already_there(&rel, &entry) {
+                        let mut h = header(EntryType::Directory, 0o755, mtime, 0);
+                        self.builder
+                            .append_data(&mut h, format!("{tar_path}/"), io::empty())
+                            .map_err(archiving)?;
+                    }
+                    self.manifest.entries.insert(rel.clone(), entry);
                     self.walk_tree_in(repo, odb, &sub, &rel, mtime, budget)?;
                     continue;
                 }
                 // A submodule: checkout makes an empty directory.
                 0o160000 => {
-                    let mut h = header(EntryType::Directory, 0o755, mtime, 0);
-                    self.builder
-                        .append_data(&mut h, format!("{tar_path}/"), io::empty())
-                        .map_err(archiving)?;
-                    ManifestEntry::Dir { mode: 0o755 }
+                    let entry = ManifestEntry::Dir { mode: 0o755 };
+                    if !self.already_there(&rel, &entry) {
+                        let mut h = header(EntryType::Directory, 0o755, mtime, 0);
+                        self.builder
+                            .append_data(&mut h, format!("{tar_path}/"), io::empty())
+                            .map_err(archiving)?;
+                    }
+                    entry
                 }
                 0o120000 => {
                     let (size, _) = odb.read_header(entry.id()).map_err(|e| missing(&rel, e))?;
@@ -465,9 +580,14 @@ impl<W: Write> Packer<'_, W> {
                     if target.is_empty() || target.contains('\0') {
                         return Err(at(&rel, "an empty symlink target or one with NUL".into()));
                     }
-                    self.append_symlink(&tar_path, &target, 0o777, mtime)
-                        .map_err(archiving)?;
-                    ManifestEntry::Symlink { target }
+                    let entry = ManifestEntry::Symlink {
+                        target: target.clone(),
+                    };
+                    if !self.already_there(&rel, &entry) {
+                        self.append_symlink(&tar_path, &target, 0o777, mtime)
+                            .map_err(archiving)?;
+                    }
+                    entry
                 }
                 mode @ (0o100644 | 0o100755 | 0o100664) => {
                     let mode = if mode == 0o100755 { 0o755 } else { 0o644 };
@@ -499,15 +619,18 @@ impl<W: Write> Packer<'_, W> {
                         pack.add(entry.id(), git2::ObjectType::Blob, data)
                             .map_err(|e| SandboxError::io("making the tip's pack", e))?;
                     }
-                    let mut h = header(EntryType::Regular, mode, mtime, data.len() as u64);
-                    self.builder
-                        .append_data(&mut h, &tar_path, data)
-                        .map_err(archiving)?;
-                    ManifestEntry::File {
+                    let entry = ManifestEntry::File {
                         mode,
                         size: data.len() as u64,
                         sha256: sha256_of(data),
+                    };
+                    if !self.already_there(&rel, &entry) {
+                        let mut h = header(EntryType::Regular, mode, mtime, data.len() as u64);
+                        self.builder
+                            .append_data(&mut h, &tar_path, data)
+                            .map_err(archiving)?;
                     }
+                    entry
                 }
                 other => return Err(at(&rel, format!("an entry of unknown mode {other:o}"))),
             };
@@ -655,6 +778,72 @@ mod tests {
     use super::*;
     use crate::sandbox::archive::testutil::*;
     use tempfile::TempDir;
+
+    /// The names in a tar, in order.
+    fn tar_names(tar: &[u8]) -> Vec<String> {
+        tar::Archive::new(tar)
+            .entries()
+            .unwrap()
+            .map(|e| String::from_utf8(e.unwrap().path_bytes().to_vec()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_pack_over_a_tree_leaves_out_what_is_there_and_the_manifest_reads_back() {
+        let tmp = TempDir::new().unwrap();
+        let src = tmp.path().join("src");
+        fs::create_dir(&src).unwrap();
+        sample_tree(&src);
+        let (_, had) = pack_dir(&src, "repo").unwrap();
+        // The manifest survives its bytes, and those bytes are all that is accepted.
+        assert_eq!(Manifest::from_bytes(&had.to_bytes()).unwrap(), had);
+        assert_eq!(
+            Manifest::from_bytes(&Manifest::default().to_bytes()).unwrap(),
+            Manifest::default()
+        );
+        let bytes = had.to_bytes();
+        for bad in [
+            &bytes[..bytes.len() - 1],
+            &bytes[1..],
+            b"kodx-manifest 1\nF\0../up\x00644\x001\x0000\0",
+            b"kodx-manifest 1\nD\0a\099999\0\0\0",
+            b"kodx-manifest 1\nX\0a\0\0\0\0",
+        ] {
+            assert!(
+                Manifest::from_bytes(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+
+        // Nothing changed: only the prefix goes in.
+        let limits = ArchiveLimits::default();
+        let mut tar = Vec::new();
+        let (manifest, skipped) =
+            pack_over_to(&src, PackSource::Dir, "repo", &limits, Some(&had), &mut tar).unwrap();
+        assert_eq!(manifest, had);
+        assert_eq!(tar_names(&tar), ["repo/"]);
+        assert_eq!(skipped.entries, had.len());
+
+        // One file edited (same size), one mode changed, one added: those three go in.
+        fs::write(src.join("bin/run.sh"), "#!/bin/sh\necho ho\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(src.join("bin"), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(src.join("new.txt"), "new").unwrap();
+        let mut tar = Vec::new();
+        let (manifest, skipped) =
+            pack_over_to(&src, PackSource::Dir, "repo", &limits, Some(&had), &mut tar).unwrap();
+        assert_eq!(
+            tar_names(&tar),
+            ["repo/", "repo/bin/", "repo/bin/run.sh", "repo/new.txt"]
+        );
+        assert_eq!(skipped.entries, had.len() - 2);
+        assert_eq!(
+            manifest,
+            pack_dir(&src, "repo").unwrap().1,
+            "the whole tree's baseline"
+        );
+    }
 
     #[test]
     fn pack_dir_then_extract_round_trips() {
