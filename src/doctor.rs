@@ -12,6 +12,7 @@
 //! `kodx doctor --healthz URL` does nothing but GET the URL: exit 0 on `200`, else 1 with one
 //! line saying why (a container `HEALTHCHECK` that needs no curl in the image).
 
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -468,6 +469,22 @@ async fn sandbox_limits(out: &mut Report, engine: &Engine) {
     } else {
         format!("{} on {}", facts.storage_driver, facts.backing_fs)
     };
+    // Only a local engine's data root is on this host's filesystems.
+    let local = engine.host().starts_with("unix://");
+    if let Some(device) = (local && !facts.root_dir.is_empty())
+        .then(|| kodx::sandbox::hostfs::ext4_without_journal(Path::new(&facts.root_dir)))
+        .flatten()
+    {
+        out.warn(format!(
+            "the engine's data root {} is on ext4 without a journal ({device}): there, \
+             files created in a container after another container's files were deleted \
+             cost ~25 times more (20,000 files: ~15 s instead of ~0.6 s), so large \
+             repositories are slow to copy in. Put the data root on a journaled filesystem \
+             (`mkfs.ext4` makes one by default, `tune2fs -O has_journal` adds one to an \
+             unmounted disk) or on xfs",
+            facts.root_dir
+        ));
+    }
     if facts.may_have_quota() {
         out.ok(format!(
             "sandbox disk: {storage} may give a storage quota for max_disk_bytes; where the \

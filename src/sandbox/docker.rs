@@ -414,6 +414,8 @@ pub struct EngineFacts {
     /// The storage driver (`overlay2`, …) and, where it says, its backing filesystem.
     pub storage_driver: String,
     pub backing_fs: String,
+    /// The engine's data root on its host (`/var/lib/docker`).
+    pub root_dir: String,
 }
 
 impl EngineFacts {
@@ -536,6 +538,7 @@ impl Engine {
                     arch: info.architecture.unwrap_or_default(),
                     storage_driver: info.driver.unwrap_or_default(),
                     backing_fs,
+                    root_dir: info.docker_root_dir.unwrap_or_default(),
                 })
             })
             .await

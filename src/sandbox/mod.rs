@@ -9,6 +9,7 @@ pub mod docker;
 pub mod engines;
 pub mod error;
 pub mod gitconfig;
+pub mod hostfs;
 pub mod net;
 pub mod setup_cache;
 pub mod shell;
