@@ -932,6 +932,15 @@ mod tests {
         assert_eq!(key_files_at_head(&bare, &patterns).unwrap(), on_disk);
     }
 
+    fn run_sh(script: &str) {
+        let ok = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "{script}");
+    }
+
     #[test]
     fn clean_script_deletes_the_old_checkout_deepest_first() {
         let tmp = tempfile::tempdir().unwrap();
@@ -951,13 +960,7 @@ mod tests {
         // Run it for real on a copy with something the setup made.
         std::fs::create_dir_all(dir.join("a/node_modules")).unwrap();
         std::fs::write(dir.join("a/node_modules/m.js"), "m").unwrap();
-        let script = clean_script(dir.to_str().unwrap(), &manifest);
-        let ok = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(&script)
-            .status()
-            .unwrap();
-        assert!(ok.success());
+        run_sh(&clean_script(dir.to_str().unwrap(), &manifest));
         assert!(!dir.join("top").exists());
         assert!(!dir.join("a/b").exists());
         assert!(dir.join("a/node_modules/m.js").exists());
@@ -981,12 +984,7 @@ mod tests {
         std::fs::write(dir.join("a/setup-made"), "s").unwrap();
         let script = delta_script(dir.to_str().unwrap(), &old, &new).unwrap();
         assert!(!script.contains(".git"), "{script}");
-        let ok = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(&script)
-            .status()
-            .unwrap();
-        assert!(ok.success());
+        run_sh(&script);
         assert!(!dir.join("a/b").exists());
         assert!(dir.join("a/setup-made").exists() && dir.join("kept").exists());
         assert!(dir.join(".git").exists());

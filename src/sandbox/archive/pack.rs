@@ -539,28 +539,13 @@ impl<W: Write> Packer<'_, W> {
                         pack.add(entry.id(), raw.kind(), raw.data())
                             .map_err(|e| SandboxError::io("making the tip's pack", e))?;
                     }
-                    let entry = ManifestEntry::Dir { mode: 0o755 };
-                    if !self.already_there(&rel, &entry) {
-                        let mut h = header(EntryType::Directory, 0o755, mtime, 0);
-                        self.builder
-                            .append_data(&mut h, format!("{tar_path}/"), io::empty())
-                            .map_err(archiving)?;
-                    }
+                    let entry = self.tree_dir(&rel, &tar_path, mtime).map_err(archiving)?;
                     self.manifest.entries.insert(rel.clone(), entry);
                     self.walk_tree_in(repo, odb, &sub, &rel, mtime, budget)?;
                     continue;
                 }
                 // A submodule: checkout makes an empty directory.
-                0o160000 => {
-                    let entry = ManifestEntry::Dir { mode: 0o755 };
-                    if !self.already_there(&rel, &entry) {
-                        let mut h = header(EntryType::Directory, 0o755, mtime, 0);
-                        self.builder
-                            .append_data(&mut h, format!("{tar_path}/"), io::empty())
-                            .map_err(archiving)?;
-                    }
-                    entry
-                }
+                0o160000 => self.tree_dir(&rel, &tar_path, mtime).map_err(archiving)?,
                 0o120000 => {
                     let (size, _) = odb.read_header(entry.id()).map_err(|e| missing(&rel, e))?;
                     if size > MAX_NAME_BYTES {
@@ -637,6 +622,18 @@ impl<W: Write> Packer<'_, W> {
             self.manifest.entries.insert(rel, entry_out);
         }
         Ok(())
+    }
+
+    /// A directory of a git tree (mode 0755, as a checkout makes it), appended unless the
+    /// destination has it already; its manifest entry.
+    fn tree_dir(&mut self, rel: &str, tar_path: &str, mtime: u64) -> io::Result<ManifestEntry> {
+        let entry = ManifestEntry::Dir { mode: 0o755 };
+        if !self.already_there(rel, &entry) {
+            let mut h = header(EntryType::Directory, 0o755, mtime, 0);
+            self.builder
+                .append_data(&mut h, format!("{tar_path}/"), io::empty())?;
+        }
+        Ok(entry)
     }
 
     /// Appends the regular file `rel` (in the tree) holding `data`, into the manifest too.
