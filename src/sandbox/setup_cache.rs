@@ -469,9 +469,18 @@ pub fn clean_script(workdir: &str, manifest: &Manifest) -> String {
 /// added entries copied in (an entry of another kind replaces the old one as it goes in),
 /// the workspace is the new checkout plus what the setup made.
 pub fn delta_script(workdir: &str, stored: &Manifest, new: &Manifest) -> Option<String> {
+    // Under a directory the new checkout turned into a file or symlink, nothing is left to
+    // delete (the copy-in replaced the directory whole), and a path through that symlink
+    // must not be followed.
+    let under_a_non_dir = |path: &str| {
+        path.match_indices('/').any(|(i, _)| {
+            new.get(&path[..i])
+                .is_some_and(|e| !matches!(e, ManifestEntry::Dir { .. }))
+        })
+    };
     let mut gone = stored
         .entries()
-        .filter(|(path, _)| new.get(path).is_none())
+        .filter(|(path, _)| new.get(path).is_none() && !under_a_non_dir(path))
         .peekable();
     gone.peek()?;
     Some(removal_script(workdir, gone, false))
@@ -988,6 +997,26 @@ mod tests {
         assert!(!dir.join("a/b").exists());
         assert!(dir.join("a/setup-made").exists() && dir.join("kept").exists());
         assert!(dir.join(".git").exists());
+    }
+
+    #[test]
+    fn delta_script_never_deletes_through_a_directory_turned_into_a_symlink() {
+        let pack = |make: &dyn Fn(&std::path::Path)| {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("repo");
+            std::fs::create_dir_all(&dir).unwrap();
+            make(&dir);
+            super::super::archive::pack_dir(&dir, "repo").unwrap().1
+        };
+        let old = pack(&|d| {
+            std::fs::create_dir_all(d.join("lib/deep")).unwrap();
+            std::fs::write(d.join("lib/deep/passwd"), "x").unwrap();
+            std::fs::write(d.join("gone"), "g").unwrap();
+        });
+        let new = pack(&|d| std::os::unix::fs::symlink("/etc", d.join("lib")).unwrap());
+        let script = delta_script("/w", &old, &new).unwrap();
+        assert!(script.contains("'./gone'"), "{script}");
+        assert!(!script.contains("lib/"), "{script}");
     }
 
     #[test]
