@@ -331,19 +331,7 @@ async fn an_engine_that_stops_answering_ends_its_run_clearly_and_the_next_runs_g
     })
     .await;
     let remote = flaky.engine().await;
-    s.github.add_issue(REPO, 7, "Slow", "", "carol");
-    s.model.reply(
-        tool("echo one > one.txt; sleep 300"),
-        "tool_use",
-        usage(1000, 10),
-    );
-    let run = s.comment(7, "alice", "/kodx code write one.txt").await;
-    s.wait_for(
-        "the run's command on the flaky engine",
-        Duration::from_secs(120),
-        || !s.model.requests().is_empty(),
-    )
-    .await;
+    let run = s.code_run_in_its_first_command().await;
     assert_eq!(sandboxes_on(&remote).await, 1, "{}", s.log());
 
     // The engine goes away in the middle of the run.

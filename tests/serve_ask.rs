@@ -4,8 +4,7 @@
 
 mod common;
 
-use common::fake_github::{FakeBase, FakeHead};
-use common::serve::{bot_comments, delivery_id, usage, Served, REPO};
+use common::serve::{bot_comments, delivery_id, usage, BranchPull, Served, REPO};
 use serde_json::{json, Value};
 
 fn tool(id: &str, input: Value) -> Value {
@@ -158,24 +157,16 @@ async fn ask_on_a_pull_request_reads_its_head_and_diff() {
         .git
         .create_pull_ref(REPO, 8, &[("feature.txt", nonce.as_bytes(), 0o644)]);
     let base = s.git.branch_sha(REPO, "main").unwrap();
-    s.github.add_pull(
-        REPO,
-        8,
-        "Add the feature file",
-        "This adds feature.txt.",
-        "carol",
-        FakeHead {
-            ref_name: "feature".into(),
-            sha: head,
-            repo: Some(REPO.into()),
-            clone_url: s.clone_url.clone(),
-        },
-        FakeBase {
-            ref_name: "main".into(),
-            sha: base,
-        },
-        "diff --git a/feature.txt b/feature.txt\n+++ b/feature.txt\n+DIFF-MARKER\n",
-    );
+    s.add_branch_pull(BranchPull {
+        number: 8,
+        title: "Add the feature file",
+        body: "This adds feature.txt.",
+        author: "carol",
+        branch: "feature",
+        head: &head,
+        base: &base,
+        diff: "diff --git a/feature.txt b/feature.txt\n+++ b/feature.txt\n+DIFF-MARKER\n",
+    });
     s.model.reply(
         vec![tool("t1", json!({"chars": "cat feature.txt"}))],
         "tool_use",
@@ -312,24 +303,16 @@ async fn ask_in_a_review_comment_gets_the_hunk_and_the_reactions_go_on_that_comm
         &[("src/lib.rs", b"pub fn widget() -> u32 { 43 }\n", 0o644)],
     );
     let base = s.git.branch_sha(REPO, "main").unwrap();
-    s.github.add_pull(
-        REPO,
-        9,
-        "Bump the widget",
-        "",
-        "carol",
-        FakeHead {
-            ref_name: "bump".into(),
-            sha: head.clone(),
-            repo: Some(REPO.into()),
-            clone_url: s.clone_url.clone(),
-        },
-        FakeBase {
-            ref_name: "main".into(),
-            sha: base,
-        },
-        "diff --git a/src/lib.rs b/src/lib.rs\n-42\n+43\n",
-    );
+    s.add_branch_pull(BranchPull {
+        number: 9,
+        title: "Bump the widget",
+        body: "",
+        author: "carol",
+        branch: "bump",
+        head: &head,
+        base: &base,
+        diff: "diff --git a/src/lib.rs b/src/lib.rs\n-42\n+43\n",
+    });
     let text = "/kodx ask why 43?";
     let id = s.github.add_review_comment(REPO, 9, "alice", text);
     s.model.reply(

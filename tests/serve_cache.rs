@@ -10,8 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::fake_anthropic::Scripted;
-use common::fake_github::{FakeBase, FakeHead};
-use common::serve::{text, tool, usage, Options, Served, REPO};
+use common::serve::{text, tool, usage, BranchPull, Options, Served, REPO};
 use serde_json::{json, Value};
 
 fn mirror(s: &Served) -> PathBuf {
@@ -242,24 +241,16 @@ async fn a_pull_request_run_whose_head_moved_works_on_the_new_head() {
     let base = s.git.branch_sha(REPO, "main").unwrap();
     s.git
         .commit(REPO, "refs/pull/8/head", Some(&head), &[], "same");
-    s.github.add_pull(
-        REPO,
-        8,
-        "Feature",
-        "Adds feature.txt",
-        "alice",
-        FakeHead {
-            ref_name: "feature".into(),
-            sha: head.clone(),
-            repo: Some(REPO.into()),
-            clone_url: s.clone_url.clone(),
-        },
-        FakeBase {
-            ref_name: "main".into(),
-            sha: base,
-        },
-        "+v1\n",
-    );
+    s.add_branch_pull(BranchPull {
+        number: 8,
+        title: "Feature",
+        body: "Adds feature.txt",
+        author: "alice",
+        branch: "feature",
+        head: &head,
+        base: &base,
+        diff: "+v1\n",
+    });
     let one = |file: &str| {
         s.model.reply(
             tool(&format!("cat feature.txt > seen-{file}; echo x > {file}")),
@@ -379,24 +370,16 @@ async fn an_issue_run_gets_the_tip_alone_and_git_works_in_it() {
         .commit_on_branch(REPO, "feature", &[("f.txt", b"f\n", 0o644)], "feature");
     s.git
         .commit(REPO, "refs/pull/8/head", Some(&head), &[], "same");
-    s.github.add_pull(
-        REPO,
-        8,
-        "Feature",
-        "Adds f.txt",
-        "alice",
-        FakeHead {
-            ref_name: "feature".into(),
-            sha: head.clone(),
-            repo: Some(REPO.into()),
-            clone_url: s.clone_url.clone(),
-        },
-        FakeBase {
-            ref_name: "main".into(),
-            sha: main.clone(),
-        },
-        "+f\n",
-    );
+    s.add_branch_pull(BranchPull {
+        number: 8,
+        title: "Feature",
+        body: "Adds f.txt",
+        author: "alice",
+        branch: "feature",
+        head: &head,
+        base: &main,
+        diff: "+f\n",
+    });
     s.model.reply(
         tool("git log --format=%H | wc -l > count.txt"),
         "tool_use",

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::fake_github::{FakeBase, FakeHead};
-use common::serve::{bot_comments, text, tool, usage, Options, Served, REPO};
+use common::serve::{bot_comments, text, tool, usage, BranchPull, Options, Served, REPO};
 
 const LONG: Duration = Duration::from_secs(120);
 
@@ -224,24 +224,16 @@ async fn code_on_a_same_repo_pull_request_pushes_onto_its_branch() {
     let base = s.git.branch_sha(REPO, "main").unwrap();
     s.git
         .commit(REPO, "refs/pull/8/head", Some(&head), &[], "same");
-    s.github.add_pull(
-        REPO,
-        8,
-        "Feature",
-        "Adds feature.txt",
-        "alice",
-        FakeHead {
-            ref_name: "feature".into(),
-            sha: head.clone(),
-            repo: Some(REPO.into()),
-            clone_url: s.clone_url.clone(),
-        },
-        FakeBase {
-            ref_name: "main".into(),
-            sha: base,
-        },
-        "+v1\n",
-    );
+    s.add_branch_pull(BranchPull {
+        number: 8,
+        title: "Feature",
+        body: "Adds feature.txt",
+        author: "alice",
+        branch: "feature",
+        head: &head,
+        base: &base,
+        diff: "+v1\n",
+    });
     s.model
         .reply(tool("echo v2 > feature.txt"), "tool_use", usage(1000, 10));
     s.model

@@ -28,25 +28,6 @@ async fn served_on_postgres(test: &str) -> Option<Served> {
     )
 }
 
-/// Starts a `/kodx code` run on #7 and waits until its first command (`sleep 300` after
-/// writing one.txt) runs in its container; then the model has answered once.
-async fn code_run_in_its_first_command(s: &Served) -> common::serve::RunId {
-    s.github.add_issue(REPO, 7, "Slow", "", "carol");
-    s.model.reply(
-        tool("echo one > one.txt; sleep 300"),
-        "tool_use",
-        usage(1000, 10),
-    );
-    let run = s.comment(7, "alice", "/kodx code write one.txt").await;
-    s.wait_for(
-        "the first model call",
-        std::time::Duration::from_secs(120),
-        || !s.model.requests().is_empty(),
-    )
-    .await;
-    run
-}
-
 #[tokio::test]
 async fn ask_and_code_runs_work_on_postgres() {
     let _engine = common::require_engine!();
@@ -114,7 +95,7 @@ async fn a_killed_process_run_is_finished_by_another_after_its_lease() {
     else {
         return;
     };
-    let run = code_run_in_its_first_command(&s).await;
+    let run = s.code_run_in_its_first_command().await;
     s.kill().await;
     let killed_at = std::time::Instant::now();
     s.model
@@ -161,7 +142,7 @@ async fn a_cancel_recorded_by_another_process_stops_the_run() {
     else {
         return;
     };
-    let run = code_run_in_its_first_command(&s).await;
+    let run = s.code_run_in_its_first_command().await;
     let other = s.db().await;
     let touched = other.cancel_issue(REPO, 7, "bob").await.unwrap();
     assert_eq!(touched.len(), 1);
@@ -194,7 +175,7 @@ async fn a_cancel_webhook_to_one_process_stops_the_run_on_another() {
     };
     // The intake: it takes webhooks and runs nothing.
     let (mut intake, intake_url) = s.spawn_another(&["--role", "intake"]).await;
-    let run = code_run_in_its_first_command(&s).await;
+    let run = s.code_run_in_its_first_command().await;
     let id = s
         .github
         .add_comment(REPO, 7, "alice", "/kodx cancel", false);
@@ -317,7 +298,7 @@ async fn a_paused_process_that_lost_its_lease_does_nothing_more() {
     else {
         return;
     };
-    let run = code_run_in_its_first_command(&s).await;
+    let run = s.code_run_in_its_first_command().await;
     s.signal("STOP");
     s.model
         .reply(tool("echo one > one.txt"), "tool_use", usage(1000, 10));

@@ -14,7 +14,7 @@ use sha2::Sha256;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::fake_anthropic::FakeAnthropic;
-use super::fake_github::{FakeComment, FakeGitHub, TEST_APP_KEY};
+use super::fake_github::{FakeBase, FakeComment, FakeGitHub, FakeHead, TEST_APP_KEY};
 use super::git_server::GitServer;
 
 pub const APP_ID: u64 = 4242;
@@ -303,6 +303,45 @@ impl Served {
             let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
         }
         let _ = self.child.kill().await;
+    }
+
+    /// Starts a `/kodx code` run on #7 and waits until its first command (`sleep 300`
+    /// after writing one.txt) runs in its container; then the model has answered once.
+    pub async fn code_run_in_its_first_command(&self) -> RunId {
+        self.github.add_issue(REPO, 7, "Slow", "", "carol");
+        self.model.reply(
+            tool("echo one > one.txt; sleep 300"),
+            "tool_use",
+            usage(1000, 10),
+        );
+        let run = self.comment(7, "alice", "/kodx code write one.txt").await;
+        self.wait_for("the first model call", Duration::from_secs(120), || {
+            !self.model.requests().is_empty()
+        })
+        .await;
+        run
+    }
+
+    /// Adds pull request `pull.number` from a branch of the test repository onto `main`.
+    pub fn add_branch_pull(&self, pull: BranchPull<'_>) {
+        self.github.add_pull(
+            REPO,
+            pull.number,
+            pull.title,
+            pull.body,
+            pull.author,
+            FakeHead {
+                ref_name: pull.branch.into(),
+                sha: pull.head.into(),
+                repo: Some(REPO.into()),
+                clone_url: self.clone_url.clone(),
+            },
+            FakeBase {
+                ref_name: "main".into(),
+                sha: pull.base.into(),
+            },
+            pull.diff,
+        );
     }
 
     pub fn log(&self) -> String {
@@ -791,6 +830,18 @@ pub async fn new_app_takes_webhooks(s: &Served, new_secret: &str) {
         "{:?}",
         s.github.unauthorized()
     );
+}
+
+/// A pull request from a branch of the test repository ([`Served::add_branch_pull`]).
+pub struct BranchPull<'a> {
+    pub number: u64,
+    pub title: &'a str,
+    pub body: &'a str,
+    pub author: &'a str,
+    pub branch: &'a str,
+    pub head: &'a str,
+    pub base: &'a str,
+    pub diff: &'a str,
 }
 
 /// A scripted model turn that types `chars` into the default shell (`feed_chars`).
