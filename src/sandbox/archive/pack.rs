@@ -1002,7 +1002,16 @@ mod tests {
         let (from_disk, disk_manifest) = pack_dir(&repo_dir, "repo").unwrap();
 
         assert_eq!(manifest.without_git(), disk_manifest.without_git());
-        assert_eq!(manifest.without_git().len(), 11, "{:?}", manifest.without_git().entries().map(|(p, _)| p).collect::<Vec<_>>());
+        assert_eq!(
+            manifest.without_git().len(),
+            11,
+            "{:?}",
+            manifest
+                .without_git()
+                .entries()
+                .map(|(p, _)| p)
+                .collect::<Vec<_>>()
+        );
         // .git went in as well, its config rewritten (the same as from disk).
         assert!(matches!(
             manifest.get(".git"),
