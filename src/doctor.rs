@@ -131,7 +131,7 @@ impl Report {
         for s in &self.secrets {
             text = text.replace(s.as_str(), "[REDACTED]");
         }
-        kodx::comment::redact(&text)
+        kodx::redact::redact(&text)
     }
 
     /// One line: a message with line breaks is joined.

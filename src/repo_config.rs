@@ -106,7 +106,7 @@ impl<'de> Deserialize<'de> for OnLimit {
 }
 
 /// The kind of run a limit is asked for.
-pub use crate::serve::job::RunKind;
+pub use crate::job::RunKind;
 
 impl RunKind {
     /// The built-in cost limit of this kind of run, in USD.

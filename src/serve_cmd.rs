@@ -34,7 +34,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         Startup::Ready(c) => c.listen,
         Startup::Setup(s) => s.listen,
     };
-    let listener = kodx::serve::listen::bind(listen).with_context(|| {
+    let listener = kodx::serve::intake::listen::bind(listen).with_context(|| {
         format!(
             "cannot listen on {} (HOST/PORT): is another server using the port?",
             listen

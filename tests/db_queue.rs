@@ -10,7 +10,7 @@ use std::time::Duration;
 use kodx::agent::StopReason;
 use kodx::db::test_databases::each_backend;
 use kodx::db::{Accepted, Db, EndReason, Finish, NewDelivery, NewRun, RunStatus};
-use kodx::serve::job::{Job, JobKind, ReviewContext, Trigger};
+use kodx::job::{Job, JobKind, ReviewContext, Trigger};
 
 fn delivery(id: &str) -> NewDelivery {
     NewDelivery {

@@ -190,16 +190,13 @@ async fn a_command_is_queued_durably_once_per_delivery() {
         .expect("the run is stored");
     assert_eq!(
         run.request.job,
-        kodx::serve::job::Job::Ask {
+        kodx::job::Job::Ask {
             question: "why?".into()
         }
     );
     assert_eq!(run.request.author, "alice");
     assert_eq!(run.request.repo, "acme/widgets");
-    assert_eq!(
-        run.request.trigger,
-        kodx::serve::job::Trigger::IssueComment(10)
-    );
+    assert_eq!(run.request.trigger, kodx::job::Trigger::IssueComment(10));
     assert_eq!(db.counts().await.unwrap().queued, 1);
     let (_, metrics) = s.get("/metrics").await;
     assert!(

@@ -5,7 +5,7 @@ use sqlx::Row;
 
 use super::models::{Accepted, InstallationRecord, NewDelivery, NewRun};
 use super::{now_ms, Db, DbError};
-use crate::serve::job::{RunRequest, TriggerKind};
+use crate::job::{RunRequest, TriggerKind};
 
 /// How often a new run id is drawn when the first one is taken (it never is: 48 random bits).
 const RUN_ID_ATTEMPTS: usize = 8;
@@ -331,7 +331,7 @@ mod tests {
     use super::*;
     use crate::db::test_support::*;
     use crate::db::{now_ms, Accepted, Db, RunStatus};
-    use crate::serve::job::TriggerKind;
+    use crate::job::TriggerKind;
 
     #[tokio::test]
     async fn accept_queues_once_and_a_redelivery_does_nothing() {

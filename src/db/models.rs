@@ -10,7 +10,7 @@ use sqlx::FromRow;
 
 use super::DbError;
 use crate::agent::StopReason;
-use crate::serve::job::RunRequest;
+use crate::job::RunRequest;
 
 /// Where a run is in its life. Stored as lowercase text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
@@ -265,7 +265,7 @@ pub struct NewDelivery {
 }
 
 /// A run to queue: the typed request the webhook read.
-pub use crate::serve::job::RunRequest as NewRun;
+pub use crate::job::RunRequest as NewRun;
 
 /// What [`Db::accept`] did with a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -326,7 +326,7 @@ impl Run {
     }
 
     /// What kind of job the run is (`ask`, `code`, `help` …).
-    pub fn kind(&self) -> crate::serve::job::JobKind {
+    pub fn kind(&self) -> crate::job::JobKind {
         self.request.job.kind()
     }
 }

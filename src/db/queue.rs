@@ -392,7 +392,7 @@ mod tests {
     use super::*;
     use crate::db::test_support::*;
     use crate::db::{Db, DbError, RunStatus};
-    use crate::serve::job::JobKind;
+    use crate::job::JobKind;
 
     #[tokio::test]
     async fn claims_are_first_in_first_out() {

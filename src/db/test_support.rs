@@ -1,7 +1,7 @@
 //! Fixtures shared by the database's unit tests.
 
 use super::*;
-use crate::serve::job::{Job, ReviewContext, Trigger};
+use crate::job::{Job, ReviewContext, Trigger};
 
 pub(crate) fn delivery(id: &str) -> NewDelivery {
     NewDelivery {

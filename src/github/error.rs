@@ -81,7 +81,7 @@ pub(crate) fn one_line(text: &str) -> String {
     } else {
         cut
     };
-    crate::comment::redact(&cut)
+    crate::redact::redact(&cut)
 }
 
 #[cfg(test)]

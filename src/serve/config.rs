@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::db::DEFAULT_DATABASE_URL;
 use crate::repo_config::ServerMaxima;
 use crate::sandbox::{Cidr, EngineConfig, NetworkMode, DEFAULT_MAX_DISK_BYTES};
+pub use crate::serve::setup::store::AppCredentials;
 use crate::webhook::WebhookSecrets;
 
 /// Where the server config file is looked for when `KODX_CONFIG` is not set.
@@ -41,15 +42,6 @@ impl std::fmt::Display for CredentialSource {
             CredentialSource::Saved(p) => write!(f, "saved by setup in {}", p.display()),
         }
     }
-}
-
-/// What a GitHub App needs to act.
-#[derive(Debug, Clone)]
-pub struct AppCredentials {
-    pub app_id: u64,
-    /// PEM text.
-    pub private_key: SecretString,
-    pub webhook_secrets: WebhookSecrets,
 }
 
 /// How `kodx serve` starts: with an App, or in setup mode without one.

@@ -47,7 +47,7 @@ pub struct Metrics {
     engine_runs: Family<EngineLabels, Gauge>,
     engine_capacity: Family<EngineLabels, Gauge>,
     /// HTTP connections (see `listen`).
-    pub connections: crate::serve::listen::ConnectionMetrics,
+    pub connections: crate::serve::intake::listen::ConnectionMetrics,
     /// Bytes of webhook bodies held before their signature is verified.
     pub unverified_bytes: Gauge,
 }
@@ -122,7 +122,7 @@ impl Metrics {
             "Sandboxes the Docker engine takes at once (max_runs)",
             engine_capacity.clone(),
         );
-        let connections = crate::serve::listen::ConnectionMetrics::default();
+        let connections = crate::serve::intake::listen::ConnectionMetrics::default();
         registry.register(
             "http_connections",
             "HTTP connections open",

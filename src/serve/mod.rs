@@ -1,24 +1,29 @@
 //! `kodx serve`: the GitHub App (SPEC §3–§5, §9, §10).
 //!
-//! The webhook handler ([`http`]) verifies, reads ([`event`]) and stores each command in the
-//! database queue; the [`worker`]s take it from there. `serve` binds nothing itself: it is
-//! given a listener, so tests bind port 0; [`listen`] holds its connections and [`body`]
-//! reads webhook bodies under a memory budget.
+//! The folders read as the walk of one command, top to bottom:
+//! - [`intake`]: the webhook is verified, read into a typed request and stored in the
+//!   database queue ([`intake::http`], [`intake::event`]); connections and bodies are bounded
+//!   ([`intake::listen`], [`intake::body`]); [`intake::proxy`] forwards from a relay.
+//! - [`worker`]: the queue's loop — claims, acknowledges, builds each run's context once
+//!   ([`worker::run`]) and calls the command's handler through one dispatch point.
+//! - [`commands`]: one file per command (`ask`, `code`, `continue`, `cancel`, `help`), each
+//!   a plain function over the run's context.
+//! - [`pipeline`]: the stages a run goes through and what they share — admission
+//!   ([`pipeline::gate`]), the plan, the workspace, the execution, the delivery, the status
+//!   comment and the run's ending.
+//! - [`texts`]: every sentence kodx posts.
+//!
+//! Imports go one way: `worker` → `commands` → `pipeline` → `texts`. `serve` binds nothing
+//! itself: it is given a listener, so tests bind port 0.
 
-pub mod body;
+mod commands;
 pub mod config;
-pub mod context;
-pub mod deliver;
-pub mod event;
-pub mod handlers;
-pub mod http;
-pub mod job;
-pub mod listen;
-pub mod messages;
+pub mod intake;
 pub mod metrics;
-pub mod proxy;
+pub(crate) mod pipeline;
 pub mod runpage;
 pub mod setup;
+pub(crate) mod texts;
 pub mod worker;
 
 use std::sync::Arc;
@@ -62,7 +67,7 @@ impl Default for ServeOptions {
 }
 
 #[async_trait::async_trait]
-impl http::HealthCheck for Engines {
+impl intake::http::HealthCheck for Engines {
     async fn docker(&self) -> Result<(), String> {
         self.ping().await
     }
@@ -128,13 +133,13 @@ pub async fn serve_startup(
             );
         }
     }
-    let limits = listen::ConnectionLimits {
+    let limits = intake::listen::ConnectionLimits {
         max_connections: settings.max_connections,
         header_timeout: settings.header_timeout(),
         // Requests in progress end within their body deadline, and answer quickly then.
         shutdown_wait: settings.body_timeout() + std::time::Duration::from_secs(5),
     };
-    listen::serve_http(
+    intake::listen::serve_http(
         listener,
         slot.router(),
         limits,
@@ -268,13 +273,13 @@ async fn start(
         })
     });
     let settings = &config.settings;
-    let state = http::HttpState {
+    let state = intake::http::HttpState {
         secrets: config.webhook_secrets.clone(),
         db: db.clone(),
         metrics: metrics.clone(),
         wake,
         health: engine.clone(),
-        budget: body::BodyBudget::new(
+        budget: intake::body::BodyBudget::new(
             settings.unverified_body_bytes,
             metrics.unverified_bytes.clone(),
         ),
@@ -282,7 +287,7 @@ async fn start(
     };
     // Webhooks through a proxy channel go through the same intake (ended by `shutdown`).
     if let (true, Some(url)) = (options.intake, config.webhook_proxy_url.clone()) {
-        tokio::spawn(proxy::forward(url, state.clone(), shutdown.clone()));
+        tokio::spawn(intake::proxy::forward(url, state.clone(), shutdown.clone()));
     }
     tracing::info!(
         app_id = config.app_id,
@@ -295,7 +300,7 @@ async fn start(
         "kodx serve is listening"
     );
     // The run pages, and links to them once the server knows its public address.
-    let mut router = http::router(state, options.intake);
+    let mut router = intake::http::router(state, options.intake);
     if config.settings.run_pages {
         let pages = runpage::RunPages::open(&config.data_dir, db.clone()).with_context(|| {
             format!(

@@ -10,8 +10,16 @@ use std::path::{Path, PathBuf};
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{json, Value};
 
-use crate::serve::config::AppCredentials;
 use crate::webhook::WebhookSecrets;
+
+/// What a GitHub App needs to act.
+#[derive(Debug, Clone)]
+pub struct AppCredentials {
+    pub app_id: u64,
+    /// PEM text.
+    pub private_key: SecretString,
+    pub webhook_secrets: WebhookSecrets,
+}
 
 /// The file's name under the data directory.
 pub const FILE_NAME: &str = "github-app.json";

@@ -7,18 +7,12 @@
 //! issue. A run is acknowledged (`eyes`, the status comment) as soon as it is queued, even
 //! while it waits for a free worker.
 
-mod ending;
-mod engines;
-mod fence;
-pub(in crate::serve) mod gate;
+mod ack;
 mod recovery;
-mod resources;
 mod run;
-mod status;
 mod tasks;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,54 +20,33 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::agent::{Outcome, StopReason};
-use crate::comment::RunKind;
 use crate::cost::Pricing;
 use crate::db::{Db, Run, RunStatus};
-use crate::github::{GitHubApp, GitHubError, Installation, RepoName, TokenScope};
-use crate::model::Usage;
+use crate::github::GitHubApp;
 use crate::serve::config::Settings;
-use crate::serve::job::{JobKind, TriggerKind};
 use crate::serve::metrics::Metrics;
-use tasks::{Panicked, Tasks};
+use crate::serve::pipeline::ending::Panicked;
+use crate::serve::pipeline::{Fence, RunFailure, RunLog, Services};
+use tasks::Tasks;
 
-pub(in crate::serve) use ending::{Ending, RunFailure, RunLog, Timings};
-pub use engines::{EngineStatus, Engines, NoEngine, Placement};
-pub(in crate::serve) use fence::Fence;
-pub use resources::{EnvProviders, ProviderFactory};
-pub(in crate::serve) use status::{Acked, StatusComment};
+pub use crate::serve::pipeline::{EngineStatus, Engines, EnvProviders, NoEngine, ProviderFactory};
 
-/// Everything the workers share.
+/// The queue's side of this process: what it claims, when, and how many at once. What the
+/// runs use is in its [`Services`] (reached through `Deref`).
 pub struct Workers {
-    pub db: Db,
-    pub app: GitHubApp,
-    pub engine: Arc<Engines>,
-    pub settings: Settings,
-    pub metrics: Arc<Metrics>,
+    svc: Services,
     pub wake: Arc<Notify>,
-    pub providers: Arc<dyn ProviderFactory>,
-    pub pricing: Pricing,
-    /// Identifies this process's claims.
-    pub worker_id: String,
-    /// `KODX_PUBLIC_URL` and the run pages' key, when status comments link to run pages.
-    pub(in crate::serve) run_links: std::sync::OnceLock<(String, crate::serve::runpage::RunKey)>,
     /// Stops claiming; running runs get `shutdown_grace_secs`, then are stopped.
     pub shutdown: CancellationToken,
-    pub(in crate::serve) running: Mutex<HashMap<String, RunHandle>>,
-    /// The acknowledgement of each run being acknowledged, or acknowledged and waiting for
-    /// a slot: made once, by whichever task comes first, and taken by the run when it starts.
-    acks: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Acked>>>>,
-    /// How many runs this process has ended (see [`Admission::is_fresh`]).
-    ended: AtomicU64,
     slots: Arc<Semaphore>,
 }
 
-pub(in crate::serve) struct RunHandle {
-    pub(in crate::serve) cancel: CancellationToken,
-    /// Who cancelled it with `/kodx cancel` (none: shutdown).
-    pub(in crate::serve) cancelled_by: Arc<Mutex<Option<String>>>,
-    /// Its hold on the run's lease (a shared queue).
-    pub(in crate::serve) fence: Fence,
+impl std::ops::Deref for Workers {
+    type Target = Services;
+
+    fn deref(&self) -> &Services {
+        &self.svc
+    }
 }
 
 impl Workers {
@@ -91,26 +64,27 @@ impl Workers {
     ) -> Arc<Workers> {
         let slots = Arc::new(Semaphore::new(settings.max_concurrent_runs));
         Arc::new(Workers {
-            db,
-            app,
-            engine,
-            metrics,
+            svc: Services {
+                db,
+                app,
+                engine,
+                metrics,
+                providers,
+                pricing,
+                run_links: std::sync::OnceLock::new(),
+                worker_id: format!(
+                    "{}-{}-{:08x}",
+                    hostname(),
+                    std::process::id(),
+                    rand::random::<u32>()
+                ),
+                running: Mutex::new(HashMap::new()),
+                acks: Mutex::new(HashMap::new()),
+                settings,
+            },
             wake,
-            providers,
-            pricing,
-            run_links: std::sync::OnceLock::new(),
-            worker_id: format!(
-                "{}-{}-{:08x}",
-                hostname(),
-                std::process::id(),
-                rand::random::<u32>()
-            ),
             shutdown,
-            running: Mutex::new(HashMap::new()),
-            acks: Mutex::new(HashMap::new()),
-            ended: AtomicU64::new(0),
             slots,
-            settings,
         })
     }
 
@@ -157,7 +131,7 @@ impl Workers {
                     }
                     if this.db.is_shared() && !this.shutdown.is_cancelled() {
                         this.requeue_orphans().await;
-                        this.apply_cancel_requests().await;
+                        crate::serve::commands::cancel::apply_requests(&this).await;
                         this.wake.notify_one();
                     }
                 }
@@ -219,11 +193,13 @@ impl Workers {
                     }
                     // Anything queued or cancelled while not listening.
                     self.wake.notify_one();
-                    self.apply_cancel_requests().await;
+                    crate::serve::commands::cancel::apply_requests(&self).await;
                     loop {
                         match notifications.next().await {
                             Ok(crate::db::Wakeup::Queued) => self.wake.notify_one(),
-                            Ok(crate::db::Wakeup::Cancel) => self.apply_cancel_requests().await,
+                            Ok(crate::db::Wakeup::Cancel) => {
+                                crate::serve::commands::cancel::apply_requests(&self).await
+                            }
                             Err(e) => {
                                 tracing::warn!(
                                     "queue notifications stopped: {e}; polling meanwhile"
@@ -292,7 +268,11 @@ impl Workers {
                     let this = self.clone();
                     let span = run_span(&job);
                     let id = job.id.clone();
-                    tasks.spawn(&id, async move { this.control(job).await }.instrument(span));
+                    tasks.spawn(
+                        &id,
+                        async move { crate::serve::commands::control(&this, job).await }
+                            .instrument(span),
+                    );
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -350,76 +330,6 @@ impl Workers {
                 }
             }
         }
-    }
-
-    /// How many runs this process has ended.
-    pub(in crate::serve) fn ended(&self) -> u64 {
-        self.ended.load(Ordering::SeqCst)
-    }
-
-    /// The run's repository and a token for it ([`Workers::installation`]).
-    pub(in crate::serve) async fn github(
-        &self,
-        run: &Run,
-    ) -> anyhow::Result<(Installation, RepoName)> {
-        use anyhow::Context as _;
-        let repo = RepoName::parse(&run.request.repo)
-            .with_context(|| format!("the repository name {:?} is not valid", run.request.repo))?;
-        let gh = self
-            .installation(run)
-            .await
-            .context("GitHub did not give kodx an installation token")?;
-        Ok((gh, repo))
-    }
-
-    /// A token for this run's repository only, with the permissions its kind uses: a code
-    /// run may push and open pull requests; an ask, help or cancel reads and comments.
-    pub(in crate::serve) async fn installation(
-        &self,
-        run: &Run,
-    ) -> Result<Installation, GitHubError> {
-        let repo =
-            RepoName::parse(&run.request.repo).map_err(|e| GitHubError::Config(e.to_string()))?;
-        let scope = if run.kind() == JobKind::Code {
-            TokenScope::write(&repo)
-        } else {
-            let review = run.request.trigger.kind() == TriggerKind::ReviewComment;
-            TokenScope::read(&repo, review)
-        };
-        self.app
-            .installation_for(run.request.installation_id as u64, &scope)
-            .await
-    }
-}
-
-/// The work a run does (a control job's status comment reads as an `ask`'s).
-impl Workers {
-    /// The address of run `run_id`'s page, when the pages are linked.
-    pub(in crate::serve) fn run_link(&self, run_id: &str) -> Option<String> {
-        let (public_url, key) = self.run_links.get()?;
-        Some(key.link(public_url, run_id))
-    }
-}
-
-pub(in crate::serve) fn run_kind(run: &Run) -> RunKind {
-    run.kind().run_kind().unwrap_or(RunKind::Ask)
-}
-
-pub(in crate::serve) fn zero_outcome(
-    reason: StopReason,
-    cost_limit: f64,
-    model: String,
-) -> Outcome {
-    Outcome {
-        stop_reason: reason,
-        last_message: String::new(),
-        api_calls: 0,
-        usage: Usage::default(),
-        usd_cost: 0.0,
-        cost_limit,
-        duration: Duration::ZERO,
-        model,
-        detail: None,
     }
 }
 

@@ -8,7 +8,7 @@ use tracing::Instrument;
 
 use crate::agent::StopReason;
 use crate::db::{EndReason, RecoveryAction};
-use crate::serve::messages;
+use crate::serve::texts;
 
 use super::{run_span, Workers};
 
@@ -25,7 +25,7 @@ impl Workers {
         let prefix = self.clone_prefix();
         let runs = self
             .repo_cache()
-            .map(|c| c.root().join(crate::serve::handlers::workspace::RUNS_DIR));
+            .map(|c| c.root().join(crate::serve::pipeline::workspace::RUNS_DIR));
         let stale = if shared {
             Ok(0)
         } else {
@@ -91,14 +91,14 @@ impl Workers {
                 match r.action {
                     RecoveryAction::Requeued => {
                         tracing::warn!("run was interrupted by a restart; queued again");
-                        this.edit_status(&run, messages::QUEUED_AGAIN).await;
+                        this.edit_status(&run, texts::QUEUED_AGAIN).await;
                     }
                     RecoveryAction::Failed => {
                         tracing::error!("run was interrupted by restarts too often; failed");
                         let done = this.failed_done(
                             &run,
                             StopReason::Error,
-                            messages::RESTARTED_TOO_OFTEN.into(),
+                            texts::RESTARTED_TOO_OFTEN.into(),
                         );
                         this.post_done(&run, &done).await;
                         this.metrics.run_finished(
@@ -113,11 +113,6 @@ impl Workers {
             .instrument(span)
             .await;
         }
-    }
-
-    /// Where this installation's clones go: `$TMPDIR/kodx-run-<instance>-<run id>-XXXXXX`.
-    pub(in crate::serve) fn clone_prefix(&self) -> String {
-        format!("kodx-run-{}-", self.engine.instance().unwrap_or("local"))
     }
 
     /// Deletes the transcripts of runs finished more than `transcript_days` ago.

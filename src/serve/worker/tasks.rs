@@ -2,19 +2,12 @@
 //! dropped unnoticed: [`Tasks::reap`] and [`Tasks::join_next`] hand it back, and the worker
 //! fails its run as an internal error.
 
+use crate::serve::pipeline::ending::Panicked;
 use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
 
 use tokio::task::{Id, JoinError, JoinSet};
-
-/// A task that ended by panicking, with the run it worked on.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the worker task panicked: {message}")]
-pub(super) struct Panicked {
-    pub run_id: String,
-    pub message: String,
-}
 
 /// Spawned tasks and the run each works on.
 #[derive(Default)]

@@ -2,15 +2,20 @@
 //! answers of control jobs, the notes of the status comment and the failures it shows, and
 //! the incomplete-work wording of a delivery. The status comment's layout is
 //! [`crate::comment::render`]; the commit message and pull request body are built in
-//! [`crate::serve::deliver`] from these and the agent's summary.
+//! [`crate::serve::pipeline::deliver`] from these and the agent's summary.
 //!
 //! Text from outside kodx (logins, errors, requests) is redacted where it is put in.
 
+mod help;
+
+pub use help::help;
+
 use crate::comment::redact;
 use crate::cost::format_usd;
+use crate::git::GitError;
 use crate::github::Permission;
+use crate::job::JobKind;
 use crate::repo_config::RepoConfig;
-use crate::serve::job::JobKind;
 
 /// The run id line under a refusal.
 pub fn with_run_id(text: &str, run_id: &str) -> String {
@@ -160,6 +165,64 @@ pub fn incomplete_summary(why: &str, last_message: &str) -> String {
     )
 }
 
+/// A push the server refused, in words a maintainer can act on.
+pub fn push_failure(e: &GitError, branch: &str) -> String {
+    match e {
+        GitError::Rejected { reason } => format!(
+            "GitHub refused the push to `{branch}`: {}",
+            crate::git::explain_rejection(reason)
+        ),
+        GitError::Conflict { paths } => format!(
+            "The branch `{branch}` moved while kodx worked, and kodx's change conflicts with it in {}. Nothing was pushed; run the command again on the new head.",
+            paths.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ")
+        ),
+        other => format!("Pushing to `{branch}` failed: {other}"),
+    }
+}
+
+/// What became of the draft pull request of a continuation that finished.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Readiness {
+    /// The continuation did not finish (or delivered no pull request): nothing to say.
+    Unchanged,
+    /// Marked ready for review (or it was not a draft).
+    Ready,
+    /// Still a draft: the repository asks for drafts (`pr.draft`), or GitHub did not mark
+    /// it ready (why).
+    StillDraft(Option<String>),
+}
+
+/// The status comment's text of a continuation: its own summary, then what both parts
+/// cost, and what became of the pull request's draft state when it finished.
+pub fn continued(
+    text: &str,
+    earlier_id: &str,
+    earlier_cost: f64,
+    this_part: f64,
+    readiness: &Readiness,
+) -> String {
+    let usd = crate::cost::format_usd;
+    let mut out = format!(
+        "{}\n\n**Continued** from run `{}`: earlier parts {}, this part {}, **{} in total**.",
+        text.trim_end(),
+        earlier_id,
+        usd(earlier_cost),
+        usd(this_part),
+        usd(earlier_cost + this_part),
+    );
+    match readiness {
+        Readiness::Unchanged => {}
+        Readiness::Ready => out.push_str(" Its pull request is now ready for review."),
+        Readiness::StillDraft(None) => out.push_str(
+            " Its pull request stays a draft, as this repository asks (`pr.draft`); mark it ready for review on GitHub when it looks right.",
+        ),
+        Readiness::StillDraft(Some(why)) => out.push_str(&format!(
+            " Its pull request is still a draft: GitHub did not mark it ready for review ({why}); mark it ready on GitHub when it looks right."
+        )),
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,5 +312,25 @@ mod tests {
             assert!(!text.contains(token), "{text}");
             assert!(text.contains("[REDACTED]"), "{text}");
         }
+    }
+
+    #[test]
+    fn the_text_shows_both_parts_and_the_total() {
+        let both_parts =
+            |text: &str, this_part: f64, r: &Readiness| continued(text, "s", 0.25, this_part, r);
+        let t = both_parts("Done.\n", 0.5, &Readiness::Ready);
+        assert!(t.starts_with("Done.\n\n**Continued** from run `s`"), "{t}");
+        assert!(
+            t.contains("earlier parts $0.2500, this part $0.5000, **$0.7500 in total**"),
+            "{t}"
+        );
+        assert!(t.contains("now ready for review"), "{t}");
+        assert!(!both_parts("x", 0.5, &Readiness::Unchanged).contains("ready for review"));
+        let draft = both_parts("x", 0.5, &Readiness::StillDraft(Some("HTTP 403".into())));
+        assert!(
+            draft.contains("still a draft") && draft.contains("HTTP 403"),
+            "{draft}"
+        );
+        assert!(both_parts("x", 0.5, &Readiness::StillDraft(None)).contains("`pr.draft`"));
     }
 }

@@ -1,18 +1,19 @@
-//! How a run ended, typed, and the one place that writes it down: [`Workers::conclude`]
+//! How a run ended, typed, and the one place that writes it down: [`Services::conclude`]
 //! records the run's row, its metrics and its comment for every ending — the agent's
 //! outcome, a limit, a failure, a refusal, a panicked task.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::agent::StopReason;
+use crate::agent::{Outcome, StopReason};
 use crate::comment::{self, Done};
 use crate::db::{EndReason, Finish, Run, RunStatus};
-use crate::serve::messages;
+use crate::serve::texts;
+
+use crate::model::Usage;
 
 use super::gate::Refusal;
-use super::tasks::Panicked;
-use super::{run_kind, zero_outcome, Workers};
+use super::{run_kind, Services};
 
 /// How a job's work ended, before it is written down. (One per job, moved once: its size
 /// does not matter.)
@@ -99,7 +100,7 @@ impl Timings {
     }
 }
 
-impl Workers {
+impl Services {
     /// Writes down how `run` ended — its row, its metrics, its comment and reaction — for
     /// every ending. `started`: when its work began (for the duration metric).
     pub(in crate::serve) async fn conclude(
@@ -135,7 +136,7 @@ impl Workers {
                     serde_json::json!({ "error": format!("{e:#}") }),
                 )
                 .await;
-                let text = messages::internal_error("a worker task panicked", &run.id);
+                let text = texts::internal_error("a worker task panicked", &run.id);
                 let done = self.failed_done(run, StopReason::Error, text);
                 self.post_done(run, &done).await;
                 return;
@@ -153,7 +154,7 @@ impl Workers {
             }
             Err(RunFailure::Internal(e)) => {
                 tracing::error!("{e:#}");
-                let text = messages::internal_error(&format!("{e:#}"), &run.id);
+                let text = texts::internal_error(&format!("{e:#}"), &run.id);
                 (
                     RunStatus::Failed,
                     self.failed_done(run, StopReason::Error, text),
@@ -229,5 +230,32 @@ impl Workers {
         let mut done = Done::new(run_kind(run), zero_outcome(reason, 0.0, String::new()));
         done.failure = Some(failure);
         done
+    }
+}
+
+/// A task that ended by panicking, with the run it worked on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the worker task panicked: {message}")]
+pub(in crate::serve) struct Panicked {
+    pub run_id: String,
+    pub message: String,
+}
+
+/// The outcome of a run that ended without a model call.
+pub(in crate::serve) fn zero_outcome(
+    reason: StopReason,
+    cost_limit: f64,
+    model: String,
+) -> Outcome {
+    Outcome {
+        stop_reason: reason,
+        last_message: String::new(),
+        api_calls: 0,
+        usage: Usage::default(),
+        usd_cost: 0.0,
+        cost_limit,
+        duration: Duration::ZERO,
+        model,
+        detail: None,
     }
 }

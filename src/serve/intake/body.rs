@@ -89,11 +89,8 @@ impl BodyBudget {
         })
     }
 
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
     /// Bytes held right now.
+    #[cfg(test)]
     pub fn used(&self) -> usize {
         self.state.lock().expect("budget lock").used
     }

@@ -1,7 +1,7 @@
 //! The request a `/kodx` command makes, typed once where the webhook is read and carried
 //! unchanged through the queue to the worker that answers it.
 //!
-//! [`RunRequest`] is what [`crate::serve::event::triage`] builds from a delivery, what
+//! [`RunRequest`] is what [`crate::serve::intake::event::triage`] builds from a delivery, what
 //! [`crate::db::Db::accept`] stores and what every stored [`crate::db::Run`] holds. Its
 //! [`Job`] and [`Trigger`] are stored in the columns the schema has had since version 1
 //! (`kind` + `argument`, `trigger_kind` + `trigger_id` + `context`), decoded by sqlx into

@@ -1,195 +1,15 @@
-//! The status comment of a run: acknowledged (`eyes`, the comment), found again after a
-//! restart, edited as the run moves, finished with the outcome and a reaction.
-
-use std::sync::Arc;
-use std::time::Instant;
+//! A run's status comment ([`StatusComment`]): the one comment kodx posts for a run and edits
+//! as it moves, with the reactions on the command; and the ways to reach it from a run that
+//! holds no token (restarts, shutdown, a cancel from elsewhere).
 
 use crate::agent::Progress;
 use crate::comment::{self, Done, Phase};
 use crate::db::Run;
 use crate::github::{GitHubError, Installation, Reaction, ReactionTarget, RepoName};
-use crate::serve::job::Job;
 
-use super::ending::RunLog;
-use super::gate::{Admission, Refusal};
-use super::{RunFailure, Workers};
-use crate::serve::handlers::continue_run::CannotContinue;
+use super::{Fence, Services};
 
-/// What acknowledging a run came to.
-#[derive(Clone)]
-pub(in crate::serve) enum Acked {
-    /// Admitted; `eyes` and the status comment (its id, unless creating it failed) are up.
-    Admitted(Box<Admission>, Option<u64>),
-    /// Refused, and finished.
-    Refused,
-    /// GitHub could not be asked; nothing was posted.
-    Unreachable,
-    /// Another process acknowledges it (a shared queue).
-    Elsewhere,
-    /// Another process acknowledged it: its status comment (the admission is read again).
-    Posted(u64),
-}
-
-/// How long a run claimed here waits for the process acknowledging it to post its status
-/// comment before taking that process to be gone.
-const ACK_ELSEWHERE_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
-
-impl Workers {
-    /// Acknowledges the run once, whoever asks first (the task acknowledging it while it
-    /// waits, or the worker that claimed it); the other waits for the same outcome. `None`
-    /// for a run an earlier process acknowledged (it has a status comment).
-    pub(super) async fn ensure_acknowledged(&self, run: &Run) -> Option<Acked> {
-        let cell = {
-            let mut acks = self.acks.lock().expect("lock");
-            match acks.get(&run.id) {
-                Some(cell) => cell.clone(),
-                None if run.status_comment_id.is_some() => return None,
-                None => acks.entry(run.id.clone()).or_default().clone(),
-            }
-        };
-        let acked = cell.get_or_init(|| self.acknowledge(run)).await.clone();
-        // Only an admitted run with its status comment waits here for its slot; the others
-        // are over, or are acknowledged again on the next pass.
-        if !matches!(acked, Acked::Admitted(_, Some(_))) {
-            self.forget_ack(&run.id);
-        }
-        Some(acked)
-    }
-
-    /// Drops what acknowledging the run left for it (it started, or it is over).
-    pub(in crate::serve) fn forget_ack(&self, run_id: &str) {
-        self.acks.lock().expect("lock").remove(run_id);
-    }
-
-    /// Admits the run (who asked, the repository's config, the budget), reacts `eyes` and
-    /// creates the status comment; or refuses it (and finishes it).
-    pub(in crate::serve) async fn acknowledge(&self, run: &Run) -> Acked {
-        // On a shared queue, once: the first process to take it.
-        if self.db.is_shared() {
-            match self
-                .db
-                .take_acknowledgement(&run.id, &self.worker_id, false)
-                .await
-            {
-                Ok(true) => {}
-                Ok(false) => return Acked::Elsewhere,
-                Err(e) => {
-                    tracing::warn!("taking the run's acknowledgement failed: {e}");
-                    return Acked::Unreachable;
-                }
-            }
-        }
-        self.acknowledge_now(run).await
-    }
-
-    /// A run claimed here that another process is acknowledging: its status comment, once
-    /// that process posted it; `None` when that process refused the run (it is over). A
-    /// process that does not finish within a while is taken to be gone, and the run is
-    /// acknowledged here.
-    pub(in crate::serve) async fn acknowledged_elsewhere(&self, run: &Run) -> Acked {
-        let deadline = Instant::now() + ACK_ELSEWHERE_WAIT;
-        while Instant::now() < deadline {
-            match self.db.get_run(&run.id).await {
-                Ok(Some(r)) if r.status.is_final() => return Acked::Refused,
-                Ok(Some(r)) => {
-                    if let Some(id) = r.status_comment_id {
-                        return Acked::Posted(id as u64);
-                    }
-                }
-                Ok(None) => return Acked::Refused,
-                Err(e) => tracing::warn!("reading the run failed: {e}"),
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-        tracing::warn!("the process acknowledging this run did not finish; acknowledging it here");
-        if let Err(e) = self
-            .db
-            .take_acknowledgement(&run.id, &self.worker_id, true)
-            .await
-        {
-            tracing::warn!("taking the run's acknowledgement failed: {e}");
-        }
-        self.acknowledge_now(run).await
-    }
-
-    async fn acknowledge_now(&self, run: &Run) -> Acked {
-        let gh = match self.installation(run).await {
-            Ok(gh) => gh,
-            Err(e) => {
-                tracing::warn!("GitHub is not reachable to acknowledge the run: {e}");
-                return Acked::Unreachable;
-            }
-        };
-        let Ok(repo) = RepoName::parse(&run.request.repo) else {
-            let e = anyhow::anyhow!("the repository name {:?} is not valid", run.request.repo);
-            self.conclude(
-                run,
-                Err(RunFailure::Internal(e)),
-                &RunLog::default(),
-                Instant::now(),
-            )
-            .await;
-            return Acked::Refused;
-        };
-        // Who may: checked before anything is posted, so a refusal is one short comment.
-        let admission = match self.admit(&gh, &repo, run).await {
-            Ok(a) => a,
-            Err(refusal) => {
-                self.conclude(run, Err(refusal.into()), &RunLog::default(), Instant::now())
-                    .await;
-                return Acked::Refused;
-            }
-        };
-        // `/kodx continue` while the run it would continue has not ended: refused at once
-        // (what to continue is known only when that run stops).
-        if matches!(run.request.job, Job::Continue { .. }) {
-            match self.db.unfinished_code_run_before(&run.id).await {
-                Ok(Some(id)) => {
-                    let refusal = Refusal::CannotContinue(CannotContinue::StillRunning { id });
-                    self.conclude(run, Err(refusal.into()), &RunLog::default(), Instant::now())
-                        .await;
-                    return Acked::Refused;
-                }
-                Ok(None) => {}
-                Err(e) => tracing::warn!("looking for an unfinished run on the issue failed: {e}"),
-            }
-        }
-        self.react(&gh, &repo, run, Reaction::Eyes).await;
-        // `/kodx continue` goes on in the status comment of the run it continues.
-        if matches!(run.request.job, Job::Continue { .. }) {
-            if let Some(id) = self.continued_status_comment(run).await {
-                StatusComment::new(gh, repo, run, Some(id))
-                    .linked(self.run_link(&run.id))
-                    .edit(&Phase::Queued)
-                    .await;
-                if let Err(e) = self.db.set_status_comment(&run.id, id as i64).await {
-                    tracing::error!("storing the status comment id failed: {e}");
-                }
-                return Acked::Admitted(Box::new(admission), Some(id));
-            }
-        }
-        // A comment this run posted before a crash is found by its hidden metadata.
-        if let Some(existing) = self.find_status_comment(&gh, &repo, run).await {
-            if let Err(e) = self.db.set_status_comment(&run.id, existing as i64).await {
-                tracing::error!("storing the status comment id failed: {e}");
-            }
-            return Acked::Admitted(Box::new(admission), Some(existing));
-        }
-        let mut status = StatusComment::new(gh, repo, run, None).linked(self.run_link(&run.id));
-        match status.create(&Phase::Queued).await {
-            Ok(id) => {
-                if let Err(e) = self.db.set_status_comment(&run.id, id as i64).await {
-                    tracing::error!("storing the status comment id failed: {e}");
-                }
-                Acked::Admitted(Box::new(admission), Some(id))
-            }
-            Err(e) => {
-                tracing::warn!("creating the status comment failed: {e}");
-                Acked::Admitted(Box::new(admission), None)
-            }
-        }
-    }
-
+impl Services {
     pub(in crate::serve) async fn find_status_comment(
         &self,
         gh: &Installation,
@@ -236,17 +56,6 @@ impl Workers {
         react(gh, repo, run.request.trigger.reaction_target(), reaction).await;
     }
 
-    /// Edits the status comment as the run moves, at most once per `status_interval`. Ends
-    /// as soon as the agent does (its sender is dropped), also while waiting out the
-    /// interval: a finished run never waits for the next edit.
-    pub(in crate::serve) async fn follow_progress(
-        self: Arc<Self>,
-        status: StatusComment,
-        rx: tokio::sync::watch::Receiver<Option<Progress>>,
-    ) {
-        status.follow(self.settings.status_interval(), rx).await;
-    }
-
     pub(in crate::serve) async fn status_comment_id(&self, run: &Run) -> Option<u64> {
         if let Some(id) = run.status_comment_id {
             return Some(id as u64);
@@ -260,15 +69,13 @@ impl Workers {
     /// The run's status comment with a token of its own, for the paths that hold none
     /// (restarts, shutdown, the end of a run); `None` when GitHub cannot be asked.
     async fn status_comment_alone(&self, run: &Run) -> Option<StatusComment> {
-        let gh = match self.installation(run).await {
-            Ok(gh) => gh,
+        match self.github(run).await {
+            Ok((gh, repo)) => Some(self.status_comment(&gh, &repo, run).await),
             Err(e) => {
-                tracing::warn!("GitHub is not reachable to edit the status comment: {e}");
-                return None;
+                tracing::warn!("GitHub is not reachable to edit the status comment: {e:#}");
+                None
             }
-        };
-        let repo = RepoName::parse(&run.request.repo).ok()?;
-        Some(self.status_comment(&gh, &repo, run).await)
+        }
     }
 
     /// Replaces the status comment's header line with `note` (restarts, shutdown).
@@ -301,7 +108,7 @@ pub(in crate::serve) struct StatusComment {
     /// `None` until it is posted (creating it may have failed).
     id: Option<u64>,
     /// The run's hold on its lease: no edit once another process took the run.
-    fence: Option<super::Fence>,
+    fence: Option<Fence>,
     /// The run page's address, shown in the comment.
     link: Option<String>,
 }
@@ -321,6 +128,30 @@ impl StatusComment {
         }
     }
 
+    /// Its id, once posted.
+    pub fn id(&self) -> Option<u64> {
+        self.id
+    }
+
+    /// The comment found already posted (a restart, a continued run's).
+    pub fn set_id(&mut self, id: u64) {
+        self.id = Some(id);
+    }
+
+    pub fn gh(&self) -> &Installation {
+        &self.gh
+    }
+
+    pub fn repo(&self) -> &RepoName {
+        &self.repo
+    }
+
+    /// The same comment, written with a newer token.
+    pub fn with_token(mut self, gh: Installation) -> StatusComment {
+        self.gh = gh;
+        self
+    }
+
     /// Links the run's page.
     pub fn linked(mut self, link: Option<String>) -> StatusComment {
         self.link = link;
@@ -328,7 +159,7 @@ impl StatusComment {
     }
 
     /// Edited only while `fence` holds.
-    pub fn fenced(mut self, fence: super::Fence) -> StatusComment {
+    pub fn fenced(mut self, fence: Fence) -> StatusComment {
         self.fence = Some(fence);
         self
     }
@@ -461,7 +292,7 @@ async fn react(gh: &Installation, repo: &RepoName, target: ReactionTarget, react
 }
 
 /// The command as the status comment quotes it.
-pub(super) fn command_line(run: &Run) -> String {
+pub(in crate::serve) fn command_line(run: &Run) -> String {
     run.request.job.command_line()
 }
 

@@ -7,16 +7,16 @@ use serde_json::json;
 
 use crate::db::{Run, RunStatus};
 use crate::github::{Installation, Permission, Reaction, RepoName};
+use crate::job::JobKind;
 use crate::repo_config::{AskPermission, RepoConfig, RepoConfigError, RunKind, ServerMaxima};
-use crate::serve::job::JobKind;
-use crate::serve::messages;
+use crate::serve::texts;
 
-use super::Workers;
+use super::Services;
 use crate::db::EndReason;
 
 /// Runs are capped at what is left of the monthly budget, so spend approaches it without
 /// reaching it: with less than this left, the budget counts as spent.
-pub(super) const MIN_RUN_BUDGET_USD: f64 = 0.01;
+pub(in crate::serve) const MIN_RUN_BUDGET_USD: f64 = 0.01;
 
 /// The installation's monthly budget and what it has spent of it this month.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,9 +44,6 @@ pub(in crate::serve) struct Admission {
     pub permission: Option<Permission>,
     /// The monthly budget, when the server has one.
     pub budget: Option<Budget>,
-    /// How many runs this process had ended when the admission was made
-    /// ([`Workers::ended`]): a run that waited for a slot waited for one to end.
-    ended: u64,
 }
 
 impl Admission {
@@ -54,20 +51,12 @@ impl Admission {
         config: RepoConfig,
         permission: Option<Permission>,
         budget: Option<Budget>,
-        ended: u64,
     ) -> Admission {
         Admission {
             config,
             permission,
             budget,
-            ended,
         }
-    }
-
-    /// Still what a check now would read: no run ended since (so the run did not wait for
-    /// a slot, and the month's spend is what it was), and the config was read moments ago.
-    pub fn is_fresh(&self, ended_now: u64) -> bool {
-        self.ended == ended_now
     }
 
     /// The cost limit of a run of `kind`: the repository's, under the server's maximum and
@@ -95,6 +84,42 @@ impl Admission {
     }
 }
 
+/// Why `/kodx continue` does not start: the sentence the answer gives.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(in crate::serve) enum CannotContinue {
+    #[error("there is no stopped `/kodx code` run here to continue")]
+    Nothing,
+    #[error(
+        "the last code run here (`{id}`) finished its work; there is nothing to continue. \
+         Ask for more with `/kodx code`"
+    )]
+    Finished { id: String },
+    #[error(
+        "the last code run here (`{id}`) ended with `{reason}`; only a run stopped by its cost, \
+         step or time limit can be continued. Run `/kodx code` again"
+    )]
+    NotStopped { id: String, reason: String },
+    #[error(
+        "the stopped run `{id}` pushed nothing (its change set was empty, or `pr.on_limit: \
+         discard` threw it away), so there is no work to continue from. Run `/kodx code` again"
+    )]
+    NothingPushed { id: String },
+    #[error(
+        "the transcript of run `{id}` was deleted for its age, so its conversation cannot be \
+         resumed. Run `/kodx code` again"
+    )]
+    Pruned { id: String },
+    #[error("the transcript of run `{id}` cannot be resumed: {problem}")]
+    Transcript { id: String, problem: String },
+    #[error(
+        "run `{id}` has not ended yet here; `/kodx continue` once it has stopped (or stop it \
+         with `/kodx cancel` first)"
+    )]
+    StillRunning { id: String },
+    #[error("`/kodx continue {asked}` asks for more than this server allows per run ({most})")]
+    AboveMaximum { asked: String, most: String },
+}
+
 /// Why a run may not start.
 #[derive(Debug, Clone, PartialEq)]
 pub(in crate::serve) enum Refusal {
@@ -111,7 +136,7 @@ pub(in crate::serve) enum Refusal {
     /// The command could not be read (empty, too long): the sentence saying why.
     BadRequest(String),
     /// `/kodx continue` has nothing it can go on with, or asks for too much.
-    CannotContinue(crate::serve::handlers::continue_run::CannotContinue),
+    CannotContinue(CannotContinue),
 }
 
 impl Refusal {
@@ -154,15 +179,15 @@ impl Refusal {
     pub fn message(&self, run: &Run) -> String {
         let author = &run.request.author;
         match self {
-            Refusal::ConfigUnreadable(e) => messages::config_unreadable(e),
-            Refusal::PermissionUnknown(e) => messages::permission_unknown(author, e),
+            Refusal::ConfigUnreadable(e) => texts::config_unreadable(e),
+            Refusal::PermissionUnknown(e) => texts::permission_unknown(author, e),
             Refusal::NotPermitted { needed, has } => {
-                messages::not_permitted(author, run.kind(), *needed, *has)
+                texts::not_permitted(author, run.kind(), *needed, *has)
             }
-            Refusal::BudgetSpent(b) => messages::budget_spent(b.budget, b.spent),
-            Refusal::InvalidConfig(e) => messages::invalid_config(&e.to_string()),
-            Refusal::CannotContinue(why) => messages::cannot_continue(&why.to_string()),
-            Refusal::BadRequest(why) => messages::bad_request(author, why),
+            Refusal::BudgetSpent(b) => texts::budget_spent(b.budget, b.spent),
+            Refusal::InvalidConfig(e) => texts::invalid_config(&e.to_string()),
+            Refusal::CannotContinue(why) => texts::cannot_continue(&why.to_string()),
+            Refusal::BadRequest(why) => texts::bad_request(author, why),
         }
     }
 }
@@ -176,17 +201,17 @@ pub(in crate::serve) fn needed_permission(kind: JobKind, ask: AskPermission) -> 
     }
 }
 
-/// Whether [`Workers::check`] asks GitHub for the permission of who asked.
+/// Whether [`Services::check`] asks GitHub for the permission of who asked.
 pub(super) enum PermissionCheck {
     Ask,
-    /// Checked already (by the admission before a wait, or by an earlier process: `None`).
+    /// Checked already (by an earlier process: `None`).
     Known(Option<Permission>),
 }
 
-impl Workers {
+impl Services {
     /// The admission of a run about to be acknowledged: its config, who asked's
     /// permission and the budget, each read once.
-    pub(super) async fn admit(
+    pub(in crate::serve) async fn admit(
         &self,
         gh: &Installation,
         repo: &RepoName,
@@ -195,9 +220,9 @@ impl Workers {
         self.check(gh, repo, run, PermissionCheck::Ask).await
     }
 
-    /// The checks that can change while a run waits, made again when it starts after a
-    /// wait: the config and the budget (who asked keeps their permission).
-    pub(super) async fn readmit(
+    /// The admission of a run acknowledged by another process (or before a restart): its
+    /// config and budget, read here; who asked keeps the permission checked then.
+    pub(in crate::serve) async fn readmit(
         &self,
         gh: &Installation,
         repo: &RepoName,
@@ -215,7 +240,6 @@ impl Workers {
         run: &Run,
         permission: PermissionCheck,
     ) -> Result<Admission, Refusal> {
-        let ended = self.ended();
         let config = match gh.file_on_default_branch(repo, RepoConfig::PATH).await {
             Ok(None) => Ok(RepoConfig::default()),
             Ok(Some(text)) => RepoConfig::parse(&text),
@@ -256,13 +280,13 @@ impl Workers {
             tracing::info!("refused: invalid repository config");
             Refusal::InvalidConfig(e)
         })?;
-        Ok(Admission::new(config, permission, budget, ended))
+        Ok(Admission::new(config, permission, budget))
     }
 
     /// Reserves the run's cost cap against the installation's monthly budget as it starts
     /// (atomically, across processes: [`crate::db::Db::reserve_budget`]) and caps the run
     /// at what it got. `Some(refusal)` when less than a cent is left.
-    pub(super) async fn reserve(
+    pub(in crate::serve) async fn reserve(
         &self,
         run: &Run,
         admission: &mut Admission,
@@ -319,7 +343,7 @@ impl Workers {
     /// Says why the run was refused and finishes it as failed: a person not permitted gets
     /// one short comment; a request that cannot be read, one short comment and `confused`;
     /// the others, the status comment (or a new one) and `confused`.
-    pub(super) async fn refuse(&self, run: &Run, refusal: &Refusal) {
+    pub(in crate::serve) async fn refuse(&self, run: &Run, refusal: &Refusal) {
         // Recorded before it is posted: whoever reads the refusal and sends the next
         // command (a `/kodx continue` right after) finds this run ended.
         self.finish_quietly(
@@ -350,7 +374,7 @@ impl Workers {
                 }
             }
             _ => {
-                let body = messages::with_run_id(&text, &run.id);
+                let body = texts::with_run_id(&text, &run.id);
                 let body = match run.status_comment_id {
                     Some(id) => match gh.update_comment(repo, id as u64, &body).await {
                         Ok(()) => None,
@@ -414,7 +438,6 @@ mod tests {
             config,
             permission: Some(Permission::Write),
             budget,
-            ended: 3,
         }
     }
 
@@ -443,7 +466,6 @@ mod tests {
             b.to_json(RunKind::Code, &maxima),
             json!({"permission": "write", "cost_limit": 0.75, "max_iterations": 40, "budget_left": 0.75})
         );
-        assert!(b.is_fresh(3) && !b.is_fresh(4));
     }
 
     #[test]

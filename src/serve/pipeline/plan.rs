@@ -5,20 +5,20 @@
 
 use std::time::Duration;
 
+use super::gate::Admission;
+use super::{RunCtx, RunFailure};
 use crate::comment::RunKind;
 use crate::cost::Pricing;
 use crate::git::Checkout;
 use crate::github::PullInfo;
+use crate::job::RunRequest;
 use crate::program::{self, Overrides, Plan, Program};
 use crate::repo_config::{OnLimit, RepoConfig};
 use crate::sandbox::SetupCacheSpec;
 use crate::serve::config::Settings;
-use crate::serve::context::RunContext;
-use crate::serve::deliver::{self, Target};
-use crate::serve::job::RunRequest;
-use crate::serve::messages;
-use crate::serve::worker::gate::Admission;
-use crate::serve::worker::RunFailure;
+use crate::serve::pipeline::context::RunContext;
+use crate::serve::pipeline::deliver::{self, Target};
+use crate::serve::texts;
 
 /// Everything an `ask` or `code` run needs to start.
 #[derive(Debug, Clone)]
@@ -50,8 +50,10 @@ impl RunPlan {
 }
 
 /// The run's plan. Fails (for the maintainer to fix) only when the model has no price.
+#[allow(clippy::too_many_arguments)]
 pub(in crate::serve) fn prepare(
     run_id: &str,
+    kind: RunKind,
     request: &RunRequest,
     admission: &Admission,
     context: &RunContext,
@@ -59,14 +61,9 @@ pub(in crate::serve) fn prepare(
     settings: &Settings,
     pricing: &Pricing,
 ) -> Result<RunPlan, RunFailure> {
-    let kind = request
-        .job
-        .kind()
-        .run_kind()
-        .expect("only ask and code runs are planned");
     let config = &admission.config;
     let mut plan = program_plan(run_id, kind, admission, settings, pricing)
-        .map_err(|e| RunFailure::User(messages::model_without_price(&e.to_string())))?;
+        .map_err(|e| RunFailure::User(texts::model_without_price(&e.to_string())))?;
     let default_checkout = if request.is_pull_request {
         // The PR head from the base repository (refs/pull/N/head): a fork is never cloned
         // with the App's token, and works the same as a same-repo branch.
@@ -123,6 +120,30 @@ pub(in crate::serve) fn prepare(
         draft: config.pr.draft,
         on_limit: config.pr.on_limit,
     })
+}
+
+impl RunCtx<'_> {
+    /// Shows that the run is setting up, reads the issue from GitHub and plans the run.
+    pub(in crate::serve) async fn plan(&self) -> Result<RunPlan, RunFailure> {
+        use anyhow::Context as _;
+        self.svc.setting_up(self.run, &self.status).await;
+        let (context, pull) = self
+            .read_issue()
+            .await
+            .context("reading the issue from GitHub failed")?;
+        let plan = prepare(
+            &self.run.id,
+            self.kind,
+            &self.run.request,
+            &self.admission,
+            &context,
+            pull.as_ref(),
+            &self.svc.settings,
+            &self.svc.pricing,
+        )?;
+        self.log.timings.add("prepare", self.started.elapsed());
+        Ok(plan)
+    }
 }
 
 /// The setup cache of a run on `repo` (`None`: off, by the server or the repository). A
@@ -197,8 +218,8 @@ pub(in crate::serve) fn program_plan(
 mod tests {
     use super::*;
     use crate::github::{Permission, PullBase, PullHead, PullRepo, RepoName};
+    use crate::job::{Job, Trigger};
     use crate::repo_config::RepoConfig;
-    use crate::serve::job::{Job, Trigger};
 
     fn request(job: Job, is_pull_request: bool) -> RunRequest {
         RunRequest {
@@ -222,7 +243,7 @@ mod tests {
     }
 
     fn admitted(config: RepoConfig) -> Admission {
-        Admission::new(config, Some(Permission::Write), None, 0)
+        Admission::new(config, Some(Permission::Write), None)
     }
 
     fn pull(is_fork: bool) -> PullInfo {
@@ -260,6 +281,7 @@ mod tests {
         };
         prepare(
             "0123456789ab",
+            request.job.kind().run_kind().expect("an agent run"),
             &request,
             &admitted(config),
             &context,
@@ -342,6 +364,7 @@ mod tests {
         let request = request(code(), false);
         let failure = prepare(
             "r1",
+            RunKind::Code,
             &request,
             &admitted(config),
             &RunContext::default(),

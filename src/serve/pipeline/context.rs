@@ -38,8 +38,11 @@ pub struct RunContext {
     pub branches: Option<(String, String)>,
 }
 
-use crate::serve::job::JobKind;
-pub use crate::serve::job::ReviewContext;
+use crate::github::{GitHubError, PullInfo};
+use crate::job::JobKind;
+
+use super::RunCtx;
+pub use crate::job::ReviewContext;
 
 /// Removes what GitHub does not show (SPEC §5): HTML comments (an unclosed one runs to the
 /// end), link reference definitions (`[//]: # (…)`, never rendered), and the characters
@@ -306,6 +309,64 @@ impl RunContext {
         }
         block(&mut out, "The request:", &request);
         out
+    }
+}
+
+impl RunCtx<'_> {
+    /// What the model is told about the issue or pull request, and for a pull request, the
+    /// pull request.
+    pub(in crate::serve) async fn read_issue(
+        &self,
+    ) -> Result<(RunContext, Option<PullInfo>), GitHubError> {
+        let (gh, repo, run) = (&self.gh, &self.repo, self.run);
+        let number = run.request.issue_number as u64;
+        let mut ctx = RunContext {
+            repo: run.request.repo.clone(),
+            number: run.request.issue_number,
+            is_pull_request: run.request.is_pull_request,
+            author: run.request.author.clone(),
+            request: run.request.job.argument().to_string(),
+            ..Default::default()
+        };
+        ctx.review = run.request.trigger.review().cloned();
+        if run.request.is_pull_request {
+            let pr = gh.pull_request(repo, number).await?;
+            ctx.title = pr.title.clone();
+            ctx.body = pr.body.clone();
+            ctx.branches = Some((pr.head.ref_name.clone(), pr.base.ref_name.clone()));
+            ctx.diff = Some(
+                gh.pull_request_diff(repo, number, self.svc.settings.max_diff_bytes)
+                    .await?,
+            );
+            ctx.comments = self.comments(number).await?;
+            Ok((ctx, Some(pr)))
+        } else {
+            let issue = gh.issue(repo, number).await?;
+            ctx.title = issue.title;
+            ctx.body = issue.body;
+            ctx.comments = self.comments(number).await?;
+            Ok((ctx, None))
+        }
+    }
+
+    /// The latest comments of the issue (not kodx's own), cleaned of hidden text.
+    async fn comments(&self, number: u64) -> Result<Vec<ContextComment>, GitHubError> {
+        let settings = &self.svc.settings;
+        if settings.context_comments == 0 {
+            return Ok(Vec::new());
+        }
+        let comments = self
+            .gh
+            .issue_comments(&self.repo, number, settings.context_comments)
+            .await?;
+        Ok(comments
+            .into_iter()
+            .filter(|c| !c.author_is_bot)
+            .map(|c| ContextComment {
+                author: c.author,
+                body: strip_hidden(&c.body),
+            })
+            .collect())
     }
 }
 

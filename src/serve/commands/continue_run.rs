@@ -4,59 +4,23 @@
 //! pull request.
 //!
 //! [`choose`] picks the run to continue from the issue's finished code runs, [`limits`]
-//! works out the extra budget, [`Workers::resumption`] reads the transcript; the worker's
-//! one execution path then runs it (see `worker/run.rs`).
+//! works out the extra budget, [`resumption`] reads the transcript; [`run`] checks all that
+//! before anything shows, then goes on as a code run ([`super::code::deliver_work`]).
 
-use super::plan::RunPlan;
 use crate::agent::StopReason;
 use crate::command::More;
-use crate::db::{EndReason, Run};
+use crate::db::{Db, EndReason, Run};
 use crate::git::Checkout;
 use crate::model::Message;
 use crate::repo_config::{RunKind, ServerMaxima};
-use crate::serve::deliver::Target;
-use crate::serve::worker::gate::Admission;
-use crate::serve::worker::Workers;
+use crate::serve::pipeline::deliver::Target;
+use crate::serve::pipeline::gate::{Admission, CannotContinue, Refusal};
+use crate::serve::pipeline::plan::RunPlan;
+use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
 use crate::transcript::{ResumeError, Resumer};
 
 /// How many of the issue's latest finished code runs are looked at.
 const LOOK_BACK: i64 = 20;
-
-/// Why `/kodx continue` does not start: the sentence the answer gives.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub(in crate::serve) enum CannotContinue {
-    #[error("there is no stopped `/kodx code` run here to continue")]
-    Nothing,
-    #[error(
-        "the last code run here (`{id}`) finished its work; there is nothing to continue. \
-         Ask for more with `/kodx code`"
-    )]
-    Finished { id: String },
-    #[error(
-        "the last code run here (`{id}`) ended with `{reason}`; only a run stopped by its cost, \
-         step or time limit can be continued. Run `/kodx code` again"
-    )]
-    NotStopped { id: String, reason: String },
-    #[error(
-        "the stopped run `{id}` pushed nothing (its change set was empty, or `pr.on_limit: \
-         discard` threw it away), so there is no work to continue from. Run `/kodx code` again"
-    )]
-    NothingPushed { id: String },
-    #[error(
-        "the transcript of run `{id}` was deleted for its age, so its conversation cannot be \
-         resumed. Run `/kodx code` again"
-    )]
-    Pruned { id: String },
-    #[error("the transcript of run `{id}` cannot be resumed: {problem}")]
-    Transcript { id: String, problem: String },
-    #[error(
-        "run `{id}` has not ended yet here; `/kodx continue` once it has stopped (or stop it \
-         with `/kodx cancel` first)"
-    )]
-    StillRunning { id: String },
-    #[error("`/kodx continue {asked}` asks for more than this server allows per run ({most})")]
-    AboveMaximum { asked: String, most: String },
-}
 
 /// The stopped run a `/kodx continue` goes on with.
 #[derive(Debug, Clone, PartialEq)]
@@ -169,48 +133,6 @@ pub(in crate::serve) fn resume_plan(plan: &mut RunPlan, earlier: &Earlier, cost:
     }
 }
 
-/// What became of the draft pull request of a continuation that finished.
-#[derive(Debug, Clone, PartialEq)]
-pub(in crate::serve) enum Readiness {
-    /// The continuation did not finish (or delivered no pull request): nothing to say.
-    Unchanged,
-    /// Marked ready for review (or it was not a draft).
-    Ready,
-    /// Still a draft: the repository asks for drafts (`pr.draft`), or GitHub did not mark
-    /// it ready (why).
-    StillDraft(Option<String>),
-}
-
-/// The status comment's text of a continuation: its own summary, then what both parts
-/// cost, and what became of the pull request's draft state when it finished.
-pub(in crate::serve) fn both_parts(
-    text: &str,
-    earlier: &Earlier,
-    this_part: f64,
-    readiness: &Readiness,
-) -> String {
-    let usd = crate::cost::format_usd;
-    let mut out = format!(
-        "{}\n\n**Continued** from run `{}`: earlier parts {}, this part {}, **{} in total**.",
-        text.trim_end(),
-        earlier.id,
-        usd(earlier.cost),
-        usd(this_part),
-        usd(earlier.cost + this_part),
-    );
-    match readiness {
-        Readiness::Unchanged => {}
-        Readiness::Ready => out.push_str(" Its pull request is now ready for review."),
-        Readiness::StillDraft(None) => out.push_str(
-            " Its pull request stays a draft, as this repository asks (`pr.draft`); mark it ready for review on GitHub when it looks right.",
-        ),
-        Readiness::StillDraft(Some(why)) => out.push_str(&format!(
-            " Its pull request is still a draft: GitHub did not mark it ready for review ({why}); mark it ready on GitHub when it looks right."
-        )),
-    }
-    out
-}
-
 /// What a continuation starts from.
 pub(in crate::serve) struct Resumption {
     pub earlier: Earlier,
@@ -218,61 +140,72 @@ pub(in crate::serve) struct Resumption {
     pub messages: Vec<Message>,
 }
 
-impl Workers {
-    /// The status comment of the stopped run `run` (a `/kodx continue`) would go on with,
-    /// when there is one it can go on with (so a refusal never replaces it).
-    pub(in crate::serve) async fn continued_status_comment(&self, run: &Run) -> Option<u64> {
-        let runs = self
-            .db
-            .finished_code_runs(&run.request.repo, run.request.issue_number, LOOK_BACK)
-            .await
-            .ok()?;
-        let earlier = choose(&runs).ok()?;
-        if self
-            .db
-            .transcript_pruned_at(&earlier.id)
-            .await
-            .ok()?
-            .is_some()
-        {
-            return None;
-        }
-        earlier.status_comment_id.map(|id| id as u64)
-    }
+/// Runs `/kodx continue`: the stopped run and the limits are checked before anything
+/// shows; then the stopped run's conversation goes on as a code run on its branch.
+pub(in crate::serve) async fn run(cx: &RunCtx<'_>, more: More) -> Result<Ending, RunFailure> {
+    use anyhow::Context as _;
+    let maxima = cx.svc.settings.maxima();
+    let (cost, steps) = limits(more, &cx.admission, &maxima).map_err(Refusal::CannotContinue)?;
+    let resumption = resumption(&cx.svc.db, cx.run)
+        .await
+        .context("reading the stopped run from the database failed")?
+        .map_err(Refusal::CannotContinue)?;
+    let Resumption { earlier, messages } = resumption;
+    *cx.log.branch.lock().expect("lock") = Some(earlier.branch.clone());
+    *cx.log.continues.lock().expect("lock") = Some(serde_json::json!({
+        "run": earlier.id,
+        "request": earlier.request,
+        "cost_usd": earlier.cost,
+    }));
+    let mut plan = cx.plan().await?;
+    resume_plan(&mut plan, &earlier, cost, steps);
+    super::code::deliver_work(cx, &plan, messages, Some(earlier)).await
+}
 
-    /// The run `run` (a `/kodx continue`) goes on with, and its conversation.
-    pub(in crate::serve) async fn resumption(
-        &self,
-        run: &Run,
-    ) -> Result<Result<Resumption, CannotContinue>, crate::db::DbError> {
-        let runs = self
-            .db
-            .finished_code_runs(&run.request.repo, run.request.issue_number, LOOK_BACK)
-            .await?;
-        let earlier = match choose(&runs) {
-            Ok(e) => e,
-            Err(e) => return Ok(Err(e)),
-        };
-        if self.db.transcript_pruned_at(&earlier.id).await?.is_some() {
-            return Ok(Err(CannotContinue::Pruned { id: earlier.id }));
-        }
-        let mut resumer = Resumer::default();
-        let read = self
-            .db
-            .each_transcript_record(&earlier.id, |record| resumer.push(record))
-            .await?;
-        let messages = read.and_then(|()| resumer.finish(""));
-        Ok(match messages {
-            Ok(messages) => Ok(Resumption { earlier, messages }),
-            Err(e) => Err(CannotContinue::Transcript {
-                id: earlier.id,
-                problem: match e {
-                    ResumeError::NoRequest => "it holds no model request".into(),
-                    e => e.to_string(),
-                },
-            }),
-        })
+/// The status comment of the stopped run `run` (a `/kodx continue`) would go on with,
+/// when there is one it can go on with (so a refusal never replaces it).
+pub(in crate::serve) async fn continued_status_comment(db: &Db, run: &Run) -> Option<u64> {
+    let runs = db
+        .finished_code_runs(&run.request.repo, run.request.issue_number, LOOK_BACK)
+        .await
+        .ok()?;
+    let earlier = choose(&runs).ok()?;
+    if db.transcript_pruned_at(&earlier.id).await.ok()?.is_some() {
+        return None;
     }
+    earlier.status_comment_id.map(|id| id as u64)
+}
+
+/// The run `run` (a `/kodx continue`) goes on with, and its conversation.
+pub(in crate::serve) async fn resumption(
+    db: &Db,
+    run: &Run,
+) -> Result<Result<Resumption, CannotContinue>, crate::db::DbError> {
+    let runs = db
+        .finished_code_runs(&run.request.repo, run.request.issue_number, LOOK_BACK)
+        .await?;
+    let earlier = match choose(&runs) {
+        Ok(e) => e,
+        Err(e) => return Ok(Err(e)),
+    };
+    if db.transcript_pruned_at(&earlier.id).await?.is_some() {
+        return Ok(Err(CannotContinue::Pruned { id: earlier.id }));
+    }
+    let mut resumer = Resumer::default();
+    let read = db
+        .each_transcript_record(&earlier.id, |record| resumer.push(record))
+        .await?;
+    let messages = read.and_then(|()| resumer.finish(""));
+    Ok(match messages {
+        Ok(messages) => Ok(Resumption { earlier, messages }),
+        Err(e) => Err(CannotContinue::Transcript {
+            id: earlier.id,
+            problem: match e {
+                ResumeError::NoRequest => "it holds no model request".into(),
+                e => e.to_string(),
+            },
+        }),
+    })
 }
 
 #[cfg(test)]
@@ -280,9 +213,9 @@ mod tests {
     use super::*;
     use crate::db::RunStatus;
     use crate::github::Permission;
+    use crate::job::{Job, RunRequest, Trigger};
     use crate::repo_config::RepoConfig;
-    use crate::serve::job::{Job, RunRequest, Trigger};
-    use crate::serve::worker::gate::Budget;
+    use crate::serve::pipeline::gate::Budget;
 
     fn run(id: &str, stop: EndReason, result: serde_json::Value, cost: f64) -> Run {
         Run {
@@ -407,37 +340,7 @@ mod tests {
 
     fn admission(budget: Option<Budget>) -> Admission {
         let config = RepoConfig::parse("cost_limit:\n  code: 3\nmax_iterations: 40\n").unwrap();
-        Admission::new(config, Some(Permission::Write), budget, 0)
-    }
-
-    #[test]
-    fn the_text_shows_both_parts_and_the_total() {
-        let e = Earlier {
-            id: "s".into(),
-            request: "add a flag".into(),
-            branch: "b".into(),
-            cost: 0.25,
-            status_comment_id: None,
-        };
-        let t = both_parts("Done.\n", &e, 0.5, &Readiness::Ready);
-        assert!(t.starts_with("Done.\n\n**Continued** from run `s`"), "{t}");
-        assert!(
-            t.contains("earlier parts $0.2500, this part $0.5000, **$0.7500 in total**"),
-            "{t}"
-        );
-        assert!(t.contains("now ready for review"), "{t}");
-        assert!(!both_parts("x", &e, 0.5, &Readiness::Unchanged).contains("ready for review"));
-        let draft = both_parts(
-            "x",
-            &e,
-            0.5,
-            &Readiness::StillDraft(Some("HTTP 403".into())),
-        );
-        assert!(
-            draft.contains("still a draft") && draft.contains("HTTP 403"),
-            "{draft}"
-        );
-        assert!(both_parts("x", &e, 0.5, &Readiness::StillDraft(None)).contains("`pr.draft`"));
+        Admission::new(config, Some(Permission::Write), budget)
     }
 
     #[test]

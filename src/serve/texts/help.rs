@@ -3,7 +3,7 @@
 use crate::comment;
 
 /// The answer to `/kodx help` (and to an unknown subcommand).
-pub fn help_text(unknown: &str) -> String {
+pub fn help(unknown: &str) -> String {
     let mut out = String::new();
     if !unknown.is_empty() {
         out.push_str(&format!(

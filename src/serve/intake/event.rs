@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 
 use crate::command;
-use crate::serve::job::{Job, ReviewContext, RunRequest, Trigger};
+use crate::job::{Job, ReviewContext, RunRequest, Trigger};
 
 /// What a delivery means to kodx.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,12 +6,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use super::{RunFailure, Services, Timings};
 use crate::db::Run;
 use crate::git::{Checkout, History};
 use crate::repo_cache::{RepoCache, RepoKey};
 use crate::sandbox::RepoSource;
-use crate::serve::messages;
-use crate::serve::worker::{RunFailure, Timings, Workers};
+use crate::serve::texts;
 
 /// Where the runs' clones go under the repository cache's directory when the temporary
 /// directory is on another filesystem (a name its mirrors never take: they are
@@ -41,7 +41,7 @@ pub(in crate::serve) struct CloneOf<'a> {
     pub tip_only: bool,
 }
 
-impl Workers {
+impl Services {
     /// Clones `of` for `run` into a new private directory; the phases go into `timings`.
     pub(in crate::serve) async fn workspace(
         &self,
@@ -102,7 +102,7 @@ impl Workers {
                 let (c, first) = match checked {
                     Ok(Ok(checked)) => checked,
                     Ok(Err(e)) => {
-                        return Err(RunFailure::User(messages::clone_failed(&e.to_string())))
+                        return Err(RunFailure::User(texts::clone_failed(&e.to_string())))
                     }
                     Err(e) => return Err(clone_task_failed(e)),
                 };
@@ -143,7 +143,7 @@ impl Workers {
                         tracing::info!(head = %c.head_sha, "cloned")
                     }
                     Ok(Err(e)) => {
-                        return Err(RunFailure::User(messages::clone_failed(&e.to_string())))
+                        return Err(RunFailure::User(texts::clone_failed(&e.to_string())))
                     }
                     Err(e) => return Err(clone_task_failed(e)),
                 }

@@ -17,10 +17,10 @@ use serde_json::json;
 use tokio::sync::Notify;
 
 use crate::db::{Accepted, Db, NewDelivery};
-use crate::serve::body::{read_verified, BodyBudget, BodyError};
-use crate::serve::event::{triage, Triage};
-use crate::serve::job::RunRequest;
-use crate::serve::listen::ConnectionHandle;
+use crate::job::RunRequest;
+use crate::serve::intake::body::{read_verified, BodyBudget, BodyError};
+use crate::serve::intake::event::{triage, Triage};
+use crate::serve::intake::listen::ConnectionHandle;
 use crate::serve::metrics::Metrics;
 use crate::webhook::WebhookSecrets;
 

@@ -21,7 +21,7 @@ use futures_util::StreamExt as _;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::serve::http::{intake, HttpState, MAX_BODY_BYTES};
+use crate::serve::intake::http::{intake, HttpState, MAX_BODY_BYTES};
 
 /// The most bytes one forwarded event may take (the body and the headers around it).
 const MAX_EVENT_BYTES: usize = MAX_BODY_BYTES + (1 << 20);

@@ -1,0 +1,112 @@
+//! `/kodx code` (and `/kodx continue`, which goes on with one): the agent changes the
+//! repository in its container; the exact change set comes out and is delivered
+//! ([`crate::serve::pipeline::deliver`]) as a pull request (or a commit on the pull
+//! request's branch). Work a limit cut short is delivered marked incomplete, as
+//! `pr.on_limit` says.
+
+use std::time::Instant;
+
+use crate::comment::Done;
+use crate::db::RunStatus;
+use crate::model::Message;
+use crate::sandbox::Sandbox as _;
+use crate::serve::commands::continue_run::Earlier;
+use crate::serve::pipeline::deliver::{deliver, deliverable, Change, Delivered, DeliveryError};
+use crate::serve::pipeline::execute::execute;
+use crate::serve::pipeline::plan::RunPlan;
+use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
+use crate::serve::texts::{self, Readiness};
+
+/// Runs `/kodx code`: planned, executed, delivered.
+pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure> {
+    let plan = cx.plan().await?;
+    let messages = vec![Message::user_text(&plan.prompt)];
+    deliver_work(cx, &plan, messages, None).await
+}
+
+/// Executes a planned code run from `messages` and delivers its change; `earlier`: the
+/// stopped run a `/kodx continue` goes on with.
+pub(in crate::serve) async fn deliver_work(
+    cx: &RunCtx<'_>,
+    plan: &RunPlan,
+    messages: Vec<Message>,
+    earlier: Option<Earlier>,
+) -> Result<Ending, RunFailure> {
+    let (workspace, sandbox, outcome) = match execute(cx, plan, messages).await?.ran() {
+        Ok(ran) => ran,
+        Err(ending) => return Ok(ending),
+    };
+    let (deliverable, partial) = deliverable(outcome.stop_reason, plan.on_limit);
+    let target = plan
+        .target
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("a code run was planned without a target"))?;
+    let changes = if deliverable {
+        let started = Instant::now();
+        let changes = sandbox.change_set().await;
+        cx.log.timings.add("export", started.elapsed());
+        Some(changes)
+    } else {
+        None
+    };
+    // The container goes while the change is delivered (it is not needed any more).
+    let teardown = tokio::spawn(async move { sandbox.destroy().await });
+    let mut done = Done::new(plan.kind, outcome);
+    let mut readiness = Readiness::Unchanged;
+    done.text = done.outcome.last_message.clone();
+    done.setup = *cx.log.setup.lock().expect("lock");
+    if let Some(changes) = changes {
+        // A continuation's commit and pull request say the request it continues.
+        let request = match &earlier {
+            Some(earlier) => earlier.request.clone(),
+            None => cx.run.request.job.argument().into_owned(),
+        };
+        let delivered = match changes {
+            Ok(changes) => {
+                let change = Change {
+                    request: &request,
+                    workspace: &workspace,
+                    target,
+                    draft: plan.draft,
+                    partial,
+                };
+                deliver(cx, change, changes, &done).await
+            }
+            Err(e) => Err(DeliveryError::Export(e)),
+        };
+        match delivered {
+            Ok(Delivered::Pull(url, ready)) => {
+                done.pr_url = Some(url);
+                readiness = ready;
+            }
+            Ok(Delivered::Pushed { sha, branch }) => done.pushed = Some((sha, branch)),
+            Ok(Delivered::Nothing) => {}
+            Err(failure) => done.failure = Some(failure.to_string()),
+        }
+        if done.pr_url.is_some() || done.pushed.is_some() {
+            *cx.log.branch.lock().expect("lock") = Some(target.branch().to_string());
+        }
+    }
+    match teardown.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("removing the container failed: {e}"),
+        Err(e) => tracing::warn!("removing the container failed: {e}"),
+    }
+    // The clone goes with its workspace.
+    drop(workspace);
+    if let Some(earlier) = &earlier {
+        done.text = texts::continued(
+            &done.text,
+            &earlier.id,
+            earlier.cost,
+            done.outcome.usd_cost,
+            &readiness,
+        );
+    }
+    let status = if done.succeeded() {
+        RunStatus::Succeeded
+    } else {
+        RunStatus::Failed
+    };
+    Ok(Ending::Work { status, done })
+}

@@ -1,0 +1,409 @@
+//! What `ask` and `code` runs share once planned: the clone, the container, and the agent
+//! working in it with the status comment following its progress and the transcript kept in
+//! the database. [`ask`](super::ask) and [`code`](super::code) do what comes after.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use secrecy::ExposeSecret;
+use tokio_util::sync::CancellationToken;
+
+use super::ending::zero_outcome;
+use super::{Ending, Fence, RunCtx, RunFailure, RunLog, Services, StatusComment};
+use crate::agent::{Agent, Outcome, Progress, Record, StopReason};
+use crate::comment::{Done, Phase};
+use crate::db::{Db, Run, RunStatus};
+use crate::model::{Message, Provider, ProviderError, Request, Response};
+use crate::program::Plan;
+use crate::sandbox::{ChangeSet, DockerSandbox, Exported, FeedOutput, Sandbox, SandboxError};
+use crate::serve::metrics::Metrics;
+use crate::serve::pipeline::plan::RunPlan;
+use crate::serve::pipeline::workspace::{CloneOf, Workspace};
+use crate::serve::texts;
+
+use anyhow::Context as _;
+
+/// How far an execution got. (One per run, moved once: its size does not matter.)
+#[allow(clippy::large_enum_variant)]
+pub(in crate::serve) enum Executed {
+    /// The agent ran; its container is still up (a code run's change is in it).
+    Ran {
+        workspace: Workspace,
+        sandbox: DockerSandbox,
+        outcome: Outcome,
+    },
+    /// The run ended before the agent: cancelled, or the repository's setup failed.
+    Over(Ending),
+}
+
+/// What a run that got as far as its agent has: its clone, its container, its outcome.
+pub(in crate::serve) type Ran = (Workspace, DockerSandbox, Outcome);
+
+impl Executed {
+    /// The agent's run, or the ending of a run that stopped before it. (Once per run:
+    /// the size of the error does not matter.)
+    #[allow(clippy::result_large_err)]
+    pub(in crate::serve) fn ran(self) -> Result<Ran, Ending> {
+        match self {
+            Executed::Ran {
+                workspace,
+                sandbox,
+                outcome,
+            } => Ok((workspace, sandbox, outcome)),
+            Executed::Over(ending) => Err(ending),
+        }
+    }
+}
+
+/// Clones, starts the container and runs the agent to its end, from `messages` (the
+/// prompt, or a stopped run's conversation).
+pub(in crate::serve) async fn execute(
+    cx: &RunCtx<'_>,
+    run_plan: &RunPlan,
+    messages: Vec<Message>,
+) -> Result<Executed, RunFailure> {
+    let RunCtx {
+        svc,
+        run,
+        gh,
+        status,
+        cancel,
+        fence,
+        log,
+        ..
+    } = cx;
+    let (run, cancel, fence, log) = (*run, *cancel, *fence, *log);
+    let timings = &log.timings;
+    let plan = &run_plan.plan;
+    let provider = svc
+        .providers
+        .make(plan.program.model.provider)
+        .map_err(anyhow::Error::msg)
+        .context("the model API is not configured on this server")?;
+    let provider = Timed {
+        inner: provider,
+        metrics: svc.metrics.clone(),
+        fence: fence.clone(),
+    };
+    let workspace = svc
+        .workspace(
+            run,
+            CloneOf {
+                url: &run.request.clone_url,
+                token: gh.token().expose_secret().to_string(),
+                checkout: &run_plan.checkout,
+                depth: run_plan.depth,
+                tip_only: run_plan.tip_only(),
+            },
+            timings,
+        )
+        .await?;
+    if cancel.is_cancelled() {
+        return Ok(Executed::Over(cancelled_early(run_plan)));
+    }
+    let sandbox = match container(svc, run, run_plan, &workspace, cancel, log).await? {
+        Ok(sandbox) => sandbox,
+        Err(over) => return Ok(Executed::Over(over)),
+    };
+
+    // The agent, with the status comment following its progress. If the engine stops
+    // answering meanwhile, the run is stopped.
+    let (engine_name, lost) = log.placed_on().unzip();
+    let link = lost.clone().map(|lost| {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            lost.cancelled().await;
+            cancel.cancel();
+        })
+    });
+    svc.set_phase(run, "working").await;
+    let (progress_tx, progress_rx) = tokio::sync::watch::channel(None::<Progress>);
+    let updater = {
+        let (status, interval) = (status.clone(), svc.settings.status_interval());
+        tokio::spawn(async move { status.follow(interval, progress_rx).await })
+    };
+    let (records_tx, records_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let writer = tokio::spawn(write_transcript(svc.db.clone(), run.id.clone(), records_rx));
+    let fenced = Fenced {
+        inner: &sandbox,
+        fence,
+    };
+    let agent = Agent {
+        provider: &provider,
+        sandbox: &fenced,
+        config: plan.agent.clone(),
+        cancel: cancel.clone(),
+    };
+    let started = Instant::now();
+    let outcome = agent
+        .resume(
+            messages,
+            |p| {
+                let _ = progress_tx.send(Some(p.clone()));
+            },
+            |r: &Record| {
+                if let Ok(line) = serde_json::to_string(r) {
+                    let _ = records_tx.send(line);
+                }
+            },
+        )
+        .await;
+    timings.add("agent", started.elapsed());
+    drop(progress_tx);
+    drop(records_tx);
+    for (task, what) in [
+        (updater, "following the progress"),
+        (writer, "the transcript writer"),
+    ] {
+        if let Err(e) = task.await {
+            tracing::error!("{what} failed: {e}");
+        }
+    }
+    if let Some(link) = link {
+        link.abort();
+    }
+    if let (Some(name), true) = (engine_name, lost.is_some_and(|l| l.is_cancelled())) {
+        tracing::warn!(engine = %name, "the run's Docker engine stopped answering; the run is stopped");
+        // The container goes when the engine is back; do not wait for a dead one.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(3), sandbox.destroy()).await;
+        let mut outcome = outcome;
+        outcome.stop_reason = StopReason::Error;
+        outcome.detail = Some(format!("the Docker engine {name} stopped answering"));
+        let mut done = Done::new(run_plan.kind, outcome);
+        done.failure = Some(texts::engine_lost(&name));
+        return Ok(Executed::Over(Ending::Work {
+            status: RunStatus::Failed,
+            done,
+        }));
+    }
+    Ok(Executed::Ran {
+        workspace,
+        sandbox,
+        outcome,
+    })
+}
+
+/// The run's container with the clone in it and the setup run. `Ok(Err(_))`: the run
+/// is over (cancelled while it started, or the repository's setup failed).
+async fn container(
+    svc: &Services,
+    run: &Run,
+    run_plan: &RunPlan,
+    workspace: &Workspace,
+    cancel: &CancellationToken,
+    log: &RunLog,
+) -> Result<Result<DockerSandbox, Ending>, RunFailure> {
+    let mut spec = run_plan.plan.sandbox.clone();
+    spec.repo_dir = Some(workspace.dest.clone());
+    spec.repo_source = workspace.source;
+    let started = Instant::now();
+    // An engine that fails while the container starts counts a missed answer and the run
+    // is placed again (two in a row take an engine out, so this ends).
+    let mut failures = Vec::new();
+    loop {
+        let placed = tokio::select! {
+            p = svc.engine.place(&run.id, &spec.image, &run.request.repo) => p,
+            _ = cancel.cancelled() => return Ok(Err(cancelled_early(run_plan))),
+        };
+        let placement = match placed {
+            Ok(p) => p,
+            Err(e) => {
+                failures.push(e.0);
+                return Err(RunFailure::User(texts::no_engine(&failures.join("; "))));
+            }
+        };
+        tracing::info!(engine = %placement.name, "placed the run on a Docker engine");
+        let engine = placement.engine.clone();
+        if run.attempts > 1 {
+            // An earlier attempt's container (whoever made it) would hold the name.
+            match engine.remove_run_containers(&spec.run_id).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("removed {n} container(s) of an earlier attempt"),
+                Err(e) => {
+                    tracing::warn!("could not remove an earlier attempt's container: {e}")
+                }
+            }
+        }
+        let sandbox = tokio::select! {
+            s = engine.start_with_progress(&spec, |line| tracing::info!("{line}")) => s,
+            _ = cancel.cancelled() => return Ok(Err(cancelled_early(run_plan))),
+        };
+        return match sandbox {
+            Ok(s) => {
+                let setup = s.setup_report();
+                // The container phase is the whole start; the setup is its part.
+                log.timings.add("container", started.elapsed());
+                if let Some(took) = setup.took {
+                    log.timings.add(setup.phase(), took);
+                }
+                *log.setup.lock().expect("lock") = Some(setup);
+                *log.placement.lock().expect("lock") = Some(placement);
+                Ok(Ok(s))
+            }
+            Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {
+                let mut outcome = stopped(&run_plan.plan, StopReason::SetupFailed);
+                outcome.duration = started.elapsed();
+                outcome.detail = Some(e.to_string());
+                Ok(Err(Ending::Work {
+                    status: RunStatus::Failed,
+                    done: Done::new(run_plan.kind, outcome),
+                }))
+            }
+            Err(e) => {
+                let answers =
+                    tokio::time::timeout(std::time::Duration::from_secs(3), engine.docker().ping())
+                        .await
+                        .is_ok_and(|r| r.is_ok());
+                if answers {
+                    Err(RunFailure::User(texts::container_failed(&e.to_string())))
+                } else {
+                    tracing::warn!(engine = %placement.name, "the Docker engine failed while the container started: {e}");
+                    svc.engine.report_failure(&placement.name, &e.to_string());
+                    failures.push(format!("{}: {e}", placement.name));
+                    continue;
+                }
+            }
+        };
+    }
+}
+
+impl Services {
+    /// Notes the run's phase (for `/runs` and recovery); a failure is only logged.
+    async fn set_phase(&self, run: &Run, phase: &str) {
+        if let Err(e) = self.db.set_phase(&run.id, phase).await {
+            tracing::warn!("recording the run's phase {phase:?} failed: {e}");
+        }
+    }
+
+    /// Shows that the run is setting up, before its clone.
+    pub(in crate::serve) async fn setting_up(&self, run: &Run, status: &StatusComment) {
+        status.edit(&Phase::SettingUp).await;
+        self.set_phase(run, "setting_up").await;
+    }
+}
+
+/// A run cancelled before its agent started: nothing was spent.
+pub(in crate::serve) fn cancelled_early(run_plan: &RunPlan) -> Ending {
+    Ending::Work {
+        status: RunStatus::Cancelled,
+        done: Done::new(
+            run_plan.kind,
+            stopped(&run_plan.plan, StopReason::Cancelled),
+        ),
+    }
+}
+
+/// The outcome of a run that ended before its agent did anything.
+fn stopped(plan: &Plan, reason: StopReason) -> Outcome {
+    zero_outcome(
+        reason,
+        plan.agent.cost_limit,
+        plan.program.model.name.clone(),
+    )
+}
+
+/// Keeps the transcript in the database as records arrive.
+async fn write_transcript(
+    db: Db,
+    run_id: String,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let mut seq = db.next_transcript_seq(&run_id).await.unwrap_or(0);
+    while let Some(line) = rx.recv().await {
+        if let Err(e) = db.append_transcript(&run_id, seq, &line).await {
+            tracing::warn!("writing the transcript failed: {e}");
+        }
+        seq += 1;
+    }
+}
+
+/// Times model calls for `/metrics`; none is made once the run's lease is lost.
+struct Timed {
+    inner: Box<dyn Provider>,
+    metrics: Arc<Metrics>,
+    fence: Fence,
+}
+
+#[async_trait::async_trait]
+impl Provider for Timed {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn complete(&self, request: &Request) -> Result<Response, ProviderError> {
+        if !self.fence.holds().await {
+            return Err(lease_lost(self.inner.name()));
+        }
+        let started = Instant::now();
+        let r = self.inner.complete(request).await;
+        self.metrics.model_call(&request.model, started.elapsed());
+        r
+    }
+
+    async fn count_tokens(&self, request: &Request) -> Option<u64> {
+        self.inner.count_tokens(request).await
+    }
+}
+
+fn lease_lost(provider: &'static str) -> ProviderError {
+    ProviderError::Api {
+        provider,
+        status: 409,
+        message: "not called: this process lost the run's lease".into(),
+    }
+}
+
+/// The run's container, refusing commands once the run's lease is lost.
+struct Fenced<'a> {
+    inner: &'a DockerSandbox,
+    fence: &'a Fence,
+}
+
+impl Fenced<'_> {
+    async fn check(&self) -> crate::sandbox::Result<()> {
+        if self.fence.holds().await {
+            Ok(())
+        } else {
+            Err(SandboxError::LeaseLost)
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Sandbox for Fenced<'_> {
+    async fn create_new_shell(&self, name: &str) -> crate::sandbox::Result<String> {
+        self.check().await?;
+        self.inner.create_new_shell(name).await
+    }
+
+    async fn feed_chars(
+        &self,
+        name: &str,
+        chars: &str,
+        yield_time: std::time::Duration,
+    ) -> crate::sandbox::Result<FeedOutput> {
+        self.check().await?;
+        self.inner.feed_chars(name, chars, yield_time).await
+    }
+
+    async fn export_workspace(&self, dest: &std::path::Path) -> crate::sandbox::Result<Exported> {
+        self.check().await?;
+        self.inner.export_workspace(dest).await
+    }
+
+    async fn change_set(&self) -> crate::sandbox::Result<ChangeSet> {
+        self.inner.change_set().await
+    }
+
+    fn workdir(&self) -> &str {
+        self.inner.workdir()
+    }
+
+    async fn halted(&self) -> String {
+        self.inner.halted().await
+    }
+
+    async fn destroy(&self) -> crate::sandbox::Result<()> {
+        self.inner.destroy().await
+    }
+}

@@ -1,0 +1,177 @@
+//! The stages a run goes through, and what they share. Nothing here reaches back into the
+//! [worker](crate::serve::worker) or the [commands](crate::serve::commands): the worker
+//! builds a run's [`RunCtx`] once and the command's handler walks these stages with it.
+//!
+//! - [`gate`]: admission — who asked, the repository's config, the monthly budget — and
+//!   the typed [`gate::Refusal`];
+//! - [`context`]: what GitHub says about the issue, as the model is told it;
+//! - [`plan`]: what the run will do, decided before it does anything (pure);
+//! - [`workspace`]: the run's clone on the host;
+//! - [`execute`]: the container and the agent working in it;
+//! - [`deliver`]: a code run's change committed, pushed and opened as a pull request;
+//! - [`status`]: the run's status comment;
+//! - [`ending`]: how the run ended, written down once ([`Services::conclude`]);
+//! - [`engines`], [`fence`], [`resources`]: the Docker engines, the run's hold on its
+//!   lease, and the model clients.
+
+pub(in crate::serve) mod context;
+pub(in crate::serve) mod deliver;
+pub(in crate::serve) mod ending;
+pub(in crate::serve) mod engines;
+pub(in crate::serve) mod execute;
+pub(in crate::serve) mod fence;
+pub(in crate::serve) mod gate;
+pub(in crate::serve) mod plan;
+pub(in crate::serve) mod resources;
+pub(in crate::serve) mod status;
+pub(in crate::serve) mod workspace;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cost::Pricing;
+use crate::db::{Db, Run};
+use crate::github::{GitHubApp, GitHubError, Installation, RepoName, TokenScope};
+use crate::job::{JobKind, RunKind, TriggerKind};
+use crate::serve::config::Settings;
+use crate::serve::metrics::Metrics;
+
+pub(in crate::serve) use ending::{Ending, RunFailure, RunLog, Timings};
+pub use engines::{EngineStatus, Engines, NoEngine, Placement};
+pub(in crate::serve) use fence::Fence;
+pub(in crate::serve) use gate::Admission;
+pub use resources::{EnvProviders, ProviderFactory};
+pub(in crate::serve) use status::StatusComment;
+
+/// What every run of this process uses: the database, GitHub, the engines, the settings,
+/// the model clients, and the runs running here. Made once by the worker.
+pub struct Services {
+    pub db: Db,
+    pub app: GitHubApp,
+    pub engine: Arc<Engines>,
+    pub settings: Settings,
+    pub metrics: Arc<Metrics>,
+    pub providers: Arc<dyn ProviderFactory>,
+    pub pricing: Pricing,
+    /// Identifies this process's claims.
+    pub worker_id: String,
+    /// `KODX_PUBLIC_URL` and the run pages' key, when status comments link to run pages.
+    pub(in crate::serve) run_links: std::sync::OnceLock<(String, crate::serve::runpage::RunKey)>,
+    /// The runs running in this process, by id.
+    pub(in crate::serve) running: Mutex<HashMap<String, RunHandle>>,
+    /// The acknowledgement of each run being acknowledged, or acknowledged and waiting for
+    /// a slot: made once, by whichever task comes first, and taken by the run when it starts
+    /// (or dropped when it is cancelled first).
+    pub(in crate::serve) acks: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Acked>>>>,
+}
+
+/// What acknowledging a run came to.
+#[derive(Clone)]
+pub(in crate::serve) enum Acked {
+    /// Admitted; `eyes` and the status comment (with its id, unless creating it failed)
+    /// are up.
+    Admitted(Box<(Admission, StatusComment)>),
+    /// Refused, and finished.
+    Refused,
+    /// GitHub could not be asked; nothing was posted.
+    Unreachable,
+    /// Another process acknowledges it (a shared queue).
+    Elsewhere,
+    /// Another process acknowledged it: its status comment (the admission is read here).
+    Posted(u64),
+}
+
+/// A run running in this process.
+pub(in crate::serve) struct RunHandle {
+    pub(in crate::serve) cancel: CancellationToken,
+    /// Who cancelled it with `/kodx cancel` (none: shutdown).
+    pub(in crate::serve) cancelled_by: Arc<Mutex<Option<String>>>,
+    /// Its hold on the run's lease (a shared queue).
+    pub(in crate::serve) fence: Fence,
+}
+
+impl Services {
+    /// The run's repository and a token for it ([`Services::installation`]), for the paths
+    /// that hold no run context: control jobs, refusals, restarts, the end of a run.
+    pub(in crate::serve) async fn github(
+        &self,
+        run: &Run,
+    ) -> anyhow::Result<(Installation, RepoName)> {
+        use anyhow::Context as _;
+        let repo = repo_of(run)?;
+        let gh = self
+            .installation(run, &repo)
+            .await
+            .context("GitHub did not give kodx an installation token")?;
+        Ok((gh, repo))
+    }
+
+    /// A token for this run's repository only, with the permissions its kind uses: a code
+    /// run may push and open pull requests; an ask, help or cancel reads and comments.
+    pub(in crate::serve) async fn installation(
+        &self,
+        run: &Run,
+        repo: &RepoName,
+    ) -> Result<Installation, GitHubError> {
+        let scope = if run.kind() == JobKind::Code {
+            TokenScope::write(repo)
+        } else {
+            let review = run.request.trigger.kind() == TriggerKind::ReviewComment;
+            TokenScope::read(repo, review)
+        };
+        self.app
+            .installation_for(run.request.installation_id as u64, &scope)
+            .await
+    }
+
+    /// The address of run `run_id`'s page, when the pages are linked.
+    pub(in crate::serve) fn run_link(&self, run_id: &str) -> Option<String> {
+        let (public_url, key) = self.run_links.get()?;
+        Some(key.link(public_url, run_id))
+    }
+
+    /// Drops what acknowledging the run left for it (it started, or it is over).
+    pub(in crate::serve) fn forget_ack(&self, run_id: &str) {
+        self.acks.lock().expect("lock").remove(run_id);
+    }
+
+    /// The prefix of this installation's clone directories (found again by `recover`).
+    pub(in crate::serve) fn clone_prefix(&self) -> String {
+        format!("kodx-run-{}-", self.engine.instance().unwrap_or("local"))
+    }
+}
+
+/// One run, as its handler sees it: built once by the worker when the run starts and
+/// passed by reference to the command's handler and every stage after it.
+pub(in crate::serve) struct RunCtx<'a> {
+    pub svc: &'a Services,
+    pub run: &'a Run,
+    /// The repository, parsed once.
+    pub repo: RepoName,
+    /// What the run does (`continue` goes on with a code run).
+    pub kind: RunKind,
+    /// A token for the work (a fresh one is taken before a push).
+    pub gh: Installation,
+    pub admission: Admission,
+    pub status: StatusComment,
+    pub cancel: &'a CancellationToken,
+    /// The run's hold on its lease, checked before each model call, command and push.
+    pub fence: &'a Fence,
+    pub log: &'a RunLog,
+    /// When the run's preparation began (the `prepare` phase of its timings).
+    pub started: std::time::Instant,
+}
+
+/// The run's repository, typed.
+pub(in crate::serve) fn repo_of(run: &Run) -> anyhow::Result<RepoName> {
+    use anyhow::Context as _;
+    RepoName::parse(&run.request.repo)
+        .with_context(|| format!("the repository name {:?} is not valid", run.request.repo))
+}
+
+/// The kind of work a run does; a control job's status comment reads as an `ask`'s.
+pub(in crate::serve) fn run_kind(run: &Run) -> RunKind {
+    run.kind().run_kind().unwrap_or(RunKind::Ask)
+}

@@ -1,0 +1,177 @@
+//! Acknowledging a run: admitted (who asked, the config, the budget), `eyes` on the
+//! command and the status comment posted — once, by whichever task comes first, as soon as
+//! the run is queued, even while it waits for a slot; or refused, with one short comment.
+
+use std::time::Instant;
+
+use crate::comment::Phase;
+use crate::db::Run;
+use crate::github::Reaction;
+use crate::job::Job;
+use crate::serve::commands::continue_run;
+use crate::serve::pipeline::gate::{CannotContinue, Refusal};
+use crate::serve::pipeline::{repo_of, Acked, RunFailure, RunLog, StatusComment};
+
+use super::Workers;
+
+/// How long a run claimed here waits for the process acknowledging it to post its status
+/// comment before taking that process to be gone.
+const ACK_ELSEWHERE_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+impl Workers {
+    /// Acknowledges the run once, whoever asks first (the task acknowledging it while it
+    /// waits, or the worker that claimed it); the other waits for the same outcome. `None`
+    /// for a run an earlier process acknowledged (it has a status comment).
+    pub(super) async fn ensure_acknowledged(&self, run: &Run) -> Option<Acked> {
+        let cell = {
+            let mut acks = self.acks.lock().expect("lock");
+            match acks.get(&run.id) {
+                Some(cell) => cell.clone(),
+                None if run.status_comment_id.is_some() => return None,
+                None => acks.entry(run.id.clone()).or_default().clone(),
+            }
+        };
+        let acked = cell.get_or_init(|| self.acknowledge(run)).await.clone();
+        // Only an admitted run with its status comment waits here for its slot; the others
+        // are over, or are acknowledged again on the next pass.
+        if !matches!(&acked, Acked::Admitted(a) if a.1.id().is_some()) {
+            self.forget_ack(&run.id);
+        }
+        Some(acked)
+    }
+
+    /// Admits the run (who asked, the repository's config, the budget), reacts `eyes` and
+    /// creates the status comment; or refuses it (and finishes it).
+    pub(in crate::serve) async fn acknowledge(&self, run: &Run) -> Acked {
+        // On a shared queue, once: the first process to take it.
+        if self.db.is_shared() {
+            match self
+                .db
+                .take_acknowledgement(&run.id, &self.worker_id, false)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => return Acked::Elsewhere,
+                Err(e) => {
+                    tracing::warn!("taking the run's acknowledgement failed: {e}");
+                    return Acked::Unreachable;
+                }
+            }
+        }
+        self.acknowledge_now(run).await
+    }
+
+    /// A run claimed here that another process is acknowledging: its status comment, once
+    /// that process posted it; `None` when that process refused the run (it is over). A
+    /// process that does not finish within a while is taken to be gone, and the run is
+    /// acknowledged here.
+    pub(in crate::serve) async fn acknowledged_elsewhere(&self, run: &Run) -> Acked {
+        let deadline = Instant::now() + ACK_ELSEWHERE_WAIT;
+        while Instant::now() < deadline {
+            match self.db.get_run(&run.id).await {
+                Ok(Some(r)) if r.status.is_final() => return Acked::Refused,
+                Ok(Some(r)) => {
+                    if let Some(id) = r.status_comment_id {
+                        return Acked::Posted(id as u64);
+                    }
+                }
+                Ok(None) => return Acked::Refused,
+                Err(e) => tracing::warn!("reading the run failed: {e}"),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        tracing::warn!("the process acknowledging this run did not finish; acknowledging it here");
+        if let Err(e) = self
+            .db
+            .take_acknowledgement(&run.id, &self.worker_id, true)
+            .await
+        {
+            tracing::warn!("taking the run's acknowledgement failed: {e}");
+        }
+        self.acknowledge_now(run).await
+    }
+
+    async fn acknowledge_now(&self, run: &Run) -> Acked {
+        let repo = match repo_of(run) {
+            Ok(repo) => repo,
+            Err(e) => {
+                self.conclude(
+                    run,
+                    Err(RunFailure::Internal(e)),
+                    &RunLog::default(),
+                    Instant::now(),
+                )
+                .await;
+                return Acked::Refused;
+            }
+        };
+        let gh = match self.installation(run, &repo).await {
+            Ok(gh) => gh,
+            Err(e) => {
+                tracing::warn!("GitHub is not reachable to acknowledge the run: {e}");
+                return Acked::Unreachable;
+            }
+        };
+        // Who may: checked before anything is posted, so a refusal is one short comment.
+        let admission = match self.admit(&gh, &repo, run).await {
+            Ok(a) => a,
+            Err(refusal) => {
+                self.conclude(run, Err(refusal.into()), &RunLog::default(), Instant::now())
+                    .await;
+                return Acked::Refused;
+            }
+        };
+        let is_continue = matches!(run.request.job, Job::Continue { .. });
+        // `/kodx continue` while the run it would continue has not ended: refused at once
+        // (what to continue is known only when that run stops).
+        if is_continue {
+            match self.db.unfinished_code_run_before(&run.id).await {
+                Ok(Some(id)) => {
+                    let refusal = Refusal::CannotContinue(CannotContinue::StillRunning { id });
+                    self.conclude(run, Err(refusal.into()), &RunLog::default(), Instant::now())
+                        .await;
+                    return Acked::Refused;
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("looking for an unfinished run on the issue failed: {e}"),
+            }
+        }
+        self.react(&gh, &repo, run, Reaction::Eyes).await;
+        let mut status = StatusComment::new(gh, repo, run, None).linked(self.run_link(&run.id));
+        // `/kodx continue` goes on in the status comment of the run it continues; a comment
+        // this run posted before a crash is found by its hidden metadata.
+        let existing = match is_continue {
+            true => continue_run::continued_status_comment(&self.db, run).await,
+            false => None,
+        };
+        let existing = match existing {
+            Some(id) => {
+                status.set_id(id);
+                status.edit(&Phase::Queued).await;
+                Some(id)
+            }
+            None => {
+                let found = self
+                    .find_status_comment(status.gh(), status.repo(), run)
+                    .await;
+                found.inspect(|id| status.set_id(*id))
+            }
+        };
+        let id = match existing {
+            Some(id) => Some(id),
+            None => match status.create(&Phase::Queued).await {
+                Ok(id) => Some(id),
+                Err(e) => {
+                    tracing::warn!("creating the status comment failed: {e}");
+                    None
+                }
+            },
+        };
+        if let Some(id) = id {
+            if let Err(e) = self.db.set_status_comment(&run.id, id as i64).await {
+                tracing::error!("storing the status comment id failed: {e}");
+            }
+        }
+        Acked::Admitted(Box::new((admission, status)))
+    }
+}
