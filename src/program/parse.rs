@@ -23,9 +23,14 @@ pub(crate) struct SchemaError {
 
 /// The error of reading a typed value, with the key path serde_path_to_error tracked
 /// (empty at the top level: no key). An unknown key's path ends with that key.
-fn schema_error(path: &Path, message: String, line: Option<usize>, file: &str) -> ProgramError {
+fn schema_error(
+    path: &[&Segment],
+    message: String,
+    line: Option<usize>,
+    file: &str,
+) -> ProgramError {
     let file = file.to_string();
-    let path = path.iter().next().is_some().then(|| path.to_string());
+    let path = (!path.is_empty()).then(|| yaml_path(path));
     if let Some((key, expected)) = parse_unknown_field(&message) {
         return ProgramError::UnknownKey {
             file,
@@ -97,6 +102,20 @@ pub(crate) fn split_yaml_error(e: &serde_norway::Error) -> SchemaError {
     }
 }
 
+/// The segments of `path` an error names: up to a key that is not a string (YAML's `? [a]`),
+/// which names nothing; and in TOML up to the first array index, so the error names the
+/// key holding the array (`parameters.stop_sequences`, `model` for `[[model]]`), as the
+/// messages always have.
+fn named_segments(path: &Path, format: Format) -> Vec<&Segment> {
+    path.iter()
+        .take_while(|s| match s {
+            Segment::Unknown => false,
+            Segment::Seq { .. } => format == Format::Yaml,
+            Segment::Map { .. } | Segment::Enum { .. } => true,
+        })
+        .collect()
+}
+
 /// `segments` written as serde_norway writes a path: keys joined by `.`, indexes as `[i]`.
 fn yaml_path(segments: &[&Segment]) -> String {
     let mut out = String::new();
@@ -166,7 +185,7 @@ pub(super) fn from_yaml<T: DeserializeOwned>(text: &str, file: &str) -> Result<T
         let inner = e.inner();
         let message = yaml_schema_message(inner, e.path());
         let line = inner.location().map(|l| l.line());
-        schema_error(e.path(), message, line, file)
+        schema_error(&named_segments(e.path(), Format::Yaml), message, line, file)
     })
 }
 
@@ -197,6 +216,7 @@ pub(super) fn from_toml<T: DeserializeOwned>(text: &str, file: &str) -> Result<T
     serde_path_to_error::deserialize(document).map_err(|e| {
         let inner = e.inner();
         let message = inner.message().trim_end().to_string();
-        schema_error(e.path(), message, start_of(inner).map(line_of), file)
+        let line = start_of(inner).map(line_of);
+        schema_error(&named_segments(e.path(), Format::Toml), message, line, file)
     })
 }
