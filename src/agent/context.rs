@@ -112,8 +112,9 @@ struct Planned {
     shortened: bool,
 }
 
-/// The provider's own token counts ([`Provider::count_tokens`]), asked for only when the
-/// byte bound would shorten a call or its answer. A count is used with a margin
+/// The provider's own token counts
+/// ([`Provider::count_tokens`](crate::model::Provider::count_tokens)), asked for only when
+/// the byte bound would shorten a call or its answer. A count is used with a margin
 /// ([`Counts::bound`]); after each call the billed prompt is compared with it, and one
 /// billed above its counted bound turns counting off for the rest of the run, so a
 /// provider whose counts run low cannot wear the cap down call after call.

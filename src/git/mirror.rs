@@ -156,9 +156,9 @@ pub fn fetch_mirror_for(
 }
 
 /// Makes `dest` (absent or an empty directory) a clone of `url` at `tip` — the same refs,
-/// branch, upstream and `.git/config` as [`clone`](super::clone()) of `checkout` would make — from the
-/// objects of the bare repository `mirror`, with no network. The mirror's object files are
-/// hard-linked (copied when `dest` is on another filesystem): they are never written
+/// branch, upstream and `.git/config` as [`clone`](super::clone()) of `checkout` would
+/// make — from the objects of the bare repository `mirror`, with no network. The mirror's
+/// object files are hard-linked (copied when `dest` is on another filesystem): they are never written
 /// again, so the clone shares no mutable state with the mirror or other clones.
 ///
 /// `files`: check the files out; otherwise write only the index, as if they had been (the
