@@ -528,6 +528,33 @@ change and test the code, then summarise what you did.
     }
 
     #[test]
+    fn errors_in_arrays_and_odd_keys_name_the_key_as_before() {
+        let err = |r: Result<Program, ProgramError>| r.unwrap_err().to_string();
+        // YAML names the element; TOML the key holding the array, or the [[table]].
+        assert_eq!(
+            err(yaml("parameters:\n  stop_sequences: [1, {a: b}]\n")),
+            "my.yaml: invalid value for \"parameters.stop_sequences[1]\" at line 2: invalid type: map, expected a string"
+        );
+        assert_eq!(
+            err(toml_program("[parameters]\nstop_sequences = [\"a\", 2]\n")),
+            "my.toml: invalid value for \"parameters.stop_sequences\" at line 2: invalid type: integer `2`, expected a string"
+        );
+        assert_eq!(
+            err(toml_program("[[model]]\nname = \"x\"\n")),
+            "my.toml: invalid value for \"model\" at line 1: invalid type: map, expected a string"
+        );
+        // A key that is not a string names nothing.
+        assert_eq!(
+            err(yaml("? [a]\n: b\n")),
+            "my.yaml at line 1: invalid type: sequence, expected field identifier"
+        );
+        assert_eq!(
+            err(yaml("model:\n  ? [a]\n  : b\n")),
+            "my.yaml: invalid value for \"model\" at line 2: invalid type: sequence, expected field identifier"
+        );
+    }
+
+    #[test]
     fn unreadable_path_names_path_and_reason() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("nope.yaml");
