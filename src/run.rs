@@ -11,7 +11,9 @@ use kodx::cost::{format_usd, Pricing};
 use kodx::model::{Provider, Usage};
 use kodx::program::{self, Defaults, DotKodxConfig, Overrides, Plan, Program};
 use kodx::providers::{AnthropicClient, OpenAiClient};
-use kodx::sandbox::{Cidr, Engine, NetworkMode, Sandbox, SandboxError, DEFAULT_MAX_DISK_BYTES};
+use kodx::sandbox::{
+    Cidr, DockerSandbox, Engine, NetworkMode, Sandbox, SandboxError, DEFAULT_MAX_DISK_BYTES,
+};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -245,21 +247,104 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         lines: Vec::new(),
     };
     // Everything a user can get wrong is checked before a container starts.
-    let repo = if args.repo_dir.is_empty() {
-        None
-    } else {
-        let dir = Path::new(&args.repo_dir);
-        Some(
-            dir.canonicalize()
-                .with_context(|| format!("--repo-dir {}: cannot use it", dir.display()))?,
-        )
-    };
+    let repo = repo_dir(&args)?;
     let prompt = read_prompt(&args)?;
     let resumed = match &args.resume {
         Some(path) => Some(resumed_messages(path, &prompt)?),
         None => None,
     };
     let (program, repo_cost_limit) = load_program(&args, repo.as_deref())?;
+    let Plan {
+        program,
+        sandbox: spec,
+        agent: config,
+    } = plan_run(&args, repo, program, repo_cost_limit)?;
+    let provider = provider_for(&program)?;
+    let mut transcript = open_transcript(&args)?;
+
+    let engine = Engine::connect().await?;
+    let _ = engine.sweep_dead_owners().await;
+
+    let started = std::time::Instant::now();
+    let sandbox = match engine
+        .start_with_progress(&spec, |line| out.note(&format!("kodx: {line}")))
+        .await
+    {
+        Ok(sb) => {
+            if sb.setup_report().cache == kodx::sandbox::SetupCacheUse::Hit {
+                out.note("kodx: the setup came from the setup cache (the script did not run)");
+            }
+            sb
+        }
+        Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {
+            out.note(&format!("kodx: {e}"));
+            let outcome = Outcome {
+                stop_reason: StopReason::SetupFailed,
+                last_message: String::new(),
+                api_calls: 0,
+                usage: Usage::default(),
+                usd_cost: 0.0,
+                cost_limit: config.cost_limit,
+                duration: started.elapsed(),
+                model: program.model.name.clone(),
+                detail: Some(e.to_string()),
+            };
+            return finish(&args, &mut out, &outcome);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let agent = Agent {
+        provider: provider.as_ref(),
+        sandbox: &sandbox,
+        config,
+        cancel: CancellationToken::new(),
+    };
+    let messages = resumed.unwrap_or_else(|| vec![kodx::model::Message::user_text(&prompt)]);
+    let (outcome, write_error) = run_agent(&agent, messages, &mut out, transcript.as_mut()).await;
+    // What the user asked to be written (the transcript, the export) but was not: the run
+    // may have ended its turn, but the exit code must not say all went well.
+    let mut output_failed = false;
+    if let Some(e) = write_error {
+        out.note(&format!("kodx: writing the transcript failed: {e}"));
+        output_failed = true;
+    }
+    if !export_and_destroy(&args, sandbox, &mut out).await {
+        output_failed = true;
+    }
+    if let Some(detail) = &outcome.detail {
+        out.note(&format!(
+            "kodx: stopped ({}): {detail}",
+            outcome.stop_reason.as_str()
+        ));
+    }
+    let code = finish(&args, &mut out, &outcome)?;
+    Ok(if output_failed {
+        ExitCode::FAILURE
+    } else {
+        code
+    })
+}
+
+/// `--repo-dir` made absolute; `None` for "" (a clean container).
+fn repo_dir(args: &RunArgs) -> anyhow::Result<Option<PathBuf>> {
+    if args.repo_dir.is_empty() {
+        return Ok(None);
+    }
+    let dir = Path::new(&args.repo_dir);
+    Ok(Some(dir.canonicalize().with_context(|| {
+        format!("--repo-dir {}: cannot use it", dir.display())
+    })?))
+}
+
+/// The plan of this run: the flags over the program over `.kodx/config.toml`'s cost limit,
+/// `KODX_IMAGE` and the built-in defaults; the sandbox gets `repo` and, with
+/// `--setup-cache`, a setup cache shared by the runs on the same checkout directory.
+fn plan_run(
+    args: &RunArgs,
+    repo: Option<PathBuf>,
+    program: Program,
+    repo_cost_limit: Option<f64>,
+) -> anyhow::Result<Plan> {
     let setup_script = match &args.setup_script {
         Some(f) => Some(
             std::fs::read_to_string(f)
@@ -297,17 +382,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         pricing = pricing.merged(Pricing::from_file(file)?);
     }
     let run_id = format!("run-{:012x}", rand::random::<u64>() >> 16);
-    let Plan {
-        program,
-        sandbox: mut spec,
-        agent: config,
-    } = Plan::new(run_id, program, &overrides, &defaults, &pricing)?;
-    let cost_limit = config.cost_limit;
+    let mut plan = Plan::new(run_id, program, &overrides, &defaults, &pricing)?;
+    let cost_limit = plan.agent.cost_limit;
     if !(cost_limit.is_finite() && cost_limit > 0.0) {
         bail!("--cost-limit must be a positive amount in USD, got {cost_limit}");
     }
-    let provider = provider_for(&program)?;
-    spec.repo_dir = repo.clone();
     if args.setup_cache {
         // Shared only by runs on the same checkout directory.
         let scope = match &repo {
@@ -317,56 +396,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 .to_string(),
             None => String::new(),
         };
-        spec.setup_cache = Some(kodx::sandbox::SetupCacheSpec::new(scope));
+        plan.sandbox.setup_cache = Some(kodx::sandbox::SetupCacheSpec::new(scope));
     }
+    plan.sandbox.repo_dir = repo;
+    Ok(plan)
+}
 
-    let mut transcript = match &args.transcript {
-        Some(path) => Some(std::io::BufWriter::new(
-            std::fs::File::create(path)
-                .with_context(|| format!("creating the transcript {}", path.display()))?,
-        )),
-        None => None,
+/// The `--transcript` file, created (emptied) before the run starts.
+fn open_transcript(args: &RunArgs) -> anyhow::Result<Option<std::io::BufWriter<std::fs::File>>> {
+    let Some(path) = &args.transcript else {
+        return Ok(None);
     };
+    let file = std::fs::File::create(path)
+        .with_context(|| format!("creating the transcript {}", path.display()))?;
+    Ok(Some(std::io::BufWriter::new(file)))
+}
 
-    let engine = Engine::connect().await?;
-    let _ = engine.sweep_dead_owners().await;
-
-    let started = std::time::Instant::now();
-    let sandbox = match engine
-        .start_with_progress(&spec, |line| out.note(&format!("kodx: {line}")))
-        .await
-    {
-        Ok(sb) => {
-            if sb.setup_report().cache == kodx::sandbox::SetupCacheUse::Hit {
-                out.note("kodx: the setup came from the setup cache (the script did not run)");
-            }
-            sb
-        }
-        Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {
-            out.note(&format!("kodx: {e}"));
-            let outcome = Outcome {
-                stop_reason: StopReason::SetupFailed,
-                last_message: String::new(),
-                api_calls: 0,
-                usage: Usage::default(),
-                usd_cost: 0.0,
-                cost_limit,
-                duration: started.elapsed(),
-                model: program.model.name.clone(),
-                detail: Some(e.to_string()),
-            };
-            return finish(&args, &mut out, &outcome);
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let agent = Agent {
-        provider: provider.as_ref(),
-        sandbox: &sandbox,
-        config,
-        cancel: CancellationToken::new(),
-    };
+/// Runs the agent from `messages`, showing its progress and writing each record to
+/// `transcript` as one JSON line. Returns the outcome and the first write error, if any.
+async fn run_agent(
+    agent: &Agent<'_>,
+    messages: Vec<kodx::model::Message>,
+    out: &mut Reporter,
+    mut transcript: Option<&mut std::io::BufWriter<std::fs::File>>,
+) -> (Outcome, Option<std::io::Error>) {
     let mut write_error = None;
-    let messages = resumed.unwrap_or_else(|| vec![kodx::model::Message::user_text(&prompt)]);
     let outcome = agent
         .resume(
             messages,
@@ -387,13 +441,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             write_error.get_or_insert(e);
         }
     }
-    // What the user asked to be written (the transcript, the export) but was not: the run
-    // may have ended its turn, but the exit code must not say all went well.
-    let mut output_failed = false;
-    if let Some(e) = write_error {
-        out.note(&format!("kodx: writing the transcript failed: {e}"));
-        output_failed = true;
-    }
+    (outcome, write_error)
+}
+
+/// Exports the workspace to `--export-dir` (when given), then removes the sandbox. False
+/// when the export was asked for and failed.
+async fn export_and_destroy(args: &RunArgs, sandbox: DockerSandbox, out: &mut Reporter) -> bool {
     let exported = match &args.export_dir {
         Some(dir) => sandbox
             .export_workspace(dir)
@@ -413,25 +466,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             if exported.left_out_count > 0 {
                 out.note(&left_out_note(&exported));
             }
+            true
         }
         Err(e) if !e.is_empty() => {
             out.note(&format!("kodx: the export failed: {e}"));
-            output_failed = true;
+            false
         }
-        Err(_) => {}
+        Err(_) => true,
     }
-    if let Some(detail) = &outcome.detail {
-        out.note(&format!(
-            "kodx: stopped ({}): {detail}",
-            outcome.stop_reason.as_str()
-        ));
-    }
-    let code = finish(&args, &mut out, &outcome)?;
-    Ok(if output_failed {
-        ExitCode::FAILURE
-    } else {
-        code
-    })
 }
 
 /// One line naming the ignored files an export left out for being over a size limit.

@@ -41,6 +41,11 @@ use serde_json::Value;
 
 use crate::model::{Block, Message, Request, Response, Role, ToolSpec};
 
+mod resume;
+
+pub(crate) use resume::append_note;
+pub use resume::{resumed_conversation, ResumeError, Resumer, MAX_RESUME_BYTES, RESUMED_NOTE};
+
 /// One transcript record. Secrets are not in them: keys travel only in HTTP headers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -258,76 +263,6 @@ pub fn requests<'a>(
         out.extend(request);
     }
     Ok(out)
-}
-
-/// The most of a transcript a resumed run reads (its tool outputs are capped; a run of a
-/// thousand steps stays far below this).
-pub const MAX_RESUME_BYTES: u64 = 512 << 20;
-
-/// Why a stored transcript cannot be resumed.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ResumeError {
-    #[error("it is more than a transcript kodx reads ({} MiB)", MAX_RESUME_BYTES >> 20)]
-    TooLarge,
-    #[error("record {record}: {problem}")]
-    Record { record: usize, problem: String },
-    #[error("it holds no model request")]
-    NoRequest,
-}
-
-/// Replays a stored transcript, record by record (a `.jsonl` file's lines or the database's
-/// rows), into the conversation a resumed run goes on with: [`Resumer::push`] each record,
-/// then [`Resumer::finish`]. Reads at most [`MAX_RESUME_BYTES`]. `kodx run --resume` and
-/// `/kodx continue` both use it.
-#[derive(Debug, Default)]
-pub struct Resumer {
-    conversation: Conversation,
-    records: usize,
-    requests: usize,
-    bytes: u64,
-}
-
-impl Resumer {
-    /// Replays one record (blank lines are skipped).
-    pub fn push(&mut self, json: &str) -> Result<(), ResumeError> {
-        self.records += 1;
-        self.bytes += json.len() as u64 + 1;
-        if self.bytes > MAX_RESUME_BYTES {
-            return Err(ResumeError::TooLarge);
-        }
-        if json.trim().is_empty() {
-            return Ok(());
-        }
-        match self.conversation.apply_json(json) {
-            Ok(Some(_)) => self.requests += 1,
-            Ok(None) => {}
-            Err(problem) => {
-                return Err(ResumeError::Record {
-                    record: self.records,
-                    problem,
-                })
-            }
-        }
-        Ok(())
-    }
-
-    /// The conversation, ready to go on: interrupted tool calls answered, and
-    /// [`crate::agent::RESUMED_NOTE`] told (followed by `extra`, when not blank) in its
-    /// newest user message.
-    pub fn finish(self, extra: &str) -> Result<Vec<Message>, ResumeError> {
-        if self.requests == 0 {
-            return Err(ResumeError::NoRequest);
-        }
-        let note = if extra.trim().is_empty() {
-            crate::agent::RESUMED_NOTE.to_string()
-        } else {
-            format!("{}\n\n{}", crate::agent::RESUMED_NOTE, extra.trim())
-        };
-        Ok(crate::agent::resumed_conversation(
-            self.conversation.messages(),
-            &note,
-        ))
-    }
 }
 
 /// Makes the records of one run: each request as its change to the conversation the

@@ -1,0 +1,28 @@
+//! Git over HTTP(S) with git2: clone, fetch and push as `x-access-token:<installation token>`.
+//!
+//! The token reaches libgit2 only through the credential callback: it is never part of a
+//! URL, never written to `.git/config` or any other file, and never part of an error
+//! message. The callback answers once per connection; a second request means the server
+//! refused the token, and the operation ends with [`GitError::Auth`] instead of libgit2
+//! asking again and again.
+//!
+//! All functions block: callers run them in `spawn_blocking`.
+
+mod clone;
+mod commit;
+mod error;
+mod mirror;
+mod push;
+mod session;
+
+pub use clone::{clone, fetch, Checkout, Cloned};
+pub use commit::{
+    commit_all, commit_change_set, CommitRequest, Committed, Identity, MAX_SUBJECT_CHARS,
+};
+pub use error::{explain_rejection, GitError};
+pub use mirror::{
+    clone_from_mirror, fetch_mirror, fetch_mirror_for, link_objects, FetchProgress, History,
+    Linked, MirrorTip,
+};
+pub use push::{push, push_rebasing, PushOutcome};
+pub use session::init;
