@@ -14,10 +14,11 @@ use super::error::GitHubError;
 use super::policy::{Raw, RequestPolicy};
 use super::transport::{self, Auth, Call, JSON};
 use super::types::{
-    CommentInfo, CommentRef, IssueInfo, NewPull, Permission, PullBase, PullHead, PullInfo, PullRef,
-    PullRepo, PullState, Reaction, ReactionTarget, RepoName,
+    CommentInfo, CommentRef, IssueInfo, NewPull, Permission, PullInfo, PullRef, PullState,
+    Reaction, ReactionTarget, RepoName,
 };
 use super::util::{base64_decode, encode_path, encode_segment};
+use super::wire;
 
 const DIFF: &str = "application/vnd.github.diff";
 /// Comments per page when listing (GitHub's maximum).
@@ -115,8 +116,8 @@ impl Installation {
             Err(e) => return Err(e),
         };
         let what = format!("GET {path}");
-        let permission = str_field(&v, "permission", &what)?;
-        let role = v.get("role_name").and_then(Value::as_str);
+        let answer: wire::Permission = wire::decode(&v, &what)?;
+        let (permission, role) = (answer.permission.as_str(), answer.role_name.as_deref());
         let level = Permission::from_api(permission, role);
         if level == Permission::None && permission != "none" {
             tracing::warn!(
@@ -153,16 +154,17 @@ impl Installation {
                 "this path is a directory, not a file",
             ));
         }
-        let kind = str_field(&v, "type", &what)?;
+        let content: wire::Content = wire::decode(&v, &what)?;
+        let kind = content.kind.as_str();
         if kind != "file" {
             return Err(GitHubError::decode(
                 &what,
                 format!("this path is a {kind}, not a file"),
             ));
         }
-        let encoding = v.get("encoding").and_then(Value::as_str).unwrap_or("");
+        let encoding = content.encoding.as_deref().unwrap_or("");
         if encoding != "base64" {
-            let size = v.get("size").and_then(Value::as_u64).unwrap_or(0);
+            let size = content.size;
             return Err(GitHubError::decode(
                 &what,
                 format!(
@@ -171,8 +173,12 @@ impl Installation {
                 ),
             ));
         }
-        let bytes = base64_decode(str_field(&v, "content", &what)?)
-            .map_err(|e| GitHubError::decode(&what, format!("content: {e}")))?;
+        let text = content
+            .content
+            .as_deref()
+            .ok_or_else(|| GitHubError::decode(&what, "no string `content`"))?;
+        let bytes =
+            base64_decode(text).map_err(|e| GitHubError::decode(&what, format!("content: {e}")))?;
         String::from_utf8(bytes)
             .map(Some)
             .map_err(|_| GitHubError::decode(&what, "the file is not UTF-8 text"))
@@ -183,14 +189,7 @@ impl Installation {
         let path = format!("{}/issues/{number}", repo_path(repo));
         let what = format!("GET {path}");
         let v = self.get_json(&path).await?;
-        Ok(IssueInfo {
-            number: u64_field(&v, "number", &what)?,
-            title: str_field(&v, "title", &what)?.to_string(),
-            body: opt_str(&v, "body"),
-            author: login(&v, &what)?,
-            state: str_field(&v, "state", &what)?.to_string(),
-            is_pull_request: v.get("pull_request").is_some_and(|p| !p.is_null()),
-        })
+        Ok(wire::decode::<wire::Issue>(&v, &what)?.into())
     }
 
     /// The `last` most recent comments of an issue or PR conversation, oldest first.
@@ -269,7 +268,7 @@ impl Installation {
         let comments = page
             .items
             .iter()
-            .map(|c| comment_info(c, &what))
+            .map(|c| wire::decode::<wire::Comment>(c, &what).map(CommentInfo::from))
             .collect::<Result<_, _>>()?;
         Ok((comments, page.number_of_pages()))
     }
@@ -284,45 +283,9 @@ impl Installation {
         let path = format!("{}/pulls/{number}", repo_path(repo));
         let what = format!("GET {path}");
         let v = self.get_json(&path).await?;
-        let side = |key: &str| -> Result<(&Value, String, String), GitHubError> {
-            let s = v
-                .get(key)
-                .filter(|s| s.is_object())
-                .ok_or_else(|| GitHubError::decode(&what, format!("no `{key}`")))?;
-            let ref_name = str_field(s, "ref", &what)?.to_string();
-            let sha = str_field(s, "sha", &what)?.to_string();
-            Ok((s, ref_name, sha))
-        };
-        let (head, head_ref, head_sha) = side("head")?;
-        let (base, base_ref, base_sha) = side("base")?;
-        let head_repo = match head.get("repo") {
-            None | Some(Value::Null) => None,
-            Some(r) => Some(pull_repo(r, &what)?),
-        };
-        let base_repo = pull_repo(base.get("repo").unwrap_or(&Value::Null), &what)?;
-        let is_fork = head_repo.as_ref().is_none_or(|h| h.name != base_repo.name);
-        Ok(PullInfo {
-            number: u64_field(&v, "number", &what)?,
-            title: str_field(&v, "title", &what)?.to_string(),
-            body: opt_str(&v, "body"),
-            author: login(&v, &what)?,
-            state: str_field(&v, "state", &what)?.to_string(),
-            head: PullHead {
-                ref_name: head_ref,
-                sha: head_sha,
-                repo: head_repo,
-            },
-            base: PullBase {
-                ref_name: base_ref,
-                sha: base_sha,
-                repo: base_repo,
-            },
-            is_fork,
-            maintainer_can_modify: v
-                .get("maintainer_can_modify")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-        })
+        wire::decode::<wire::Pull>(&v, &what)?
+            .into_info()
+            .map_err(|e| GitHubError::decode(&what, e))
     }
 
     /// The pull request as a unified diff, cut to at most `max_bytes` (on a character
@@ -360,10 +323,7 @@ impl Installation {
             )
             .await?;
         let v = raw.json(&what)?;
-        Ok(CommentRef {
-            id: u64_field(&v, "id", &what)?,
-            html_url: str_field(&v, "html_url", &what)?.to_string(),
-        })
+        Ok(wire::decode::<wire::Created>(&v, &what)?.into())
     }
 
     /// Replaces the body of a comment.
@@ -455,7 +415,10 @@ impl Installation {
                 .request_with(&once, http::Method::POST, &path, None, JSON, Some(&body))
                 .await
             {
-                Ok(raw) => return pull_ref(&raw.json(&what)?, &what),
+                Ok(raw) => {
+                    let created = wire::decode::<wire::PullListed>(&raw.json(&what)?, &what)?;
+                    return Ok(created.into());
+                }
                 Err(e) => pull_error(e, &head_label),
             };
             let unclear = matches!(err, GitHubError::Network { .. })
@@ -515,13 +478,11 @@ impl Installation {
             .as_array()
             .ok_or_else(|| GitHubError::decode(&what, "expected a list of pull requests"))?;
         for item in items {
-            let found = pull_ref(item, &what)?;
-            let head_repo = item
-                .get("head")
-                .and_then(|h| h.get("repo"))
-                .and_then(|r| r.get("full_name"))
-                .and_then(Value::as_str);
-            let same_repo = head_repo.is_some_and(|f| f.eq_ignore_ascii_case(&repo.to_string()));
+            let listed: wire::PullListed = wire::decode(item, &what)?;
+            let same_repo = listed
+                .head_repo()
+                .is_some_and(|f| f.eq_ignore_ascii_case(&repo.to_string()));
+            let found = PullRef::from(listed);
             if found.head_ref == head_branch && same_repo {
                 return Ok(Some(found));
             }
@@ -548,10 +509,7 @@ impl Installation {
             .request(http::Method::PATCH, &path, None, JSON, Some(&fields))
             .await?;
         let v = raw.json(&what)?;
-        Ok(PullState {
-            node_id: str_field(&v, "node_id", &what)?.to_string(),
-            draft: v.get("draft").and_then(Value::as_bool).unwrap_or(false),
-        })
+        Ok(wire::decode::<wire::PullUpdated>(&v, &what)?.into())
     }
 
     /// Marks a draft pull request ready for review. GitHub does this over GraphQL only
@@ -605,7 +563,7 @@ impl Installation {
         }
         let what = format!("GET {path}");
         let v = self.get_json(&path).await?;
-        u64_field(&v, "id", &what)
+        Ok(wire::decode::<wire::Id>(&v, &what)?.id)
     }
 
     // ---------------------------------------------------------------------------------
@@ -695,62 +653,6 @@ fn cut_diff(diff: &str, max_bytes: usize) -> String {
     out
 }
 
-fn str_field<'a>(v: &'a Value, key: &str, what: &str) -> Result<&'a str, GitHubError> {
-    v.get(key)
-        .and_then(Value::as_str)
-        .ok_or_else(|| GitHubError::decode(what, format!("no string `{key}`")))
-}
-
-fn u64_field(v: &Value, key: &str, what: &str) -> Result<u64, GitHubError> {
-    v.get(key)
-        .and_then(Value::as_u64)
-        .ok_or_else(|| GitHubError::decode(what, format!("no number `{key}`")))
-}
-
-fn opt_str(v: &Value, key: &str) -> String {
-    v.get(key)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn login(v: &Value, what: &str) -> Result<String, GitHubError> {
-    v.get("user")
-        .and_then(|u| u.get("login"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .ok_or_else(|| GitHubError::decode(what, "no `user.login`"))
-}
-
-fn comment_info(c: &Value, what: &str) -> Result<CommentInfo, GitHubError> {
-    Ok(CommentInfo {
-        id: u64_field(c, "id", what)?,
-        author: login(c, what)?,
-        author_is_bot: c
-            .get("user")
-            .and_then(|u| u.get("type"))
-            .and_then(Value::as_str)
-            == Some("Bot"),
-        body: opt_str(c, "body"),
-        created_at: opt_str(c, "created_at"),
-        html_url: opt_str(c, "html_url"),
-    })
-}
-
-/// A pull request answer (create, list) as a [`PullRef`].
-fn pull_ref(v: &Value, what: &str) -> Result<PullRef, GitHubError> {
-    Ok(PullRef {
-        number: u64_field(v, "number", what)?,
-        html_url: str_field(v, "html_url", what)?.to_string(),
-        head_ref: v
-            .get("head")
-            .and_then(|h| h.get("ref"))
-            .and_then(Value::as_str)
-            .ok_or_else(|| GitHubError::decode(what, "no string `head.ref`"))?
-            .to_string(),
-    })
-}
-
 /// GitHub's two 422s of opening a pull request that callers act on, told apart by their
 /// `errors[].message` (both have code `custom`).
 fn pull_error(err: GitHubError, head_label: &str) -> GitHubError {
@@ -777,17 +679,6 @@ fn pull_error(err: GitHubError, head_label: &str) -> GitHubError {
         }
         other => other,
     }
-}
-
-fn pull_repo(r: &Value, what: &str) -> Result<PullRepo, GitHubError> {
-    let full_name = str_field(r, "full_name", what)?;
-    let name = full_name
-        .parse()
-        .map_err(|e| GitHubError::decode(what, format!("repo.full_name: {e}")))?;
-    Ok(PullRepo {
-        name,
-        clone_url: str_field(r, "clone_url", what)?.to_string(),
-    })
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ mod policy;
 mod transport;
 mod types;
 mod util;
+mod wire;
 
 use std::collections::HashMap;
 use std::fmt;
