@@ -35,9 +35,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::archive;
-use super::docker::{
-    owner_id, register_live, remove, remove_blocking, OWNER_LABEL, PROCESS_LABEL, RUN_LABEL,
-};
+use super::docker::{register_live, remove, remove_blocking};
+use super::owner::{owner_id, process_identity, OWNER_LABEL, PROCESS_LABEL, RUN_LABEL};
 use super::{Result, SandboxError};
 
 /// The network every sandbox with network joins. Long-lived and shared by runs and by kodx
@@ -712,7 +711,7 @@ impl Helper {
         ]);
         // So a helper left by a killed process is swept with its sandbox
         // (`Engine::sweep_dead_owners`).
-        if let Some(process) = super::docker::process_identity() {
+        if let Some(process) = process_identity() {
             labels.insert(PROCESS_LABEL.to_string(), process.to_string());
         }
         let body = ContainerCreateBody {

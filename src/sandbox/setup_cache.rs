@@ -37,7 +37,7 @@ use bollard::Docker;
 use sha2::{Digest, Sha256};
 
 use super::archive::{Manifest, ManifestEntry};
-use super::docker::{INSTANCE_LABEL, OWNER_LABEL, PROCESS_LABEL, RUN_LABEL};
+use super::owner::{INSTANCE_LABEL, OWNER_LABEL, PROCESS_LABEL, RUN_LABEL};
 use super::{Result, SandboxError};
 
 /// The repository name of cached images.
