@@ -11,6 +11,7 @@ pub mod error;
 pub mod gitconfig;
 pub mod hostfs;
 pub mod net;
+pub mod owner;
 pub mod setup_cache;
 pub mod shell;
 pub mod term;

@@ -34,10 +34,11 @@ use bollard::query_parameters::{
     TagImageOptions,
 };
 use bollard::Docker;
+use globset::{GlobBuilder, GlobMatcher};
 use sha2::{Digest, Sha256};
 
 use super::archive::{Manifest, ManifestEntry};
-use super::docker::{INSTANCE_LABEL, OWNER_LABEL, PROCESS_LABEL, RUN_LABEL};
+use super::owner::{INSTANCE_LABEL, OWNER_LABEL, PROCESS_LABEL, RUN_LABEL};
 use super::{Result, SandboxError};
 
 /// The repository name of cached images.
@@ -216,17 +217,36 @@ pub fn check_pattern(pattern: &str) -> std::result::Result<(), String> {
 
 /// Whether `name` matches the one-component `pattern` (`*` any run, `?` one character).
 pub fn matches(pattern: &str, name: &str) -> bool {
-    fn go(p: &[char], n: &[char]) -> bool {
-        match p.split_first() {
-            None => n.is_empty(),
-            Some(('*', rest)) => (0..=n.len()).any(|i| go(rest, &n[i..])),
-            Some(('?', rest)) => !n.is_empty() && go(rest, &n[1..]),
-            Some((c, rest)) => n.first() == Some(c) && go(rest, &n[1..]),
+    component(pattern).is_ok_and(|m| m.is_match(name))
+}
+
+/// The matcher of one pattern component, compiled once for all the names it is tried on:
+/// `*` matches any run of characters, `?` one, and every other character itself (brackets,
+/// braces and backslashes too). A pattern's components are matched against single names,
+/// so whether `*` or `?` would match a `/` never arises; as before, they would.
+///
+/// `?` matches one byte: one character of an ASCII name, not a character of several bytes
+/// in UTF-8.
+fn component(pattern: &str) -> std::result::Result<GlobMatcher, String> {
+    let mut glob = String::with_capacity(pattern.len());
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            // A run of stars is one star: globset would read `**` as any directories.
+            '*' => {
+                glob.push('*');
+                while chars.next_if_eq(&'*').is_some() {}
+            }
+            '?' => glob.push('?'),
+            c => glob.push_str(&globset::escape(c.encode_utf8(&mut [0; 4]))),
         }
     }
-    let p: Vec<char> = pattern.chars().collect();
-    let n: Vec<char> = name.chars().collect();
-    go(&p, &n)
+    GlobBuilder::new(&glob)
+        .literal_separator(false)
+        .backslash_escape(false)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| format!("the pattern {pattern:?} cannot be used: {e}"))
 }
 
 /// One key file as it goes into the key.
@@ -248,6 +268,11 @@ pub fn key_files(root: &Path, patterns: &[String]) -> Result<Vec<KeyFile>> {
         let parts: Vec<&str> = pattern.split('/').collect();
         for (i, part) in parts.iter().enumerate() {
             let last = i + 1 == parts.len();
+            let matcher = if part.contains(['*', '?']) {
+                Some(component(part).map_err(SandboxError::InvalidInput)?)
+            } else {
+                None
+            };
             let mut next = Vec::new();
             for dir in &candidates {
                 let join = |name: &str| {
@@ -257,10 +282,10 @@ pub fn key_files(root: &Path, patterns: &[String]) -> Result<Vec<KeyFile>> {
                         format!("{dir}/{name}")
                     }
                 };
-                if !part.contains(['*', '?']) {
+                let Some(matcher) = &matcher else {
                     next.push(join(part));
                     continue;
-                }
+                };
                 let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
                     continue;
                 };
@@ -276,7 +301,7 @@ pub fn key_files(root: &Path, patterns: &[String]) -> Result<Vec<KeyFile>> {
                     };
                     // A wildcard never descends into a symlinked directory.
                     let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-                    if matches(part, &name) && (last || is_dir) {
+                    if matcher.is_match(&name) && (last || is_dir) {
                         next.push(join(&name));
                     }
                 }
@@ -351,6 +376,7 @@ pub fn key_files_at_head(repo_dir: &Path, patterns: &[String]) -> Result<Vec<Key
         let parts: Vec<&str> = pattern.split('/').collect();
         for (i, part) in parts.iter().enumerate() {
             let last = i + 1 == parts.len();
+            let matcher = component(part).map_err(SandboxError::InvalidInput)?;
             let mut next = Vec::new();
             for (dir, id) in &dirs {
                 let t = repo.find_tree(*id).map_err(failed)?;
@@ -362,7 +388,7 @@ pub fn key_files_at_head(repo_dir: &Path, patterns: &[String]) -> Result<Vec<Key
                         )));
                     }
                     let Ok(name) = entry.name() else { continue };
-                    if !matches(part, name) {
+                    if !matcher.is_match(name) {
                         continue;
                     }
                     let rel = if dir.is_empty() {
@@ -859,6 +885,46 @@ mod tests {
             assert!(check_pattern(bad).is_err(), "{bad:?}");
         }
         assert!(check_pattern(&"a".repeat(257)).is_err());
+    }
+
+    #[test]
+    fn patterns_keep_their_meaning_on_globset() {
+        // Every character but `*` and `?` stands for itself.
+        assert!(matches("a[b]", "a[b]"));
+        assert!(!matches("a[b]", "ab"));
+        assert!(matches("{a,b}.lock", "{a,b}.lock"));
+        assert!(!matches("{a,b}.lock", "a.lock"));
+        assert!(matches(r"a\*", r"a\xyz"));
+        assert!(!matches(r"a\*", "a*"));
+        assert!(matches("a!b", "a!b"));
+        // A run of stars is one star, nothing recursive.
+        assert!(matches("**.lock", "x.lock"));
+        assert!(matches("a**", "a"));
+        assert!(matches("**", ""));
+        // `*` and `?` would match a `/` (names never hold one), and a leading dot.
+        assert!(matches("a*b", "a/b"));
+        assert!(matches("a?b", "a/b"));
+        assert!(matches("*", ".nvmrc"));
+        assert!(matches(".*rc", ".nvmrc"));
+        // Case matters; other scripts are literal.
+        assert!(!matches("Cargo.*", "cargo.lock"));
+        assert!(matches("ré*.txt", "résumé.txt"));
+        assert!(!matches("?", "ab"));
+        assert!(!matches("", "a"));
+        assert!(matches("", ""));
+    }
+
+    #[test]
+    fn a_pattern_full_of_stars_is_matched_without_backtracking() {
+        // The matcher globset replaced tried every split of the name at each star: this
+        // pattern, which a repository may write, against a long name never ended.
+        let pattern = "*a*a*a*a*a*a*a*a*a*a*b";
+        assert!(check_pattern(pattern).is_ok());
+        let name = "a".repeat(200);
+        assert!(!matches(pattern, &name));
+        assert!(matches(pattern, &format!("{name}b")));
+        assert!(!matches(pattern, &format!("{}b", "a".repeat(9))));
+        assert!(matches(pattern, &format!("{}b", "a".repeat(10))));
     }
 
     #[test]

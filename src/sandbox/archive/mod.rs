@@ -17,9 +17,10 @@
 //! the library that commits the result — on a scratch repository holding copies of them.
 //!
 //! One file per layer: [`pack`] (host directory → tar), [`untrusted`] (the reader that
-//! checks every entry of a hostile tar), [`ignore`] (the `.gitignore` rules met on the
-//! way), [`changes`] (the change-set diff against the manifest) and [`write`] (trees and
-//! change sets onto the host disk). The items the layers share live in this file.
+//! checks every entry of a hostile tar), [`names`] (the checks of entry names and symlink
+//! targets), [`ignore`] (the `.gitignore` rules met on the way), [`changes`] (the
+//! change-set diff against the manifest) and [`write`] (trees and change sets onto the
+//! host disk). The items the layers share live in this file.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read};
@@ -29,6 +30,7 @@ use super::{Result, SandboxError};
 
 mod changes;
 mod ignore;
+mod names;
 mod pack;
 #[cfg(test)]
 mod testutil;
@@ -44,7 +46,7 @@ pub use pack::{
 pub use untrusted::memory_opener;
 pub use write::{extract, replace_dir, replace_dir_from, Exported};
 // Each layer sees the others' crate-private items (`use super::*`) through this.
-use {changes::*, ignore::*, pack::*, tip::*, untrusted::*, write::*};
+use {changes::*, ignore::*, names::*, pack::*, tip::*, untrusted::*, write::*};
 
 /// Longest entry name or symlink target accepted (Linux's PATH_MAX).
 const MAX_NAME_BYTES: usize = 4096;

@@ -3,11 +3,13 @@
 //! ([`ChangeSet::apply`]), never through a symlink.
 
 use std::collections::{BTreeSet, HashMap};
-use std::fs::{self, OpenOptions, Permissions};
+use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{symlink, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use sha2::{Digest, Sha256};
 
 use super::*;
 use crate::sandbox::{Result, SandboxError};
@@ -284,6 +286,114 @@ impl ChangeSet {
 }
 
 impl Reader<'_> {
+    /// Output directory: what is over a limit, for a file of `size` counted in the
+    /// ignored files' budget or the others'.
+    pub(super) fn over(&self, size: u64, ignored: bool) -> Option<String> {
+        let used = if ignored {
+            self.ignored_total
+        } else {
+            self.total
+        };
+        if size > self.limits.max_file_bytes {
+            Some(over_file_limit(size, self.limits))
+        } else if used.saturating_add(size) > self.limits.max_total_bytes {
+            Some(format!(
+                "the files add up to more than {} bytes (limit max_total_bytes)",
+                self.limits.max_total_bytes
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// Output directory: budgets a changed file of `size`, or leaves it out (ignored, or
+    /// perhaps ignored once every rule is known), or refuses it. `Ok(false)`: left out.
+    pub(super) fn admit(&mut self, rel: &str, size: u64) -> Result<bool> {
+        let (ignored, provisional) = self.export_ignored(rel)?;
+        match self.over(size, ignored) {
+            None => {
+                if ignored {
+                    self.ignored_total += size;
+                } else {
+                    self.total += size;
+                }
+                Ok(true)
+            }
+            Some(_) if ignored || provisional => {
+                if provisional && !ignored {
+                    self.count_names(rel, rel.len())?;
+                    self.provisional.push(Provisional {
+                        path: rel.to_string(),
+                        is_dir: false,
+                        ignored: false,
+                    });
+                }
+                self.left_out_count += 1;
+                if self.left_out.len() < Exported::SHOWN {
+                    self.left_out.push((rel.to_string(), size));
+                }
+                self.set_data(rel, Data::LeftOut);
+                Ok(false)
+            }
+            Some(why) => Err(unsafe_archive(format!("{:?}: {why}", self.shown(rel)))),
+        }
+    }
+
+    /// Output directory: writes a file (node inserted already) from `source`.
+    pub(super) fn write_file(
+        &mut self,
+        rel: &str,
+        mode: u32,
+        size: u64,
+        source: Source,
+    ) -> Result<()> {
+        let dest = self.dest().expect("an output directory");
+        let same_size = self
+            .baseline
+            .and_then(|b| b.file(rel))
+            .filter(|(_, old_size, _)| *old_size == size);
+        if same_size.is_none() && !self.admit(rel, size)? {
+            return Ok(()); // left out; the tar crate skips the data
+        }
+        let path = checked_path(dest, rel, Walk::Create)?.expect("parents were created");
+        let shown = self.shown(rel);
+        let sha: [u8; 32] = match source {
+            Source::Stream(data) => {
+                let mut exact = Exact {
+                    inner: data,
+                    left: size,
+                    hasher: Sha256::new(),
+                };
+                write_new_file(&path, &mut exact, size, mode).map_err(|e| match e {
+                    SandboxError::Io { source, .. }
+                        if source.kind() == io::ErrorKind::UnexpectedEof =>
+                    {
+                        unsafe_archive(format!("{shown:?}: the archive ends inside this file"))
+                    }
+                    e => e,
+                })?;
+                exact.hasher.finalize().into()
+            }
+            Source::Copy(from) => {
+                let file = File::open(&from).map_err(io_at("reading", &from))?;
+                let mut exact = Exact {
+                    inner: file,
+                    left: size,
+                    hasher: Sha256::new(),
+                };
+                write_new_file(&path, &mut exact, size, mode)?;
+                exact.hasher.finalize().into()
+            }
+        };
+        self.files += 1;
+        if let Some((_, _, old_sha)) = same_size {
+            if sha != old_sha && !self.admit(rel, size)? {
+                fs::remove_file(&path).map_err(io_at("removing", &path))?;
+                self.files -= 1;
+            }
+        }
+        Ok(())
+    }
     /// Output directory: checks provisional left-outs and the symlinks, then creates the
     /// symlinks and sets the directory modes (deepest first, so none blocks the writing).
     pub(super) fn finish_write(&mut self) -> Result<Exported> {

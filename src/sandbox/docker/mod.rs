@@ -1,0 +1,29 @@
+//! The Docker engine behind the sandbox: connecting, hardened containers, copying files in
+//! and out as tar streams, the setup script, the network cut, and removal on every path.
+//!
+//! One file per job: `spec` (what a run asks of its sandbox), `engine` (the connection,
+//! images and the sweeps of orphaned containers), `provision` (making and preparing a
+//! sandbox's container), `setup` (the setup script and the setup cache's part in it),
+//! `streams` (the tar streams in and out), `sandbox` (one run's container and its shells)
+//! and `cleanup` (removal on every path). Who owns a container — its labels and
+//! this process's identity — is [`crate::sandbox::owner`], shared with the network fence
+//! and the setup cache.
+
+mod cleanup;
+mod engine;
+mod provision;
+mod sandbox;
+mod setup;
+mod spec;
+mod streams;
+
+pub use cleanup::remove_all_live;
+pub(super) use cleanup::{register_live, remove, remove_blocking};
+pub use engine::{Engine, EngineFacts};
+pub use sandbox::{DiskGuard, DockerSandbox, MAX_SHELLS};
+pub use spec::{NetworkMode, RepoSource, ResourceLimits, SandboxSpec, DEFAULT_MAX_DISK_BYTES};
+// The owner labels were first defined here; callers still name them through this module.
+pub use super::owner::{
+    owner_id, process_identity, ProcessIdentity, INSTANCE_LABEL, OWNER_LABEL, PROCESS_LABEL,
+    RUN_LABEL,
+};

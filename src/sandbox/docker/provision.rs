@@ -1,0 +1,476 @@
+//! Making a run's sandbox: the hardened container (dropped capabilities, no new
+//! privileges, memory, CPU, process and disk limits, the owner labels), then, while its
+//! network is fenced, kodx's files and the repository copied in, the setup script, the
+//! network cut, and the first shell. Whatever fails on the way, the container is removed.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bollard::models::{ContainerCreateBody, HostConfig, NetworkDisconnectRequest};
+use bollard::query_parameters::CreateContainerOptions;
+use bollard::Docker;
+
+use super::cleanup::{creation_gate, register_live};
+use super::engine::Engine;
+use super::sandbox::{DiskGuard, DockerSandbox};
+use super::setup::CachePlan;
+use super::spec::SandboxSpec;
+use super::streams::{upload, upload_options, PackTask};
+use crate::sandbox::archive::{self, Manifest};
+use crate::sandbox::net::{self, NETWORK_NAME};
+use crate::sandbox::owner::run_labels;
+use crate::sandbox::setup_cache::{SetupCacheUse, SetupReport};
+use crate::sandbox::shell;
+use crate::sandbox::{Result, Sandbox, SandboxError};
+
+/// Capabilities kept: what `apt-get`, `pip`, `chown` and servers on high ports need.
+/// Everything else Docker grants by default (NET_RAW, MKNOD, SYS_CHROOT, SETFCAP, SETPCAP,
+/// AUDIT_WRITE) is dropped.
+const KEPT_CAPABILITIES: [&str; 8] = [
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "NET_BIND_SERVICE",
+];
+
+impl Engine {
+    /// Starts a run's sandbox: a hardened container with the repository copied in, the setup
+    /// script run to the end and the network cut when asked. On any error the container is
+    /// removed before returning.
+    pub async fn start(&self, spec: &SandboxSpec) -> Result<DockerSandbox> {
+        self.start_with_progress(spec, |_| {}).await
+    }
+
+    /// As [`Engine::start`], reporting each phase to `progress`.
+    pub async fn start_with_progress(
+        &self,
+        spec: &SandboxSpec,
+        mut progress: impl FnMut(&str),
+    ) -> Result<DockerSandbox> {
+        validate_run_id(&spec.run_id)?;
+        if let Some(dir) = &spec.repo_dir {
+            let is_dir = std::fs::metadata(dir)
+                .map_err(|e| {
+                    SandboxError::io(format!("reading the directory {}", dir.display()), e)
+                })?
+                .is_dir();
+            if !is_dir {
+                return Err(SandboxError::InvalidInput(format!(
+                    "{} is not a directory",
+                    dir.display()
+                )));
+            }
+        }
+        // Pack on a blocking thread, streamed into the upload once the container runs.
+        let pack = spec
+            .repo_dir
+            .clone()
+            .map(|dir| PackTask::start(dir, spec.repo_source, spec.archive_limits.clone()));
+        self.ensure_image(&spec.image, &mut progress).await?;
+        let cache = self.setup_cache_plan(spec).await;
+        let workdir = if spec.repo_dir.is_some() {
+            "/workspace/repo"
+        } else {
+            "/workspace"
+        };
+        let network = if spec.no_network {
+            None
+        } else {
+            net::check_arch(&self.facts().await?.arch)?;
+            Some(tokio::try_join!(
+                net::ensure_network(&self.docker, NETWORK_NAME, &spec.image),
+                net::host_addresses(&self.docker, &self.host, &spec.image, &spec.run_id),
+            )?)
+        };
+        progress("creating container");
+        let mut cache = cache;
+        let network_id = network.as_ref().map(|(n, _)| n.id.as_str());
+        let created = match cache.as_ref().and_then(|c| c.hit.as_deref()) {
+            Some(cached) => {
+                match self
+                    .create_container(spec, cached, workdir, network_id)
+                    .await
+                {
+                    Ok(c) => Ok(c),
+                    // Evicted by another process since the lookup: set up as without it.
+                    Err(e) => {
+                        tracing::warn!(
+                            "the cached setup image is gone ({e}); running the setup script"
+                        );
+                        if let Some(c) = cache.as_mut() {
+                            c.hit = None;
+                        }
+                        self.create_container(spec, &spec.image, workdir, network_id)
+                            .await
+                    }
+                }
+            }
+            None => {
+                self.create_container(spec, &spec.image, workdir, network_id)
+                    .await
+            }
+        };
+        let (id, guard) = created?;
+        let sandbox = DockerSandbox::new(self.docker.clone(), id, spec, workdir, guard);
+        if guard == DiskGuard::Watchdog {
+            if let Some(limit) = spec.max_disk_bytes {
+                sandbox.watch_disk(limit, spec.disk_check_interval);
+            }
+        }
+        let network = network.as_ref().map(|(n, addrs)| (n, addrs.as_slice()));
+        let prepared = tokio::select! {
+            r = self.prepare(&sandbox, spec, cache.as_ref(), pack, network, &mut progress) => r,
+            e = sandbox.disk_exceeded() => Err(e),
+        };
+        // A setup script killed by the watchdog fails too: the disk limit is the reason.
+        let prepared = match (prepared, sandbox.disk_error()) {
+            (Err(_), Some(e)) => Err(e),
+            (r, _) => r,
+        };
+        match prepared {
+            Ok(()) => Ok(sandbox),
+            Err(e) => {
+                let _ = sandbox.destroy().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes the container from `image`; returns its id and how its disk use is bounded.
+    async fn create_container(
+        &self,
+        spec: &SandboxSpec,
+        image: &str,
+        workdir: &str,
+        network: Option<&str>,
+    ) -> Result<(String, DiskGuard)> {
+        let labels = run_labels(&spec.run_id, self.instance.as_deref());
+        let host_config = HostConfig {
+            init: Some(true),
+            privileged: Some(false),
+            security_opt: Some(vec!["no-new-privileges:true".to_string()]),
+            cap_drop: Some(vec!["ALL".to_string()]),
+            cap_add: Some(KEPT_CAPABILITIES.iter().map(|c| c.to_string()).collect()),
+            memory: Some(spec.limits.memory_bytes),
+            memory_swap: Some(spec.limits.memory_bytes),
+            nano_cpus: Some(spec.limits.nano_cpus),
+            pids_limit: Some(spec.limits.pids),
+            network_mode: Some(network.unwrap_or("none").to_string()),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(image.to_string()),
+            // Keeps the container alive without anything installed in the image; the
+            // engine's init (PID 1) reaps what the model's shells leave behind.
+            cmd: Some(vec![
+                "/bin/sh".to_string(),
+                "-c".to_string(),
+                "while :; do sleep 86400; done".to_string(),
+            ]),
+            entrypoint: Some(vec![]),
+            working_dir: Some(workdir.to_string()),
+            labels: Some(labels),
+            tty: Some(false),
+            host_config: Some(host_config),
+            ..Default::default()
+        };
+        let try_quota = match (spec.max_disk_bytes, spec.disk_quota) {
+            (None, _) | (_, Some(false)) => false,
+            (Some(_), Some(true)) => true,
+            (Some(_), None) => {
+                !self.quota_refused.load(Ordering::Relaxed) && self.facts().await?.may_have_quota()
+            }
+        };
+        // Held until the container is registered, so an interrupt's cleanup cannot miss it.
+        let _creating = creation_gate().read().await;
+        let create = |body: ContainerCreateBody| {
+            self.docker.create_container(
+                Some(CreateContainerOptions {
+                    name: Some(format!("kodx-{}", spec.run_id)),
+                    ..Default::default()
+                }),
+                body,
+            )
+        };
+        let failed =
+            |e| SandboxError::docker(format!("creating the container from {}", spec.image), e);
+        let (created, guard) = match spec.max_disk_bytes.filter(|_| try_quota) {
+            Some(limit) => {
+                let mut with_quota = body.clone();
+                if let Some(hc) = with_quota.host_config.as_mut() {
+                    hc.storage_opt = Some(HashMap::from([("size".to_string(), limit.to_string())]));
+                }
+                match create(with_quota).await {
+                    Ok(c) => (c, DiskGuard::Quota),
+                    // "--storage-opt is supported only for overlay over xfs with 'pquota'
+                    // mount option", and the like: the watchdog takes over.
+                    Err(bollard::errors::Error::DockerResponseServerError {
+                        status_code,
+                        message,
+                    }) if status_code != 409 => {
+                        let created = create(body).await.map_err(failed)?;
+                        // Made without the quota: the quota was what the engine refused.
+                        tracing::info!(reason = %message, "the engine has no storage quota for containers; kodx watches their disk use instead");
+                        self.quota_refused.store(true, Ordering::Relaxed);
+                        (created, DiskGuard::Watchdog)
+                    }
+                    Err(e) => return Err(failed(e)),
+                }
+            }
+            None => {
+                let guard = if spec.max_disk_bytes.is_some() {
+                    DiskGuard::Watchdog
+                } else {
+                    DiskGuard::None
+                };
+                (create(body).await.map_err(failed)?, guard)
+            }
+        };
+        let id = created.id;
+        register_live(&self.docker, &id);
+        Ok((id, guard))
+    }
+
+    /// Brings a created container to where the run begins: started and fenced, kodx's files
+    /// and the repository in, the setup script run (or its cached result used), the network
+    /// cut when asked, and the default shell open.
+    async fn prepare(
+        &self,
+        sandbox: &DockerSandbox,
+        spec: &SandboxSpec,
+        cache: Option<&CachePlan>,
+        pack: Option<PackTask>,
+        network: Option<(&net::SandboxNetwork, &[std::net::Ipv4Addr])>,
+        progress: &mut impl FnMut(&str),
+    ) -> Result<()> {
+        let hit = cache.is_some_and(|c| c.hit.is_some());
+        let fencing = self.start_fencing(sandbox, spec, network).await?;
+        // The network is fenced while the files go in: nothing runs in the container
+        // (setup script, shells) before both are done.
+        let ((), cleaned) = tokio::try_join!(
+            raise_fence(fencing),
+            self.copy_in(sandbox, spec, hit, pack, progress)
+        )?;
+        let report = match (&spec.setup_script, cache) {
+            (Some(_), Some(_)) if hit => SetupReport {
+                cache: SetupCacheUse::Hit,
+                took: cleaned,
+            },
+            (Some(_), cache) => {
+                self.run_setup_script(sandbox, spec, cache, progress)
+                    .await?
+            }
+            (None, _) => SetupReport::default(),
+        };
+        *sandbox.setup.lock().unwrap() = report;
+        if spec.disable_network_after_setup && !spec.no_network {
+            progress("cutting the network");
+            cut_network(&self.docker, &sandbox.id).await?;
+        }
+        progress("starting the shell");
+        sandbox.create_new_shell("default").await?;
+        Ok(())
+    }
+
+    /// Starts the container. The fence's helper container is made while the sandbox
+    /// starts, so only the helper's own start is left for after; `None` when there is
+    /// nothing to fence (no network, or everything allowed).
+    async fn start_fencing(
+        &self,
+        sandbox: &DockerSandbox,
+        spec: &SandboxSpec,
+        network: Option<(&net::SandboxNetwork, &[std::net::Ipv4Addr])>,
+    ) -> Result<Option<net::Fencing>> {
+        let id = sandbox.id.as_str();
+        let fencing = async {
+            match network {
+                Some((net, host_addrs)) => {
+                    net::Fencing::prepare(
+                        &self.docker,
+                        &spec.image,
+                        &spec.run_id,
+                        id,
+                        net,
+                        host_addrs,
+                        &spec.allowed_cidrs,
+                    )
+                    .await
+                }
+                None => Ok(None),
+            }
+        };
+        let started = async {
+            self.docker
+                .start_container(id, None)
+                .await
+                .map_err(|e| SandboxError::docker("starting the container", e))
+        };
+        let (fencing, ()) = tokio::try_join!(fencing, started)?;
+        Ok(fencing)
+    }
+
+    /// Copies kodx's own files and the repository into the started container. On a cache
+    /// hit the repository goes in over the cached image's checkout, and the result is how
+    /// long bringing that up to date took.
+    async fn copy_in(
+        &self,
+        sandbox: &DockerSandbox,
+        spec: &SandboxSpec,
+        hit: bool,
+        pack: Option<PackTask>,
+        progress: &mut impl FnMut(&str),
+    ) -> Result<Option<Duration>> {
+        let id = sandbox.id.as_str();
+        // kodx's own files in /tmp: the shells' rc file and the setup script.
+        // Uploaded at `/` so that an image without /tmp gets one.
+        let mut files = vec![("tmp/.kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
+        match &spec.setup_script {
+            Some(script) if !hit => files.push(("tmp/setup.sh", script.as_bytes(), 0o700)),
+            _ => {}
+        }
+        upload(&self.docker, id, "/", archive::pack_files(&files)).await?;
+        let started = std::time::Instant::now();
+        let stored = if hit && pack.is_some() {
+            self.clear_cached_workspace(sandbox).await?
+        } else {
+            None
+        };
+        if let Some(pack) = pack {
+            let manifest = self
+                .copy_repository(id, pack, stored.clone(), progress)
+                .await?;
+            if let Some(stored) = &stored {
+                self.delete_gone(sandbox, stored, &manifest).await?;
+            }
+            *sandbox.baseline.lock().unwrap() = manifest;
+        }
+        Ok(hit.then(|| started.elapsed()))
+    }
+
+    /// Streams the repository, as `pack` packs it, into the container: all of it, or what
+    /// `stored` (the checkout already there) does not have the same. Returns the manifest
+    /// of the repository.
+    async fn copy_repository(
+        &self,
+        id: &str,
+        pack: PackTask,
+        stored: Option<Arc<Manifest>>,
+        progress: &mut impl FnMut(&str),
+    ) -> Result<Manifest> {
+        let PackTask { task, body, have } = pack;
+        let _ = have.send(stored);
+        progress("copying the repository");
+        let chunks = futures_util::stream::unfold(body, |mut rx| async move {
+            rx.recv().await.map(|chunk| (chunk, rx))
+        });
+        let uploaded = self
+            .docker
+            .upload_to_container(
+                id,
+                Some(upload_options("/")),
+                bollard::body_try_stream(chunks),
+            )
+            .await
+            .map_err(|e| SandboxError::docker("copying the repository into the container", e));
+        let packed = task
+            .await
+            .map_err(|e| SandboxError::InvalidInput(format!("packing the repository: {e}")))?;
+        match (packed, uploaded) {
+            (Ok(manifest), Ok(())) => Ok(manifest),
+            // The upload stopped first: the engine's error is the one that says why.
+            (Err(SandboxError::Io { source, .. }), Err(e))
+                if source.kind() == io::ErrorKind::BrokenPipe =>
+            {
+                Err(e)
+            }
+            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+        }
+    }
+}
+
+/// Adds the fence's routes in the started sandbox, when there is a fence.
+async fn raise_fence(fencing: Option<net::Fencing>) -> Result<()> {
+    match fencing {
+        Some(f) => f.apply().await.map(|f| {
+            tracing::debug!(
+                blocked = f.blocked.len(),
+                allowed = f.via_gateway.len(),
+                "sandbox network fenced"
+            );
+        }),
+        None => Ok(()),
+    }
+}
+
+fn validate_run_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(SandboxError::InvalidInput(format!(
+            "run id {id:?} must be 1-64 characters of letters, digits, '-' or '_'"
+        )))
+    }
+}
+
+/// Disconnects the container from every network and checks that none is left.
+async fn cut_network(docker: &Docker, id: &str) -> Result<()> {
+    let networks = |info: bollard::models::ContainerInspectResponse| -> Vec<String> {
+        info.network_settings
+            .and_then(|n| n.networks)
+            .map(|n| n.into_keys().collect())
+            .unwrap_or_default()
+    };
+    let info = docker
+        .inspect_container(id, None)
+        .await
+        .map_err(|e| SandboxError::docker("inspecting the container's networks", e))?;
+    for net in networks(info) {
+        docker
+            .disconnect_network(
+                &net,
+                NetworkDisconnectRequest {
+                    container: id.to_string(),
+                    force: Some(true),
+                },
+            )
+            .await
+            .map_err(|e| SandboxError::docker(format!("disconnecting network {net}"), e))?;
+    }
+    let left = networks(
+        docker
+            .inspect_container(id, None)
+            .await
+            .map_err(|e| SandboxError::docker("checking the network cut", e))?,
+    );
+    if !left.is_empty() {
+        return Err(SandboxError::InvalidInput(format!(
+            "the network cut failed: the container is still on {}",
+            left.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_are_checked() {
+        assert!(validate_run_id("abc-123_x").is_ok());
+        assert!(validate_run_id("").is_err());
+        assert!(validate_run_id("a/b").is_err());
+    }
+}

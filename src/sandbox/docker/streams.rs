@@ -1,0 +1,233 @@
+//! The tar streams between the host and a sandbox: the repository packed on a blocking
+//! thread and streamed into the container's upload, downloads of the workspace read by the
+//! archive code on a blocking thread, and small uploads of kodx's own files. Each copy is
+//! bounded in memory by a few chunks in flight, whatever the tree holds.
+
+use std::io::{self, Read, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bollard::query_parameters::{DownloadFromContainerOptions, UploadToContainerOptions};
+use bollard::Docker;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+
+use super::spec::RepoSource;
+use crate::sandbox::archive::{self, ArchiveLimits, Manifest};
+use crate::sandbox::{Result, SandboxError};
+
+/// Chunks of tar in flight between a blocking thread and the Docker connection (64 KiB
+/// each at most): what bounds the memory of a copy in or out, whatever the tree holds.
+const PIPE_CHUNKS: usize = 8;
+const PIPE_CHUNK_BYTES: usize = 64 << 10;
+
+/// Where the repository goes in the container, and the tar's prefix for it. The tar is
+/// uploaded at `/` rather than into `/workspace`: Docker refuses a symlink whose target
+/// leaves the directory the tar is uploaded to (a repository's `up -> ../..`), and
+/// nothing can leave `/`.
+const REPO_PREFIX: &str = "workspace/repo";
+
+/// The repository being packed into a tar on a blocking thread: its chunks come out of
+/// `body` as they are written, and the task ends with the baseline manifest.
+pub(super) struct PackTask {
+    pub(super) task: tokio::task::JoinHandle<Result<Manifest>>,
+    pub(super) body: tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
+    /// What the container already holds of the tree (a cached setup image's checkout),
+    /// told before anything is packed: those entries stay out of the tar. Dropped: nothing.
+    pub(super) have: tokio::sync::oneshot::Sender<Option<Arc<Manifest>>>,
+}
+
+impl PackTask {
+    pub(super) fn start(dir: PathBuf, source: RepoSource, limits: ArchiveLimits) -> PackTask {
+        let (tx, body) = tokio::sync::mpsc::channel(PIPE_CHUNKS);
+        let (have, had) = tokio::sync::oneshot::channel::<Option<Arc<Manifest>>>();
+        let task = tokio::task::spawn_blocking(move || {
+            let had = had.blocking_recv().ok().flatten();
+            let started = std::time::Instant::now();
+            let mut pipe = Pipe {
+                tx,
+                buf: BytesMut::new(),
+                waited: Duration::ZERO,
+            };
+            let source = match source {
+                RepoSource::Files => archive::PackSource::Dir,
+                RepoSource::GitHead => archive::PackSource::Checkout,
+                RepoSource::GitTip => archive::PackSource::Tip,
+            };
+            let packed = archive::pack_over_to(
+                &dir,
+                source,
+                REPO_PREFIX,
+                &limits,
+                had.as_deref(),
+                &mut pipe,
+            );
+            if let Err(e) = &packed {
+                // Ends the upload with an error rather than a short tar.
+                let _ = pipe.tx.blocking_send(Err(io::Error::other(e.to_string())));
+            }
+            let (entries, skipped) = packed
+                .as_ref()
+                .map_or((0, Default::default()), |(m, s)| (m.len(), *s));
+            // Where the copy-in's time goes: reading the repository, or the engine taking
+            // the tar (the pipe is full while it writes the files).
+            tracing::info!(
+                took_ms = started.elapsed().as_millis() as u64,
+                engine_ms = pipe.waited.as_millis() as u64,
+                entries,
+                already_there = skipped.entries,
+                "packed the repository into the container"
+            );
+            packed.map(|(m, _)| m)
+        });
+        PackTask { task, body, have }
+    }
+}
+
+/// The writing end of a pipe to an upload body (on a blocking thread).
+struct Pipe {
+    tx: tokio::sync::mpsc::Sender<io::Result<Bytes>>,
+    buf: BytesMut,
+    /// Time spent waiting for the upload to take a chunk.
+    waited: Duration,
+}
+
+impl Pipe {
+    fn send(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = self.buf.split().freeze();
+        let started = std::time::Instant::now();
+        let sent = self.tx.blocking_send(Ok(chunk));
+        self.waited += started.elapsed();
+        sent.map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the upload to the container stopped",
+            )
+        })
+    }
+}
+
+impl Write for Pipe {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(PIPE_CHUNK_BYTES - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() >= PIPE_CHUNK_BYTES {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.send()
+    }
+}
+
+/// Opens tar streams of the workspace, or of one path in it, for the archive code on a
+/// blocking thread ([`archive::Open`]): the download runs on the runtime, and its chunks
+/// come through a bounded channel.
+pub(super) struct Opener {
+    pub(super) docker: Docker,
+    pub(super) id: String,
+    pub(super) workdir: String,
+    pub(super) handle: tokio::runtime::Handle,
+    /// The first Docker error met mid-stream (the tar code only sees an I/O error).
+    pub(super) failure: Arc<Mutex<Option<bollard::errors::Error>>>,
+}
+
+type Chunk = std::result::Result<Bytes, bollard::errors::Error>;
+
+impl Opener {
+    pub(super) fn open(&self, rel: &str) -> Result<Option<Box<dyn Read>>> {
+        let path = if rel.is_empty() {
+            self.workdir.clone()
+        } else {
+            format!("{}/{rel}", self.workdir)
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Chunk>(PIPE_CHUNKS);
+        let (docker, id, asked) = (self.docker.clone(), self.id.clone(), path.clone());
+        self.handle.spawn(async move {
+            let options = DownloadFromContainerOptions { path: asked };
+            let mut stream = docker.download_from_container(&id, Some(options));
+            // Stops when the reader is dropped (a refused entry): the connection closes
+            // and the engine stops writing the tar.
+            while let Some(item) = stream.next().await {
+                let last = item.is_err();
+                if tx.send(item).await.is_err() || last {
+                    break;
+                }
+            }
+        });
+        match rx.blocking_recv() {
+            None => Ok(Some(Box::new(io::empty()))),
+            Some(Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404,
+                ..
+            })) => Ok(None),
+            Some(Err(e)) => Err(SandboxError::docker(
+                format!("downloading {path} from the container"),
+                e,
+            )),
+            Some(Ok(first)) => Ok(Some(Box::new(ChunkReader {
+                rx,
+                buf: first,
+                failure: self.failure.clone(),
+            }))),
+        }
+    }
+
+    /// `result`, unless the download itself failed: then that is the error.
+    pub(super) fn verdict<T>(&self, result: Result<T>, what: &str) -> Result<T> {
+        match self.failure.lock().unwrap().take() {
+            Some(e) if result.is_err() => Err(SandboxError::docker(what, e)),
+            _ => result,
+        }
+    }
+}
+
+/// The reading end of a download (on a blocking thread).
+struct ChunkReader {
+    rx: tokio::sync::mpsc::Receiver<Chunk>,
+    buf: Bytes,
+    failure: Arc<Mutex<Option<bollard::errors::Error>>>,
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.buf.is_empty() {
+            match self.rx.blocking_recv() {
+                None => return Ok(0),
+                Some(Ok(chunk)) => self.buf = chunk,
+                Some(Err(e)) => {
+                    let message = format!("the download from the container failed: {e}");
+                    self.failure.lock().unwrap().get_or_insert(e);
+                    return Err(io::Error::other(message));
+                }
+            }
+        }
+        let n = out.len().min(self.buf.len());
+        out[..n].copy_from_slice(&self.buf.split_to(n));
+        Ok(n)
+    }
+}
+
+pub(super) async fn upload(docker: &Docker, id: &str, path: &str, tar: Vec<u8>) -> Result<()> {
+    docker
+        .upload_to_container(
+            id,
+            Some(upload_options(path)),
+            bollard::body_full(Bytes::from(tar)),
+        )
+        .await
+        .map_err(|e| SandboxError::docker(format!("copying files to {path} in the container"), e))
+}
+
+pub(super) fn upload_options(path: &str) -> UploadToContainerOptions {
+    UploadToContainerOptions {
+        path: path.to_string(),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,343 @@
+//! The network helper: a tiny static program (`native/kodx-net.c`, built by build.rs and
+//! embedded here) run in short-lived containers, with `NET_ADMIN` in a sandbox's network
+//! namespace to add its fence's routes, or on the host's network to read the engine host's
+//! addresses. Its containers are removed on every path.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bollard::container::LogOutput;
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::{
+    AttachContainerOptions, CreateContainerOptions, UploadToContainerOptions,
+};
+use bollard::Docker;
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use crate::sandbox::archive;
+use crate::sandbox::docker::{register_live, remove, remove_blocking};
+use crate::sandbox::owner::run_labels;
+use crate::sandbox::{Result, SandboxError};
+
+/// Label on kodx's short-lived helper containers.
+pub const HELPER_LABEL: &str = "kodx.helper";
+
+/// The helper program (`native/kodx-net.c`), built for this kodx's architecture.
+const HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kodx-net"));
+/// Where the helper is put in its container.
+const HELPER_PATH: &str = "/.kodx-net";
+/// How long the engine host's addresses are reused before they are read again.
+const HOST_ADDRS_TTL: Duration = Duration::from_secs(300);
+/// The longest a helper container may take, from its start to its exit.
+const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most output a helper's answer may have.
+const HELPER_OUTPUT_CAP: usize = 256 * 1024;
+
+/// What the helper printed: the addresses of the namespace it ran in.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Addresses {
+    pub(super) v4: Vec<Ipv4Addr>,
+    pub(super) v6: Vec<std::net::Ipv6Addr>,
+}
+
+pub(super) fn parse_addresses(out: &str) -> Result<Addresses> {
+    let mut a = Addresses::default();
+    for line in out.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let bad = || SandboxError::NetworkFence(format!("the network helper printed {line:?}"));
+        match line.split_once(' ') {
+            Some(("4", hex)) if hex.len() == 8 => {
+                let v = u32::from_str_radix(hex, 16).map_err(|_| bad())?;
+                a.v4.push(Ipv4Addr::from(v));
+            }
+            Some(("6", hex)) if hex.len() == 32 => {
+                let v = u128::from_str_radix(hex, 16).map_err(|_| bad())?;
+                a.v6.push(std::net::Ipv6Addr::from(v));
+            }
+            _ => return Err(bad()),
+        }
+    }
+    a.v4.sort();
+    a.v4.dedup();
+    a.v6.sort();
+    a.v6.dedup();
+    Ok(a)
+}
+
+/// The architecture the helper was built for (`uname -m` spelling).
+fn helper_arch() -> &'static str {
+    std::env::consts::ARCH
+}
+
+/// Checks that the embedded helper can run on an engine reporting `engine_arch`.
+pub fn check_arch(engine_arch: &str) -> Result<()> {
+    let normal = match engine_arch {
+        "amd64" | "x86_64" => "x86_64",
+        "arm64" | "aarch64" => "aarch64",
+        other => other,
+    };
+    if HELPER.is_empty() {
+        return Err(SandboxError::NetworkFence(format!(
+            "this kodx was built for {} without the sandbox network helper, so it cannot fence \
+             a sandbox's network; use network = \"off\" (kodx run: --network off), or a kodx \
+             built for x86_64 or aarch64 Linux",
+            helper_arch()
+        )));
+    }
+    if normal != helper_arch() {
+        return Err(SandboxError::NetworkFence(format!(
+            "the Docker engine runs on {engine_arch}, but this kodx carries its sandbox network \
+             helper for {}; run a kodx built for {normal}, or use network = \"off\" \
+             (kodx run: --network off)",
+            helper_arch()
+        )));
+    }
+    Ok(())
+}
+
+/// The engine host's addresses, read by the helper on the host's network and kept for
+/// [`HOST_ADDRS_TTL`] per engine.
+pub async fn host_addresses(
+    docker: &Docker,
+    engine: &str,
+    image: &str,
+    run_id: &str,
+) -> Result<Arc<Vec<Ipv4Addr>>> {
+    type Cache = Mutex<HashMap<String, (Instant, Arc<Vec<Ipv4Addr>>)>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some((at, addrs)) = cache.lock().unwrap().get(engine) {
+        if at.elapsed() < HOST_ADDRS_TTL {
+            return Ok(addrs.clone());
+        }
+    }
+    let out = run_helper(docker, image, run_id, "host", &[], &["addrs".to_string()])
+        .await
+        .map_err(|e| {
+            SandboxError::NetworkFence(format!(
+            "reading the Docker host's addresses (to keep sandboxes from reaching it) failed: {e}"
+        ))
+        })?;
+    let addrs = Arc::new(parse_addresses(&out)?.v4);
+    cache
+        .lock()
+        .unwrap()
+        .insert(engine.to_string(), (Instant::now(), addrs.clone()));
+    Ok(addrs)
+}
+
+/// Runs the helper with `args` in a container of `image` on `network_mode`, with only the
+/// capabilities `caps`; returns what it printed. The container is removed on every path.
+async fn run_helper(
+    docker: &Docker,
+    image: &str,
+    run_id: &str,
+    network_mode: &str,
+    caps: &[&str],
+    args: &[String],
+) -> Result<String> {
+    Helper::create(docker, image, run_id, network_mode, caps, args)
+        .await?
+        .run()
+        .await
+}
+
+/// A helper container, made with the program in it, not started yet. Removed when run,
+/// or when dropped.
+pub(super) struct Helper {
+    guard: HelperGuard,
+}
+
+impl Helper {
+    pub(super) async fn create(
+        docker: &Docker,
+        image: &str,
+        run_id: &str,
+        network_mode: &str,
+        caps: &[&str],
+        args: &[String],
+    ) -> Result<Helper> {
+        let mut labels = run_labels(run_id, None);
+        labels.insert(HELPER_LABEL.to_string(), "net".to_string());
+        let body = ContainerCreateBody {
+            image: Some(image.to_string()),
+            entrypoint: Some(vec![HELPER_PATH.to_string()]),
+            cmd: Some(args.to_vec()),
+            user: Some("0:0".to_string()),
+            working_dir: Some("/".to_string()),
+            labels: Some(labels),
+            tty: Some(false),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            network_disabled: Some(false),
+            host_config: Some(HostConfig {
+                network_mode: Some(network_mode.to_string()),
+                // An engine remapping user namespaces allows the host's network only with
+                // the host's user namespace.
+                userns_mode: (network_mode == "host").then(|| "host".to_string()),
+                privileged: Some(false),
+                cap_drop: Some(vec!["ALL".to_string()]),
+                cap_add: Some(caps.iter().map(|c| c.to_string()).collect()),
+                security_opt: Some(vec!["no-new-privileges:true".to_string()]),
+                memory: Some(64 << 20),
+                pids_limit: Some(16),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let created = docker
+            .create_container(None::<CreateContainerOptions>, body)
+            .await
+            .map_err(|e| SandboxError::docker("creating the network helper container", e))?;
+        register_live(docker, &created.id);
+        let guard = HelperGuard::new(docker, created.id);
+        let tar = archive::pack_files(&[(&HELPER_PATH[1..], HELPER, 0o755)]);
+        docker
+            .upload_to_container(
+                &guard.id,
+                Some(UploadToContainerOptions {
+                    path: "/".to_string(),
+                    ..Default::default()
+                }),
+                bollard::body_full(Bytes::from(tar)),
+            )
+            .await
+            .map_err(|e| SandboxError::docker("copying the network helper in", e))?;
+        Ok(Helper { guard })
+    }
+
+    pub(super) async fn run(self) -> Result<String> {
+        let Helper { guard } = self;
+        let docker = &guard.docker;
+        let run = async {
+            let mut attached = docker
+                .attach_container(
+                    &guard.id,
+                    Some(AttachContainerOptions {
+                        stdout: true,
+                        stderr: true,
+                        stream: true,
+                        ..Default::default()
+                    }),
+                )
+                .await
+                .map_err(|e| SandboxError::docker("attaching to the network helper", e))?;
+            docker
+                .start_container(&guard.id, None)
+                .await
+                .map_err(|e| SandboxError::docker("starting the network helper", e))?;
+            let mut stdout = Vec::new();
+            let mut stderr = Vec::new();
+            while let Some(item) = attached.output.next().await {
+                match item {
+                    Ok(LogOutput::StdOut { message }) if stdout.len() < HELPER_OUTPUT_CAP => {
+                        stdout.extend_from_slice(&message)
+                    }
+                    Ok(LogOutput::StdErr { message }) if stderr.len() < HELPER_OUTPUT_CAP => {
+                        stderr.extend_from_slice(&message)
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+            let code = match docker.wait_container(&guard.id, None).next().await {
+                Some(Ok(r)) => r.status_code,
+                Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
+                Some(Err(e)) => {
+                    return Err(SandboxError::docker("waiting for the network helper", e))
+                }
+                None => -1,
+            };
+            if code != 0 {
+                let said = String::from_utf8_lossy(&stderr);
+                let said = said.trim();
+                return Err(SandboxError::NetworkFence(format!(
+                    "the network helper failed (exit code {code}){}",
+                    if said.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", said.chars().take(500).collect::<String>())
+                    }
+                )));
+            }
+            Ok(String::from_utf8_lossy(&stdout).into_owned())
+        };
+        let result = match tokio::time::timeout(HELPER_TIMEOUT, run).await {
+            Ok(r) => r,
+            Err(_) => Err(SandboxError::NetworkFence(format!(
+                "the network helper did not finish within {}s",
+                HELPER_TIMEOUT.as_secs()
+            ))),
+        };
+        guard.remove().await;
+        result
+    }
+}
+
+/// Removes a helper container when dropped (a cancelled run), or at once with `remove`.
+pub(super) struct HelperGuard {
+    docker: Docker,
+    id: String,
+    done: bool,
+}
+
+impl HelperGuard {
+    pub(super) fn new(docker: &Docker, id: String) -> HelperGuard {
+        HelperGuard {
+            docker: docker.clone(),
+            id,
+            done: false,
+        }
+    }
+
+    pub(super) async fn remove(mut self) {
+        self.done = true;
+        let _ = remove(&self.docker, &self.id).await;
+    }
+}
+
+impl Drop for HelperGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            remove_blocking(&self.docker, &self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helper_output_parses() {
+        let a = parse_addresses(
+            "4 7f000001\n4 c0000202\n4 c0000202\n6 00000000000000000000000000000001\n6 fe80000000000000000000fffe000001\n",
+        )
+        .unwrap();
+        assert_eq!(
+            a.v4,
+            vec![
+                "127.0.0.1".parse::<Ipv4Addr>().unwrap(),
+                "192.0.2.2".parse().unwrap()
+            ]
+        );
+        assert_eq!(a.v6.len(), 2);
+        assert!(parse_addresses("4 zz\n").is_err());
+        assert!(parse_addresses("hello\n").is_err());
+    }
+
+    #[test]
+    fn the_helper_is_embedded_for_this_architecture() {
+        assert!(HELPER.starts_with(b"\x7fELF"), "build.rs built the helper");
+        assert!(check_arch(std::env::consts::ARCH).is_ok());
+        let other = if std::env::consts::ARCH == "x86_64" {
+            "aarch64"
+        } else {
+            "x86_64"
+        };
+        let e = check_arch(other).unwrap_err().to_string();
+        assert!(e.contains(other) && e.contains("network = \"off\""), "{e}");
+    }
+}
