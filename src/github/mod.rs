@@ -25,9 +25,10 @@ mod types;
 mod util;
 mod wire;
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -216,11 +217,7 @@ impl GitHubApp {
 
     async fn cached(&self, key: CacheKey) -> Result<Installation, GitHubError> {
         let slot = {
-            let mut map = self
-                .inner
-                .installations
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut map = self.inner.installations.lock();
             if map.len() >= MAX_CACHED_TOKENS && !map.contains_key(&key) {
                 // Keep slots in use (locked) and tokens still good; drop the rest.
                 map.retain(|_, slot| match slot.try_lock() {
@@ -250,7 +247,6 @@ impl GitHubApp {
             .inner
             .installations
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter(|((id, _), _)| *id == installation_id)
             .map(|(_, slot)| slot.clone())

@@ -2,8 +2,9 @@
 //! Nothing is installed in the image: the shell's own prompt carries an invisible sentinel
 //! (see [`super::term`]), so `feed_chars` returns the moment the shell is back at it.
 
+use parking_lot::Mutex;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
@@ -228,14 +229,14 @@ impl Shell {
                     Err(_) => break,
                 };
                 {
-                    let mut st = reader_state.lock().unwrap();
+                    let mut st = reader_state.lock();
                     tracing::trace!(raw = ?String::from_utf8_lossy(&bytes), "pty output");
                     st.decoder.feed(&bytes);
                     st.last_output = Instant::now();
                 }
                 tx.send_modify(|v| *v += 1);
             }
-            reader_state.lock().unwrap().closed = true;
+            reader_state.lock().closed = true;
             tx.send_modify(|v| *v += 1);
         });
 
@@ -252,11 +253,11 @@ impl Shell {
         let first = shell.wait(0, false, SHELL_START_TIMEOUT).await;
         match first {
             ShellStatus::Ready { .. } => {
-                shell.state.lock().unwrap().decoder.take();
+                shell.state.lock().decoder.take();
                 Ok(shell)
             }
             other => {
-                let (pending, _) = shell.state.lock().unwrap().decoder.take();
+                let (pending, _) = shell.state.lock().decoder.take();
                 Err(SandboxError::InvalidInput(format!(
                     "shell {name:?} did not reach its prompt ({other:?}); it printed: {}",
                     term::cap_middle(&pending.text, pending.omitted, pending.cut_at, 2000).0
@@ -267,7 +268,7 @@ impl Shell {
 
     /// The shell's pid inside the container, once known.
     pub fn pid(&self) -> Option<u32> {
-        self.state.lock().unwrap().decoder.shell_pid()
+        self.state.lock().decoder.shell_pid()
     }
 
     /// Types `chars` and returns what the shell printed since the last read (SPEC §6).
@@ -276,7 +277,7 @@ impl Shell {
         let keys = term::keystrokes(chars);
         // One writer at a time: a second call waits for the first to return.
         let mut input = self.input.lock().await;
-        let prompts_before = self.state.lock().unwrap().decoder.prompts();
+        let prompts_before = self.state.lock().decoder.prompts();
         let deadline = tokio::time::Instant::now() + yield_time;
         // Line by line: the next line is typed once the shell (or the program it runs) has
         // taken this one. Typed all at once, lines meant for a program that reads the
@@ -284,11 +285,11 @@ impl Shell {
         let mut lines = keys.bytes.split_inclusive(|&b| b == b'\n').peekable();
         let mut untyped = 0;
         while let Some(line) = lines.next() {
-            if self.state.lock().unwrap().closed {
+            if self.state.lock().closed {
                 break;
             }
             let typed = {
-                let mut st = self.state.lock().unwrap();
+                let mut st = self.state.lock();
                 // Typing counts as activity: quiet time is measured from here.
                 st.last_output = Instant::now();
                 st.decoder.prompts()
@@ -335,13 +336,13 @@ impl Shell {
         let idle = keys
             .bytes
             .is_empty()
-            .then(|| self.state.lock().unwrap().decoder.idle_at_prompt())
+            .then(|| self.state.lock().decoder.idle_at_prompt())
             .flatten();
         let mut status = match idle {
             Some(PromptKind::Command { exit }) => ShellStatus::Ready { exit_code: exit },
             _ => self.wait(expected, true, yield_time).await,
         };
-        let (pending, prompt) = self.state.lock().unwrap().decoder.take();
+        let (pending, prompt) = self.state.lock().decoder.take();
         drop(input);
         if let ShellStatus::Exited { .. } = status {
             let code = self
@@ -384,7 +385,7 @@ impl Shell {
         let mut changed = self.changed.clone();
         loop {
             let quiet_left = {
-                let st = self.state.lock().unwrap();
+                let st = self.state.lock();
                 if st.closed || st.decoder.prompts() >= prompts {
                     return;
                 }
@@ -414,7 +415,7 @@ impl Shell {
         let mut changed = self.changed.clone();
         loop {
             let recheck_in = {
-                let st = self.state.lock().unwrap();
+                let st = self.state.lock();
                 if st.closed {
                     return ShellStatus::Exited { exit_code: None };
                 }

@@ -99,7 +99,7 @@ pub async fn serve_startup(
 ) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics::Metrics::new());
     let slot = RouterSlot::default();
-    let running: Arc<std::sync::Mutex<Option<Running>>> = Default::default();
+    let running: Arc<parking_lot::Mutex<Option<Running>>> = Default::default();
     let settings = match &startup {
         Startup::Ready(c) => c.settings.clone(),
         Startup::Setup(s) => s.settings.clone(),
@@ -109,7 +109,7 @@ pub async fn serve_startup(
         Startup::Ready(config) => {
             let normal = start(config, options, metrics.clone(), shutdown.clone()).await?;
             slot.set(normal.router.clone());
-            *running.lock().expect("running lock") = Some(normal);
+            *running.lock() = Some(normal);
         }
         Startup::Setup(config) => {
             let token = setup::SetupToken::new();
@@ -147,7 +147,7 @@ pub async fn serve_startup(
         shutdown.clone(),
     )
     .await;
-    let normal = running.lock().expect("running lock").take();
+    let normal = running.lock().take();
     if let Some(normal) = normal {
         if let Some(task) = normal.worker_task {
             let _ = task.await;
@@ -160,11 +160,11 @@ pub async fn serve_startup(
 
 /// The router the listener serves, swapped once when setup ends.
 #[derive(Clone, Default)]
-struct RouterSlot(Arc<std::sync::RwLock<axum::Router>>);
+struct RouterSlot(Arc<parking_lot::RwLock<axum::Router>>);
 
 impl RouterSlot {
     fn set(&self, router: axum::Router) {
-        *self.0.write().expect("router lock") = router;
+        *self.0.write() = router;
     }
 
     /// A router that hands each request to the one in the slot at that moment.
@@ -172,7 +172,7 @@ impl RouterSlot {
         let slot = self.clone();
         axum::Router::new().fallback_service(tower::service_fn(
             move |req: axum::extract::Request| {
-                let router = slot.0.read().expect("router lock").clone();
+                let router = slot.0.read().clone();
                 tower::ServiceExt::oneshot(router, req)
             },
         ))
@@ -195,7 +195,7 @@ struct Activator {
     metrics: Arc<metrics::Metrics>,
     shutdown: CancellationToken,
     slot: RouterSlot,
-    running: Arc<std::sync::Mutex<Option<Running>>>,
+    running: Arc<parking_lot::Mutex<Option<Running>>>,
 }
 
 #[async_trait::async_trait]
@@ -210,7 +210,7 @@ impl setup::Activate for Activator {
         *options = None;
         let lines = setup::checks(&normal.app, &normal.db, &normal.engine).await;
         self.slot.set(normal.router.clone());
-        *self.running.lock().expect("running lock") = Some(normal);
+        *self.running.lock() = Some(normal);
         Ok(lines)
     }
 }

@@ -2,8 +2,9 @@
 //! future), and all together on Ctrl-C, for which the containers this process made and has
 //! not removed yet are kept in a registry.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bollard::query_parameters::RemoveContainerOptions;
@@ -39,14 +40,11 @@ fn live() -> &'static Mutex<HashMap<String, Docker>> {
 }
 
 pub(in crate::sandbox) fn register_live(docker: &Docker, id: &str) {
-    live()
-        .lock()
-        .unwrap()
-        .insert(id.to_string(), docker.clone());
+    live().lock().insert(id.to_string(), docker.clone());
 }
 
 fn unregister_live(id: &str) {
-    live().lock().unwrap().remove(id);
+    live().lock().remove(id);
 }
 
 /// Creations in flight hold it for reading; the cleanup on interrupt takes it for writing.
@@ -60,7 +58,7 @@ pub(super) fn creation_gate() -> &'static tokio::sync::RwLock<()> {
 pub async fn remove_all_live() -> usize {
     // Never released: the process is about to exit, and must not make new containers.
     std::mem::forget(creation_gate().write().await);
-    let all: Vec<(String, Docker)> = live().lock().unwrap().drain().collect();
+    let all: Vec<(String, Docker)> = live().lock().drain().collect();
     let n = all.len();
     futures_util::future::join_all(all.iter().map(|(id, d)| remove(d, id))).await;
     n

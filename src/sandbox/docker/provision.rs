@@ -269,7 +269,7 @@ impl Engine {
             }
             (None, _) => SetupReport::default(),
         };
-        *sandbox.setup.lock().unwrap() = report;
+        *sandbox.setup.lock() = report;
         if spec.disable_network_after_setup && !spec.no_network {
             progress("cutting the network");
             cut_network(&self.docker, &sandbox.id).await?;
@@ -349,7 +349,7 @@ impl Engine {
             if let Some(stored) = &stored {
                 self.delete_gone(sandbox, stored, &manifest).await?;
             }
-            *sandbox.baseline.lock().unwrap() = manifest;
+            *sandbox.baseline.lock() = manifest;
         }
         Ok(hit.then(|| started.elapsed()))
     }

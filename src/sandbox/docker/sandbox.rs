@@ -2,10 +2,11 @@
 //! workspace read back out of it ([`Sandbox`]'s export and change set); removed when
 //! destroyed or dropped.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -86,7 +87,7 @@ impl DockerSandbox {
 
     /// Whether the setup came from the cache, and how long it took.
     pub fn setup_report(&self) -> SetupReport {
-        *self.setup.lock().unwrap()
+        *self.setup.lock()
     }
 
     /// How this sandbox's disk use is bounded: the engine's quota or kodx's watchdog.
@@ -145,7 +146,7 @@ impl DockerSandbox {
                 tokio::time::sleep(left.clamp(min_interval, max_interval)).await;
             }
         });
-        if let Some(old) = self.watchdog.lock().unwrap().replace(task) {
+        if let Some(old) = self.watchdog.lock().replace(task) {
             old.abort();
         }
     }
@@ -168,7 +169,7 @@ impl DockerSandbox {
     }
 
     fn stop_watchdog(&self) {
-        if let Some(task) = self.watchdog.lock().unwrap().take() {
+        if let Some(task) = self.watchdog.lock().take() {
             task.abort();
         }
     }
@@ -180,7 +181,6 @@ impl DockerSandbox {
     fn shell(&self, name: &str) -> Result<Arc<Shell>> {
         self.shells
             .lock()
-            .unwrap()
             .get(name)
             .cloned()
             .ok_or_else(|| SandboxError::UnknownShell(name.to_string()))
@@ -206,7 +206,7 @@ impl Drop for DockerSandbox {
     fn drop(&mut self) {
         if !self.destroyed.swap(true, Ordering::SeqCst) {
             self.stop_watchdog();
-            self.shells.lock().unwrap().clear();
+            self.shells.lock().clear();
             remove_blocking(&self.docker, &self.id);
         }
     }
@@ -232,19 +232,14 @@ impl Sandbox for DockerSandbox {
     async fn create_new_shell(&self, name: &str) -> Result<String> {
         validate_shell_name(name)?;
         {
-            let shells = self.shells.lock().unwrap();
+            let shells = self.shells.lock();
             if !shells.contains_key(name) && shells.len() >= MAX_SHELLS {
                 return Err(SandboxError::InvalidInput(format!(
                     "{MAX_SHELLS} shells are open already; reuse one, or replace one with create_new_shell(\"<its name>\")"
                 )));
             }
         }
-        let old_pid = self
-            .shells
-            .lock()
-            .unwrap()
-            .get(name)
-            .and_then(|old| old.pid());
+        let old_pid = self.shells.lock().get(name).and_then(|old| old.pid());
         let shell = Shell::start(
             &self.docker,
             &self.id,
@@ -254,12 +249,7 @@ impl Sandbox for DockerSandbox {
             old_pid,
         )
         .await?;
-        let replaced = self
-            .shells
-            .lock()
-            .unwrap()
-            .insert(name.to_string(), shell)
-            .is_some();
+        let replaced = self.shells.lock().insert(name.to_string(), shell).is_some();
         Ok(format!(
             "{} shell {name:?} in {}.",
             if replaced { "Replaced" } else { "Started" },
@@ -281,7 +271,7 @@ impl Sandbox for DockerSandbox {
         let root = self.root_name().to_string();
         let dest = dest.to_path_buf();
         let limits = self.archive_limits.clone();
-        let baseline = self.baseline.lock().unwrap().clone();
+        let baseline = self.baseline.lock().clone();
         tokio::task::spawn_blocking(move || {
             let mut open = |path: &str| opener.open(path);
             let exported =
@@ -295,7 +285,7 @@ impl Sandbox for DockerSandbox {
     async fn change_set(&self) -> Result<ChangeSet> {
         let opener = self.opener();
         let root = self.root_name().to_string();
-        let baseline = self.baseline.lock().unwrap().clone();
+        let baseline = self.baseline.lock().clone();
         let limits = self.archive_limits.clone();
         tokio::task::spawn_blocking(move || {
             let mut open = |path: &str| opener.open(path);
@@ -319,7 +309,7 @@ impl Sandbox for DockerSandbox {
             return Ok(());
         }
         self.stop_watchdog();
-        self.shells.lock().unwrap().clear();
+        self.shells.lock().clear();
         remove(&self.docker, &self.id).await
     }
 }

@@ -99,10 +99,10 @@ impl Engine {
     /// evicts what is over the cache's bounds.
     async fn save_setup(&self, sandbox: &DockerSandbox, plan: &CachePlan) -> Result<()> {
         let script = {
-            let baseline = sandbox.baseline.lock().unwrap();
+            let baseline = sandbox.baseline.lock();
             setup_cache::clean_script(&sandbox.workdir, &baseline)
         };
-        let stored = sandbox.baseline.lock().unwrap().without_git().to_bytes();
+        let stored = sandbox.baseline.lock().without_git().to_bytes();
         let files = [
             (&setup_cache::CLEAN_SCRIPT[1..], script.as_bytes(), 0o644),
             (&setup_cache::MANIFEST_FILE[1..], stored.as_slice(), 0o644),

@@ -3,9 +3,10 @@
 //! archive code on a blocking thread, and small uploads of kodx's own files. Each copy is
 //! bounded in memory by a few chunks in flight, whatever the tree holds.
 
+use parking_lot::Mutex;
 use std::io::{self, Read, Write};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bollard::query_parameters::{DownloadFromContainerOptions, UploadToContainerOptions};
@@ -181,7 +182,7 @@ impl Opener {
 
     /// `result`, unless the download itself failed: then that is the error.
     pub(super) fn verdict<T>(&self, result: Result<T>, what: &str) -> Result<T> {
-        match self.failure.lock().unwrap().take() {
+        match self.failure.lock().take() {
             Some(e) if result.is_err() => Err(SandboxError::docker(what, e)),
             _ => result,
         }
@@ -203,7 +204,7 @@ impl Read for ChunkReader {
                 Some(Ok(chunk)) => self.buf = chunk,
                 Some(Err(e)) => {
                     let message = format!("the download from the container failed: {e}");
-                    self.failure.lock().unwrap().get_or_insert(e);
+                    self.failure.lock().get_or_insert(e);
                     return Err(io::Error::other(message));
                 }
             }

@@ -3,9 +3,10 @@
 //! namespace to add its fence's routes, or on the host's network to read the engine host's
 //! addresses. Its containers are removed on every path.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
@@ -108,7 +109,7 @@ pub async fn host_addresses(
     type Cache = Mutex<HashMap<String, (Instant, Arc<Vec<Ipv4Addr>>)>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    if let Some((at, addrs)) = cache.lock().unwrap().get(engine) {
+    if let Some((at, addrs)) = cache.lock().get(engine) {
         if at.elapsed() < HOST_ADDRS_TTL {
             return Ok(addrs.clone());
         }
@@ -123,7 +124,6 @@ pub async fn host_addresses(
     let addrs = Arc::new(parse_addresses(&out)?.v4);
     cache
         .lock()
-        .unwrap()
         .insert(engine.to_string(), (Instant::now(), addrs.clone()));
     Ok(addrs)
 }

@@ -23,7 +23,7 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure>
     drop(workspace);
     let mut done = Done::new(plan.kind, outcome);
     done.text = done.outcome.last_message.clone();
-    done.setup = *cx.log.setup.lock().expect("lock");
+    done.setup = *cx.log.setup.lock();
     let status = if done.succeeded() {
         RunStatus::Succeeded
     } else {

@@ -28,8 +28,8 @@ pub(in crate::serve) async fn run(
         .context("cancelling failed")?;
     for t in &touched {
         if t.was_running {
-            if let Some(h) = svc.running.lock().expect("lock").get(&t.run.id) {
-                *h.cancelled_by.lock().expect("lock") = Some(job.request.author.clone());
+            if let Some(h) = svc.running.lock().get(&t.run.id) {
+                *h.cancelled_by.lock() = Some(job.request.author.clone());
                 h.cancel.cancel();
             }
         } else {
@@ -67,10 +67,10 @@ pub(in crate::serve) async fn apply_requests(svc: &Services) {
         }
     };
     for (run_id, by) in requests {
-        if let Some(h) = svc.running.lock().expect("lock").get(&run_id) {
+        if let Some(h) = svc.running.lock().get(&run_id) {
             if !h.cancel.is_cancelled() {
                 tracing::info!(run_id = %run_id, by = %by, "run cancelled by a request another process took");
-                *h.cancelled_by.lock().expect("lock") = Some(by);
+                *h.cancelled_by.lock() = Some(by);
                 h.cancel.cancel();
             }
         }

@@ -54,7 +54,7 @@ pub(in crate::serve) async fn deliver_work(
     let mut done = Done::new(plan.kind, outcome);
     let mut readiness = Readiness::Unchanged;
     done.text = done.outcome.last_message.clone();
-    done.setup = *cx.log.setup.lock().expect("lock");
+    done.setup = *cx.log.setup.lock();
     if let Some(changes) = changes {
         // A continuation's commit and pull request say the request it continues.
         let request = match &earlier {
@@ -84,7 +84,7 @@ pub(in crate::serve) async fn deliver_work(
             Err(failure) => done.failure = Some(failure.to_string()),
         }
         if done.pr_url.is_some() || done.pushed.is_some() {
-            *cx.log.branch.lock().expect("lock") = Some(target.branch().to_string());
+            *cx.log.branch.lock() = Some(target.branch().to_string());
         }
     }
     match teardown.await {

@@ -151,8 +151,8 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>, more: More) -> Result<Ending,
         .context("reading the stopped run from the database failed")?
         .map_err(Refusal::CannotContinue)?;
     let Resumption { earlier, messages } = resumption;
-    *cx.log.branch.lock().expect("lock") = Some(earlier.branch.clone());
-    *cx.log.continues.lock().expect("lock") = Some(serde_json::json!({
+    *cx.log.branch.lock() = Some(earlier.branch.clone());
+    *cx.log.continues.lock() = Some(serde_json::json!({
         "run": earlier.id,
         "request": earlier.request,
         "cost_usd": earlier.cost,

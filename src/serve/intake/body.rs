@@ -11,8 +11,9 @@
 //! 1 MB) still get through while unsigned senders hold big bodies open; a big delivery
 //! only competes with bigger ones. When no body holds more, the newcomer is refused.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -92,12 +93,12 @@ impl BodyBudget {
     /// Bytes held right now.
     #[cfg(test)]
     pub fn used(&self) -> usize {
-        self.state.lock().expect("budget lock").used
+        self.state.lock().used
     }
 
     /// A new, empty share of the budget for one body.
     pub fn hold(self: &Arc<Self>) -> Hold {
-        let mut st = self.state.lock().expect("budget lock");
+        let mut st = self.state.lock();
         let id = st.next_id;
         st.next_id += 1;
         let evict = CancellationToken::new();
@@ -134,7 +135,7 @@ impl Hold {
             tokio::pin!(released);
             released.as_mut().enable();
             {
-                let mut st = budget.state.lock().expect("budget lock");
+                let mut st = budget.state.lock();
                 if self.evicted.is_cancelled() {
                     return Err(BodyError::Busy);
                 }
@@ -193,12 +194,12 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         let budget = &*self.budget;
-        if let Ok(mut st) = budget.state.lock() {
-            if let Some(h) = st.holders.remove(&self.id) {
-                st.used -= h.held;
-                budget.gauge.set(st.used as i64);
-            }
+        let mut st = budget.state.lock();
+        if let Some(h) = st.holders.remove(&self.id) {
+            st.used -= h.held;
+            budget.gauge.set(st.used as i64);
         }
+        drop(st);
         budget.released.notify_waiters();
     }
 }

@@ -25,10 +25,11 @@
 //! webhook secret can hold for long (a `/healthz` or `/metrics` request of theirs is busy
 //! only while it is answered).
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -178,7 +179,7 @@ impl Registry {
     /// that never sent a request (once it had [`GRACE`] to do so), else the oldest idle
     /// keep-alive one, else the oldest still sending an unverified body.
     fn admit(&self, id: u64, now: Instant) -> Admit {
-        let mut guard = self.conns.lock().expect("registry lock");
+        let mut guard = self.conns.lock();
         let Conns {
             open: conns,
             closing,
@@ -234,7 +235,7 @@ impl Registry {
     }
 
     fn remove(&self, id: u64) {
-        let mut conns = self.conns.lock().expect("registry lock");
+        let mut conns = self.conns.lock();
         if let Some(c) = conns.open.remove(&id) {
             if c.close.is_cancelled() {
                 conns.closing -= 1;
@@ -472,7 +473,7 @@ mod tests {
                 Admit::Open(c) => return c,
                 Admit::Wait(None) => {
                     let gone: Vec<u64> = {
-                        let conns = r.conns.lock().unwrap();
+                        let conns = r.conns.lock();
                         assert_eq!(conns.closing, 1);
                         conns
                             .open
@@ -527,7 +528,7 @@ mod tests {
         // Only busy ones are left: the new connection is refused, none is displaced.
         assert!(matches!(r.admit(7, later(2000)), Admit::Refuse));
         assert!(![&a, &f, &g].iter().any(|c| c.close.is_cancelled()));
-        assert_eq!(r.conns.lock().unwrap().open.len(), 3);
+        assert_eq!(r.conns.lock().open.len(), 3);
         assert_eq!(r.metrics.displaced.get(), 4);
     }
 

@@ -2,7 +2,7 @@
 //! records the run's row, its metrics and its comment for every ending — the agent's
 //! outcome, a limit, a failure, a refusal, a panicked task.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::agent::{Outcome, StopReason};
@@ -73,7 +73,6 @@ impl RunLog {
     pub fn placed_on(&self) -> Option<(String, tokio_util::sync::CancellationToken)> {
         self.placement
             .lock()
-            .expect("lock")
             .as_ref()
             .map(|p| (p.name.clone(), p.lost().clone()))
     }
@@ -86,11 +85,11 @@ pub(in crate::serve) struct Timings(Mutex<Vec<(&'static str, Duration)>>);
 
 impl Timings {
     pub fn add(&self, phase: &'static str, took: Duration) {
-        self.0.lock().expect("lock").push((phase, took));
+        self.0.lock().push((phase, took));
     }
 
     pub fn to_json(&self) -> serde_json::Value {
-        let phases = self.0.lock().expect("lock");
+        let phases = self.0.lock();
         serde_json::Value::Object(
             phases
                 .iter()
@@ -176,10 +175,10 @@ impl Services {
                 "detail": done.failure.as_deref().or(o.detail.as_deref()).map(comment::redact),
                 "model": o.model,
                 "timings_ms": log.timings.to_json(),
-                "admission": log.admission.lock().expect("lock").clone(),
-                "setup_cache": log.setup.lock().expect("lock").map(|s| s.cache.as_str()),
-                "branch": log.branch.lock().expect("lock").clone(),
-                "continues": log.continues.lock().expect("lock").clone(),
+                "admission": log.admission.lock().clone(),
+                "setup_cache": log.setup.lock().map(|s| s.cache.as_str()),
+                "branch": log.branch.lock().clone(),
+                "continues": log.continues.lock().clone(),
                 "engine": log.placed_on().map(|(name, _)| name),
             })
             .to_string(),

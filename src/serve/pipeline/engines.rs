@@ -12,8 +12,9 @@
 //!   containers this process left there for runs that are over are removed, as are those
 //!   of dead kodx processes, and it takes runs again.
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -91,12 +92,7 @@ impl Placement {
 
 impl Drop for Placement {
     fn drop(&mut self) {
-        self.member
-            .state
-            .lock()
-            .expect("lock")
-            .placed
-            .remove(&self.run_id);
+        self.member.state.lock().placed.remove(&self.run_id);
         self.changed.notify_waiters();
     }
 }
@@ -217,7 +213,7 @@ impl Engines {
             let mut any_up = false;
             for (i, m) in self.members.iter().enumerate() {
                 let placed = {
-                    let st = m.state.lock().expect("lock");
+                    let st = m.state.lock();
                     if st.health == Health::Down {
                         reasons.push(format!(
                             "{}: {}",
@@ -262,7 +258,7 @@ impl Engines {
                 let m = &self.members[i];
                 // Re-checked under the lock: another run may have taken the last room.
                 let down = {
-                    let mut st = m.state.lock().expect("lock");
+                    let mut st = m.state.lock();
                     if st.health == Health::Down || st.placed.len() >= m.max_runs {
                         continue;
                     }
@@ -304,7 +300,7 @@ impl Engines {
     /// takes it out of placement.
     fn missed(&self, member: &Member, error: &str) {
         let down = {
-            let mut st = member.state.lock().expect("lock");
+            let mut st = member.state.lock();
             st.missed += 1;
             st.error = Some(error.to_string());
             st.missed >= 2 && st.health != Health::Down
@@ -316,7 +312,7 @@ impl Engines {
 
     /// Takes `member` out of placement, firing its runs' [`Placement::lost`].
     fn mark_down(&self, member: &Member, error: &str) {
-        let mut st = member.state.lock().expect("lock");
+        let mut st = member.state.lock();
         st.error = Some(error.to_string());
         if st.health != Health::Down {
             tracing::warn!(engine = %member.name, "the Docker engine stopped answering: {error}");
@@ -350,11 +346,11 @@ impl Engines {
         };
         match answer {
             Ok(engine) => {
-                let was = m.state.lock().expect("lock").health;
+                let was = m.state.lock().health;
                 if was == Health::Down {
                     self.came_back(m, &engine).await;
                 } else {
-                    let mut st = m.state.lock().expect("lock");
+                    let mut st = m.state.lock();
                     st.health = Health::Up;
                     st.missed = 0;
                     st.error = None;
@@ -367,7 +363,7 @@ impl Engines {
     /// An engine answers again: what this process left there for runs that are over goes,
     /// and dead processes' containers too; then it takes runs again.
     async fn came_back(&self, m: &Member, engine: &Engine) {
-        let live = m.state.lock().expect("lock").placed.clone();
+        let live = m.state.lock().placed.clone();
         let own = engine.sweep_own_except(&live).await;
         let dead = engine.sweep_dead_owners().await;
         let removed = own.as_ref().map_or(0, |n| *n) + dead.as_ref().map_or(0, |n| *n);
@@ -375,7 +371,7 @@ impl Engines {
             tracing::warn!(engine = %m.name, "could not sweep the engine's old containers: {e}");
         }
         {
-            let mut st = m.state.lock().expect("lock");
+            let mut st = m.state.lock();
             st.health = Health::Up;
             st.missed = 0;
             st.error = None;
@@ -405,7 +401,7 @@ impl Engines {
         self.members
             .iter()
             .map(|m| {
-                let st = m.state.lock().expect("lock");
+                let st = m.state.lock();
                 EngineStatus {
                     name: m.name.clone(),
                     host: match &m.target {

@@ -236,8 +236,8 @@ async fn container(
                 if let Some(took) = setup.took {
                     log.timings.add(setup.phase(), took);
                 }
-                *log.setup.lock().expect("lock") = Some(setup);
-                *log.placement.lock().expect("lock") = Some(placement);
+                *log.setup.lock() = Some(setup);
+                *log.placement.lock() = Some(placement);
                 Ok(Ok(s))
             }
             Err(e @ (SandboxError::SetupFailed { .. } | SandboxError::SetupTimedOut { .. })) => {

@@ -26,8 +26,9 @@ pub(in crate::serve) mod resources;
 pub(in crate::serve) mod status;
 pub(in crate::serve) mod workspace;
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
@@ -134,7 +135,7 @@ impl Services {
 
     /// Drops what acknowledging the run left for it (it started, or it is over).
     pub(in crate::serve) fn forget_ack(&self, run_id: &str) {
-        self.acks.lock().expect("lock").remove(run_id);
+        self.acks.lock().remove(run_id);
     }
 
     /// The prefix of this installation's clone directories (found again by `recover`).

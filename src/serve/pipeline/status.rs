@@ -298,7 +298,7 @@ pub(in crate::serve) fn command_line(run: &Run) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
     use std::time::Duration;
 
     use tokio::time::Instant;
@@ -329,10 +329,7 @@ mod tests {
             tokio::spawn(throttled(Duration::from_secs(10), rx, move |p| {
                 let shown = shown.clone();
                 async move {
-                    shown
-                        .lock()
-                        .unwrap()
-                        .push((p.step, start.elapsed().as_secs()));
+                    shown.lock().push((p.step, start.elapsed().as_secs()));
                 }
             }))
         };
@@ -350,13 +347,13 @@ mod tests {
             tx.send(step(s)).unwrap();
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        assert_eq!(*shown.lock().unwrap(), vec![(1, 0)]);
+        assert_eq!(*shown.lock(), vec![(1, 0)]);
         tokio::time::sleep(Duration::from_secs(4)).await;
-        assert_eq!(*shown.lock().unwrap(), vec![(1, 0), (4, 10)]);
+        assert_eq!(*shown.lock(), vec![(1, 0), (4, 10)]);
         // The same step again is not shown twice.
         tx.send(step(4)).unwrap();
         tokio::time::sleep(Duration::from_secs(30)).await;
-        assert_eq!(shown.lock().unwrap().len(), 2);
+        assert_eq!(shown.lock().len(), 2);
         drop(tx);
         task.await.unwrap();
     }
@@ -374,6 +371,6 @@ mod tests {
         task.await.unwrap();
         // Waiting out the interval would have taken 9 more (paused) seconds.
         assert_eq!(before.elapsed(), Duration::ZERO);
-        assert_eq!(*shown.lock().unwrap(), vec![(1, 0)]);
+        assert_eq!(*shown.lock(), vec![(1, 0)]);
     }
 }

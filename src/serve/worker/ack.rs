@@ -24,7 +24,7 @@ impl Workers {
     /// for a run an earlier process acknowledged (it has a status comment).
     pub(super) async fn ensure_acknowledged(&self, run: &Run) -> Option<Acked> {
         let cell = {
-            let mut acks = self.acks.lock().expect("lock");
+            let mut acks = self.acks.lock();
             match acks.get(&run.id) {
                 Some(cell) => cell.clone(),
                 None if run.status_comment_id.is_some() => return None,

@@ -12,8 +12,9 @@ mod recovery;
 mod run;
 mod tasks;
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, Semaphore};
@@ -121,7 +122,6 @@ impl Workers {
                         let fences: Vec<Fence> = this
                             .running
                             .lock()
-                            .expect("lock")
                             .values()
                             .map(|h| h.fence.clone())
                             .collect();
@@ -165,7 +165,7 @@ impl Workers {
         }
         let waited = tokio::time::timeout(grace, self.join_all(&mut tasks)).await;
         if waited.is_err() {
-            for handle in self.running.lock().expect("lock").values() {
+            for handle in self.running.lock().values() {
                 handle.cancel.cancel();
             }
             self.join_all(&mut tasks).await;
@@ -237,13 +237,7 @@ impl Workers {
     async fn panicked(self: &Arc<Self>, p: Panicked) {
         tracing::error!(run_id = %p.run_id, "a worker task panicked: {}", p.message);
         self.forget_ack(&p.run_id);
-        if self
-            .running
-            .lock()
-            .expect("lock")
-            .remove(&p.run_id)
-            .is_some()
-        {
+        if self.running.lock().remove(&p.run_id).is_some() {
             self.metrics.run_ended();
         }
         self.wake.notify_one();
@@ -286,9 +280,7 @@ impl Workers {
             Ok(queued) => {
                 self.metrics.set_queued(queued.len() as i64);
                 for run in queued.into_iter().filter(|r| r.is_work()) {
-                    if run.status_comment_id.is_some()
-                        || self.acks.lock().expect("lock").contains_key(&run.id)
-                    {
+                    if run.status_comment_id.is_some() || self.acks.lock().contains_key(&run.id) {
                         continue;
                     }
                     let this = self.clone();

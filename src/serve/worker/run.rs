@@ -4,7 +4,8 @@
 //! run's log — then handed to its command ([`commands::work`]), and its ending concluded,
 //! cancellations and shutdowns included.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
@@ -30,7 +31,7 @@ impl Workers {
         let cancel = CancellationToken::new();
         let cancelled_by = Arc::new(Mutex::new(None));
         let fence = Fence::new(self.db.clone(), &run.id, &self.worker_id, cancel.clone());
-        self.running.lock().expect("lock").insert(
+        self.running.lock().insert(
             run.id.clone(),
             RunHandle {
                 cancel: cancel.clone(),
@@ -65,7 +66,7 @@ impl Workers {
             Some(admitted) => Some(self.work_inner(&run, admitted, &cancel, &fence, &log).await),
             None => None,
         };
-        self.running.lock().expect("lock").remove(&run.id);
+        self.running.lock().remove(&run.id);
         self.metrics.run_ended();
         let Some(mut ended) = ended else {
             return;
@@ -77,7 +78,7 @@ impl Workers {
         }
         if let Ok(Ending::Work { status, done }) = &mut ended {
             if done.outcome.stop_reason == StopReason::Cancelled {
-                let by = cancelled_by.lock().expect("lock").clone();
+                let by = cancelled_by.lock().clone();
                 match by {
                     Some(who) => {
                         *status = RunStatus::Cancelled;
@@ -145,8 +146,7 @@ impl Workers {
         if let Some(refusal) = self.reserve(run, &mut admission, kind).await? {
             return self.refused_after_wait(run, refusal);
         }
-        *log.admission.lock().expect("lock") =
-            Some(admission.to_json(kind, &self.settings.maxima()));
+        *log.admission.lock() = Some(admission.to_json(kind, &self.settings.maxima()));
         let cx = RunCtx {
             svc: self,
             run,
