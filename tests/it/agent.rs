@@ -229,8 +229,9 @@ async fn max_iterations_timeout_and_cancel_stop_the_run() {
     );
     let cancel = CancellationToken::new();
     let c2 = cancel.clone();
+    let (e2, run_id) = (engine.clone(), spec.run_id.clone());
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        wait_for_process(&e2, &run_id, "sleep 30", Duration::from_secs(30)).await;
         c2.cancel();
     });
     let t = Instant::now();

@@ -7,7 +7,7 @@
 //! `spend_never_crosses_the_cap_and_the_run_ends_with_a_summary` always runs. The figures
 //! (spend as a share of the cap, target >= 90 %) are printed by
 //!
-//!     cargo test --release --test agent_budget -- --ignored --nocapture
+//!     cargo test --release --test it agent_budget:: -- --ignored --nocapture
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -329,7 +329,7 @@ async fn the_step_limit_ends_with_a_summary_call_and_a_wrap_up_note_before_it() 
 }
 
 #[tokio::test]
-#[ignore = "figures: cargo test --release --test agent_budget -- --ignored --nocapture"]
+#[ignore = "figures: cargo test --release --test it agent_budget:: -- --ignored --nocapture"]
 async fn bench_cap_utilisation() {
     println!("\nloop workload: ~3,000 new prompt tokens and 400 output tokens per call, claude-sonnet-4-5 prices");
     println!(

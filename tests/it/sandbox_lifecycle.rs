@@ -48,14 +48,8 @@ async fn a_cancelled_run_removes_the_container() {
             .await
             .unwrap();
     });
-    // Wait until the container exists, then cancel the run.
-    for _ in 0..100 {
-        if !containers_of(&engine, &spec.run_id).await.is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Wait until the command runs in the container, then cancel the run.
+    wait_for_process(&engine, &spec.run_id, "sleep 100", 60 * SEC).await;
     task.abort();
     assert!(task.await.unwrap_err().is_cancelled());
     assert_gone(&engine, &spec.run_id).await;

@@ -314,12 +314,18 @@ async fn a_hit_writes_only_what_the_new_checkout_changed() {
         if source == RepoSource::GitTip {
             commit_all(repo.path(), "second");
         }
-        // Whole seconds: `stat -c %Z` below.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        let before = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
+        // Whole seconds: `stat -c %Z` below. Wait for the second after the writes above.
+        let now = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+        };
+        let written = now();
+        while now() == written {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let before = now();
         spec.run_id = run_id("cache-delta");
         let sb = start(&engine, &spec).await;
         assert_eq!(sb.setup_report().cache, SetupCacheUse::Hit, "{source:?}");
@@ -510,7 +516,7 @@ async fn eviction_keeps_the_most_recently_used_within_the_count() {
 
 /// The target: a setup script of 20 s (`sleep 20` plus an install); the second
 /// run's container is ready in 1.5 s at most. Run with
-/// `cargo test --release --test sandbox_setup_cache -- --ignored --nocapture`.
+/// `cargo test --release --test it sandbox_setup_cache:: -- --ignored --nocapture`.
 #[tokio::test]
 #[ignore = "benchmark: 20 s setup, first and second container-ready time"]
 async fn bench_setup_cache_second_run_ready() {

@@ -496,7 +496,8 @@ async fn kill_9_mid_code_run_then_restart_opens_one_pull_request() {
         !s.model.requests().is_empty()
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The tool call runs in the container.
+    common::wait_for_process(&engine, &format!("kodx-{run_id}"), "sleep 300", LONG).await;
     s.kill().await;
     // The restarted run starts over in a fresh container.
     s.model

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 use crate::common::serve::{usage, Options, Served, REPO};
+use kodx::sandbox::Engine;
 use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(120);
@@ -27,7 +28,7 @@ async fn run_of(s: &Served, run_id: &str) -> kodx::db::Run {
 }
 
 /// Starts a run whose first tool call sleeps, and waits until the command is running.
-async fn start_a_long_run(s: &Served) -> String {
+async fn start_a_long_run(engine: &Engine, s: &Served) -> String {
     s.github.add_issue(REPO, 7, "Slow", "It is slow.", "carol");
     s.model.reply(
         vec![json!({"type": "tool_use", "id": "t1", "name": "feed_chars",
@@ -41,7 +42,7 @@ async fn start_a_long_run(s: &Served) -> String {
     })
     .await;
     // The tool call is running `sleep 300` in the container now.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    common::wait_for_process(engine, &run.container_label(), "sleep 300", LONG).await;
     run.0
 }
 
@@ -82,7 +83,7 @@ async fn sigterm_mid_run_stops_it_cleanly_and_a_restart_finishes_it() {
         ..Options::default()
     })
     .await;
-    let run_id = start_a_long_run(&s).await;
+    let run_id = start_a_long_run(&engine, &s).await;
     assert_eq!(
         common::containers_of(&engine, &format!("kodx-{run_id}"))
             .await
@@ -112,7 +113,7 @@ async fn sigterm_mid_run_stops_it_cleanly_and_a_restart_finishes_it() {
 async fn kill_9_mid_run_then_restart_finishes_it_and_removes_the_orphan() {
     let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
-    let run_id = start_a_long_run(&s).await;
+    let run_id = start_a_long_run(&engine, &s).await;
     s.kill().await;
     // The dead process's container is still there until kodx starts again.
     assert_eq!(
@@ -129,7 +130,7 @@ async fn kill_9_mid_run_then_restart_finishes_it_and_removes_the_orphan() {
 async fn kodx_cancel_stops_the_running_run_and_says_who() {
     let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
-    let run_id = start_a_long_run(&s).await;
+    let run_id = start_a_long_run(&engine, &s).await;
     s.github.set_permission(REPO, "bob", "write");
     let cancel = s.comment(7, "bob", "/kodx cancel").await;
     let body = s
@@ -153,7 +154,7 @@ async fn kodx_cancel_stops_the_running_run_and_says_who() {
 async fn a_run_interrupted_twice_fails_with_a_comment_instead_of_looping() {
     let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
-    let run_id = start_a_long_run(&s).await;
+    let run_id = start_a_long_run(&engine, &s).await;
     s.kill().await;
     // Second attempt: the restarted run calls the model again and is killed again.
     s.model.reply(
@@ -167,7 +168,7 @@ async fn a_run_interrupted_twice_fails_with_a_comment_instead_of_looping() {
         s.model.requests().len() >= 2
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    common::wait_for_process(&engine, &format!("kodx-{run_id}"), "sleep 300", LONG).await;
     s.kill().await;
     s.restart().await;
     s.bot_comment_where(7, "the failure comment", |c| {
@@ -186,7 +187,7 @@ async fn a_run_interrupted_twice_fails_with_a_comment_instead_of_looping() {
 
 #[tokio::test]
 async fn kodx_cancel_removes_a_queued_run_before_it_starts() {
-    let _engine = common::require_engine!();
+    let engine = common::require_engine!();
     let s = Served::start(Options {
         workers: true,
         settings: Some(
@@ -196,7 +197,7 @@ async fn kodx_cancel_removes_a_queued_run_before_it_starts() {
     })
     .await;
     // Issue 7's run takes the only slot; issue 8's waits in the queue.
-    let _running = start_a_long_run(&s).await;
+    let _running = start_a_long_run(&engine, &s).await;
     s.github.add_issue(REPO, 8, "Other", "", "carol");
     let queued = s.comment(8, "alice", "/kodx ask what about this?").await;
     s.bot_comment_where(8, "the queued status comment", |c| {
@@ -252,7 +253,7 @@ async fn kill_9_of_kodx_as_pid_1_then_restart_removes_the_orphan_and_finishes_th
         ..Options::default()
     })
     .await;
-    let run_id = start_a_long_run(&s).await;
+    let run_id = start_a_long_run(&engine, &s).await;
     let label = format!("kodx-{run_id}");
     let orphan = common::containers_of(&engine, &label).await;
     assert_eq!(orphan.len(), 1);
@@ -300,7 +301,7 @@ async fn a_requeued_run_removes_an_earlier_container_of_its_own_first() {
     use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
     let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
-    let run_id = start_a_long_run(&s).await;
+    let run_id = start_a_long_run(&engine, &s).await;
     s.kill().await;
     let label = format!("kodx-{run_id}");
     for id in common::containers_of(&engine, &label).await {

@@ -308,7 +308,7 @@ async fn healthz_names_what_is_wrong_and_metrics_are_prometheus_text() {
     let (status, text) = s.get("/metrics").await;
     assert_eq!(status, 200);
     // Families with labels appear once they have a value (runs and model latency after
-    // the first run: tests/serve_ask.rs).
+    // the first run: tests/it/serve_ask.rs).
     for name in [
         "# TYPE kodx_webhooks counter",
         "kodx_webhooks_total{event=\"ping\",result=\"ignored\"} 1",
@@ -350,7 +350,7 @@ async fn sigterm_stops_the_server_cleanly() {
 
 #[tokio::test]
 async fn bad_configuration_is_one_clear_line() {
-    // Half an App (no App at all starts setup mode instead: tests/serve_setup.rs).
+    // Half an App (no App at all starts setup mode instead: tests/it/serve_setup.rs).
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"))
         .arg("serve")
         .env("APP_ID", "1")

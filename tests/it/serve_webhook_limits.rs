@@ -161,12 +161,25 @@ async fn unverified_bodies_past_the_budget_are_refused_and_a_signed_delivery_get
         let (_, metrics) = s.get("/metrics").await;
         most_held = most_held.max(gauge(&metrics, "kodx_webhook_unverified_bytes").unwrap_or(0));
     }
-    // Every sender has been read as far as it sent, or refused.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Wait for the refusals: at most two 400 KB bodies fit in 1 MiB, so four senders or
+    // more get a 503 once the server has read as far as they sent.
+    let refusal = |answer: &String| answer.starts_with("HTTP/1.1 503");
+    let mut answers = vec![String::new(); senders.len()];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while answers.iter().filter(|a| refusal(a)).count() < 4 && Instant::now() < deadline {
+        for (c, answer) in senders.iter_mut().zip(&mut answers) {
+            if !refusal(answer) {
+                answer.push_str(&read_until_closed(c, Duration::from_millis(20)).await.0);
+            }
+        }
+    }
+    // The others, held, get no answer meanwhile.
     let mut refused = 0;
-    for c in &mut senders {
-        let (answer, _) = read_until_closed(c, Duration::from_millis(200)).await;
-        if answer.starts_with("HTTP/1.1 503") {
+    for (c, answer) in senders.iter_mut().zip(&mut answers) {
+        if !refusal(answer) {
+            answer.push_str(&read_until_closed(c, Duration::from_millis(200)).await.0);
+        }
+        if refusal(answer) {
             refused += 1;
         } else {
             assert_eq!(answer, "", "a held body gets no answer yet");

@@ -13,7 +13,7 @@ pub mod synthetic;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use bollard::query_parameters::ListContainersOptions;
+use bollard::query_parameters::{ListContainersOptions, TopOptions};
 use kodx::sandbox::{DockerSandbox, Engine, SandboxSpec};
 
 /// The locally built test image (`tests/images/build.sh`).
@@ -142,6 +142,35 @@ pub async fn assert_gone(engine: &Engine, run_id: &str) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("container of run {run_id} was left behind");
+}
+
+/// Waits until a process whose command line contains `needle` runs in a container labelled
+/// `kodx.run=<run_label>`, as `docker top` lists them: the command a test means to interrupt
+/// is running, not just sent. Fails after `timeout`.
+pub async fn wait_for_process(engine: &Engine, run_label: &str, needle: &str, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        for id in running_containers_labelled(engine, &format!("kodx.run={run_label}")).await {
+            // An error (the container stopping meanwhile) counts as not yet.
+            let Ok(top) = engine.docker().top_processes(&id, None::<TopOptions>).await else {
+                continue;
+            };
+            // `ps -ef`: the command and its arguments are the last column.
+            let running = top
+                .processes
+                .unwrap_or_default()
+                .iter()
+                .any(|p| p.last().is_some_and(|cmd| cmd.contains(needle)));
+            if running {
+                return;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no process `{needle}` in the container of {run_label} after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Starts a sandbox; the caller destroys it and calls `assert_gone`.
