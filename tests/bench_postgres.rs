@@ -8,6 +8,7 @@
 //! - `/kodx ask` runs finished per minute with 1, 2 and 3 worker processes against a model
 //!   that answers at once (real containers).
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

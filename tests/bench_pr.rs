@@ -7,6 +7,7 @@
 //! `/kodx ask` latency from the model's last answer to the posted answer, and each figure
 //! against the target.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

@@ -14,9 +14,9 @@
 //! cargo test --release --test bench_stress_repo_cache -- --ignored --nocapture
 //! (or bash bench/repo-cache.sh)
 
-#[path = "common/git_server.rs"]
+#[path = "it/common/git_server.rs"]
 mod git_server;
-#[path = "common/synthetic.rs"]
+#[path = "it/common/synthetic.rs"]
 mod synthetic;
 
 use std::io::{self, Write};

@@ -8,6 +8,7 @@
 //! (`0.0.0.0/0`: no helper, no routes) and one without network, so all see the same load;
 //! the difference of the first two medians is the fence's cost.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

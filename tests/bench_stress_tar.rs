@@ -6,6 +6,7 @@
 //!
 //! `KODX_STRESS_BIN=/path/to/kodx` measures another build (e.g. the original code).
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -8,6 +8,7 @@
 //! `KODX_STRESS_BIN=/path/to/kodx` measures another build of kodx (e.g. one from before the
 //! terminal decoder was bounded) with the same cases.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::process::Stdio;

@@ -13,6 +13,7 @@
 //! For comparison it prints what the earlier format (every request stored whole) would
 //! have written for the same run, computed from the replayed requests.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::process::Stdio;

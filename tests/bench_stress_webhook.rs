@@ -15,6 +15,7 @@
 //! VmRSS from /proc/<pid>/status; target <= 300 MB). Each figure is printed against its
 //! target; the test fails when one is missed. `KODX_STRESS_ONLY=a` (or `b`) runs one.
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::io::{BufRead, BufReader};

@@ -118,7 +118,7 @@ pub fn commit_all(repo_dir: &Path, req: &CommitRequest<'_>) -> Result<Option<Com
 /// not change.
 ///
 /// The same tree as applying the change set to a checkout and calling [`commit_all`]
-/// (tests/repo_cache_commit.rs): a file with any executable bit is `100755`; nothing inside
+/// (tests/it/repo_cache_commit.rs): a file with any executable bit is `100755`; nothing inside
 /// a `.git` at any depth is committed (a change set holds none: its ignore rules leave
 /// them out), and should one name `<dir>/.git/...` anyway, all of `<dir>` is left out, as
 /// [`commit_all`] leaves out an embedded repository; a file over `req.max_file_bytes` is

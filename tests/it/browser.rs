@@ -1,0 +1,265 @@
+//! kodx's pages in a real browser: Debian's `chromium`, driven over WebDriver
+//! (`chromedriver`, via fantoccini), headless. 1: the setup page, from the form to the
+//! created App (the fake GitHub's web side of the manifest flow), then a webhook signed
+//! with the new secret is taken without a restart. 2: a live run page gets a new step
+//! without a reload; a wrong token shows nothing. Screenshots of both pages at phone and
+//! desktop widths go to `docs/screenshots/`.
+//!
+//! Without chromium these tests fail, saying what to install, unless
+//! `KODX_SKIP_BROWSER=1` (never under `CI=true`).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::common;
+use crate::common::serve::{usage, Options, Served, REPO};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+const PUBLIC: &str = "https://kodx.example.com";
+
+/// A chromedriver on a free loopback port and a headless Chromium session through it;
+/// `None` when the browser is missing and `KODX_SKIP_BROWSER=1` says to skip.
+async fn browser(test: &str) -> Option<(Client, tokio::process::Child)> {
+    let installed = std::path::Path::new("/usr/bin/chromedriver").exists()
+        && std::path::Path::new("/usr/bin/chromium").exists();
+    if !installed {
+        if std::env::var("KODX_SKIP_BROWSER").is_ok_and(|v| v == "1")
+            && std::env::var("CI").map_or(true, |v| v != "true")
+        {
+            eprintln!("SKIPPED {test}: KODX_SKIP_BROWSER=1");
+            return None;
+        }
+        panic!("{test} needs Chromium: apt-get install chromium chromium-driver (or KODX_SKIP_BROWSER=1 outside CI)");
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let driver = tokio::process::Command::new("/usr/bin/chromedriver")
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("chromedriver starts");
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                     "--disable-dev-shm-usage", "--window-size=1280,900"],
+        }),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let started = std::time::Instant::now();
+    loop {
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        match ClientBuilder::new(connector)
+            .capabilities(caps.clone())
+            .connect(&url)
+            .await
+        {
+            Ok(c) => return Some((c, driver)),
+            Err(e) if started.elapsed() < Duration::from_secs(30) => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no WebDriver session from chromedriver: {e}"),
+        }
+    }
+}
+
+/// Saves a screenshot of the current page at `width` × `height`: to docs/screenshots/ (the
+/// README's) with `KODX_UPDATE_SCREENSHOTS=1`, else to target/screenshots/.
+async fn screenshot(c: &Client, name: &str, width: u32, height: u32) {
+    c.set_window_size(width, height).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let png = c.screenshot().await.unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    let under = if std::env::var("KODX_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1") {
+        "docs/screenshots"
+    } else {
+        "target/screenshots"
+    };
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(under);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+}
+
+/// The page's text. Right after a click the browser may still be between two pages (no
+/// body yet, or the old one going stale): asked again until the new page answers.
+async fn page_text(c: &Client) -> String {
+    let mut last = None;
+    for _ in 0..100 {
+        match c.find(Locator::Css("body")).await {
+            Ok(body) => match body.text().await {
+                Ok(text) => return text,
+                Err(e) => last = Some(e),
+            },
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the page has no body after 10 s: {last:?}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_in_the_browser_creates_the_app_and_serves_it() {
+    let Some((c, _driver)) = browser("setup_in_the_browser_creates_the_app_and_serves_it").await
+    else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap().keep();
+    let s = Served::start(Options {
+        workers: true,
+        setup_mode: true,
+        extra_env: vec![(
+            "KODX_DATA_DIR".into(),
+            data.join("data").display().to_string(),
+        )],
+        ..Options::default()
+    })
+    .await;
+    let old_app = s.github.app_id();
+    let url = s
+        .log()
+        .lines()
+        .find(|l| l.trim_start().starts_with("http") && l.contains("/?token="))
+        .map(|l| l.trim().to_string());
+    let url = match url {
+        Some(u) => u,
+        None => {
+            s.wait_for("the setup URL", Duration::from_secs(10), || {
+                s.log().contains("/?token=")
+            })
+            .await;
+            s.log()
+                .lines()
+                .find(|l| l.trim_start().starts_with("http") && l.contains("/?token="))
+                .unwrap()
+                .trim()
+                .to_string()
+        }
+    };
+    c.goto(&url).await.unwrap();
+    screenshot(&c, "setup-desktop", 1280, 900).await;
+    screenshot(&c, "setup-phone", 390, 844).await;
+    c.set_window_size(1280, 900).await.unwrap();
+    let public = c.find(Locator::Id("public_url")).await.unwrap();
+    public.clear().await.unwrap();
+    public.send_keys("https://kodx.example.com").await.unwrap();
+    c.find(Locator::Id("create-app"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    // kodx posts the manifest to the fake GitHub, which sends the browser back with a code.
+    let started = std::time::Instant::now();
+    let text = loop {
+        let text = page_text(&c).await;
+        if text.contains("Install") || started.elapsed() > Duration::from_secs(30) {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(text.contains("Install"), "the install link: {text}");
+    let new_app = s.github.app_id();
+    assert_ne!(new_app, old_app, "the fake GitHub created a new App");
+    // Without a restart, a webhook signed with the NEW secret is taken (the old one is
+    // refused), and the server acts as the NEW App (the fake checks every App JWT).
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("data/github-app.json")).unwrap())
+            .unwrap();
+    let new_secret = saved["webhook_secret"].as_str().unwrap().to_string();
+    common::serve::new_app_takes_webhooks(&s, &new_secret).await;
+    c.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_run_page_shows_a_new_step_without_a_reload() {
+    let _engine = common::require_engine!();
+    let Some((c, _driver)) = browser("a_live_run_page_shows_a_new_step_without_a_reload").await
+    else {
+        return;
+    };
+    let mut s = Served::start(Options {
+        workers: true,
+        extra_env: vec![("KODX_PUBLIC_URL".into(), PUBLIC.into())],
+        ..Options::default()
+    })
+    .await;
+    s.github.add_issue(REPO, 7, "Slow", "", "carol");
+    let tool = |id: &str, chars: &str| {
+        vec![json!({"type": "tool_use", "id": id, "name": "feed_chars", "input": {"chars": chars}})]
+    };
+    s.model.reply(
+        tool("t1", "sleep 2; echo first-step"),
+        "tool_use",
+        usage(1000, 10),
+    );
+    s.model.reply(
+        tool("t2", "echo second-step; sleep 5"),
+        "tool_use",
+        usage(1100, 10),
+    );
+    s.model.reply(
+        vec![json!({"type": "text", "text": "Done."})],
+        "end_turn",
+        usage(1200, 10),
+    );
+    let run = s.comment(7, "alice", "/kodx ask take your time").await;
+    let status = s
+        .bot_comment_where(7, "the link", |c| c.body.contains("watch the run"))
+        .await;
+    let start = status.body.find(&format!("{PUBLIC}/runs/")).unwrap() + PUBLIC.len();
+    let rest = &status.body[start..];
+    let page = rest[..rest.find('"').unwrap()].to_string();
+    c.goto(&format!("{}{page}", s.url)).await.unwrap();
+    // A marker a reload would wipe.
+    c.execute("window.kodxMarker = 42; return null;", vec![])
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let text = page_text(&c).await;
+        if text.contains("echo second-step") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the second step never appeared: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let marker = c
+        .execute("return window.kodxMarker || null;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(marker, json!(42), "the step appeared without a reload");
+    let text = page_text(&c).await;
+    assert!(
+        text.contains("Spent so far: $0."),
+        "the cost is shown: {text}"
+    );
+    screenshot(&c, "run-page-desktop", 1280, 900).await;
+    screenshot(&c, "run-page-phone", 390, 844).await;
+    // A wrong token shows nothing of the run.
+    let (path, _) = page.split_once('?').unwrap();
+    c.goto(&format!("{}{path}?token=wrong", s.url))
+        .await
+        .unwrap();
+    let text = page_text(&c).await;
+    assert!(
+        !text.contains("first-step") && !text.contains("take your time"),
+        "{text}"
+    );
+    c.close().await.unwrap();
+    s.bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
+        .await;
+    let _ = run;
+    s.finish().await;
+}

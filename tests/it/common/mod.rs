@@ -1,0 +1,181 @@
+//! Shared helpers for the tests that run against the real Docker engine.
+#![allow(dead_code)]
+
+pub mod db;
+pub mod fake_anthropic;
+pub mod fake_github;
+pub mod fake_openai;
+pub mod git_server;
+pub mod net;
+pub mod serve;
+pub mod synthetic;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bollard::query_parameters::{ListContainersOptions, TopOptions};
+use kodx::sandbox::{DockerSandbox, Engine, SandboxSpec};
+
+/// The locally built test image (`tests/images/build.sh`).
+pub fn image() -> String {
+    std::env::var("KODX_TEST_IMAGE").unwrap_or_else(|_| "kodx-test:bookworm".to_string())
+}
+
+pub const BUSYBOX_IMAGE: &str = "kodx-test:busybox";
+
+/// Whether the person running the tests asked to skip the Docker tests (`KODX_SKIP_DOCKER=1`).
+fn skip_docker() -> bool {
+    std::env::var("KODX_SKIP_DOCKER").is_ok_and(|v| v == "1" || v == "true")
+}
+
+/// The engine for a test that needs Docker. Without an engine or the test images the test
+/// fails, saying what to do, unless `KODX_SKIP_DOCKER=1` asks to skip: then `None`, and a
+/// line on the terminal names the skipped test. In CI (`CI=true`) it always fails: Docker
+/// tests never skip there. Tests use [`require_engine!`], which returns early on `None`.
+pub async fn engine() -> Option<Engine> {
+    let in_ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let skip = |why: String| -> Option<Engine> {
+        if in_ci {
+            panic!("CI=true: {why}; Docker tests are never skipped in CI");
+        }
+        if !skip_docker() {
+            panic!(
+                "{why}; start dockerd and run `bash tests/images/build.sh` (or `bash .ci/run`), \
+                 or set KODX_SKIP_DOCKER=1 to skip the Docker tests"
+            );
+        }
+        // Straight to the terminal: libtest would swallow an eprintln! of a passing test.
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("SKIPPED {test}: {why} (KODX_SKIP_DOCKER=1)\n").as_bytes(),
+        );
+        None
+    };
+    let engine = match Engine::connect().await {
+        Ok(e) => e,
+        Err(e) => return skip(format!("no Docker engine ({e})")),
+    };
+    for img in [image(), BUSYBOX_IMAGE.to_string()] {
+        if engine.docker().inspect_image(&img).await.is_err() {
+            return skip(format!("test image {img} is missing"));
+        }
+    }
+    Some(engine)
+}
+
+/// `let engine = require_engine!();`: the Docker engine, or the test returns at once when
+/// `KODX_SKIP_DOCKER=1` asked to skip Docker tests; without an engine it fails ([`engine`]).
+#[allow(unused_macros)]
+macro_rules! require_engine {
+    () => {
+        match $crate::common::engine().await {
+            Some(engine) => engine,
+            None => return,
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use require_engine;
+
+/// The name libtest gives a test of this binary, for running it alone in a child process
+/// (this test binary again, with `--exact`): the module path without the crate's name, then
+/// the function: `test_name(module_path!(), "fetch_child")` in `repo_cache` is
+/// `repo_cache::fetch_child`.
+pub fn test_name(module_path: &str, function: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_crate, module)) => format!("{module}::{function}"),
+        None => function.to_string(),
+    }
+}
+
+pub fn run_id(test: &str) -> String {
+    format!("t-{test}-{:08x}", rand::random::<u32>())
+}
+
+pub fn spec(test: &str) -> SandboxSpec {
+    let mut s = SandboxSpec::new(run_id(test), image());
+    s.limits.memory_bytes = 1 << 30;
+    s
+}
+
+/// Containers carrying this run id, running or not.
+pub async fn containers_of(engine: &Engine, run_id: &str) -> Vec<String> {
+    containers_labelled(engine, &format!("kodx.run={run_id}")).await
+}
+
+/// Containers with the label `key=value`, running or not.
+pub async fn containers_labelled(engine: &Engine, label: &str) -> Vec<String> {
+    labelled(engine, label, true).await
+}
+
+/// The running containers carrying `label`.
+#[allow(dead_code)]
+pub async fn running_containers_labelled(engine: &Engine, label: &str) -> Vec<String> {
+    labelled(engine, label, false).await
+}
+
+async fn labelled(engine: &Engine, label: &str, all: bool) -> Vec<String> {
+    engine
+        .docker()
+        .list_containers(Some(ListContainersOptions {
+            all,
+            filters: Some(HashMap::from([(
+                "label".to_string(),
+                vec![label.to_string()],
+            )])),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|c| c.id)
+        .collect()
+}
+
+/// Asserts that the run's container is gone (waiting briefly for a removal in flight).
+pub async fn assert_gone(engine: &Engine, run_id: &str) {
+    for _ in 0..50 {
+        if containers_of(engine, run_id).await.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("container of run {run_id} was left behind");
+}
+
+/// Waits until a process whose command line contains `needle` runs in a container labelled
+/// `kodx.run=<run_label>`, as `docker top` lists them: the command a test means to interrupt
+/// is running, not just sent. Fails after `timeout`.
+pub async fn wait_for_process(engine: &Engine, run_label: &str, needle: &str, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        for id in running_containers_labelled(engine, &format!("kodx.run={run_label}")).await {
+            // An error (the container stopping meanwhile) counts as not yet.
+            let Ok(top) = engine.docker().top_processes(&id, None::<TopOptions>).await else {
+                continue;
+            };
+            // `ps -ef`: the command and its arguments are the last column.
+            let running = top
+                .processes
+                .unwrap_or_default()
+                .iter()
+                .any(|p| p.last().is_some_and(|cmd| cmd.contains(needle)));
+            if running {
+                return;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no process `{needle}` in the container of {run_label} after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Starts a sandbox; the caller destroys it and calls `assert_gone`.
+pub async fn start(engine: &Engine, spec: &SandboxSpec) -> DockerSandbox {
+    engine.start(spec).await.expect("sandbox starts")
+}
+
+pub const SEC: Duration = Duration::from_secs(1);

@@ -1,0 +1,52 @@
+//! The integration tests, one test binary: `common` (the fakes, the git server, the served
+//! `kodx serve`) is compiled once for all of them. A module per former test file, so a test's
+//! name is `<module>::<function>`, e.g. `cargo nextest run -E 'test(/^serve_code::/)'` or
+//! `cargo test --test it serve_code::`.
+//!
+//! Kept apart as their own binaries: the benchmarks and stress figures (`tests/bench_*.rs`,
+//! ignored, run by `bench/*.sh`) and `tests/tar_memory.rs`, whose counting global allocator
+//! must count its one test and nothing else.
+
+mod common;
+
+mod agent;
+mod agent_budget;
+mod browser;
+mod cli_network;
+mod cli_run;
+mod db_queue;
+mod doctor;
+mod engine_pool;
+mod engine_unreachable;
+mod git_clone;
+mod git_commit;
+mod github_app;
+mod hostfs;
+mod image_pull;
+mod process_interrupt;
+mod provider_anthropic;
+mod provider_openai;
+mod repo_cache;
+mod repo_cache_commit;
+mod sandbox_disk;
+mod sandbox_export;
+mod sandbox_floods;
+mod sandbox_lifecycle;
+mod sandbox_network;
+mod sandbox_setup;
+mod sandbox_setup_cache;
+mod sandbox_shells;
+mod serve_ask;
+mod serve_cache;
+mod serve_cache_rebase;
+mod serve_code;
+mod serve_continue;
+mod serve_lifecycle;
+mod serve_network;
+mod serve_postgres;
+mod serve_proxy;
+mod serve_runpage;
+mod serve_runs;
+mod serve_setup;
+mod serve_webhook;
+mod serve_webhook_limits;

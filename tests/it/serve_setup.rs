@@ -1,0 +1,332 @@
+//! Setup mode (issue 13) against the real `kodx serve` binary and the fake GitHub's web
+//! side: no App configured → the setup page behind a one-time token, the manifest posted
+//! as GitHub's form expects, the callback's conversion, credentials saved 0600, and the
+//! same server then takes webhooks signed with the NEW secret and acts as the NEW App.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::time::Duration;
+
+use crate::common;
+use crate::common::serve::{delivery_id, sign, Options, Served};
+
+fn enc(pairs: &[(&str, &str)]) -> String {
+    let e = |v: &str| {
+        percent_encoding::utf8_percent_encode(v, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{}={}", e(k), e(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+}
+
+/// The value of the first `attr="…"` after `marker` in `html`.
+fn attr_after(html: &str, marker: &str, attr: &str) -> String {
+    let at = html
+        .find(marker)
+        .unwrap_or_else(|| panic!("{marker} in {html}"));
+    let rest = &html[at..];
+    let start = rest.find(&format!("{attr}=\"")).unwrap() + attr.len() + 2;
+    let end = rest[start..].find('"').unwrap();
+    unescape(&rest[start..start + end])
+}
+
+/// The one-time URL kodx serve printed.
+pub async fn setup_url(s: &Served) -> String {
+    let mut url = None;
+    s.wait_for("the setup URL", Duration::from_secs(10), || {
+        url = s
+            .log()
+            .lines()
+            .find(|l| l.trim_start().starts_with("http") && l.contains("/?token="))
+            .map(|l| l.trim().to_string());
+        url.is_some()
+    })
+    .await;
+    url.unwrap()
+}
+
+pub async fn start_in_setup_mode() -> Served {
+    let data = tempfile::tempdir().unwrap().keep();
+    Served::start(Options {
+        workers: true,
+        setup_mode: true,
+        extra_env: vec![(
+            "KODX_DATA_DIR".into(),
+            data.join("data").display().to_string(),
+        )],
+        ..Options::default()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_creates_the_app_and_serves_it_without_a_restart() {
+    let s = start_in_setup_mode().await;
+    let old_app = s.github.app_id();
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::limited(5))
+        .build()
+        .unwrap();
+
+    // Webhooks: 503 with one line saying why.
+    let (status, answer) = s
+        .deliver("ping", &delivery_id(), &serde_json::json!({}))
+        .await;
+    assert_eq!(status, 503, "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("setup mode"),
+        "{answer}"
+    );
+
+    // Without the token: nothing.
+    let (status, body) = s.get("/").await;
+    assert_eq!(status, 403, "{body}");
+    assert!(!body.contains("<form"), "{body}");
+    let (status, _) = s.get("/?token=0000").await;
+    assert_eq!(status, 403);
+
+    let url = setup_url(&s).await;
+    let token = url.split("token=").nth(1).unwrap().to_string();
+    let page = http.get(&url).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.unwrap();
+    assert!(
+        page.contains("Create the App on GitHub") && page.contains("Import"),
+        "{page}"
+    );
+    let name = attr_after(&page, "id=\"name\"", "value");
+    assert!(name.starts_with("kodx-"), "{name}");
+
+    // A bad organization name comes back on the form.
+    let bad = http
+        .post(format!("{}/setup/create", s.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(enc(&[
+            ("token", token.as_str()),
+            ("name", "x"),
+            ("owner", "organization"),
+            ("org", "a/b"),
+            ("public_url", "https://kodx.example.com"),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 422);
+
+    let to_github = http
+        .post(format!("{}/setup/create", s.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(enc(&[
+            ("token", token.as_str()),
+            ("name", name.as_str()),
+            ("owner", "organization"),
+            ("org", "acme"),
+            ("public_url", "https://kodx.example.com/"),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(to_github.status(), 200);
+    let html = to_github.text().await.unwrap();
+    let action = attr_after(&html, "id=\"manifest-form\"", "action");
+    assert!(
+        action.starts_with(&format!(
+            "{}/organizations/acme/settings/apps/new?state=",
+            s.github.root()
+        )),
+        "{action}"
+    );
+    let manifest_text = attr_after(&html, "name=\"manifest\"", "value");
+    let manifest: serde_json::Value = serde_json::from_str(&manifest_text).unwrap();
+    assert_eq!(
+        manifest["hook_attributes"]["url"],
+        "https://kodx.example.com/webhook"
+    );
+    assert_eq!(common::fake_github::manifest_problem(&manifest), None);
+
+    // A forged state is refused before GitHub is asked anything.
+    let forged = http
+        .get(format!("{}/setup/callback?code=abc&state=0123.4567", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+
+    // The browser posts the form to GitHub, which redirects back to the callback.
+    let done = http
+        .post(&action)
+        .header("user-agent", "Mozilla/5.0 (test)")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(enc(&[("manifest", manifest_text.as_str())]))
+        .send()
+        .await
+        .unwrap();
+    let done_status = done.status();
+    let done = done.text().await.unwrap();
+    assert_eq!(done_status, 200, "{done}\n{}", s.log());
+    let new_app = s.github.app_id();
+    assert_ne!(new_app, old_app);
+    let slug = s.github.slug();
+    assert!(
+        done.contains(&format!(
+            "{}/apps/{slug}/installations/new",
+            s.github.root()
+        )),
+        "{done}"
+    );
+    assert!(
+        done.contains("accepts the App JWT")
+            && done.contains("permissions and webhook events are what kodx needs"),
+        "{done}"
+    );
+
+    // Saved 0600; nothing secret in the log.
+    let data = s.log();
+    let saved_line = done
+        .split("saved in <code>")
+        .nth(1)
+        .and_then(|r| r.split("</code>").next())
+        .unwrap()
+        .to_string();
+    let meta = std::fs::metadata(&saved_line).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&saved_line).unwrap()).unwrap();
+    assert_eq!(saved["app_id"], new_app);
+    let new_secret = saved["webhook_secret"].as_str().unwrap().to_string();
+    assert!(
+        !data.contains(&new_secret) && !data.contains("PRIVATE KEY"),
+        "{data}"
+    );
+
+    // A second callback is refused: the setup is done.
+    let again = http
+        .get(format!("{}/setup/callback?code=abc&state=0123.4567", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(again.status(), 200);
+
+    // Now the same server takes webhooks signed with the NEW secret, acting as the NEW App.
+    common::serve::new_app_takes_webhooks(&s, &new_secret).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_checks_the_key_with_github_before_saving() {
+    let s = start_in_setup_mode().await;
+    let url = setup_url(&s).await;
+    let token = url.split("token=").nth(1).unwrap().to_string();
+    let http = reqwest::Client::new();
+    let wrong_id = http
+        .post(format!("{}/setup/import", s.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(enc(&[
+            ("token", token.as_str()),
+            ("app_id", "99"),
+            ("private_key", common::fake_github::TEST_APP_KEY),
+            ("webhook_secret", "imported-secret-1"),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong_id.status(), 422);
+    let no_token = http
+        .post(format!("{}/setup/import", s.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(enc(&[
+            ("token", "x"),
+            ("app_id", "4242"),
+            ("private_key", common::fake_github::TEST_APP_KEY),
+            ("webhook_secret", "imported-secret-1"),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_token.status(), 403);
+    let ok = http
+        .post(format!("{}/setup/import", s.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(enc(&[
+            ("token", token.as_str()),
+            ("app_id", &s.github.app_id().to_string()),
+            ("private_key", common::fake_github::TEST_APP_KEY),
+            ("webhook_secret", "imported-secret-1"),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    let status = ok.status();
+    let text = ok.text().await.unwrap();
+    assert_eq!(status, 200, "{text}\n{}", s.log());
+    assert!(text.contains("installations/new"), "{text}");
+    // Normal mode: a delivery signed with the imported secret is taken.
+    let body = serde_json::json!({"zen": "hi", "hook_id": 1})
+        .to_string()
+        .into_bytes();
+    let (status, answer) = s
+        .post_raw(
+            "ping",
+            Some(&delivery_id()),
+            Some(&sign("imported-secret-1", &body)),
+            body,
+        )
+        .await;
+    assert!(status < 300, "{status} {answer}");
+}
+
+/// With `WEBHOOK_PROXY_URL`, the App the setup page creates sends its webhooks to the
+/// proxy channel kodx listens to, not to the public URL.
+#[tokio::test]
+async fn with_a_proxy_channel_the_manifest_hooks_the_channel() {
+    let data = tempfile::tempdir().unwrap().keep();
+    let s = Served::start(Options {
+        workers: true,
+        setup_mode: true,
+        extra_env: vec![
+            (
+                "KODX_DATA_DIR".into(),
+                data.join("data").display().to_string(),
+            ),
+            (
+                "WEBHOOK_PROXY_URL".into(),
+                "https://smee.io/AbCdEf123".into(),
+            ),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let url = setup_url(&s).await;
+    let token = url.split("token=").nth(1).unwrap().to_string();
+    let html = reqwest::Client::new()
+        .post(format!("{}/setup/create", s.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(enc(&[
+            ("token", token.as_str()),
+            ("name", "kodx-proxy"),
+            ("owner", "personal"),
+            ("org", ""),
+            ("public_url", "http://127.0.0.1:3000"),
+        ]))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let manifest_text = attr_after(&html, "name=\"manifest\"", "value");
+    let manifest: serde_json::Value = serde_json::from_str(&manifest_text).unwrap();
+    assert_eq!(
+        manifest["hook_attributes"]["url"],
+        "https://smee.io/AbCdEf123"
+    );
+    assert_eq!(common::fake_github::manifest_problem(&manifest), None);
+}
