@@ -301,6 +301,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use parking_lot::Mutex;
     use tokio::time::Instant;
 
     use super::*;
