@@ -1,22 +1,29 @@
 //! kodx: an LLM agent working in real shells inside a hardened Docker container.
+//!
+//! The library's face is what the `kodx` binary and the integration tests use: the sandbox
+//! engine ([`sandbox`]), the agent and its model clients ([`agent`], [`model`],
+//! [`providers`], [`cost`], [`program`], [`transcript`]), git and GitHub ([`git`],
+//! [`github`], [`repo_cache`]), the queue ([`db`], [`job`]) and the App ([`serve`]). The
+//! command parser, the repository config, Markdown reading, the webhook signature and the
+//! backoff formula are private to it.
 
 pub mod agent;
-pub mod backoff;
-pub mod command;
+mod backoff;
+mod command;
 pub mod comment;
 pub mod cost;
 pub mod db;
 pub mod git;
 pub mod github;
 pub mod job;
-pub mod markdown;
+mod markdown;
 pub mod model;
 pub mod program;
 pub mod providers;
 pub mod redact;
 pub mod repo_cache;
-pub mod repo_config;
+mod repo_config;
 pub mod sandbox;
 pub mod serve;
 pub mod transcript;
-pub mod webhook;
+mod webhook;
