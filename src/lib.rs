@@ -3,13 +3,14 @@
 //! The library's face is what the `kodx` binary and the integration tests use: the sandbox
 //! engine ([`sandbox`]), the agent and its model clients ([`agent`], [`model`],
 //! [`providers`], [`cost`], [`program`], [`transcript`]), git and GitHub ([`git`],
-//! [`github`], [`repo_cache`]), the queue ([`db`], [`job`]) and the App ([`serve`]). The
-//! command parser, the repository config, Markdown reading, the webhook signature and the
-//! backoff formula are private to it.
+//! [`github`], [`repo_cache`]), the queue ([`db`], [`job`]) and the App ([`serve`]), with
+//! the types their signatures name ([`command`], [`repo_config`], [`webhook`], [`comment`],
+//! [`redact`]). Markdown reading and the backoff formula are private to it, and so are
+//! `serve`'s commands, pipeline and texts.
 
 pub mod agent;
 mod backoff;
-mod command;
+pub mod command;
 pub mod comment;
 pub mod cost;
 pub mod db;
@@ -22,8 +23,8 @@ pub mod program;
 pub mod providers;
 pub mod redact;
 pub mod repo_cache;
-mod repo_config;
+pub mod repo_config;
 pub mod sandbox;
 pub mod serve;
 pub mod transcript;
-mod webhook;
+pub mod webhook;
