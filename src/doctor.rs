@@ -29,7 +29,7 @@ const DEFAULT_IMAGE: &str = "python:3.12";
 /// Webhook secrets shorter than this get a note.
 const MIN_SECRET_CHARS: usize = 16;
 
-/// What the App must be allowed (SPEC §2, README): permission, least level.
+/// What the App must be allowed (SPEC §2, docs/deploy.md): permission, least level.
 const REQUIRED_PERMISSIONS: [(&str, &str); 4] = [
     ("contents", "write"),
     ("issues", "write"),
@@ -441,7 +441,7 @@ async fn check_docker(
     }
 }
 
-/// How this engine's sandboxes are fenced and their disk bounded (README, *The sandbox
+/// How this engine's sandboxes are fenced and their disk bounded (docs/sandbox.md, *The sandbox
 /// engine*): whether kodx's network helper can run there, and quota or watchdog.
 async fn sandbox_limits(out: &mut Report, engine: &Engine) {
     let facts = match engine.facts().await {

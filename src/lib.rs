@@ -1,7 +1,15 @@
 //! kodx: an LLM agent working in real shells inside a hardened Docker container.
+//!
+//! The library's face is what the `kodx` binary and the integration tests use: the sandbox
+//! engine ([`sandbox`]), the agent and its model clients ([`agent`], [`model`],
+//! [`providers`], [`cost`], [`program`], [`transcript`]), git and GitHub ([`git`],
+//! [`github`], [`repo_cache`]), the queue ([`db`], [`job`]) and the App ([`serve`]), with
+//! the types their signatures name ([`command`], [`repo_config`], [`webhook`], [`comment`],
+//! [`redact`]). Markdown reading and the backoff formula are private to it, and so are
+//! `serve`'s commands, pipeline and texts.
 
 pub mod agent;
-pub mod backoff;
+mod backoff;
 pub mod command;
 pub mod comment;
 pub mod cost;
@@ -9,7 +17,7 @@ pub mod db;
 pub mod git;
 pub mod github;
 pub mod job;
-pub mod markdown;
+mod markdown;
 pub mod model;
 pub mod program;
 pub mod providers;

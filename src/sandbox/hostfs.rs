@@ -6,7 +6,7 @@
 //! every free inode before it (`recently_deleted`). After a container with many files was
 //! removed, each file created in the next one costs ~0.7 ms of kernel time: 20,000 files
 //! take ~15 s instead of ~0.6 s on the same disk with a journal (measured on this
-//! project's machine; README, *Webhook → pull request with the repository cache*).
+//! project's machine; docs/benchmarks.md, *Webhook → pull request with the repository cache*).
 
 use std::path::Path;
 

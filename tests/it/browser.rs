@@ -73,7 +73,7 @@ async fn browser(test: &str) -> Option<(Client, tokio::process::Child)> {
 }
 
 /// Saves a screenshot of the current page at `width` × `height`: to docs/screenshots/ (the
-/// README's) with `KODX_UPDATE_SCREENSHOTS=1`, else to target/screenshots/.
+/// docs' pages) with `KODX_UPDATE_SCREENSHOTS=1`, else to target/screenshots/.
 async fn screenshot(c: &Client, name: &str, width: u32, height: u32) {
     c.set_window_size(width, height).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
