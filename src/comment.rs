@@ -648,6 +648,52 @@ mod tests {
         }
     }
 
+    /// Every phase of a status comment as GitHub shows it: queued, working, an answer, a
+    /// pull request, a pushed commit, a limit and a failure.
+    #[test]
+    fn status_comment_renders() {
+        let mut with_pr = done(RunKind::Code, StopReason::EndTurn, "Added the flag.");
+        with_pr.pr_url = Some("https://github.com/acme/widgets/pull/8".into());
+        let mut pushed = done(RunKind::Code, StopReason::EndTurn, "Fixed the test.");
+        pushed.pushed = Some(("0123456789abcdef".into(), "feature".into()));
+        let limit = done(RunKind::Code, StopReason::CostLimitExceeded, "Half done.");
+        let mut failed = done(RunKind::Code, StopReason::Error, "");
+        failed.failure = Some("The branch `main` moved while kodx worked.".into());
+        let phases = [
+            ("queued", Phase::Queued),
+            ("setting_up", Phase::SettingUp),
+            (
+                "working",
+                Phase::Working {
+                    step: 3,
+                    spent: 0.0123,
+                    limit: 2.0,
+                },
+            ),
+            (
+                "answered",
+                Phase::Done(Box::new(done(
+                    RunKind::Ask,
+                    StopReason::EndTurn,
+                    "It is cached in `src/cache.rs`.",
+                ))),
+            ),
+            ("pull_request", Phase::Done(Box::new(with_pr))),
+            ("pushed", Phase::Done(Box::new(pushed))),
+            ("cost_limit", Phase::Done(Box::new(limit))),
+            ("failed", Phase::Done(Box::new(failed))),
+        ];
+        for (name, phase) in phases {
+            let body = render_linked(
+                "0123456789ab",
+                "/kodx code add a --json flag",
+                &phase,
+                Some("https://kodx.example/runs/0123456789ab?token=t"),
+            );
+            insta::assert_snapshot!(format!("status_{name}"), body);
+        }
+    }
+
     #[test]
     fn the_footer_says_whether_the_setup_cache_served_the_run() {
         let mut d = done(RunKind::Code, StopReason::EndTurn, "Done.");

@@ -13,7 +13,7 @@ use crate::serve::texts;
 use crate::model::Usage;
 
 use super::gate::Refusal;
-use super::{run_kind, Services};
+use super::{run_kind, Services, StatusComment};
 
 /// How a job's work ended, before it is written down. (One per job, moved once: its size
 /// does not matter.)
@@ -109,6 +109,19 @@ impl Services {
         log: &RunLog,
         started: Instant,
     ) {
+        self.conclude_with(run, ended, log, started, None).await
+    }
+
+    /// [`Services::conclude`], with the run's own status comment when it has one (a run
+    /// that got its context), so the final edit needs no token of its own.
+    pub(in crate::serve) async fn conclude_with(
+        &self,
+        run: &Run,
+        ended: Result<Ending, RunFailure>,
+        log: &RunLog,
+        started: Instant,
+        status: Option<&StatusComment>,
+    ) {
         let (status, done) = match ended {
             Ok(Ending::Work { status, done }) => (status, done),
             Ok(Ending::Answered(reason)) => {
@@ -200,7 +213,11 @@ impl Services {
             timings_ms = %log.timings.to_json(),
             "run finished"
         );
-        self.post_done(run, &done).await;
+        // A run that outlived its token (about an hour) takes a new one for the last edit.
+        match status.filter(|s| s.gh().valid_for(Duration::from_secs(60))) {
+            Some(status) => status.finish(&done).await,
+            None => self.post_done(run, &done).await,
+        }
     }
 
     /// Records a run that ended without a model call: its row and its metrics.

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cost::Pricing;
 use crate::db::{Db, Run};
 use crate::github::{GitHubApp, GitHubError, Installation, RepoName, TokenScope};
-use crate::job::{JobKind, RunKind, TriggerKind};
+use crate::job::{RunKind, TriggerKind};
 use crate::serve::config::Settings;
 use crate::serve::metrics::Metrics;
 
@@ -110,13 +110,14 @@ impl Services {
     }
 
     /// A token for this run's repository only, with the permissions its kind uses: a code
-    /// run may push and open pull requests; an ask, help or cancel reads and comments.
+    /// run (and a `/kodx continue`, which goes on with one) may push and open pull
+    /// requests; an ask, help or cancel reads and comments.
     pub(in crate::serve) async fn installation(
         &self,
         run: &Run,
         repo: &RepoName,
     ) -> Result<Installation, GitHubError> {
-        let scope = if run.kind() == JobKind::Code {
+        let scope = if run.kind().run_kind() == Some(RunKind::Code) {
             TokenScope::write(repo)
         } else {
             let review = run.request.trigger.kind() == TriggerKind::ReviewComment;

@@ -315,6 +315,16 @@ mod tests {
     }
 
     #[test]
+    fn help_and_continue_notes() {
+        insta::assert_snapshot!("help", help(""));
+        insta::assert_snapshot!("help_unknown", help("frobnicate"));
+        insta::assert_snapshot!(
+            "continued_ready",
+            continued("Done.", "0123456789ab", 0.25, 0.5, &Readiness::Ready)
+        );
+    }
+
+    #[test]
     fn the_text_shows_both_parts_and_the_total() {
         let both_parts =
             |text: &str, this_part: f64, r: &Readiness| continued(text, "s", 0.25, this_part, r);

@@ -63,12 +63,18 @@ impl Workers {
             Some(Acked::Unreachable | Acked::Elsewhere) | None => Some(None),
         };
         let ended = match admitted {
-            Some(admitted) => Some(self.work_inner(&run, admitted, &cancel, &fence, &log).await),
+            Some(admitted) => {
+                let mut status = None;
+                let ended = self
+                    .work_inner(&run, admitted, &cancel, &fence, &log, &mut status)
+                    .await;
+                Some((ended, status))
+            }
             None => None,
         };
         self.running.lock().remove(&run.id);
         self.metrics.run_ended();
-        let Some(mut ended) = ended else {
+        let Some((mut ended, status)) = ended else {
             return;
         };
         if fence.is_lost() {
@@ -97,11 +103,13 @@ impl Workers {
                 }
             }
         }
-        self.conclude(&run, ended, &log, started).await;
+        self.conclude_with(&run, ended, &log, started, status.as_ref())
+            .await;
     }
 
     /// Builds the run's context — from what acknowledging it here gave (`admitted`), or,
     /// for a run acknowledged by another process, read now — and hands it to its command.
+    /// `status`: the run's status comment, once there is one, for its final edit.
     async fn work_inner(
         &self,
         run: &Run,
@@ -109,6 +117,7 @@ impl Workers {
         cancel: &CancellationToken,
         fence: &Fence,
         log: &RunLog,
+        final_status: &mut Option<StatusComment>,
     ) -> Result<Ending, RunFailure> {
         let started = Instant::now();
         let kind = run_kind(run);
@@ -141,6 +150,10 @@ impl Workers {
                 (admission, status)
             }
         };
+        // The final edit comes after the run's row is final, when the fence no longer
+        // holds: it goes through an unfenced copy (nothing is posted for a run lost to
+        // another process: `work` returns before).
+        *final_status = Some(status.clone());
         // Its cost cap is reserved against the monthly budget now, so runs starting
         // together (here or in other processes) cannot spend the same dollars twice.
         if let Some(refusal) = self.reserve(run, &mut admission, kind).await? {

@@ -167,6 +167,34 @@ fn cut_chars(text: &str, max: usize) -> String {
 mod tests {
     use super::*;
 
+    /// The pull request bodies kodx writes: for an issue, and for a fork's pull request.
+    #[test]
+    fn pull_request_body_renders() {
+        let issue = Target::NewPull {
+            branch: "kodx/issue-7-01234567".into(),
+            base: "main".into(),
+            closes: Some(7),
+            original: None,
+        };
+        let fork = Target::NewPull {
+            branch: "kodx/pr-9-01234567".into(),
+            base: "main".into(),
+            closes: None,
+            original: Some(9),
+        };
+        for (name, target) in [("issue", issue), ("fork", fork)] {
+            let body = pull_body(
+                "Added `--json` to `list`, with a test.\n\nCloses #99 is not for the model to say.",
+                &target,
+                "alice",
+                "$0.0234 · 7 model calls",
+                "0123456789ab",
+                Some("https://kodx.example/runs/0123456789ab?token=t"),
+            );
+            insta::assert_snapshot!(format!("pull_body_{name}"), body);
+        }
+    }
+
     #[test]
     fn branch_names() {
         assert_eq!(
