@@ -120,7 +120,7 @@ impl Services {
         ended: Result<Ending, RunFailure>,
         log: &RunLog,
         started: Instant,
-        status: Option<&StatusComment>,
+        comment: Option<&StatusComment>,
     ) {
         let (status, done) = match ended {
             Ok(Ending::Work { status, done }) => (status, done),
@@ -214,8 +214,8 @@ impl Services {
             "run finished"
         );
         // A run that outlived its token (about an hour) takes a new one for the last edit.
-        match status.filter(|s| s.gh().valid_for(Duration::from_secs(60))) {
-            Some(status) => status.finish(&done).await,
+        match comment.filter(|c| c.gh().valid_for(Duration::from_secs(60))) {
+            Some(comment) => comment.finish(&done).await,
             None => self.post_done(run, &done).await,
         }
     }
