@@ -18,7 +18,12 @@
 //! The body is untrusted: the search is linear in its length (one hand scan for candidate
 //! lines, one Markdown parse only when there is one), and a request over
 //! [`MAX_REQUEST_BYTES`] is measured without being copied.
+//!
+//! What a command asks for is one type from the comment to the run: [`Job`] (parsed here,
+//! stored by the queue, dispatched by the worker), with [`JobKind`] its stored tag and
+//! [`RunKind`] the kind of agent work it does (`ask`, or `code` for `code` and `continue`).
 
+use serde::Serialize;
 use thiserror::Error;
 
 /// The longest request (bytes of the argument, after trimming) that is accepted.
@@ -30,21 +35,164 @@ const MAX_UNKNOWN_CHARS: usize = 64;
 /// The word that starts a command.
 const PREFIX: &str = "/kodx";
 
-/// A parsed command.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
-    /// `/kodx code <request>`: an agent with write intent.
-    Code { request: String },
-    /// `/kodx ask <question>`: a read-only agent that answers.
+/// What was asked: what [`parse`] reads from a comment (never [`Job::Refuse`]), what the
+/// queue stores and what the worker dispatches on. One type from the comment to the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Job {
+    /// `/kodx ask <question>`: read-only agent work.
     Ask { question: String },
-    /// `/kodx cancel`: cancel queued and running runs here. Further words are ignored.
+    /// `/kodx code <request>`: agent work that ends in a pull request.
+    Code { request: String },
+    /// `/kodx continue [$N | N steps]`: resume the code run here that a limit stopped, with
+    /// `more` budget or steps.
+    Continue {
+        #[serde(serialize_with = "more_argument")]
+        more: More,
+    },
+    /// `/kodx cancel`: stop the runs on this issue.
     Cancel,
-    /// `/kodx continue [$N | N steps]`: resume the run here that stopped at a limit, with
-    /// more budget or steps. Lines after the command's own are ignored.
-    Continue { more: More },
-    /// `/kodx help`, `/kodx` alone, or an unknown subcommand (kept, cut to 64 characters,
-    /// so the reply can name it).
+    /// `/kodx help`, or an unknown subcommand (named in the answer).
     Help { unknown: Option<String> },
+    /// A command that was found but cannot run (empty or too long); the reason is the
+    /// sentence the answer gives.
+    Refuse { reason: String },
+}
+
+/// The stored tag of a [`Job`] (the `kind` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
+#[sqlx(rename_all = "lowercase", type_name = "text")]
+#[serde(rename_all = "lowercase")]
+pub enum JobKind {
+    Ask,
+    Code,
+    Continue,
+    Cancel,
+    Help,
+    Refuse,
+}
+
+impl JobKind {
+    /// The word stored, logged and used as the `kind` label of the metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::Ask => "ask",
+            JobKind::Code => "code",
+            JobKind::Continue => "continue",
+            JobKind::Cancel => "cancel",
+            JobKind::Help => "help",
+            JobKind::Refuse => "refuse",
+        }
+    }
+
+    /// `ask`, `code` and `continue` do agent work (one at a time per issue, under
+    /// `max_concurrent_runs`); the others are short control jobs.
+    pub fn is_work(self) -> bool {
+        matches!(self, JobKind::Ask | JobKind::Code | JobKind::Continue)
+    }
+}
+
+/// The two kinds of agent work: what limits, programs and the status comment tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunKind {
+    /// `/kodx code`: changes, a pull request or a pushed commit.
+    Code,
+    /// `/kodx ask`: an answer only.
+    Ask,
+}
+
+impl RunKind {
+    /// The name of the built-in program that does it.
+    pub fn program(self) -> &'static str {
+        match self {
+            RunKind::Code => "code",
+            RunKind::Ask => "ask",
+        }
+    }
+}
+
+impl JobKind {
+    /// The agent work this job does, if it does any.
+    pub fn run_kind(self) -> Option<RunKind> {
+        match self {
+            JobKind::Ask => Some(RunKind::Ask),
+            // Only code runs are continued (an answer is asked for again).
+            JobKind::Code | JobKind::Continue => Some(RunKind::Code),
+            JobKind::Cancel | JobKind::Help | JobKind::Refuse => None,
+        }
+    }
+}
+
+impl std::fmt::Display for JobKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Job {
+    /// The job a command asks for: what [`parse`] read, or a refusal saying why it could
+    /// not be read.
+    pub fn from_parsed(parsed: Result<Job, ParseError>) -> Job {
+        parsed.unwrap_or_else(|e| Job::Refuse {
+            reason: e.to_string(),
+        })
+    }
+
+    /// The job stored as `kind` and `argument`.
+    pub fn from_stored(kind: JobKind, argument: String) -> Job {
+        match kind {
+            JobKind::Ask => Job::Ask { question: argument },
+            JobKind::Code => Job::Code { request: argument },
+            // Stored as the command wrote it; a row no version could write reads as the
+            // default rather than failing the whole row.
+            JobKind::Continue => Job::Continue {
+                more: More::parse(&argument).unwrap_or(More::Default),
+            },
+            JobKind::Cancel => Job::Cancel,
+            JobKind::Help => Job::Help {
+                unknown: (!argument.is_empty()).then_some(argument),
+            },
+            JobKind::Refuse => Job::Refuse { reason: argument },
+        }
+    }
+
+    pub fn kind(&self) -> JobKind {
+        match self {
+            Job::Ask { .. } => JobKind::Ask,
+            Job::Code { .. } => JobKind::Code,
+            Job::Continue { .. } => JobKind::Continue,
+            Job::Cancel => JobKind::Cancel,
+            Job::Help { .. } => JobKind::Help,
+            Job::Refuse { .. } => JobKind::Refuse,
+        }
+    }
+
+    /// The text stored in the `argument` column: the question, the request, what
+    /// `continue` adds (`$2`, `20 steps`), the unknown subcommand or the refusal's reason
+    /// (empty for `cancel`).
+    pub fn argument(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Job::Ask { question } => question.into(),
+            Job::Code { request } => request.into(),
+            Job::Continue { more } => more.as_argument().into(),
+            Job::Cancel => "".into(),
+            Job::Help { unknown } => unknown.as_deref().unwrap_or("").into(),
+            Job::Refuse { reason } => reason.into(),
+        }
+    }
+
+    pub fn is_work(&self) -> bool {
+        self.kind().is_work()
+    }
+
+    /// The command as the status comment quotes it.
+    pub fn command_line(&self) -> String {
+        format!("/kodx {} {}", self.kind(), self.argument())
+    }
+}
+
+fn more_argument<S: serde::Serializer>(more: &More, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&more.as_argument())
 }
 
 /// What `/kodx continue` adds to the stopped run's limits.
@@ -131,7 +279,7 @@ pub enum ParseError {
 }
 
 /// Finds the first command in `body` and parses it. `None` when the body holds no command.
-pub fn parse(body: &str) -> Option<Result<Command, ParseError>> {
+pub fn parse(body: &str) -> Option<Result<Job, ParseError>> {
     let body = body.strip_prefix('\u{feff}').unwrap_or(body);
     let after = find_command(body)?;
     Some(parse_after_prefix(&body[after..]))
@@ -197,29 +345,29 @@ fn split_indent(line: &str) -> (usize, &str) {
 }
 
 /// Parses what follows `/kodx` (the rest of its line and every following line).
-fn parse_after_prefix(text: &str) -> Result<Command, ParseError> {
+fn parse_after_prefix(text: &str) -> Result<Job, ParseError> {
     let text = text.trim_start_matches([' ', '\t']);
     let line_end = text.find(['\r', '\n']).unwrap_or(text.len());
     let word_end = text[..line_end].find([' ', '\t']).unwrap_or(line_end);
     let word = &text[..word_end];
     let argument = &text[word_end..];
     if word.is_empty() || word.eq_ignore_ascii_case("help") {
-        Ok(Command::Help { unknown: None })
+        Ok(Job::Help { unknown: None })
     } else if word.eq_ignore_ascii_case("cancel") {
-        Ok(Command::Cancel)
+        Ok(Job::Cancel)
     } else if word.eq_ignore_ascii_case("continue") {
         let line = argument.find(['\r', '\n']).unwrap_or(argument.len());
         let more = More::parse(&argument[..line])?;
-        Ok(Command::Continue { more })
+        Ok(Job::Continue { more })
     } else if word.eq_ignore_ascii_case("code") {
         let request = request("code", argument)?;
-        Ok(Command::Code { request })
+        Ok(Job::Code { request })
     } else if word.eq_ignore_ascii_case("ask") {
         let question = request("ask", argument)?;
-        Ok(Command::Ask { question })
+        Ok(Job::Ask { question })
     } else {
         let unknown = word.chars().take(MAX_UNKNOWN_CHARS).collect();
-        Ok(Command::Help {
+        Ok(Job::Help {
             unknown: Some(unknown),
         })
     }
@@ -259,29 +407,29 @@ mod tests {
 
     use super::*;
 
-    fn code(request: &str) -> Option<Result<Command, ParseError>> {
-        Some(Ok(Command::Code {
+    fn code(request: &str) -> Option<Result<Job, ParseError>> {
+        Some(Ok(Job::Code {
             request: request.to_owned(),
         }))
     }
 
-    fn ask(question: &str) -> Option<Result<Command, ParseError>> {
-        Some(Ok(Command::Ask {
+    fn ask(question: &str) -> Option<Result<Job, ParseError>> {
+        Some(Ok(Job::Ask {
             question: question.to_owned(),
         }))
     }
 
-    fn help(unknown: Option<&str>) -> Option<Result<Command, ParseError>> {
-        Some(Ok(Command::Help {
+    fn help(unknown: Option<&str>) -> Option<Result<Job, ParseError>> {
+        Some(Ok(Job::Help {
             unknown: unknown.map(str::to_owned),
         }))
     }
 
-    fn empty(command: &'static str) -> Option<Result<Command, ParseError>> {
+    fn empty(command: &'static str) -> Option<Result<Job, ParseError>> {
         Some(Err(ParseError::EmptyRequest { command }))
     }
 
-    fn check(cases: &[(&str, Option<Result<Command, ParseError>>)]) {
+    fn check(cases: &[(&str, Option<Result<Job, ParseError>>)]) {
         for (body, expected) in cases {
             assert_eq!(&parse(body), expected, "body: {body:?}");
         }
@@ -299,7 +447,7 @@ mod tests {
         check(&[
             ("/kodx code fix the bug", code("fix the bug")),
             ("/kodx ask why is it slow?", ask("why is it slow?")),
-            ("/kodx cancel", Some(Ok(Command::Cancel))),
+            ("/kodx cancel", Some(Ok(Job::Cancel))),
             ("/kodx help", help(None)),
             ("/kodx", help(None)),
             ("/kodx   ", help(None)),
@@ -312,7 +460,7 @@ mod tests {
 
     #[test]
     fn continue_takes_nothing_money_or_steps() {
-        let more = |m: More| Some(Ok(Command::Continue { more: m }));
+        let more = |m: More| Some(Ok(Job::Continue { more: m }));
         let bad = |found: &str| {
             Some(Err(ParseError::BadContinue {
                 found: found.to_owned(),
@@ -360,7 +508,7 @@ mod tests {
         check(&[
             ("/kodx ASK why", ask("why")),
             ("/kodx Code it", code("it")),
-            ("/kodx CANCEL", Some(Ok(Command::Cancel))),
+            ("/kodx CANCEL", Some(Ok(Job::Cancel))),
             ("/kodx HeLp", help(None)),
         ]);
     }
@@ -373,8 +521,8 @@ mod tests {
     #[test]
     fn cancel_and_help_ignore_extra_words() {
         check(&[
-            ("/kodx cancel extra words", Some(Ok(Command::Cancel))),
-            ("/kodx cancel\nmore lines", Some(Ok(Command::Cancel))),
+            ("/kodx cancel extra words", Some(Ok(Job::Cancel))),
+            ("/kodx cancel\nmore lines", Some(Ok(Job::Cancel))),
             ("/kodx help me please", help(None)),
         ]);
     }
@@ -463,7 +611,7 @@ mod tests {
         check(&[
             ("/kodx\tcode\tfix\tit", code("fix\tit")),
             ("/kodx \t ask \t why", ask("why")),
-            ("/kodx\tcancel", Some(Ok(Command::Cancel))),
+            ("/kodx\tcancel", Some(Ok(Job::Cancel))),
         ]);
     }
 
@@ -631,7 +779,7 @@ mod tests {
             ),
             (
                 "intro\n/kodx cancel\n/kodx code x",
-                Some(Ok(Command::Cancel)),
+                Some(Ok(Job::Cancel)),
             ),
             ("/kodx frob\n/kodx code x", help(Some("frob"))),
             ("/kodx code\n/kodx ask x", code("/kodx ask x")),
@@ -664,7 +812,7 @@ mod tests {
         check(&[
             ("/kodx code a\r\nb\r\n", code("a\nb")),
             ("/kodx ask\r\nwhy\r\n\r\n", ask("why")),
-            ("/kodx cancel\r\n", Some(Ok(Command::Cancel))),
+            ("/kodx cancel\r\n", Some(Ok(Job::Cancel))),
             ("/kodx\r\n", help(None)),
             ("/kodx frob\r\nx", help(Some("frob"))),
             (

@@ -10,173 +10,8 @@
 use serde::{Deserialize, Serialize};
 use sqlx::{FromRow, Row};
 
-use crate::command::{Command, More, ParseError};
+pub use crate::command::{Job, JobKind, RunKind};
 use crate::github::ReactionTarget;
-
-/// What was asked.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum Job {
-    /// `/kodx ask <question>`: read-only agent work.
-    Ask { question: String },
-    /// `/kodx code <request>`: agent work that ends in a pull request.
-    Code { request: String },
-    /// `/kodx continue [$N | N steps]`: resume the code run here that a limit stopped, with
-    /// `more` budget or steps.
-    Continue {
-        #[serde(serialize_with = "more_argument")]
-        more: More,
-    },
-    /// `/kodx cancel`: stop the runs on this issue.
-    Cancel,
-    /// `/kodx help`, or an unknown subcommand (named in the answer).
-    Help { unknown: Option<String> },
-    /// A command that was found but cannot run (empty or too long); the reason is the
-    /// sentence the answer gives.
-    Refuse { reason: String },
-}
-
-/// The stored tag of a [`Job`] (the `kind` column).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
-#[sqlx(rename_all = "lowercase", type_name = "text")]
-#[serde(rename_all = "lowercase")]
-pub enum JobKind {
-    Ask,
-    Code,
-    Continue,
-    Cancel,
-    Help,
-    Refuse,
-}
-
-impl JobKind {
-    /// The word stored, logged and used as the `kind` label of the metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobKind::Ask => "ask",
-            JobKind::Code => "code",
-            JobKind::Continue => "continue",
-            JobKind::Cancel => "cancel",
-            JobKind::Help => "help",
-            JobKind::Refuse => "refuse",
-        }
-    }
-
-    /// `ask`, `code` and `continue` do agent work (one at a time per issue, under
-    /// `max_concurrent_runs`); the others are short control jobs.
-    pub fn is_work(self) -> bool {
-        matches!(self, JobKind::Ask | JobKind::Code | JobKind::Continue)
-    }
-}
-
-/// The two kinds of agent work: what limits, programs and the status comment tell apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RunKind {
-    /// `/kodx code`: changes, a pull request or a pushed commit.
-    Code,
-    /// `/kodx ask`: an answer only.
-    Ask,
-}
-
-impl RunKind {
-    /// The name of the built-in program that does it.
-    pub fn program(self) -> &'static str {
-        match self {
-            RunKind::Code => "code",
-            RunKind::Ask => "ask",
-        }
-    }
-}
-
-impl JobKind {
-    /// The agent work this job does, if it does any.
-    pub fn run_kind(self) -> Option<RunKind> {
-        match self {
-            JobKind::Ask => Some(RunKind::Ask),
-            // Only code runs are continued (an answer is asked for again).
-            JobKind::Code | JobKind::Continue => Some(RunKind::Code),
-            JobKind::Cancel | JobKind::Help | JobKind::Refuse => None,
-        }
-    }
-}
-
-impl std::fmt::Display for JobKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl Job {
-    /// The job a parsed command asks for.
-    pub fn from_command(command: Result<Command, ParseError>) -> Job {
-        match command {
-            Ok(Command::Code { request }) => Job::Code { request },
-            Ok(Command::Ask { question }) => Job::Ask { question },
-            Ok(Command::Cancel) => Job::Cancel,
-            Ok(Command::Help { unknown }) => Job::Help { unknown },
-            Ok(Command::Continue { more }) => Job::Continue { more },
-            Err(e) => Job::Refuse {
-                reason: e.to_string(),
-            },
-        }
-    }
-
-    /// The job stored as `kind` and `argument`.
-    pub fn from_stored(kind: JobKind, argument: String) -> Job {
-        match kind {
-            JobKind::Ask => Job::Ask { question: argument },
-            JobKind::Code => Job::Code { request: argument },
-            // Stored as the command wrote it; a row no version could write reads as the
-            // default rather than failing the whole row.
-            JobKind::Continue => Job::Continue {
-                more: More::parse(&argument).unwrap_or(More::Default),
-            },
-            JobKind::Cancel => Job::Cancel,
-            JobKind::Help => Job::Help {
-                unknown: (!argument.is_empty()).then_some(argument),
-            },
-            JobKind::Refuse => Job::Refuse { reason: argument },
-        }
-    }
-
-    pub fn kind(&self) -> JobKind {
-        match self {
-            Job::Ask { .. } => JobKind::Ask,
-            Job::Code { .. } => JobKind::Code,
-            Job::Continue { .. } => JobKind::Continue,
-            Job::Cancel => JobKind::Cancel,
-            Job::Help { .. } => JobKind::Help,
-            Job::Refuse { .. } => JobKind::Refuse,
-        }
-    }
-
-    /// The text stored in the `argument` column: the question, the request, what
-    /// `continue` adds (`$2`, `20 steps`), the unknown subcommand or the refusal's reason
-    /// (empty for `cancel`).
-    pub fn argument(&self) -> std::borrow::Cow<'_, str> {
-        match self {
-            Job::Ask { question } => question.into(),
-            Job::Code { request } => request.into(),
-            Job::Continue { more } => more.as_argument().into(),
-            Job::Cancel => "".into(),
-            Job::Help { unknown } => unknown.as_deref().unwrap_or("").into(),
-            Job::Refuse { reason } => reason.into(),
-        }
-    }
-
-    pub fn is_work(&self) -> bool {
-        self.kind().is_work()
-    }
-
-    /// The command as the status comment quotes it.
-    pub fn command_line(&self) -> String {
-        format!("/kodx {} {}", self.kind(), self.argument())
-    }
-}
-
-fn more_argument<S: serde::Serializer>(more: &More, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&more.as_argument())
-}
 
 /// Where a command was written (the `trigger_kind` column).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
@@ -390,6 +225,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::command::{More, ParseError};
 
     #[test]
     fn every_job_survives_its_columns() {
@@ -429,24 +265,24 @@ mod tests {
     #[test]
     fn commands_become_jobs() {
         assert_eq!(
-            Job::from_command(Err(ParseError::EmptyRequest { command: "code" })),
+            Job::from_parsed(Err(ParseError::EmptyRequest { command: "code" })),
             Job::Refuse {
                 reason: "`/kodx code` needs a request".into()
             }
         );
         assert_eq!(
-            Job::from_command(Ok(Command::Continue {
+            Job::from_parsed(Ok(Job::Continue {
                 more: More::Steps(5)
             }))
             .command_line(),
             "/kodx continue 5 steps"
         );
         assert_eq!(
-            Job::from_command(Ok(Command::Cancel)).command_line(),
+            Job::from_parsed(Ok(Job::Cancel)).command_line(),
             "/kodx cancel "
         );
         assert_eq!(
-            Job::from_command(Ok(Command::Ask {
+            Job::from_parsed(Ok(Job::Ask {
                 question: "why?".into()
             }))
             .command_line(),

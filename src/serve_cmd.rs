@@ -29,6 +29,16 @@ enum Role {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    // The handlers are in place before the server binds or answers anything: a SIGTERM that
+    // comes right after start (a supervisor, a test) stops it cleanly instead of killing it.
+    let shutdown = CancellationToken::new();
+    let (mut term, mut int) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+            signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
+        )
+    };
     let startup = ServeConfig::startup_from_env()?;
     let listen = match &startup {
         Startup::Ready(c) => c.listen,
@@ -45,16 +55,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     // The first SIGTERM / Ctrl-C stops accepting webhooks and lets runs finish (within
     // `shutdown_grace_secs`); a second one removes the containers and exits at once.
-    let shutdown = CancellationToken::new();
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
             for n in 0.. {
                 tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
+                    _ = int.recv() => {}
                     _ = term.recv() => {}
                 }
                 if n == 0 {

@@ -207,7 +207,7 @@ pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
                 author_id: p.comment.user.id,
                 clone_url: p.repository.clone_url.into_owned(),
                 default_branch: p.repository.default_branch.into_owned(),
-                job: Job::from_command(found),
+                job: Job::from_parsed(found),
                 trigger: Trigger::IssueComment(p.comment.id),
             })))
         }
@@ -231,7 +231,7 @@ pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
                 author_id: p.issue.user.id,
                 clone_url: p.repository.clone_url.into_owned(),
                 default_branch: p.repository.default_branch.into_owned(),
-                job: Job::from_command(found),
+                job: Job::from_parsed(found),
                 trigger: Trigger::IssueBody(p.issue.number),
             })))
         }
@@ -261,7 +261,7 @@ pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
                 author_id: p.comment.user.id,
                 clone_url: p.repository.clone_url.into_owned(),
                 default_branch: p.repository.default_branch.into_owned(),
-                job: Job::from_command(found),
+                job: Job::from_parsed(found),
                 trigger: Trigger::ReviewComment {
                     id: p.comment.id,
                     review,
