@@ -777,10 +777,7 @@ mod tests {
                 "/kodx ask first\n/kodx code second",
                 ask("first\n/kodx code second"),
             ),
-            (
-                "intro\n/kodx cancel\n/kodx code x",
-                Some(Ok(Job::Cancel)),
-            ),
+            ("intro\n/kodx cancel\n/kodx code x", Some(Ok(Job::Cancel))),
             ("/kodx frob\n/kodx code x", help(Some("frob"))),
             ("/kodx code\n/kodx ask x", code("/kodx ask x")),
         ]);
