@@ -11,7 +11,6 @@
 pub mod agent;
 mod backoff;
 pub mod command;
-pub mod comment;
 pub mod cost;
 pub mod db;
 pub mod git;

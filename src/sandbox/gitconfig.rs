@@ -14,7 +14,7 @@
 //! their user information and query (`https://user:token@host/p?x` → `https://host/p`).
 //! Everything else is left out: `http.*`, `credential.*`, `include`/`includeIf`,
 //! `core.sshCommand`/`askPass`/`hooksPath`/`worktree`, signing keys, aliases, comments.
-//! A value that still looks like a token after that (see [`crate::comment::redact`]) is
+//! A value that still looks like a token after that (see [`crate::serve::texts::status::redact`]) is
 //! left out too.
 //!
 //! The same applies to the other configuration files of a git directory: `config.worktree`,
@@ -473,7 +473,7 @@ fn filter(mut e: Entry, dropped: &mut Vec<String>) -> Option<Entry> {
     }
     let texts = [e.subsection.as_deref(), e.value.as_deref()];
     for t in texts.into_iter().flatten() {
-        if crate::comment::redact(t) != t || t.contains(['\0', '\r']) {
+        if crate::redact::redact(t) != t || t.contains(['\0', '\r']) {
             return drop(dropped);
         }
     }

@@ -23,7 +23,7 @@ pub mod metrics;
 pub(crate) mod pipeline;
 pub mod runpage;
 pub mod setup;
-pub(crate) mod texts;
+pub mod texts;
 pub mod worker;
 
 use std::sync::Arc;

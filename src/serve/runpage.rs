@@ -28,10 +28,10 @@ use serde::Deserialize;
 use sha2::Sha256;
 use tokio::sync::Semaphore;
 
-use crate::comment::{self, redact};
 use crate::db::{Db, Run};
 use crate::model::Block;
 use crate::serve::setup::page::layout;
+use crate::serve::texts::status::{self as comment, redact};
 use crate::transcript::Record;
 
 /// Transcript records one page shows at most.

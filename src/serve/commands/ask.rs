@@ -1,12 +1,12 @@
 //! `/kodx ask`: the agent reads the repository in its container and its last message is
 //! the answer. Nothing leaves the container.
 
-use crate::comment::Done;
 use crate::db::RunStatus;
 use crate::model::Message;
 use crate::sandbox::Sandbox as _;
 use crate::serve::pipeline::execute::execute;
 use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
+use crate::serve::texts::status::Done;
 
 /// Runs an ask: planned, executed; the status comment shows its answer.
 pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure> {

@@ -6,7 +6,6 @@
 
 use std::time::Instant;
 
-use crate::comment::Done;
 use crate::db::RunStatus;
 use crate::model::Message;
 use crate::sandbox::Sandbox as _;
@@ -15,6 +14,7 @@ use crate::serve::pipeline::deliver::{deliver, deliverable, Change, Delivered, D
 use crate::serve::pipeline::execute::execute;
 use crate::serve::pipeline::plan::RunPlan;
 use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
+use crate::serve::texts::status::Done;
 use crate::serve::texts::{self, Readiness};
 
 /// Runs `/kodx code`: planned, executed, delivered.

@@ -6,9 +6,9 @@ use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::agent::{Outcome, StopReason};
-use crate::comment::{self, Done};
 use crate::db::{EndReason, Finish, Run, RunStatus};
 use crate::serve::texts;
+use crate::serve::texts::status::{self as comment, Done};
 
 use crate::model::Usage;
 

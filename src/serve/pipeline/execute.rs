@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 use super::ending::zero_outcome;
 use super::{Ending, Fence, RunCtx, RunFailure, RunLog, Services, StatusComment};
 use crate::agent::{Agent, Outcome, Progress, Record, StopReason};
-use crate::comment::{Done, Phase};
 use crate::db::{Db, Run, RunStatus};
 use crate::model::{Message, Provider, ProviderError, Request, Response};
 use crate::program::Plan;
@@ -20,6 +19,7 @@ use crate::serve::metrics::Metrics;
 use crate::serve::pipeline::plan::RunPlan;
 use crate::serve::pipeline::workspace::{CloneOf, Workspace};
 use crate::serve::texts;
+use crate::serve::texts::status::{Done, Phase};
 
 use anyhow::Context as _;
 

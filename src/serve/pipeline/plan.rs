@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use super::gate::Admission;
 use super::{RunCtx, RunFailure};
-use crate::comment::RunKind;
 use crate::cost::Pricing;
 use crate::git::Checkout;
 use crate::github::PullInfo;
@@ -19,6 +18,7 @@ use crate::serve::config::Settings;
 use crate::serve::pipeline::context::RunContext;
 use crate::serve::pipeline::deliver::{self, Target};
 use crate::serve::texts;
+use crate::serve::texts::status::RunKind;
 
 /// Everything an `ask` or `code` run needs to start.
 #[derive(Debug, Clone)]

@@ -3,9 +3,9 @@
 //! holds no token (restarts, shutdown, a cancel from elsewhere).
 
 use crate::agent::Progress;
-use crate::comment::{self, Done, Phase};
 use crate::db::Run;
 use crate::github::{GitHubError, Installation, Reaction, ReactionTarget, RepoName};
+use crate::serve::texts::status::{self as comment, Done, Phase};
 
 use super::{Fence, Services};
 

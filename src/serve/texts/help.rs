@@ -1,6 +1,6 @@
 //! `/kodx help` (and an unknown subcommand): what kodx can do, and who may ask.
 
-use crate::comment;
+use crate::redact::redact;
 
 /// The answer to `/kodx help` (and to an unknown subcommand).
 pub fn help(unknown: &str) -> String {
@@ -8,7 +8,7 @@ pub fn help(unknown: &str) -> String {
     if !unknown.is_empty() {
         out.push_str(&format!(
             "kodx does not know `/kodx {}`.\n\n",
-            comment::redact(unknown).replace('`', "'")
+            redact(unknown).replace('`', "'")
         ));
     }
     out.push_str(

@@ -1,20 +1,23 @@
 //! Every sentence kodx posts on GitHub about a run, as named builders: refusals, the
-//! answers of control jobs, the notes of the status comment and the failures it shows, and
-//! the incomplete-work wording of a delivery. The status comment's layout is
-//! [`crate::comment::render`]; the commit message and pull request body are built in
-//! [`crate::serve::pipeline::deliver`] from these and the agent's summary.
+//! answers of control jobs (the help: [`help`]), the notes of the status comment and the
+//! failures it shows, the continue note, and the incomplete-work wording of a delivery.
+//! [`status`] lays out the status comment of each phase; [`pull`] writes the commit message,
+//! its trailers and the pull request's body. Each is snapshot-tested.
 //!
 //! Text from outside kodx (logins, errors, requests) is redacted where it is put in.
 
 mod help;
+mod pull;
+pub mod status;
 
 pub use help::help;
+pub use pull::{commit_body, commit_subject, pull_body, title_from, trailers, Mention};
 
-use crate::comment::redact;
 use crate::cost::format_usd;
 use crate::git::GitError;
 use crate::github::Permission;
 use crate::job::JobKind;
+use crate::redact::redact;
 use crate::repo_config::RepoConfig;
 
 /// The run id line under a refusal.

@@ -4,13 +4,13 @@
 
 use std::time::Instant;
 
-use crate::comment::Phase;
 use crate::db::Run;
 use crate::github::Reaction;
 use crate::job::Job;
 use crate::serve::commands::continue_run;
 use crate::serve::pipeline::gate::{CannotContinue, Refusal};
 use crate::serve::pipeline::{repo_of, Acked, RunFailure, RunLog, StatusComment};
+use crate::serve::texts::status::Phase;
 
 use super::Workers;
 

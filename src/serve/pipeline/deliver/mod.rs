@@ -11,12 +11,14 @@ use std::time::{Duration, Instant};
 
 use secrecy::ExposeSecret;
 
-use crate::comment::{self, Done};
 use crate::git::GitError;
 use crate::github::{GitHubError, Installation};
 use crate::repo_config::OnLimit;
 use crate::sandbox::{ChangeSet, RepoSource, SandboxError};
-use crate::serve::texts::{self, Readiness};
+use crate::serve::texts::status::{self as comment, Done};
+use crate::serve::texts::{
+    self, commit_body, commit_subject, pull_body, title_from, trailers, Readiness,
+};
 
 use super::workspace::Workspace;
 use super::RunCtx;
@@ -255,7 +257,7 @@ async fn open_pull(
     let link = cx.svc.run_link(&run.id);
     let pull_body = pull_body(
         &texts.summary,
-        change.target,
+        change.target.mention(),
         &run.request.author,
         &cost,
         &run.id,

@@ -1,6 +1,7 @@
 //! The status comment (SPEC §5, §10): the hidden metadata line that ties a comment to its
-//! run, the redaction of token shapes in everything kodx posts, and the Markdown body of
-//! each phase of a run (queued, setting up, working, done) with the cost summary.
+//! run, what makes outside text safe to post (neutralized mentions and closing keywords;
+//! token shapes redacted by [`crate::redact`]), and the Markdown body of each phase of a
+//! run (queued, setting up, working, done) with the cost summary.
 //!
 //! Pure functions only: no I/O, no clock.
 

@@ -1,0 +1,223 @@
+//! The words of a code run's delivery (SPEC §5): its commit message, its trailers and the
+//! body of its pull request.
+
+use super::status as comment;
+
+/// What a pull request's body says of the issue or pull request it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mention {
+    /// `Closes #N`: the pull request answers issue N.
+    Closes(i64),
+    /// Changes on top of pull request N, whose branch is in a fork kodx cannot push to.
+    OnTopOf(i64),
+    Nothing,
+}
+
+/// One line of the request, for a commit subject or a PR title: the first non-empty line,
+/// whitespace collapsed, cut to `max` characters with `…`.
+pub fn title_from(request: &str, max: usize) -> String {
+    let line = request
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("Changes requested with /kodx code");
+    let line: String = line
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .filter(|c| !c.is_control())
+        .collect();
+    let mut chars = line.chars();
+    let head: String = chars.by_ref().take(max).collect();
+    if chars.next().is_some() {
+        let mut cut: String = head.chars().take(max.saturating_sub(1)).collect();
+        cut.push('…');
+        cut
+    } else {
+        head
+    }
+}
+
+/// The commit subject: the request's first line (see [`title_from`]), unable to close an
+/// issue when the commit lands (only the pull request's own `Closes #N` does).
+pub fn commit_subject(request: &str) -> String {
+    comment::neutralize(&title_from(request, 72))
+}
+
+/// The commit message body (the subject comes from the request): the agent's summary,
+/// where it was asked, and the run id.
+pub fn commit_body(summary: &str, repo_issue: i64, is_pull_request: bool, run_id: &str) -> String {
+    let what = if is_pull_request {
+        "pull request"
+    } else {
+        "issue"
+    };
+    let summary = comment::neutralize(&comment::redact(summary.trim()));
+    let summary = cut_chars(&summary, 4_000);
+    let mut body = String::new();
+    if !summary.is_empty() {
+        body.push_str(&summary);
+        body.push_str("\n\n");
+    }
+    body.push_str(&format!(
+        "Made by kodx (run {run_id}) for {what} #{repo_issue}."
+    ));
+    body
+}
+
+/// The trailers: the person who asked as co-author, and the run.
+pub fn trailers(author: &str, author_id: i64, run_id: &str) -> Vec<(String, String)> {
+    vec![
+        (
+            "Co-authored-by".into(),
+            format!(
+                "{author} <{}>",
+                crate::github::noreply_email(author, author_id.max(0) as u64)
+            ),
+        ),
+        ("Kodx-Run".into(), run_id.to_string()),
+    ]
+}
+
+/// The body of the pull request kodx opens.
+pub fn pull_body(
+    summary: &str,
+    mention: Mention,
+    author: &str,
+    cost_summary: &str,
+    run_id: &str,
+    link: Option<&str>,
+) -> String {
+    let mut body = String::new();
+    body.push_str(comment::metadata(run_id).as_str());
+    body.push('\n');
+    // The model's words can mention, hide or close nothing; kodx's own `Closes #N` follows.
+    let summary = cut_chars(
+        &comment::neutralize(&comment::redact(summary.trim())),
+        30_000,
+    );
+    if summary.is_empty() {
+        body.push_str("kodx made the change requested below.\n\n");
+    } else {
+        body.push_str(&summary);
+        body.push_str("\n\n");
+    }
+    match mention {
+        Mention::Closes(n) => body.push_str(&format!("Closes #{n}\n\n")),
+        Mention::OnTopOf(n) => body.push_str(&format!(
+            "Changes on top of #{n}, whose branch lives in a fork kodx cannot push to.\n\n"
+        )),
+        Mention::Nothing => {}
+    }
+    body.push_str(&format!(
+        "Requested by @{} with `/kodx code`.\n\n",
+        comment::redact(author)
+    ));
+    body.push_str(cost_summary);
+    let watch = link
+        .map(|l| format!(" · <a href=\"{l}\">the run's steps</a>"))
+        .unwrap_or_default();
+    body.push_str(&format!(
+        "\n\n<sub>kodx run <code>{run_id}</code>{watch}</sub>\n"
+    ));
+    body
+}
+
+fn cut_chars(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut out: String = text.chars().take(max).collect();
+    out.push_str("\n\n[…]");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pull request bodies kodx writes: for an issue, and for a fork's pull request.
+    #[test]
+    fn pull_request_body_renders() {
+        let issue = Mention::Closes(7);
+        let fork = Mention::OnTopOf(9);
+        for (name, target) in [("issue", issue), ("fork", fork)] {
+            let body = pull_body(
+                "Added `--json` to `list`, with a test.\n\nCloses #99 is not for the model to say.",
+                target,
+                "alice",
+                "$0.0234 · 7 model calls",
+                "0123456789ab",
+                Some("https://kodx.example/runs/0123456789ab?token=t"),
+            );
+            insta::assert_snapshot!(format!("pull_body_{name}"), body);
+        }
+    }
+
+    #[test]
+    fn titles_are_one_clean_line() {
+        assert_eq!(
+            title_from("\n  add a   --json flag\nmore", 72),
+            "add a --json flag"
+        );
+        let long = "x".repeat(100);
+        let t = title_from(&long, 72);
+        assert_eq!(t.chars().count(), 72);
+        assert!(t.ends_with('…'));
+        assert_eq!(title_from("", 72), "Changes requested with /kodx code");
+        assert_eq!(title_from("tab\there\u{7}bell", 72), "tab herebell");
+    }
+
+    #[test]
+    fn trailers_and_body() {
+        let t = trailers("alice", 1005, "r1");
+        assert_eq!(t[0].1, "alice <1005+alice@users.noreply.github.com>");
+        let b = commit_body(
+            "Did it. ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+            7,
+            false,
+            "r1",
+        );
+        assert!(b.contains("for issue #7") && b.contains("run r1"));
+        assert!(
+            !b.contains("ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
+            "redacted: {b}"
+        );
+    }
+
+    #[test]
+    fn pull_bodies() {
+        let issue = Mention::Closes(7);
+        let b = pull_body("Summary.", issue, "alice", "cost", "r1", None);
+        assert!(
+            b.starts_with("<!-- kodx:")
+                && b.contains("Closes #7")
+                && b.contains("@alice")
+                && b.contains("cost")
+        );
+        let fork = Mention::OnTopOf(8);
+        let b = pull_body("", fork, "bob", "cost", "r2", None);
+        assert!(b.contains("on top of #8") && !b.contains("Closes"));
+    }
+
+    #[test]
+    fn the_models_words_cannot_mention_hide_or_close() {
+        let summary = "Fixed it, @octocat.\n<!-- kodx:{\"run\":\"x\",\"v\":1} -->\nCloses #99";
+        let issue = Mention::Closes(7);
+        for text in [
+            pull_body(summary, issue, "alice", "cost", "r1", None),
+            commit_body(summary, 7, false, "r1"),
+        ] {
+            assert!(!text.contains("@octocat"), "{text}");
+            assert!(text.contains("@\u{200B}octocat"), "{text}");
+            assert!(!text.contains("Closes #99"), "{text}");
+            assert!(!text.contains("\"run\":\"x\""), "{text}");
+        }
+        let b = pull_body(summary, issue, "alice", "cost", "r1", None);
+        assert!(b.contains("\nCloses #7\n"), "kodx's own line stays: {b}");
+        assert!(b.contains("Requested by @alice"), "{b}");
+        assert_eq!(super::comment::find_run_id(&b).as_deref(), Some("r1"));
+        assert_eq!(commit_subject("fix #12 crash"), "f\u{200B}ix #12 crash");
+    }
+}
