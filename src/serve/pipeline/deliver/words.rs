@@ -23,6 +23,20 @@ impl Target {
             Target::NewPull { branch, .. } | Target::PullBranch { branch } => branch,
         }
     }
+
+    /// What the pull request's body says of where the run was asked.
+    pub fn mention(&self) -> crate::serve::texts::Mention {
+        use crate::serve::texts::Mention;
+        match self {
+            Target::NewPull {
+                closes: Some(n), ..
+            } => Mention::Closes(*n),
+            Target::NewPull {
+                original: Some(n), ..
+            } => Mention::OnTopOf(*n),
+            _ => Mention::Nothing,
+        }
+    }
 }
 
 /// The first 8 characters of a run id: enough to tell a repository's runs apart.
@@ -48,21 +62,5 @@ mod tests {
             "kodx/issue-12-01234567"
         );
         assert_eq!(branch_name("bot-", true, 3, "abc"), "bot-pr-3-abc");
-    }
-}
-
-impl Target {
-    /// What the pull request's body says of where the run was asked.
-    pub fn mention(&self) -> crate::serve::texts::Mention {
-        use crate::serve::texts::Mention;
-        match self {
-            Target::NewPull {
-                closes: Some(n), ..
-            } => Mention::Closes(*n),
-            Target::NewPull {
-                original: Some(n), ..
-            } => Mention::OnTopOf(*n),
-            _ => Mention::Nothing,
-        }
     }
 }
