@@ -7,7 +7,9 @@
 
 use serde::Deserialize;
 
-use crate::program::{parse_unknown_field, split_yaml_error, yaml_kind, SchemaError};
+use crate::program::{
+    parse_unknown_field, split_yaml_error, yaml_kind, yaml_path_error, SchemaError,
+};
 
 /// Default cost limit of a `/kodx code` run, in USD (SPEC §7).
 pub const DEFAULT_CODE_COST_LIMIT: f64 = 2.00;
@@ -168,7 +170,9 @@ impl RepoConfig {
             }
         }
         // Parsed again from the text (not from `value`) so that errors keep their line.
-        let raw: RawRepoConfig = serde_norway::from_str(text).map_err(|e| to_error(&e))?;
+        let raw: RawRepoConfig =
+            serde_path_to_error::deserialize(serde_norway::Deserializer::from_str(text))
+                .map_err(|e| to_error(&e))?;
         Ok(raw.into_config())
     }
 
@@ -445,19 +449,17 @@ fn check_branch_prefix(s: &str) -> Result<(), String> {
     Ok(())
 }
 
-// ---- turning serde_norway's errors into RepoConfigError ----
+// ---- turning serde_norway's errors (with serde_path_to_error's key path) into RepoConfigError ----
 
-fn to_error(e: &serde_norway::Error) -> RepoConfigError {
+fn to_error(e: &serde_path_to_error::Error<serde_norway::Error>) -> RepoConfigError {
     let SchemaError {
         path,
         message,
         line,
-    } = split_yaml_error(e);
+    } = yaml_path_error(e);
     let message = if let Some((key, expected)) = parse_unknown_field(&message) {
-        let key = match path {
-            Some(section) => format!("{section}.{key}"),
-            None => key,
-        };
+        // The path of an unknown key ends with the key itself.
+        let key = path.unwrap_or(key);
         format!(
             "unknown key \"{key}\" (expected one of: {})",
             expected.join(", ")
@@ -501,6 +503,22 @@ pr: { draft: false, branch_prefix: kodx/ }
                 (line, shown)
             }
         }
+    }
+
+    #[test]
+    fn a_bad_value_names_its_key_path_and_line() {
+        let e = RepoConfig::parse("image: x\npr:\n  draft: maybe\n").unwrap_err();
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with(".github/kodx.yml: line 3: invalid value for \"pr.draft\": "),
+            "{shown}"
+        );
+        let e = RepoConfig::parse("cost_limit:\n  code: [1]\n").unwrap_err();
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with(".github/kodx.yml: line 2: invalid value for \"cost_limit.code\": "),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -24,7 +24,9 @@ mod spec;
 
 pub use error::ProgramError;
 pub use load::DotKodxConfig;
-pub(crate) use parse::{parse_unknown_field, split_yaml_error, yaml_kind, SchemaError};
+pub(crate) use parse::{
+    parse_unknown_field, split_yaml_error, yaml_kind, yaml_path_error, SchemaError,
+};
 pub use plan::{Defaults, Plan};
 pub use spec::{
     DockerSpec, Format, Limits, ModelSpec, Overrides, Parameters, Program, ProviderKind,

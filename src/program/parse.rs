@@ -189,6 +189,19 @@ pub(super) fn from_yaml<T: DeserializeOwned>(text: &str, file: &str) -> Result<T
     })
 }
 
+/// A typed YAML error taken apart, its key path from [`serde_path_to_error`] (for an
+/// unknown key, the path ends with that key): `.github/kodx.yml`'s reader builds its own
+/// messages from it.
+pub(crate) fn yaml_path_error(e: &serde_path_to_error::Error<serde_norway::Error>) -> SchemaError {
+    let inner = e.inner();
+    let segments = named_segments(e.path(), Format::Yaml);
+    SchemaError {
+        path: (!segments.is_empty()).then(|| yaml_path(&segments)),
+        message: yaml_schema_message(inner, e.path()),
+        line: inner.location().map(|l| l.line()),
+    }
+}
+
 pub(crate) fn yaml_kind(value: &serde_norway::Value) -> &'static str {
     use serde_norway::Value;
     match value {
