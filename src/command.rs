@@ -42,8 +42,13 @@ const PREFIX: &str = "/kodx";
 pub enum Job {
     /// `/kodx ask <question>`: read-only agent work.
     Ask { question: String },
-    /// `/kodx code <request>`: agent work that ends in a pull request.
-    Code { request: String },
+    /// `/kodx code [--base <branch>] <request>`: agent work that ends in a pull request
+    /// (against `base`, else the default branch).
+    Code {
+        request: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        base: Option<String>,
+    },
     /// `/kodx continue [$N | N steps]`: resume the code run here that a limit stopped, with
     /// `more` budget or steps.
     Continue {
@@ -142,7 +147,17 @@ impl Job {
     pub fn from_stored(kind: JobKind, argument: String) -> Job {
         match kind {
             JobKind::Ask => Job::Ask { question: argument },
-            JobKind::Code => Job::Code { request: argument },
+            // Stored as written: `--base <branch> <request>` or the request alone.
+            JobKind::Code => match split_base(&argument) {
+                Ok((Some(base), request)) if !request.trim().is_empty() => Job::Code {
+                    request: request.trim_start().to_string(),
+                    base: Some(base.to_string()),
+                },
+                _ => Job::Code {
+                    request: argument,
+                    base: None,
+                },
+            },
             // Stored as the command wrote it; a row no version could write reads as the
             // default rather than failing the whole row.
             JobKind::Continue => Job::Continue {
@@ -167,17 +182,38 @@ impl Job {
         }
     }
 
-    /// The text stored in the `argument` column: the question, the request, what
-    /// `continue` adds (`$2`, `20 steps`), the unknown subcommand or the refusal's reason
-    /// (empty for `cancel`).
+    /// What was asked, as the prompt, commits and pull request say it: the question, the
+    /// request (without `--base`), what `continue` adds (`$2`, `20 steps`), the unknown
+    /// subcommand or the refusal's reason (empty for `cancel`).
     pub fn argument(&self) -> std::borrow::Cow<'_, str> {
         match self {
             Job::Ask { question } => question.into(),
-            Job::Code { request } => request.into(),
+            Job::Code { request, .. } => request.into(),
             Job::Continue { more } => more.as_argument().into(),
             Job::Cancel => "".into(),
             Job::Help { unknown } => unknown.as_deref().unwrap_or("").into(),
             Job::Refuse { reason } => reason.into(),
+        }
+    }
+
+    /// The text stored in the `argument` column: [`Job::argument`], with a code run's
+    /// `--base <branch>` before its request.
+    pub fn stored_argument(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Job::Code {
+                request,
+                base: Some(base),
+            } => format!("--base {base} {request}").into(),
+            _ => self.argument(),
+        }
+    }
+
+    /// The branch a code run works from and opens its pull request against, when the
+    /// command named one (`--base`).
+    pub fn base(&self) -> Option<&str> {
+        match self {
+            Job::Code { base, .. } => base.as_deref(),
+            _ => None,
         }
     }
 
@@ -187,7 +223,7 @@ impl Job {
 
     /// The command as the status comment quotes it.
     pub fn command_line(&self) -> String {
-        format!("/kodx {} {}", self.kind(), self.argument())
+        format!("/kodx {} {}", self.kind(), self.stored_argument())
     }
 }
 
@@ -276,6 +312,49 @@ pub enum ParseError {
     /// `/kodx continue` with an argument that is neither `$N` nor `N steps`.
     #[error("`/kodx continue` takes nothing, `$N` (more budget, e.g. `$2`) or `N steps` (e.g. `20 steps`), not `{found}`")]
     BadContinue { found: String },
+    /// `--base` without a branch after it.
+    #[error(
+        "`--base` needs the name of a branch, as in `/kodx code --base release-1 fix the crash`"
+    )]
+    BaseWithoutBranch,
+    /// `--base` names something no branch can be called.
+    #[error("`{found}` cannot be the name of a branch, so `--base` cannot take it")]
+    BadBase { found: String },
+}
+
+/// The longest branch name `--base` takes, in bytes (git allows more; GitHub's web pages
+/// and most tools break long before).
+const MAX_BRANCH_BYTES: usize = 255;
+
+/// Splits `--base <branch>` (or `--base=<branch>`) off the front of a code run's argument:
+/// `(branch, the rest)`, or `(None, argument)` when it does not start with `--base`.
+fn split_base(argument: &str) -> Result<(Option<&str>, &str), ParseError> {
+    let text = argument.trim_start_matches([' ', '\t']);
+    let Some(after) = text.strip_prefix("--base") else {
+        return Ok((None, argument));
+    };
+    let after = match after.strip_prefix('=') {
+        Some(rest) => rest,
+        None if after.is_empty() || after.starts_with([' ', '\t', '\r', '\n']) => {
+            after.trim_start_matches([' ', '\t'])
+        }
+        // `--baseline …` is a request, not the option.
+        None => return Ok((None, argument)),
+    };
+    let end = after.find([' ', '\t', '\r', '\n']).unwrap_or(after.len());
+    let name = &after[..end];
+    if name.is_empty() {
+        return Err(ParseError::BaseWithoutBranch);
+    }
+    let shown = || name.chars().take(MAX_UNKNOWN_CHARS).collect::<String>();
+    let valid = name.len() <= MAX_BRANCH_BYTES
+        && !name.chars().any(char::is_control)
+        && git2::Reference::is_valid_name(&format!("refs/heads/{name}"))
+        && !name.starts_with('-');
+    if !valid {
+        return Err(ParseError::BadBase { found: shown() });
+    }
+    Ok((Some(name), &after[end..]))
 }
 
 /// Finds the first command in `body` and parses it. `None` when the body holds no command.
@@ -360,8 +439,12 @@ fn parse_after_prefix(text: &str) -> Result<Job, ParseError> {
         let more = More::parse(&argument[..line])?;
         Ok(Job::Continue { more })
     } else if word.eq_ignore_ascii_case("code") {
+        let (base, argument) = split_base(argument)?;
         let request = request("code", argument)?;
-        Ok(Job::Code { request })
+        Ok(Job::Code {
+            request,
+            base: base.map(str::to_string),
+        })
     } else if word.eq_ignore_ascii_case("ask") {
         let question = request("ask", argument)?;
         Ok(Job::Ask { question })
@@ -410,6 +493,7 @@ mod tests {
     fn code(request: &str) -> Option<Result<Job, ParseError>> {
         Some(Ok(Job::Code {
             request: request.to_owned(),
+            base: None,
         }))
     }
 
@@ -936,6 +1020,72 @@ mod tests {
             }
             .to_string(),
             "the request is 70000 bytes long; the limit is 65536 bytes"
+        );
+    }
+
+    #[test]
+    fn base_names_the_branch_the_work_targets() {
+        let code = |request: &str, base: Option<&str>| {
+            Some(Ok(Job::Code {
+                request: request.into(),
+                base: base.map(Into::into),
+            }))
+        };
+        assert_eq!(
+            parse("/kodx code --base release-1 fix the crash"),
+            code("fix the crash", Some("release-1"))
+        );
+        assert_eq!(
+            parse("/kodx code --base=release/2.x  fix it\nmore"),
+            code("fix it\nmore", Some("release/2.x"))
+        );
+        assert_eq!(
+            parse("/kodx code --base release-1\n\nfix it"),
+            code("fix it", Some("release-1"))
+        );
+        // Not the option: a request that starts with another word.
+        assert_eq!(
+            parse("/kodx code --baseline is wrong"),
+            code("--baseline is wrong", None)
+        );
+        let err = |body: &str| parse(body).unwrap().unwrap_err().to_string();
+        assert_eq!(
+            err("/kodx code --base"),
+            "`--base` needs the name of a branch, as in `/kodx code --base release-1 fix the crash`"
+        );
+        assert_eq!(err("/kodx code --base="), err("/kodx code --base"));
+        assert_eq!(
+            err("/kodx code --base release-1"),
+            "`/kodx code` needs a request"
+        );
+        for bad in [
+            "a..b",
+            "x:y",
+            "a~1",
+            "-x",
+            "refs/heads/",
+            "a\u{7}b",
+            "v1.lock",
+        ] {
+            let e = err(&format!("/kodx code --base {bad} fix"));
+            assert!(e.contains("cannot be the name of a branch"), "{bad}: {e}");
+        }
+        let long = "b".repeat(300);
+        assert!(err(&format!("/kodx code --base {long} fix")).contains("cannot be the name"));
+        // Stored as written, read back the same.
+        let job = Job::Code {
+            request: "fix it\nplease".into(),
+            base: Some("release-1".into()),
+        };
+        assert_eq!(job.stored_argument(), "--base release-1 fix it\nplease");
+        assert_eq!(job.argument(), "fix it\nplease");
+        assert_eq!(
+            job.command_line(),
+            "/kodx code --base release-1 fix it\nplease"
+        );
+        assert_eq!(
+            Job::from_stored(JobKind::Code, job.stored_argument().into()),
+            job
         );
     }
 }

@@ -176,7 +176,7 @@ impl RunRequest {
             .push_bind(self.repo.as_str())
             .push_bind(self.issue_number)
             .push_bind(i64::from(self.is_pull_request))
-            .push_bind(self.job.argument().into_owned())
+            .push_bind(self.job.stored_argument().into_owned())
             .push_bind(self.author.as_str())
             .push_bind(self.author_id)
             .push_bind(self.trigger.kind())
@@ -235,6 +235,7 @@ mod tests {
             },
             Job::Code {
                 request: "add a flag".into(),
+                base: None,
             },
             Job::Cancel,
             Job::Continue {
@@ -257,7 +258,7 @@ mod tests {
                 reason: "`/kodx code` needs a request".into(),
             },
         ] {
-            let back = Job::from_stored(job.kind(), job.argument().to_string());
+            let back = Job::from_stored(job.kind(), job.stored_argument().to_string());
             assert_eq!(back, job);
         }
     }

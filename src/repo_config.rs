@@ -65,6 +65,9 @@ pub struct PrConfig {
     pub branch_prefix: String,
     /// What a code run stopped by its cost, step or time limit does with its changes.
     pub on_limit: OnLimit,
+    /// Which of several pull request templates (`PULL_REQUEST_TEMPLATE/NAME.md`) the body
+    /// follows.
+    pub template: Option<String>,
 }
 
 impl Default for PrConfig {
@@ -73,6 +76,7 @@ impl Default for PrConfig {
             draft: false,
             branch_prefix: DEFAULT_BRANCH_PREFIX.to_string(),
             on_limit: OnLimit::Draft,
+            template: None,
         }
     }
 }
@@ -240,12 +244,13 @@ struct RawCostLimits {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with the keys draft, branch_prefix, on_limit"
+    expecting = "a mapping with the keys draft, branch_prefix, on_limit, template"
 )]
 struct RawPr {
     draft: Option<bool>,
     branch_prefix: Option<BranchPrefix>,
     on_limit: Option<OnLimit>,
+    template: Option<TemplateName>,
 }
 
 impl RawRepoConfig {
@@ -262,6 +267,7 @@ impl RawRepoConfig {
                 .branch_prefix
                 .map_or_else(|| DEFAULT_BRANCH_PREFIX.to_string(), |b| b.0),
             on_limit: p.on_limit.unwrap_or_default(),
+            template: p.template.map(|t| t.0),
         });
         RepoConfig {
             image: self.image.map(|t| t.0),
@@ -360,6 +366,30 @@ impl<'de> Deserialize<'de> for AskPermission {
                 other.escape_default()
             )),
         }))
+    }
+}
+
+/// The name of a pull request template: a file name in `PULL_REQUEST_TEMPLATE/`, with or
+/// without its extension.
+struct TemplateName(String);
+
+impl<'de> Deserialize<'de> for TemplateName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrVisitor(
+            "the name of a file in PULL_REQUEST_TEMPLATE/, such as bugfix",
+            |s| {
+                let bad = |why: &str| Err(format!("{why}, got \"{}\"", s.escape_default()));
+                if s.trim().is_empty() {
+                    bad("must not be empty")
+                } else if s.chars().count() > 100 {
+                    bad("must be at most 100 characters")
+                } else if s.contains(['/', '\\']) || s.chars().any(char::is_control) {
+                    bad("must be a file name, without a directory")
+                } else {
+                    Ok(TemplateName(s.trim().to_string()))
+                }
+            },
+        ))
     }
 }
 
@@ -543,6 +573,7 @@ pr: { draft: false, branch_prefix: kodx/ }
                     draft: false,
                     branch_prefix: "kodx/".into(),
                     on_limit: OnLimit::Draft,
+                    template: None,
                 },
             }
         );
@@ -577,6 +608,7 @@ pr: { draft: false, branch_prefix: kodx/ }
                 draft: true,
                 branch_prefix: "kodx/".into(),
                 on_limit: OnLimit::Draft,
+                template: None,
             }
         );
         assert_eq!(
@@ -610,7 +642,7 @@ pr: { draft: false, branch_prefix: kodx/ }
         assert_eq!(line, Some(3));
         assert_eq!(
             shown,
-            ".github/kodx.yml: line 3: unknown key \"pr.drafts\" (expected one of: draft, branch_prefix, on_limit)"
+            ".github/kodx.yml: line 3: unknown key \"pr.drafts\" (expected one of: draft, branch_prefix, on_limit, template)"
         );
         let (line, shown) = err("cost_limit: { code: 1, total: 2 }\n");
         assert_eq!(line, Some(1));
@@ -834,5 +866,15 @@ pr: { draft: false, branch_prefix: kodx/ }
         assert_eq!(c.cost_limit_for(RunKind::Code, &low), 1.5);
         assert_eq!(c.cost_limit_for(RunKind::Ask, &low), 1.0);
         assert_eq!(c.max_iterations(&low), 20);
+    }
+
+    #[test]
+    fn pr_template_names_a_file() {
+        let c = RepoConfig::parse("pr: { template: bugfix }\n").unwrap();
+        assert_eq!(c.pr.template.as_deref(), Some("bugfix"));
+        for bad in ["pr: { template: '' }\n", "pr: { template: a/b.md }\n"] {
+            let e = RepoConfig::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("pr.template"), "{bad}: {e}");
+        }
     }
 }

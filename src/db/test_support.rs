@@ -19,7 +19,10 @@ pub(crate) fn new_run(kind: &str, repo: &str, issue_number: i64) -> NewRun {
     let argument = format!("do the thing on #{issue_number}");
     let job = match kind {
         "ask" => Job::Ask { question: argument },
-        "code" => Job::Code { request: argument },
+        "code" => Job::Code {
+            request: argument,
+            base: None,
+        },
         "continue" => Job::Continue {
             more: crate::command::More::Default,
         },

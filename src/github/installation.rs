@@ -15,12 +15,14 @@ use super::policy::{Raw, RequestPolicy};
 use super::transport::{self, Auth, Call, JSON};
 use super::types::{
     CommentInfo, CommentRef, IssueInfo, NewPull, Permission, PullInfo, PullRef, PullState,
-    Reaction, ReactionTarget, RepoName,
+    Reaction, ReactionTarget, RepoName, Tree,
 };
 use super::util::{base64_decode, encode_path, encode_segment};
 use super::wire;
 
 const DIFF: &str = "application/vnd.github.diff";
+/// A file's or blob's bytes as they are.
+const RAW: &str = "application/vnd.github.raw+json";
 /// Comments per page when listing (GitHub's maximum).
 const PER_PAGE: usize = 100;
 /// Pages `find_comment` reads at most (10 000 comments).
@@ -129,13 +131,14 @@ impl Installation {
         Ok(level)
     }
 
-    /// A text file on the default branch; `None` when there is no such file. A directory,
-    /// a symlink or submodule, a file too large for the contents API, or bytes that are not
-    /// UTF-8 are errors.
-    pub async fn file_on_default_branch(
+    /// A text file at `git_ref` (a branch, tag or commit; `None`: the default branch);
+    /// `None` when there is no such file. A directory, a symlink or submodule, a file too
+    /// large for the contents API, or bytes that are not UTF-8 are errors.
+    pub async fn file_at(
         &self,
         repo: &RepoName,
         path: &str,
+        git_ref: Option<&str>,
     ) -> Result<Option<String>, GitHubError> {
         let path = format!(
             "{}/contents/{}",
@@ -143,7 +146,12 @@ impl Installation {
             encode_path(path.trim_start_matches('/'))
         );
         let what = format!("GET {path}");
-        let v = match self.get_json(&path).await {
+        let query = git_ref.map(|r| format!("ref={}", encode_segment(r)));
+        let v = match self
+            .request(http::Method::GET, &path, query.as_deref(), JSON, None)
+            .await
+            .and_then(|raw| raw.json(&what))
+        {
             Ok(v) => v,
             Err(e) if e.is_not_found() => return Ok(None),
             Err(e) => return Err(e),
@@ -182,6 +190,66 @@ impl Installation {
         String::from_utf8(bytes)
             .map(Some)
             .map_err(|_| GitHubError::decode(&what, "the file is not UTF-8 text"))
+    }
+
+    /// The commit at the tip of `branch`; `None` when the repository has no such branch
+    /// (a tag or a commit is not a branch).
+    pub async fn branch_sha(
+        &self,
+        repo: &RepoName,
+        branch: &str,
+    ) -> Result<Option<String>, GitHubError> {
+        let path = format!("{}/branches/{}", repo_path(repo), encode_path(branch));
+        let what = format!("GET {path}");
+        let v = match self.get_json(&path).await {
+            Ok(v) => v,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let branch: wire::Branch = wire::decode(&v, &what)?;
+        Ok(Some(branch.commit.sha))
+    }
+
+    /// Every entry of the tree of `commit` (recursively: GitHub lists at most 100,000
+    /// entries or 7 MB, and says `truncated` past that); `None` when there is no such commit.
+    pub async fn tree(&self, repo: &RepoName, commit: &str) -> Result<Option<Tree>, GitHubError> {
+        let path = format!("{}/git/trees/{}", repo_path(repo), encode_segment(commit));
+        let what = format!("GET {path}");
+        let v = match self
+            .request(http::Method::GET, &path, Some("recursive=1"), JSON, None)
+            .await
+            .and_then(|raw| raw.json(&what))
+        {
+            Ok(v) => v,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let tree: wire::Tree = wire::decode(&v, &what)?;
+        Ok(Some(tree.into()))
+    }
+
+    /// The first `max` bytes of the blob `sha` (its raw bytes, read no further) and whether
+    /// it has more.
+    pub async fn blob_head(
+        &self,
+        repo: &RepoName,
+        sha: &str,
+        max: usize,
+    ) -> Result<(Vec<u8>, bool), GitHubError> {
+        let path = format!("{}/git/blobs/{}", repo_path(repo), encode_segment(sha));
+        let what = format!("GET {path}");
+        let call = Call {
+            what: &what,
+            method: http::Method::GET,
+            path: &path,
+            query: None,
+            accept: RAW,
+            body: None,
+            jwt: None,
+            max_body: max,
+        };
+        let raw = transport::send(&self.inner.octo, &self.inner.policy, call).await?;
+        Ok((raw.body.to_vec(), raw.cut))
     }
 
     /// An issue (or a pull request seen as an issue).
@@ -612,6 +680,7 @@ impl Installation {
             accept,
             body,
             jwt: None,
+            max_body: transport::MAX_ANSWER_BYTES,
         };
         transport::send(&self.inner.octo, policy, call).await
     }

@@ -54,6 +54,7 @@ pub async fn convert_manifest(api_url: &str, code: &str) -> Result<ConvertedApp,
             accept: JSON,
             body: None,
             jwt: None,
+            max_body: transport::MAX_ANSWER_BYTES,
         },
     )
     .await?;

@@ -41,7 +41,7 @@ pub use policy::RequestPolicy;
 pub use types::{
     noreply_email, Access, AppInfo, BotIdentity, CommentInfo, CommentRef, IssueInfo, NewPull,
     Permission, PullBase, PullHead, PullInfo, PullRef, PullRepo, PullState, Reaction,
-    ReactionTarget, RepoName, RepoNameError, TokenScope,
+    ReactionTarget, RepoName, RepoNameError, TokenScope, Tree, TreeEntry,
 };
 
 use policy::Raw;
@@ -320,6 +320,7 @@ impl GitHubApp {
             accept: JSON,
             body,
             jwt: Some(&|| self.app_jwt()),
+            max_body: transport::MAX_ANSWER_BYTES,
         };
         transport::send(&self.inner.octo, &self.inner.policy, call).await
     }

@@ -41,12 +41,14 @@ impl Default for RequestPolicy {
     }
 }
 
-/// An answer as it came: status, headers, whole body.
+/// An answer as it came: status, headers, body (whole unless `cut`).
 #[derive(Debug)]
 pub(crate) struct Raw {
     pub status: u16,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// The body was longer than the call reads ([`super::transport::Call::max_body`]).
+    pub cut: bool,
 }
 
 impl Raw {
@@ -75,6 +77,12 @@ impl Raw {
 
     /// The body as JSON, or a `Decode` error that never quotes the body.
     pub fn json(&self, what: &str) -> Result<serde_json::Value, GitHubError> {
+        if self.cut {
+            return Err(GitHubError::decode(
+                what,
+                format!("the answer is over {} bytes", self.body.len()),
+            ));
+        }
         serde_json::from_slice(&self.body).map_err(|e| {
             GitHubError::decode(
                 what,
@@ -247,6 +255,7 @@ mod tests {
             status,
             headers: h,
             body: Bytes::from(body.to_string()),
+            cut: false,
         }
     }
 

@@ -12,7 +12,6 @@
 //! the required `iss` claim.
 
 use axum::http; // the `http` crate, which octocrab's raw request API speaks
-use http_body_util::BodyExt;
 use octocrab::service::middleware::retry::RetryConfig;
 use octocrab::Octocrab;
 use secrecy::SecretString;
@@ -23,6 +22,11 @@ use super::policy::{Raw, RequestPolicy};
 
 /// The `Accept` of JSON answers.
 pub(crate) const JSON: &str = "application/vnd.github+json";
+
+/// The most of an answer's body kodx reads (GitHub's largest answers, a 7 MB tree or a
+/// 100-item page, are well under it): past it the body is cut, [`Raw::cut`] says so, and
+/// JSON readers refuse it.
+pub(crate) const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
 
 /// Who a client speaks as.
 pub(crate) enum Auth {
@@ -74,6 +78,8 @@ pub(crate) struct Call<'a> {
     /// For the App's own endpoints: signs the JWT sent as `Authorization: Bearer`, once per
     /// attempt (so a retry late in a long wait does not send an expired one).
     pub jwt: Option<&'a (dyn Fn() -> Result<String, GitHubError> + Sync)>,
+    /// The most of the body read ([`MAX_ANSWER_BYTES`] unless a call needs less).
+    pub max_body: usize,
 }
 
 /// Runs `call` through `octo` under `policy`: the first answer not retried, a 2xx as `Ok`.
@@ -87,6 +93,7 @@ pub(crate) async fn send(
         None => call.path.to_string(),
     };
     let (method, accept, body, jwt) = (call.method, call.accept, call.body, call.jwt);
+    let max_body = call.max_body;
     policy
         .run(call.what, || {
             let method = method.clone();
@@ -109,18 +116,38 @@ pub(crate) async fn send(
                 let response = octo.execute(request).await.map_err(|e| e.to_string())?;
                 let status = response.status().as_u16();
                 let headers = response.headers().clone();
-                let body = response
-                    .into_body()
-                    .collect()
+                let (body, cut) = read_bounded(response.into_body(), max_body)
                     .await
-                    .map_err(|e| format!("reading the answer: {e}"))?
-                    .to_bytes();
+                    .map_err(|e| format!("reading the answer: {e}"))?;
                 Ok(Raw {
                     status,
                     headers,
                     body,
+                    cut,
                 })
             }
         })
         .await
+}
+
+/// At most `max` bytes of `body`, and whether there was more (the rest is never read: the
+/// connection is dropped).
+async fn read_bounded<B>(mut body: B, max: usize) -> Result<(bytes::Bytes, bool), B::Error>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+{
+    use http_body_util::BodyExt;
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        let room = max - out.len();
+        if data.len() > room {
+            out.extend_from_slice(&data[..room]);
+            return Ok((out.freeze(), true));
+        }
+        out.extend_from_slice(&data);
+    }
+    Ok((out.freeze(), false))
 }

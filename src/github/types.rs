@@ -313,6 +313,37 @@ pub struct PullInfo {
     pub maintainer_can_modify: bool,
 }
 
+/// A commit's tree as [`Installation::tree`](super::Installation::tree) lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Tree {
+    pub entries: Vec<TreeEntry>,
+    /// GitHub listed only part of the tree (over 100,000 entries or 7 MB).
+    pub truncated: bool,
+}
+
+/// One file, directory, link or submodule of a [`Tree`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeEntry {
+    /// From the root, `/`-separated.
+    pub path: String,
+    /// Git's mode: `100644`, `100755` (files), `120000` (a symbolic link, whose blob is
+    /// its target), `040000` (a directory), `160000` (a submodule).
+    pub mode: String,
+    pub sha: String,
+    /// Bytes, for blobs.
+    pub size: Option<u64>,
+}
+
+impl TreeEntry {
+    pub fn is_file(&self) -> bool {
+        matches!(self.mode.as_str(), "100644" | "100755")
+    }
+
+    pub fn is_link(&self) -> bool {
+        self.mode == "120000"
+    }
+}
+
 /// A pull request for [`Installation::create_pull`](super::Installation::create_pull) to open.
 /// `head` is a branch of the same repository (a bare name, no `owner:`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -49,6 +49,50 @@ pub(super) struct Content {
 }
 
 #[derive(Deserialize)]
+pub(super) struct Branch {
+    pub commit: Sha,
+}
+
+#[derive(Deserialize)]
+pub(super) struct Sha {
+    pub sha: String,
+}
+
+#[derive(Deserialize)]
+pub(super) struct Tree {
+    pub tree: Vec<TreeEntry>,
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+#[derive(Deserialize)]
+pub(super) struct TreeEntry {
+    pub path: String,
+    pub mode: String,
+    pub sha: String,
+    #[serde(default)]
+    pub size: Option<u64>,
+}
+
+impl From<Tree> for super::types::Tree {
+    fn from(t: Tree) -> Self {
+        super::types::Tree {
+            entries: t
+                .tree
+                .into_iter()
+                .map(|e| super::types::TreeEntry {
+                    path: e.path,
+                    mode: e.mode,
+                    sha: e.sha,
+                    size: e.size,
+                })
+                .collect(),
+            truncated: t.truncated,
+        }
+    }
+}
+
+#[derive(Deserialize)]
 pub(super) struct Issue {
     number: u64,
     title: String,

@@ -201,9 +201,10 @@ async fn page(
         return not_found();
     };
     let steps = steps(&pages.db, &id).await;
+    let given = given_context(&pages.db, &id).await;
     let live = !run.status.is_final();
     let token = q.token.unwrap_or_default();
-    Html(render_page(&run, &steps, live, &token).into_string()).into_response()
+    Html(render_page(&run, &steps, given.as_ref(), live, &token).into_string()).into_response()
 }
 
 /// Sends the steps again whenever the transcript grows; ends (telling the page to reload
@@ -359,6 +360,65 @@ async fn steps(db: &Db, run_id: &str) -> (Vec<Step>, bool) {
     (steps, cut)
 }
 
+/// What the run's first message carried from the repository (the transcript's `context`
+/// record, written before the first request).
+async fn given_context(db: &Db, run_id: &str) -> Option<serde_json::Value> {
+    let records = db.transcript_records(run_id, 0, 4).await.ok()?;
+    records
+        .iter()
+        .find_map(|(_, line)| match serde_json::from_str(line) {
+            Ok(Record::Context { context }) => Some(context),
+            _ => None,
+        })
+}
+
+/// The repository context card: where it was read, the instructions and the template as
+/// given, the nested `AGENTS.md` paths and what was left out.
+fn render_context(c: &serde_json::Value) -> Markup {
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    let commit = c["commit"]
+        .as_str()
+        .map(|c| c.chars().take(12).collect::<String>());
+    let nested: Vec<String> = c["nested"]
+        .as_array()
+        .map(|a| a.iter().map(s).collect())
+        .unwrap_or_default();
+    let notes: Vec<String> = c["notes"]
+        .as_array()
+        .map(|a| a.iter().map(s).collect())
+        .unwrap_or_default();
+    let i = &c["instructions"];
+    let t = &c["template"];
+    html! {
+        div.card #context {
+            h2 { "Repository context" }
+            p { "Read from branch " code { (shown(&s(&c["branch"]))) }
+                @if let Some(commit) = commit { " at " code { (commit) } } "." }
+            @if i.is_object() {
+                details {
+                    summary { "Instructions given: " code { (shown(&s(&i["path"]))) }
+                        @if let Some(via) = i["via"].as_str() { " (through the link " code { (shown(via)) } ")" }
+                        " · " (i["bytes"].as_u64().unwrap_or(0)) " bytes"
+                        @if i["cut"].as_bool() == Some(true) { ", cut" } }
+                    pre.text { (shown(&s(&i["text"]))) }
+                }
+            } @else {
+                p.hint { "No instructions given (no AGENTS.md, CLAUDE.md or .github/copilot-instructions.md to use)." }
+            }
+            @if !nested.is_empty() {
+                p { "Nested AGENTS.md listed: " (shown(&nested.join(", "))) }
+            }
+            @if t.is_object() {
+                details {
+                    summary { "Pull request template: " code { (shown(&s(&t["path"]))) } }
+                    pre.text { (shown(&s(&t["text"]))) }
+                }
+            }
+            @for n in &notes { p.hint { (shown(n)) } }
+        }
+    }
+}
+
 /// Redacted and cut to [`MAX_OUTPUT_CHARS`].
 fn shown(text: &str) -> String {
     let text = redact(text);
@@ -425,7 +485,13 @@ es.addEventListener('steps', e => { document.getElementById('steps').innerHTML =
 es.addEventListener('end', () => { es.close(); location.reload(); });
 ";
 
-fn render_page(run: &Run, steps: &(Vec<Step>, bool), live: bool, _token: &str) -> Markup {
+fn render_page(
+    run: &Run,
+    steps: &(Vec<Step>, bool),
+    given: Option<&serde_json::Value>,
+    live: bool,
+    _token: &str,
+) -> Markup {
     let r = &run.request;
     let body = html! {
         h1 { "kodx run " code { (run.id) } }
@@ -443,6 +509,7 @@ fn render_page(run: &Run, steps: &(Vec<Step>, bool), live: bool, _token: &str) -
             @if let Some(pr) = &run.pr_url { p { "Pull request: " a href=(pr) { (pr) } } }
             @if live { p.hint { "Live: new steps appear as the agent works." } }
         }
+        @if let Some(given) = given { (render_context(given)) }
         div #steps { (render_steps(steps, live)) }
         @if live { script { (PreEscaped(LIVE_JS)) } }
     };

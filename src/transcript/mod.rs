@@ -94,6 +94,12 @@ pub enum Record {
     Stop {
         outcome: Value,
     },
+    /// What the run's first message carries from the repository (its instructions, nested
+    /// `AGENTS.md` paths, pull request template, and what was left out), written before the
+    /// first request.
+    Context {
+        context: Value,
+    },
 }
 
 /// A message of the conversation replaced by a request.
@@ -195,7 +201,7 @@ impl Conversation {
                 });
                 Ok(None)
             }
-            Record::ToolCall { .. } | Record::Stop { .. } => Ok(None),
+            Record::ToolCall { .. } | Record::Stop { .. } | Record::Context { .. } => Ok(None),
         }
     }
 

@@ -118,6 +118,7 @@ async fn a_tool_conversation_really_changes_the_workspace_and_costs_exactly() {
             Record::ToolCall { .. } => "call",
             Record::ToolResult { .. } => "result",
             Record::Stop { .. } => "stop",
+            Record::Context { .. } => "context",
         })
         .collect();
     assert_eq!(

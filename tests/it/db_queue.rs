@@ -37,7 +37,10 @@ fn new_run(kind: &str, issue_number: i64) -> NewRun {
         default_branch: "main".to_owned(),
         job: match kind {
             "ask" => Job::Ask { question: argument },
-            "code" => Job::Code { request: argument },
+            "code" => Job::Code {
+                request: argument,
+                base: None,
+            },
             "help" => Job::Help { unknown: None },
             other => panic!("no job kind {other}"),
         },
@@ -612,7 +615,8 @@ async fn runs_written_before_the_typed_job_read_and_run() {
     assert_eq!(
         code.job,
         Job::Code {
-            request: "add a flag".into()
+            request: "add a flag".into(),
+            base: None,
         }
     );
     assert_eq!(code.trigger, Trigger::IssueBody(3));

@@ -417,34 +417,26 @@ async fn file_on_default_branch() {
     fake.set_file_bytes(REPO, "logo.png", &[0x89, b'P', b'N', b'G', 0xff, 0xfe]);
     let inst = app.installation(INST).await.unwrap();
     assert_eq!(
-        inst.file_on_default_branch(&repo, ".github/kodx.yml")
+        inst.file_at(&repo, ".github/kodx.yml", None)
             .await
             .unwrap()
             .as_deref(),
         Some(config.as_str())
     );
     assert_eq!(
-        inst.file_on_default_branch(&repo, "empty.txt")
+        inst.file_at(&repo, "empty.txt", None)
             .await
             .unwrap()
             .as_deref(),
         Some("")
     );
-    assert_eq!(
-        inst.file_on_default_branch(&repo, "nope.yml")
-            .await
-            .unwrap(),
-        None
-    );
+    assert_eq!(inst.file_at(&repo, "nope.yml", None).await.unwrap(), None);
     let err = inst
-        .file_on_default_branch(&repo, ".github/workflows")
+        .file_at(&repo, ".github/workflows", None)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("directory"), "{err}");
-    let err = inst
-        .file_on_default_branch(&repo, "logo.png")
-        .await
-        .unwrap_err();
+    let err = inst.file_at(&repo, "logo.png", None).await.unwrap_err();
     assert!(err.to_string().contains("UTF-8"), "{err}");
     assert_clean(&fake);
 }
@@ -1655,6 +1647,79 @@ async fn git_lets_a_read_token_clone_but_not_push_and_no_token_cross_repositorie
     assert!(
         forbidden.iter().any(|f| f.contains("git acme/secrets")),
         "{forbidden:?}"
+    );
+    assert_clean(&fake);
+}
+
+/// Branches, trees and blobs as GitHub serves them, from a real repository: a branch's
+/// tip, `None` for a tag or an unknown name; a commit's whole tree with modes and sizes;
+/// a blob read no further than asked; a file at a ref other than the default branch.
+#[tokio::test]
+async fn branches_trees_and_bounded_blobs() {
+    let (fake, app, repo) = setup().await;
+    let git = git_server::GitServer::start(git_server::accept_tokens(&[]));
+    git.create_repo(
+        REPO,
+        "main",
+        &[
+            ("AGENTS.md", b"main rules\n", 0o644),
+            ("CLAUDE.md", b"AGENTS.md", 0o120000),
+            ("src/AGENTS.md", b"src rules\n", 0o644),
+        ],
+    );
+    let big = "0123456789abcdef".repeat(64 * 1024); // 1 MiB
+    let release = git.commit_on_branch(
+        REPO,
+        "release/1.x",
+        &[
+            ("AGENTS.md", big.as_bytes(), 0o644),
+            (".github/kodx.yml", b"pr: { draft: true }\n", 0o644),
+        ],
+        "release",
+    );
+    git.commit(REPO, "refs/tags/v1", Some(&release), &[], "tagged");
+    let bare = git.bare_path(REPO);
+    fake.set_git_dir(move |_| Some(bare.clone()));
+    let inst = app.installation(INST).await.unwrap();
+
+    assert_eq!(
+        inst.branch_sha(&repo, "release/1.x").await.unwrap(),
+        Some(release.clone())
+    );
+    assert_eq!(inst.branch_sha(&repo, "v1").await.unwrap(), None);
+    assert_eq!(inst.branch_sha(&repo, "nope").await.unwrap(), None);
+
+    let tree = inst.tree(&repo, &release).await.unwrap().unwrap();
+    assert!(!tree.truncated);
+    let entry = |p: &str| tree.entries.iter().find(|e| e.path == p).unwrap().clone();
+    assert!(entry("CLAUDE.md").is_link());
+    assert!(entry("src/AGENTS.md").is_file());
+    assert_eq!(entry("src").mode, "040000");
+    let agents = entry("AGENTS.md");
+    assert_eq!(agents.size, Some(big.len() as u64));
+    assert_eq!(inst.tree(&repo, &"0".repeat(40)).await.unwrap(), None);
+
+    let (head, more) = inst.blob_head(&repo, &agents.sha, 32 * 1024).await.unwrap();
+    assert_eq!(head, big.as_bytes()[..32 * 1024]);
+    assert!(more);
+    let (link, more) = inst
+        .blob_head(&repo, &entry("CLAUDE.md").sha, 4096)
+        .await
+        .unwrap();
+    assert_eq!((link.as_slice(), more), (&b"AGENTS.md"[..], false));
+
+    assert_eq!(
+        inst.file_at(&repo, ".github/kodx.yml", Some(&release))
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("pr: { draft: true }\n")
+    );
+    assert_eq!(
+        inst.file_at(&repo, ".github/kodx.yml", Some("main"))
+            .await
+            .unwrap(),
+        None
     );
     assert_clean(&fake);
 }

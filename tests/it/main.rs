@@ -40,6 +40,7 @@ mod serve_ask;
 mod serve_cache;
 mod serve_cache_rebase;
 mod serve_code;
+mod serve_context;
 mod serve_continue;
 mod serve_lifecycle;
 mod serve_network;

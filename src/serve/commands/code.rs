@@ -69,6 +69,10 @@ pub(in crate::serve) async fn deliver_work(
                     target,
                     draft: plan.draft,
                     partial,
+                    templated: plan
+                        .repo_context
+                        .as_ref()
+                        .is_some_and(|c| c.template.is_some()),
                 };
                 deliver(cx, change, changes, &done).await
             }

@@ -232,6 +232,7 @@ mod tests {
                 default_branch: "main".into(),
                 job: Job::Code {
                     request: "add a flag".into(),
+                    base: None,
                 },
                 trigger: Trigger::IssueComment(11),
             },
@@ -340,7 +341,12 @@ mod tests {
 
     fn admission(budget: Option<Budget>) -> Admission {
         let config = RepoConfig::parse("cost_limit:\n  code: 3\nmax_iterations: 40\n").unwrap();
-        Admission::new(config, Some(Permission::Write), budget)
+        Admission::new(
+            crate::serve::pipeline::gate::Base::main(),
+            config,
+            Some(Permission::Write),
+            budget,
+        )
     }
 
     #[test]

@@ -411,7 +411,8 @@ mod tests {
         assert_eq!(
             c.job,
             Job::Code {
-                request: "add a flag".into()
+                request: "add a flag".into(),
+                base: None,
             }
         );
 

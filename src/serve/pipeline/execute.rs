@@ -123,6 +123,19 @@ pub(in crate::serve) async fn execute(
         tokio::spawn(async move { status.follow(interval, progress_rx).await })
     };
     let (records_tx, records_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    // A new conversation (a continuation's already holds what it was given).
+    if let Some(context) = run_plan
+        .repo_context
+        .as_ref()
+        .filter(|_| messages.len() == 1)
+    {
+        let record = Record::Context {
+            context: serde_json::to_value(context).unwrap_or_default(),
+        };
+        if let Ok(line) = serde_json::to_string(&record) {
+            let _ = records_tx.send(line);
+        }
+    }
     let writer = tokio::spawn(write_transcript(svc.db.clone(), run.id.clone(), records_rx));
     let fenced = Fenced {
         inner: &sandbox,

@@ -35,9 +35,38 @@ impl Budget {
     }
 }
 
+/// The branch a run's work targets, whose tip its rules come from (SPEC §11): the
+/// repository's config, its instructions and its pull request template. On an issue, the
+/// default branch or `--base`; on a pull request, its base branch, never its head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::serve) struct Base {
+    pub branch: String,
+    /// Its tip when the run was admitted; `None` when GitHub has no such branch (an empty
+    /// repository's default branch).
+    pub commit: Option<String>,
+}
+
+impl Base {
+    /// The ref the rules are read at: the commit when known, else the branch.
+    pub fn rules_ref(&self) -> &str {
+        self.commit.as_deref().unwrap_or(&self.branch)
+    }
+
+    /// `main`, at no known commit (for tests).
+    #[cfg(test)]
+    pub fn main() -> Base {
+        Base {
+            branch: "main".into(),
+            commit: None,
+        }
+    }
+}
+
 /// A run that may start, with what was read to decide it.
 #[derive(Debug, Clone, PartialEq)]
 pub(in crate::serve) struct Admission {
+    /// Where its rules were read.
+    pub base: Base,
     pub config: RepoConfig,
     /// Who asked's permission; `None` when an earlier kodx process checked it (a run
     /// acknowledged before a restart).
@@ -48,11 +77,13 @@ pub(in crate::serve) struct Admission {
 
 impl Admission {
     pub fn new(
+        base: Base,
         config: RepoConfig,
         permission: Option<Permission>,
         budget: Option<Budget>,
     ) -> Admission {
         Admission {
+            base,
             config,
             permission,
             budget,
@@ -137,6 +168,8 @@ pub(in crate::serve) enum Refusal {
     BadRequest(String),
     /// `/kodx continue` has nothing it can go on with, or asks for too much.
     CannotContinue(CannotContinue),
+    /// `--base` names no branch of the repository (a tag, a commit, a typo).
+    UnknownBase(String),
 }
 
 impl Refusal {
@@ -149,7 +182,9 @@ impl Refusal {
             Refusal::NotPermitted { .. } => EndReason::NotPermitted,
             Refusal::BudgetSpent(_) => EndReason::BudgetExceeded,
             Refusal::InvalidConfig(_) => EndReason::InvalidConfig,
-            Refusal::BadRequest(_) | Refusal::CannotContinue(_) => EndReason::Refused,
+            Refusal::BadRequest(_) | Refusal::CannotContinue(_) | Refusal::UnknownBase(_) => {
+                EndReason::Refused
+            }
         }
     }
 
@@ -172,6 +207,7 @@ impl Refusal {
             Refusal::CannotContinue(why) => {
                 json!({ "refused": reason, "error": why.to_string() })
             }
+            Refusal::UnknownBase(branch) => json!({ "refused": reason, "base": branch }),
         }
     }
 
@@ -188,6 +224,7 @@ impl Refusal {
             Refusal::InvalidConfig(e) => texts::invalid_config(&e.to_string()),
             Refusal::CannotContinue(why) => texts::cannot_continue(&why.to_string()),
             Refusal::BadRequest(why) => texts::bad_request(author, why),
+            Refusal::UnknownBase(branch) => texts::unknown_base(branch, &run.request.repo),
         }
     }
 }
@@ -240,7 +277,11 @@ impl Services {
         run: &Run,
         permission: PermissionCheck,
     ) -> Result<Admission, Refusal> {
-        let config = match gh.file_on_default_branch(repo, RepoConfig::PATH).await {
+        let (base, unknown_base) = self.base(gh, repo, run).await?;
+        let config = match gh
+            .file_at(repo, RepoConfig::PATH, Some(base.rules_ref()))
+            .await
+        {
             Ok(None) => Ok(RepoConfig::default()),
             Ok(Some(text)) => RepoConfig::parse(&text),
             Err(e) => {
@@ -271,6 +312,10 @@ impl Services {
                 Some(has)
             }
         };
+        if let Some(branch) = unknown_base {
+            tracing::info!("refused: no base branch {branch:?}");
+            return Err(Refusal::UnknownBase(branch));
+        }
         let budget = self.budget(run).await;
         if let Some(b) = budget.filter(|b| run.is_work() && b.is_spent()) {
             tracing::info!("refused: monthly budget spent");
@@ -280,7 +325,47 @@ impl Services {
             tracing::info!("refused: invalid repository config");
             Refusal::InvalidConfig(e)
         })?;
-        Ok(Admission::new(config, permission, budget))
+        Ok(Admission::new(base, config, permission, budget))
+    }
+
+    /// The branch the run's work targets and its tip (SPEC §11), and the `--base` branch
+    /// that does not exist, if that is what was asked (the default branch's rules then
+    /// decide who may ask, and the run is refused after that check).
+    async fn base(
+        &self,
+        gh: &Installation,
+        repo: &RepoName,
+        run: &Run,
+    ) -> Result<(Base, Option<String>), Refusal> {
+        let request = &run.request;
+        let unreadable = |e: crate::github::GitHubError| {
+            tracing::warn!("reading the base branch failed: {e}");
+            Refusal::ConfigUnreadable(e.to_string())
+        };
+        let (branch, asked) = match request.job.base() {
+            Some(_) if request.is_pull_request => {
+                return Err(Refusal::BadRequest(texts::BASE_ON_PULL.to_string()))
+            }
+            Some(b) => (b.to_string(), true),
+            None if request.is_pull_request => {
+                // The base's rules judge a pull request; its head cannot change them.
+                let pr = gh
+                    .pull_request(repo, request.issue_number as u64)
+                    .await
+                    .map_err(unreadable)?;
+                (pr.base.ref_name, false)
+            }
+            None => (request.default_branch.clone(), false),
+        };
+        let commit = gh.branch_sha(repo, &branch).await.map_err(unreadable)?;
+        if asked && commit.is_none() {
+            let default = Base {
+                branch: request.default_branch.clone(),
+                commit: None,
+            };
+            return Ok((default, Some(branch)));
+        }
+        Ok((Base { branch, commit }, None))
     }
 
     /// Reserves the run's cost cap against the installation's monthly budget as it starts
@@ -435,6 +520,7 @@ mod tests {
 
     fn admission(config: RepoConfig, budget: Option<Budget>) -> Admission {
         Admission {
+            base: Base::main(),
             config,
             permission: Some(Permission::Write),
             budget,

@@ -5,6 +5,8 @@
 //! - [`gate`]: admission — who asked, the repository's config, the monthly budget — and
 //!   the typed [`gate::Refusal`];
 //! - [`context`]: what GitHub says about the issue, as the model is told it;
+//! - [`repo_context`]: what the repository says about itself (instructions, nested
+//!   `AGENTS.md`, the pull request template), read from the branch the work targets;
 //! - [`plan`]: what the run will do, decided before it does anything (pure);
 //! - [`workspace`]: the run's clone on the host;
 //! - [`execute`]: the container and the agent working in it;
@@ -22,6 +24,7 @@ pub(in crate::serve) mod execute;
 pub(in crate::serve) mod fence;
 pub(in crate::serve) mod gate;
 pub(in crate::serve) mod plan;
+pub(in crate::serve) mod repo_context;
 pub(in crate::serve) mod resources;
 pub(in crate::serve) mod status;
 pub(in crate::serve) mod workspace;

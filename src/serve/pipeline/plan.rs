@@ -17,6 +17,7 @@ use crate::sandbox::SetupCacheSpec;
 use crate::serve::config::Settings;
 use crate::serve::pipeline::context::RunContext;
 use crate::serve::pipeline::deliver::{self, Target};
+use crate::serve::pipeline::repo_context::RepoContext;
 use crate::serve::texts;
 use crate::serve::texts::status::RunKind;
 
@@ -38,6 +39,8 @@ pub(in crate::serve) struct RunPlan {
     pub draft: bool,
     /// What a code run stopped by a limit does with its changes.
     pub on_limit: OnLimit,
+    /// What the first message carries from the repository (set once read).
+    pub repo_context: Option<RepoContext>,
 }
 
 impl RunPlan {
@@ -45,7 +48,15 @@ impl RunPlan {
     /// run, and a code run on an issue (on the default branch). A code run on a pull
     /// request gets the history (its commits, a rebase onto its base).
     pub fn tip_only(&self) -> bool {
-        self.kind == RunKind::Ask || self.checkout == Checkout::DefaultBranch
+        self.kind == RunKind::Ask
+            || match (&self.checkout, &self.target) {
+                (Checkout::DefaultBranch, _) => true,
+                // An issue's run cut from `--base`: a new branch from its tip.
+                (Checkout::Branch(b), Some(Target::NewPull { base, closes, .. })) => {
+                    b == base && closes.is_some()
+                }
+                _ => false,
+            }
     }
 }
 
@@ -75,7 +86,11 @@ pub(in crate::serve) fn prepare(
     let (checkout, target) = match (kind, pull) {
         (RunKind::Ask, _) => (default_checkout, None),
         (RunKind::Code, None) => (
-            default_checkout,
+            // `--base`: the work starts from that branch and goes back into it.
+            match request.job.base() {
+                Some(base) => Checkout::Branch(base.to_string()),
+                None => default_checkout,
+            },
             Some(Target::NewPull {
                 branch: deliver::branch_name(
                     &config.pr.branch_prefix,
@@ -83,7 +98,11 @@ pub(in crate::serve) fn prepare(
                     request.issue_number,
                     run_id,
                 ),
-                base: request.default_branch.clone(),
+                base: request
+                    .job
+                    .base()
+                    .unwrap_or(&request.default_branch)
+                    .to_string(),
                 closes: Some(request.issue_number),
                 original: None,
             }),
@@ -119,6 +138,7 @@ pub(in crate::serve) fn prepare(
         target,
         draft: config.pr.draft,
         on_limit: config.pr.on_limit,
+        repo_context: None,
     })
 }
 
@@ -127,11 +147,15 @@ impl RunCtx<'_> {
     pub(in crate::serve) async fn plan(&self) -> Result<RunPlan, RunFailure> {
         use anyhow::Context as _;
         self.svc.setting_up(self.run, &self.status).await;
-        let (context, pull) = self
-            .read_issue()
-            .await
-            .context("reading the issue from GitHub failed")?;
-        let plan = prepare(
+        // The issue and the repository's own context are read side by side.
+        let (issue, rules) = tokio::join!(
+            self.read_issue(),
+            self.read_repo_context(self.kind == RunKind::Code)
+        );
+        let (mut context, pull) = issue.context("reading the issue from GitHub failed")?;
+        context.instructions = rules.instructions_text(context.is_pull_request);
+        context.template = rules.template_text();
+        let mut plan = prepare(
             &self.run.id,
             self.kind,
             &self.run.request,
@@ -141,6 +165,7 @@ impl RunCtx<'_> {
             &self.svc.settings,
             &self.svc.pricing,
         )?;
+        plan.repo_context = Some(rules);
         self.log.timings.add("prepare", self.started.elapsed());
         Ok(plan)
     }
@@ -239,11 +264,17 @@ mod tests {
     fn code() -> Job {
         Job::Code {
             request: "add a flag".into(),
+            base: None,
         }
     }
 
     fn admitted(config: RepoConfig) -> Admission {
-        Admission::new(config, Some(Permission::Write), None)
+        Admission::new(
+            super::super::gate::Base::main(),
+            config,
+            Some(Permission::Write),
+            None,
+        )
     }
 
     fn pull(is_fork: bool) -> PullInfo {

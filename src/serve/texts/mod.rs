@@ -11,7 +11,7 @@ mod pull;
 pub mod status;
 
 pub use help::help;
-pub use pull::{commit_body, commit_subject, pull_body, title_from, trailers, Mention};
+pub use pull::{commit_body, commit_subject, pull_body, title_from, trailers, Form, Mention};
 
 use crate::cost::format_usd;
 use crate::git::GitError;
@@ -78,6 +78,20 @@ pub fn invalid_config(error: &str) -> String {
 /// A command that was found but cannot run (`why`: empty, too long).
 pub fn bad_request(author: &str, why: &str) -> String {
     format!("@{} kodx did not start: {}.", redact(author), redact(why))
+}
+
+/// Why `--base` is refused on a pull request (the sentence [`bad_request`] gives).
+pub const BASE_ON_PULL: &str = "`--base` is for issues; on a pull request kodx works on the \
+     pull request's own branch and reads its rules from the pull request's base";
+
+/// `/kodx code --base <branch>` naming no branch of `repo`.
+pub fn unknown_base(branch: &str, repo: &str) -> String {
+    format!(
+        "kodx did not start: `{repo}` has no branch `{}`. `--base` takes the name of a \
+         branch (not a tag or a commit) to start the work from and open the pull request \
+         against; check the name and ask again.",
+        redact(branch)
+    )
 }
 
 /// `/kodx continue` that cannot go on (`why`: nothing stopped here, no right, over the

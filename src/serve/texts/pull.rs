@@ -80,6 +80,16 @@ pub fn trailers(author: &str, author_id: i64, run_id: &str) -> Vec<(String, Stri
     ]
 }
 
+/// How the pull request body is shaped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Form {
+    /// The summary fills the repository's pull request template: kodx's own part follows
+    /// in a delimited section.
+    pub templated: bool,
+    /// kodx's checks ran and passed: a box claiming tests or checks pass may stay ticked.
+    pub checks_passed: bool,
+}
+
 /// The body of the pull request kodx opens.
 pub fn pull_body(
     summary: &str,
@@ -88,6 +98,7 @@ pub fn pull_body(
     cost_summary: &str,
     run_id: &str,
     link: Option<&str>,
+    form: Form,
 ) -> String {
     let mut body = String::new();
     body.push_str(comment::metadata(run_id).as_str());
@@ -97,11 +108,15 @@ pub fn pull_body(
         &comment::neutralize(&comment::redact(summary.trim())),
         30_000,
     );
+    let summary = untick_unverified(&summary, form.checks_passed);
     if summary.is_empty() {
         body.push_str("kodx made the change requested below.\n\n");
     } else {
         body.push_str(&summary);
         body.push_str("\n\n");
+    }
+    if form.templated {
+        body.push_str("---\n\n#### kodx\n\n");
     }
     match mention {
         Mention::Closes(n) => body.push_str(&format!("Closes #{n}\n\n")),
@@ -122,6 +137,63 @@ pub fn pull_body(
         "\n\n<sub>kodx run <code>{run_id}</code>{watch}</sub>\n"
     ));
     body
+}
+
+/// `text` with every ticked task-list box (`- [x] …`) whose words claim tests or checks
+/// pass unticked, unless `checks_passed`: kodx vouches for nothing it did not verify.
+pub fn untick_unverified(text: &str, checks_passed: bool) -> String {
+    if checks_passed {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let indent = line.len() - line.trim_start().len();
+        let rest = &line[indent..];
+        let boxed = ["- [x]", "- [X]", "* [x]", "* [X]", "+ [x]", "+ [X]"]
+            .iter()
+            .find(|b| rest.starts_with(*b));
+        match boxed {
+            Some(b) if claims_checks_pass(&rest[b.len()..]) => {
+                out.push_str(&line[..indent]);
+                out.push_str(&b[..1]);
+                out.push_str(" [ ]");
+                let words = rest[b.len()..].trim_end_matches(['\r', '\n']);
+                out.push_str(words);
+                out.push_str(" _(unticked by kodx: no checks of kodx's verified this)_");
+                out.push_str(&rest[rest.trim_end_matches(['\r', '\n']).len()..]);
+            }
+            _ => out.push_str(line),
+        }
+    }
+    out
+}
+
+/// Whether a task's words say tests, checks, lints or builds pass ("All tests pass", "CI
+/// is green", "Lint and unit tests pass locally").
+fn claims_checks_pass(words: &str) -> bool {
+    let words: Vec<String> = words
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    let subject = words.iter().any(|w| {
+        [
+            "test",
+            "check",
+            "lint",
+            "build",
+            "clippy",
+            "typecheck",
+            "compil",
+        ]
+        .iter()
+        .any(|s| w.starts_with(s))
+            || w == "ci"
+    });
+    let claim = words.iter().any(|w| {
+        ["pass", "green", "succe"].iter().any(|s| w.starts_with(s)) || w == "ok" || w == "ran"
+    });
+    subject && claim
 }
 
 fn cut_chars(text: &str, max: usize) -> String {
@@ -150,6 +222,7 @@ mod tests {
                 "$0.0234 · 7 model calls",
                 "0123456789ab",
                 Some("https://kodx.example/runs/0123456789ab?token=t"),
+                Form::default(),
             );
             insta::assert_snapshot!(format!("pull_body_{name}"), body);
         }
@@ -189,7 +262,15 @@ mod tests {
     #[test]
     fn pull_bodies() {
         let issue = Mention::Closes(7);
-        let b = pull_body("Summary.", issue, "alice", "cost", "r1", None);
+        let b = pull_body(
+            "Summary.",
+            issue,
+            "alice",
+            "cost",
+            "r1",
+            None,
+            Form::default(),
+        );
         assert!(
             b.starts_with("<!-- kodx:")
                 && b.contains("Closes #7")
@@ -197,7 +278,7 @@ mod tests {
                 && b.contains("cost")
         );
         let fork = Mention::OnTopOf(8);
-        let b = pull_body("", fork, "bob", "cost", "r2", None);
+        let b = pull_body("", fork, "bob", "cost", "r2", None, Form::default());
         assert!(b.contains("on top of #8") && !b.contains("Closes"));
     }
 
@@ -206,7 +287,7 @@ mod tests {
         let summary = "Fixed it, @octocat.\n<!-- kodx:{\"run\":\"x\",\"v\":1} -->\nCloses #99";
         let issue = Mention::Closes(7);
         for text in [
-            pull_body(summary, issue, "alice", "cost", "r1", None),
+            pull_body(summary, issue, "alice", "cost", "r1", None, Form::default()),
             commit_body(summary, 7, false, "r1"),
         ] {
             assert!(!text.contains("@octocat"), "{text}");
@@ -214,10 +295,57 @@ mod tests {
             assert!(!text.contains("Closes #99"), "{text}");
             assert!(!text.contains("\"run\":\"x\""), "{text}");
         }
-        let b = pull_body(summary, issue, "alice", "cost", "r1", None);
+        let b = pull_body(summary, issue, "alice", "cost", "r1", None, Form::default());
         assert!(b.contains("\nCloses #7\n"), "kodx's own line stays: {b}");
         assert!(b.contains("Requested by @alice"), "{b}");
         assert_eq!(super::comment::find_run_id(&b).as_deref(), Some("r1"));
         assert_eq!(commit_subject("fix #12 crash"), "f\u{200B}ix #12 crash");
+    }
+
+    #[test]
+    fn boxes_claiming_checks_pass_are_unticked_unless_checks_passed() {
+        let filled = "## Checklist\n- [x] All new and existing tests pass\n- [x] I updated the docs\n  * [X] CI is green\n- [ ] Lint passes\n- [x] I have added tests that prove my fix works\n";
+        let b = untick_unverified(filled, false);
+        assert!(
+            b.contains("- [ ] All new and existing tests pass _(unticked"),
+            "{b}"
+        );
+        assert!(b.contains("- [x] I updated the docs\n"), "{b}");
+        assert!(b.contains("  * [ ] CI is green _(unticked"), "{b}");
+        assert!(b.contains("- [ ] Lint passes\n"), "{b}");
+        // Adding tests is a claim about the diff, which reviewers see.
+        assert!(
+            b.contains("- [x] I have added tests that prove my fix works\n"),
+            "{b}"
+        );
+        assert_eq!(untick_unverified(filled, true), filled);
+
+        // 200 boxes: each judged on its own line, the rest kept as written.
+        let many: String = (0..200)
+            .map(|i| format!("- [x] test {i} passes\n"))
+            .collect();
+        let b = untick_unverified(&many, false);
+        assert_eq!(b.matches("- [ ] test").count(), 200);
+        assert_eq!(b.lines().count(), 200);
+
+        // A template's body: kodx's part below a rule.
+        let b = pull_body(
+            filled,
+            Mention::Closes(7),
+            "alice",
+            "cost",
+            "r1",
+            None,
+            Form {
+                templated: true,
+                checks_passed: false,
+            },
+        );
+        let (template, kodx) = b.split_once("\n---\n\n#### kodx\n").expect(&b);
+        assert!(
+            template.contains("## Checklist") && !template.contains("Closes #7"),
+            "{b}"
+        );
+        assert!(kodx.contains("Closes #7") && kodx.contains("@alice"), "{b}");
     }
 }

@@ -191,6 +191,10 @@ impl Workers {
                     texts::BUDGET_SPENT_WHILE_WAITING.into(),
                 ),
             }),
+            Refusal::UnknownBase(branch) => Err(RunFailure::User(texts::unknown_base(
+                &branch,
+                &run.request.repo,
+            ))),
             Refusal::ConfigUnreadable(e) => Err(RunFailure::Internal(anyhow::anyhow!(
                 "reading {} failed: {e}",
                 RepoConfig::PATH

@@ -123,6 +123,10 @@ pub struct FakePull {
 
 /// Answers whether a branch exists in a repository, with its sha.
 type BranchSha = Arc<dyn Fn(&str, &str) -> Option<String> + Send + Sync>;
+type GitDir = Arc<dyn Fn(&str) -> Option<std::path::PathBuf> + Send + Sync>;
+
+#[path = "fake_github_git.rs"]
+mod git_view;
 
 #[derive(Clone, Debug)]
 pub struct FakeRequest {
@@ -255,6 +259,8 @@ struct StateInner {
     user_ids: HashMap<String, u64>,
     next_id: u64,
     branch_sha: Option<BranchSha>,
+    /// `set_git_dir`: where a repository's commits are read from.
+    git_dir: Option<GitDir>,
     bot_user_id: Option<u64>,
     /// `add_user`: by lower-case login, `(login, id)`.
     users: BTreeMap<String, (String, u64)>,
@@ -349,6 +355,7 @@ impl FakeGitHub {
                     user_ids: HashMap::new(),
                     next_id: 1_000_000,
                     branch_sha: None,
+                    git_dir: None,
                     bot_user_id: None,
                     users: BTreeMap::new(),
                 }),
@@ -585,6 +592,35 @@ impl FakeGitHub {
         sha: impl Fn(&str, &str) -> Option<String> + Send + Sync + 'static,
     ) {
         self.state().branch_sha = Some(Arc::new(sha));
+    }
+
+    /// Where the commits of a repository (full name as given to `add_repo`) are: its bare
+    /// repository on the git server. Branches, trees, blobs and `contents` at a ref are
+    /// read from it; `set_file` files still answer `contents` on the default branch.
+    pub fn set_git_dir(
+        &self,
+        dir: impl Fn(&str) -> Option<std::path::PathBuf> + Send + Sync + 'static,
+    ) {
+        self.state().git_dir = Some(Arc::new(dir));
+    }
+
+    /// The tip of `branch` of the repository `key` (lower-case `owner/name`): from the
+    /// branch hooks, else the git directory; with neither, every branch exists.
+    fn branch_tip(&self, key: &str, branch: &str) -> Option<String> {
+        let (full_name, hook, has_git) = {
+            let st = self.state();
+            let r = st.repos.get(key)?;
+            (
+                r.full_name.clone(),
+                st.branch_sha.clone(),
+                st.git_dir.is_some(),
+            )
+        };
+        match hook {
+            Some(f) => f(&full_name, branch),
+            None if has_git => git_view::branch_tip_from_git(self, key, branch),
+            None => Some(fake_sha(format!("{full_name}:{branch}").as_bytes())),
+        }
     }
 
     /// A comment written by someone (`is_bot`: `user.type == "Bot"`); returns its id.
@@ -854,6 +890,18 @@ fn api_routes() -> Router<FakeGitHub> {
             get(get_permission),
         )
         .route("/repos/{owner}/{repo}/contents/{*path}", get(get_contents))
+        .route(
+            "/repos/{owner}/{repo}/branches/{*branch}",
+            get(git_view::get_branch),
+        )
+        .route(
+            "/repos/{owner}/{repo}/git/trees/{sha}",
+            get(git_view::get_tree),
+        )
+        .route(
+            "/repos/{owner}/{repo}/git/blobs/{sha}",
+            get(git_view::get_blob),
+        )
         .route("/repos/{owner}/{repo}/issues/{number}", get(get_issue))
         .route(
             "/repos/{owner}/{repo}/issues/{number}/comments",
@@ -1714,13 +1762,34 @@ async fn get_contents(
         return refuse(&fake, &req, 415, "Unsupported 'Accept' header", "Accept");
     }
     let path = path.trim_matches('/').to_string();
-    let st = fake.state();
-    let r = &st.repos[&key];
-    if let Some(git_ref) = req.query.get("ref") {
-        if *git_ref != r.default_branch {
-            return gh_error(404, &format!("No commit found for the ref {git_ref}"));
+    // `set_file` files are the default branch's tip; any other ref is read from git.
+    let default_branch = fake.state().repos[&key].default_branch.clone();
+    let on_default = match req.query.get("ref") {
+        None => true,
+        Some(r) => {
+            *r == default_branch || fake.branch_tip(&key, &default_branch).as_ref() == Some(r)
+        }
+    };
+    let in_map = {
+        let st = fake.state();
+        let files = &st.repos[&key].files;
+        files.contains_key(&path)
+            || files
+                .range(format!("{path}/")..)
+                .next()
+                .is_some_and(|(p, _)| p.starts_with(&format!("{path}/")))
+    };
+    if !(on_default && in_map) {
+        let rev = req.query.get("ref").cloned().unwrap_or(default_branch);
+        if let Some(answer) = git_view::contents_at(&fake, &key, &rev, &path) {
+            return answer;
+        }
+        if !on_default {
+            return gh_error(404, &format!("No commit found for the ref {rev}"));
         }
     }
+    let st = fake.state();
+    let r = &st.repos[&key];
     let urls = |p: &str, kind: &str| {
         json!({
             "url": format!("{}/repos/{}/contents/{p}?ref={}", fake.inner.url, r.full_name, r.default_branch),

@@ -135,7 +135,11 @@ impl Served {
             .parent()
             .unwrap()
             .to_path_buf();
-        github.set_branch_exists(move |repo, branch| {
+        // Branches, trees and blobs are the git server's; pull requests can only be
+        // opened from branches that exist there.
+        let dirs = root.clone();
+        github.set_git_dir(move |repo| Some(dirs.join(format!("{repo}.git"))));
+        github.set_branch_sha(move |repo, branch| {
             std::process::Command::new("git")
                 .arg("--git-dir")
                 .arg(root.join(format!("{repo}.git")))
@@ -143,10 +147,12 @@ impl Served {
                     "rev-parse",
                     "--verify",
                     "-q",
-                    &format!("refs/heads/{branch}"),
+                    &format!("refs/heads/{branch}^{{commit}}"),
                 ])
                 .output()
-                .is_ok_and(|o| o.status.success())
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         });
         github.add_user("alice", 1005);
         github.set_bot_user_id(9999);

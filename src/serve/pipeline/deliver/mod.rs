@@ -17,7 +17,7 @@ use crate::repo_config::OnLimit;
 use crate::sandbox::{ChangeSet, RepoSource, SandboxError};
 use crate::serve::texts::status::{self as comment, Done};
 use crate::serve::texts::{
-    self, commit_body, commit_subject, pull_body, title_from, trailers, Readiness,
+    self, commit_body, commit_subject, pull_body, title_from, trailers, Form, Readiness,
 };
 
 use super::workspace::Workspace;
@@ -75,6 +75,8 @@ pub(in crate::serve) struct Change<'a> {
     pub draft: bool,
     /// Work a limit cut short, and what the repository wants done with it.
     pub partial: Option<OnLimit>,
+    /// The summary fills the repository's pull request template.
+    pub templated: bool,
 }
 
 /// The commit message and pull request texts of a change.
@@ -262,6 +264,10 @@ async fn open_pull(
         &cost,
         &run.id,
         link.as_deref(),
+        Form {
+            templated: change.templated,
+            checks_passed: false,
+        },
     );
     if !cx.fence.holds().await {
         return Err(DeliveryError::LeaseLost);
