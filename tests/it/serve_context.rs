@@ -261,7 +261,7 @@ async fn code_with_base_works_from_that_branch_and_opens_the_pull_request_into_i
 
     // An unknown branch and a tag are refused by name; nothing runs.
     let calls = s.model.requests().len();
-    for (issue, name) in [(20, "nope"), (21, "v1.0")] {
+    for (issue, name) in [(20, "nope"), (21, "v1.0"), (23, release.as_str())] {
         s.github.add_issue(REPO, issue, "Another", "", "carol");
         s.comment(issue, "alice", &format!("/kodx code --base {name} fix it"))
             .await;
