@@ -10,6 +10,7 @@
 
 pub mod agent;
 mod backoff;
+pub mod checks;
 pub mod command;
 pub mod cost;
 pub mod db;

@@ -7,6 +7,8 @@
 
 use serde::Deserialize;
 
+use crate::checks::CheckSpec;
+
 use crate::program::{
     parse_unknown_field, split_yaml_error, yaml_kind, yaml_path_error, SchemaError,
 };
@@ -39,6 +41,10 @@ pub struct RepoConfig {
     pub max_iterations: Option<u32>,
     pub ask_permission: AskPermission,
     pub pr: PrConfig,
+    /// The repository's own checks, run by kodx after the model ends its turn.
+    pub checks: Vec<CheckSpec>,
+    /// Passes the model gets to fix red checks (`None`: the default, 2).
+    pub check_repair: Option<u32>,
 }
 
 /// `cost_limit: { code, ask }`, USD per run; each positive and finite when set.
@@ -68,6 +74,48 @@ pub struct PrConfig {
     /// Which of several pull request templates (`PULL_REQUEST_TEMPLATE/NAME.md`) the body
     /// follows.
     pub template: Option<String>,
+    /// What a change whose checks stay red becomes.
+    pub on_red: OnRed,
+}
+
+/// `pr.on_red`: what a code run whose checks stay red delivers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnRed {
+    /// A draft pull request saying which checks fail (on a pull request: the commit,
+    /// pushed as usual).
+    #[default]
+    Draft,
+    /// The pull request as if the checks had passed (the table still says they did not).
+    Open,
+    /// Nothing pushed.
+    Discard,
+}
+
+impl OnRed {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnRed::Draft => "draft",
+            OnRed::Open => "open",
+            OnRed::Discard => "discard",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for OnRed {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrVisitor(
+            "\"draft\", \"open\" or \"discard\"",
+            |s| match s {
+                "draft" => Ok(OnRed::Draft),
+                "open" => Ok(OnRed::Open),
+                "discard" => Ok(OnRed::Discard),
+                other => Err(format!(
+                    "must be \"draft\", \"open\" or \"discard\", got \"{}\"",
+                    other.escape_default()
+                )),
+            },
+        ))
+    }
 }
 
 impl Default for PrConfig {
@@ -77,6 +125,7 @@ impl Default for PrConfig {
             branch_prefix: DEFAULT_BRANCH_PREFIX.to_string(),
             on_limit: OnLimit::Draft,
             template: None,
+            on_red: OnRed::Draft,
         }
     }
 }
@@ -191,6 +240,14 @@ impl RepoConfig {
         chosen.min(max.cost_limit)
     }
 
+    /// The repair passes for red checks: the repository's value, else 2, never above
+    /// `max`.
+    pub fn check_repair(&self, max: u32) -> u32 {
+        self.check_repair
+            .unwrap_or(crate::checks::DEFAULT_CHECK_REPAIR)
+            .min(max)
+    }
+
     /// The iteration limit: the repository's value, else 50, never above the server's
     /// maximum.
     pub fn max_iterations(&self, max: &ServerMaxima) -> u32 {
@@ -211,6 +268,8 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "max_iterations",
     "ask_permission",
     "pr",
+    "checks",
+    "check_repair",
 ];
 
 // ---- the file's shape, as written; values are checked while deserializing so that
@@ -219,7 +278,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr)"
+    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr, checks, check_repair)"
 )]
 struct RawRepoConfig {
     image: Option<Text>,
@@ -232,6 +291,8 @@ struct RawRepoConfig {
     max_iterations: Option<Iterations>,
     ask_permission: Option<AskPermission>,
     pr: Option<RawPr>,
+    checks: Option<Checks>,
+    check_repair: Option<Repairs>,
 }
 
 #[derive(Deserialize)]
@@ -244,13 +305,106 @@ struct RawCostLimits {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with the keys draft, branch_prefix, on_limit, template"
+    expecting = "a mapping with the keys draft, branch_prefix, on_limit, template, on_red"
 )]
 struct RawPr {
     draft: Option<bool>,
     branch_prefix: Option<BranchPrefix>,
     on_limit: Option<OnLimit>,
     template: Option<TemplateName>,
+    on_red: Option<OnRed>,
+}
+
+/// `checks:` at most [`crate::checks::MAX_CHECKS`], names unique.
+struct Checks(Vec<CheckSpec>);
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a check: a mapping with the keys name, run and (optionally) timeout"
+)]
+struct RawCheck {
+    name: CheckName,
+    run: CheckCommand,
+    timeout: Option<CheckTimeout>,
+}
+
+struct CheckName(String);
+struct CheckCommand(String);
+struct CheckTimeout(u64);
+
+impl<'de> Deserialize<'de> for CheckName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrVisitor("a check name such as tests", |s| {
+            crate::checks::check_name(s).map(|()| CheckName(s.trim().to_string()))
+        }))
+    }
+}
+
+impl<'de> Deserialize<'de> for CheckCommand {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrVisitor("a shell command such as cargo test", |s| {
+            crate::checks::check_command(s).map(|()| CheckCommand(s.to_string()))
+        }))
+    }
+}
+
+impl<'de> Deserialize<'de> for CheckTimeout {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use crate::checks::MAX_CHECK_TIMEOUT_SECS;
+        deserializer.deserialize_any(IntegerVisitor("a whole number of seconds", |v| {
+            match u64::try_from(v) {
+                Ok(n) if (1..=MAX_CHECK_TIMEOUT_SECS).contains(&n) => Ok(CheckTimeout(n)),
+                _ => Err(format!(
+                    "must be from 1 to {MAX_CHECK_TIMEOUT_SECS} seconds, got {v}"
+                )),
+            }
+        }))
+    }
+}
+
+impl<'de> Deserialize<'de> for Checks {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use crate::checks::{DEFAULT_CHECK_TIMEOUT_SECS, MAX_CHECKS};
+        let list: Vec<RawCheck> = Vec::deserialize(deserializer)?;
+        if list.len() > MAX_CHECKS {
+            return Err(serde::de::Error::custom(format!(
+                "must list at most {MAX_CHECKS} checks, got {}",
+                list.len()
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut checks = Vec::with_capacity(list.len());
+        for c in list {
+            if !seen.insert(c.name.0.to_lowercase()) {
+                return Err(serde::de::Error::custom(format!(
+                    "two checks are named \"{}\"; names must be unique",
+                    c.name.0.escape_default()
+                )));
+            }
+            checks.push(CheckSpec {
+                name: c.name.0,
+                run: c.run.0,
+                timeout_secs: c.timeout.map_or(DEFAULT_CHECK_TIMEOUT_SECS, |t| t.0),
+            });
+        }
+        Ok(Checks(checks))
+    }
+}
+
+/// `check_repair`: a whole number of passes, 0 (report only) or more.
+struct Repairs(u32);
+
+impl<'de> Deserialize<'de> for Repairs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(IntegerVisitor(
+            "a whole number of repair passes (0: report only)",
+            |v| match u32::try_from(v) {
+                Ok(n) => Ok(Repairs(n)),
+                _ => Err(format!("must be 0 or more, got {v}")),
+            },
+        ))
+    }
 }
 
 impl RawRepoConfig {
@@ -268,6 +422,7 @@ impl RawRepoConfig {
                 .map_or_else(|| DEFAULT_BRANCH_PREFIX.to_string(), |b| b.0),
             on_limit: p.on_limit.unwrap_or_default(),
             template: p.template.map(|t| t.0),
+            on_red: p.on_red.unwrap_or_default(),
         });
         RepoConfig {
             image: self.image.map(|t| t.0),
@@ -280,6 +435,8 @@ impl RawRepoConfig {
             max_iterations: self.max_iterations.map(|i| i.0),
             ask_permission: self.ask_permission.unwrap_or_default(),
             pr,
+            checks: self.checks.map(|c| c.0).unwrap_or_default(),
+            check_repair: self.check_repair.map(|r| r.0),
         }
     }
 }
@@ -574,7 +731,10 @@ pr: { draft: false, branch_prefix: kodx/ }
                     branch_prefix: "kodx/".into(),
                     on_limit: OnLimit::Draft,
                     template: None,
+                    on_red: OnRed::Draft,
                 },
+                checks: Vec::new(),
+                check_repair: None,
             }
         );
     }
@@ -609,6 +769,7 @@ pr: { draft: false, branch_prefix: kodx/ }
                 branch_prefix: "kodx/".into(),
                 on_limit: OnLimit::Draft,
                 template: None,
+                on_red: OnRed::Draft,
             }
         );
         assert_eq!(
@@ -633,7 +794,10 @@ pr: { draft: false, branch_prefix: kodx/ }
             shown.starts_with(".github/kodx.yml: line 4: unknown key \"cost_limt\" (expected one of: image, setup_script,"),
             "{shown}"
         );
-        assert!(shown.contains("ask_permission, pr)"), "{shown}");
+        assert!(
+            shown.contains("ask_permission, pr, checks, check_repair)"),
+            "{shown}"
+        );
     }
 
     #[test]
@@ -642,7 +806,7 @@ pr: { draft: false, branch_prefix: kodx/ }
         assert_eq!(line, Some(3));
         assert_eq!(
             shown,
-            ".github/kodx.yml: line 3: unknown key \"pr.drafts\" (expected one of: draft, branch_prefix, on_limit, template)"
+            ".github/kodx.yml: line 3: unknown key \"pr.drafts\" (expected one of: draft, branch_prefix, on_limit, template, on_red)"
         );
         let (line, shown) = err("cost_limit: { code: 1, total: 2 }\n");
         assert_eq!(line, Some(1));
@@ -876,5 +1040,72 @@ pr: { draft: false, branch_prefix: kodx/ }
             let e = RepoConfig::parse(bad).unwrap_err().to_string();
             assert!(e.contains("pr.template"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn checks_as_the_spec_writes_them() {
+        let c = RepoConfig::parse(
+            "checks:\n  - { name: tests, run: cargo test --quiet, timeout: 600 }\n  - { name: lint,  run: cargo clippy -- -D warnings }\ncheck_repair: 2\npr: { on_red: draft }\n",
+        )
+        .unwrap();
+        assert_eq!(c.checks.len(), 2);
+        assert_eq!(c.checks[0].run, "cargo test --quiet");
+        assert_eq!(
+            c.checks[1].timeout_secs,
+            crate::checks::DEFAULT_CHECK_TIMEOUT_SECS
+        );
+        assert_eq!(c.check_repair(5), 2);
+        assert_eq!(
+            RepoConfig::parse("check_repair: 9\n")
+                .unwrap()
+                .check_repair(5),
+            5
+        );
+        assert_eq!(RepoConfig::default().check_repair(5), 2);
+        assert_eq!(c.pr.on_red, OnRed::Draft);
+        assert_eq!(
+            RepoConfig::parse("pr: { on_red: discard }\n")
+                .unwrap()
+                .pr
+                .on_red,
+            OnRed::Discard
+        );
+        for (bad, says) in [
+            (
+                "checks:\n  - { name: a, run: x }\n  - { name: A, run: y }\n",
+                "\"checks\": two checks are named \"A\"",
+            ),
+            (
+                "checks:\n  - { name: a }\n",
+                "line 2: invalid value for \"checks[0]\": missing field `run`",
+            ),
+            (
+                "checks:\n  - { name: a, run: x, timeout: 0 }\n",
+                "\"checks[0].timeout\": must be from 1 to",
+            ),
+            (
+                "checks:\n  - { name: 'a`b', run: x }\n",
+                "\"checks[0].name\": may hold",
+            ),
+            (
+                "checks:\n  - { name: a, run: x, when: always }\n",
+                "unknown key \"checks[0].when\"",
+            ),
+            ("check_repair: -1\n", "\"check_repair\": must be 0 or more"),
+            (
+                "pr: { on_red: maybe }\n",
+                "\"pr.on_red\": must be \"draft\", \"open\" or \"discard\"",
+            ),
+        ] {
+            let e = RepoConfig::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+        let many: String = (0..21)
+            .map(|i| format!("  - {{ name: c{i}, run: x }}\n"))
+            .collect();
+        let e = RepoConfig::parse(&format!("checks:\n{many}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 20 checks"), "{e}");
     }
 }

@@ -88,6 +88,18 @@ pub struct RunArgs {
     /// Extra prices (TOML, same shape as config/pricing.toml).
     #[arg(long, env = "KODX_PRICING")]
     pricing: Option<PathBuf>,
+    /// A check kodx runs in the container when the model ends its turn, as NAME=COMMAND
+    /// (e.g. --check "tests=cargo test"); repeatable. A red check goes back to the model
+    /// for repair (--check-repair times), as `checks:` does on GitHub.
+    #[arg(long, value_name = "NAME=COMMAND", value_parser = parse_check)]
+    check: Vec<kodx::checks::CheckSpec>,
+    /// Passes the model gets to fix red checks (0: report only).
+    #[arg(long, default_value_t = kodx::checks::DEFAULT_CHECK_REPAIR)]
+    check_repair: u32,
+}
+
+fn parse_check(text: &str) -> Result<kodx::checks::CheckSpec, String> {
+    kodx::checks::CheckSpec::parse_flag(text)
 }
 
 /// Progress on stderr: one line rewritten in place on a terminal, plain lines otherwise.
@@ -288,6 +300,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 duration: started.elapsed(),
                 model: program.model.name.clone(),
                 detail: Some(e.to_string()),
+                checks: Vec::new(),
             };
             return finish(&args, &mut out, &outcome);
         }
@@ -383,6 +396,22 @@ fn plan_run(
     }
     let run_id = format!("run-{:012x}", rand::random::<u64>() >> 16);
     let mut plan = Plan::new(run_id, program, &overrides, &defaults, &pricing)?;
+    if args.check.len() > kodx::checks::MAX_CHECKS {
+        bail!("--check: at most {} checks", kodx::checks::MAX_CHECKS);
+    }
+    let mut names = std::collections::HashSet::new();
+    if let Some(dup) = args
+        .check
+        .iter()
+        .find(|c| !names.insert(c.name.to_lowercase()))
+    {
+        bail!(
+            "--check: two checks are named {:?}; names must be unique",
+            dup.name
+        );
+    }
+    plan.agent.checks = args.check.clone();
+    plan.agent.check_repair = args.check_repair;
     let cost_limit = plan.agent.cost_limit;
     if !(cost_limit.is_finite() && cost_limit > 0.0) {
         bail!("--cost-limit must be a positive amount in USD, got {cost_limit}");
@@ -507,7 +536,17 @@ fn finish(args: &RunArgs, out: &mut Reporter, outcome: &Outcome) -> anyhow::Resu
         format_usd(outcome.cost_limit),
         outcome.duration.as_secs_f64()
     ));
-    let result = json!({
+    for r in kodx::checks::latest(&outcome.checks) {
+        out.note(&format!(
+            "kodx: check {} (attempt {}): {} in {:.1}s",
+            r.name,
+            r.attempt,
+            r.verdict(),
+            r.duration().as_secs_f64()
+        ));
+    }
+    let checks_red = kodx::checks::all_passed(&outcome.checks) == Some(false);
+    let mut result = json!({
         "api_calls": outcome.api_calls,
         "usd_cost": outcome.usd_cost,
         "last_message": outcome.last_message,
@@ -520,6 +559,9 @@ fn finish(args: &RunArgs, out: &mut Reporter, outcome: &Outcome) -> anyhow::Resu
         "duration_s": outcome.duration.as_secs_f64(),
         "model": outcome.model,
     });
+    if !outcome.checks.is_empty() {
+        result["checks"] = serde_json::to_value(&outcome.checks)?;
+    }
     if let Some(file) = &args.json_output_file {
         std::fs::write(file, serde_json::to_string_pretty(&result)? + "\n")
             .with_context(|| format!("writing {}", file.display()))?;
@@ -529,9 +571,12 @@ fn finish(args: &RunArgs, out: &mut Reporter, outcome: &Outcome) -> anyhow::Resu
     } else if !outcome.last_message.is_empty() {
         println!("{}", outcome.last_message);
     }
-    Ok(if outcome.stop_reason == StopReason::EndTurn {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    // Checks still red fail the command, as they would fail CI.
+    Ok(
+        if outcome.stop_reason == StopReason::EndTurn && !checks_red {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        },
+    )
 }

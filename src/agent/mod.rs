@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::checks::{CheckResult, CheckSpec};
 use crate::cost::Price;
 use crate::model::{Provider, Usage};
 use crate::sandbox::Sandbox;
@@ -68,6 +69,10 @@ pub struct AgentConfig {
     /// Upper bound of prompt tokens kept in the conversation; past it, the oldest tool
     /// results are elided.
     pub context_tokens: u64,
+    /// The repository's checks, run by the loop when the model ends its turn.
+    pub checks: Vec<CheckSpec>,
+    /// How many times the model is given failing checks to repair.
+    pub check_repair: u32,
 }
 
 impl AgentConfig {
@@ -84,6 +89,8 @@ impl AgentConfig {
             command_timeout: Duration::from_secs(30),
             max_tool_failures: 5,
             context_tokens: 150_000,
+            checks: Vec::new(),
+            check_repair: crate::checks::DEFAULT_CHECK_REPAIR,
         }
     }
 }
@@ -102,6 +109,10 @@ pub struct Outcome {
     pub model: String,
     /// What went wrong, in words a user can act on, when the run did not end its turn.
     pub detail: Option<String>,
+    /// Every check of every attempt, in order ([`crate::checks::latest`] is what was
+    /// delivered).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<CheckResult>,
 }
 
 /// What a run reports while it works (for progress lines and status comments).

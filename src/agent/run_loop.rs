@@ -14,6 +14,7 @@ use super::context::{
 };
 use super::tools::{describe_call, tools};
 use super::{Agent, AgentConfig, Outcome, Progress, StopReason};
+use crate::checks::CheckResult;
 use crate::cost::{Budget, PromptLedger};
 use crate::model::{Block, Message, ModelStop, Request, Response, Role, ToolSpec, Usage};
 use crate::transcript::{append_note, Record, Recorder};
@@ -51,6 +52,12 @@ struct RunState<'c> {
     /// Set for a call made because a limit is near its end (no tools, for the summary):
     /// the run ends after it, for that limit.
     forced_by: Option<Ended>,
+    /// Every check result so far, and how many attempts and repair passes there were.
+    checks: Vec<CheckResult>,
+    attempts: u32,
+    repairs: u32,
+    /// Tools ran since the last checks (their results may be stale).
+    acted_since_check: bool,
 }
 
 impl<'c> RunState<'c> {
@@ -72,6 +79,10 @@ impl<'c> RunState<'c> {
             wrap_up_noted: false,
             last_worst: 0.0,
             forced_by: None,
+            checks: Vec::new(),
+            attempts: 0,
+            repairs: 0,
+            acted_since_check: false,
         }
     }
 
@@ -179,6 +190,7 @@ impl<'c> RunState<'c> {
             duration: self.started.elapsed(),
             model: self.cfg.model.clone(),
             detail: ended.1,
+            checks: self.checks,
         };
         transcript(&Record::Stop {
             outcome: serde_json::to_value(&outcome).unwrap_or(Value::Null),
@@ -207,14 +219,92 @@ impl Agent<'_> {
         mut transcript: impl FnMut(&Record),
     ) -> Outcome {
         let mut run = RunState::new(&self.config, messages);
+        // A new conversation is told the checks that will judge it.
+        if !self.config.checks.is_empty() && run.messages.len() == 1 {
+            run.messages[0].content.push(Block::Text {
+                text: crate::checks::told(&self.config.checks),
+            });
+        }
         let ended = loop {
             if let ControlFlow::Break(ended) =
                 self.step(&mut run, &mut progress, &mut transcript).await
             {
-                break ended;
+                match self
+                    .after_end(&mut run, ended, &mut progress, &mut transcript)
+                    .await
+                {
+                    ControlFlow::Break(ended) => break ended,
+                    ControlFlow::Continue(()) => {}
+                }
             }
         };
         run.finish(ended, &mut transcript)
+    }
+
+    /// What follows the loop's end when the repository has checks (SPEC §11): after the
+    /// model ends its turn, kodx runs them; red ones go back to the model while repair
+    /// passes, time and (through the usual planning) budget remain. A run a cost or step
+    /// limit stopped gets its checks run once more, for the record, without a repair.
+    async fn after_end(
+        &self,
+        run: &mut RunState<'_>,
+        ended: Ended,
+        progress: &mut impl FnMut(&Progress),
+        transcript: &mut impl FnMut(&Record),
+    ) -> Step {
+        let cfg = run.cfg;
+        if cfg.checks.is_empty() || self.cancel.is_cancelled() {
+            return ControlFlow::Break(ended);
+        }
+        let final_only = match ended.0 {
+            StopReason::EndTurn => false,
+            StopReason::CostLimitExceeded | StopReason::MaxIterations => true,
+            _ => return ControlFlow::Break(ended),
+        };
+        if final_only && run.attempts > 0 && !run.acted_since_check {
+            return ControlFlow::Break(ended);
+        }
+        run.attempts += 1;
+        let (attempt, step) = (run.attempts, run.api_calls);
+        progress(&run.progress(step, format!("running the checks (attempt {attempt})")));
+        let deadline = run.deadline.into_std();
+        let results = {
+            let run = &*run;
+            crate::checks::run_checks(self.sandbox, &cfg.checks, attempt, deadline, |r| {
+                progress(&run.progress(step, format!("check {}: {}", r.name, r.verdict())));
+                transcript(&Record::Check {
+                    step,
+                    result: r.clone(),
+                });
+            })
+            .await
+        };
+        run.acted_since_check = false;
+        let red = results.iter().any(|r| !r.passed);
+        let report = red.then(|| {
+            crate::checks::failure_report(
+                &results,
+                cfg.check_repair.saturating_sub(run.repairs + 1),
+            )
+        });
+        run.checks.extend(results);
+        let Some(report) = report else {
+            return ControlFlow::Break(ended);
+        };
+        if final_only
+            || run.repairs >= cfg.check_repair
+            || tokio::time::Instant::now() >= run.deadline
+        {
+            return ControlFlow::Break(ended);
+        }
+        run.repairs += 1;
+        match run.messages.last_mut() {
+            Some(last) if last.role == Role::User => {
+                last.content.push(Block::Text { text: report })
+            }
+            _ => run.messages.push(Message::user_text(&report)),
+        }
+        ControlFlow::Continue(())
     }
 
     /// One step: a model call and the tool calls it asks for.
@@ -267,6 +357,7 @@ impl Agent<'_> {
             }
             return ControlFlow::Break(Ended(StopReason::EndTurn, None));
         }
+        run.acted_since_check = true;
         let results = self
             .run_tools(run, step, calls, progress, transcript)
             .await?;

@@ -39,8 +39,8 @@ pub use installation::Installation;
 pub use manifest::{convert_manifest, ConvertedApp};
 pub use policy::RequestPolicy;
 pub use types::{
-    noreply_email, Access, AppInfo, BotIdentity, CommentInfo, CommentRef, IssueInfo, NewPull,
-    Permission, PullBase, PullHead, PullInfo, PullRef, PullRepo, PullState, Reaction,
+    noreply_email, Access, AppInfo, BotIdentity, CommentInfo, CommentRef, IssueInfo, NewCheckRun,
+    NewPull, Permission, PullBase, PullHead, PullInfo, PullRef, PullRepo, PullState, Reaction,
     ReactionTarget, RepoName, RepoNameError, TokenScope, Tree, TreeEntry,
 };
 

@@ -79,6 +79,9 @@ pub struct TokenScope {
     pub contents: Access,
     pub issues: Access,
     pub pull_requests: Access,
+    /// Asked for only by the work that needs it: an installation without the Checks
+    /// permission refuses any token that asks.
+    pub checks: Option<Access>,
 }
 
 impl TokenScope {
@@ -94,6 +97,18 @@ impl TokenScope {
             } else {
                 Access::Read
             },
+            checks: None,
+        }
+    }
+
+    /// Reporting a code run's checks as a Check Run on the commit it pushed.
+    pub fn checks(repo: &RepoName) -> TokenScope {
+        TokenScope {
+            repository: repo.name.clone(),
+            contents: Access::Read,
+            issues: Access::Read,
+            pull_requests: Access::Read,
+            checks: Some(Access::Write),
         }
     }
 
@@ -104,12 +119,13 @@ impl TokenScope {
             contents: Access::Write,
             issues: Access::Write,
             pull_requests: Access::Write,
+            checks: None,
         }
     }
 
     /// The body of `POST /app/installations/{id}/access_tokens`.
     pub fn request_body(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut body = serde_json::json!({
             "repositories": [self.repository],
             "permissions": {
                 "contents": self.contents.as_str(),
@@ -117,7 +133,11 @@ impl TokenScope {
                 "pull_requests": self.pull_requests.as_str(),
                 "metadata": "read",
             },
-        })
+        });
+        if let Some(checks) = self.checks {
+            body["permissions"]["checks"] = checks.as_str().into();
+        }
+        body
     }
 }
 
@@ -311,6 +331,21 @@ pub struct PullInfo {
     /// cannot push to it and opens a new PR instead.
     pub is_fork: bool,
     pub maintainer_can_modify: bool,
+}
+
+/// A completed Check Run for [`Installation::create_check_run`](super::Installation::create_check_run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewCheckRun {
+    pub name: String,
+    pub head_sha: String,
+    /// `success`, `failure`, `neutral`, `cancelled`, `timed_out`, `action_required`.
+    pub conclusion: String,
+    pub title: String,
+    /// Markdown, at most 65,535 characters (cut before sending).
+    pub summary: String,
+    pub text: String,
+    pub details_url: Option<String>,
+    pub external_id: Option<String>,
 }
 
 /// A commit's tree as [`Installation::tree`](super::Installation::tree) lists it.

@@ -126,6 +126,8 @@ pub struct Settings {
     /// Ceilings a repository's `.github/kodx.yml` cannot raise.
     pub max_cost_limit: f64,
     pub max_iterations: u32,
+    /// The most repair passes a repository's `check_repair` may ask for.
+    pub max_check_repair: u32,
     /// Wall-clock limit of one run, in seconds.
     pub run_timeout_secs: u64,
     /// The longest one `feed_chars` waits for a command, in seconds, unless the run's
@@ -202,6 +204,7 @@ impl Default for Settings {
             model: None,
             max_cost_limit: 10.0,
             max_iterations: 200,
+            max_check_repair: 5,
             run_timeout_secs: 1800,
             command_timeout_secs: 30,
             transcript_days: 30,

@@ -341,6 +341,25 @@ async fn steps(db: &Db, run_id: &str) -> (Vec<Step>, bool) {
                 s.cost = Some(cost_usd);
                 steps.push(s);
             }
+            Record::Check { step, result } => {
+                let mut s = Step {
+                    number: step,
+                    ..Default::default()
+                };
+                s.text.push(shown(&format!(
+                    "kodx ran the check {} (attempt {}): {}, {:.1}s",
+                    result.name,
+                    result.attempt,
+                    result.verdict(),
+                    result.duration().as_secs_f64()
+                )));
+                s.calls.push((
+                    shown(&format!("check$ {}", result.run)),
+                    shown(&result.output),
+                    !result.passed,
+                ));
+                steps.push(s);
+            }
             Record::ToolResult {
                 id,
                 output,

@@ -100,6 +100,11 @@ pub enum Record {
     Context {
         context: Value,
     },
+    /// One check kodx ran after the model ended its turn.
+    Check {
+        step: u32,
+        result: crate::checks::CheckResult,
+    },
 }
 
 /// A message of the conversation replaced by a request.
@@ -201,7 +206,10 @@ impl Conversation {
                 });
                 Ok(None)
             }
-            Record::ToolCall { .. } | Record::Stop { .. } | Record::Context { .. } => Ok(None),
+            Record::ToolCall { .. }
+            | Record::Stop { .. }
+            | Record::Context { .. }
+            | Record::Check { .. } => Ok(None),
         }
     }
 

@@ -119,6 +119,7 @@ async fn a_tool_conversation_really_changes_the_workspace_and_costs_exactly() {
             Record::ToolResult { .. } => "result",
             Record::Stop { .. } => "stop",
             Record::Context { .. } => "context",
+            Record::Check { .. } => "check",
         })
         .collect();
     assert_eq!(

@@ -641,3 +641,78 @@ async fn resume_continues_the_conversation_of_a_transcript() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("bad.jsonl line 2: not JSON"), "{stderr}");
 }
+
+/// `kodx run --check`: the same checks engine as on GitHub — told to the model, run after
+/// its turn, a red one given back for repair, the result in the JSON and the exit code.
+#[tokio::test]
+async fn checks_run_after_the_turn_and_a_red_one_is_repaired() {
+    let _engine = common::require_engine!();
+    let fake = FakeAnthropic::start(KEY).await;
+    fake.reply(
+        vec![json!({"type": "text", "text": "Nothing to do."})],
+        "end_turn",
+        usage(1000, 10),
+    );
+    fake.reply(
+        vec![tool("t1", json!({"chars": "echo fixed > done.txt"}))],
+        "tool_use",
+        usage(1100, 10),
+    );
+    fake.reply(
+        vec![json!({"type": "text", "text": "Made done.txt."})],
+        "end_turn",
+        usage(1200, 10),
+    );
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::write(repo.path().join("README"), "x\n").unwrap();
+    let output = kodx(&fake)
+        .args(["run", "code", "-p", "make done.txt", "--json", "--quiet"])
+        .args(["--check", "done=test -f done.txt", "--check", "shell=true"])
+        .arg("--repo-dir")
+        .arg(repo.path())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
+    let result: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let checks = result["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 4, "{result}");
+    assert_eq!(
+        (checks[0]["name"].as_str(), checks[0]["passed"].as_bool()),
+        (Some("done"), Some(false))
+    );
+    assert_eq!(
+        (checks[2]["attempt"].as_u64(), checks[2]["passed"].as_bool()),
+        (Some(2), Some(true))
+    );
+    let first = fake.requests()[0].body["messages"][0].to_string();
+    assert!(first.contains("done: `test -f done.txt`"), "{first}");
+
+    // Red after the repairs: the run fails, as CI would.
+    fake.reply(
+        vec![json!({"type": "text", "text": "No."})],
+        "end_turn",
+        usage(1000, 10),
+    );
+    let output = kodx(&fake)
+        .args(["run", "code", "-p", "x", "--quiet", "--check-repair", "0"])
+        .args(["--check", "never=false"])
+        .arg("--repo-dir")
+        .arg(repo.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let bad = kodx(&fake)
+        .args(["run", "code", "-p", "x", "--check", "no-equals-sign"])
+        .output()
+        .await
+        .unwrap();
+    assert_ne!(bad.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("expected NAME=COMMAND"),
+        "{stderr}"
+    );
+}

@@ -39,6 +39,7 @@ mod sandbox_shells;
 mod serve_ask;
 mod serve_cache;
 mod serve_cache_rebase;
+mod serve_checks;
 mod serve_code;
 mod serve_context;
 mod serve_continue;

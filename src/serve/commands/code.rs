@@ -8,14 +8,18 @@ use std::time::Instant;
 
 use crate::db::RunStatus;
 use crate::model::Message;
+use crate::repo_config::OnRed;
 use crate::sandbox::Sandbox as _;
 use crate::serve::commands::continue_run::Earlier;
-use crate::serve::pipeline::deliver::{deliver, deliverable, Change, Delivered, DeliveryError};
+use crate::serve::pipeline::checks::report_checks;
+use crate::serve::pipeline::deliver::{
+    deliver, deliverable, Change, Delivered, DeliveryError, Target,
+};
 use crate::serve::pipeline::execute::execute;
 use crate::serve::pipeline::plan::RunPlan;
 use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
 use crate::serve::texts::status::Done;
-use crate::serve::texts::{self, Readiness};
+use crate::serve::texts::{self, checks, Form, Readiness};
 
 /// Runs `/kodx code`: planned, executed, delivered.
 pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure> {
@@ -36,7 +40,13 @@ pub(in crate::serve) async fn deliver_work(
         Ok(ran) => ran,
         Err(ending) => return Ok(ending),
     };
-    let (deliverable, partial) = deliverable(outcome.stop_reason, plan.on_limit);
+    let (mut deliverable, partial) = deliverable(outcome.stop_reason, plan.on_limit);
+    // Checks that stayed red decide with `pr.on_red` (SPEC §11).
+    let on_red = cx.admission.config.pr.on_red;
+    let red = crate::checks::all_passed(&outcome.checks) == Some(false);
+    if red && on_red == OnRed::Discard {
+        deliverable = false;
+    }
     let target = plan
         .target
         .as_ref()
@@ -52,6 +62,11 @@ pub(in crate::serve) async fn deliver_work(
     // The container goes while the change is delivered (it is not needed any more).
     let teardown = tokio::spawn(async move { sandbox.destroy().await });
     let mut done = Done::new(plan.kind, outcome);
+    let new_pull = matches!(target, Target::NewPull { .. });
+    if red {
+        done.notes
+            .push(checks::red_note(&done.outcome.checks, on_red, new_pull));
+    }
     let mut readiness = Readiness::Unchanged;
     done.text = done.outcome.last_message.clone();
     done.setup = *cx.log.setup.lock();
@@ -63,16 +78,34 @@ pub(in crate::serve) async fn deliver_work(
         };
         let delivered = match changes {
             Ok(changes) => {
+                let paths: Vec<&str> = changes.changes.iter().map(|c| c.path.as_str()).collect();
+                let mut extra = String::new();
+                if !done.outcome.checks.is_empty() {
+                    extra.push_str("**Checks** (run by kodx in the run's container):\n\n");
+                    extra.push_str(&checks::checks_table(&done.outcome.checks));
+                    extra.push('\n');
+                    if red {
+                        extra.push_str(&checks::red_note(&done.outcome.checks, on_red, new_pull));
+                    }
+                }
+                if let Some(note) = checks::rules_edited_note(&paths) {
+                    extra.push_str(&note);
+                }
                 let change = Change {
                     request: &request,
                     workspace: &workspace,
                     target,
-                    draft: plan.draft,
+                    draft: plan.draft || (red && on_red == OnRed::Draft),
                     partial,
-                    templated: plan
-                        .repo_context
-                        .as_ref()
-                        .is_some_and(|c| c.template.is_some()),
+                    form: Form {
+                        templated: plan
+                            .repo_context
+                            .as_ref()
+                            .is_some_and(|c| c.template.is_some()),
+                        checks_passed: crate::checks::all_passed(&done.outcome.checks)
+                            == Some(true),
+                        extra,
+                    },
                 };
                 deliver(cx, change, changes, &done).await
             }
@@ -89,6 +122,13 @@ pub(in crate::serve) async fn deliver_work(
         }
         if done.pr_url.is_some() || done.pushed.is_some() {
             *cx.log.branch.lock() = Some(target.branch().to_string());
+        }
+        // The checks, where GitHub shows them: a `kodx` Check Run on the pushed commit.
+        let commit = cx.log.commit.lock().clone();
+        if let (Some(sha), false) = (commit, done.outcome.checks.is_empty()) {
+            if let Err(note) = report_checks(cx, &sha, &done.outcome.checks).await {
+                done.notes.push(format!("{note}\n\n"));
+            }
         }
     }
     match teardown.await {

@@ -61,6 +61,8 @@ pub(in crate::serve) struct RunLog {
     pub setup: Mutex<Option<crate::sandbox::SetupReport>>,
     /// The branch a code run pushed its change to (what `/kodx continue` goes on from).
     pub branch: Mutex<Option<String>>,
+    /// The commit a code run pushed (its checks are reported on it).
+    pub commit: Mutex<Option<String>>,
     /// For `/kodx continue`: the run it went on with, the first request and what the
     /// parts before cost.
     pub continues: Mutex<Option<serde_json::Value>>,
@@ -273,5 +275,6 @@ pub(in crate::serve) fn zero_outcome(
         duration: Duration::ZERO,
         model,
         detail: None,
+        checks: Vec::new(),
     }
 }

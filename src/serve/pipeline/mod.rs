@@ -11,11 +11,13 @@
 //! - [`workspace`]: the run's clone on the host;
 //! - [`execute`]: the container and the agent working in it;
 //! - [`deliver`]: a code run's change committed, pushed and opened as a pull request;
+//! - [`checks`]: its checks as a `kodx` Check Run on the pushed commit;
 //! - [`status`]: the run's status comment;
 //! - [`ending`]: how the run ended, written down once ([`Services::conclude`]);
 //! - [`engines`], [`fence`], [`resources`]: the Docker engines, the run's hold on its
 //!   lease, and the model clients.
 
+pub(in crate::serve) mod checks;
 pub(in crate::serve) mod context;
 pub(in crate::serve) mod deliver;
 pub(in crate::serve) mod ending;

@@ -75,6 +75,11 @@ pub(in crate::serve) fn prepare(
     let config = &admission.config;
     let mut plan = program_plan(run_id, kind, admission, settings, pricing)
         .map_err(|e| RunFailure::User(texts::model_without_price(&e.to_string())))?;
+    // The base's checks judge a code run's work (SPEC §11); an `ask` changes nothing.
+    if kind == RunKind::Code {
+        plan.agent.checks = config.checks.clone();
+        plan.agent.check_repair = config.check_repair(settings.max_check_repair);
+    }
     let default_checkout = if request.is_pull_request {
         // The PR head from the base repository (refs/pull/N/head): a fork is never cloned
         // with the App's token, and works the same as a same-repo branch.

@@ -15,6 +15,10 @@ pub const PERMISSIONS: [(&str, &str); 4] = [
     ("metadata", "read"),
 ];
 
+/// What the App asks for besides, and works without: `checks: write` puts a `kodx` Check
+/// Run on the commits kodx pushes (without it, the status comment says so once).
+pub const OPTIONAL_PERMISSIONS: [(&str, &str); 1] = [("checks", "write")];
+
 /// The webhook events kodx acts on.
 pub const EVENTS: [&str; 3] = ["issue_comment", "issues", "pull_request_review_comment"];
 
@@ -34,6 +38,7 @@ pub enum Owner {
 pub fn manifest(name: &str, public_url: &str, hook_url: &str, redirect_url: &str) -> Value {
     let permissions: serde_json::Map<String, Value> = PERMISSIONS
         .iter()
+        .chain(OPTIONAL_PERMISSIONS.iter())
         .map(|(p, level)| (p.to_string(), Value::from(*level)))
         .collect();
     json!({
@@ -207,7 +212,7 @@ mod tests {
         assert_eq!(m["public"], false);
         assert_eq!(
             m["default_permissions"],
-            json!({"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read"})
+            json!({"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read", "checks": "write"})
         );
         assert_eq!(
             m["default_events"],

@@ -6,6 +6,7 @@
 //!
 //! Text from outside kodx (logins, errors, requests) is redacted where it is put in.
 
+pub mod checks;
 mod help;
 mod pull;
 pub mod status;

@@ -81,13 +81,15 @@ pub fn trailers(author: &str, author_id: i64, run_id: &str) -> Vec<(String, Stri
 }
 
 /// How the pull request body is shaped.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Form {
     /// The summary fills the repository's pull request template: kodx's own part follows
     /// in a delimited section.
     pub templated: bool,
     /// kodx's checks ran and passed: a box claiming tests or checks pass may stay ticked.
     pub checks_passed: bool,
+    /// kodx's own Markdown for its part, first (the checks table and notes).
+    pub extra: String,
 }
 
 /// The body of the pull request kodx opens.
@@ -118,6 +120,7 @@ pub fn pull_body(
     if form.templated {
         body.push_str("---\n\n#### kodx\n\n");
     }
+    body.push_str(&form.extra);
     match mention {
         Mention::Closes(n) => body.push_str(&format!("Closes #{n}\n\n")),
         Mention::OnTopOf(n) => body.push_str(&format!(
@@ -338,7 +341,7 @@ mod tests {
             None,
             Form {
                 templated: true,
-                checks_passed: false,
+                ..Form::default()
             },
         );
         let (template, kodx) = b.split_once("\n---\n\n#### kodx\n").expect(&b);

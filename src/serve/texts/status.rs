@@ -267,6 +267,9 @@ pub struct Done {
     pub failure: Option<String>,
     /// How the container's setup went, shown when the setup cache was on for the run.
     pub setup: Option<SetupReport>,
+    /// Sentences about the delivery shown under the result (red checks, a Check Run that
+    /// could not be created), each ending in a blank line.
+    pub notes: Vec<String>,
 }
 
 impl Done {
@@ -280,6 +283,7 @@ impl Done {
             pushed: None,
             failure: None,
             setup: None,
+            notes: Vec::new(),
         }
     }
 
@@ -402,6 +406,7 @@ fn done_body(done: &Done, head: &mut String, tail: &mut String) -> String {
     };
     // The model's words: redacted, and unable to mention, hide or close anything.
     let text = neutralize(&clean(text));
+    let checks = checks_part(done);
     if done.succeeded() {
         match (done.kind, &done.pr_url, &done.pushed) {
             (RunKind::Ask, _, _) => {}
@@ -419,6 +424,7 @@ fn done_body(done: &Done, head: &mut String, tail: &mut String) -> String {
                 head.push_str("No changes were made to the repository.\n\n");
             }
         }
+        head.push_str(&checks);
         return text;
     }
     let failure = done
@@ -448,12 +454,27 @@ fn done_body(done: &Done, head: &mut String, tail: &mut String) -> String {
             clean(branch).replace('`', "'")
         ));
     }
+    head.push_str(&checks);
     if text.trim().is_empty() {
         return String::new();
     }
     head.push_str("<details><summary>The agent's last message</summary>\n\n");
     tail.insert_str(0, "</details>\n\n");
     text
+}
+
+/// The checks table and the delivery's notes, when there are any.
+fn checks_part(done: &Done) -> String {
+    let mut out = String::new();
+    if !done.outcome.checks.is_empty() {
+        out.push_str("**Checks** (run by kodx in the container):\n\n");
+        out.push_str(&super::checks::checks_table(&done.outcome.checks));
+        out.push('\n');
+    }
+    for note in &done.notes {
+        out.push_str(note);
+    }
+    out
 }
 
 fn default_failure(reason: StopReason) -> String {
@@ -527,11 +548,11 @@ fn thousands(n: u64) -> String {
 }
 
 /// Text from outside kodx, ready to post: redacted, metadata openers defused.
-fn clean(text: &str) -> String {
+pub(super) fn clean(text: &str) -> String {
     defuse_metadata(&redact(text))
 }
 
-fn escape_cell(text: &str) -> String {
+pub(super) fn escape_cell(text: &str) -> String {
     text.replace('|', "\\|").replace(['\n', '\r'], " ")
 }
 
@@ -542,7 +563,7 @@ fn escape_html(text: &str) -> String {
 }
 
 /// `text` in a code fence longer than any run of backticks inside it.
-fn fenced(text: &str) -> String {
+pub(super) fn fenced(text: &str) -> String {
     let mut longest = 0;
     let mut run = 0;
     for c in text.chars() {
@@ -634,6 +655,7 @@ mod tests {
             duration: Duration::from_secs(72),
             model: "claude-sonnet-4-5".into(),
             detail: None,
+            checks: Vec::new(),
         }
     }
 
@@ -646,6 +668,7 @@ mod tests {
             pushed: None,
             failure: None,
             setup: None,
+            notes: Vec::new(),
         }
     }
 

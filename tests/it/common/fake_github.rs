@@ -128,6 +128,10 @@ type GitDir = Arc<dyn Fn(&str) -> Option<std::path::PathBuf> + Send + Sync>;
 #[path = "fake_github_git.rs"]
 mod git_view;
 
+#[path = "fake_github_checks.rs"]
+mod checks_api;
+pub use checks_api::FakeCheckRun;
+
 #[derive(Clone, Debug)]
 pub struct FakeRequest {
     pub method: String,
@@ -261,6 +265,10 @@ struct StateInner {
     branch_sha: Option<BranchSha>,
     /// `set_git_dir`: where a repository's commits are read from.
     git_dir: Option<GitDir>,
+    /// Check Runs created, in order.
+    check_runs: Vec<FakeCheckRun>,
+    /// `withhold_checks_permission`: the App was not granted `checks`.
+    no_checks: bool,
     bot_user_id: Option<u64>,
     /// `add_user`: by lower-case login, `(login, id)`.
     users: BTreeMap<String, (String, u64)>,
@@ -356,6 +364,8 @@ impl FakeGitHub {
                     next_id: 1_000_000,
                     branch_sha: None,
                     git_dir: None,
+                    check_runs: Vec::new(),
+                    no_checks: false,
                     bot_user_id: None,
                     users: BTreeMap::new(),
                 }),
@@ -602,6 +612,17 @@ impl FakeGitHub {
         dir: impl Fn(&str) -> Option<std::path::PathBuf> + Send + Sync + 'static,
     ) {
         self.state().git_dir = Some(Arc::new(dir));
+    }
+
+    /// The Check Runs created through `POST …/check-runs`, in order.
+    pub fn check_runs(&self) -> Vec<FakeCheckRun> {
+        self.state().check_runs.clone()
+    }
+
+    /// The installation was not granted the Checks permission: a token asking for it is
+    /// refused (422), as GitHub refuses it.
+    pub fn withhold_checks_permission(&self) {
+        self.state().no_checks = true;
     }
 
     /// The tip of `branch` of the repository `key` (lower-case `owner/name`): from the
@@ -901,6 +922,10 @@ fn api_routes() -> Router<FakeGitHub> {
         .route(
             "/repos/{owner}/{repo}/git/blobs/{sha}",
             get(git_view::get_blob),
+        )
+        .route(
+            "/repos/{owner}/{repo}/check-runs",
+            post(checks_api::create_check_run),
         )
         .route("/repos/{owner}/{repo}/issues/{number}", get(get_issue))
         .route(
@@ -1209,11 +1234,12 @@ const PULLS_READ: Need = &[("pull_requests", "read")];
 const PULLS_WRITE: Need = &[("pull_requests", "write")];
 
 /// What the App may be granted, as `GET /app` says.
-const APP_PERMISSIONS: [(&str, &str); 4] = [
+const APP_PERMISSIONS: [(&str, &str); 5] = [
     ("contents", "write"),
     ("issues", "write"),
     ("pull_requests", "write"),
     ("metadata", "read"),
+    ("checks", "write"),
 ];
 
 impl IssuedToken {
@@ -1542,7 +1568,7 @@ async fn get_app(State(fake): State<FakeGitHub>, req: Req) -> Response {
             "html_url": format!("{}/apps/{slug}", fake.inner.root),
             "created_at": "2024-01-01T00:00:00Z",
             "updated_at": "2024-01-01T00:00:00Z",
-            "permissions": {"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read"},
+            "permissions": {"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read", "checks": "write"},
             "events": ["issue_comment", "issues", "pull_request_review_comment"],
             "installations_count": st.installations.len(),
         }),
@@ -1634,8 +1660,10 @@ async fn create_access_token(
             Some(keys)
         }
     };
+    let no_checks = st.no_checks;
     let app: BTreeMap<String, String> = APP_PERMISSIONS
         .iter()
+        .filter(|(k, _)| !(no_checks && *k == "checks"))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let mut permissions = match &asked_perms {

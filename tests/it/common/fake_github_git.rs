@@ -28,7 +28,7 @@ fn git_dir(fake: &FakeGitHub, key: &str) -> Option<(PathBuf, String)> {
     f(&name).map(|d| (d, name))
 }
 
-fn open(fake: &FakeGitHub, key: &str) -> Option<git2::Repository> {
+pub(super) fn open_repo(fake: &FakeGitHub, key: &str) -> Option<git2::Repository> {
     let (dir, _) = git_dir(fake, key)?;
     git2::Repository::open_bare(dir).ok()
 }
@@ -108,7 +108,7 @@ pub(super) async fn get_tree(
         return refuse(&fake, &req, 415, "Unsupported 'Accept' header", "Accept");
     }
     let recursive = req.query.contains_key("recursive");
-    let Some(git) = open(&fake, &key) else {
+    let Some(git) = open_repo(&fake, &key) else {
         return gh_error(404, "Not Found");
     };
     let as_tree = git2::Oid::from_str(&sha)
@@ -178,7 +178,7 @@ pub(super) async fn get_blob(
     if !raw && !accepts_json(&req) {
         return refuse(&fake, &req, 415, "Unsupported 'Accept' header", "Accept");
     }
-    let Some(git) = open(&fake, &key) else {
+    let Some(git) = open_repo(&fake, &key) else {
         return gh_error(404, "Not Found");
     };
     let Ok(oid) = git2::Oid::from_str(&sha) else {
@@ -215,7 +215,7 @@ pub(super) async fn get_blob(
 /// The contents answer for `path` at `rev` from the git directory: a file, a directory's
 /// listing, a symlink or a submodule, as GitHub describes each; `None`: not there.
 pub(super) fn contents_at(fake: &FakeGitHub, key: &str, rev: &str, path: &str) -> Option<Response> {
-    let git = open(fake, key)?;
+    let git = open_repo(fake, key)?;
     let commit = commit_of(&git, rev)?;
     let tree = commit.tree().ok()?;
     let (_, full_name) = git_dir(fake, key)?;
@@ -292,7 +292,7 @@ pub(super) fn contents_at(fake: &FakeGitHub, key: &str, rev: &str, path: &str) -
 
 /// The tip of `branch` of `key`: the branch hooks first, else the git directory.
 pub(super) fn branch_tip_from_git(fake: &FakeGitHub, key: &str, branch: &str) -> Option<String> {
-    let git = open(fake, key)?;
+    let git = open_repo(fake, key)?;
     let r = git.find_reference(&format!("refs/heads/{branch}")).ok()?;
     let id = r.peel_to_commit().ok()?.id().to_string();
     Some(id)

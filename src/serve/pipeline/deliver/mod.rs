@@ -75,8 +75,9 @@ pub(in crate::serve) struct Change<'a> {
     pub draft: bool,
     /// Work a limit cut short, and what the repository wants done with it.
     pub partial: Option<OnLimit>,
-    /// The summary fills the repository's pull request template.
-    pub templated: bool,
+    /// How the pull request body is shaped, and kodx's part of it beyond the usual
+    /// (the checks table, what red checks made of it).
+    pub form: Form,
 }
 
 /// The commit message and pull request texts of a change.
@@ -134,6 +135,7 @@ pub(in crate::serve) async fn deliver(
     };
     cx.log.timings.add("commit", pushed.committed);
     cx.log.timings.add("push", pushed.pushed);
+    *cx.log.commit.lock() = Some(pushed.sha.clone());
     let branch = change.target.branch().to_string();
     let Target::NewPull { base, .. } = change.target else {
         return Ok(Delivered::Pushed {
@@ -264,10 +266,7 @@ async fn open_pull(
         &cost,
         &run.id,
         link.as_deref(),
-        Form {
-            templated: change.templated,
-            checks_passed: false,
-        },
+        change.form.clone(),
     );
     if !cx.fence.holds().await {
         return Err(DeliveryError::LeaseLost);

@@ -1,0 +1,221 @@
+//! The words about a code run's checks (SPEC §11): the table in the status comment and the
+//! pull request body, what red checks made of the delivery, and the `kodx` Check Run.
+
+use crate::checks::{latest, CheckResult};
+use crate::repo_config::OnRed;
+
+use super::status::{clean, escape_cell, fenced, format_duration};
+
+/// The name of kodx's Check Run.
+pub const CHECK_RUN_NAME: &str = "kodx";
+
+/// The most of one check's output the Check Run's text holds, in characters.
+const MAX_TAIL_IN_CHECK_RUN: usize = 12_000;
+
+/// The attempt from which `name` passed in every later attempt (`None`: red in the last).
+fn passed_since(results: &[CheckResult], name: &str) -> Option<u32> {
+    let mut since = None;
+    for r in results.iter().filter(|r| r.name == name) {
+        since = match (r.passed, since) {
+            (true, None) => Some(r.attempt),
+            (true, s) => s,
+            (false, _) => None,
+        };
+    }
+    since
+}
+
+/// The checks table: each check's last result, its duration, and the attempt it passed in.
+pub fn checks_table(results: &[CheckResult]) -> String {
+    let last = latest(results);
+    let Some(attempts) = last.first().map(|r| r.attempt) else {
+        return String::new();
+    };
+    let mut out = String::from("| check | result | duration | attempt |\n|---|---|--:|---|\n");
+    for r in &last {
+        let icon = if r.passed { "✅" } else { "❌" };
+        let attempt = match passed_since(results, &r.name) {
+            Some(k) => format!("passed in {k} of {attempts}"),
+            None => format!("red after {attempts}"),
+        };
+        out.push_str(&format!(
+            "| {} | {icon} {} | {} | {attempt} |\n",
+            escape_cell(&clean(&r.name)),
+            r.verdict(),
+            short_duration(r),
+        ));
+    }
+    out
+}
+
+/// `0.4s`, `12.0s`, then `1m 12s`.
+fn short_duration(r: &CheckResult) -> String {
+    let d = r.duration();
+    if d.as_secs() < 60 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else {
+        format_duration(d)
+    }
+}
+
+/// The names of the checks red in the last attempt.
+pub fn failing(results: &[CheckResult]) -> Vec<String> {
+    latest(results)
+        .into_iter()
+        .filter(|r| !r.passed)
+        .map(|r| r.name.clone())
+        .collect()
+}
+
+/// What the red checks made of the delivery, for the status comment and the PR body.
+pub fn red_note(results: &[CheckResult], on_red: OnRed, new_pull: bool) -> String {
+    let names = failing(results)
+        .iter()
+        .map(|n| format!("`{}`", clean(n).replace('`', "'")))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let what = match (on_red, new_pull) {
+        (OnRed::Discard, _) => "nothing was pushed (`pr.on_red: discard`)",
+        (OnRed::Draft, true) => "the pull request is a draft until they pass (`pr.on_red: draft`)",
+        (OnRed::Open, true) => "the pull request was opened anyway (`pr.on_red: open`)",
+        (_, false) => "the commit was pushed; the table shows what failed",
+    };
+    format!("**Checks still failing:** {names}; {what}.\n\n")
+}
+
+/// A note when the change edits the files that define checks or CI: the checks that ran
+/// came from the base, whatever the change says.
+pub fn rules_edited_note(paths: &[&str]) -> Option<String> {
+    let edited: Vec<&str> = paths
+        .iter()
+        .copied()
+        .filter(|p| *p == ".github/kodx.yml" || p.starts_with(".github/workflows/"))
+        .collect();
+    if edited.is_empty() {
+        return None;
+    }
+    let list = edited
+        .iter()
+        .take(10)
+        .map(|p| format!("`{}`", clean(p).replace('`', "'")))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(format!(
+        "⚠️ This change edits the check or CI configuration ({list}). kodx ran the checks of \
+         the base branch, not the edited ones; review these files with care.\n\n"
+    ))
+}
+
+/// The Check Run's conclusion, title, summary and text.
+pub fn check_run(
+    results: &[CheckResult],
+    run_link: Option<&str>,
+) -> (String, String, String, String) {
+    let last = latest(results);
+    let red = last.iter().filter(|r| !r.passed).count();
+    let conclusion = if red == 0 { "success" } else { "failure" };
+    let title = if red == 0 {
+        format!("{} of {} checks passed", last.len(), last.len())
+    } else {
+        format!("{red} of {} checks failed", last.len())
+    };
+    let mut summary = checks_table(results);
+    if let Some(link) = run_link {
+        summary.push_str(&format!("\nThe run's steps: {link}\n"));
+    }
+    let mut text = String::new();
+    for r in &last {
+        let output: String = {
+            let o = clean(&r.output);
+            let n = o.chars().count();
+            if n > MAX_TAIL_IN_CHECK_RUN {
+                o.chars().skip(n - MAX_TAIL_IN_CHECK_RUN).collect()
+            } else {
+                o
+            }
+        };
+        text.push_str(&format!(
+            "### {} — {}\n\n`{}`\n\n{}\n",
+            clean(&r.name),
+            r.verdict(),
+            clean(&r.run).replace('`', "'"),
+            fenced(&output)
+        ));
+    }
+    (conclusion.into(), title, summary, text)
+}
+
+/// The one line said when the Check Run could not be created.
+pub fn check_run_failed(error: &str, permission: bool) -> String {
+    if permission {
+        "kodx could not add its `kodx` check to the commit: the App has no Checks permission \
+         on this repository. Grant **Checks: Read and write** in the App's settings to see the \
+         checks on the commit."
+            .into()
+    } else {
+        format!(
+            "kodx could not add its `kodx` check to the commit: {}",
+            clean(error)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(name: &str, attempt: u32, passed: bool) -> CheckResult {
+        CheckResult {
+            name: name.into(),
+            run: format!("make {name}"),
+            attempt,
+            passed,
+            exit_code: Some(if passed { 0 } else { 2 }),
+            timed_out: false,
+            duration_ms: 1500,
+            output: if passed {
+                "ok".into()
+            } else {
+                "error: boom".into()
+            },
+            omitted_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn the_table_says_when_each_check_passed() {
+        let results = [
+            r("tests", 1, false),
+            r("lint", 1, true),
+            r("tests", 2, true),
+            r("lint", 2, true),
+        ];
+        insta::assert_snapshot!("checks_table", checks_table(&results));
+        let red = [r("tests", 1, false), r("lint", 1, true)];
+        let table = checks_table(&red);
+        assert!(
+            table.contains("| tests | ❌ failed (exit 2) | 1.5s | red after 1 |"),
+            "{table}"
+        );
+        assert!(red_note(&red, OnRed::Draft, true).contains("`tests`; the pull request is a draft"));
+        let (conclusion, title, summary, text) = check_run(&red, Some("https://k/runs/1"));
+        assert_eq!(
+            (conclusion.as_str(), title.as_str()),
+            ("failure", "1 of 2 checks failed")
+        );
+        assert!(summary.contains("| lint | ✅ passed") && summary.contains("https://k/runs/1"));
+        assert!(text.contains("### tests — failed (exit 2)") && text.contains("error: boom"));
+    }
+
+    #[test]
+    fn edits_to_the_check_configuration_are_named() {
+        assert_eq!(rules_edited_note(&["src/lib.rs"]), None);
+        let note =
+            rules_edited_note(&["src/lib.rs", ".github/kodx.yml", ".github/workflows/ci.yml"])
+                .unwrap();
+        assert!(
+            note.contains("`.github/kodx.yml`, `.github/workflows/ci.yml`"),
+            "{note}"
+        );
+    }
+}

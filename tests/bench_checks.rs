@@ -1,0 +1,160 @@
+//! Benchmark (ignored by default; `bash bench/checks.sh` runs it): what kodx adds around a
+//! repository's checks (SPEC §11), against the issue's target of at most 50 ms per check.
+//!
+//! 1. **Per check**, on the real engine: attempts of three trivial checks (`true`) through
+//!    `kodx::checks::run_checks`, the same code the agent loop calls. A check's time is
+//!    kodx's own around a command that costs nothing: typing it into the check shell, the
+//!    `bash -c` it starts, reading the output to the prompt, the result. Each attempt's
+//!    fresh shell (one engine exec) is shared by its checks and shown per check too.
+//! 2. **End to end**: `/kodx code` through the real `kodx serve`, webhook → pull request
+//!    opened, on the test repository with three checks declared, beside the same run
+//!    without checks (medians), and the difference per check.
+
+#[path = "it/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::serve::{text, tool, usage, Served, REPO};
+use kodx::checks::{run_checks, CheckSpec};
+use kodx::sandbox::Sandbox as _;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn p95(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 * 0.95).ceil() as usize).saturating_sub(1)]
+}
+
+fn verdict(ms: f64, target: f64) -> &'static str {
+    if ms <= target {
+        "ok"
+    } else {
+        "MISSED"
+    }
+}
+
+fn trivial(n: usize) -> Vec<CheckSpec> {
+    (0..n)
+        .map(|i| CheckSpec {
+            name: format!("check{i}"),
+            run: "true".into(),
+            timeout_secs: 60,
+        })
+        .collect()
+}
+
+#[tokio::test]
+#[ignore]
+async fn checks_overhead() {
+    let engine = common::require_engine!();
+    let attempts: usize = std::env::var("KODX_BENCH_ATTEMPTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let spec = common::spec("bench-checks");
+    let sb = common::start(&engine, &spec).await;
+    let checks = trivial(3);
+    let mut per_check = Vec::new();
+    let mut per_check_with_shell = Vec::new();
+    // One attempt to warm the engine's exec path up, not counted.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    run_checks(&sb, &checks, 0, deadline, |_| {}).await;
+    for attempt in 1..=attempts {
+        let started = Instant::now();
+        let results = run_checks(&sb, &checks, attempt as u32, deadline, |_| {}).await;
+        let wall = started.elapsed().as_secs_f64() * 1000.0;
+        assert!(results.iter().all(|r| r.passed), "{results:#?}");
+        for r in &results {
+            per_check.push(r.duration_ms as f64);
+        }
+        per_check_with_shell.push(wall / checks.len() as f64);
+    }
+    sb.destroy().await.unwrap();
+    let (m, p) = (median(per_check.clone()), p95(per_check));
+    let (ms, ps) = (
+        median(per_check_with_shell.clone()),
+        p95(per_check_with_shell),
+    );
+    println!("checks overhead, {attempts} attempts of 3 checks (`true`) on the real engine:");
+    println!(
+        "  per check (type, bash -c, read to the prompt, result): median {m:.1} ms, p95 {p:.1} ms  [target ≤ 50 ms: {}]",
+        verdict(m, 50.0)
+    );
+    println!(
+        "  per check with its share of the attempt's fresh shell: median {ms:.1} ms, p95 {ps:.1} ms  [target ≤ 50 ms: {}]",
+        verdict(ms, 50.0)
+    );
+}
+
+/// Webhook → pull request opened for one `/kodx code` on issue `number`, in ms.
+async fn code_once(s: &Served, number: u64) -> f64 {
+    s.model
+        .reply(tool("echo x >> bench.txt"), "tool_use", usage(1000, 10));
+    s.model.reply(text("Done."), "end_turn", usage(1000, 10));
+    let before = s.github.created_pulls(REPO).len();
+    let started = Instant::now();
+    s.comment(number, "alice", "/kodx code bench").await;
+    s.until("the pull request", || {
+        (s.github.created_pulls(REPO).len() > before).then_some(())
+    })
+    .await;
+    started.elapsed().as_secs_f64() * 1000.0
+}
+
+#[tokio::test]
+#[ignore]
+async fn three_checks_end_to_end() {
+    let _engine = common::require_engine!();
+    let runs: usize = std::env::var("KODX_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let s = Served::with_workers().await;
+    let mut without = Vec::new();
+    let mut with = Vec::new();
+    // Every issue first: the pull requests are numbered after them.
+    let mut number = 100;
+    for n in 101..=100 + 2 * runs as u64 {
+        s.github.add_issue(REPO, n, "Bench", "", "carol");
+    }
+    for _ in 0..runs {
+        s.git.commit_on_branch(
+            REPO,
+            "main",
+            &[(".github/kodx.yml", b"{}\n", 0o644)],
+            "no checks",
+        );
+        number += 1;
+        without.push(code_once(&s, number).await);
+        s.git.commit_on_branch(
+            REPO,
+            "main",
+            &[(
+                ".github/kodx.yml",
+                b"checks:\n  - { name: a, run: \"true\" }\n  - { name: b, run: \"true\" }\n  - { name: c, run: \"true\" }\n",
+                0o644,
+            )],
+            "three checks",
+        );
+        number += 1;
+        with.push(code_once(&s, number).await);
+    }
+    // The Check Run follows the pull request.
+    s.until("a Check Run per run with checks", || {
+        (s.github.check_runs().len() == runs).then_some(())
+    })
+    .await;
+    let (a, b) = (median(without), median(with));
+    println!("webhook → pull request, {runs} runs each (medians), test repository:");
+    println!("  without checks: {a:.0} ms");
+    println!(
+        "  with three checks: {b:.0} ms (+{:.0} ms, {:.1} ms per check, Check Run included)  [target ≤ 50 ms per check: {}]",
+        b - a,
+        (b - a) / 3.0,
+        verdict((b - a) / 3.0, 50.0)
+    );
+}

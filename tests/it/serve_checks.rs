@@ -1,0 +1,277 @@
+//! Verified pull requests end to end (SPEC §11): the real `kodx serve`, real containers
+//! running the repository's real check commands, the git server, the scripted model and the
+//! fake GitHub, whose `check-runs` endpoint holds kodx to GitHub's OpenAPI description.
+//!
+//! - a red check goes back to the model, is repaired, and the pull request, the status
+//!   comment and the `kodx` Check Run on the pushed commit all show it green;
+//! - checks that stay red make a draft (`pr.on_red: draft`) and an agent that deletes the
+//!   checks from `.github/kodx.yml` changes nothing: the base's checks run;
+//! - a check printing 100 MB, one that outlives its timeout and one that leaves a process
+//!   behind each end bounded;
+//! - without the Checks permission the run goes on and says so once; `pr.on_red: discard`
+//!   pushes nothing.
+
+use crate::common;
+use crate::common::serve::{text, tool, usage, Options, Served, REPO};
+
+const PUBLIC: &str = "https://kodx.example.com";
+
+async fn served() -> Served {
+    Served::start(Options {
+        workers: true,
+        extra_env: vec![("KODX_PUBLIC_URL".into(), PUBLIC.into())],
+        ..Options::default()
+    })
+    .await
+}
+
+async fn wait_done(s: &Served, number: u64) -> String {
+    s.bot_comment_where(number, "the run to finish", |c| {
+        c.body.contains("✅") || c.body.contains("❌")
+    })
+    .await
+    .body
+}
+
+/// The text of the last user message of model request `i`.
+fn last_user_text(s: &Served, i: usize) -> String {
+    let body = &s.model.requests()[i].body;
+    let messages = body["messages"].as_array().unwrap();
+    let last = messages.iter().rev().find(|m| m["role"] == "user").unwrap();
+    match last["content"].as_str() {
+        Some(t) => t.to_string(),
+        None => last["content"].to_string(),
+    }
+}
+
+fn config(s: &Served, yaml: &str) {
+    s.git.commit_on_branch(
+        REPO,
+        "main",
+        &[
+            (".github/kodx.yml", yaml.as_bytes(), 0o644),
+            ("notes.txt", b"hello\n", 0o644),
+        ],
+        "checks",
+    );
+}
+
+#[tokio::test]
+async fn a_red_check_is_repaired_and_the_pull_request_and_check_run_show_it_green() {
+    let _engine = common::require_engine!();
+    let mut s = served().await;
+    config(
+        &s,
+        "checks:\n  - { name: fixed, run: test -f fixed.txt && echo fixed-ok }\n  - { name: lint, run: \"! grep -q TODO notes.txt\" }\ncheck_repair: 2\n",
+    );
+    s.github.add_issue(REPO, 7, "Say hi", "", "carol");
+    s.model
+        .reply(tool("echo hi > hi.txt"), "tool_use", usage(1000, 10));
+    s.model
+        .reply(text("Added hi.txt."), "end_turn", usage(1100, 10));
+    s.model
+        .reply(tool("touch fixed.txt"), "tool_use", usage(1200, 10));
+    s.model.reply(
+        text("Added hi.txt and fixed.txt."),
+        "end_turn",
+        usage(1300, 10),
+    );
+    let run = s.comment(7, "alice", "/kodx code add hi.txt").await;
+    let status = wait_done(&s, 7).await;
+    assert!(status.contains("✅ done"), "{status}\n{}", s.log());
+
+    // Told the checks first; given the failure after the first end of turn.
+    let first = last_user_text(&s, 0);
+    assert!(first.contains("This repository declares checks"), "{first}");
+    assert!(
+        first.contains("`test -f fixed.txt && echo fixed-ok`"),
+        "{first}"
+    );
+    assert_eq!(s.model.requests().len(), 4);
+    let report = last_user_text(&s, 2);
+    assert!(
+        report.contains("kodx ran the repository's checks"),
+        "{report}"
+    );
+    assert!(report.contains("### fixed — failed (exit 1)"), "{report}");
+    assert!(!report.contains("### lint"), "only the red ones: {report}");
+
+    // The pull request and the status comment show the table; not a draft.
+    let pulls = s.github.created_pulls(REPO);
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    let pr = &pulls[0];
+    assert!(!pr.draft);
+    for text in [&pr.body, &status] {
+        assert!(text.contains("| fixed | ✅ passed |"), "{text}");
+        assert!(text.contains("passed in 2 of 2"), "{text}");
+        assert!(text.contains("| lint | ✅ passed |") && text.contains("passed in 1 of 2"));
+    }
+
+    // The `kodx` Check Run on the pushed commit says the same.
+    let runs = s.github.check_runs();
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    let cr = &runs[0].body;
+    let tip = s.git.branch_sha(REPO, &pr.head).unwrap();
+    assert_eq!(cr["head_sha"], tip.as_str());
+    assert_eq!(cr["name"], "kodx");
+    assert_eq!(cr["conclusion"], "success");
+    assert_eq!(cr["output"]["title"], "2 of 2 checks passed");
+    assert!(cr["output"]["summary"]
+        .as_str()
+        .unwrap()
+        .contains("| fixed | ✅ passed"));
+    assert!(cr["output"]["text"].as_str().unwrap().contains("fixed-ok"));
+    assert!(cr["details_url"]
+        .as_str()
+        .unwrap()
+        .starts_with(&format!("{PUBLIC}/runs/{}", run.0)));
+
+    // The transcript holds each check of each attempt.
+    let db = s.db().await;
+    let records = db.transcript_records(&run.0, 0, 100).await.unwrap();
+    let checks: Vec<serde_json::Value> = records
+        .iter()
+        .map(|(_, l)| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["type"] == "check")
+        .collect();
+    assert_eq!(checks.len(), 4, "{checks:#?}");
+    assert_eq!(checks[0]["result"]["passed"], false);
+    assert_eq!(checks[2]["result"]["attempt"], 2);
+    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn red_checks_make_a_draft_and_the_agent_cannot_drop_them() {
+    let _engine = common::require_engine!();
+    let mut s = served().await;
+    config(
+        &s,
+        "checks:\n  - { name: tests, run: test -f ok.txt, timeout: 30 }\ncheck_repair: 1\n",
+    );
+    s.github.add_issue(REPO, 7, "Change", "", "carol");
+    // The agent deletes the check from the config, then gives up on the repair.
+    s.model.reply(
+        tool("printf 'checks: []\\n' > .github/kodx.yml && echo x > x.txt"),
+        "tool_use",
+        usage(1000, 10),
+    );
+    s.model.reply(text("Done."), "end_turn", usage(1100, 10));
+    s.model
+        .reply(text("I cannot make it pass."), "end_turn", usage(1200, 10));
+    s.comment(7, "alice", "/kodx code change it").await;
+    let status = wait_done(&s, 7).await;
+    assert_eq!(s.model.requests().len(), 3, "one repair pass: {}", s.log());
+    let pulls = s.github.created_pulls(REPO);
+    assert_eq!(pulls.len(), 1, "{pulls:#?}\n{status}");
+    let pr = &pulls[0];
+    assert!(pr.draft, "pr.on_red: draft");
+    for text in [&pr.body, &status] {
+        assert!(text.contains("| tests | ❌ failed (exit 1)"), "{text}");
+        assert!(
+            text.contains("**Checks still failing:** `tests`; the pull request is a draft"),
+            "{text}"
+        );
+    }
+    assert!(
+        pr.body
+            .contains("edits the check or CI configuration (`.github/kodx.yml`)"),
+        "{}",
+        pr.body
+    );
+    let runs = s.github.check_runs();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].body["conclusion"], "failure");
+    assert_eq!(runs[0].body["output"]["title"], "1 of 1 checks failed");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn floods_timeouts_and_leftover_processes_end_bounded() {
+    let _engine = common::require_engine!();
+    let mut s = served().await;
+    config(
+        &s,
+        "checks:\n  - { name: flood, run: \"yes kodx-flood-line | head -c 100000000; echo done-flooding\" }\n  - { name: slow, run: sleep 600, timeout: 2 }\n  - { name: daemon, run: \"sleep 1000 & echo started\" }\ncheck_repair: 0\npr: { on_red: open }\n",
+    );
+    s.github.add_issue(REPO, 7, "Change", "", "carol");
+    s.model
+        .reply(tool("echo a > a.txt"), "tool_use", usage(1000, 10));
+    s.model.reply(text("Done."), "end_turn", usage(1100, 10));
+    let started = std::time::Instant::now();
+    let run = s.comment(7, "alice", "/kodx code change it").await;
+    let status = wait_done(&s, 7).await;
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(90), "{took:?}");
+    assert_eq!(s.model.requests().len(), 2, "report only: no repair");
+    let pulls = s.github.created_pulls(REPO);
+    assert_eq!(pulls.len(), 1, "{status}");
+    assert!(!pulls[0].draft, "pr.on_red: open");
+    assert!(status.contains("| flood | ✅ passed"), "{status}");
+    assert!(
+        status.contains("| slow | ❌ timed out after 2s"),
+        "{status}"
+    );
+    assert!(status.contains("| daemon | ✅ passed"), "{status}");
+    assert!(
+        status.contains("the pull request was opened anyway"),
+        "{status}"
+    );
+    let cr = &s.github.check_runs()[0].body;
+    let text = cr["output"]["text"].as_str().unwrap();
+    assert!(text.chars().count() <= 65_535);
+    assert!(
+        text.contains("done-flooding"),
+        "the end of the flood is kept"
+    );
+    let db = s.db().await;
+    let records = db.transcript_records(&run.0, 0, 100).await.unwrap();
+    for (_, line) in &records {
+        assert!(line.len() < 64 * 1024, "a record of {} bytes", line.len());
+    }
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn without_the_checks_permission_the_run_goes_on_and_discard_pushes_nothing() {
+    let _engine = common::require_engine!();
+    let mut s = served().await;
+    s.github.withhold_checks_permission();
+    config(&s, "checks:\n  - { name: ok, run: \"true\" }\n");
+    s.github.add_issue(REPO, 7, "Change", "", "carol");
+    s.model
+        .reply(tool("echo a > a.txt"), "tool_use", usage(1000, 10));
+    s.model.reply(text("Done."), "end_turn", usage(1100, 10));
+    s.comment(7, "alice", "/kodx code change it").await;
+    let status = wait_done(&s, 7).await;
+    assert!(status.contains("✅ done"), "{status}");
+    assert_eq!(s.github.created_pulls(REPO).len(), 1);
+    assert!(s.github.check_runs().is_empty());
+    assert_eq!(
+        status.matches("the App has no Checks permission").count(),
+        1,
+        "{status}"
+    );
+
+    // Red and `discard`: nothing pushed, and the comment says why.
+    config(
+        &s,
+        "checks:\n  - { name: never, run: \"false\" }\ncheck_repair: 0\npr: { on_red: discard }\n",
+    );
+    s.github.add_issue(REPO, 20, "Change", "", "carol");
+    s.model
+        .reply(tool("echo b > b.txt"), "tool_use", usage(1000, 10));
+    s.model.reply(text("Done."), "end_turn", usage(1100, 10));
+    s.comment(20, "alice", "/kodx code change it").await;
+    let status = wait_done(&s, 20).await;
+    assert!(
+        status.contains("nothing was pushed (`pr.on_red: discard`)"),
+        "{status}"
+    );
+    assert_eq!(
+        s.github.created_pulls(REPO).len(),
+        1,
+        "no second pull request"
+    );
+    s.finish().await;
+}
