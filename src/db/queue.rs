@@ -255,6 +255,20 @@ impl Db {
         let notify = self.is_shared();
         let (order, mut cancelled, running) = with_pool!(&self.pool, pool => {
             let mut tx = pool.begin().await?;
+            // A write first, as every transaction here: SQLite takes its write lock now
+            // (waiting up to the busy timeout) instead of failing with a stale snapshot
+            // when another connection writes between this transaction's read and write.
+            let mut running = sqlx::query_as::<_, Run>(concat!(
+                "UPDATE runs SET cancelled_by = COALESCE(cancelled_by, $1) \
+                 WHERE repo = $2 AND issue_number = $3 AND status = 'running' \
+                 AND kind IN ('ask', 'code', 'continue') RETURNING ",
+                run_columns!()
+            ))
+            .bind(by)
+            .bind(repo)
+            .bind(issue_number)
+            .fetch_all(&mut *tx)
+            .await?;
             // The queue's order (RETURNING gives none, and two runs may share a millisecond).
             let order: Vec<String> = sqlx::query_scalar(
                 "SELECT id FROM runs WHERE repo = $1 AND issue_number = $2 AND status = 'queued' \
@@ -276,17 +290,6 @@ impl Db {
             .bind(repo)
             .bind(issue_number)
             .bind(EndReason::Agent(StopReason::Cancelled))
-            .fetch_all(&mut *tx)
-            .await?;
-            let mut running = sqlx::query_as::<_, Run>(concat!(
-                "UPDATE runs SET cancelled_by = COALESCE(cancelled_by, $1) \
-                 WHERE repo = $2 AND issue_number = $3 AND status = 'running' \
-                 AND kind IN ('ask', 'code', 'continue') RETURNING ",
-                run_columns!()
-            ))
-            .bind(by)
-            .bind(repo)
-            .bind(issue_number)
             .fetch_all(&mut *tx)
             .await?;
             running.sort_by_key(|run| run.created_at);

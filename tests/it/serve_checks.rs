@@ -137,6 +137,26 @@ async fn a_red_check_is_repaired_and_the_pull_request_and_check_run_show_it_gree
     assert_eq!(checks.len(), 4, "{checks:#?}");
     assert_eq!(checks[0]["result"]["passed"], false);
     assert_eq!(checks[2]["result"]["attempt"], 2);
+    // The run page shows each check like a step.
+    let start = status
+        .find(&format!("{PUBLIC}/runs/"))
+        .expect("a run page link");
+    let rest = &status[start + PUBLIC.len()..];
+    let path = &rest[..rest.find('"').unwrap()];
+    let page = reqwest::get(format!("{}{path}", s.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("kodx ran the check fixed (attempt 1): failed (exit 1)"),
+        "{page}"
+    );
+    assert!(
+        page.contains("check$ test -f fixed.txt &amp;&amp; echo fixed-ok"),
+        "{page}"
+    );
     assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
     s.finish().await;
 }

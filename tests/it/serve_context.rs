@@ -171,6 +171,9 @@ async fn agents_md_is_given_fenced_and_clean_and_the_template_shapes_the_body() 
         kodx.contains("Closes #7") && kodx.contains(&run.0),
         "{body}"
     );
+    // No `checks:`: no table, no Check Run.
+    assert!(!body.contains("**Checks**") && !status.contains("**Checks**"));
+    assert!(s.github.check_runs().is_empty());
 
     // The transcript and the run page say what was given.
     let given = given(&s, &run.0).await;
