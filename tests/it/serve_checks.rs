@@ -27,7 +27,7 @@ async fn served() -> Served {
 
 async fn wait_done(s: &Served, number: u64) -> String {
     s.bot_comment_where(number, "the run to finish", |c| {
-        c.body.contains("✅") || c.body.contains("❌")
+        c.body.contains("### ✅") || c.body.contains("### ❌") || c.body.contains("### ⚠️")
     })
     .await
     .body
@@ -182,6 +182,7 @@ async fn red_checks_make_a_draft_and_the_agent_cannot_drop_them() {
     s.comment(7, "alice", "/kodx code change it").await;
     let status = wait_done(&s, 7).await;
     assert_eq!(s.model.requests().len(), 3, "one repair pass: {}", s.log());
+    assert!(status.contains("### ⚠️ done — checks failing"), "{status}");
     let pulls = s.github.created_pulls(REPO);
     assert_eq!(pulls.len(), 1, "{pulls:#?}\n{status}");
     let pr = &pulls[0];
@@ -286,6 +287,10 @@ async fn without_the_checks_permission_the_run_goes_on_and_discard_pushes_nothin
     let status = wait_done(&s, 20).await;
     assert!(
         status.contains("nothing was pushed (`pr.on_red: discard`)"),
+        "{status}"
+    );
+    assert!(
+        status.contains("### ⚠️ checks failing — nothing pushed"),
         "{status}"
     );
     assert_eq!(

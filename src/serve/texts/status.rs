@@ -375,6 +375,17 @@ fn header(phase: &Phase) -> String {
             format_usd(*spent),
             format_usd(*limit)
         ),
+        // The agent finished, but the repository's checks stayed red.
+        Phase::Done(done)
+            if done.succeeded()
+                && crate::checks::all_passed(&done.outcome.checks) == Some(false) =>
+        {
+            if done.pr_url.is_some() || done.pushed.is_some() {
+                "⚠️ done — checks failing".into()
+            } else {
+                "⚠️ checks failing — nothing pushed".into()
+            }
+        }
         Phase::Done(done) if done.succeeded() => match done.kind {
             RunKind::Ask => "✅ answered".into(),
             RunKind::Code if done.pr_url.is_some() || done.pushed.is_some() => "✅ done".into(),

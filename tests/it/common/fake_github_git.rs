@@ -119,6 +119,8 @@ pub(super) async fn get_tree(
         None => return gh_error(404, "Not Found"),
     };
     let base = format!("{}/repos/{owner}/{repo}", fake.url());
+    // Sizes from the object headers (a blob is not inflated to be measured).
+    let odb = git.odb().ok();
     let mut entries = Vec::new();
     let mut push = |path: String, entry: &git2::TreeEntry| {
         let kind = match entry.kind() {
@@ -135,8 +137,8 @@ pub(super) async fn get_tree(
             "url": format!("{base}/git/{}s/{id}", kind),
         });
         if kind == "blob" {
-            if let Ok(blob) = git.find_blob(entry.id()) {
-                v["size"] = json!(blob.size());
+            if let Some(Ok((size, _))) = odb.as_ref().map(|o| o.read_header(entry.id())) {
+                v["size"] = json!(size);
             }
         }
         entries.push(v);
