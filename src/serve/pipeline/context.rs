@@ -212,25 +212,14 @@ fn cut(text: &str, max: usize) -> String {
     )
 }
 
-/// A block of untrusted text, fenced so that it cannot close its own fence.
+/// A block of untrusted text, cleaned of hidden text, cut to size and [`fenced`].
 fn block(out: &mut String, label: &str, text: &str) {
-    let text = cut(&strip_hidden(text), MAX_TEXT_BYTES);
-    let mut fence = "````".to_string();
-    while text.contains(&fence) {
-        fence.push('`');
-    }
-    out.push_str(label);
-    out.push('\n');
-    out.push_str(&fence);
-    out.push('\n');
-    out.push_str(text.trim_end());
-    out.push('\n');
-    out.push_str(&fence);
-    out.push_str("\n\n");
+    fenced(out, label, "", &cut(&strip_hidden(text), MAX_TEXT_BYTES));
 }
 
-/// Text already cleaned and bounded (the repository's instructions, its template), fenced
-/// like [`block`].
+/// `label`, then `text` in a fence longer than any it holds (so it cannot close its own
+/// fence), with `info` after the opening fence. The text is put in as given: the callers
+/// clean and bound it.
 pub(super) fn fenced(out: &mut String, label: &str, info: &str, text: &str) {
     let mut fence = "````".to_string();
     while text.contains(&fence) {
@@ -247,24 +236,10 @@ pub(super) fn fenced(out: &mut String, label: &str, info: &str, text: &str) {
     out.push_str("\n\n");
 }
 
-/// A block of code (diff, hunk) fenced like [`block`], with hidden characters revealed
-/// rather than removed and nothing else changed (HTML comments in code are visible on
-/// GitHub).
+/// A block of code (diff, hunk) [`fenced`], with hidden characters revealed rather than
+/// removed and nothing else changed (HTML comments in code are visible on GitHub).
 fn code_block(out: &mut String, label: &str, info: &str, text: &str) {
-    let text = reveal_hidden(text);
-    let mut fence = "````".to_string();
-    while text.contains(&fence) {
-        fence.push('`');
-    }
-    out.push_str(label);
-    out.push('\n');
-    out.push_str(&fence);
-    out.push_str(info);
-    out.push('\n');
-    out.push_str(text.trim_end());
-    out.push('\n');
-    out.push_str(&fence);
-    out.push_str("\n\n");
+    fenced(out, label, info, &reveal_hidden(text));
 }
 
 impl RunContext {
