@@ -79,14 +79,10 @@ pub(in crate::serve) async fn deliver_work(
         let delivered = match changes {
             Ok(changes) => {
                 let paths: Vec<&str> = changes.changes.iter().map(|c| c.path.as_str()).collect();
-                let mut extra = String::new();
-                if !done.outcome.checks.is_empty() {
-                    extra.push_str("**Checks** (run by kodx in the run's container):\n\n");
-                    extra.push_str(&checks::checks_table(&done.outcome.checks));
-                    extra.push('\n');
-                    if red {
-                        extra.push_str(&checks::red_note(&done.outcome.checks, on_red, new_pull));
-                    }
+                // kodx's part of the body: the checks, and what red ones made of it.
+                let mut extra = checks::section(&done.outcome.checks);
+                for note in &done.notes {
+                    extra.push_str(note);
                 }
                 if let Some(note) = checks::rules_edited_note(&paths) {
                     extra.push_str(&note);

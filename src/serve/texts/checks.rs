@@ -58,6 +58,18 @@ fn short_duration(r: &CheckResult) -> String {
     }
 }
 
+/// The checks part of the status comment and the pull request body: a heading and the
+/// table (empty when no checks ran).
+pub fn section(results: &[CheckResult]) -> String {
+    if results.is_empty() {
+        return String::new();
+    }
+    format!(
+        "**Checks** (run by kodx in the run's container):\n\n{}\n",
+        checks_table(results)
+    )
+}
+
 /// The names of the checks red in the last attempt.
 pub fn failing(results: &[CheckResult]) -> Vec<String> {
     latest(results)

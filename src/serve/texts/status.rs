@@ -476,12 +476,7 @@ fn done_body(done: &Done, head: &mut String, tail: &mut String) -> String {
 
 /// The checks table and the delivery's notes, when there are any.
 fn checks_part(done: &Done) -> String {
-    let mut out = String::new();
-    if !done.outcome.checks.is_empty() {
-        out.push_str("**Checks** (run by kodx in the container):\n\n");
-        out.push_str(&super::checks::checks_table(&done.outcome.checks));
-        out.push('\n');
-    }
+    let mut out = super::checks::section(&done.outcome.checks);
     for note in &done.notes {
         out.push_str(note);
     }
