@@ -281,22 +281,16 @@ impl Agent<'_> {
         };
         run.acted_since_check = false;
         let red = results.iter().any(|r| !r.passed);
-        let report = red.then(|| {
-            crate::checks::failure_report(
-                &results,
-                cfg.check_repair.saturating_sub(run.repairs + 1),
-            )
-        });
+        let repair = red
+            && !final_only
+            && run.repairs < cfg.check_repair
+            && tokio::time::Instant::now() < run.deadline;
+        let report = repair
+            .then(|| crate::checks::failure_report(&results, cfg.check_repair - run.repairs - 1));
         run.checks.extend(results);
         let Some(report) = report else {
             return ControlFlow::Break(ended);
         };
-        if final_only
-            || run.repairs >= cfg.check_repair
-            || tokio::time::Instant::now() >= run.deadline
-        {
-            return ControlFlow::Break(ended);
-        }
         run.repairs += 1;
         match run.messages.last_mut() {
             Some(last) if last.role == Role::User => {

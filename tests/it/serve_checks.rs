@@ -12,26 +12,7 @@
 //!   pushes nothing.
 
 use crate::common;
-use crate::common::serve::{text, tool, usage, Options, Served, REPO};
-
-const PUBLIC: &str = "https://kodx.example.com";
-
-async fn served() -> Served {
-    Served::start(Options {
-        workers: true,
-        extra_env: vec![("KODX_PUBLIC_URL".into(), PUBLIC.into())],
-        ..Options::default()
-    })
-    .await
-}
-
-async fn wait_done(s: &Served, number: u64) -> String {
-    s.bot_comment_where(number, "the run to finish", |c| {
-        c.body.contains("### ✅") || c.body.contains("### ❌") || c.body.contains("### ⚠️")
-    })
-    .await
-    .body
-}
+use crate::common::serve::{text, tool, usage, Served, PUBLIC_URL as PUBLIC, REPO};
 
 /// The text of the last user message of model request `i`.
 fn last_user_text(s: &Served, i: usize) -> String {
@@ -59,7 +40,7 @@ fn config(s: &Served, yaml: &str) {
 #[tokio::test]
 async fn a_red_check_is_repaired_and_the_pull_request_and_check_run_show_it_green() {
     let _engine = common::require_engine!();
-    let mut s = served().await;
+    let mut s = Served::with_run_pages().await;
     config(
         &s,
         "checks:\n  - { name: fixed, run: test -f fixed.txt && echo fixed-ok }\n  - { name: lint, run: \"! grep -q TODO notes.txt\" }\ncheck_repair: 2\n",
@@ -77,7 +58,7 @@ async fn a_red_check_is_repaired_and_the_pull_request_and_check_run_show_it_gree
         usage(1300, 10),
     );
     let run = s.comment(7, "alice", "/kodx code add hi.txt").await;
-    let status = wait_done(&s, 7).await;
+    let status = s.finished_status(7).await;
     assert!(status.contains("✅ done"), "{status}\n{}", s.log());
 
     // Told the checks first; given the failure after the first end of turn.
@@ -127,28 +108,12 @@ async fn a_red_check_is_repaired_and_the_pull_request_and_check_run_show_it_gree
         .starts_with(&format!("{PUBLIC}/runs/{}", run.0)));
 
     // The transcript holds each check of each attempt.
-    let db = s.db().await;
-    let records = db.transcript_records(&run.0, 0, 100).await.unwrap();
-    let checks: Vec<serde_json::Value> = records
-        .iter()
-        .map(|(_, l)| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|r| r["type"] == "check")
-        .collect();
+    let checks = s.records(&run.0, "check").await;
     assert_eq!(checks.len(), 4, "{checks:#?}");
     assert_eq!(checks[0]["result"]["passed"], false);
     assert_eq!(checks[2]["result"]["attempt"], 2);
     // The run page shows each check like a step.
-    let start = status
-        .find(&format!("{PUBLIC}/runs/"))
-        .expect("a run page link");
-    let rest = &status[start + PUBLIC.len()..];
-    let path = &rest[..rest.find('"').unwrap()];
-    let page = reqwest::get(format!("{}{path}", s.url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = s.linked_run_page(&status).await;
     assert!(
         page.contains("kodx ran the check fixed (attempt 1): failed (exit 1)"),
         "{page}"
@@ -164,7 +129,7 @@ async fn a_red_check_is_repaired_and_the_pull_request_and_check_run_show_it_gree
 #[tokio::test]
 async fn red_checks_make_a_draft_and_the_agent_cannot_drop_them() {
     let _engine = common::require_engine!();
-    let mut s = served().await;
+    let mut s = Served::with_run_pages().await;
     config(
         &s,
         "checks:\n  - { name: tests, run: test -f ok.txt, timeout: 30 }\ncheck_repair: 1\n",
@@ -180,7 +145,7 @@ async fn red_checks_make_a_draft_and_the_agent_cannot_drop_them() {
     s.model
         .reply(text("I cannot make it pass."), "end_turn", usage(1200, 10));
     s.comment(7, "alice", "/kodx code change it").await;
-    let status = wait_done(&s, 7).await;
+    let status = s.finished_status(7).await;
     assert_eq!(s.model.requests().len(), 3, "one repair pass: {}", s.log());
     assert!(status.contains("### ⚠️ done — checks failing"), "{status}");
     let pulls = s.github.created_pulls(REPO);
@@ -210,7 +175,7 @@ async fn red_checks_make_a_draft_and_the_agent_cannot_drop_them() {
 #[tokio::test]
 async fn floods_timeouts_and_leftover_processes_end_bounded() {
     let _engine = common::require_engine!();
-    let mut s = served().await;
+    let mut s = Served::with_run_pages().await;
     config(
         &s,
         "checks:\n  - { name: flood, run: \"yes kodx-flood-line | head -c 100000000; echo done-flooding\" }\n  - { name: slow, run: sleep 600, timeout: 2 }\n  - { name: daemon, run: \"sleep 1000 & echo started\" }\ncheck_repair: 0\npr: { on_red: open }\n",
@@ -221,7 +186,7 @@ async fn floods_timeouts_and_leftover_processes_end_bounded() {
     s.model.reply(text("Done."), "end_turn", usage(1100, 10));
     let started = std::time::Instant::now();
     let run = s.comment(7, "alice", "/kodx code change it").await;
-    let status = wait_done(&s, 7).await;
+    let status = s.finished_status(7).await;
     let took = started.elapsed();
     assert!(took < std::time::Duration::from_secs(90), "{took:?}");
     assert_eq!(s.model.requests().len(), 2, "report only: no repair");
@@ -256,7 +221,7 @@ async fn floods_timeouts_and_leftover_processes_end_bounded() {
 #[tokio::test]
 async fn without_the_checks_permission_the_run_goes_on_and_discard_pushes_nothing() {
     let _engine = common::require_engine!();
-    let mut s = served().await;
+    let mut s = Served::with_run_pages().await;
     s.github.withhold_checks_permission();
     config(&s, "checks:\n  - { name: ok, run: \"true\" }\n");
     s.github.add_issue(REPO, 7, "Change", "", "carol");
@@ -264,7 +229,7 @@ async fn without_the_checks_permission_the_run_goes_on_and_discard_pushes_nothin
         .reply(tool("echo a > a.txt"), "tool_use", usage(1000, 10));
     s.model.reply(text("Done."), "end_turn", usage(1100, 10));
     s.comment(7, "alice", "/kodx code change it").await;
-    let status = wait_done(&s, 7).await;
+    let status = s.finished_status(7).await;
     assert!(status.contains("✅ done"), "{status}");
     assert_eq!(s.github.created_pulls(REPO).len(), 1);
     assert!(s.github.check_runs().is_empty());
@@ -284,7 +249,7 @@ async fn without_the_checks_permission_the_run_goes_on_and_discard_pushes_nothin
         .reply(tool("echo b > b.txt"), "tool_use", usage(1000, 10));
     s.model.reply(text("Done."), "end_turn", usage(1100, 10));
     s.comment(20, "alice", "/kodx code change it").await;
-    let status = wait_done(&s, 20).await;
+    let status = s.finished_status(20).await;
     assert!(
         status.contains("nothing was pushed (`pr.on_red: discard`)"),
         "{status}"

@@ -93,9 +93,7 @@ impl RepoContext {
             ..Default::default()
         }
     }
-}
 
-impl RepoContext {
     /// The instructions and the nested `AGENTS.md` list, as the first message gives them
     /// (`on_pull`: the run is on a pull request, whose own edits to them are not rules).
     pub fn instructions_text(&self, on_pull: bool) -> String {

@@ -56,6 +56,27 @@ fn mode_str(mode: i32) -> String {
     format!("{mode:06o}")
 }
 
+/// A `contents: read` call answered in JSON: the repository's key, or the refusal.
+#[allow(clippy::result_large_err)]
+fn readable_json(
+    fake: &FakeGitHub,
+    req: &Req,
+    owner: &str,
+    repo: &str,
+) -> Result<String, Response> {
+    let key = auth_installation(fake, req, owner, repo, CONTENTS_READ)?;
+    if !accepts_json(req) {
+        return Err(refuse(
+            fake,
+            req,
+            415,
+            "Unsupported 'Accept' header",
+            "Accept",
+        ));
+    }
+    Ok(key)
+}
+
 /// `GET /repos/{owner}/{repo}/branches/{branch}`: the branch's tip, from the branch hooks
 /// (`set_branch_sha`) or the git directory; 404 "Branch not found" for anything else (a
 /// tag, a commit).
@@ -64,13 +85,10 @@ pub(super) async fn get_branch(
     Path((owner, repo, branch)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo, CONTENTS_READ) {
+    let key = match readable_json(&fake, &req, &owner, &repo) {
         Ok(k) => k,
         Err(r) => return r,
     };
-    if !accepts_json(&req) {
-        return refuse(&fake, &req, 415, "Unsupported 'Accept' header", "Accept");
-    }
     let Some(sha) = fake.branch_tip(&key, &branch) else {
         return gh_error(404, "Branch not found");
     };
@@ -100,13 +118,10 @@ pub(super) async fn get_tree(
     Path((owner, repo, sha)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match auth_installation(&fake, &req, &owner, &repo, CONTENTS_READ) {
+    let key = match readable_json(&fake, &req, &owner, &repo) {
         Ok(k) => k,
         Err(r) => return r,
     };
-    if !accepts_json(&req) {
-        return refuse(&fake, &req, 415, "Unsupported 'Accept' header", "Accept");
-    }
     let recursive = req.query.contains_key("recursive");
     let Some(git) = open_repo(&fake, &key) else {
         return gh_error(404, "Not Found");

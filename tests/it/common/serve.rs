@@ -22,6 +22,9 @@ pub const INSTALLATION: u64 = 77;
 pub const SECRET: &str = "it's a secret to everybody";
 pub const MODEL_KEY: &str = "sk-ant-test-key-0123456789";
 pub const REPO: &str = "acme/widgets";
+/// The public address [`Served::with_run_pages`] gives kodx: status comments link their
+/// run pages under it.
+pub const PUBLIC_URL: &str = "https://kodx.example.com";
 
 /// A running `kodx serve` and the fakes around it.
 /// Runs `$body` with `$pool` connected to the server's database, SQLite or PostgreSQL.
@@ -527,6 +530,56 @@ impl Served {
         })
         .await
         .tap_read(self)
+    }
+
+    /// With workers and `KODX_PUBLIC_URL` ([`PUBLIC_URL`]), so status comments link the
+    /// run pages.
+    pub async fn with_run_pages() -> Served {
+        Served::start(Options {
+            workers: true,
+            extra_env: vec![("KODX_PUBLIC_URL".into(), PUBLIC_URL.into())],
+            ..Options::default()
+        })
+        .await
+    }
+
+    /// The status comment on `issue` once its run has finished (a `✅`, `❌` or `⚠️`
+    /// header).
+    pub async fn finished_status(&self, issue: u64) -> String {
+        self.bot_comment_where(issue, "the run to finish", |c| {
+            ["### ✅", "### ❌", "### ⚠️"]
+                .iter()
+                .any(|h| c.body.contains(h))
+        })
+        .await
+        .body
+    }
+
+    /// The run page a status comment `body` links (under [`PUBLIC_URL`]), fetched.
+    pub async fn linked_run_page(&self, body: &str) -> String {
+        let start = body
+            .find(&format!("{PUBLIC_URL}/runs/"))
+            .unwrap_or_else(|| panic!("no run page link in {body}"));
+        let rest = &body[start + PUBLIC_URL.len()..];
+        let path = &rest[..rest.find('"').unwrap()];
+        reqwest::get(format!("{}{path}", self.url))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// The transcript records of `run` whose `type` is `kind`, in order.
+    pub async fn records(&self, run: &str, kind: &str) -> Vec<Value> {
+        let db = self.db().await;
+        db.transcript_records(run, 0, 1000)
+            .await
+            .unwrap()
+            .iter()
+            .map(|(_, line)| serde_json::from_str::<Value>(line).unwrap())
+            .filter(|r| r["type"] == kind)
+            .collect()
     }
 
     /// The first bot comment on `issue` for which `pred` holds (waiting for it, woken by
