@@ -11,6 +11,7 @@
 pub mod agent;
 mod backoff;
 pub mod checks;
+pub mod ci_log;
 pub mod command;
 pub mod cost;
 pub mod db;

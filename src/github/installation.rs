@@ -624,45 +624,6 @@ impl Installation {
         Ok(wire::decode::<wire::PullUpdated>(&v, &what)?.into())
     }
 
-    /// Marks a draft pull request ready for review. GitHub does this over GraphQL only
-    /// (`markPullRequestReadyForReview`, by the pull request's node id); a GraphQL error
-    /// (answered with HTTP 200 and an `errors` list) is an error with GitHub's message.
-    pub async fn mark_ready_for_review(&self, node_id: &str) -> Result<(), GitHubError> {
-        let what = "POST graphql markPullRequestReadyForReview".to_string();
-        let query = json!({
-            "query": "mutation($id: ID!) { markPullRequestReadyForReview(input: {pullRequestId: $id}) { pullRequest { id isDraft } } }",
-            "variables": { "id": node_id },
-        });
-        let raw = self
-            .request(
-                http::Method::POST,
-                &self.inner.graphql,
-                None,
-                JSON,
-                Some(&query),
-            )
-            .await?;
-        let v = raw.json(&what)?;
-        if let Some(errors) = v.get("errors").and_then(Value::as_array) {
-            let message = errors
-                .iter()
-                .filter_map(|e| e.get("message").and_then(Value::as_str))
-                .collect::<Vec<_>>()
-                .join("; ");
-            return Err(GitHubError::decode(
-                &what,
-                format!("GitHub answered: {message}"),
-            ));
-        }
-        match v["data"]["markPullRequestReadyForReview"]["pullRequest"]["isDraft"].as_bool() {
-            Some(false) => Ok(()),
-            _ => Err(GitHubError::decode(
-                &what,
-                "the answer does not say the pull request is ready",
-            )),
-        }
-    }
-
     /// The numeric id of a GitHub account (`GET /users/{login}`; a bot's login
     /// `name[bot]` is percent-encoded), e.g. for a `Co-authored-by:` trailer's noreply
     /// address. An unknown login is `NotFound`.
@@ -681,6 +642,12 @@ impl Installation {
     // ---------------------------------------------------------------------------------
     // Transport
     // ---------------------------------------------------------------------------------
+
+    /// What the GraphQL calls ([`super::graphql`]) go through: this installation's client and
+    /// policy, and GitHub's GraphQL endpoint.
+    pub(super) fn graphql_channel(&self) -> (&Octocrab, &RequestPolicy, &str) {
+        (&self.inner.octo, &self.inner.policy, &self.inner.graphql)
+    }
 
     async fn get_json(&self, path: &str) -> Result<Value, GitHubError> {
         let raw = self

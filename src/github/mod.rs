@@ -16,7 +16,9 @@
 //!   [`SecretString`](secrecy::SecretString) (no `Display`, `Debug` prints `[REDACTED]`,
 //!   zeroed on drop).
 
+mod ci;
 mod error;
+mod graphql;
 mod installation;
 mod manifest;
 mod policy;
@@ -34,7 +36,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use octocrab::Octocrab;
 
+pub use ci::{CiLimits, CiState, FailedCheck};
 pub use error::GitHubError;
+pub use graphql::{ReviewThread, ReviewThreads, ThreadComment};
 pub use installation::Installation;
 pub use manifest::{convert_manifest, ConvertedApp};
 pub use policy::RequestPolicy;

@@ -8,7 +8,9 @@ use crate::common::fake_github;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fake_github::{FakeBase, FakeGitHub, FakeHead, FakePull, TEST_APP_KEY};
+use fake_github::{
+    FakeBase, FakeGitHub, FakeHead, FakePull, FakeThread, FakeThreadState, TEST_APP_KEY,
+};
 use kodx::github::{
     GitHubApp, GitHubError, NewPull, Permission, PullRef, Reaction, ReactionTarget, RepoName,
     RequestPolicy, TokenScope, TOKEN_REFRESH_MARGIN,
@@ -1720,6 +1722,431 @@ async fn branches_trees_and_bounded_blobs() {
             .await
             .unwrap(),
         None
+    );
+    assert_clean(&fake);
+}
+
+// ---------------------------------------------------------------------------------------
+// GraphQL: review threads (the fake validates every document against GitHub's schema)
+// ---------------------------------------------------------------------------------------
+
+/// Pull request 5 of `REPO`, for review threads.
+fn with_review_pull(fake: &FakeGitHub) {
+    fake.add_pull(
+        REPO,
+        5,
+        "Review me",
+        "",
+        "bob",
+        FakeHead {
+            ref_name: "feature".into(),
+            sha: "a".repeat(40),
+            repo: Some(REPO.into()),
+            clone_url: "https://github.com/acme/widgets.git".into(),
+        },
+        FakeBase {
+            ref_name: "main".into(),
+            sha: "b".repeat(40),
+        },
+        "diff --git a/x b/x\n",
+    );
+}
+
+fn said(author: &str, body: &str) -> (String, bool, String) {
+    (
+        author.to_string(),
+        author.ends_with("[bot]"),
+        body.to_string(),
+    )
+}
+
+#[tokio::test]
+async fn review_threads_are_read_over_every_page_and_bounded() {
+    let (fake, app, repo) = setup().await;
+    with_review_pull(&fake);
+    fake.add_issue(REPO, 6, "Other", "", "bob");
+    // 130 threads, every tenth resolved: 117 unresolved, over three pages of 50.
+    let mut ids = Vec::new();
+    for i in 0..130 {
+        let comments = match i {
+            // A long conversation: 300 comments, the last one 20 KB.
+            1 => (0..300)
+                .map(|c| {
+                    let body = if c == 299 {
+                        "é".repeat(10_000)
+                    } else {
+                        format!("comment {c}")
+                    };
+                    said(if c % 2 == 0 { "alice" } else { "kodx[bot]" }, &body)
+                })
+                .collect(),
+            2 => vec![said("ghost", "from a deleted account")],
+            _ => vec![said("alice", &format!("thread {i}"))],
+        };
+        let id = fake.add_review_thread(
+            REPO,
+            5,
+            FakeThread {
+                path: format!("src/f{i}.rs"),
+                line: (i != 3).then_some(i + 10),
+                original_line: Some(i + 10),
+                outdated: i == 3,
+                resolved: i % 10 == 0,
+                diff_hunk: format!("@@ -1,2 +1,2 @@\n-old {i}\n+new {i}"),
+                comments,
+                ..Default::default()
+            },
+        );
+        ids.push(id);
+    }
+    let inst = app.installation(INST).await.unwrap();
+    let got = inst.unresolved_review_threads(&repo, 5).await.unwrap();
+    assert_eq!(got.threads.len(), 100);
+    assert_eq!(got.left_out, 17);
+    assert_eq!(fake.graphql_calls(), vec!["ReviewThreads"; 3]);
+    let unresolved: Vec<&String> = ids
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 10 != 0)
+        .map(|(_, id)| id)
+        .collect();
+    let got_ids: Vec<&String> = got.threads.iter().map(|t| &t.id).collect();
+    assert_eq!(got_ids, unresolved[..100], "oldest first, resolved skipped");
+
+    let long = &got.threads[0];
+    assert_eq!(
+        (long.path.as_str(), long.comments_total),
+        ("src/f1.rs", 300)
+    );
+    assert_eq!(
+        long.comments.len(),
+        21,
+        "the opening comment and the last 20"
+    );
+    assert_eq!(long.comments[0].body, "comment 0");
+    assert_eq!(long.comments[1].body, "comment 280");
+    let last = long.comments.last().unwrap();
+    assert_eq!(
+        (last.author.as_str(), last.author_is_bot),
+        ("kodx[bot]", true)
+    );
+    assert!(last.body.len() < 8 * 1024 + 100, "{}", last.body.len());
+    assert!(
+        last.body
+            .ends_with("[comment cut: 8192 of 20000 bytes shown]"),
+        "{}",
+        &last.body[last.body.len() - 60..]
+    );
+    assert!(long.viewer_can_reply && long.viewer_can_resolve);
+    assert_eq!(long.diff_hunk, "@@ -1,2 +1,2 @@\n-old 1\n+new 1");
+    assert!(long.comments[0]
+        .url
+        .starts_with("https://github.com/acme/widgets/pull/5#discussion_r"));
+
+    let ghost = &got.threads[1];
+    assert_eq!(ghost.comments[0].author, "ghost");
+    assert!(!ghost.comments[0].author_is_bot);
+    let outdated = &got.threads[2];
+    assert!(outdated.is_outdated);
+    assert_eq!((outdated.line, outdated.original_line), (None, Some(13)));
+
+    // A pull request without threads, and one that does not exist.
+    with_review_pull_numbered(&fake, 7);
+    let none = inst.unresolved_review_threads(&repo, 7).await.unwrap();
+    assert_eq!((none.threads.len(), none.left_out), (0, 0));
+    let err = inst.unresolved_review_threads(&repo, 6).await.unwrap_err();
+    assert!(err.is_not_found(), "an issue is no pull request: {err}");
+    assert_clean(&fake);
+}
+
+fn with_review_pull_numbered(fake: &FakeGitHub, number: u64) {
+    fake.add_pull(
+        REPO,
+        number,
+        "Another",
+        "",
+        "bob",
+        FakeHead {
+            ref_name: format!("feature-{number}"),
+            sha: "c".repeat(40),
+            repo: Some(REPO.into()),
+            clone_url: "https://github.com/acme/widgets.git".into(),
+        },
+        FakeBase {
+            ref_name: "main".into(),
+            sha: "b".repeat(40),
+        },
+        "",
+    );
+}
+
+#[tokio::test]
+async fn replying_and_resolving_round_trip_and_a_refusal_is_forbidden() {
+    let (fake, app, repo) = setup().await;
+    with_review_pull(&fake);
+    let open = |can_resolve: bool| FakeThread {
+        can_resolve,
+        comments: vec![said("alice", "Please rename this.")],
+        ..Default::default()
+    };
+    let fixed = fake.add_review_thread(REPO, 5, open(true));
+    let locked = fake.add_review_thread(REPO, 5, open(false));
+    let inst = app.installation(INST).await.unwrap();
+
+    let url = inst
+        .reply_to_review_thread(&fixed, "Renamed in 1a2b3c.")
+        .await
+        .unwrap();
+    assert!(
+        url.starts_with("https://github.com/acme/widgets/pull/5#discussion_r"),
+        "{url}"
+    );
+    inst.resolve_review_thread(&fixed).await.unwrap();
+    assert_eq!(
+        fake.thread(&fixed),
+        FakeThreadState {
+            resolved: true,
+            replies: vec!["Renamed in 1a2b3c.".into()],
+        }
+    );
+
+    // The thread the App may not resolve: the reply goes in, resolving is refused.
+    inst.reply_to_review_thread(&locked, "Done.").await.unwrap();
+    let err = inst.resolve_review_thread(&locked).await.unwrap_err();
+    assert!(
+        matches!(&err, GitHubError::Forbidden { message, .. }
+            if message.contains("Resource not accessible by integration")),
+        "{err}"
+    );
+    assert!(!fake.thread(&locked).resolved);
+    let left = inst.unresolved_review_threads(&repo, 5).await.unwrap();
+    assert_eq!(left.threads.len(), 1);
+    let t = &left.threads[0];
+    assert_eq!(t.id, locked);
+    assert!(!t.viewer_can_resolve);
+    let bodies: Vec<(&str, bool, &str)> = t
+        .comments
+        .iter()
+        .map(|c| (c.author.as_str(), c.author_is_bot, c.body.as_str()))
+        .collect();
+    assert_eq!(
+        bodies,
+        vec![
+            ("alice", false, "Please rename this."),
+            ("kodx[bot]", true, "Done.")
+        ]
+    );
+
+    // Unknown ids are GitHub's NOT_FOUND.
+    let err = inst.resolve_review_thread("PRRT_424242").await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    let err = inst
+        .reply_to_review_thread("MDQ6VXNlcjE=", "x")
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+
+    // A token that may only read pull requests reads threads, may not reply.
+    let read = app
+        .installation_for(INST, &TokenScope::read(&repo, false))
+        .await
+        .unwrap();
+    let seen = read.unresolved_review_threads(&repo, 5).await.unwrap();
+    assert!(!seen.threads[0].viewer_can_reply);
+    let err = read
+        .reply_to_review_thread(&locked, "no")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, GitHubError::Forbidden { .. }), "{err}");
+    assert_eq!(fake.thread(&locked).replies, vec!["Done."]);
+    let forbidden = fake.forbidden();
+    assert_eq!(forbidden.len(), 2, "{forbidden:#?}");
+    assert!(forbidden[0].contains("viewerCanResolve"), "{forbidden:?}");
+    assert!(forbidden[1].contains("pull_requests"), "{forbidden:?}");
+
+    // markPullRequestReadyForReview goes through the same layer.
+    inst.mark_ready_for_review("PR_5").await.unwrap();
+    let err = inst.mark_ready_for_review("PR_404").await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    assert_eq!(
+        fake.graphql_calls(),
+        [
+            "ReplyToReviewThread",
+            "ResolveReviewThread",
+            "ReplyToReviewThread",
+            "ResolveReviewThread",
+            "ReviewThreads",
+            "ResolveReviewThread",
+            "ReplyToReviewThread",
+            "ReviewThreads",
+            "ReplyToReviewThread",
+            "MarkReadyForReview",
+            "MarkReadyForReview",
+        ]
+    );
+    assert_clean(&fake);
+}
+
+#[tokio::test]
+async fn a_graphql_rate_limit_is_waited_out_or_returned_as_rests() {
+    let (fake, app, repo) = setup().await;
+    with_review_pull(&fake);
+    let id = fake.add_review_thread(REPO, 5, FakeThread::default());
+    let inst = app.installation(INST).await.unwrap();
+    fake.rate_limit_graphql_once();
+    let started = Instant::now();
+    let got = inst.unresolved_review_threads(&repo, 5).await.unwrap();
+    assert_eq!(got.threads[0].id, id);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "waited for the reset: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(fake.graphql_calls(), ["ReviewThreads", "ReviewThreads"]);
+
+    // A policy that waits for no rate limit returns it at once, with the time to the reset.
+    let impatient = RequestPolicy {
+        max_rate_limit_wait: Duration::ZERO,
+        ..Default::default()
+    };
+    let app = GitHubApp::with_policy(&fake.url(), APP_ID, TEST_APP_KEY, impatient).unwrap();
+    let inst = app.installation(INST).await.unwrap();
+    fake.rate_limit_graphql_once();
+    let started = Instant::now();
+    let err = inst.resolve_review_thread(&id).await.unwrap_err();
+    match &err {
+        GitHubError::RateLimited { reset_in, what } => {
+            assert!(*reset_in <= Duration::from_secs(3), "{reset_in:?}");
+            assert!(what.contains("resolveReviewThread"), "{what}");
+        }
+        other => panic!("{other}"),
+    }
+    assert!(started.elapsed() < Duration::from_millis(500));
+    assert!(!fake.thread(&id).resolved, "GitHub ran nothing");
+    inst.resolve_review_thread(&id).await.unwrap();
+    assert!(fake.thread(&id).resolved);
+    assert_clean(&fake);
+}
+
+/// The fake's validation is real: a document GitHub would refuse is refused (and recorded),
+/// and a valid one is answered with exactly what it asked for.
+#[tokio::test]
+async fn the_fake_checks_graphql_against_githubs_schema() {
+    let (fake, app, _) = setup().await;
+    with_review_pull(&fake);
+    let token = app
+        .installation(INST)
+        .await
+        .unwrap()
+        .token()
+        .expose_secret()
+        .to_string();
+    let http = reqwest::Client::new();
+    let post = |body: serde_json::Value| {
+        let request = http
+            .post(format!("{}/graphql", fake.url()))
+            .header("user-agent", "kodx")
+            .header("x-github-api-version", "2022-11-28")
+            .header("accept", "application/vnd.github+json")
+            .header("authorization", format!("token {token}"))
+            .json(&body);
+        async move {
+            let r = request.send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            r.json::<serde_json::Value>().await.unwrap()
+        }
+    };
+    let pull = "repository(owner: \"acme\", name: \"widgets\") { pullRequest(number: 5)";
+
+    // A misspelled field.
+    let answer = post(serde_json::json!({
+        "query": format!("query {{ {pull} {{ reviewThreadz(first: 1) {{ totalCount }} }} }} }}"),
+    }))
+    .await;
+    assert!(answer.get("data").is_none(), "{answer}");
+    let errors = answer["errors"].as_array().unwrap();
+    let error = errors
+        .iter()
+        .find(|e| e["message"].as_str().unwrap().contains("reviewThreadz"))
+        .unwrap_or_else(|| panic!("{answer}"));
+    assert!(error["locations"][0]["line"].is_u64(), "{answer}");
+    // A variable of the wrong type.
+    let answer = post(serde_json::json!({
+        "query": "query($n: Int!) { repository(owner: \"acme\", name: \"widgets\") { pullRequest(number: $n) { id } } }",
+        "variables": { "n": "five" },
+    }))
+    .await;
+    assert!(answer["errors"][0]["message"].is_string(), "{answer}");
+    assert!(answer.get("data").is_none(), "{answer}");
+    // Valid for GitHub but beyond its page limit, or a field the fake does not implement.
+    let answer = post(serde_json::json!({
+        "query": format!("{{ {pull} {{ reviewThreads(first: 101) {{ totalCount }} }} }} }}"),
+    }))
+    .await;
+    assert_eq!(
+        answer["errors"][0]["type"], "EXCESSIVE_PAGINATION",
+        "{answer}"
+    );
+    let answer = post(serde_json::json!({
+        "query": "{ repository(owner: \"acme\", name: \"widgets\") { stargazerCount } }",
+    }))
+    .await;
+    assert!(
+        answer["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not implement `Repository.stargazerCount`"),
+        "{answer}"
+    );
+    let refused = fake.refused();
+    assert_eq!(refused.len(), 4, "{refused:#?}");
+    assert!(refused[0].contains("reviewThreadz"), "{refused:?}");
+
+    // A valid document: only what it asked for, under its aliases.
+    let answer = post(serde_json::json!({
+        "query": format!("query Q($n: Int!) {{ r: repository(owner: \"acme\", name: \"widgets\") {{ \
+                          pr: pullRequest(number: $n) {{ isDraft t: reviewThreads(last: 5) {{ n: totalCount }} }} }} }}"),
+        "variables": { "n": 5 },
+        "operationName": "Q",
+    }))
+    .await;
+    assert_eq!(
+        answer,
+        serde_json::json!({ "data": { "r": { "pr": { "isDraft": false, "t": { "n": 0 } } } } })
+    );
+    let answer = post(serde_json::json!({
+        "query": "{ repository(owner: \"acme\", name: \"gadgets\") { pullRequest(number: 5) { id } } }",
+    }))
+    .await;
+    assert_eq!(
+        answer["data"]["repository"],
+        serde_json::Value::Null,
+        "{answer}"
+    );
+    assert_eq!(answer["errors"][0]["type"], "NOT_FOUND", "{answer}");
+    assert_eq!(answer["errors"][0]["path"][0], "repository", "{answer}");
+    assert_eq!(fake.refused().len(), 4, "valid documents are not refused");
+}
+
+#[tokio::test]
+async fn a_reply_whose_answer_was_lost_is_not_sent_again_a_read_is_retried() {
+    let (fake, _, repo) = setup().await;
+    with_review_pull(&fake);
+    let id = fake.add_review_thread(REPO, 5, FakeThread::default());
+    let inst = fast_app(&fake).installation(INST).await.unwrap();
+    fake.fail_after_next("/graphql", 502);
+    let err = inst.reply_to_review_thread(&id, "Once.").await.unwrap_err();
+    assert!(
+        matches!(err, GitHubError::Http { status: 502, .. }),
+        "{err}"
+    );
+    assert_eq!(fake.thread(&id).replies, ["Once."]);
+    fake.fail_next("/graphql", 502, 1);
+    let got = inst.unresolved_review_threads(&repo, 5).await.unwrap();
+    assert_eq!(got.threads[0].comments.len(), 1);
+    assert_eq!(
+        fake.graphql_calls(),
+        ["ReplyToReviewThread", "ReviewThreads"]
     );
     assert_clean(&fake);
 }

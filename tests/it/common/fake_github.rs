@@ -132,6 +132,16 @@ mod git_view;
 mod checks_api;
 pub use checks_api::FakeCheckRun;
 
+#[path = "fake_github_ci.rs"]
+mod ci_api;
+#[allow(unused_imports)] // the binaries that include `common` without these tests
+pub use ci_api::{FakeCheckRunSpec, FakeLog, FakeSuite, ACTIONS_SLUG};
+
+#[path = "fake_github_graphql.rs"]
+mod graphql_api;
+#[allow(unused_imports)] // the binaries that include `common` without these tests
+pub use graphql_api::{FakeThread, FakeThreadState};
+
 #[derive(Clone, Debug)]
 pub struct FakeRequest {
     pub method: String,
@@ -269,9 +279,13 @@ struct StateInner {
     check_runs: Vec<FakeCheckRun>,
     /// `withhold_checks_permission`: the App was not granted `checks`.
     no_checks: bool,
+    /// Check suites, runs, statuses and job logs (`fake_github_ci.rs`).
+    ci: ci_api::CiStore,
     bot_user_id: Option<u64>,
     /// `add_user`: by lower-case login, `(login, id)`.
     users: BTreeMap<String, (String, u64)>,
+    /// Review threads and the GraphQL endpoint's own state (`fake_github_graphql.rs`).
+    graphql: graphql_api::GraphqlState,
 }
 
 impl StateInner {
@@ -366,8 +380,10 @@ impl FakeGitHub {
                     git_dir: None,
                     check_runs: Vec::new(),
                     no_checks: false,
+                    ci: Default::default(),
                     bot_user_id: None,
                     users: BTreeMap::new(),
+                    graphql: Default::default(),
                 }),
                 changes: tokio::sync::watch::channel(0).0,
             }),
@@ -927,6 +943,26 @@ fn api_routes() -> Router<FakeGitHub> {
             "/repos/{owner}/{repo}/check-runs",
             post(checks_api::create_check_run),
         )
+        .route(
+            "/repos/{owner}/{repo}/commits/{sha}/check-runs",
+            get(ci_api::list_check_runs),
+        )
+        .route(
+            "/repos/{owner}/{repo}/commits/{sha}/check-suites",
+            get(ci_api::list_check_suites),
+        )
+        .route(
+            "/repos/{owner}/{repo}/commits/{sha}/status",
+            get(ci_api::combined_status),
+        )
+        .route(
+            "/repos/{owner}/{repo}/check-runs/{id}/annotations",
+            get(ci_api::list_annotations),
+        )
+        .route(
+            "/repos/{owner}/{repo}/actions/jobs/{id}/logs",
+            get(ci_api::job_logs),
+        )
         .route("/repos/{owner}/{repo}/issues/{number}", get(get_issue))
         .route(
             "/repos/{owner}/{repo}/issues/{number}/comments",
@@ -953,7 +989,7 @@ fn api_routes() -> Router<FakeGitHub> {
             get(get_pull).patch(update_pull),
         )
         .route("/users/{username}", get(get_user))
-        .route("/graphql", post(graphql))
+        .route("/graphql", post(graphql_api::graphql))
         .route(
             "/repos/{owner}/{repo}/pulls/comments/{id}/reactions",
             post(react_review_comment),
@@ -1234,12 +1270,14 @@ const PULLS_READ: Need = &[("pull_requests", "read")];
 const PULLS_WRITE: Need = &[("pull_requests", "write")];
 
 /// What the App may be granted, as `GET /app` says.
-const APP_PERMISSIONS: [(&str, &str); 5] = [
+const APP_PERMISSIONS: [(&str, &str); 7] = [
     ("contents", "write"),
     ("issues", "write"),
     ("pull_requests", "write"),
     ("metadata", "read"),
     ("checks", "write"),
+    ("actions", "read"),
+    ("statuses", "read"),
 ];
 
 impl IssuedToken {
@@ -1480,7 +1518,17 @@ fn pull_json(fake: &FakeGitHub, st: &mut StateInner, key: &str, number: u64) -> 
     let issue = issue_json(fake, st, key, number);
     let base_repo = repo_json(fake, st, key);
     let p = st.repos[key].issues[&number].pull.as_ref().unwrap();
-    let (head, base, draft) = (p.head.clone(), p.base.clone(), p.draft);
+    let (mut head, base, draft) = (p.head.clone(), p.base.clone(), p.draft);
+    // A same-repository head moves with its branch, as on GitHub (a push to the branch is
+    // the pull request's new head).
+    let full = base_repo["full_name"].as_str().unwrap_or(key).to_string();
+    if let (Some(f), Some(r)) = (&st.branch_sha, &head.repo) {
+        if r.to_lowercase() == key {
+            if let Some(live) = f(&full, &head.ref_name) {
+                head.sha = live;
+            }
+        }
+    }
     let head_repo = match &head.repo {
         None => Value::Null,
         Some(full) if full.to_lowercase() == key => base_repo.clone(),
@@ -2607,72 +2655,6 @@ async fn update_pull(
         issue.body = text;
     }
     json_response(200, pull_json(&fake, &mut st, &key, n))
-}
-
-/// `POST /graphql`, as GitHub answers it: HTTP 200 with `data`, or with `errors` (a list of
-/// `{message, type?}`) for a query it cannot run. Only the mutation kodx sends is known:
-/// `markPullRequestReadyForReview(input: {pullRequestId})`, with the pull request's node id
-/// as the variable `id`; it needs an installation token that may write the repository's
-/// pull requests, and turns the draft into a ready pull request.
-async fn graphql(State(fake): State<FakeGitHub>, req: Req) -> Response {
-    if let Err(r) = token_installation(&fake, &req) {
-        return r;
-    }
-    let body = match req.json_object(&fake) {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let errors = |message: &str| json_response(200, json!({ "errors": [{ "message": message }] }));
-    let query = body.get("query").and_then(Value::as_str).unwrap_or("");
-    let squashed: String = query.split_whitespace().collect::<Vec<_>>().join(" ");
-    if !squashed.starts_with("mutation")
-        || !squashed.contains("markPullRequestReadyForReview(input: {pullRequestId: $id})")
-    {
-        fake.state()
-            .refused
-            .push(format!("POST /graphql: unknown query {query:?}"));
-        return errors("This fake GitHub only knows markPullRequestReadyForReview");
-    }
-    let Some(node) = body["variables"]["id"].as_str() else {
-        return errors("Variable $id of type ID! was provided invalid value");
-    };
-    let Some(number) = node.strip_prefix("PR_").and_then(|n| n.parse::<u64>().ok()) else {
-        return errors(&format!(
-            "Could not resolve to a node with the global id of '{node}'"
-        ));
-    };
-    let repos: Vec<String> = {
-        let st = fake.state();
-        st.repos
-            .iter()
-            .filter(|(_, r)| r.issues.get(&number).is_some_and(|i| i.pull.is_some()))
-            .map(|(k, _)| k.clone())
-            .collect()
-    };
-    let Some(key) = repos.first() else {
-        return errors(&format!(
-            "Could not resolve to a node with the global id of '{node}'"
-        ));
-    };
-    let (owner, repo) = key.split_once('/').unwrap();
-    if let Err(r) = auth_installation(&fake, &req, owner, repo, PULLS_WRITE) {
-        return r;
-    }
-    let mut st = fake.state();
-    let issue = st
-        .repos
-        .get_mut(key)
-        .unwrap()
-        .issues
-        .get_mut(&number)
-        .unwrap();
-    issue.pull.as_mut().unwrap().draft = false;
-    json_response(
-        200,
-        json!({ "data": { "markPullRequestReadyForReview": {
-            "pullRequest": { "id": node, "isDraft": false }
-        } } }),
-    )
 }
 
 // -------------------------------------------------------------------------------------
