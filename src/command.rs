@@ -62,6 +62,13 @@ pub enum Job {
     /// A command that was found but cannot run (empty or too long); the reason is the
     /// sentence the answer gives.
     Refuse { reason: String },
+    /// `/kodx address-reviews [words]`: one code run on a pull request that addresses every
+    /// unresolved review thread, then replies in each (SPEC §11); `words` may be empty.
+    #[serde(rename = "address-reviews")]
+    AddressReviews { words: String },
+    /// A repair run kodx starts itself when CI fails on the head `commit` of a pull request
+    /// it opened (`ci_repair`, SPEC §11). Never written in a comment.
+    Repair { commit: String },
 }
 
 /// The stored tag of a [`Job`] (the `kind` column).
@@ -75,6 +82,10 @@ pub enum JobKind {
     Cancel,
     Help,
     Refuse,
+    #[sqlx(rename = "address_reviews")]
+    #[serde(rename = "address_reviews")]
+    AddressReviews,
+    Repair,
 }
 
 impl JobKind {
@@ -87,13 +98,24 @@ impl JobKind {
             JobKind::Cancel => "cancel",
             JobKind::Help => "help",
             JobKind::Refuse => "refuse",
+            JobKind::AddressReviews => "address_reviews",
+            JobKind::Repair => "repair",
         }
     }
 
-    /// `ask`, `code` and `continue` do agent work (one at a time per issue, under
-    /// `max_concurrent_runs`); the others are short control jobs.
+    /// The subcommand as a maintainer writes it (`address-reviews`); a repair run, which
+    /// nobody writes, is named `repair`.
+    pub fn command_word(self) -> &'static str {
+        match self {
+            JobKind::AddressReviews => "address-reviews",
+            other => other.as_str(),
+        }
+    }
+
+    /// `ask`, `code`, `continue`, `address_reviews` and `repair` do agent work (one at a
+    /// time per issue, under `max_concurrent_runs`); the others are short control jobs.
     pub fn is_work(self) -> bool {
-        matches!(self, JobKind::Ask | JobKind::Code | JobKind::Continue)
+        self.run_kind().is_some()
     }
 }
 
@@ -122,7 +144,9 @@ impl JobKind {
         match self {
             JobKind::Ask => Some(RunKind::Ask),
             // Only code runs are continued (an answer is asked for again).
-            JobKind::Code | JobKind::Continue => Some(RunKind::Code),
+            JobKind::Code | JobKind::Continue | JobKind::AddressReviews | JobKind::Repair => {
+                Some(RunKind::Code)
+            }
             JobKind::Cancel | JobKind::Help | JobKind::Refuse => None,
         }
     }
@@ -168,6 +192,8 @@ impl Job {
                 unknown: (!argument.is_empty()).then_some(argument),
             },
             JobKind::Refuse => Job::Refuse { reason: argument },
+            JobKind::AddressReviews => Job::AddressReviews { words: argument },
+            JobKind::Repair => Job::Repair { commit: argument },
         }
     }
 
@@ -179,6 +205,8 @@ impl Job {
             Job::Cancel => JobKind::Cancel,
             Job::Help { .. } => JobKind::Help,
             Job::Refuse { .. } => JobKind::Refuse,
+            Job::AddressReviews { .. } => JobKind::AddressReviews,
+            Job::Repair { .. } => JobKind::Repair,
         }
     }
 
@@ -193,6 +221,8 @@ impl Job {
             Job::Cancel => "".into(),
             Job::Help { unknown } => unknown.as_deref().unwrap_or("").into(),
             Job::Refuse { reason } => reason.into(),
+            Job::AddressReviews { words } => words.into(),
+            Job::Repair { commit } => commit.into(),
         }
     }
 
@@ -223,7 +253,16 @@ impl Job {
 
     /// The command as the status comment quotes it.
     pub fn command_line(&self) -> String {
-        format!("/kodx {} {}", self.kind(), self.stored_argument())
+        match self {
+            Job::Repair { commit } => {
+                format!("CI repair of {}", commit.get(..7).unwrap_or(commit))
+            }
+            _ => format!(
+                "/kodx {} {}",
+                self.kind().command_word(),
+                self.stored_argument()
+            ),
+        }
     }
 }
 
@@ -448,6 +487,13 @@ fn parse_after_prefix(text: &str) -> Result<Job, ParseError> {
     } else if word.eq_ignore_ascii_case("ask") {
         let question = request("ask", argument)?;
         Ok(Job::Ask { question })
+    } else if word.eq_ignore_ascii_case("address-reviews") {
+        // The words are optional: the unresolved threads are the request.
+        let words = match request("address-reviews", argument) {
+            Err(ParseError::EmptyRequest { .. }) => String::new(),
+            other => other?,
+        };
+        Ok(Job::AddressReviews { words })
     } else {
         let unknown = word.chars().take(MAX_UNKNOWN_CHARS).collect();
         Ok(Job::Help {

@@ -20,6 +20,10 @@ pub enum TriggerKind {
     IssueComment,
     Issue,
     ReviewComment,
+    Review,
+    Label,
+    CheckSuite,
+    WorkflowRun,
 }
 
 impl TriggerKind {
@@ -28,6 +32,10 @@ impl TriggerKind {
             TriggerKind::IssueComment => "issue_comment",
             TriggerKind::Issue => "issue",
             TriggerKind::ReviewComment => "review_comment",
+            TriggerKind::Review => "review",
+            TriggerKind::Label => "label",
+            TriggerKind::CheckSuite => "check_suite",
+            TriggerKind::WorkflowRun => "workflow_run",
         }
     }
 }
@@ -45,6 +53,16 @@ pub enum Trigger {
         id: i64,
         review: Option<ReviewContext>,
     },
+    /// The body of a submitted pull request review, by the review's id.
+    Review(i64),
+    /// A label added to an issue (`triggers.label`, SPEC §11): the issue, the label's name,
+    /// and `key`, which tells this labelling from a later one of the same issue (a
+    /// redelivery has the same key; taking the label off and on again makes a new one).
+    Label { issue: i64, label: String, key: i64 },
+    /// A completed check suite on a pull request kodx opened (CI repair), by its id.
+    CheckSuite(i64),
+    /// A completed GitHub Actions workflow run on a pull request kodx opened, by its id.
+    WorkflowRun(i64),
 }
 
 /// A review comment's file, line and diff hunk.
@@ -69,6 +87,11 @@ struct StoredContext {
     commit_id: Option<String>,
     #[serde(default)]
     diff_hunk: Option<String>,
+    /// The label of a [`Trigger::Label`] (and its issue).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    label: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    labelled_issue: Option<i64>,
 }
 
 impl Trigger {
@@ -77,6 +100,10 @@ impl Trigger {
             Trigger::IssueComment(_) => TriggerKind::IssueComment,
             Trigger::IssueBody(_) => TriggerKind::Issue,
             Trigger::ReviewComment { .. } => TriggerKind::ReviewComment,
+            Trigger::Review(_) => TriggerKind::Review,
+            Trigger::Label { .. } => TriggerKind::Label,
+            Trigger::CheckSuite(_) => TriggerKind::CheckSuite,
+            Trigger::WorkflowRun(_) => TriggerKind::WorkflowRun,
         }
     }
 
@@ -84,8 +111,13 @@ impl Trigger {
     /// part of the key that recognises a replayed delivery).
     pub fn id(&self) -> i64 {
         match self {
-            Trigger::IssueComment(id) | Trigger::IssueBody(id) => *id,
+            Trigger::IssueComment(id)
+            | Trigger::IssueBody(id)
+            | Trigger::Review(id)
+            | Trigger::CheckSuite(id)
+            | Trigger::WorkflowRun(id) => *id,
             Trigger::ReviewComment { id, .. } => *id,
+            Trigger::Label { key, .. } => *key,
         }
     }
 
@@ -96,12 +128,24 @@ impl Trigger {
         }
     }
 
-    /// What kodx reacts on to say it saw the command.
-    pub fn reaction_target(&self) -> ReactionTarget {
+    /// The label a [`Trigger::Label`] names.
+    pub fn label(&self) -> Option<&str> {
         match self {
-            Trigger::IssueComment(id) => ReactionTarget::IssueComment(*id as u64),
-            Trigger::ReviewComment { id, .. } => ReactionTarget::ReviewComment(*id as u64),
-            Trigger::IssueBody(number) => ReactionTarget::Issue(*number as u64),
+            Trigger::Label { label, .. } => Some(label),
+            _ => None,
+        }
+    }
+
+    /// What kodx reacts on to say it saw the command: `None` where GitHub has no
+    /// reactions (a review's body) or nobody wrote anything (CI).
+    pub fn reaction_target(&self) -> Option<ReactionTarget> {
+        match self {
+            Trigger::IssueComment(id) => Some(ReactionTarget::IssueComment(*id as u64)),
+            Trigger::ReviewComment { id, .. } => Some(ReactionTarget::ReviewComment(*id as u64)),
+            Trigger::IssueBody(number) | Trigger::Label { issue: number, .. } => {
+                Some(ReactionTarget::Issue(*number as u64))
+            }
+            Trigger::Review(_) | Trigger::CheckSuite(_) | Trigger::WorkflowRun(_) => None,
         }
     }
 
@@ -109,6 +153,17 @@ impl Trigger {
         match kind {
             TriggerKind::IssueComment => Trigger::IssueComment(id),
             TriggerKind::Issue => Trigger::IssueBody(id),
+            TriggerKind::Review => Trigger::Review(id),
+            TriggerKind::CheckSuite => Trigger::CheckSuite(id),
+            TriggerKind::WorkflowRun => Trigger::WorkflowRun(id),
+            TriggerKind::Label => {
+                let c = context.unwrap_or_default();
+                Trigger::Label {
+                    issue: c.labelled_issue.unwrap_or_default(),
+                    label: c.label.unwrap_or_default(),
+                    key: id,
+                }
+            }
             TriggerKind::ReviewComment => Trigger::ReviewComment {
                 id,
                 review: context.and_then(|c| {
@@ -124,11 +179,19 @@ impl Trigger {
     }
 
     fn stored_context(&self) -> Option<StoredContext> {
+        if let Trigger::Label { issue, label, .. } = self {
+            return Some(StoredContext {
+                label: Some(label.clone()),
+                labelled_issue: Some(*issue),
+                ..Default::default()
+            });
+        }
         self.review().map(|r| StoredContext {
             path: Some(r.path.clone()),
             line: r.line,
             commit_id: r.commit_id.clone(),
             diff_hunk: Some(r.diff_hunk.clone()),
+            ..Default::default()
         })
     }
 }
@@ -257,6 +320,15 @@ mod tests {
             Job::Refuse {
                 reason: "`/kodx code` needs a request".into(),
             },
+            Job::AddressReviews {
+                words: String::new(),
+            },
+            Job::AddressReviews {
+                words: "keep the API".into(),
+            },
+            Job::Repair {
+                commit: "0123456789abcdef0123456789abcdef01234567".into(),
+            },
         ] {
             let back = Job::from_stored(job.kind(), job.stored_argument().to_string());
             assert_eq!(back, job);
@@ -309,10 +381,23 @@ mod tests {
                 review: None
             }
         );
-        assert_eq!(t.reaction_target(), ReactionTarget::ReviewComment(5));
+        assert_eq!(t.reaction_target(), Some(ReactionTarget::ReviewComment(5)));
         assert_eq!(
             Trigger::IssueBody(4).reaction_target(),
-            ReactionTarget::Issue(4)
+            Some(ReactionTarget::Issue(4))
         );
+        assert_eq!(Trigger::CheckSuite(4).reaction_target(), None);
+    }
+
+    #[test]
+    fn a_label_trigger_survives_its_columns() {
+        let t = Trigger::Label {
+            issue: 12,
+            label: "kodx".into(),
+            key: 987,
+        };
+        let back = Trigger::from_stored(t.kind(), t.id(), t.stored_context());
+        assert_eq!(back, t);
+        assert_eq!(t.reaction_target(), Some(ReactionTarget::Issue(12)));
     }
 }

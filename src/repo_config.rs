@@ -45,6 +45,34 @@ pub struct RepoConfig {
     pub checks: Vec<CheckSpec>,
     /// Passes the model gets to fix red checks (`None`: the default, 2).
     pub check_repair: Option<u32>,
+    /// Repair runs a pull request kodx opened gets when its CI fails (`None`: 0, off).
+    pub ci_repair: Option<u32>,
+    /// `reviews.resolve`: which threads `/kodx address-reviews` resolves.
+    pub resolve_threads: ResolveThreads,
+    /// `triggers.label`: the label that starts `/kodx code` on an issue.
+    pub trigger_label: Option<String>,
+}
+
+/// `reviews.resolve`: `none` (reply only, the default) or `fixed` (also resolve the threads
+/// a run reports fixed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ResolveThreads {
+    #[default]
+    None,
+    Fixed,
+}
+
+impl<'de> Deserialize<'de> for ResolveThreads {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrVisitor("none or fixed", |s| match s {
+            "none" => Ok(ResolveThreads::None),
+            "fixed" => Ok(ResolveThreads::Fixed),
+            other => Err(format!(
+                "must be none or fixed, got \"{}\"",
+                other.escape_default()
+            )),
+        }))
+    }
 }
 
 /// `cost_limit: { code, ask }`, USD per run; each positive and finite when set.
@@ -248,6 +276,20 @@ impl RepoConfig {
             .min(max)
     }
 
+    /// The repair runs after the pull request opens: the repository's value, else 0 (off),
+    /// never above `max`.
+    pub fn ci_repair(&self, max: u32) -> u32 {
+        self.ci_repair.unwrap_or(0).min(max)
+    }
+
+    /// Whether adding `label` to an issue starts work here (names compare as GitHub's do,
+    /// without regard to case).
+    pub fn is_trigger_label(&self, label: &str) -> bool {
+        self.trigger_label
+            .as_deref()
+            .is_some_and(|l| l.to_lowercase() == label.trim().to_lowercase())
+    }
+
     /// The iteration limit: the repository's value, else 50, never above the server's
     /// maximum.
     pub fn max_iterations(&self, max: &ServerMaxima) -> u32 {
@@ -270,6 +312,9 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "pr",
     "checks",
     "check_repair",
+    "ci_repair",
+    "reviews",
+    "triggers",
 ];
 
 // ---- the file's shape, as written; values are checked while deserializing so that
@@ -278,7 +323,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr, checks, check_repair)"
+    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr, checks, check_repair, ci_repair, reviews, triggers)"
 )]
 struct RawRepoConfig {
     image: Option<Text>,
@@ -293,6 +338,39 @@ struct RawRepoConfig {
     pr: Option<RawPr>,
     checks: Option<Checks>,
     check_repair: Option<Repairs>,
+    ci_repair: Option<Repairs>,
+    reviews: Option<RawReviews>,
+    triggers: Option<RawTriggers>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with the key resolve")]
+struct RawReviews {
+    resolve: Option<ResolveThreads>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with the key label")]
+struct RawTriggers {
+    label: Option<LabelName>,
+}
+
+/// A label's name as GitHub allows it: 1 to 50 characters, no control characters.
+struct LabelName(String);
+
+impl<'de> Deserialize<'de> for LabelName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrVisitor("a label name such as kodx", |s| {
+            let name = s.trim();
+            if name.is_empty() || name.chars().count() > 50 || name.chars().any(char::is_control) {
+                return Err(format!(
+                    "must be a label name of 1 to 50 characters, got \"{}\"",
+                    s.chars().take(60).collect::<String>().escape_default()
+                ));
+            }
+            Ok(LabelName(name.to_string()))
+        }))
+    }
 }
 
 #[derive(Deserialize)]
@@ -437,6 +515,9 @@ impl RawRepoConfig {
             pr,
             checks: self.checks.map(|c| c.0).unwrap_or_default(),
             check_repair: self.check_repair.map(|r| r.0),
+            ci_repair: self.ci_repair.map(|r| r.0),
+            resolve_threads: self.reviews.and_then(|r| r.resolve).unwrap_or_default(),
+            trigger_label: self.triggers.and_then(|t| t.label).map(|l| l.0),
         }
     }
 }
@@ -735,8 +816,44 @@ pr: { draft: false, branch_prefix: kodx/ }
                 },
                 checks: Vec::new(),
                 check_repair: None,
+                ci_repair: None,
+                resolve_threads: ResolveThreads::None,
+                trigger_label: None,
             }
         );
+    }
+
+    #[test]
+    fn the_pull_requests_life_is_configured() {
+        let c = RepoConfig::parse(
+            "ci_repair: 2\nreviews: { resolve: fixed }\ntriggers: { label: Kodx }\n",
+        )
+        .unwrap();
+        assert_eq!(c.ci_repair(5), 2);
+        assert_eq!(c.ci_repair(1), 1);
+        assert_eq!(RepoConfig::default().ci_repair(5), 0);
+        assert_eq!(c.resolve_threads, ResolveThreads::Fixed);
+        assert!(c.is_trigger_label("kodx"));
+        assert!(!c.is_trigger_label("bug"));
+        assert!(!RepoConfig::default().is_trigger_label("kodx"));
+        for (text, needle) in [
+            (
+                "reviews: { resolve: all }\n",
+                "\"reviews.resolve\": must be none or fixed",
+            ),
+            (
+                "triggers: { label: \"\" }\n",
+                "\"triggers.label\": must be a label name",
+            ),
+            (
+                "triggers: { labels: kodx }\n",
+                "unknown key \"triggers.labels\"",
+            ),
+            ("ci_repair: -2\n", "\"ci_repair\": must be 0 or more"),
+        ] {
+            let e = RepoConfig::parse(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
     }
 
     #[test]
@@ -795,7 +912,9 @@ pr: { draft: false, branch_prefix: kodx/ }
             "{shown}"
         );
         assert!(
-            shown.contains("ask_permission, pr, checks, check_repair)"),
+            shown.contains(
+                "ask_permission, pr, checks, check_repair, ci_repair, reviews, triggers)"
+            ),
             "{shown}"
         );
     }

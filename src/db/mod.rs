@@ -34,6 +34,7 @@ mod intake;
 mod models;
 mod notify;
 mod open;
+mod pulls;
 mod queue;
 mod spend;
 #[doc(hidden)]
@@ -53,6 +54,7 @@ pub use models::{
 };
 pub use notify::{Notifications, Wakeup};
 pub use open::{shown_url, DEFAULT_DATABASE_URL};
+pub use pulls::{Repair, RepairTaken};
 pub use queue::LEASE_MS;
 pub use spend::to_micros;
 

@@ -95,6 +95,9 @@ pub enum EndReason {
     InvalidConfig,
     /// `budget_exceeded`: the installation's monthly budget is spent.
     BudgetExceeded,
+    /// `dismissed`: an event that was kodx's to look at turned out to need nothing (a label
+    /// that is not the trigger, a CI failure that is not kodx's to repair); nothing posted.
+    Dismissed,
     /// Any other stored word, kept as it was.
     Other(String),
 }
@@ -129,7 +132,7 @@ const fn agent_reason_index(reason: StopReason) -> usize {
 
 impl EndReason {
     /// The reasons kodx itself gives (not the agent's, not [`EndReason::Other`]).
-    pub const KODX: [EndReason; 7] = [
+    pub const KODX: [EndReason; 8] = [
         EndReason::NotPermitted,
         EndReason::Refused,
         EndReason::Help,
@@ -137,6 +140,7 @@ impl EndReason {
         EndReason::InternalError,
         EndReason::InvalidConfig,
         EndReason::BudgetExceeded,
+        EndReason::Dismissed,
     ];
 
     /// The stored word.
@@ -150,6 +154,7 @@ impl EndReason {
             EndReason::InternalError => "internal_error",
             EndReason::InvalidConfig => "invalid_config",
             EndReason::BudgetExceeded => "budget_exceeded",
+            EndReason::Dismissed => "dismissed",
             EndReason::Other(word) => word,
         }
     }

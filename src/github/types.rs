@@ -82,6 +82,10 @@ pub struct TokenScope {
     /// Asked for only by the work that needs it: an installation without the Checks
     /// permission refuses any token that asks.
     pub checks: Option<Access>,
+    /// Reading GitHub Actions' job logs (CI repair); asked for only then, like `checks`.
+    pub actions: Option<Access>,
+    /// Reading commit statuses (CI repair).
+    pub statuses: Option<Access>,
 }
 
 impl TokenScope {
@@ -98,6 +102,8 @@ impl TokenScope {
                 Access::Read
             },
             checks: None,
+            actions: None,
+            statuses: None,
         }
     }
 
@@ -109,6 +115,23 @@ impl TokenScope {
             issues: Access::Read,
             pull_requests: Access::Read,
             checks: Some(Access::Write),
+            actions: None,
+            statuses: None,
+        }
+    }
+
+    /// Reading why CI failed on a pull request (CI repair's admission): check suites and
+    /// runs, annotations, commit statuses, and with `with_actions` the Actions job logs;
+    /// commenting, to say when repairing stops.
+    pub fn ci(repo: &RepoName, with_actions: bool) -> TokenScope {
+        TokenScope {
+            repository: repo.name.clone(),
+            contents: Access::Read,
+            issues: Access::Write,
+            pull_requests: Access::Read,
+            checks: Some(Access::Read),
+            actions: with_actions.then_some(Access::Read),
+            statuses: Some(Access::Read),
         }
     }
 
@@ -120,6 +143,8 @@ impl TokenScope {
             issues: Access::Write,
             pull_requests: Access::Write,
             checks: None,
+            actions: None,
+            statuses: None,
         }
     }
 
@@ -134,8 +159,14 @@ impl TokenScope {
                 "metadata": "read",
             },
         });
-        if let Some(checks) = self.checks {
-            body["permissions"]["checks"] = checks.as_str().into();
+        for (name, access) in [
+            ("checks", self.checks),
+            ("actions", self.actions),
+            ("statuses", self.statuses),
+        ] {
+            if let Some(access) = access {
+                body["permissions"][name] = access.as_str().into();
+            }
         }
         body
     }

@@ -128,6 +128,8 @@ pub struct Settings {
     pub max_iterations: u32,
     /// The most repair passes a repository's `check_repair` may ask for.
     pub max_check_repair: u32,
+    /// The most repair runs a repository's `ci_repair` may ask for, per pull request.
+    pub max_ci_repair: u32,
     /// Wall-clock limit of one run, in seconds.
     pub run_timeout_secs: u64,
     /// The longest one `feed_chars` waits for a command, in seconds, unless the run's
@@ -205,6 +207,7 @@ impl Default for Settings {
             max_cost_limit: 10.0,
             max_iterations: 200,
             max_check_repair: 5,
+            max_ci_repair: 3,
             run_timeout_secs: 1800,
             command_timeout_secs: 30,
             transcript_days: 30,

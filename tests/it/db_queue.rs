@@ -1126,3 +1126,73 @@ async fn engine_slots_racing_never_exceed_max_runs() {
             .unwrap());
     }
 }
+
+/// What kodx remembers of its pull requests (SPEC §11), on each backend: which it opened,
+/// which commits are its own, and repairs taken at most once per commit, counted since a
+/// maintainer's last run.
+#[tokio::test]
+async fn pull_commits_and_repairs_are_kept_once_per_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in each_backend(dir.path()).await {
+        let db = Db::open(&url).await.unwrap();
+        let (opener, _) = match db
+            .accept(&delivery(&format!("d-{url}")), Some(&new_run("code", 7)))
+            .await
+            .unwrap()
+        {
+            Accepted::Queued { run_id } => (run_id, ()),
+            other => panic!("{other:?}"),
+        };
+        let repo = "octo/widgets";
+        assert_eq!(db.pull_kodx_opened(repo, &[8]).await.unwrap(), None);
+        db.record_pull_commit(repo, 8, "c1", &opener, "code", true)
+            .await
+            .unwrap();
+        db.record_pull_commit(repo, 8, "c1", &opener, "code", true)
+            .await
+            .unwrap();
+        assert_eq!(
+            db.pull_kodx_opened(repo, &[5, 8]).await.unwrap(),
+            Some((8, "alice".to_string(), 7001))
+        );
+        assert_eq!(db.pull_kodx_opened(repo, &[9]).await.unwrap(), None);
+        assert_eq!(
+            db.kodx_commit_run(repo, 8, "c1").await.unwrap().as_deref(),
+            Some(opener.as_str())
+        );
+        assert_eq!(db.kodx_commit_run(repo, 8, "other").await.unwrap(), None);
+
+        // Two events about c1 (and two processes): one repair.
+        let taken = db
+            .take_repair(repo, 8, "c1", "r1", "sig", true, "report one")
+            .await
+            .unwrap();
+        assert_eq!(taken, kodx::db::RepairTaken::Taken);
+        let again = db
+            .take_repair(repo, 8, "c1", "r2", "sig", true, "report two")
+            .await
+            .unwrap();
+        assert_eq!(again, kodx::db::RepairTaken::Already("r1".into()));
+        assert_eq!(
+            db.repair_report("r1").await.unwrap().as_deref(),
+            Some("report one")
+        );
+        assert_eq!(db.repair_report("r2").await.unwrap(), None);
+        // A decision not to repair is recorded but not counted.
+        db.take_repair(repo, 8, "c2", "r3", "sig", false, "")
+            .await
+            .unwrap();
+        assert_eq!(db.repairs_since_maintainer(repo, 8).await.unwrap().len(), 1);
+        // A maintainer's run starts the count over.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        db.record_pull_commit(repo, 8, "c3", &opener, "continue", false)
+            .await
+            .unwrap();
+        assert!(db
+            .repairs_since_maintainer(repo, 8)
+            .await
+            .unwrap()
+            .is_empty());
+        db.close().await;
+    }
+}

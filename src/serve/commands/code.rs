@@ -7,6 +7,7 @@
 use std::time::Instant;
 
 use crate::db::RunStatus;
+use crate::job::Job;
 use crate::model::Message;
 use crate::repo_config::OnRed;
 use crate::sandbox::Sandbox as _;
@@ -17,6 +18,7 @@ use crate::serve::pipeline::deliver::{
 };
 use crate::serve::pipeline::execute::execute;
 use crate::serve::pipeline::plan::RunPlan;
+use crate::serve::pipeline::threads;
 use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
 use crate::serve::texts::status::Done;
 use crate::serve::texts::{self, checks, Form, Readiness};
@@ -69,12 +71,16 @@ pub(in crate::serve) async fn deliver_work(
     }
     let mut readiness = Readiness::Unchanged;
     done.text = done.outcome.last_message.clone();
+    if matches!(cx.run.request.job, Job::AddressReviews { .. }) {
+        // The list is for kodx; the replies say it in each thread.
+        done.text = threads::without_list(&done.text);
+    }
     done.setup = *cx.log.setup.lock();
     if let Some(changes) = changes {
         // A continuation's commit and pull request say the request it continues.
         let request = match &earlier {
             Some(earlier) => earlier.request.clone(),
-            None => cx.run.request.job.argument().into_owned(),
+            None => work_request(&cx.run.request.job),
         };
         let delivered = match changes {
             Ok(changes) => {
@@ -118,6 +124,7 @@ pub(in crate::serve) async fn deliver_work(
         }
         if done.pr_url.is_some() || done.pushed.is_some() {
             *cx.log.branch.lock() = Some(target.branch().to_string());
+            record_pull_commit(cx, done.pr_url.as_deref()).await;
         }
         // The checks, where GitHub shows them: a `kodx` Check Run on the pushed commit.
         let commit = cx.log.commit.lock().clone();
@@ -149,4 +156,57 @@ pub(in crate::serve) async fn deliver_work(
         RunStatus::Failed
     };
     Ok(Ending::Work { status, done })
+}
+
+/// What the commit and the pull request say was asked: the request, or for the runs kodx
+/// words itself, what they do.
+fn work_request(job: &Job) -> String {
+    match job {
+        Job::AddressReviews { words } if words.trim().is_empty() => {
+            "Address the review threads".to_string()
+        }
+        Job::AddressReviews { words } => format!("Address the review threads: {words}"),
+        Job::Repair { commit } => format!(
+            "Repair the failing CI of {}",
+            commit.get(..7).unwrap_or(commit)
+        ),
+        other => other.argument().into_owned(),
+    }
+}
+
+/// Remembers the commit this run made the head of a pull request (SPEC §11: CI repair acts
+/// only on pull requests kodx opened, while their head is kodx's).
+async fn record_pull_commit(cx: &RunCtx<'_>, pr_url: Option<&str>) {
+    let Some(sha) = cx.log.commit.lock().clone() else {
+        return;
+    };
+    let request = &cx.run.request;
+    let (pull, opened) = match pr_url.and_then(pull_number) {
+        // A new pull request (a fork's gets one too); an earlier part's is its own.
+        Some(n) if !(request.is_pull_request && n == request.issue_number) => (n, true),
+        Some(n) => (n, false),
+        None if request.is_pull_request => (request.issue_number, false),
+        None => return,
+    };
+    if let Err(e) = cx
+        .svc
+        .db
+        .record_pull_commit(
+            &request.repo,
+            pull,
+            &sha,
+            &cx.run.id,
+            request.job.kind().as_str(),
+            opened,
+        )
+        .await
+    {
+        tracing::warn!("recording the pushed commit failed: {e}");
+    }
+}
+
+/// The number at the end of a pull request's address (`…/pull/12`).
+fn pull_number(url: &str) -> Option<i64> {
+    let (_, n) = url.trim_end_matches('/').rsplit_once("/pull/")?;
+    n.parse().ok()
 }

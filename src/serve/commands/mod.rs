@@ -5,10 +5,12 @@
 //! [`control`] at once, without waiting for a run slot. These are the two dispatch points
 //! the worker calls; nothing here reaches back into it.
 
+pub(in crate::serve) mod address_reviews;
 pub(in crate::serve) mod ask;
 pub(in crate::serve) mod cancel;
 pub(in crate::serve) mod code;
 pub(in crate::serve) mod continue_run;
+pub(in crate::serve) mod repair;
 
 use std::time::Instant;
 
@@ -27,6 +29,8 @@ pub(in crate::serve) async fn work(cx: &RunCtx<'_>) -> Result<Ending, RunFailure
         Job::Ask { .. } => ask::run(cx).await,
         Job::Code { .. } => code::run(cx).await,
         Job::Continue { more } => continue_run::run(cx, *more).await,
+        Job::AddressReviews { .. } => address_reviews::run(cx).await,
+        Job::Repair { .. } => repair::run(cx).await,
         Job::Cancel | Job::Help { .. } | Job::Refuse { .. } => Err(RunFailure::Internal(
             anyhow::anyhow!("a {} job was claimed as a run", cx.run.kind()),
         )),
@@ -65,7 +69,12 @@ async fn answer(svc: &Services, job: &Run) -> Result<Ending, RunFailure> {
         }
         Job::Cancel => cancel::run(svc, &gh, &repo, job).await,
         // The request could not be read (empty, too long).
-        Job::Ask { .. } | Job::Code { .. } | Job::Continue { .. } | Job::Refuse { .. } => {
+        Job::Ask { .. }
+        | Job::Code { .. }
+        | Job::Continue { .. }
+        | Job::Refuse { .. }
+        | Job::AddressReviews { .. }
+        | Job::Repair { .. } => {
             Err(Refusal::BadRequest(job.request.job.argument().to_string()).into())
         }
     }

@@ -25,6 +25,13 @@ pub enum Triage {
     },
     /// A `/kodx` command to act on.
     Command(Box<RunRequest>),
+    /// A completed check suite or workflow run on one of `pulls` (CI repair, SPEC §11): a
+    /// repair request once the store knows which of them kodx opened, and who asked for it
+    /// ([`RunRequest::issue_number`] and the author are filled in then).
+    Ci {
+        request: Box<RunRequest>,
+        pulls: Vec<i64>,
+    },
 }
 
 /// A signed delivery kodx cannot read; the text is answered with `400`.
@@ -141,6 +148,115 @@ struct ReviewCommentEvent<'a> {
 }
 
 #[derive(Deserialize)]
+struct Review<'a> {
+    id: i64,
+    #[serde(borrow, default)]
+    body: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    user: User<'a>,
+}
+
+#[derive(Deserialize)]
+struct ReviewEvent<'a> {
+    #[serde(borrow)]
+    action: Cow<'a, str>,
+    #[serde(borrow)]
+    review: Review<'a>,
+    pull_request: PullRef,
+    #[serde(borrow)]
+    repository: Repository<'a>,
+    installation: Option<InstallationRef>,
+}
+
+#[derive(Deserialize)]
+struct Label<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct LabeledIssue<'a> {
+    number: i64,
+    #[serde(borrow, default)]
+    title: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    body: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    updated_at: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pull_request: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct LabeledEvent<'a> {
+    #[serde(borrow)]
+    action: Cow<'a, str>,
+    #[serde(borrow)]
+    issue: LabeledIssue<'a>,
+    #[serde(borrow, default)]
+    label: Option<Label<'a>>,
+    #[serde(borrow)]
+    sender: User<'a>,
+    #[serde(borrow)]
+    repository: Repository<'a>,
+    installation: Option<InstallationRef>,
+}
+
+/// What a `check_suite` and a `workflow_run` payload share for CI repair.
+#[derive(Deserialize)]
+struct CiRun<'a> {
+    id: i64,
+    #[serde(borrow)]
+    head_sha: Cow<'a, str>,
+    #[serde(default)]
+    pull_requests: Vec<PullRef>,
+}
+
+#[derive(Deserialize)]
+struct CiEvent<'a> {
+    #[serde(borrow)]
+    action: Cow<'a, str>,
+    #[serde(borrow, alias = "workflow_run")]
+    check_suite: CiRun<'a>,
+    #[serde(borrow)]
+    repository: Repository<'a>,
+    installation: Option<InstallationRef>,
+}
+
+/// Tells one labelling of an issue from another: the issue, the label and the time GitHub
+/// gives the change (a redelivery carries the same; taking the label off and on again, a
+/// new one), as a positive 63-bit FNV-1a hash.
+fn label_key(issue: i64, label: &str, updated_at: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in issue
+        .to_le_bytes()
+        .iter()
+        .chain(label.as_bytes())
+        .chain(b"\0")
+        .chain(updated_at.as_bytes())
+    {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h >> 1) as i64
+}
+
+/// The request a trigger label makes: the issue's title and description, cut to what a
+/// command may ask (the description is in the run's context whole).
+fn labelled_request(title: &str, body: &str) -> String {
+    let mut request = format!("{}\n\n{}", title.trim(), body.trim());
+    if request.len() > command::MAX_REQUEST_BYTES {
+        let mut end = command::MAX_REQUEST_BYTES;
+        while !request.is_char_boundary(end) {
+            end -= 1;
+        }
+        request.truncate(end);
+        request.push_str("\n[… the rest of the description is in the issue]");
+    }
+    request.trim().to_string()
+}
+
+#[derive(Deserialize)]
 struct Account<'a> {
     #[serde(borrow)]
     login: Cow<'a, str>,
@@ -187,6 +303,8 @@ const fn ignore(reason: &'static str) -> Result<Triage, BadRequest> {
 /// Reads one delivery of `event` (the `X-GitHub-Event` header).
 pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
     match event {
+        "issues" if is_labeled(body) => labeled(event, body),
+        "check_suite" | "workflow_run" => ci(event, body),
         "issue_comment" => {
             let p: IssueCommentEvent = decode(event, body)?;
             if p.action != "created" {
@@ -268,6 +386,30 @@ pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
                 },
             })))
         }
+        "pull_request_review" => {
+            let p: ReviewEvent = decode(event, body)?;
+            if p.action != "submitted" {
+                return ignore("only submitted reviews are read (edits and dismissals are not)");
+            }
+            if p.review.user.is_bot() {
+                return ignore("the review was written by a bot");
+            }
+            let Some(found) = command::parse(p.review.body.as_deref().unwrap_or("")) else {
+                return ignore("no /kodx command");
+            };
+            Ok(Triage::Command(Box::new(RunRequest {
+                installation_id: installation_id(p.installation)?,
+                repo: p.repository.full_name.into_owned(),
+                issue_number: p.pull_request.number,
+                is_pull_request: true,
+                author: p.review.user.login.into_owned(),
+                author_id: p.review.user.id,
+                clone_url: p.repository.clone_url.into_owned(),
+                default_branch: p.repository.default_branch.into_owned(),
+                job: Job::from_parsed(found),
+                trigger: Trigger::Review(p.review.id),
+            })))
+        }
         "installation" | "installation_repositories" => {
             let p: InstallationEvent = decode(event, body)?;
             Ok(Triage::Installation {
@@ -290,6 +432,109 @@ pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
             ))))
         }
     }
+}
+
+/// Whether an `issues` delivery is a `labeled` one (read before the full decode: the other
+/// actions are read as before).
+fn is_labeled(body: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Action<'a> {
+        #[serde(borrow)]
+        action: Cow<'a, str>,
+    }
+    serde_json::from_slice::<Action>(body).is_ok_and(|a| a.action == "labeled")
+}
+
+/// `issues.labeled`: a request for `/kodx code` on the issue by whoever added the label, if
+/// the repository's `triggers.label` names it (known only when its config is read).
+fn labeled(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
+    let p: LabeledEvent = decode(event, body)?;
+    if p.action != "labeled" {
+        return ignore("only added labels are read");
+    }
+    if p.issue.pull_request.is_some() {
+        return ignore("labels on pull requests do not start work");
+    }
+    if p.sender.is_bot() {
+        return ignore("the label was added by a bot");
+    }
+    let Some(label) = p.label else {
+        return ignore("the delivery names no label");
+    };
+    let title = p.issue.title.as_deref().unwrap_or("");
+    let request = labelled_request(title, p.issue.body.as_deref().unwrap_or(""));
+    if request.is_empty() {
+        return ignore("the issue has no title or description to work from");
+    }
+    let key = label_key(
+        p.issue.number,
+        &label.name,
+        p.issue.updated_at.as_deref().unwrap_or(""),
+    );
+    Ok(Triage::Command(Box::new(RunRequest {
+        installation_id: installation_id(p.installation)?,
+        repo: p.repository.full_name.into_owned(),
+        issue_number: p.issue.number,
+        is_pull_request: false,
+        author: p.sender.login.into_owned(),
+        author_id: p.sender.id,
+        clone_url: p.repository.clone_url.into_owned(),
+        default_branch: p.repository.default_branch.into_owned(),
+        job: Job::Code {
+            request,
+            base: None,
+        },
+        trigger: Trigger::Label {
+            issue: p.issue.number,
+            label: label.name.chars().take(64).collect(),
+            key,
+        },
+    })))
+}
+
+/// `check_suite.completed` and `workflow_run.completed` on a pull request: a possible CI
+/// repair (whatever the conclusion: the last suite to finish may be a green one while an
+/// earlier one failed; the worker decides once every check on the commit has finished).
+fn ci(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
+    let p: CiEvent = decode(event, body)?;
+    if p.action != "completed" {
+        return ignore("only completed check suites and workflow runs are read");
+    }
+    let pulls: Vec<i64> = p
+        .check_suite
+        .pull_requests
+        .iter()
+        .map(|pr| pr.number)
+        .take(20)
+        .collect();
+    if pulls.is_empty() {
+        return ignore("the commit is on no pull request of this repository");
+    }
+    let sha = p.check_suite.head_sha;
+    if sha.len() != 40 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(BadRequest(format!("`{event}.head_sha` is not a commit id")));
+    }
+    let id = p.check_suite.id;
+    Ok(Triage::Ci {
+        request: Box::new(RunRequest {
+            installation_id: installation_id(p.installation)?,
+            repo: p.repository.full_name.into_owned(),
+            issue_number: pulls[0],
+            is_pull_request: true,
+            author: String::new(),
+            author_id: 0,
+            clone_url: p.repository.clone_url.into_owned(),
+            default_branch: p.repository.default_branch.into_owned(),
+            job: Job::Repair {
+                commit: sha.to_ascii_lowercase(),
+            },
+            trigger: match event {
+                "check_suite" => Trigger::CheckSuite(id),
+                _ => Trigger::WorkflowRun(id),
+            },
+        }),
+        pulls,
+    })
 }
 
 #[cfg(test)]
@@ -439,6 +684,116 @@ mod tests {
                 })
             }
         );
+    }
+
+    #[test]
+    fn reviews_labels_and_ci() {
+        let p = json!({
+            "action": "submitted",
+            "review": {"id": 77, "body": "Looks close.\n/kodx address-reviews keep the API", "user": {"login": "dan", "id": 4, "type": "User"}},
+            "pull_request": {"number": 8},
+            "repository": {"full_name": "o/r", "clone_url": "u", "default_branch": "main"},
+            "installation": {"id": 5}
+        });
+        let c = command(triage("pull_request_review", p.to_string().as_bytes()).unwrap());
+        assert_eq!(c.trigger, Trigger::Review(77));
+        assert_eq!(
+            c.job,
+            Job::AddressReviews {
+                words: "keep the API".into()
+            }
+        );
+        let labeled = |label: &str, sender: &str, at: &str| {
+            json!({
+                "action": "labeled",
+                "issue": {"number": 3, "title": "Add a flag", "body": "It needs --verbose.", "updated_at": at,
+                          "user": {"login": "carol", "id": 3, "type": "User"}},
+                "label": {"name": label},
+                "sender": {"login": sender, "id": 9, "type": if sender.ends_with("[bot]") { "Bot" } else { "User" }},
+                "repository": {"full_name": "o/r", "clone_url": "u", "default_branch": "main"},
+                "installation": {"id": 5}
+            })
+            .to_string()
+        };
+        let c = command(
+            triage(
+                "issues",
+                labeled("kodx", "erin", "2026-01-01T00:00:00Z").as_bytes(),
+            )
+            .unwrap(),
+        );
+        assert_eq!(c.author, "erin");
+        assert_eq!(
+            c.job,
+            Job::Code {
+                request: "Add a flag\n\nIt needs --verbose.".into(),
+                base: None
+            }
+        );
+        assert_eq!(c.trigger.label(), Some("kodx"));
+        let again = command(
+            triage(
+                "issues",
+                labeled("kodx", "erin", "2026-01-01T00:00:00Z").as_bytes(),
+            )
+            .unwrap(),
+        );
+        assert_eq!(
+            again.trigger.id(),
+            c.trigger.id(),
+            "a redelivery is the same trigger"
+        );
+        let later = command(
+            triage(
+                "issues",
+                labeled("kodx", "erin", "2026-01-02T00:00:00Z").as_bytes(),
+            )
+            .unwrap(),
+        );
+        assert_ne!(
+            later.trigger.id(),
+            c.trigger.id(),
+            "labelling again is a new trigger"
+        );
+        assert!(c.trigger.id() >= 0);
+        assert!(matches!(
+            triage("issues", labeled("kodx", "ci[bot]", "x").as_bytes()).unwrap(),
+            Triage::Ignore(r) if r.contains("bot")
+        ));
+
+        let suite = json!({
+            "action": "completed",
+            "check_suite": {"id": 41, "head_sha": "A".repeat(40), "head_branch": "kodx/issue-3-abc",
+                            "conclusion": "failure", "pull_requests": [{"number": 12}, {"number": 13}]},
+            "repository": {"full_name": "o/r", "clone_url": "u", "default_branch": "main"},
+            "installation": {"id": 5}
+        });
+        match triage("check_suite", suite.to_string().as_bytes()).unwrap() {
+            Triage::Ci { request, pulls } => {
+                assert_eq!(pulls, vec![12, 13]);
+                assert_eq!(request.trigger, Trigger::CheckSuite(41));
+                assert_eq!(
+                    request.job,
+                    Job::Repair {
+                        commit: "a".repeat(40)
+                    }
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let run = json!({
+            "action": "completed",
+            "workflow_run": {"id": 42, "head_sha": "b".repeat(40), "pull_requests": []},
+            "repository": {"full_name": "o/r", "clone_url": "u", "default_branch": "main"},
+            "installation": {"id": 5}
+        });
+        assert!(matches!(
+            triage("workflow_run", run.to_string().as_bytes()).unwrap(),
+            Triage::Ignore(r) if r.contains("no pull request")
+        ));
+        let mut bad = suite.clone();
+        bad["check_suite"]["head_sha"] = json!("main");
+        assert!(triage("check_suite", bad.to_string().as_bytes()).is_err());
     }
 
     #[test]

@@ -246,8 +246,26 @@ pub(in crate::serve) async fn intake(
         st.metrics.webhook(event, "ignored");
         answer(StatusCode::OK, json!({ "ignored": reason }))
     };
+    // CI on a pull request is kodx's only when kodx opened it; the repair works for whoever
+    // asked for that pull request.
+    let triaged = match triaged {
+        Triage::Ci { mut request, pulls } => {
+            match st.db.pull_kodx_opened(&request.repo, &pulls).await {
+                Ok(Some((pull, author, author_id))) => {
+                    request.issue_number = pull;
+                    request.author = author;
+                    request.author_id = author_id;
+                    Triage::Command(request)
+                }
+                Ok(None) => return ignored("not a pull request kodx opened"),
+                Err(e) => return internal(st, event, &e.to_string()),
+            }
+        }
+        other => other,
+    };
     let (record, run) = match &triaged {
         Triage::Ignore(reason) => return ignored(reason),
+        Triage::Ci { .. } => unreachable!("CI events were resolved above"),
         Triage::Installation {
             id,
             account,

@@ -43,6 +43,20 @@ pub struct RunContext {
     pub instructions: String,
     /// The pull request template part of a code run's message; empty without one.
     pub template: String,
+    /// What a follow-up run on a pull request works from: the review threads of
+    /// `/kodx address-reviews`, or the CI failure of a repair run.
+    pub follow_up: Option<FollowUp>,
+}
+
+/// The work of a follow-up run (SPEC §11), told after the pull request's diff.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FollowUp {
+    /// kodx's own words: what to do with what follows.
+    pub task: String,
+    /// Blocks of untrusted text (already cleaned and bounded), each fenced under its label.
+    pub blocks: Vec<(String, String)>,
+    /// kodx's own words after the blocks (the answer's format).
+    pub closing: String,
 }
 
 use crate::github::{GitHubError, PullInfo};
@@ -251,11 +265,23 @@ impl RunContext {
             "issue"
         };
         let mut out = String::new();
-        out.push_str(&format!(
-            "@{} asked on GitHub, in {what} #{} of {}, with `/kodx {kind}`. The repository is \
-             checked out in your workspace",
-            self.author, self.number, self.repo
-        ));
+        if kind == JobKind::Repair {
+            out.push_str(&format!(
+                "CI failed on pull request #{} of {}, which kodx opened for @{}. This is a \
+                 repair run: kodx started it itself, to make the failing checks pass. The \
+                 repository is checked out in your workspace",
+                self.number, self.repo, self.author
+            ));
+        } else {
+            out.push_str(&format!(
+                "@{} asked on GitHub, in {what} #{} of {}, with `/kodx {}`. The repository is \
+                 checked out in your workspace",
+                self.author,
+                self.number,
+                self.repo,
+                kind.command_word()
+            ));
+        }
         match (&self.branches, &self.base) {
             (Some((head, base)), _) => out.push_str(&format!(
                 " at the head of the pull request (branch `{head}`, to be merged into `{base}`).\n\n"
@@ -296,6 +322,13 @@ impl RunContext {
         if let Some(diff) = &self.diff {
             code_block(&mut out, "The pull request's diff:", "diff", diff);
         }
+        if let Some(f) = &self.follow_up {
+            out.push_str(&f.task);
+            for (label, text) in &f.blocks {
+                fenced(&mut out, label, "", text);
+            }
+            out.push_str(&f.closing);
+        }
         let request = strip_hidden(&self.request);
         if kind == JobKind::Code {
             out.push_str(&self.template);
@@ -308,13 +341,22 @@ impl RunContext {
                  discarded.\n\n",
                 self.author
             )),
+            _ if self.follow_up.is_some() => out.push_str(
+                "Your last message is posted on GitHub as the summary of what you did.\n\n",
+            ),
             _ => out.push_str(&format!(
                 "Do what @{} asks below in the repository in your workspace. Your last message \
                  is posted on GitHub as the summary of what you did.\n\n",
                 self.author
             )),
         }
-        block(&mut out, "The request:", &request);
+        if self.follow_up.is_none() || !request.trim().is_empty() {
+            let label = match self.follow_up {
+                Some(_) => "What they added to the request:",
+                None => "The request:",
+            };
+            block(&mut out, label, &request);
+        }
         out
     }
 }

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::db::{Run, RunStatus};
 use crate::github::{Installation, Permission, Reaction, RepoName};
-use crate::job::JobKind;
+use crate::job::{Job, JobKind};
 use crate::repo_config::{AskPermission, RepoConfig, RepoConfigError, RunKind, ServerMaxima};
 use crate::serve::texts;
 
@@ -170,6 +170,9 @@ pub(in crate::serve) enum Refusal {
     CannotContinue(CannotContinue),
     /// `--base` names no branch of the repository (a tag, a commit, a typo).
     UnknownBase(String),
+    /// An event that needs nothing after all (a label that is not the trigger, a CI
+    /// failure that is not kodx's to repair): recorded, nothing posted.
+    Dismissed(String),
 }
 
 impl Refusal {
@@ -185,6 +188,7 @@ impl Refusal {
             Refusal::BadRequest(_) | Refusal::CannotContinue(_) | Refusal::UnknownBase(_) => {
                 EndReason::Refused
             }
+            Refusal::Dismissed(_) => EndReason::Dismissed,
         }
     }
 
@@ -208,6 +212,7 @@ impl Refusal {
                 json!({ "refused": reason, "error": why.to_string() })
             }
             Refusal::UnknownBase(branch) => json!({ "refused": reason, "base": branch }),
+            Refusal::Dismissed(why) => json!({ "dismissed": why }),
         }
     }
 
@@ -225,6 +230,7 @@ impl Refusal {
             Refusal::CannotContinue(why) => texts::cannot_continue(&why.to_string()),
             Refusal::BadRequest(why) => texts::bad_request(author, why),
             Refusal::UnknownBase(branch) => texts::unknown_base(branch, &run.request.repo),
+            Refusal::Dismissed(why) => why.clone(),
         }
     }
 }
@@ -289,6 +295,21 @@ impl Services {
                 return Err(Refusal::ConfigUnreadable(e.to_string()));
             }
         };
+        // A label that is not the repository's trigger is nobody's command.
+        if let Some(label) = run.request.trigger.label() {
+            if !config.as_ref().is_ok_and(|c| c.is_trigger_label(label)) {
+                return Err(Refusal::Dismissed(format!(
+                    "the label {label:?} is not this repository's `triggers.label`"
+                )));
+            }
+        }
+        let is_repair = matches!(run.request.job, Job::Repair { .. });
+        if is_repair && config.is_err() {
+            return Err(Refusal::Dismissed(format!(
+                "CI repair: `{}` is invalid",
+                RepoConfig::PATH
+            )));
+        }
         let permission = match permission {
             PermissionCheck::Known(p) => p,
             PermissionCheck::Ask => {
@@ -305,6 +326,12 @@ impl Services {
                         return Err(Refusal::PermissionUnknown(e.to_string()));
                     }
                 };
+                if has < needed && is_repair {
+                    return Err(Refusal::Dismissed(format!(
+                        "CI repair: @{} no longer has write permission",
+                        run.request.author
+                    )));
+                }
                 if has < needed {
                     tracing::info!(permission = has.as_str(), "refused: not permitted");
                     return Err(Refusal::NotPermitted { needed, has });
@@ -315,6 +342,9 @@ impl Services {
         if let Some(branch) = unknown_base {
             tracing::info!("refused: no base branch {branch:?}");
             return Err(Refusal::UnknownBase(branch));
+        }
+        if let (Job::Repair { commit }, Ok(c)) = (&run.request.job, &config) {
+            self.admit_repair(gh, repo, run, c, commit).await?;
         }
         let budget = self.budget(run).await;
         if let Some(b) = budget.filter(|b| run.is_work() && b.is_spent()) {
@@ -342,6 +372,11 @@ impl Services {
             tracing::warn!("reading the base branch failed: {e}");
             Refusal::ConfigUnreadable(e.to_string())
         };
+        if matches!(request.job, Job::AddressReviews { .. }) && !request.is_pull_request {
+            return Err(Refusal::BadRequest(
+                texts::ADDRESS_REVIEWS_ON_ISSUE.to_string(),
+            ));
+        }
         let (branch, asked) = match request.job.base() {
             Some(_) if request.is_pull_request => {
                 return Err(Refusal::BadRequest(texts::BASE_ON_PULL.to_string()))
@@ -431,13 +466,16 @@ impl Services {
     pub(in crate::serve) async fn refuse(&self, run: &Run, refusal: &Refusal) {
         // Recorded before it is posted: whoever reads the refusal and sends the next
         // command (a `/kodx continue` right after) finds this run ended.
-        self.finish_quietly(
-            run,
-            RunStatus::Failed,
-            refusal.end_reason(),
-            refusal.to_json(),
-        )
-        .await;
+        let status = match refusal {
+            Refusal::Dismissed(_) => RunStatus::Succeeded,
+            _ => RunStatus::Failed,
+        };
+        self.finish_quietly(run, status, refusal.end_reason(), refusal.to_json())
+            .await;
+        if let Refusal::Dismissed(why) = refusal {
+            tracing::info!("dismissed: {why}");
+            return;
+        }
         match self.github(run).await {
             Ok((gh, repo)) => self.post_refusal(&gh, &repo, run, refusal).await,
             Err(e) => tracing::error!("the refusal was not posted: {e:#}"),
@@ -447,6 +485,8 @@ impl Services {
     async fn post_refusal(&self, gh: &Installation, repo: &RepoName, run: &Run, refusal: &Refusal) {
         let text = refusal.message(run);
         match refusal {
+            // Nothing anybody asked for: nothing is said.
+            Refusal::Dismissed(_) => return,
             // Help is for everyone who can read; nobody else is answered at all.
             Refusal::NotPermitted { .. } if run.kind() == JobKind::Help => return,
             // One short answer to the person, who may not see more.

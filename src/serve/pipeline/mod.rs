@@ -26,9 +26,11 @@ pub(in crate::serve) mod execute;
 pub(in crate::serve) mod fence;
 pub(in crate::serve) mod gate;
 pub(in crate::serve) mod plan;
+pub(in crate::serve) mod repair;
 pub(in crate::serve) mod repo_context;
 pub(in crate::serve) mod resources;
 pub(in crate::serve) mod status;
+pub(in crate::serve) mod threads;
 pub(in crate::serve) mod workspace;
 
 use parking_lot::Mutex;

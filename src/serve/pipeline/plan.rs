@@ -150,6 +150,15 @@ pub(in crate::serve) fn prepare(
 impl RunCtx<'_> {
     /// Shows that the run is setting up, reads the issue from GitHub and plans the run.
     pub(in crate::serve) async fn plan(&self) -> Result<RunPlan, RunFailure> {
+        self.plan_with(None).await
+    }
+
+    /// [`RunCtx::plan`] for a follow-up run on a pull request: `follow_up` is told after
+    /// its diff.
+    pub(in crate::serve) async fn plan_with(
+        &self,
+        follow_up: Option<super::context::FollowUp>,
+    ) -> Result<RunPlan, RunFailure> {
         use anyhow::Context as _;
         self.svc.setting_up(self.run, &self.status).await;
         // The issue and the repository's own context are read side by side.
@@ -160,6 +169,13 @@ impl RunCtx<'_> {
         let (mut context, pull) = issue.context("reading the issue from GitHub failed")?;
         context.instructions = rules.instructions_text(context.is_pull_request);
         context.template = rules.template_text();
+        if let Some(f) = follow_up {
+            // The request of a repair run is its commit, not words anybody wrote.
+            if self.run.request.job.kind() == crate::job::JobKind::Repair {
+                context.request.clear();
+            }
+            context.follow_up = Some(f);
+        }
         let mut plan = prepare(
             &self.run.id,
             self.kind,

@@ -104,7 +104,7 @@ pub(in crate::serve) struct StatusComment {
     run_id: String,
     issue: u64,
     command: String,
-    trigger: ReactionTarget,
+    trigger: Option<ReactionTarget>,
     /// `None` until it is posted (creating it may have failed).
     id: Option<u64>,
     /// The run's hold on its lease: no edit once another process took the run.
@@ -285,7 +285,14 @@ async fn throttled<F, Fut>(
 }
 
 /// Reacts on the command that started a run; a failure is logged.
-async fn react(gh: &Installation, repo: &RepoName, target: ReactionTarget, reaction: Reaction) {
+async fn react(
+    gh: &Installation,
+    repo: &RepoName,
+    target: Option<ReactionTarget>,
+    reaction: Reaction,
+) {
+    // A review's body and a CI event have nothing to react on.
+    let Some(target) = target else { return };
     if let Err(e) = gh.react(repo, target, reaction).await {
         tracing::warn!("reacting {} failed: {e}", reaction.as_str());
     }

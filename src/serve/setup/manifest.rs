@@ -16,11 +16,25 @@ pub const PERMISSIONS: [(&str, &str); 4] = [
 ];
 
 /// What the App asks for besides, and works without: `checks: write` puts a `kodx` Check
-/// Run on the commits kodx pushes (without it, the status comment says so once).
-pub const OPTIONAL_PERMISSIONS: [(&str, &str); 1] = [("checks", "write")];
+/// Run on the commits kodx pushes (without it, the status comment says so once); `actions`
+/// and `statuses` read let CI repair read why CI failed (SPEC §11).
+pub const OPTIONAL_PERMISSIONS: [(&str, &str); 3] = [
+    ("checks", "write"),
+    ("actions", "read"),
+    ("statuses", "read"),
+];
 
 /// The webhook events kodx acts on.
 pub const EVENTS: [&str; 3] = ["issue_comment", "issues", "pull_request_review_comment"];
+
+/// The events of the pull request's life (SPEC §11): commands in review bodies, and CI
+/// results for CI repair. Asked for; kodx works without them.
+pub const OPTIONAL_EVENTS: [&str; 4] = [
+    "pull_request",
+    "pull_request_review",
+    "check_suite",
+    "workflow_run",
+];
 
 /// GitHub's longest App name.
 pub const MAX_NAME_CHARS: usize = 34;
@@ -49,7 +63,7 @@ pub fn manifest(name: &str, public_url: &str, hook_url: &str, redirect_url: &str
         "description": "kodx: an LLM that works in a sandbox on your issues and pull requests (/kodx code, /kodx ask)",
         "public": false,
         "default_permissions": permissions,
-        "default_events": EVENTS,
+        "default_events": EVENTS.iter().chain(OPTIONAL_EVENTS.iter()).collect::<Vec<_>>(),
     })
 }
 
@@ -212,11 +226,19 @@ mod tests {
         assert_eq!(m["public"], false);
         assert_eq!(
             m["default_permissions"],
-            json!({"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read", "checks": "write"})
+            json!({"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read", "checks": "write", "actions": "read", "statuses": "read"})
         );
         assert_eq!(
             m["default_events"],
-            json!(["issue_comment", "issues", "pull_request_review_comment"])
+            json!([
+                "issue_comment",
+                "issues",
+                "pull_request_review_comment",
+                "pull_request",
+                "pull_request_review",
+                "check_suite",
+                "workflow_run"
+            ])
         );
     }
 

@@ -18,11 +18,13 @@ pub fn help(unknown: &str) -> String {
          | `/kodx ask <question>` | the agent reads the code and answers here | write access (or read, if the repository allows it) |\n\
          | `/kodx code <request>` | the agent makes the change and opens a pull request (`--base <branch>` first: from and into that branch) | write access |\n\
          | `/kodx continue [$N \\| N steps]` | resumes the code run here that a cost, step or time limit stopped, on its branch and pull request, with the repository's limit again (or `$N` / `N steps`) | write access |\n\
+         | `/kodx address-reviews [words]` | on a pull request: one run addresses every unresolved review thread, pushes, and replies in each | write access |\n\
          | `/kodx cancel` | stops the runs on this issue or pull request | write access |\n\
          | `/kodx help` | this message | everyone |\n\n\
          The command must start a line, outside code blocks and quotes; everything after it is the request. \
          Limits and the model are set in `.github/kodx.yml`; kodx follows the repository's `AGENTS.md` \
-         and pull request template, read from the branch the work targets.",
+         and pull request template, read from the branch the work targets. With `ci_repair`, kodx repairs red CI \
+         on the pull requests it opened; with `triggers.label`, labelling an issue starts `/kodx code`.",
     );
     out
 }

@@ -7,10 +7,12 @@
 //! Text from outside kodx (logins, errors, requests) is redacted where it is put in.
 
 pub mod checks;
+mod follow_up;
 mod help;
 mod pull;
 pub mod status;
 
+pub use follow_up::*;
 pub use help::help;
 pub use pull::{commit_body, commit_subject, pull_body, title_from, trailers, Form, Mention};
 
@@ -36,8 +38,12 @@ pub fn not_permitted(author: &str, kind: JobKind, needed: Permission, has: Permi
         _ => "people with write, maintain or admin access to this repository",
     };
     let what = match kind {
-        JobKind::Ask | JobKind::Code | JobKind::Continue | JobKind::Cancel => {
-            format!("`/kodx {kind}`")
+        JobKind::Ask
+        | JobKind::Code
+        | JobKind::Continue
+        | JobKind::Cancel
+        | JobKind::AddressReviews => {
+            format!("`/kodx {}`", kind.command_word())
         }
         _ => "kodx".to_string(),
     };

@@ -5,6 +5,7 @@ pub mod db;
 pub mod fake_anthropic;
 pub mod fake_github;
 pub mod fake_openai;
+pub mod follow_up;
 pub mod git_server;
 pub mod net;
 pub mod serve;

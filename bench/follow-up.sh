@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# What one follow-up run of the pull request's life (SPEC §11) costs: a CI repair run
+# (webhook → repaired, pushed, reported) and a `/kodx address-reviews` run with three
+# threads (comment → pushed, replied, resolved), through the real `kodx serve` against the
+# fake GitHub and a scripted model: median and slowest wall time, and the GitHub requests
+# (REST and GraphQL) and model calls of one run.
+# Needs the Docker engine and the test images (bash .ci/run, or tests/images/build.sh).
+#   KODX_BENCH_RUNS=9 bash bench/follow-up.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec cargo test --release --test bench_follow_up -- --ignored --nocapture --test-threads 1

@@ -1,0 +1,23 @@
+//! A CI repair run (SPEC §11): kodx's own follow-up when CI fails on a pull request it
+//! opened. Admission decided it and stored the failure report
+//! ([`crate::serve::pipeline::repair`]); the run is an ordinary code run on the pull
+//! request's branch, with its status comment, budget and cost.
+
+use crate::model::Message;
+use crate::serve::commands::code::deliver_work;
+use crate::serve::pipeline::repair::follow_up;
+use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
+
+/// Runs a repair: the stored failure report, one run, its commit on the pull request.
+pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure> {
+    let report = cx
+        .svc
+        .db
+        .repair_report(&cx.run.id)
+        .await
+        .map_err(|e| anyhow::anyhow!("reading the failure report failed: {e}"))?
+        .ok_or_else(|| anyhow::anyhow!("the repair run has no failure report"))?;
+    let plan = cx.plan_with(Some(follow_up(&report))).await?;
+    let messages = vec![Message::user_text(&plan.prompt)];
+    deliver_work(cx, &plan, messages, None).await
+}

@@ -1,0 +1,175 @@
+//! Benchmark (ignored by default; `bash bench/follow-up.sh` runs it): what one follow-up run
+//! of the pull request's life (SPEC §11) costs, in calls and time, through the real
+//! `kodx serve` against the fake GitHub and a scripted model (two model calls each: one
+//! command, one final message).
+//!
+//! 1. **CI repair**: a failing GitHub Actions job on the pull request kodx opened; from the
+//!    `check_suite.completed` delivery to the repair's finished status comment (admission
+//!    with the CI reads and the job log through its redirect, the container, the model, the
+//!    push).
+//! 2. **`/kodx address-reviews`**: three unresolved threads; from the comment to the
+//!    finished status comment (the threads read over GraphQL, the run, the push, three
+//!    replies and two resolves).
+//!
+//! Each prints the median and the slowest of `KODX_BENCH_RUNS` rounds (default 3), with the
+//! GitHub requests (REST and GraphQL) and the model calls the run made.
+
+#[path = "it/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::fake_github::{FakeSuite, ACTIONS_SLUG};
+use common::follow_up::{ci_event, config, ended, failing_tests, feature_pull, thread};
+use common::serve::{text, tool, usage, Served, INSTALLATION, REPO};
+use serde_json::json;
+
+fn rounds() -> usize {
+    std::env::var("KODX_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+}
+
+/// One round's figures: wall time, GitHub REST requests, GraphQL requests, model calls.
+struct Round {
+    took: Duration,
+    rest: usize,
+    graphql: usize,
+    model: usize,
+}
+
+fn requests_since(s: &Served, before: usize) -> (usize, usize) {
+    let all = s.github.requests();
+    let new = &all[before.min(all.len())..];
+    let graphql = new.iter().filter(|r| r.path.ends_with("/graphql")).count();
+    (new.len() - graphql, graphql)
+}
+
+fn print(what: &str, rounds: &[Round]) {
+    let mut ms: Vec<f64> = rounds
+        .iter()
+        .map(|r| r.took.as_secs_f64() * 1000.0)
+        .collect();
+    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let last = rounds.last().unwrap();
+    println!(
+        "{what:<34} median {:>7.0} ms   slowest {:>7.0} ms   GitHub {} REST + {} GraphQL requests   {} model calls",
+        ms[ms.len() / 2],
+        ms[ms.len() - 1],
+        last.rest,
+        last.graphql,
+        last.model,
+    );
+}
+
+async fn repair_round() -> Round {
+    let mut s = Served::with_workers().await;
+    config(&s, "ci_repair: 1\n");
+    s.github.add_issue(REPO, 7, "Add a.txt", "", "carol");
+    s.model
+        .reply(tool("echo one > a.txt"), "tool_use", usage(1000, 10));
+    s.model
+        .reply(text("Added a.txt."), "end_turn", usage(1100, 10));
+    s.comment(7, "alice", "/kodx code add a.txt").await;
+    s.finished_status(7).await;
+    let pr = s.github.created_pulls(REPO).remove(0);
+    let head = s.git.branch_sha(REPO, &pr.head).unwrap();
+    let suite = s.github.add_check_suite(
+        REPO,
+        &head,
+        FakeSuite::of(ACTIONS_SLUG, vec![failing_tests()]),
+    );
+    s.model
+        .reply(tool("echo two > a.txt"), "tool_use", usage(2000, 10));
+    s.model
+        .reply(text("Fixed a.txt."), "end_turn", usage(2100, 10));
+    let payload = s.github.check_suite_completed_payload(
+        REPO,
+        INSTALLATION,
+        suite,
+        ACTIONS_SLUG,
+        &head,
+        &pr.head,
+        "failure",
+        &[pr.number],
+    );
+    let (before, calls) = (s.github.requests().len(), s.model.requests().len());
+    let started = Instant::now();
+    let run = ci_event(&s, "check_suite", &payload).await.unwrap();
+    assert_eq!(ended(&s, &run).await, "end_turn", "{}", s.log());
+    s.finished_status(pr.number).await;
+    let took = started.elapsed();
+    let (rest, graphql) = requests_since(&s, before);
+    let model = s.model.requests().len() - calls;
+    s.finish().await;
+    Round {
+        took,
+        rest,
+        graphql,
+        model,
+    }
+}
+
+async fn address_reviews_round() -> Round {
+    let mut s = Served::with_workers().await;
+    config(&s, "reviews: { resolve: fixed }\n");
+    feature_pull(&s, 40);
+    let ids: Vec<String> = ["Rename it.", "Document it.", "Why a const?"]
+        .iter()
+        .map(|c| {
+            s.github
+                .add_review_thread(REPO, 40, thread("src/flag.rs", 1, &[("dora", c)], true))
+        })
+        .collect();
+    let list = json!([
+        {"thread": ids[0], "status": "fixed", "reply": "Renamed."},
+        {"thread": ids[1], "status": "fixed", "reply": "Documented."},
+        {"thread": ids[2], "status": "question", "reply": "Would an enum help?"},
+    ]);
+    s.model.reply(
+        tool("printf '/// The flag.\\npub const LOUD: &str = \"v\";\\n' > src/flag.rs"),
+        "tool_use",
+        usage(1000, 10),
+    );
+    s.model.reply(
+        text(&format!("Done.\n\n```kodx-threads\n{list}\n```")),
+        "end_turn",
+        usage(1100, 10),
+    );
+    let before = s.github.requests().len();
+    let started = Instant::now();
+    s.comment(40, "alice", "/kodx address-reviews").await;
+    let status = s.finished_status(40).await;
+    let took = started.elapsed();
+    assert!(status.contains("resolved 2"), "{status}");
+    let (rest, graphql) = requests_since(&s, before);
+    let model = s.model.requests().len();
+    s.finish().await;
+    Round {
+        took,
+        rest,
+        graphql,
+        model,
+    }
+}
+
+#[tokio::test]
+#[ignore]
+async fn follow_up_runs() {
+    let _engine = common::require_engine!();
+    let n = rounds();
+    println!(
+        "\nfollow-up runs through the real kodx serve ({n} rounds each, fake GitHub and model)\n"
+    );
+    let mut repairs = Vec::new();
+    for _ in 0..n {
+        repairs.push(repair_round().await);
+    }
+    print("CI repair (webhook → done)", &repairs);
+    let mut reviews = Vec::new();
+    for _ in 0..n {
+        reviews.push(address_reviews_round().await);
+    }
+    print("address-reviews (comment → done)", &reviews);
+}
