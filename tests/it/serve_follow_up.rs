@@ -433,3 +433,87 @@ async fn red_ci_on_kodx_pull_request_gets_exactly_one_repair() {
     assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
     s.finish().await;
 }
+
+#[tokio::test]
+async fn a_repeated_failure_or_someone_elses_push_stops_repairing() {
+    let _engine = common::require_engine!();
+    let mut s = Served::with_workers().await;
+    config(&s, "ci_repair: 3\n");
+    s.github.add_issue(REPO, 7, "Add a.txt", "", "carol");
+    s.model
+        .reply(tool("echo one > a.txt"), "tool_use", usage(1000, 10));
+    s.model
+        .reply(text("Added a.txt."), "end_turn", usage(1100, 10));
+    s.comment(7, "alice", "/kodx code add a.txt").await;
+    s.finished_status(7).await;
+    let pr = s.github.created_pulls(REPO).remove(0);
+    let gh = &s.github;
+    let fail = |sha: &str, suite: u64| {
+        gh.check_suite_completed_payload(
+            REPO,
+            INSTALLATION,
+            suite,
+            ACTIONS_SLUG,
+            sha,
+            &pr.head,
+            "failure",
+            &[pr.number],
+        )
+    };
+
+    // The first failure is repaired; the repair's push fails the same way.
+    let head = s.git.branch_sha(REPO, &pr.head).unwrap();
+    let suite = gh.add_check_suite(
+        REPO,
+        &head,
+        FakeSuite::of(ACTIONS_SLUG, vec![failing_tests()]),
+    );
+    s.model
+        .reply(tool("echo two > a.txt"), "tool_use", usage(2000, 10));
+    s.model
+        .reply(text("Tried two."), "end_turn", usage(2100, 10));
+    let repair = ci_event(&s, "check_suite", &fail(&head, suite))
+        .await
+        .unwrap();
+    assert_eq!(ended(&s, &repair).await, "end_turn", "{}", s.log());
+    s.finished_status(pr.number).await;
+    let repaired = s.git.branch_sha(REPO, &pr.head).unwrap();
+    let suite = gh.add_check_suite(
+        REPO,
+        &repaired,
+        FakeSuite::of(ACTIONS_SLUG, vec![failing_tests()]),
+    );
+    let again = ci_event(&s, "check_suite", &fail(&repaired, suite))
+        .await
+        .unwrap();
+    assert_eq!(ended(&s, &again).await, "dismissed");
+    let note = s
+        .bot_comment_where(pr.number, "the note that repairing stopped", |c| {
+            c.body.contains("kodx stops repairing")
+        })
+        .await;
+    assert!(note.body.contains("repeats unchanged"), "{}", note.body);
+    assert!(
+        note.body.contains("tests::counts ... FAILED"),
+        "{}",
+        note.body
+    );
+
+    // A maintainer pushes by hand and CI fails differently: not kodx's commit, nothing.
+    let theirs = s
+        .git
+        .commit_on_branch(REPO, &pr.head, &[("a.txt", b"three\n", 0o644)], "By hand");
+    let other = FakeCheckRunSpec::completed("lint", "failure").with_output("Lint failed", "bad");
+    let suite = gh.add_check_suite(REPO, &theirs, FakeSuite::of(ACTIONS_SLUG, vec![other]));
+    let mine = ci_event(&s, "check_suite", &fail(&theirs, suite))
+        .await
+        .unwrap();
+    assert_eq!(ended(&s, &mine).await, "dismissed");
+    assert_eq!(s.model.requests().len(), 4, "one repair in all");
+    let notes = common::serve::bot_comments(&s, pr.number)
+        .into_iter()
+        .filter(|c| c.body.contains("stops repairing"))
+        .count();
+    assert_eq!(notes, 1);
+    s.finish().await;
+}

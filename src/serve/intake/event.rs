@@ -300,6 +300,49 @@ const fn ignore(reason: &'static str) -> Result<Triage, BadRequest> {
     Ok(Triage::Ignore(Cow::Borrowed(reason)))
 }
 
+/// Where a command was written: the issue or pull request, and the trigger.
+struct Place {
+    number: i64,
+    is_pull_request: bool,
+    trigger: Trigger,
+}
+
+/// The job of the command in `body`, written by `user` as a `what` (comment, issue,
+/// review); `Err` with the reason to ignore it (a bot wrote it, or it holds no command).
+fn found(user: &User, body: Option<&str>, what: &'static str) -> Result<Job, Triage> {
+    if user.is_bot() {
+        return Err(Triage::Ignore(Cow::Owned(format!(
+            "the {what} was written by a bot"
+        ))));
+    }
+    match command::parse(body.unwrap_or("")) {
+        Some(parsed) => Ok(Job::from_parsed(parsed)),
+        None => Err(Triage::Ignore(Cow::Borrowed("no /kodx command"))),
+    }
+}
+
+/// The request of a command by `user` at `at` in `repository`.
+fn command(
+    installation: Option<InstallationRef>,
+    repository: Repository<'_>,
+    user: User<'_>,
+    job: Job,
+    at: Place,
+) -> Result<Triage, BadRequest> {
+    Ok(Triage::Command(Box::new(RunRequest {
+        installation_id: installation_id(installation)?,
+        repo: repository.full_name.into_owned(),
+        issue_number: at.number,
+        is_pull_request: at.is_pull_request,
+        author: user.login.into_owned(),
+        author_id: user.id,
+        clone_url: repository.clone_url.into_owned(),
+        default_branch: repository.default_branch.into_owned(),
+        job,
+        trigger: at.trigger,
+    })))
+}
+
 /// Reads one delivery of `event` (the `X-GitHub-Event` header).
 pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
     match event {
@@ -310,59 +353,41 @@ pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
             if p.action != "created" {
                 return ignore("only new comments are read (edits and deletions are not)");
             }
-            if p.comment.user.is_bot() {
-                return ignore("the comment was written by a bot");
-            }
-            let Some(found) = command::parse(p.comment.body.as_deref().unwrap_or("")) else {
-                return ignore("no /kodx command");
+            let job = match found(&p.comment.user, p.comment.body.as_deref(), "comment") {
+                Ok(job) => job,
+                Err(ignored) => return Ok(ignored),
             };
-            Ok(Triage::Command(Box::new(RunRequest {
-                installation_id: installation_id(p.installation)?,
-                repo: p.repository.full_name.into_owned(),
-                issue_number: p.issue.number,
+            let at = Place {
+                number: p.issue.number,
                 is_pull_request: p.issue.pull_request.is_some(),
-                author: p.comment.user.login.into_owned(),
-                author_id: p.comment.user.id,
-                clone_url: p.repository.clone_url.into_owned(),
-                default_branch: p.repository.default_branch.into_owned(),
-                job: Job::from_parsed(found),
                 trigger: Trigger::IssueComment(p.comment.id),
-            })))
+            };
+            command(p.installation, p.repository, p.comment.user, job, at)
         }
         "issues" => {
             let p: IssuesEvent = decode(event, body)?;
             if p.action != "opened" {
                 return ignore("only newly opened issues are read");
             }
-            if p.issue.user.is_bot() {
-                return ignore("the issue was opened by a bot");
-            }
-            let Some(found) = command::parse(p.issue.body.as_deref().unwrap_or("")) else {
-                return ignore("no /kodx command");
+            let job = match found(&p.issue.user, p.issue.body.as_deref(), "issue") {
+                Ok(job) => job,
+                Err(ignored) => return Ok(ignored),
             };
-            Ok(Triage::Command(Box::new(RunRequest {
-                installation_id: installation_id(p.installation)?,
-                repo: p.repository.full_name.into_owned(),
-                issue_number: p.issue.number,
+            let at = Place {
+                number: p.issue.number,
                 is_pull_request: false,
-                author: p.issue.user.login.into_owned(),
-                author_id: p.issue.user.id,
-                clone_url: p.repository.clone_url.into_owned(),
-                default_branch: p.repository.default_branch.into_owned(),
-                job: Job::from_parsed(found),
                 trigger: Trigger::IssueBody(p.issue.number),
-            })))
+            };
+            command(p.installation, p.repository, p.issue.user, job, at)
         }
         "pull_request_review_comment" => {
             let p: ReviewCommentEvent = decode(event, body)?;
             if p.action != "created" {
                 return ignore("only new review comments are read (edits and deletions are not)");
             }
-            if p.comment.user.is_bot() {
-                return ignore("the comment was written by a bot");
-            }
-            let Some(found) = command::parse(p.comment.body.as_deref().unwrap_or("")) else {
-                return ignore("no /kodx command");
+            let job = match found(&p.comment.user, p.comment.body.as_deref(), "comment") {
+                Ok(job) => job,
+                Err(ignored) => return Ok(ignored),
             };
             let review = p.comment.path.map(|path| ReviewContext {
                 path: path.into_owned(),
@@ -370,45 +395,31 @@ pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
                 diff_hunk: p.comment.diff_hunk.map(Cow::into_owned).unwrap_or_default(),
                 commit_id: p.comment.commit_id.map(Cow::into_owned),
             });
-            Ok(Triage::Command(Box::new(RunRequest {
-                installation_id: installation_id(p.installation)?,
-                repo: p.repository.full_name.into_owned(),
-                issue_number: p.pull_request.number,
+            let at = Place {
+                number: p.pull_request.number,
                 is_pull_request: true,
-                author: p.comment.user.login.into_owned(),
-                author_id: p.comment.user.id,
-                clone_url: p.repository.clone_url.into_owned(),
-                default_branch: p.repository.default_branch.into_owned(),
-                job: Job::from_parsed(found),
                 trigger: Trigger::ReviewComment {
                     id: p.comment.id,
                     review,
                 },
-            })))
+            };
+            command(p.installation, p.repository, p.comment.user, job, at)
         }
         "pull_request_review" => {
             let p: ReviewEvent = decode(event, body)?;
             if p.action != "submitted" {
                 return ignore("only submitted reviews are read (edits and dismissals are not)");
             }
-            if p.review.user.is_bot() {
-                return ignore("the review was written by a bot");
-            }
-            let Some(found) = command::parse(p.review.body.as_deref().unwrap_or("")) else {
-                return ignore("no /kodx command");
+            let job = match found(&p.review.user, p.review.body.as_deref(), "review") {
+                Ok(job) => job,
+                Err(ignored) => return Ok(ignored),
             };
-            Ok(Triage::Command(Box::new(RunRequest {
-                installation_id: installation_id(p.installation)?,
-                repo: p.repository.full_name.into_owned(),
-                issue_number: p.pull_request.number,
+            let at = Place {
+                number: p.pull_request.number,
                 is_pull_request: true,
-                author: p.review.user.login.into_owned(),
-                author_id: p.review.user.id,
-                clone_url: p.repository.clone_url.into_owned(),
-                default_branch: p.repository.default_branch.into_owned(),
-                job: Job::from_parsed(found),
                 trigger: Trigger::Review(p.review.id),
-            })))
+            };
+            command(p.installation, p.repository, p.review.user, job, at)
         }
         "installation" | "installation_repositories" => {
             let p: InstallationEvent = decode(event, body)?;
@@ -471,25 +482,20 @@ fn labeled(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
         &label.name,
         p.issue.updated_at.as_deref().unwrap_or(""),
     );
-    Ok(Triage::Command(Box::new(RunRequest {
-        installation_id: installation_id(p.installation)?,
-        repo: p.repository.full_name.into_owned(),
-        issue_number: p.issue.number,
+    let at = Place {
+        number: p.issue.number,
         is_pull_request: false,
-        author: p.sender.login.into_owned(),
-        author_id: p.sender.id,
-        clone_url: p.repository.clone_url.into_owned(),
-        default_branch: p.repository.default_branch.into_owned(),
-        job: Job::Code {
-            request,
-            base: None,
-        },
         trigger: Trigger::Label {
             issue: p.issue.number,
             label: label.name.chars().take(64).collect(),
             key,
         },
-    })))
+    };
+    let job = Job::Code {
+        request,
+        base: None,
+    };
+    command(p.installation, p.repository, p.sender, job, at)
 }
 
 /// `check_suite.completed` and `workflow_run.completed` on a pull request: a possible CI
