@@ -20,7 +20,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::fake_github::{FakeSuite, ACTIONS_SLUG};
-use common::follow_up::{ci_event, config, ended, failing_tests, feature_pull, thread};
+use common::follow_up::{ci_event, config, ended, failing_tests, feature_pull, kodx_pull, thread};
 use common::serve::{text, tool, usage, Served, INSTALLATION, REPO};
 use serde_json::json;
 
@@ -65,15 +65,7 @@ fn print(what: &str, rounds: &[Round]) {
 
 async fn repair_round() -> Round {
     let mut s = Served::with_workers().await;
-    config(&s, "ci_repair: 1\n");
-    s.github.add_issue(REPO, 7, "Add a.txt", "", "carol");
-    s.model
-        .reply(tool("echo one > a.txt"), "tool_use", usage(1000, 10));
-    s.model
-        .reply(text("Added a.txt."), "end_turn", usage(1100, 10));
-    s.comment(7, "alice", "/kodx code add a.txt").await;
-    s.finished_status(7).await;
-    let pr = s.github.created_pulls(REPO).remove(0);
+    let pr = kodx_pull(&s, "ci_repair: 1\n", "Added a.txt.").await;
     let head = s.git.branch_sha(REPO, &pr.head).unwrap();
     let suite = s.github.add_check_suite(
         REPO,

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use crate::common;
 use crate::common::fake_github::{FakeCheckRunSpec, FakeSuite, FakeThread, ACTIONS_SLUG};
 use crate::common::follow_up::{
-    ci_event, config, ended, failing_tests, feature_pull, first_user_text, thread,
+    ci_event, config, ended, failing_tests, feature_pull, first_user_text, kodx_pull, thread,
 };
 use crate::common::serve::{delivery_id, text, tool, usage, Served, INSTALLATION, REPO};
 
@@ -261,16 +261,7 @@ async fn address_reviews_without_threads_or_on_an_issue_runs_nothing() {
 async fn red_ci_on_kodx_pull_request_gets_exactly_one_repair() {
     let _engine = common::require_engine!();
     let mut s = Served::with_workers().await;
-    config(&s, "ci_repair: 1\n");
-    s.github.add_issue(REPO, 7, "Add a.txt", "", "carol");
-    s.model
-        .reply(tool("echo one > a.txt"), "tool_use", usage(1000, 10));
-    s.model
-        .reply(text("Added a.txt saying one."), "end_turn", usage(1100, 10));
-    s.comment(7, "alice", "/kodx code add a.txt").await;
-    let done = s.finished_status(7).await;
-    assert!(done.contains("✅ done"), "{done}\n{}", s.log());
-    let pr = s.github.created_pulls(REPO).remove(0);
+    let pr = kodx_pull(&s, "ci_repair: 1\n", "Added a.txt saying one.").await;
     let head = s.git.branch_sha(REPO, &pr.head).unwrap();
     let gh = &s.github;
 
@@ -438,15 +429,7 @@ async fn red_ci_on_kodx_pull_request_gets_exactly_one_repair() {
 async fn a_repeated_failure_or_someone_elses_push_stops_repairing() {
     let _engine = common::require_engine!();
     let mut s = Served::with_workers().await;
-    config(&s, "ci_repair: 3\n");
-    s.github.add_issue(REPO, 7, "Add a.txt", "", "carol");
-    s.model
-        .reply(tool("echo one > a.txt"), "tool_use", usage(1000, 10));
-    s.model
-        .reply(text("Added a.txt."), "end_turn", usage(1100, 10));
-    s.comment(7, "alice", "/kodx code add a.txt").await;
-    s.finished_status(7).await;
-    let pr = s.github.created_pulls(REPO).remove(0);
+    let pr = kodx_pull(&s, "ci_repair: 3\n", "Added a.txt.").await;
     let gh = &s.github;
     let fail = |sha: &str, suite: u64| {
         gh.check_suite_completed_payload(

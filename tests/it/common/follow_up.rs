@@ -4,8 +4,8 @@
 
 use serde_json::Value;
 
-use super::fake_github::{FakeCheckRunSpec, FakeLog, FakeThread};
-use super::serve::{delivery_id, BranchPull, Served, REPO};
+use super::fake_github::{FakeCheckRunSpec, FakeLog, FakePull, FakeThread};
+use super::serve::{delivery_id, text, tool, usage, BranchPull, Served, REPO};
 
 /// Commits `.github/kodx.yml` with `yaml` on `main`.
 pub fn config(s: &Served, yaml: &str) {
@@ -15,6 +15,20 @@ pub fn config(s: &Served, yaml: &str) {
         &[(".github/kodx.yml", yaml.as_bytes(), 0o644)],
         "kodx config",
     );
+}
+
+/// A pull request kodx opened: `.github/kodx.yml` set to `yaml`, then `/kodx code add
+/// a.txt` on issue #7 (the model writes `a.txt` and says `summary`), to its end.
+pub async fn kodx_pull(s: &Served, yaml: &str, summary: &str) -> FakePull {
+    config(s, yaml);
+    s.github.add_issue(REPO, 7, "Add a.txt", "", "carol");
+    s.model
+        .reply(tool("echo one > a.txt"), "tool_use", usage(1000, 10));
+    s.model.reply(text(summary), "end_turn", usage(1100, 10));
+    s.comment(7, "alice", "/kodx code add a.txt").await;
+    let done = s.finished_status(7).await;
+    assert!(done.contains("✅ done"), "{done}\n{}", s.log());
+    s.github.created_pulls(REPO).remove(0)
 }
 
 /// The text of the first user message of model request `i`.
