@@ -202,6 +202,18 @@ async fn address_reviews_answers_every_thread_in_one_run() {
     // One push onto the pull request's branch.
     let tip = s.git.branch_sha(REPO, "feature").unwrap();
     assert_ne!(tip, head);
+    let log = s
+        .git
+        .git(&s.git.bare_path(REPO), &["log", "-1", "--format=%B", &tip]);
+    let message = String::from_utf8_lossy(&log.stdout).to_string();
+    assert!(
+        message.contains("Renamed the flag and documented it."),
+        "{message}"
+    );
+    assert!(
+        !message.contains("kodx-threads"),
+        "the list stays kodx's: {message}"
+    );
     assert!(s.github.created_pulls(REPO).is_empty());
     // One reply per listed thread, naming the commit; the fixed ones resolved where kodx may.
     let short = &tip[..7];

@@ -34,8 +34,8 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure>
         return Ok(ending);
     };
     let known: Vec<&str> = found.threads.iter().map(|t| t.id.as_str()).collect();
-    let message = done.outcome.last_message.clone();
-    done.text = threads::without_list(&done.text);
+    let message = std::mem::take(&mut done.text);
+    done.text = threads::without_list(&message);
     // Replies go out whether or not anything was pushed, naming the commit when one was.
     let commit = done
         .pushed

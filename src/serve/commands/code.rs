@@ -72,8 +72,9 @@ pub(in crate::serve) async fn deliver_work(
     let mut readiness = Readiness::Unchanged;
     done.text = done.outcome.last_message.clone();
     if matches!(cx.run.request.job, Job::AddressReviews { .. }) {
-        // The list is for kodx; the replies say it in each thread.
-        done.text = threads::without_list(&done.text);
+        // The list is for kodx (`done.text` keeps it for the replies); the commit, the pull
+        // request and the stored result get the summary without it.
+        done.outcome.last_message = threads::without_list(&done.outcome.last_message);
     }
     done.setup = *cx.log.setup.lock();
     if let Some(changes) = changes {
