@@ -123,7 +123,7 @@ impl RunKey {
 
 fn load_or_create_key(data_dir: &Path) -> std::io::Result<[u8; 32]> {
     use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     let path = data_dir.join(KEY_FILE);
     let read = |path: &Path| -> std::io::Result<Option<[u8; 32]>> {
         match std::fs::read(path) {
@@ -145,7 +145,12 @@ fn load_or_create_key(data_dir: &Path) -> std::io::Result<[u8; 32]> {
     // Several processes may share the data directory and start together: the key is
     // written whole under a name of this process's own, then linked into place, which
     // fails if another process was first. Nobody ever reads a half-written key.
-    std::fs::create_dir_all(data_dir)?;
+    // The directory holds the key (and setup mode's credentials): only kodx's user may
+    // list or enter it, whatever the umask.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(data_dir)?;
     let key: [u8; 32] = rand::random();
     let tmp = data_dir.join(format!(
         ".{KEY_FILE}.{}.{:016x}",
@@ -551,6 +556,13 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
         let key = RunKey(key);
+        // A data directory kodx creates is its own alone, whatever the umask.
+        let fresh = dir.path().join("new/data");
+        load_or_create_key(&fresh).unwrap();
+        for d in [dir.path().join("new"), fresh] {
+            let mode = std::fs::metadata(&d).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o700, "{}", d.display());
+        }
         let a = key.token("run-a");
         assert_ne!(a, key.token("run-b"));
         assert_ne!(a, key.operator_token());

@@ -631,6 +631,44 @@ mod tests {
         assert!(err.to_string().contains("repo/target/app.bin"), "{err}");
     }
 
+    /// A spooled change file has no name (`O_TMPFILE`, or unlinked at once where the
+    /// filesystem has no such flag): the kernel frees it when kodx dies, so a crash leaves
+    /// nothing to sweep.
+    #[test]
+    fn a_spooled_change_leaves_no_file_behind() {
+        let open = || -> std::collections::HashMap<String, std::path::PathBuf> {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|e| {
+                    let e = e.ok()?;
+                    let target = std::fs::read_link(e.path()).ok()?;
+                    Some((e.file_name().to_string_lossy().into_owned(), target))
+                })
+                .collect()
+        };
+        let before = open();
+        let size = INLINE_MAX + 10;
+        let mut memory = 0;
+        let contents =
+            read_contents(&mut std::io::repeat(b'x').take(size), size, &mut memory).unwrap();
+        assert!(contents.is_spooled());
+        let new: Vec<_> = open()
+            .into_iter()
+            .filter(|(fd, target)| before.get(fd) != Some(target))
+            .map(|(_, target)| target)
+            .filter(|t| t.starts_with(std::env::temp_dir()))
+            .collect();
+        assert!(!new.is_empty(), "the spool is open");
+        for t in &new {
+            assert!(
+                t.to_string_lossy().ends_with("(deleted)") || !t.exists(),
+                "a spool file with a name: {}",
+                t.display()
+            );
+        }
+        drop(contents);
+    }
+
     #[test]
     fn large_changes_are_spooled_and_same_size_edits_read_again() {
         let tmp = TempDir::new().unwrap();

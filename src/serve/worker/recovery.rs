@@ -30,14 +30,18 @@ impl Workers {
             Ok(0)
         } else {
             tokio::task::spawn_blocking(move || {
-                remove_stale_clones(&std::env::temp_dir(), &prefix)
+                let tmp = std::env::temp_dir();
+                remove_stale_clones(&tmp, &prefix)
                     + runs.map_or(0, |dir| remove_stale_clones(&dir, &prefix))
+                    + remove_old_scratch(&tmp, SCRATCH_PREFIX, SCRATCH_MAX_AGE)
             })
             .await
         };
         match stale {
             Ok(0) => {}
-            Ok(n) => tracing::info!("removed {n} clone director(ies) an earlier kodx process left"),
+            Ok(n) => tracing::info!(
+                "removed {n} clone or scratch director(ies) an earlier kodx process left"
+            ),
             Err(e) => tracing::warn!("could not remove old clones: {e}"),
         }
         for (name, engine) in self.engine.answering().await {
@@ -132,6 +136,45 @@ impl Workers {
 /// Removes the directories in `dir` whose name starts with `prefix` (the clones an earlier
 /// process of this installation left there); returns how many. Symbolic links are removed,
 /// never followed.
+/// The scratch directories the change export makes for `.gitignore` rules
+/// (`kodx-ignore-…` in the temporary directory): named, so a crash leaves them behind.
+/// (Spooled change files have no name and go with the process.)
+const SCRATCH_PREFIX: &str = "kodx-ignore-";
+
+/// Scratch directories older than this are a dead process's: no run, `kodx serve`'s or
+/// `kodx run`'s, keeps one that long.
+const SCRATCH_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// Removes the entries of `dir` named `prefix…` last changed more than `max_age` ago.
+fn remove_old_scratch(dir: &std::path::Path, prefix: &str, max_age: Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let old = |e: &std::fs::DirEntry| {
+        e.metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > max_age)
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if !is_dir || !name.to_string_lossy().starts_with(prefix) || !old(&entry) {
+            continue;
+        }
+        match std::fs::remove_dir_all(entry.path()) {
+            Ok(()) => removed += 1,
+            Err(e) => tracing::warn!(
+                "could not remove the old scratch directory {}: {e}",
+                entry.path().display()
+            ),
+        }
+    }
+    removed
+}
+
 fn remove_stale_clones(dir: &std::path::Path, prefix: &str) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
@@ -152,4 +195,35 @@ fn remove_stale_clones(dir: &std::path::Path, prefix: &str) -> usize {
         }
     }
     removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_old_scratch_directories_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("kodx-ignore-old");
+        let new = dir.path().join("kodx-ignore-new");
+        let other = dir.path().join("someone-else");
+        for d in [&old, &new, &other] {
+            std::fs::create_dir(d).unwrap();
+            std::fs::write(d.join(".gitignore"), "x\n").unwrap();
+        }
+        let two_days_ago = std::time::SystemTime::now() - Duration::from_secs(48 * 3600);
+        for d in [&old, &other] {
+            std::fs::File::open(d)
+                .unwrap()
+                .set_modified(two_days_ago)
+                .unwrap();
+        }
+        assert_eq!(
+            remove_old_scratch(dir.path(), SCRATCH_PREFIX, SCRATCH_MAX_AGE),
+            1
+        );
+        assert!(!old.exists());
+        assert!(new.exists(), "a live run's scratch stays");
+        assert!(other.exists(), "only kodx's own");
+    }
 }
