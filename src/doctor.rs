@@ -40,6 +40,21 @@ const REQUIRED_PERMISSIONS: [(&str, &str); 4] = [
 /// The webhook events kodx acts on.
 const REQUIRED_EVENTS: [&str; 3] = ["issue_comment", "issues", "pull_request_review_comment"];
 
+/// What kodx asks for besides and works without (SPEC §11): permission, least level, and
+/// what it gives.
+const OPTIONAL_PERMISSIONS: [(&str, &str, &str); 3] = [
+    ("checks", "write", "the `kodx` Check Run; CI repair"),
+    ("actions", "read", "job logs in CI repair reports"),
+    ("statuses", "read", "commit statuses in CI repair"),
+];
+
+/// The events of the pull request's life, and what each gives.
+const OPTIONAL_EVENTS: [(&str, &str); 3] = [
+    ("pull_request_review", "commands in a review's body"),
+    ("check_suite", "CI repair"),
+    ("workflow_run", "CI repair"),
+];
+
 /// Variables whose presence means "this machine is meant to run `kodx serve`".
 const APP_VARS: [&str; 4] = [
     "APP_ID",
@@ -368,6 +383,7 @@ fn check_app_settings(out: &mut Report, info: &AppInfo) {
         .copied()
         .filter(|e| !info.events.iter().any(|have| have == e))
         .collect();
+    check_optional_grants(out, info, &level);
     if missing_permissions.is_empty() && missing_events.is_empty() {
         out.ok("GitHub App permissions and webhook events are what kodx needs");
         return;
@@ -384,6 +400,29 @@ fn check_app_settings(out: &mut Report, info: &AppInfo) {
         "add them under the App's settings → Permissions & events, then accept the new \
          permissions on each installation",
     );
+}
+
+/// The optional permissions and events the App lacks: what works without them, said as a
+/// warning (kodx runs; those features do not).
+fn check_optional_grants(out: &mut Report, info: &AppInfo, level: &dyn Fn(&str) -> u8) {
+    let mut missing: Vec<String> = OPTIONAL_PERMISSIONS
+        .iter()
+        .filter(|(p, need, _)| level(p) < if *need == "write" { 2 } else { 1 })
+        .map(|(p, need, gives)| format!("permission {p}: {need} ({gives})"))
+        .collect();
+    missing.extend(
+        OPTIONAL_EVENTS
+            .iter()
+            .filter(|(e, _)| !info.events.iter().any(|have| have == e))
+            .map(|(e, gives)| format!("event {e} ({gives})")),
+    );
+    if !missing.is_empty() {
+        out.warn(format!(
+            "GitHub App lacks the optional {}: kodx works without them, minus those; add \
+             them under the App's settings → Permissions & events",
+            missing.join(", ")
+        ));
+    }
 }
 
 /// One engine: `listed` names it when it comes from the server config's `[[engines]]`.

@@ -245,6 +245,7 @@ async fn all_checks_pass_without_printing_a_secret() {
     let gh = out.expect("ok", "GitHub at");
     assert!(gh.contains("\"kodx\"") && gh.contains("kodx[bot]"), "{gh}");
     out.expect("ok", "permissions and webhook events");
+    assert!(out.line("warn", "optional").is_none(), "{}", out.stdout);
     out.expect("ok", "Docker engine");
     // Which fence and which disk bound apply on this engine (overlay2 on ext4 here: no
     // quota, so the watchdog; the watchdog is named either way).
@@ -526,6 +527,16 @@ async fn missing_app_permissions_and_events_fail() {
     }
     for present in ["issues: write", "metadata"] {
         assert!(!fail.contains(present), "{present} is granted: {fail}");
+    }
+    // What the pull request's life needs is optional: a warning naming each and its use.
+    let warn = out.expect("warn", "optional");
+    for missing in [
+        "checks: write",
+        "actions: read",
+        "check_suite (CI repair)",
+        "pull_request_review",
+    ] {
+        assert!(warn.contains(missing), "{missing} not named: {warn}");
     }
     assert!(seen.load(Ordering::SeqCst) >= 1);
 }

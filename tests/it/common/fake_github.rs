@@ -1616,8 +1616,8 @@ async fn get_app(State(fake): State<FakeGitHub>, req: Req) -> Response {
             "html_url": format!("{}/apps/{slug}", fake.inner.root),
             "created_at": "2024-01-01T00:00:00Z",
             "updated_at": "2024-01-01T00:00:00Z",
-            "permissions": {"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read", "checks": "write"},
-            "events": ["issue_comment", "issues", "pull_request_review_comment"],
+            "permissions": {"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read", "checks": "write", "actions": "read", "statuses": "read"},
+            "events": ["issue_comment", "issues", "pull_request_review_comment", "pull_request", "pull_request_review", "check_suite", "workflow_run"],
             "installations_count": st.installations.len(),
         }),
     )
