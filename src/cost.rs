@@ -250,6 +250,20 @@ impl Budget {
         }
     }
 
+    /// The budget a call with tools is planned in so that a last call asking only for the
+    /// summary still fits after it, whatever it answers. `summary_prompt` bounds the prompt
+    /// of the shortest summary request after this call apart from this call's answer; the
+    /// summary sends that answer again, so each output token of this call is planned at the
+    /// output price plus the dearest prompt price, and the summary's worst case
+    /// (`summary_prompt` tokens in, `summary_tokens` out) is set aside. The reserve is
+    /// therefore as small as it can be for the call's `max_tokens`, and kept whatever its
+    /// share of the limit: a call that does not fit with it leaves room for the summary.
+    pub fn keeping_summary(&self, summary_prompt: u64, summary_tokens: u32) -> Budget {
+        let mut planned = self.reserving(self.worst_case(summary_prompt, summary_tokens));
+        planned.price.output += self.price.prompt_worst();
+        planned
+    }
+
     /// The worst-case cost of a call sending at most `prompt_tokens_upper` prompt tokens and
     /// generating at most `max_tokens`.
     pub fn worst_case(&self, prompt_tokens_upper: u64, max_tokens: u32) -> f64 {
@@ -1031,6 +1045,117 @@ mod tests {
             }
         }
         panic!("the run never reached its cost limit");
+    }
+
+    /// What [`run_keeping_summary`] saw: each call's kind, and what was spent.
+    struct SummaryRun {
+        /// `true` for a call asking only for the summary.
+        calls: Vec<bool>,
+        spent: f64,
+        /// The largest share of the limit one call's worst case took.
+        largest_share: f64,
+    }
+
+    /// A run as the agent loop plans it, with every call billed at its worst case: calls
+    /// with tools planned in [`Budget::keeping_summary`], and when one no longer fits, one
+    /// last call asking only for the summary, planned in the whole budget. The summary's
+    /// prompt is `skeleton` (the shortest request: old results elided) plus the last
+    /// call's whole answer; the working prompt grows by each answer and `growth`.
+    fn run_keeping_summary(
+        limit: f64,
+        first_prompt: u64,
+        skeleton: u64,
+        growth: u64,
+    ) -> SummaryRun {
+        let price = sonnet();
+        let mut budget = Budget::new(limit, price);
+        let (mut prompt, mut last_answer) = (first_prompt, 0u64);
+        let mut run = SummaryRun {
+            calls: vec![],
+            spent: 0.0,
+            largest_share: 0.0,
+        };
+        let bill = |budget: &mut Budget, prompt: u64, out: u32, run: &mut SummaryRun| {
+            let worst = budget.worst_case(prompt, out);
+            run.largest_share = run.largest_share.max(worst / limit);
+            let cost = budget.record(&usage(0, out as u64, prompt, 0));
+            assert!((cost - worst).abs() < 1e-12);
+        };
+        for _ in 0..1000 {
+            let planning = budget.keeping_summary(skeleton + last_answer, MIN_SUMMARY);
+            let mut planned = planning.plan_call(prompt, 8192, 512);
+            // The loop's first call, when it does not fit beside the reserve, is made in the
+            // whole budget.
+            if planned.is_err() && run.calls.is_empty() {
+                planned = budget.plan_call(prompt, 8192, 512).or(planned);
+            }
+            match planned {
+                Ok(n) => {
+                    bill(&mut budget, prompt, n, &mut run);
+                    run.calls.push(false);
+                    last_answer = n as u64;
+                    prompt += n as u64 + growth;
+                }
+                Err(_) => {
+                    let summary_prompt = skeleton + last_answer;
+                    if let Ok(n) = budget.plan_call(summary_prompt, MIN_SUMMARY, MIN_SUMMARY) {
+                        bill(&mut budget, summary_prompt, n, &mut run);
+                        run.calls.push(true);
+                    }
+                    break;
+                }
+            }
+        }
+        run.spent = budget.spent();
+        assert!(run.spent <= limit, "spent {} of {limit}", run.spent);
+        run
+    }
+
+    const MIN_SUMMARY: u32 = 256;
+
+    #[test]
+    fn calls_over_a_tenth_of_the_cap_still_end_with_a_summary_call() {
+        // Sonnet, 8192 output tokens a call ($0.12 alone), prompts from 20k tokens.
+        for limit in [0.25, 0.4, 0.6, 1.0, 2.0] {
+            let run = run_keeping_summary(limit, 20_000, 6_000, 3_000);
+            assert!(
+                run.largest_share > 0.1,
+                "${limit}: the calls are over 10 % of the cap"
+            );
+            assert_eq!(run.calls.last(), Some(&true), "${limit}: {:?}", run.calls);
+            assert_eq!(run.calls.iter().filter(|s| **s).count(), 1);
+            assert!(
+                run.calls.len() >= 2,
+                "${limit}: work was done: {:?}",
+                run.calls
+            );
+        }
+        // A cap that pays for a summary but not for a call with tools: the one call is the
+        // summary.
+        let tight = Budget::new(1.0, sonnet()).worst_case(6_000, MIN_SUMMARY) + 0.01;
+        let run = run_keeping_summary(tight, 20_000, 6_000, 3_000);
+        assert_eq!(run.calls, vec![true]);
+        // One that pays for a first call with tools but not beside the reserve: that call is
+        // made (work first), and no summary is certain after it.
+        let run = run_keeping_summary(0.09, 20_000, 6_000, 3_000);
+        assert_eq!(run.calls.first(), Some(&false), "{:?}", run.calls);
+        // A cap below one summary call: no call at all.
+        let run = run_keeping_summary(0.01, 20_000, 6_000, 3_000);
+        assert!(run.calls.is_empty() && run.spent == 0.0);
+    }
+
+    #[test]
+    fn the_summary_reserve_grows_with_the_call_and_no_more() {
+        let budget = Budget::new(1.0, sonnet());
+        let planning = budget.keeping_summary(6_000, MIN_SUMMARY);
+        let n = planning.plan_call(20_000, 100_000, 512).unwrap();
+        // The call and the summary after it (its prompt holding the call's whole answer)
+        // fit the limit together, to the token: one more output token would not.
+        let together = |n: u32| {
+            budget.worst_case(20_000, n) + budget.worst_case(6_000 + n as u64, MIN_SUMMARY)
+        };
+        assert!(together(n) + safety_margin(1.0) <= 1.0);
+        assert!(together(n + 2) > 1.0 - safety_margin(1.0));
     }
 
     #[test]

@@ -458,6 +458,8 @@ async fn check_docker(
                 Err(e) => out.warn(format!("could not sweep old sandbox containers: {e}")),
             }
         }
+        // A refused engine's sentence says what to set already.
+        Err(kodx::sandbox::SandboxError::EngineRefused(why)) => out.fail(why, ""),
         Err(e) => {
             // The engine's error is "what happened\nwhat to do": one line here.
             let message = e.to_string();

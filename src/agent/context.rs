@@ -151,29 +151,37 @@ impl Counts {
     }
 }
 
-/// What to keep aside for a last call asking for the summary: the worst case of the
-/// shortest such request after this one (old results elided, the newest output cut, room
-/// for this call's answer), at [`MIN_SUMMARY_TOKENS`]. Kept only while it is at most 10 %
-/// of the limit: with a smaller budget the summary is made when it happens to fit, so
-/// most of the budget still goes to the work.
-pub(super) fn summary_reserve(
-    request: &Request,
-    budget: &Budget,
-    ledger: &PromptLedger,
-    max_tokens: u32,
-) -> f64 {
-    let mut shortest = request.clone();
-    while elide_oldest_result(&mut shortest) {}
-    cut_newest_output(&mut shortest, u64::MAX / 2);
-    let next = ledger.upper_bound(&shortest)
-        + 2 * MIN_NEWEST_OUTPUT as u64
-        + crate::cost::REQUEST_OVERHEAD_TOKENS
-        + token_upper_bound(LAST_CALL_NOTE);
-    let reserve = budget.worst_case(next, max_tokens.min(MIN_SUMMARY_TOKENS));
-    if reserve <= 0.1 * budget.limit() {
-        reserve
-    } else {
-        0.0
+impl Agent<'_> {
+    /// The prompt tokens of the shortest request asking for the summary after `request`
+    /// (old results elided, the newest output cut, room for the next tool result), apart
+    /// from this call's own answer, which [`Budget::keeping_summary`] adds per output token:
+    /// what the call with tools is planned to leave room for (docs/cost.md, *The summary
+    /// reserve*). By the byte bound; with `count`, by the provider's count of that request
+    /// when counts are trusted and it is lower, as the summary call is then planned too.
+    pub(super) async fn summary_prompt(
+        &self,
+        request: &Request,
+        ledger: &PromptLedger,
+        counts: &Counts,
+        count: bool,
+    ) -> u64 {
+        let mut shortest = request.clone();
+        while elide_oldest_result(&mut shortest) {}
+        cut_newest_output(&mut shortest, u64::MAX / 2);
+        let mut bound = ledger.upper_bound(&shortest);
+        if count && !counts.distrusted {
+            let counted = tokio::select! {
+                c = self.provider.count_tokens(&shortest) => c,
+                _ = self.cancel.cancelled() => None,
+            };
+            if let Some(c) = counted {
+                bound = bound.min(Counts::bound(c));
+            }
+        }
+        bound
+            + 2 * MIN_NEWEST_OUTPUT as u64
+            + crate::cost::REQUEST_OVERHEAD_TOKENS
+            + token_upper_bound(LAST_CALL_NOTE)
     }
 }
 

@@ -9,8 +9,7 @@ use futures_util::FutureExt;
 use serde_json::Value;
 
 use super::context::{
-    elide_old_results, summary_reserve, Counts, LAST_CALL_NOTE, MIN_SUMMARY_TOKENS,
-    MIN_USEFUL_TOKENS,
+    elide_old_results, Counts, LAST_CALL_NOTE, MIN_SUMMARY_TOKENS, MIN_USEFUL_TOKENS,
 };
 use super::tools::{describe_call, tools};
 use super::{Agent, AgentConfig, Outcome, Progress, StopReason};
@@ -399,27 +398,57 @@ impl Agent<'_> {
     async fn plan_within_budget(&self, run: &mut RunState<'_>, request: &mut Request) -> Step {
         let cfg = run.cfg;
         let min_useful = cfg.max_tokens.min(MIN_USEFUL_TOKENS);
-        let reserve = if request.answer_only {
-            0.0
-        } else {
-            summary_reserve(request, &run.budget, &run.ledger, cfg.max_tokens)
-        };
-        let planned = self
-            .plan(
-                request,
-                &run.budget.reserving(reserve),
-                &run.ledger,
-                &mut run.counts,
-                min_useful,
-            )
+        let min_summary = cfg.max_tokens.min(MIN_SUMMARY_TOKENS);
+        // A call with tools leaves room for a last call asking for the summary, always: the
+        // run never ends right after a tool call while the limit could pay for a summary.
+        let keeping = |prompt: u64| run.budget.keeping_summary(prompt, min_summary);
+        let (mut planning, mut reserved_for) = (run.budget.clone(), u64::MAX);
+        if !request.answer_only {
+            reserved_for = self
+                .summary_prompt(request, &run.ledger, &run.counts, false)
+                .await;
+            planning = keeping(reserved_for);
+        }
+        let mut planned = self
+            .plan(request, &planning, &run.ledger, &mut run.counts, min_useful)
             .await;
+        // Too tight by the byte bound: the provider's count of the summary request, if lower.
+        if planned.is_err() && !request.answer_only {
+            let counted = self
+                .summary_prompt(request, &run.ledger, &run.counts, true)
+                .await;
+            if counted < reserved_for {
+                planning = keeping(counted);
+                planned = self
+                    .plan(request, &planning, &run.ledger, &mut run.counts, min_useful)
+                    .await;
+            }
+        }
+        // A cap that cannot hold the first call with tools beside the reserve makes it in
+        // the whole budget: some work rather than a summary of none (docs/cost.md).
+        if planned.is_err() && !request.answer_only && run.api_calls == 0 {
+            let whole = self
+                .plan(
+                    request,
+                    &run.budget,
+                    &run.ledger,
+                    &mut run.counts,
+                    min_useful,
+                )
+                .await;
+            if whole.is_ok() {
+                planned = whole;
+            }
+        }
         let planned = match planned {
             Ok(n) => Ok(n),
-            Err(reached) if !request.answer_only => {
+            Err(mut reached) if !request.answer_only => {
+                // Said against the whole limit: the call with the summary kept after it.
+                reached.needed += run.budget.limit() - planning.limit();
+                reached.limit = run.budget.limit();
                 let mut last = request.clone();
                 last.answer_only = true;
                 append_note(&mut last.messages, LAST_CALL_NOTE);
-                let min_summary = cfg.max_tokens.min(MIN_SUMMARY_TOKENS);
                 match self
                     .plan(
                         &mut last,
@@ -438,7 +467,8 @@ impl Agent<'_> {
                         ));
                         Ok(n)
                     }
-                    Err(_) => Err(reached),
+                    // Told against the whole limit and the smallest call, the summary.
+                    Err(summary) => Err(summary),
                 }
             }
             Err(reached) => Err(reached),

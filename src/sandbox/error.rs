@@ -13,6 +13,11 @@ pub enum SandboxError {
         hint: String,
     },
 
+    /// The environment names an engine kodx will not use (`DOCKER_HOST=tcp://` without TLS):
+    /// the one-line sentence says what to set.
+    #[error("{0}")]
+    EngineRefused(String),
+
     /// The image is not present and could not be pulled.
     #[error("image {image:?} is not available: {reason}")]
     ImageUnavailable { image: String, reason: String },

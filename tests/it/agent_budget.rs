@@ -244,14 +244,12 @@ async fn spend_never_crosses_the_cap_and_the_run_ends_with_a_summary() {
                 o.usd_cost
             );
             assert_eq!(o.stop_reason, StopReason::CostLimitExceeded, "{o:?}");
-            // The model was told to wrap up. From $0.50 a summary is kept in reserve, so
-            // the last call asks only for it; at $0.05 it comes only if it happens to fit.
+            // The model was told to wrap up. A summary is kept in reserve whatever share of
+            // the cap it is (at $0.05, nearly half), so the last call asks only for it.
             assert!(seen.iter().any(|s| s.1), "no wrap-up note: {seen:?}");
             assert!(seen.iter().filter(|s| s.0).count() <= 1);
-            if cap >= 0.5 {
-                assert_eq!(seen.last().map(|s| s.0), Some(true), "{seen:?}");
-                assert!(o.last_message.starts_with("Summary:"), "{o:?}");
-            }
+            assert_eq!(seen.last().map(|s| s.0), Some(true), "{seen:?}");
+            assert!(o.last_message.starts_with("Summary:"), "{o:?}");
         }
     }
 }
@@ -279,16 +277,17 @@ async fn with_exact_counts_the_cap_holds_and_more_of_it_is_used() {
                 );
             }
             // With a small cached budget the byte bound (a token per byte, 4x the real
-            // count here) shortens every call; the count lets more of the cap be used. (With
-            // larger budgets whole calls cost more per step, so the share may go either way
-            // by a step's cost.)
+            // count here) shortens every call; the count never lets less of the cap be used.
+            // (At $0.05 both runs now make one call with tools and the summary kept beside
+            // it, so the count no longer buys a further call there.)
             if cap < 0.1 && cached {
                 assert!(
-                    o.usd_cost > bytes.usd_cost * 1.1,
+                    o.usd_cost >= bytes.usd_cost,
                     "cap ${cap}: counted ${} vs byte bound ${}",
                     o.usd_cost,
                     bytes.usd_cost
                 );
+                assert_eq!(seen.last().map(|s| s.0), Some(true), "{seen:?}");
             }
             assert!(seen.iter().filter(|s| s.0).count() <= 1);
         }

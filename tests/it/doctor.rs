@@ -598,3 +598,64 @@ async fn healthz_mode_exits_0_on_200_and_1_otherwise() {
     assert_eq!(out.code, 1);
     assert!(out.stdout.starts_with("unhealthy:"), "{}", out.stdout);
 }
+
+/// A plain TCP port in front of this machine's engine socket, as `dockerd -H tcp://` without
+/// TLS would be: every connection is copied to `/var/run/docker.sock`.
+async fn plain_tcp_engine() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut unix) = tokio::net::UnixStream::connect("/var/run/docker.sock").await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+/// `DOCKER_HOST=tcp://` without TLS is refused as an `[[engines]]` entry is, with one
+/// sentence saying what to set, though the engine there answers; a loopback test engine
+/// may be opted in.
+#[tokio::test(flavor = "multi_thread")]
+async fn docker_host_over_plain_tcp_fails_saying_what_to_set() {
+    if !docker_answers().await || !Path::new("/var/run/docker.sock").exists() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = plain_tcp_engine().await;
+    let host = format!("tcp://127.0.0.1:{port}");
+    let env = [
+        ("DOCKER_HOST", host.clone()),
+        ("DOCKER_TLS_VERIFY", String::new()),
+        ("DOCKER_CERT_PATH", String::new()),
+    ];
+    let out = doctor(dir.path(), &env, &[]).await;
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert!(out.line("ok", "Docker engine").is_none(), "{}", out.stdout);
+    let failures = out.failures();
+    assert_eq!(failures.len(), 1, "{}", out.stdout);
+    let expected = kodx::sandbox::engines::EnvEngine::from_vars(|name| {
+        (name == "DOCKER_HOST").then(|| host.clone())
+    })
+    .unwrap_err();
+    assert_eq!(
+        failures[0],
+        format!("FAIL  {expected}").as_str(),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        expected.contains("DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH"),
+        "{expected}"
+    );
+
+    let mut opted_in = env.to_vec();
+    opted_in.push(("KODX_ALLOW_PLAIN_LOOPBACK_ENGINE", "1".into()));
+    let out = doctor(dir.path(), &opted_in, &[]).await;
+    out.expect("ok", &format!("Docker engine at {host}"));
+    assert!(out.failures().is_empty(), "{}", out.stdout);
+}

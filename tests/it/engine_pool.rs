@@ -455,3 +455,74 @@ async fn placement_prefers_the_engine_holding_the_repository_setup_cache() {
     assert_eq!(engine_of(&s, &run).await, "plain");
     s.finish().await;
 }
+
+/// `kodx doctor` against `DOCKER_HOST` over TLS with the certificates in `cert_dir`, the
+/// system roots being `system_ca` alone (`SSL_CERT_FILE`, which the system roots' loader
+/// reads first).
+fn doctor_over_tls(host: &str, cert_dir: &std::path::Path, system_ca: &std::path::Path) -> String {
+    let home = tempfile::tempdir().unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kodx"))
+        .arg("doctor")
+        .current_dir(home.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("DOCKER_HOST", host)
+        .env("DOCKER_TLS_VERIFY", "1")
+        .env("DOCKER_CERT_PATH", cert_dir)
+        .env("SSL_CERT_FILE", system_ca)
+        .env("SSL_CERT_DIR", empty.path())
+        .output()
+        .expect("kodx doctor runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("kodx doctor → {:?}\n{stdout}", out.status.code());
+    stdout
+}
+
+/// `DOCKER_HOST` over TLS trusts only `DOCKER_CERT_PATH/ca.pem`, as Docker's own client
+/// does: an engine whose certificate another CA signed is refused even when the system
+/// trusts that CA.
+#[tokio::test]
+async fn a_tls_docker_host_trusts_only_its_ca_pem() {
+    let _local = common::require_engine!();
+    let Some(second) = Extra::start("second", 23762, 1) else {
+        return;
+    };
+    let certs = second.config.tls_cert_path.clone().unwrap();
+    let host = second.config.host.clone();
+    let ok_line = format!("ok    Docker engine at {host}");
+    // The engine's own CA in ca.pem: trusted.
+    let out = doctor_over_tls(&host, &certs, &certs.join("ca.pem"));
+    assert!(out.contains(&ok_line), "{out}");
+
+    // The same client certificate with another CA in ca.pem, the engine's CA among the
+    // system's roots: refused.
+    let other = tempfile::tempdir().unwrap();
+    for f in ["cert.pem", "key.pem"] {
+        std::fs::copy(certs.join(f), other.path().join(f)).unwrap();
+    }
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=kodx-test-other-ca"])
+        .arg("-keyout")
+        .arg(other.path().join("ca-key.pem"))
+        .arg("-out")
+        .arg(other.path().join("ca.pem"))
+        .output()
+        .expect("openssl runs");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let out = doctor_over_tls(&host, other.path(), &certs.join("ca.pem"));
+    assert!(!out.contains(&ok_line), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("FAIL") && l.contains(&host)),
+        "{out}"
+    );
+}

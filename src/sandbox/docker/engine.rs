@@ -12,7 +12,7 @@ use bollard::Docker;
 use futures_util::StreamExt;
 
 use super::cleanup::remove;
-use crate::sandbox::engines::EngineConfig;
+use crate::sandbox::engines::{EngineConfig, EnvEngine};
 use crate::sandbox::net::{self, NETWORK_NAME};
 use crate::sandbox::owner::{
     owner_id, process_alive, process_identity, INSTANCE_LABEL, OWNER_LABEL, PROCESS_LABEL,
@@ -59,13 +59,6 @@ impl EngineFacts {
     }
 }
 
-fn engine_host() -> String {
-    std::env::var("DOCKER_HOST")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unix:///var/run/docker.sock".to_string())
-}
-
 fn unavailable(host: &str, reason: impl ToString) -> SandboxError {
     let reason = reason.to_string();
     let hint = if reason.contains("ermission denied") {
@@ -84,17 +77,15 @@ fn unavailable(host: &str, reason: impl ToString) -> SandboxError {
 }
 
 impl Engine {
-    /// Connects to `DOCKER_HOST` (TLS when `DOCKER_TLS_VERIFY` is set) or the local socket,
-    /// negotiates the API version and checks that the engine answers.
+    /// Connects to the engine the environment names ([`EnvEngine::from_vars`]: the local
+    /// socket, `DOCKER_HOST`, TLS with `DOCKER_TLS_VERIFY` and `DOCKER_CERT_PATH`),
+    /// negotiates the API version and checks that the engine answers. A `tcp://` engine
+    /// without TLS is refused before anything is sent, as in `[[engines]]`.
     pub async fn connect() -> Result<Engine> {
-        let host = engine_host();
-        let tls = std::env::var("DOCKER_TLS_VERIFY").is_ok_and(|v| !v.is_empty() && v != "0");
-        let docker = if tls {
-            Docker::connect_with_ssl_defaults()
-        } else {
-            Docker::connect_with_defaults()
-        }
-        .map_err(|e| unavailable(&host, e))?;
+        let target = EnvEngine::from_vars(|name| std::env::var(name).ok())
+            .map_err(SandboxError::EngineRefused)?;
+        let host = target.host();
+        let docker = target.client().map_err(|e| unavailable(&host, e))?;
         Self::negotiated(docker, host).await
     }
 

@@ -21,7 +21,7 @@ use crate::git::GitError;
 use crate::github::Permission;
 use crate::job::JobKind;
 use crate::redact::redact;
-use crate::repo_config::RepoConfig;
+use crate::repo_config::{RepoConfig, RunKind};
 
 /// The run id line under a refusal.
 pub fn with_run_id(text: &str, run_id: &str) -> String {
@@ -184,9 +184,32 @@ pub fn incomplete_request(request: &str) -> String {
 /// The summary of work a limit cut short (commit body, pull request body).
 pub fn incomplete_summary(why: &str, last_message: &str) -> String {
     format!(
-        "**Incomplete:** the run stopped before it finished ({why}). This is what it did so far; \
-         raise the limit in `.github/kodx.yml` and ask again, or finish it by hand.\n\n{last_message}"
+        "**Incomplete:** the run stopped before it finished ({why}). This is what it did so far. \
+         {CONTINUE_HOW}\n\n{last_message}"
     )
+}
+
+/// How a code run a limit stopped goes on, with the amount syntax of `/kodx continue`
+/// (`command::More`), so nobody has to find it in the help.
+const CONTINUE_HOW: &str = "To go on from here, comment `/kodx continue` where it was asked \
+     (the repository's limits again), `/kodx continue $2` (a cost limit of $2) or \
+     `/kodx continue 20 steps` (a step limit of 20); or finish it by hand.";
+
+/// What to do after a cost, step or time limit stopped a run: a code run that pushed its
+/// work is continued (`/kodx continue`, which needs that pushed branch); anything else
+/// starts again with a higher limit, since an ask keeps no work to go on from.
+pub fn after_limit(kind: RunKind, pushed: bool) -> &'static str {
+    match (kind, pushed) {
+        (RunKind::Code, true) => CONTINUE_HOW,
+        (RunKind::Code, false) => {
+            "Nothing was pushed, so there is nothing to continue: raise the limit in \
+             `.github/kodx.yml` and run `/kodx code` again."
+        }
+        (RunKind::Ask, _) => {
+            "An answer cannot be continued: raise the limit in `.github/kodx.yml` and ask \
+             again."
+        }
+    }
 }
 
 /// A push the server refused, in words a maintainer can act on.

@@ -453,10 +453,7 @@ fn done_body(done: &Done, head: &mut String, tail: &mut String) -> String {
     if let Some(url) = &done.pr_url {
         head.push_str(&format!("**Pull request:** {}\n\n", clean(url)));
         if limit {
-            head.push_str(
-                "It holds the work done so far, marked incomplete. Raise the limit in \
-                 `.github/kodx.yml` and ask again, or finish it by hand.\n\n",
-            );
+            head.push_str("It holds the work done so far, marked incomplete. ");
         }
     } else if let Some((sha, branch)) = &done.pushed {
         head.push_str(&format!(
@@ -464,6 +461,11 @@ fn done_body(done: &Done, head: &mut String, tail: &mut String) -> String {
             clean(&sha.chars().take(12).collect::<String>()),
             clean(branch).replace('`', "'")
         ));
+    }
+    if limit {
+        let pushed = done.pr_url.is_some() || done.pushed.is_some();
+        head.push_str(super::after_limit(done.kind, pushed));
+        head.push_str("\n\n");
     }
     head.push_str(&checks);
     if text.trim().is_empty() {
@@ -687,6 +689,16 @@ mod tests {
         let mut pushed = done(RunKind::Code, StopReason::EndTurn, "Fixed the test.");
         pushed.pushed = Some(("0123456789abcdef".into(), "feature".into()));
         let limit = done(RunKind::Code, StopReason::CostLimitExceeded, "Half done.");
+        // A limit with the work pushed says how to continue; an ask, how to ask again.
+        let mut limit_pr = done(RunKind::Code, StopReason::MaxIterations, "Half done.");
+        limit_pr.pr_url = Some("https://github.com/acme/widgets/pull/9".into());
+        let mut limit_pushed = done(RunKind::Code, StopReason::Timeout, "Half done.");
+        limit_pushed.pushed = Some(("0123456789abcdef".into(), "feature".into()));
+        let ask_limit = done(
+            RunKind::Ask,
+            StopReason::CostLimitExceeded,
+            "Partly answered.",
+        );
         let mut failed = done(RunKind::Code, StopReason::Error, "");
         failed.failure = Some("The branch `main` moved while kodx worked.".into());
         let phases = [
@@ -711,6 +723,9 @@ mod tests {
             ("pull_request", Phase::Done(Box::new(with_pr))),
             ("pushed", Phase::Done(Box::new(pushed))),
             ("cost_limit", Phase::Done(Box::new(limit))),
+            ("step_limit_pull_request", Phase::Done(Box::new(limit_pr))),
+            ("time_limit_pushed", Phase::Done(Box::new(limit_pushed))),
+            ("ask_cost_limit", Phase::Done(Box::new(ask_limit))),
             ("failed", Phase::Done(Box::new(failed))),
         ];
         for (name, phase) in phases {
