@@ -259,7 +259,8 @@ async fn import_checks_the_key_with_github_before_saving() {
             ("token", token.as_str()),
             ("app_id", &s.github.app_id().to_string()),
             ("private_key", common::fake_github::TEST_APP_KEY),
-            ("webhook_secret", "imported-secret-1"),
+            // A comma inside: one secret, not a rotation list (issue 26).
+            ("webhook_secret", "imported-secret-1,x"),
         ]))
         .send()
         .await
@@ -276,45 +277,41 @@ async fn import_checks_the_key_with_github_before_saving() {
         .post_raw(
             "ping",
             Some(&delivery_id()),
-            Some(&sign("imported-secret-1", &body)),
-            body,
+            Some(&sign("imported-secret-1,x", &body)),
+            body.clone(),
         )
         .await;
     assert!(status < 300, "{status} {answer}");
+    // A part of it is no key.
+    for part in ["x", "imported-secret-1"] {
+        let (status, answer) = s
+            .post_raw(
+                "ping",
+                Some(&delivery_id()),
+                Some(&sign(part, &body)),
+                body.clone(),
+            )
+            .await;
+        assert_eq!(status, 401, "{part}: {answer}");
+    }
 }
 
-/// With `WEBHOOK_PROXY_URL`, the App the setup page creates sends its webhooks to the
-/// proxy channel kodx listens to, not to the public URL.
-#[tokio::test]
-async fn with_a_proxy_channel_the_manifest_hooks_the_channel() {
-    let data = tempfile::tempdir().unwrap().keep();
-    let s = Served::start(Options {
-        workers: true,
-        setup_mode: true,
-        extra_env: vec![
-            (
-                "KODX_DATA_DIR".into(),
-                data.join("data").display().to_string(),
-            ),
-            (
-                "WEBHOOK_PROXY_URL".into(),
-                "https://smee.io/AbCdEf123".into(),
-            ),
-        ],
-        ..Options::default()
-    })
-    .await;
-    let url = setup_url(&s).await;
-    let token = url.split("token=").nth(1).unwrap().to_string();
-    let html = reqwest::Client::new()
+/// The manifest and the form's action, as the setup page answers a create form posted
+/// with `host` as the request's Host header.
+async fn create_form(s: &Served, token: &str, host: Option<&str>) -> (serde_json::Value, String) {
+    let mut req = reqwest::Client::new()
         .post(format!("{}/setup/create", s.url))
-        .header("content-type", "application/x-www-form-urlencoded")
+        .header("content-type", "application/x-www-form-urlencoded");
+    if let Some(host) = host {
+        req = req.header("host", host);
+    }
+    let html = req
         .body(enc(&[
-            ("token", token.as_str()),
-            ("name", "kodx-proxy"),
+            ("token", token),
+            ("name", "kodx-edges"),
             ("owner", "personal"),
             ("org", ""),
-            ("public_url", "http://127.0.0.1:3000"),
+            ("public_url", "https://kodx.example.com"),
         ]))
         .send()
         .await
@@ -322,11 +319,59 @@ async fn with_a_proxy_channel_the_manifest_hooks_the_channel() {
         .text()
         .await
         .unwrap();
-    let manifest_text = attr_after(&html, "name=\"manifest\"", "value");
-    let manifest: serde_json::Value = serde_json::from_str(&manifest_text).unwrap();
+    let manifest = attr_after(&html, "name=\"manifest\"", "value");
+    let action = attr_after(&html, "id=\"manifest-form\"", "action");
+    (serde_json::from_str(&manifest).unwrap(), action)
+}
+
+/// Issue 26 (4): behind a TLS proxy (`KODX_PUBLIC_URL=https://…`, reached by that host),
+/// GitHub sends the browser back over https; a local setup keeps its own address. A
+/// `state` is taken once: the same callback again is refused before GitHub is asked.
+#[tokio::test]
+async fn the_callback_is_https_behind_a_public_url_and_its_state_is_used_once() {
+    let data = tempfile::tempdir().unwrap().keep();
+    let s = Served::start(Options {
+        setup_mode: true,
+        extra_env: vec![
+            (
+                "KODX_DATA_DIR".into(),
+                data.join("data").display().to_string(),
+            ),
+            ("KODX_PUBLIC_URL".into(), "https://kodx.example.com/".into()),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let url = setup_url(&s).await;
+    let token = url.split("token=").nth(1).unwrap().to_string();
+    let (manifest, _) = create_form(&s, &token, Some("kodx.example.com")).await;
     assert_eq!(
-        manifest["hook_attributes"]["url"],
-        "https://smee.io/AbCdEf123"
+        manifest["redirect_url"],
+        "https://kodx.example.com/setup/callback"
     );
-    assert_eq!(common::fake_github::manifest_problem(&manifest), None);
+    let local = s.url.trim_start_matches("http://").to_string();
+    let (manifest, action) = create_form(&s, &token, None).await;
+    assert_eq!(
+        manifest["redirect_url"],
+        format!("http://{local}/setup/callback")
+    );
+
+    // The state handed out is good once: a callback that fails at GitHub (an unknown
+    // code) spends it, and the same URL again is refused here.
+    let state = action.split("state=").nth(1).unwrap();
+    let state = percent_encoding::percent_decode_str(state)
+        .decode_utf8()
+        .unwrap()
+        .to_string();
+    let callback = format!(
+        "{}/setup/callback?code=unknown&state={}",
+        s.url,
+        percent_encoding::utf8_percent_encode(&state, percent_encoding::NON_ALPHANUMERIC)
+    );
+    let first = reqwest::get(&callback).await.unwrap();
+    assert_eq!(first.status(), 502, "{}", first.text().await.unwrap());
+    let again = reqwest::get(&callback).await.unwrap();
+    assert_eq!(again.status(), 403);
+    let text = again.text().await.unwrap();
+    assert!(text.contains("used already"), "{text}");
 }
