@@ -375,3 +375,127 @@ async fn the_callback_is_https_behind_a_public_url_and_its_state_is_used_once() 
     let text = again.text().await.unwrap();
     assert!(text.contains("used already"), "{text}");
 }
+
+/// Issue 26 (7): an activation that fails (here: a damaged run-pages key in the data
+/// directory) leaves nothing of normal mode running: no worker, no proxy subscription.
+/// Once the cause is fixed, the next activation starts normal mode once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_activation_leaves_nothing_running() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let connections = std::sync::Arc::new(AtomicUsize::new(0));
+    let c = connections.clone();
+    let relay = axum::Router::new().route(
+        "/AbCdEf123",
+        axum::routing::get(move || {
+            c.fetch_add(1, Ordering::SeqCst);
+            async { ([("content-type", "text/event-stream")], "") }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay_url = format!("http://{}/AbCdEf123", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, relay).await.unwrap() });
+    let data = tempfile::tempdir().unwrap().keep().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let key = data.join("run-pages.key");
+    std::fs::write(&key, "not a key").unwrap();
+    let s = Served::start(Options {
+        workers: true,
+        setup_mode: true,
+        extra_env: vec![
+            ("KODX_DATA_DIR".into(), data.display().to_string()),
+            ("WEBHOOK_PROXY_URL".into(), relay_url),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let url = setup_url(&s).await;
+    let token = url.split("token=").nth(1).unwrap().to_string();
+    let import = || async {
+        let answer = reqwest::Client::new()
+            .post(format!("{}/setup/import", s.url))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(enc(&[
+                ("token", token.as_str()),
+                ("app_id", &s.github.app_id().to_string()),
+                ("private_key", common::fake_github::TEST_APP_KEY),
+                ("webhook_secret", "imported-secret-1"),
+            ]))
+            .send()
+            .await
+            .unwrap();
+        (answer.status().as_u16(), answer.text().await.unwrap())
+    };
+    let (status, text) = import().await;
+    assert_eq!(status, 500, "{text}");
+    assert!(text.contains("could not start with them"), "{text}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(connections.load(Ordering::SeqCst), 0, "{}", s.log());
+    assert!(!s.log().contains("kodx serve is listening"), "{}", s.log());
+    let (status, _) = s.get("/healthz").await;
+    assert_eq!(status, 503, "still in setup mode");
+
+    std::fs::remove_file(&key).unwrap();
+    let (status, text) = import().await;
+    assert_eq!(status, 200, "{text}\n{}", s.log());
+    s.wait_for("the proxy subscription", Duration::from_secs(30), || {
+        connections.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        s.log()
+            .matches("receiving webhooks from the proxy channel")
+            .count(),
+        1,
+        "{}",
+        s.log()
+    );
+}
+
+/// With `WEBHOOK_PROXY_URL`, the App the setup page creates sends its webhooks to the
+/// proxy channel kodx listens to, not to the public URL.
+#[tokio::test]
+async fn with_a_proxy_channel_the_manifest_hooks_the_channel() {
+    let data = tempfile::tempdir().unwrap().keep();
+    let s = Served::start(Options {
+        workers: true,
+        setup_mode: true,
+        extra_env: vec![
+            (
+                "KODX_DATA_DIR".into(),
+                data.join("data").display().to_string(),
+            ),
+            (
+                "WEBHOOK_PROXY_URL".into(),
+                "https://smee.io/AbCdEf123".into(),
+            ),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let url = setup_url(&s).await;
+    let token = url.split("token=").nth(1).unwrap().to_string();
+    let html = reqwest::Client::new()
+        .post(format!("{}/setup/create", s.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(enc(&[
+            ("token", token.as_str()),
+            ("name", "kodx-proxy"),
+            ("owner", "personal"),
+            ("org", ""),
+            ("public_url", "http://127.0.0.1:3000"),
+        ]))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let manifest_text = attr_after(&html, "name=\"manifest\"", "value");
+    let manifest: serde_json::Value = serde_json::from_str(&manifest_text).unwrap();
+    assert_eq!(
+        manifest["hook_attributes"]["url"],
+        "https://smee.io/AbCdEf123"
+    );
+    assert_eq!(common::fake_github::manifest_problem(&manifest), None);
+}
