@@ -215,7 +215,9 @@ impl setup::Activate for Activator {
     }
 }
 
-/// Opens the database, makes the App, starts the workers: normal mode.
+/// Opens the database, makes the App, starts the workers: normal mode. Everything that
+/// can fail is done before anything is started, so a failed start (a failed activation
+/// in setup mode, which goes on) leaves no worker, watcher or proxy task running.
 async fn start(
     config: ServeConfig,
     options: ServeOptions,
@@ -234,13 +236,28 @@ async fn start(
         config.private_key.expose_secret(),
     )
     .context("the GitHub App's key (PRIVATE_KEY / PRIVATE_KEY_PATH)")?;
-    let wake = Arc::new(Notify::new());
     let instance = db.instance_id().await.with_context(|| {
         format!(
             "reading this installation's id from DATABASE_URL={}",
             crate::db::shown_url(&config.database_url)
         )
     })?;
+    let pages = match config.settings.run_pages {
+        true => Some(
+            runpage::RunPages::open(&config.data_dir, db.clone()).with_context(|| {
+                format!(
+                    "the run pages' key in KODX_DATA_DIR={} (set run_pages = false to do without)",
+                    config.data_dir.display()
+                )
+            })?,
+        ),
+        false => None,
+    };
+    // What is started from here on stops with `started`, which a return before the end
+    // cancels (nothing below fails today; this keeps it so).
+    let started = shutdown.child_token();
+    let unwind = started.clone().drop_guard();
+    let wake = Arc::new(Notify::new());
     let engine = Arc::new(
         Engines::new(
             Some(instance),
@@ -258,13 +275,13 @@ async fn start(
         wake.clone(),
         options.providers,
         options.pricing,
-        shutdown.clone(),
+        started.clone(),
     );
     let worker_task = options.workers.then(|| {
         tokio::spawn(
             engine
                 .clone()
-                .watch(config.settings.engine_check_interval(), shutdown.clone()),
+                .watch(config.settings.engine_check_interval(), started.clone()),
         );
         let workers = workers.clone();
         tokio::spawn(async move {
@@ -285,9 +302,9 @@ async fn start(
         ),
         body_timeout: settings.body_timeout(),
     };
-    // Webhooks through a proxy channel go through the same intake (ended by `shutdown`).
+    // Webhooks through a proxy channel go through the same intake (ended by `started`).
     if let (true, Some(url)) = (options.intake, config.webhook_proxy_url.clone()) {
-        tokio::spawn(intake::proxy::forward(url, state.clone(), shutdown.clone()));
+        tokio::spawn(intake::proxy::forward(url, state.clone(), started.clone()));
     }
     tracing::info!(
         app_id = config.app_id,
@@ -301,13 +318,7 @@ async fn start(
     );
     // The run pages, and links to them once the server knows its public address.
     let mut router = intake::http::router(state, options.intake);
-    if config.settings.run_pages {
-        let pages = runpage::RunPages::open(&config.data_dir, db.clone()).with_context(|| {
-            format!(
-                "the run pages' key in KODX_DATA_DIR={} (set run_pages = false to do without)",
-                config.data_dir.display()
-            )
-        })?;
+    if let Some(pages) = pages {
         if let Some(public_url) = &config.public_url {
             let _ = workers
                 .run_links
@@ -320,6 +331,7 @@ async fn start(
         }
         router = router.merge(runpage::routes(std::sync::Arc::new(pages)));
     }
+    unwind.disarm();
     Ok(Running {
         router,
         db,

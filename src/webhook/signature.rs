@@ -68,6 +68,17 @@ impl WebhookSecrets {
         Ok(WebhookSecrets { secrets })
     }
 
+    /// One secret, commas and all: the secret of one App as GitHub holds it (setup's
+    /// saved file), never a rotation list. `Err(NoSecret)` when it is empty.
+    pub fn one(value: &str) -> Result<WebhookSecrets, SignatureError> {
+        if value.is_empty() {
+            return Err(SignatureError::NoSecret);
+        }
+        Ok(WebhookSecrets {
+            secrets: vec![SecretSlice::from(value.as_bytes().to_vec())],
+        })
+    }
+
     /// Checks the `X-Hub-Signature-256` header value against the raw body.
     ///
     /// Each secret's HMAC is compared in constant time, and every secret is
@@ -280,6 +291,22 @@ mod tests {
             secrets.sign(DOC_BODY),
             WebhookSecrets::parse("new-secret").unwrap().sign(DOC_BODY)
         );
+    }
+
+    fn mac_header(secret: &str) -> String {
+        let digest = mac(secret.as_bytes(), DOC_BODY).finalize().into_bytes();
+        format!("{PREFIX}{}", hex::encode(digest))
+    }
+
+    #[test]
+    fn one_secret_keeps_its_commas() {
+        let one = WebhookSecrets::one("long,x").unwrap();
+        assert_eq!(one.verify(Some(&mac_header("long,x")), DOC_BODY), Ok(()));
+        assert_eq!(
+            one.verify(Some(&mac_header("x")), DOC_BODY),
+            Err(SignatureError::Mismatch)
+        );
+        assert!(WebhookSecrets::one("").is_err());
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //! (server-sent events on loopback, one event per forwarded delivery, in smee's shape: the
 //! lower-case headers and the `body` JSON). A delivery whose signature holds goes through
 //! the normal intake; one whose body does not match its signature is refused loudly; a
-//! dropped channel is connected again and the outage logged once.
+//! dropped channel is connected again and the outage logged once. A channel that streams
+//! one endless line costs kodx a bounded amount of memory while it keeps answering, and
+//! one that answers and closes at once is connected to again with a growing wait.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::common::serve::{
     delivery_id, issue_comment, sign, IssueComment, Options, Served, REPO, SECRET,
@@ -187,5 +189,181 @@ async fn an_invalid_proxy_url_is_one_clear_line() {
     assert!(
         err.contains("WEBHOOK_PROXY_URL must be an http(s) URL"),
         "{err}"
+    );
+}
+
+/// `VmHWM` (peak) and `VmRSS` of `pid`, in MB.
+fn memory_mb(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kb / 1024
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+/// A channel that sends `ready`, then one `data:` line without end at full speed until
+/// `stop`, then ends that event and forwards what is sent on its queue.
+#[derive(Clone)]
+struct Flood {
+    sent: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    connections: Arc<AtomicUsize>,
+    queue: Arc<Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<String>>>>,
+}
+
+impl Flood {
+    async fn start() -> (Flood, tokio::sync::mpsc::UnboundedSender<String>, String) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let flood = Flood {
+            sent: Arc::default(),
+            stop: Arc::default(),
+            connections: Arc::default(),
+            queue: Arc::new(Mutex::new(Some(rx))),
+        };
+        let f = flood.clone();
+        let app = Router::new().route(
+            "/AbCdEf123",
+            get(move || {
+                let f = f.clone();
+                async move {
+                    f.connections.fetch_add(1, Ordering::SeqCst);
+                    let rx = f.queue.lock().unwrap().take();
+                    type Chunk = Result<bytes::Bytes, std::convert::Infallible>;
+                    let head = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(
+                        bytes::Bytes::from_static(b"event: ready\ndata: {}\n\ndata: {\"x\":\""),
+                    )]);
+                    let chunk = bytes::Bytes::from(vec![b'x'; 256 * 1024]);
+                    let (sent, stop) = (f.sent.clone(), f.stop.clone());
+                    let line = futures_util::stream::unfold((), move |()| {
+                        let (sent, stop, chunk) = (sent.clone(), stop.clone(), chunk.clone());
+                        async move {
+                            if stop.load(Ordering::SeqCst) {
+                                return None;
+                            }
+                            sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                            Some((Ok(chunk), ()))
+                        }
+                    });
+                    let end = futures_util::stream::iter([Ok(bytes::Bytes::from_static(b"\n\n"))]);
+                    let forwarded = futures_util::stream::unfold(rx, |rx| async move {
+                        let mut rx = rx?;
+                        let data = rx.recv().await?;
+                        let event: Chunk = Ok(format!("data: {data}\n\n").into());
+                        Some((event, Some(rx)))
+                    });
+                    (
+                        [("content-type", "text/event-stream")],
+                        axum::body::Body::from_stream(head.chain(line).chain(end).chain(forwarded)),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/AbCdEf123", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (flood, tx, url)
+    }
+}
+
+/// Issue 26 (3): the event's bound holds as the bytes arrive. One `data:` line streamed
+/// without end at full speed: kodx's peak memory stays under 100 MB and `/healthz`
+/// answers within 2 s throughout; once the line ends, the next delivery is taken on the
+/// same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_line_from_the_channel_is_skipped_in_bounded_memory() {
+    const FLOOD: Duration = Duration::from_secs(20);
+    let (flood, queue, url) = Flood::start().await;
+    let mut s = Served::start(Options {
+        workers: true,
+        extra_env: vec![("WEBHOOK_PROXY_URL".into(), url)],
+        ..Options::default()
+    })
+    .await;
+    let pid = s.kodx_pid();
+    s.wait_for("kodx to subscribe", WAIT, || {
+        flood.connections.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let (start_peak, _) = memory_mb(pid);
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut rss_max = 0;
+    while started.elapsed() < FLOOD {
+        let asked = Instant::now();
+        let (status, body) = tokio::time::timeout(Duration::from_secs(2), s.get("/healthz"))
+            .await
+            .unwrap_or_else(|_| panic!("/healthz took over 2 s\n{}", s.log()));
+        assert_eq!(status, 200, "{body}");
+        slowest = slowest.max(asked.elapsed());
+        rss_max = rss_max.max(memory_mb(pid).1);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    flood.stop.store(true, Ordering::SeqCst);
+    let sent_mb = flood.sent.load(Ordering::Relaxed) >> 20;
+    let (peak, rss) = memory_mb(pid);
+    eprintln!(
+        "endless line for {FLOOD:?}: {sent_mb} MB sent; kodx VmHWM {start_peak} MB before, {peak} MB after (target < 100), VmRSS max {rss_max} MB, now {rss} MB; slowest /healthz {slowest:?}"
+    );
+    assert!(peak < 100, "VmHWM {peak} MB\n{}", s.log());
+    // The bound was really crossed, many times over.
+    assert!(sent_mb > 200, "only {sent_mb} MB sent");
+    s.wait_for("the skip to be logged", WAIT, || {
+        s.log().contains("skipped 1 event(s) over")
+    })
+    .await;
+
+    // The line ended: the next delivery on the same connection is taken.
+    s.github.add_issue(REPO, 7, "Help", "", "carol");
+    let body = help_comment(&s, 7).to_string();
+    let data = format!(
+        r#"{{"x-github-event":"issue_comment","x-github-delivery":"{}","x-hub-signature-256":"{}","body":{body}}}"#,
+        delivery_id(),
+        sign(SECRET, body.as_bytes())
+    );
+    queue.send(data).unwrap();
+    let help = s.next_bot_comment(7).await;
+    assert!(help.body.contains("/kodx"), "{}", help.body);
+    assert_eq!(flood.connections.load(Ordering::SeqCst), 1, "{}", s.log());
+    s.finish().await;
+}
+
+/// Issue 26 (3): a channel that answers and closes at once is connected to again with a
+/// growing wait, not every few hundred milliseconds.
+#[tokio::test]
+async fn a_channel_that_closes_at_once_is_retried_with_backoff() {
+    let connections = Arc::new(AtomicUsize::new(0));
+    let c = connections.clone();
+    let app = Router::new().route(
+        "/AbCdEf123",
+        get(move || {
+            c.fetch_add(1, Ordering::SeqCst);
+            async { ([("content-type", "text/event-stream")], "") }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/AbCdEf123", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let s = Served::start(Options {
+        extra_env: vec![("WEBHOOK_PROXY_URL".into(), url)],
+        ..Options::default()
+    })
+    .await;
+    s.wait_for("kodx to connect", WAIT, || {
+        connections.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let n = connections.load(Ordering::SeqCst);
+    eprintln!("a channel that closes at once: {n} connections in ~5 s");
+    // 0.5 s, 1 s, 2 s, 4 s (each plus up to half again): at most 5; every ~300 ms was ~17.
+    assert!((2..=6).contains(&n), "{n} connections\n{}", s.log());
+    // The outage is logged once, not once per connection.
+    assert_eq!(
+        s.log().matches("connecting again with backoff").count(),
+        1,
+        "{}",
+        s.log()
     );
 }

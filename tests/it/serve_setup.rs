@@ -259,7 +259,8 @@ async fn import_checks_the_key_with_github_before_saving() {
             ("token", token.as_str()),
             ("app_id", &s.github.app_id().to_string()),
             ("private_key", common::fake_github::TEST_APP_KEY),
-            ("webhook_secret", "imported-secret-1"),
+            // A comma inside: one secret, not a rotation list (issue 26).
+            ("webhook_secret", "imported-secret-1,x"),
         ]))
         .send()
         .await
@@ -276,11 +277,179 @@ async fn import_checks_the_key_with_github_before_saving() {
         .post_raw(
             "ping",
             Some(&delivery_id()),
-            Some(&sign("imported-secret-1", &body)),
-            body,
+            Some(&sign("imported-secret-1,x", &body)),
+            body.clone(),
         )
         .await;
     assert!(status < 300, "{status} {answer}");
+    // A part of it is no key.
+    for part in ["x", "imported-secret-1"] {
+        let (status, answer) = s
+            .post_raw(
+                "ping",
+                Some(&delivery_id()),
+                Some(&sign(part, &body)),
+                body.clone(),
+            )
+            .await;
+        assert_eq!(status, 401, "{part}: {answer}");
+    }
+}
+
+/// The manifest and the form's action, as the setup page answers a create form posted
+/// with `host` as the request's Host header.
+async fn create_form(s: &Served, token: &str, host: Option<&str>) -> (serde_json::Value, String) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{}/setup/create", s.url))
+        .header("content-type", "application/x-www-form-urlencoded");
+    if let Some(host) = host {
+        req = req.header("host", host);
+    }
+    let html = req
+        .body(enc(&[
+            ("token", token),
+            ("name", "kodx-edges"),
+            ("owner", "personal"),
+            ("org", ""),
+            ("public_url", "https://kodx.example.com"),
+        ]))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let manifest = attr_after(&html, "name=\"manifest\"", "value");
+    let action = attr_after(&html, "id=\"manifest-form\"", "action");
+    (serde_json::from_str(&manifest).unwrap(), action)
+}
+
+/// Issue 26 (4): behind a TLS proxy (`KODX_PUBLIC_URL=https://…`, reached by that host),
+/// GitHub sends the browser back over https; a local setup keeps its own address. A
+/// `state` is taken once: the same callback again is refused before GitHub is asked.
+#[tokio::test]
+async fn the_callback_is_https_behind_a_public_url_and_its_state_is_used_once() {
+    let data = tempfile::tempdir().unwrap().keep();
+    let s = Served::start(Options {
+        setup_mode: true,
+        extra_env: vec![
+            (
+                "KODX_DATA_DIR".into(),
+                data.join("data").display().to_string(),
+            ),
+            ("KODX_PUBLIC_URL".into(), "https://kodx.example.com/".into()),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let url = setup_url(&s).await;
+    let token = url.split("token=").nth(1).unwrap().to_string();
+    let (manifest, _) = create_form(&s, &token, Some("kodx.example.com")).await;
+    assert_eq!(
+        manifest["redirect_url"],
+        "https://kodx.example.com/setup/callback"
+    );
+    let local = s.url.trim_start_matches("http://").to_string();
+    let (manifest, action) = create_form(&s, &token, None).await;
+    assert_eq!(
+        manifest["redirect_url"],
+        format!("http://{local}/setup/callback")
+    );
+
+    // The state handed out is good once: a callback that fails at GitHub (an unknown
+    // code) spends it, and the same URL again is refused here.
+    let state = action.split("state=").nth(1).unwrap();
+    let state = percent_encoding::percent_decode_str(state)
+        .decode_utf8()
+        .unwrap()
+        .to_string();
+    let callback = format!(
+        "{}/setup/callback?code=unknown&state={}",
+        s.url,
+        percent_encoding::utf8_percent_encode(&state, percent_encoding::NON_ALPHANUMERIC)
+    );
+    let first = reqwest::get(&callback).await.unwrap();
+    assert_eq!(first.status(), 502, "{}", first.text().await.unwrap());
+    let again = reqwest::get(&callback).await.unwrap();
+    assert_eq!(again.status(), 403);
+    let text = again.text().await.unwrap();
+    assert!(text.contains("used already"), "{text}");
+}
+
+/// Issue 26 (7): an activation that fails (here: a damaged run-pages key in the data
+/// directory) leaves nothing of normal mode running: no worker, no proxy subscription.
+/// Once the cause is fixed, the next activation starts normal mode once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_activation_leaves_nothing_running() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let connections = std::sync::Arc::new(AtomicUsize::new(0));
+    let c = connections.clone();
+    let relay = axum::Router::new().route(
+        "/AbCdEf123",
+        axum::routing::get(move || {
+            c.fetch_add(1, Ordering::SeqCst);
+            async { ([("content-type", "text/event-stream")], "") }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay_url = format!("http://{}/AbCdEf123", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, relay).await.unwrap() });
+    let data = tempfile::tempdir().unwrap().keep().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let key = data.join("run-pages.key");
+    std::fs::write(&key, "not a key").unwrap();
+    let s = Served::start(Options {
+        workers: true,
+        setup_mode: true,
+        extra_env: vec![
+            ("KODX_DATA_DIR".into(), data.display().to_string()),
+            ("WEBHOOK_PROXY_URL".into(), relay_url),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let url = setup_url(&s).await;
+    let token = url.split("token=").nth(1).unwrap().to_string();
+    let import = || async {
+        let answer = reqwest::Client::new()
+            .post(format!("{}/setup/import", s.url))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(enc(&[
+                ("token", token.as_str()),
+                ("app_id", &s.github.app_id().to_string()),
+                ("private_key", common::fake_github::TEST_APP_KEY),
+                ("webhook_secret", "imported-secret-1"),
+            ]))
+            .send()
+            .await
+            .unwrap();
+        (answer.status().as_u16(), answer.text().await.unwrap())
+    };
+    let (status, text) = import().await;
+    assert_eq!(status, 500, "{text}");
+    assert!(text.contains("could not start with them"), "{text}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(connections.load(Ordering::SeqCst), 0, "{}", s.log());
+    assert!(!s.log().contains("kodx serve is listening"), "{}", s.log());
+    let (status, _) = s.get("/healthz").await;
+    assert_eq!(status, 503, "still in setup mode");
+
+    std::fs::remove_file(&key).unwrap();
+    let (status, text) = import().await;
+    assert_eq!(status, 200, "{text}\n{}", s.log());
+    s.wait_for("the proxy subscription", Duration::from_secs(30), || {
+        connections.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        s.log()
+            .matches("receiving webhooks from the proxy channel")
+            .count(),
+        1,
+        "{}",
+        s.log()
+    );
 }
 
 /// With `WEBHOOK_PROXY_URL`, the App the setup page creates sends its webhooks to the

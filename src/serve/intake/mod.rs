@@ -1,11 +1,12 @@
 //! Intake: from a TCP connection to a command stored in the queue. [`listen`] holds the
 //! connections, [`body`] reads webhook bodies under a memory budget, [`http`] verifies the
 //! signature and answers, [`event`] reads the delivery into a typed request, and [`proxy`]
-//! takes deliveries from a relay instead (`WEBHOOK_PROXY_URL`). Nothing here waits on
-//! GitHub, a container or a model.
+//! takes deliveries from a relay instead (`WEBHOOK_PROXY_URL`), its event stream read by
+//! [`sse`] under a bound. Nothing here waits on GitHub, a container or a model.
 
 pub(crate) mod body;
 pub(crate) mod event;
 pub(crate) mod http;
 pub mod listen;
 pub(crate) mod proxy;
+pub(crate) mod sse;

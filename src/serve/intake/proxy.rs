@@ -9,22 +9,36 @@
 //! channel sent it; when the channel's serialisation differs from GitHub's, the check fails
 //! and the delivery is refused, loudly — signature checks are never turned off.
 //!
-//! Bounded: one event's bytes are capped (GitHub's 25 MiB body and its headers); the
-//! connection is made again with backoff, and an outage is logged once.
+//! Bounded: one event's bytes are capped (GitHub's 25 MiB body and its headers) as they
+//! arrive, before anything parses them ([`sse`]): a longer event is skipped, never held.
+//! Every reconnection waits (exponential backoff with jitter, capped); the wait starts
+//! from its base again only after a connection that stayed up, so a channel that answers
+//! and closes at once is not hammered. An outage is logged once.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use eventsource_stream::Eventsource as _;
 use futures_util::StreamExt as _;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::serve::intake::http::{intake, HttpState, MAX_BODY_BYTES};
+use crate::serve::intake::sse;
 
 /// The most bytes one forwarded event may take (the body and the headers around it).
 const MAX_EVENT_BYTES: usize = MAX_BODY_BYTES + (1 << 20);
+
+/// The first wait before connecting again, and the longest.
+const BACKOFF_BASE: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// A connection that stayed up this long was a healthy one: the backoff starts over.
+const HEALTHY: Duration = Duration::from_secs(30);
+
+/// A connection silent this long (not even a keep-alive) is given up.
+const SILENCE: Duration = Duration::from_secs(120);
+
+/// Skipped over-long events are logged at most this often (with how many there were).
+const SKIP_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// A delivery as a channel forwards it.
 #[derive(Deserialize)]
@@ -54,30 +68,47 @@ pub async fn forward(url: String, st: HttpState, shutdown: CancellationToken) {
     };
     let shown = shown_url(&url);
     let mut failures: u32 = 0;
+    // Since when the channel is down, and whether that was said (once per outage, and a
+    // channel that answers and closes at once is one outage until a connection holds).
     let mut outage: Option<Instant> = None;
+    let mut said_down = false;
+    let mut said_back = false;
     loop {
+        let mut up_since: Option<Instant> = None;
         let mut connected = || {
-            if let Some(since) = outage.take() {
-                tracing::info!(channel = %shown, "webhook proxy channel connected again after {:.0?}", since.elapsed());
-            } else {
-                tracing::info!(channel = %shown, "receiving webhooks from the proxy channel");
+            match outage.take() {
+                Some(since) if !said_back => {
+                    tracing::info!(channel = %shown, "webhook proxy channel connected again after {:.0?}", since.elapsed());
+                    said_back = true;
+                }
+                Some(_) => {
+                    tracing::debug!(channel = %shown, "webhook proxy channel connected again")
+                }
+                None => {
+                    tracing::info!(channel = %shown, "receiving webhooks from the proxy channel")
+                }
             }
-            failures = 0;
+            up_since = Some(Instant::now());
         };
         let ended = tokio::select! {
             ended = receive(&client, &url, &st, &mut connected) => ended,
             _ = shutdown.cancelled() => return,
         };
-        if outage.is_none() {
-            tracing::warn!(channel = %shown, "webhook proxy channel: {ended}; connecting again with backoff (logged once until it is back)");
-            outage = Some(Instant::now());
+        // Only a connection that stayed up resets the backoff: one that is answered and
+        // closed at once counts as a failure like one refused.
+        if up_since.is_some_and(|t| t.elapsed() >= HEALTHY) {
+            failures = 0;
+            (said_down, said_back) = (false, false);
         }
         failures = failures.saturating_add(1);
-        let wait = crate::backoff::delay(
-            Duration::from_millis(250),
-            Duration::from_secs(30),
-            failures,
-        );
+        let wait = crate::backoff::delay(BACKOFF_BASE, BACKOFF_MAX, failures);
+        if !said_down {
+            tracing::warn!(channel = %shown, "webhook proxy channel: {ended}; connecting again with backoff (logged once until it is back)");
+            said_down = true;
+        } else {
+            tracing::debug!(channel = %shown, "webhook proxy channel: {ended}; connecting again in {wait:.1?}");
+        }
+        outage.get_or_insert_with(Instant::now);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = shutdown.cancelled() => return,
@@ -105,40 +136,56 @@ async fn receive(
         return format!("the channel answered {}", response.status());
     }
     connected();
-    // Bytes since the last whole event: what the event parser may be holding.
-    let pending = Arc::new(AtomicUsize::new(0));
-    let counted = {
-        let pending = pending.clone();
-        response.bytes_stream().map(move |chunk| {
-            if let Ok(c) = &chunk {
-                pending.fetch_add(c.len(), Ordering::Relaxed);
-            }
-            chunk
-        })
-    };
-    let mut events = counted.eventsource();
+    let mut bytes = response.bytes_stream();
+    let mut reader = sse::Reader::new(MAX_EVENT_BYTES);
+    let mut frames = Vec::new();
+    let mut skipped = SkipLog::default();
     loop {
-        let next = tokio::time::timeout(Duration::from_secs(120), events.next());
-        let event = match next.await {
-            Err(_) => return "no event or keep-alive for 120 s".into(),
+        let chunk = match tokio::time::timeout(SILENCE, bytes.next()).await {
+            Err(_) => return format!("nothing came for {} s", SILENCE.as_secs()),
             Ok(None) => return "the channel closed the stream".into(),
             Ok(Some(Err(e))) => return format!("the stream broke: {e}"),
-            Ok(Some(Ok(event))) => event,
+            Ok(Some(Ok(chunk))) => chunk,
         };
-        if pending.swap(0, Ordering::Relaxed) > MAX_EVENT_BYTES {
-            return format!("an event was over {MAX_EVENT_BYTES} bytes");
+        reader.push(&chunk, &mut frames);
+        for frame in frames.drain(..) {
+            match frame {
+                sse::Frame::TooLarge => skipped.one(),
+                // smee.io also sends `ready` and `ping` events; deliveries are plain messages.
+                sse::Frame::Event { event, data } if event == "message" && !data.is_empty() => {
+                    deliver(st, &data).await
+                }
+                sse::Frame::Event { .. } => {}
+            }
         }
-        // smee.io also sends `ready` and `ping` events; deliveries are plain messages.
-        if event.event != "message" || event.data.is_empty() {
-            continue;
+    }
+}
+
+/// Over-long events skipped, logged at most once per [`SKIP_LOG_EVERY`].
+#[derive(Default)]
+struct SkipLog {
+    unlogged: u64,
+    logged_at: Option<Instant>,
+}
+
+impl SkipLog {
+    fn one(&mut self) {
+        self.unlogged += 1;
+        if self.logged_at.is_some_and(|t| t.elapsed() < SKIP_LOG_EVERY) {
+            return;
         }
-        deliver(st, &event.data).await;
+        tracing::warn!(
+            "webhook proxy: skipped {} event(s) over {MAX_EVENT_BYTES} bytes without reading them (GitHub sends no larger delivery)",
+            self.unlogged
+        );
+        self.unlogged = 0;
+        self.logged_at = Some(Instant::now());
     }
 }
 
 /// Verifies one forwarded delivery and passes it to the intake.
-async fn deliver(st: &HttpState, data: &str) {
-    let forwarded: Forwarded = match serde_json::from_str(data) {
+async fn deliver(st: &HttpState, data: &[u8]) {
+    let forwarded: Forwarded = match serde_json::from_slice(data) {
         Ok(f) => f,
         Err(e) => {
             tracing::warn!(

@@ -1,5 +1,8 @@
 //! The pure parts of the manifest flow: the App manifest kodx asks GitHub for, the form's
-//! checks, and the `state` bound to the setup token.
+//! checks, and the `state` bound to the setup token, good once and for an hour.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
@@ -174,6 +177,65 @@ fn state_mac(token: &[u8], nonce: &str) -> Hmac<Sha256> {
     mac
 }
 
+/// How long a `state` handed to GitHub stays good: the operator creates the App on
+/// GitHub in between, and GitHub's code itself is good for an hour.
+pub const STATE_TTL: Duration = Duration::from_secs(3600);
+
+/// The most `state`s kept at once; handing out one more forgets the oldest. Only the
+/// holder of the setup token can make them, so this only bounds a careless one.
+pub const MAX_STATES: usize = 16;
+
+/// The `state`s handed out and not yet used, in memory: each is taken back once, within
+/// [`STATE_TTL`], so a callback URL seen in a browser's history or a proxy's log cannot be
+/// replayed. A restart forgets them (the operator starts again from the page).
+#[derive(Default)]
+pub struct States {
+    issued: VecDeque<(String, Instant)>,
+}
+
+/// Why a callback's `state` is refused.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum StateError {
+    #[error("the state GitHub sent back was not made by this server's setup page")]
+    Forged,
+    #[error("the state GitHub sent back was used already, is older than an hour, or kodx restarted since it was made")]
+    Spent,
+}
+
+impl States {
+    /// A fresh `state` bound to `token`, good once until `now` + [`STATE_TTL`].
+    pub fn issue(&mut self, token: &[u8], now: Instant) -> String {
+        self.forget_expired(now);
+        while self.issued.len() >= MAX_STATES {
+            self.issued.pop_front();
+        }
+        let state = make_state(token);
+        self.issued.push_back((state.clone(), now));
+        state
+    }
+
+    /// Takes `state` back: `Ok` once for a live one this made under `token`.
+    pub fn redeem(&mut self, token: &[u8], state: &str, now: Instant) -> Result<(), StateError> {
+        if !check_state(token, state) {
+            return Err(StateError::Forged);
+        }
+        self.forget_expired(now);
+        // Compared in the clear: it is authentic already, and only its owner holds it.
+        let at = self
+            .issued
+            .iter()
+            .position(|(s, _)| s == state)
+            .ok_or(StateError::Spent)?;
+        self.issued.remove(at);
+        Ok(())
+    }
+
+    fn forget_expired(&mut self, now: Instant) {
+        self.issued
+            .retain(|(_, made)| now.saturating_duration_since(*made) < STATE_TTL);
+    }
+}
+
 /// What the App lacks of [`PERMISSIONS`] (as `name: level`) and [`EVENTS`].
 pub fn missing_grants(info: &AppInfo) -> (Vec<String>, Vec<&'static str>) {
     let level = |p: &str| match info.permissions.get(p).map(String::as_str) {
@@ -274,6 +336,42 @@ mod tests {
         for bad in ["", ".", "abc", "x.y", &format!("{nonce}.")] {
             assert!(!check_state(token, bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_state_is_good_once_and_for_an_hour() {
+        let token = b"the-token";
+        let t0 = Instant::now();
+        let mut states = States::default();
+        let a = states.issue(token, t0);
+        let b = states.issue(token, t0);
+        assert_eq!(states.redeem(token, &a, t0), Ok(()));
+        assert_eq!(
+            states.redeem(token, &a, t0),
+            Err(StateError::Spent),
+            "used once"
+        );
+        // Made under this token but never handed out (or before a restart).
+        let other = make_state(token);
+        assert_eq!(states.redeem(token, &other, t0), Err(StateError::Spent));
+        assert_eq!(states.redeem(b"x", &b, t0), Err(StateError::Forged));
+        assert_eq!(
+            states.redeem(token, &b, t0 + STATE_TTL),
+            Err(StateError::Spent),
+            "expired"
+        );
+        let c = states.issue(token, t0);
+        assert_eq!(
+            states.redeem(token, &c, t0 + STATE_TTL - Duration::from_secs(1)),
+            Ok(())
+        );
+        // Bounded: the oldest is forgotten first.
+        let first = states.issue(token, t0);
+        for _ in 0..MAX_STATES {
+            states.issue(token, t0);
+        }
+        assert_eq!(states.issued.len(), MAX_STATES);
+        assert_eq!(states.redeem(token, &first, t0), Err(StateError::Spent));
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod store;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -134,6 +135,8 @@ struct Inner {
     config: SetupConfig,
     token: SetupToken,
     activate: Arc<dyn Activate>,
+    /// The `state`s handed out to GitHub and not yet used.
+    states: parking_lot::Mutex<manifest::States>,
     /// Held while credentials are saved and the server switches; `true` once it has.
     finished: tokio::sync::Mutex<bool>,
 }
@@ -145,6 +148,7 @@ impl SetupMode {
                 config,
                 token,
                 activate,
+                states: Default::default(),
                 finished: tokio::sync::Mutex::new(false),
             }),
         }
@@ -204,15 +208,40 @@ async fn healthz() -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, format!("{WEBHOOK_503}\n")).into_response()
 }
 
-/// `http://HOST` of the request, as the browser reached it.
-fn origin(headers: &HeaderMap) -> Option<String> {
+/// The request's `Host`, when it is a plain host and port.
+fn host(headers: &HeaderMap) -> Option<&str> {
     let host = headers.get("host")?.to_str().ok()?;
     let ok = !host.is_empty()
         && host.len() <= 255
         && host
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b));
-    ok.then(|| format!("http://{host}"))
+    ok.then_some(host)
+}
+
+/// `http://HOST` of the request, as the browser reached it.
+fn origin(headers: &HeaderMap) -> Option<String> {
+    host(headers).map(|h| format!("http://{h}"))
+}
+
+/// Where GitHub sends the browser back to after creating the App. When the browser
+/// reached kodx by the host of a public URL (`KODX_PUBLIC_URL` first, then the one in
+/// the form), that URL, with its scheme: behind a TLS proxy the browser must come back
+/// over `https`, and the code in the query must not cross the network in clear. Else the
+/// address the browser used (`http://127.0.0.1:3000` of a local setup).
+fn callback_base(public_urls: &[&str], headers: &HeaderMap) -> Option<String> {
+    let host = host(headers)?;
+    let same_host = |public: &str| {
+        let public = reqwest::Url::parse(public).ok()?;
+        let reached = reqwest::Url::parse(&format!("{}://{host}", public.scheme())).ok()?;
+        let same = public.host() == reached.host()
+            && public.port_or_known_default() == reached.port_or_known_default();
+        same.then(|| public.as_str().trim_end_matches('/').to_string())
+    };
+    public_urls
+        .iter()
+        .find_map(|u| same_host(u))
+        .or_else(|| Some(format!("http://{host}")))
 }
 
 #[derive(Deserialize)]
@@ -267,13 +296,13 @@ async fn create(
     if !s.inner.token.matches(&f.token) {
         return wrong_token();
     }
-    let Some(origin) = origin(&headers) else {
+    if host(&headers).is_none() {
         return refused(
             StatusCode::BAD_REQUEST,
             "Setup failed",
             "the request has no usable Host header",
         );
-    };
+    }
     let checked = (|| {
         let name = manifest::check_name(&f.name)?;
         let owner = match f.owner.as_str() {
@@ -304,13 +333,26 @@ async fn create(
         Some(channel) => channel.clone(),
         None => format!("{public_url}/webhook"),
     };
+    let publics: Vec<&str> = s
+        .inner
+        .config
+        .public_url
+        .iter()
+        .map(String::as_str)
+        .chain([public_url.as_str()])
+        .collect();
+    let back = callback_base(&publics, &headers).unwrap_or_default();
     let manifest = manifest::manifest(
         &name,
         &public_url,
         &hook_url,
-        &format!("{origin}/setup/callback"),
+        &format!("{back}/setup/callback"),
     );
-    let state = manifest::make_state(s.inner.token.0.expose_secret().as_bytes());
+    let state = s
+        .inner
+        .states
+        .lock()
+        .issue(s.inner.token.0.expose_secret().as_bytes(), Instant::now());
     let action = manifest::new_app_url(&s.inner.config.github_url, &owner, &state);
     page(
         StatusCode::OK,
@@ -326,15 +368,12 @@ struct CallbackQuery {
 
 async fn callback(State(s): State<SetupMode>, Query(q): Query<CallbackQuery>) -> Response {
     let token = s.inner.token.0.expose_secret().as_bytes();
-    if !q
-        .state
-        .as_deref()
-        .is_some_and(|st| manifest::check_state(token, st))
-    {
+    let state = q.state.as_deref().unwrap_or("");
+    if let Err(e) = s.inner.states.lock().redeem(token, state, Instant::now()) {
         return refused(
             StatusCode::FORBIDDEN,
             "Setup refused",
-            "the state GitHub sent back was not made by this server's setup page: start again from the one-time URL",
+            &format!("{e}: start again from the one-time URL"),
         );
     }
     let Some(code) = q.code else {
@@ -493,5 +532,33 @@ mod tests {
         assert_eq!(origin(&h).as_deref(), Some("http://127.0.0.1:3000"));
         h.insert("host", "evil.com/\"<x>".parse().unwrap());
         assert_eq!(origin(&h), None);
+    }
+
+    #[test]
+    fn github_sends_the_browser_back_the_way_it_came() {
+        let mut h = HeaderMap::new();
+        let public = ["https://kodx.example.com"];
+        h.insert("host", "kodx.example.com".parse().unwrap());
+        let back = |p: &[&str], h: &HeaderMap| callback_base(p, h).unwrap();
+        assert_eq!(back(&public, &h), "https://kodx.example.com");
+        h.insert("host", "KODX.example.com:443".parse().unwrap());
+        assert_eq!(back(&public, &h), "https://kodx.example.com");
+        // A path prefix stays, as in the webhook's URL.
+        assert_eq!(
+            back(&["https://example.com/kodx"], &{
+                let mut h = HeaderMap::new();
+                h.insert("host", "example.com".parse().unwrap());
+                h
+            }),
+            "https://example.com/kodx"
+        );
+        // Another host or port: the address the browser used (a local setup).
+        h.insert("host", "127.0.0.1:3000".parse().unwrap());
+        assert_eq!(back(&public, &h), "http://127.0.0.1:3000");
+        h.insert("host", "kodx.example.com:8443".parse().unwrap());
+        assert_eq!(back(&public, &h), "http://kodx.example.com:8443");
+        assert_eq!(back(&[], &h), "http://kodx.example.com:8443");
+        h.insert("host", "evil.com/x".parse().unwrap());
+        assert_eq!(callback_base(&public, &h), None);
     }
 }

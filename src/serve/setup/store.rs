@@ -53,9 +53,11 @@ pub enum StoreError {
 }
 
 impl SavedApp {
-    /// The credentials the server runs with.
+    /// The credentials the server runs with. The saved secret is ONE secret, commas and
+    /// all: it is what GitHub signs with, and read as a list (`WEBHOOK_SECRET`'s rotation
+    /// syntax) a part of it (`x` of `long,x`) would be a valid key.
     pub fn credentials(&self) -> Result<AppCredentials, String> {
-        let webhook_secrets = WebhookSecrets::parse(self.webhook_secret.expose_secret())
+        let webhook_secrets = WebhookSecrets::one(self.webhook_secret.expose_secret())
             .map_err(|e| format!("webhook_secret: {e}"))?;
         Ok(AppCredentials {
             app_id: self.app_id,
@@ -142,13 +144,8 @@ pub fn save(data_dir: &Path, app: &SavedApp) -> Result<PathBuf, StoreError> {
     .to_string();
     let tmp = data_dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
     let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        // An existing file keeps its mode on open: make sure.
+        let mut f = create_new(&tmp)?;
+        // The umask may have taken bits away: exactly 0600.
         f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
@@ -159,6 +156,24 @@ pub fn save(data_dir: &Path, app: &SavedApp) -> Result<PathBuf, StoreError> {
         io("save the GitHub App credentials", e)
     })?;
     Ok(target)
+}
+
+/// A new file at `path`, mode 0600, made by this call: never one that was there, and never
+/// through a symlink (`O_CREAT|O_EXCL|O_NOFOLLOW`), so a link planted at the temporary
+/// name cannot make kodx write its secrets elsewhere. What is at the name (a leftover of
+/// a crash, or a planted link) is removed first: `remove_file` removes a link itself.
+fn create_new(path: &Path) -> std::io::Result<std::fs::File> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(0o600)
+        .open(path)
 }
 
 #[cfg(test)]
@@ -209,6 +224,39 @@ mod tests {
         assert_eq!(mode, 0o600);
         let leftovers: Vec<_> = std::fs::read_dir(&data).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "no temporary file left");
+    }
+
+    #[test]
+    fn a_symlink_at_the_temporary_name_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        let tmp = data.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        let path = save(&data, &app()).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+        assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink());
+        assert_eq!(load(&data).unwrap().unwrap().app_id, 42);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+
+    #[test]
+    fn an_imported_secret_with_a_comma_is_one_secret() {
+        let mut a = app();
+        a.webhook_secret = "long-secret,x".to_string().into();
+        let secrets = a.credentials().unwrap().webhook_secrets;
+        let body = b"{}";
+        let signed = |secret: &str| {
+            crate::webhook::WebhookSecrets::one(secret)
+                .unwrap()
+                .sign(body)
+        };
+        assert!(secrets.verify(Some(&signed("long-secret,x")), body).is_ok());
+        assert!(secrets.verify(Some(&signed("x")), body).is_err());
+        assert!(secrets.verify(Some(&signed("long-secret")), body).is_err());
     }
 
     #[test]
