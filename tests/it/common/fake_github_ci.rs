@@ -557,6 +557,21 @@ fn app_json(fake: &FakeGitHub, own: &str, slug: &str) -> Value {
 /// One check run as listed: `(id, suite id, app slug, JSON)`.
 type Listed = (u64, u64, String, Value);
 
+/// A list endpoint's checks: the token may read `need` on the repository, and the page
+/// asked for is valid. The repository's key and the page.
+#[allow(clippy::result_large_err)]
+fn listing(
+    fake: &FakeGitHub,
+    req: &Req,
+    owner: &str,
+    repo: &str,
+    need: Need,
+) -> Result<(String, usize, usize), Response> {
+    let key = readable(fake, req, owner, repo, need)?;
+    let (per_page, page) = paging(fake, req)?;
+    Ok((key, per_page, page))
+}
+
 /// `per_page` (default 30, at most 100) and `page` (from 1), or the refusal.
 #[allow(clippy::result_large_err)]
 fn paging(fake: &FakeGitHub, req: &Req) -> Result<(usize, usize), Response> {
@@ -780,12 +795,8 @@ pub(super) async fn list_check_runs(
     Path((owner, repo, sha)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match readable(&fake, &req, &owner, &repo, CHECKS_READ) {
-        Ok(k) => k,
-        Err(r) => return r,
-    };
-    let (per_page, page) = match paging(&fake, &req) {
-        Ok(p) => p,
+    let (key, per_page, page) = match listing(&fake, &req, &owner, &repo, CHECKS_READ) {
+        Ok(l) => l,
         Err(r) => return r,
     };
     let filter = req.query.get("filter").map_or("latest", String::as_str);
@@ -818,12 +829,8 @@ pub(super) async fn list_check_suites(
     Path((owner, repo, sha)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match readable(&fake, &req, &owner, &repo, CHECKS_READ) {
-        Ok(k) => k,
-        Err(r) => return r,
-    };
-    let (per_page, page) = match paging(&fake, &req) {
-        Ok(p) => p,
+    let (key, per_page, page) = match listing(&fake, &req, &owner, &repo, CHECKS_READ) {
+        Ok(l) => l,
         Err(r) => return r,
     };
     let mut st = fake.state();
@@ -878,12 +885,8 @@ pub(super) async fn list_annotations(
     Path((owner, repo, id)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match readable(&fake, &req, &owner, &repo, CHECKS_READ) {
-        Ok(k) => k,
-        Err(r) => return r,
-    };
-    let (per_page, page) = match paging(&fake, &req) {
-        Ok(p) => p,
+    let (key, per_page, page) = match listing(&fake, &req, &owner, &repo, CHECKS_READ) {
+        Ok(l) => l,
         Err(r) => return r,
     };
     let Ok(id) = id.parse::<u64>() else {
@@ -936,12 +939,8 @@ pub(super) async fn combined_status(
     Path((owner, repo, sha)): Path<(String, String, String)>,
     req: Req,
 ) -> Response {
-    let key = match readable(&fake, &req, &owner, &repo, STATUSES_READ) {
-        Ok(k) => k,
-        Err(r) => return r,
-    };
-    let (per_page, page) = match paging(&fake, &req) {
-        Ok(p) => p,
+    let (key, per_page, page) = match listing(&fake, &req, &owner, &repo, STATUSES_READ) {
+        Ok(l) => l,
         Err(r) => return r,
     };
     let mut st = fake.state();
