@@ -58,6 +58,20 @@ fn labeled(s: &Served, number: u64, title: &str, body: &str, label: &str, by: &s
     })
 }
 
+/// Alice adds `label` to issue #7 ("Add a greeting file"): the delivery is queued.
+async fn label_by_alice(s: &Served, label: &str) {
+    let issue = labeled(
+        s,
+        7,
+        "Add a greeting file",
+        "Please add hello.txt saying hi.",
+        label,
+        "alice",
+    );
+    let (status, answer) = s.deliver("issues", &delivery_id(), &issue).await;
+    assert_eq!(status, 202, "{answer}");
+}
+
 #[tokio::test]
 async fn a_label_starts_work_and_another_label_does_nothing() {
     let _engine = common::require_engine!();
@@ -71,40 +85,12 @@ async fn a_label_starts_work_and_another_label_does_nothing() {
         "carol",
     );
     // Another label: queued, then dismissed without a word.
-    let (status, answer) = s
-        .deliver(
-            "issues",
-            &delivery_id(),
-            &labeled(
-                &s,
-                7,
-                "Add a greeting file",
-                "Please add hello.txt saying hi.",
-                "bug",
-                "alice",
-            ),
-        )
-        .await;
-    assert_eq!(status, 202, "{answer}");
+    label_by_alice(&s, "bug").await;
     s.model
         .reply(tool("echo hi > hello.txt"), "tool_use", usage(1000, 10));
     s.model
         .reply(text("Added hello.txt."), "end_turn", usage(1100, 10));
-    let (status, answer) = s
-        .deliver(
-            "issues",
-            &delivery_id(),
-            &labeled(
-                &s,
-                7,
-                "Add a greeting file",
-                "Please add hello.txt saying hi.",
-                "kodx",
-                "alice",
-            ),
-        )
-        .await;
-    assert_eq!(status, 202, "{answer}");
+    label_by_alice(&s, "kodx").await;
     let done = s.finished_status(7).await;
     assert!(done.contains("✅ done"), "{done}\n{}", s.log());
     let pulls = s.github.created_pulls(REPO);

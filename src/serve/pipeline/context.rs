@@ -211,7 +211,9 @@ const MAX_STRIP_BYTES: usize = 1 << 20;
 /// The longest body or comment kept, in bytes; longer ones are cut with a note.
 const MAX_TEXT_BYTES: usize = 20_000;
 
-fn cut(text: &str, max: usize) -> String {
+/// `text`, cut to at most `max` bytes on a character boundary, with a note of what was
+/// left out.
+pub(super) fn cut(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_string();
     }

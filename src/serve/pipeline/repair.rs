@@ -207,13 +207,9 @@ impl Services {
             _ => None,
         };
         if let Some(summary) = summary.filter(|s| !s.trim().is_empty()) {
-            let mut end = summary.len().min(MAX_EARLIER_SUMMARY_BYTES);
-            while !summary.is_char_boundary(end) {
-                end -= 1;
-            }
             report.push_str(&format!(
                 "\n\n### What the run that made this commit said it did\n\n{}\n",
-                &summary[..end]
+                super::context::cut(&summary, MAX_EARLIER_SUMMARY_BYTES)
             ));
         }
         report

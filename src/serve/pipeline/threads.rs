@@ -11,7 +11,7 @@ use serde::Deserialize;
 use crate::github::{ReviewThread, ReviewThreads};
 use crate::repo_config::ResolveThreads;
 
-use super::context::{reveal_hidden, strip_hidden, FollowUp};
+use super::context::{cut, reveal_hidden, strip_hidden, FollowUp};
 
 /// The most of the threads' text the model is given, in bytes; threads past it are named
 /// and get no reply.
@@ -143,12 +143,12 @@ fn thread_text(t: &ReviewThread, bot_login: &str) -> String {
             format!("@{}", c.author)
         };
         out.push_str(&format!("\n{who} wrote:\n"));
-        out.push_str(&cut(&strip_hidden(&c.body), MAX_COMMENT_BYTES));
+        out.push_str(cut(&strip_hidden(&c.body), MAX_COMMENT_BYTES).trim_end());
         out.push('\n');
     }
     if !t.diff_hunk.is_empty() {
         out.push_str("\nDiff hunk:\n");
-        out.push_str(&cut(&reveal_hidden(&t.diff_hunk), MAX_HUNK_BYTES));
+        out.push_str(cut(&reveal_hidden(&t.diff_hunk), MAX_HUNK_BYTES).trim_end());
         out.push('\n');
     }
     out
@@ -158,17 +158,6 @@ fn thread_text(t: &ReviewThread, bot_login: &str) -> String {
 fn is_kodx(author: &str, bot_login: &str) -> bool {
     let bot = bot_login.strip_suffix("[bot]").unwrap_or(bot_login);
     !bot.is_empty() && (author == bot || author == bot_login)
-}
-
-fn cut(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.trim_end().to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}\n[… {} more bytes]", &text[..end], text.len() - end)
 }
 
 /// The body of the last ```` ```kodx-threads ```` fence of `message` (any fence of three or
