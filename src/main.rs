@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod doctor;
+mod operator_link;
 mod run;
 mod serve_cmd;
 
@@ -33,6 +34,9 @@ enum Command {
     /// Measure the engine and print figures (median and p95).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Print a link to the operator's list of runs and /healthz's details (expires;
+    /// --rotate ends every earlier one).
+    OperatorLink(operator_link::OperatorLinkArgs),
 }
 
 fn init_tracing(default: &str) {
@@ -87,6 +91,7 @@ async fn main() -> ExitCode {
         Command::Run(args) => run::run(*args).await,
         Command::Doctor(args) => doctor::run(args).await,
         Command::Bench(cmd) => bench::run(cmd).await,
+        Command::OperatorLink(args) => operator_link::run(args),
         Command::Serve(_) => unreachable!("handled above"),
     };
     if interrupted.load(Ordering::SeqCst) {

@@ -341,6 +341,15 @@ impl Settings {
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
+impl SetupConfig {
+    /// What the process environment says apart from the App's credentials (the data
+    /// directory, the public URL …), for commands that need no App: `kodx operator-link`.
+    pub fn from_env() -> Result<SetupConfig, ConfigError> {
+        let get = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        base_config(&get).map(|(config, _)| config)
+    }
+}
+
 impl ServeConfig {
     /// Reads the configuration from the process environment.
     pub fn from_env() -> Result<ServeConfig, ConfigError> {

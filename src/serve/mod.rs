@@ -19,6 +19,7 @@
 mod commands;
 pub mod config;
 pub mod intake;
+pub mod keys;
 pub mod metrics;
 pub(crate) mod pipeline;
 pub mod runpage;
@@ -242,14 +243,22 @@ async fn start(
             crate::db::shown_url(&config.database_url)
         )
     })?;
+    let operator = Arc::new(keys::OperatorKey::open(&config.data_dir).with_context(|| {
+        format!(
+            "the operator's key in KODX_DATA_DIR={}",
+            config.data_dir.display()
+        )
+    })?);
     let pages = match config.settings.run_pages {
         true => Some(
-            runpage::RunPages::open(&config.data_dir, db.clone()).with_context(|| {
-                format!(
+            runpage::RunPages::open(&config.data_dir, db.clone(), operator.clone()).with_context(
+                || {
+                    format!(
                     "the run pages' key in KODX_DATA_DIR={} (set run_pages = false to do without)",
                     config.data_dir.display()
                 )
-            })?,
+                },
+            )?,
         ),
         false => None,
     };
@@ -296,6 +305,7 @@ async fn start(
         metrics: metrics.clone(),
         wake,
         health: engine.clone(),
+        operator,
         budget: intake::body::BodyBudget::new(
             settings.unverified_body_bytes,
             metrics.unverified_bytes.clone(),
@@ -323,14 +333,13 @@ async fn start(
             let _ = workers
                 .run_links
                 .set((public_url.clone(), pages.key().clone()));
-            eprintln!(
-                "kodx serve: recent runs at {}/runs?token={}",
-                public_url.trim_end_matches('/'),
-                pages.key().operator_token()
-            );
         }
         router = router.merge(runpage::routes(std::sync::Arc::new(pages)));
     }
+    // The operator's links are made on demand, never printed where logs keep them.
+    eprintln!(
+        "kodx serve: `kodx operator-link` prints a link to the list of runs and /healthz's details (valid 24 h by default)"
+    );
     unwind.disarm();
     Ok(Running {
         router,

@@ -234,7 +234,7 @@ async fn runs_spread_over_two_engines_and_are_reported() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // /healthz and /metrics while they run.
-    let (code, body) = s.get("/healthz").await;
+    let (code, body) = s.get(&s.operator_health_path().await).await;
     assert_eq!(code, 200, "{body}");
     let health: Value = serde_json::from_str(&body).unwrap();
     let names: BTreeSet<&str> = health["engines"]
@@ -358,7 +358,7 @@ async fn an_engine_that_stops_answering_ends_its_run_clearly_and_the_next_runs_g
         "nothing was pushed"
     );
     // /healthz: the engine is out, the server still answers with the other one.
-    let (code, body) = s.get("/healthz").await;
+    let (code, body) = s.get(&s.operator_health_path().await).await;
     assert_eq!(code, 200, "{body}");
     let health: Value = serde_json::from_str(&body).unwrap();
     let flaky_status = health["engines"]
@@ -385,10 +385,11 @@ async fn an_engine_that_stops_answering_ends_its_run_clearly_and_the_next_runs_g
     // the engine takes runs again.
     let flaky = Extra::start("flaky", 23763, 1).expect("the engine starts again");
     let remote = flaky.engine().await;
+    let health = s.operator_health_path().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let left = containers_on(&remote).await;
-        let (_, body) = s.get("/healthz").await;
+        let (_, body) = s.get(&health).await;
         let back = body.contains("\"name\":\"flaky\"")
             && serde_json::from_str::<Value>(&body).unwrap()["engines"]
                 .as_array()

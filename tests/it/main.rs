@@ -47,6 +47,7 @@ mod serve_continue;
 mod serve_follow_up;
 mod serve_lifecycle;
 mod serve_network;
+mod serve_operator;
 mod serve_postgres;
 mod serve_proxy;
 mod serve_runpage;

@@ -2,7 +2,7 @@
 //! the status comment links it (with `KODX_PUBLIC_URL`), it shows the steps — what was
 //! typed, what it printed (redacted), tokens and cost — and live while the run works
 //! (server-sent events); a wrong token, another run's token and `run_pages = false` are
-//! `404` with nothing of the run; the operator's list shows recent runs.
+//! `404` with nothing of the run; the operator's list (`kodx operator-link`) shows recent runs.
 
 use std::time::Duration;
 
@@ -95,13 +95,18 @@ async fn a_finished_runs_page_shows_its_steps_and_only_to_its_token() {
         assert!(!body.contains("notes"), "{body}");
     }
 
-    // The operator's list, at the address printed at start.
-    let printed = s
-        .log()
+    // The operator's list, at the address `kodx operator-link` prints; never in the log.
+    assert!(!s.log().contains("runs?token="), "{}", s.log());
+    let (printed, err, ok) = s.operator_link_cli(&[]).await;
+    assert!(ok, "{err}");
+    let list_path = printed
         .lines()
-        .find_map(|l| l.split("recent runs at ").nth(1).map(str::to_string))
-        .expect("the operator's address is printed");
-    let list_path = printed.trim().strip_prefix(PUBLIC).unwrap().to_string();
+        .next()
+        .unwrap()
+        .trim()
+        .strip_prefix(PUBLIC)
+        .unwrap()
+        .to_string();
     let (code, list) = get(&s, &list_path).await;
     assert_eq!(code, 200);
     assert!(list.contains(&run.0), "{list}");

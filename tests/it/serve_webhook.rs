@@ -293,9 +293,18 @@ async fn healthz_names_what_is_wrong_and_metrics_are_prometheus_text() {
         ..Options::default()
     })
     .await;
+    // To anyone: the status alone, nothing of the engine's address or error.
     let (status, body) = s.get("/healthz").await;
     assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        json!({"status": "unavailable"})
+    );
+    // With the operator's link: what is wrong.
+    let (status, body) = s.get(&s.operator_health_path().await).await;
+    assert_eq!(status, 503, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["status"], "unavailable");
     assert_eq!(v["database"], "ok");
     assert_ne!(v["docker"], "ok");
     let (status, _) = s
@@ -324,6 +333,18 @@ async fn healthz_is_ok_with_database_and_docker() {
     let s = served().await;
     let (status, body) = s.get("/healthz").await;
     assert_eq!(status, 200, "{body}");
+    assert_eq!(body, r#"{"status":"ok"}"#);
+    // The details, for the operator's token as a bearer token.
+    let token = s.operator_health_path().await;
+    let token = token.split("token=").nth(1).unwrap();
+    let resp = reqwest::Client::new()
+        .get(format!("{}/healthz", s.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
     let health: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         (&health["database"], &health["docker"]),

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -36,6 +36,8 @@ pub struct HttpState {
     /// Woken when a run is queued.
     pub wake: Arc<Notify>,
     pub health: Arc<dyn HealthCheck>,
+    /// Opens `/healthz`'s details (`?token=` of `kodx operator-link`).
+    pub operator: Arc<crate::serve::keys::OperatorKey>,
     /// Bytes of bodies not verified yet, over all connections.
     pub budget: Arc<BodyBudget>,
     /// A body must be in within this of its head.
@@ -341,7 +343,20 @@ fn internal(st: &HttpState, event: &str, error: &str) -> Response {
     )
 }
 
-async fn healthz(State(st): State<HttpState>) -> Response {
+#[derive(serde::Deserialize)]
+struct TokenQuery {
+    token: Option<String>,
+}
+
+/// `200 {"status": "ok"}` or `503 {"status": "unavailable"}` for anyone (a load balancer,
+/// Fly's checks); with the operator's token (`?token=` or `Authorization: Bearer`, from
+/// `kodx operator-link`) also what was checked: the database, the engines and their
+/// errors, which name addresses and are not for the public.
+async fn healthz(
+    State(st): State<HttpState>,
+    Query(q): Query<TokenQuery>,
+    headers: HeaderMap,
+) -> Response {
     let limit = Duration::from_secs(3);
     let db = match tokio::time::timeout(limit, st.db.ping()).await {
         Ok(Ok(())) => Ok(()),
@@ -352,20 +367,29 @@ async fn healthz(State(st): State<HttpState>) -> Response {
         Ok(r) => r,
         Err(_) => Err("no answer within 3 s".to_string()),
     };
+    let (code, status) = if db.is_ok() && docker.is_ok() {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+    };
+    let bearer = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !st.operator.allows(q.token.as_deref().or(bearer)) {
+        return answer(code, json!({ "status": status }));
+    }
     let field = |r: &Result<(), String>| match r {
         Ok(()) => "ok".to_string(),
         Err(e) => e.clone(),
     };
     let body = json!({
+        "status": status,
         "database": field(&db),
         "docker": field(&docker),
         "engines": st.health.engines(),
     });
-    if db.is_ok() && docker.is_ok() {
-        answer(StatusCode::OK, body)
-    } else {
-        answer(StatusCode::SERVICE_UNAVAILABLE, body)
-    }
+    answer(code, body)
 }
 
 async fn metrics(State(st): State<HttpState>) -> Response {

@@ -28,6 +28,7 @@ use tokio::sync::Semaphore;
 
 use crate::db::{Db, Run};
 use crate::model::Block;
+use crate::serve::keys::OperatorKey;
 use crate::serve::setup::page::layout;
 use crate::serve::texts::status::{self as comment, redact};
 use crate::transcript::Record;
@@ -44,18 +45,21 @@ const COLLAPSE_CHARS: usize = 600;
 /// Live pages at once (each holds a stream polling the database).
 const MAX_STREAMS: usize = 64;
 
-/// The server's run pages: the key of their links and the database.
+/// The server's run pages: the key of their links, the operator's key (the list), and
+/// the database.
 pub struct RunPages {
     key: RunKey,
+    operator: Arc<OperatorKey>,
     db: Db,
     streams: Arc<Semaphore>,
 }
 
 impl RunPages {
     /// Reads the key under `data_dir`, making it (mode 0600) the first time.
-    pub fn open(data_dir: &Path, db: Db) -> std::io::Result<RunPages> {
+    pub fn open(data_dir: &Path, db: Db, operator: Arc<OperatorKey>) -> std::io::Result<RunPages> {
         Ok(RunPages {
             key: RunKey::open(data_dir)?,
+            operator,
             db,
             streams: Arc::new(Semaphore::new(MAX_STREAMS)),
         })
@@ -67,10 +71,6 @@ impl RunPages {
 
     fn token(&self, run_id: &str) -> String {
         self.key.token(run_id)
-    }
-
-    fn operator_token(&self) -> String {
-        self.key.operator_token()
     }
 
     fn allows(&self, expected: &str, given: Option<&str>) -> bool {
@@ -164,7 +164,7 @@ async fn events(
 }
 
 async fn list(State(pages): State<Arc<RunPages>>, Query(q): Query<TokenQuery>) -> Response {
-    if !pages.allows(&pages.operator_token(), q.token.as_deref()) {
+    if !pages.operator.allows(q.token.as_deref()) {
         return not_found();
     }
     let runs = pages.db.recent_runs(100).await.unwrap_or_default();

@@ -418,6 +418,34 @@ impl Served {
         (status, json)
     }
 
+    /// Runs the real `kodx operator-link` with this server's environment and directory
+    /// (so its `KODX_DATA_DIR`): its output, its error output, and whether it succeeded.
+    pub async fn operator_link_cli(&self, args: &[&str]) -> (String, String, bool) {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"))
+            .arg("operator-link")
+            .args(args)
+            .env_remove("PRIVATE_KEY")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .current_dir(self.dir.path())
+            .output()
+            .await
+            .expect("kodx operator-link runs");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            out.status.success(),
+        )
+    }
+
+    /// The path and query of a fresh operator link to `/healthz`'s details (`kodx
+    /// operator-link`'s second line, less the public URL).
+    pub async fn operator_health_path(&self) -> String {
+        let (out, err, ok) = self.operator_link_cli(&[]).await;
+        assert!(ok, "kodx operator-link failed: {err}");
+        let line = out.lines().nth(1).expect("a /healthz link");
+        line[line.find("/healthz").expect("a /healthz link")..].to_string()
+    }
+
     pub async fn get(&self, path: &str) -> (u16, String) {
         let resp = self
             .http
