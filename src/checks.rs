@@ -2,18 +2,19 @@
 //! (`checks:`) or given to `kodx run` (`--check name=cmd`), run by kodx itself in the run's
 //! sandbox after the model ends its turn, never by the model's goodwill alone.
 //!
-//! Each attempt starts one fresh shell for the checks (the engine's exec is the costly part,
-//! ~60 ms, paid once); each check runs there as its own `bash -c` in the repository's
-//! directory with stdin from `/dev/null`, under its timeout and what is left of the run's
-//! wall clock. Output comes through the shell's bounded reader (a check printing gigabytes
-//! costs its cap, not kodx's memory); a check that times out is interrupted and its shell
-//! replaced, so nothing it left behind reaches the next check.
+//! Each check runs as its own process in the container ([`Sandbox::run_to_end`]: an engine
+//! exec of `bash -c` in the repository's directory with stdin from `/dev/null`), never
+//! typed into a shell: its exit code is the engine's, which nothing in the sandbox can
+//! forge (a shell's prompt, and the status in it, is text anything there can print). Each
+//! runs under its timeout and what is left of the run's wall clock; a check that times
+//! out is killed with its process group. Output is read through a bounded decoder (a check
+//! printing gigabytes costs its cap, not kodx's memory).
 
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::sandbox::{Sandbox, ShellStatus};
+use crate::sandbox::Sandbox;
 
 /// Checks a repository may declare.
 pub const MAX_CHECKS: usize = 20;
@@ -31,10 +32,6 @@ pub const MAX_CHECK_COMMAND_BYTES: usize = 4096;
 pub const TAIL_BYTES: usize = 4000;
 /// Error lines from before the tail kept besides it.
 const ERROR_LINES_BYTES: usize = 1500;
-
-/// The shell the checks run in (a name the model's own shells may also take: the checks
-/// replace it, which ends anything the model left running there).
-const SHELL: &str = "kodx-checks";
 
 /// One declared check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,6 +186,9 @@ pub fn failure_report(results: &[CheckResult], passes_left: u32) -> String {
     out
 }
 
+/// Output of one check kept while it runs (head and tail; the middle is cut past it).
+const CHECK_OUTPUT_CAP: usize = 256 * 1024;
+
 /// Runs `checks` in `sandbox` as attempt `attempt`, each bounded by its timeout and by
 /// `deadline`; `each` hears every result as it comes.
 pub async fn run_checks(
@@ -198,8 +198,6 @@ pub async fn run_checks(
     deadline: Instant,
     mut each: impl FnMut(&CheckResult),
 ) -> Vec<CheckResult> {
-    let workdir = sandbox.workdir().to_string();
-    let mut shell_ok = sandbox.create_new_shell(SHELL).await;
     let mut results = Vec::with_capacity(checks.len());
     for spec in checks {
         let started = Instant::now();
@@ -218,43 +216,20 @@ pub async fn run_checks(
         if left.is_zero() {
             result.timed_out = true;
             result.output = "[not run: the run's time limit was reached]".into();
-        } else if let Err(e) = &shell_ok {
-            result.output = format!("[not run: kodx could not start a shell: {e}]");
         } else {
             let timeout = Duration::from_secs(spec.timeout_secs).min(left);
-            let line = format!(
-                "cd {} && bash -c {} </dev/null",
-                shell_quote(&workdir),
-                shell_quote(&spec.run)
-            );
-            match sandbox.feed_chars(SHELL, &line, timeout).await {
-                Ok(fed) => {
-                    result.omitted_bytes = fed.omitted_bytes as u64;
-                    result.output = tail(&fed.output);
-                    match fed.status {
-                        ShellStatus::Ready { exit_code } => {
-                            result.exit_code = exit_code.map(i64::from);
-                            result.passed = exit_code == Some(0);
-                        }
-                        ShellStatus::StillRunning | ShellStatus::WaitingForInput => {
-                            result.timed_out = true;
-                            // Interrupted, and the shell replaced: whatever the check
-                            // started goes with it.
-                            let _ = sandbox
-                                .feed_chars(SHELL, "\x03", Duration::from_millis(500))
-                                .await;
-                            shell_ok = sandbox.create_new_shell(SHELL).await;
-                        }
-                        ShellStatus::Exited { exit_code } => {
-                            result.exit_code = exit_code;
-                            shell_ok = sandbox.create_new_shell(SHELL).await;
-                        }
-                    }
+            match sandbox
+                .run_to_end(&spec.run, timeout, CHECK_OUTPUT_CAP)
+                .await
+            {
+                Ok(done) => {
+                    result.omitted_bytes = done.omitted_bytes;
+                    result.output = tail(&done.output);
+                    result.exit_code = done.exit_code;
+                    result.timed_out = done.timed_out;
+                    result.passed = done.exit_code == Some(0);
                 }
-                Err(e) => {
-                    result.output = format!("[kodx could not run the check: {e}]");
-                    shell_ok = sandbox.create_new_shell(SHELL).await;
-                }
+                Err(e) => result.output = format!("[kodx could not run the check: {e}]"),
             }
         }
         result.duration_ms = started.elapsed().as_millis() as u64;
@@ -262,11 +237,6 @@ pub async fn run_checks(
         results.push(result);
     }
     results
-}
-
-/// `text` as one single-quoted shell word.
-fn shell_quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
 }
 
 /// The last [`TAIL_BYTES`] of `output`, after up to [`ERROR_LINES_BYTES`] of the lines
@@ -336,12 +306,6 @@ mod tests {
         assert!(check_name(&"n".repeat(65)).is_err());
         assert!(check_command("a\0b").is_err());
         assert!(check_command(&"x".repeat(5000)).is_err());
-    }
-
-    #[test]
-    fn quoting_keeps_the_command_one_word() {
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote("a b"), "'a b'");
     }
 
     #[test]

@@ -3,9 +3,9 @@
 //!
 //! 1. **Per check**, on the real engine: attempts of three trivial checks (`true`) through
 //!    `kodx::checks::run_checks`, the same code the agent loop calls. A check's time is
-//!    kodx's own around a command that costs nothing: typing it into the check shell, the
-//!    `bash -c` it starts, reading the output to the prompt, the result. Each attempt's
-//!    fresh shell (one engine exec) is shared by its checks and shown per check too.
+//!    kodx's own around a command that costs nothing: its engine exec (create, start,
+//!    read to the end, the exit code from the engine), the `bash -c` it starts, the
+//!    result. (The second figure, the attempt's wall time per check, adds the loop.)
 //! 2. **End to end**: `/kodx code` through the real `kodx serve`, webhook → pull request
 //!    opened, on the test repository with three checks declared, beside the same run
 //!    without checks (medians), and the difference per check.
@@ -81,11 +81,11 @@ async fn checks_overhead() {
     );
     println!("checks overhead, {attempts} attempts of 3 checks (`true`) on the real engine:");
     println!(
-        "  per check (type, bash -c, read to the prompt, result): median {m:.1} ms, p95 {p:.1} ms  [target ≤ 50 ms: {}]",
+        "  per check (its engine exec, bash -c, read to the end, exit code): median {m:.1} ms, p95 {p:.1} ms  [target ≤ 50 ms: {}]",
         verdict(m, 50.0)
     );
     println!(
-        "  per check with its share of the attempt's fresh shell: median {ms:.1} ms, p95 {ps:.1} ms  [target ≤ 50 ms: {}]",
+        "  per check, the attempt's wall time / 3: median {ms:.1} ms, p95 {ps:.1} ms  [target ≤ 50 ms: {}]",
         verdict(ms, 50.0)
     );
 }

@@ -35,6 +35,19 @@ pub use shell::{FeedOutput, ShellStatus};
 /// The shell `feed_chars` uses when the model names none.
 pub const DEFAULT_SHELL: &str = "default";
 
+/// How a command run to its end ([`Sandbox::run_to_end`]) went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    /// What it printed, cleaned and bounded.
+    pub output: String,
+    /// Bytes cut from the middle of `output`.
+    pub omitted_bytes: u64,
+    /// Its exit code, as the engine reports it; `None` when it did not end.
+    pub exit_code: Option<i64>,
+    /// It ran past its timeout and was killed.
+    pub timed_out: bool,
+}
+
 /// A run's workspace with named shells, as the model's two tools see it.
 #[async_trait]
 pub trait Sandbox: Send + Sync {
@@ -46,6 +59,18 @@ pub trait Sandbox: Send + Sync {
     /// as soon as it is back at its prompt, or partial output at `yield_time`.
     async fn feed_chars(&self, name: &str, chars: &str, yield_time: Duration)
         -> Result<FeedOutput>;
+
+    /// Runs `command` with `bash -c` in the workspace directory, stdin from `/dev/null`, as
+    /// its own process (not in a shell the model types into) to its end or `timeout`, which
+    /// kills it and what it started. The exit code is the engine's: nothing in the sandbox
+    /// can forge it, as it could a shell's prompt. Output: stdout and stderr as one stream,
+    /// cleaned of escapes, its middle cut past `cap` bytes.
+    async fn run_to_end(&self, command: &str, timeout: Duration, cap: usize) -> Result<Finished> {
+        let _ = (command, timeout, cap);
+        Err(SandboxError::InvalidInput(
+            "this sandbox cannot run a command to its end".into(),
+        ))
+    }
 
     /// Writes the whole final workspace to `dest`, replacing what was there. Files the
     /// repository ignores that are over a size limit are left out and listed.

@@ -29,6 +29,7 @@ mod provider_anthropic;
 mod provider_openai;
 mod repo_cache;
 mod repo_cache_commit;
+mod sandbox_checks;
 mod sandbox_disk;
 mod sandbox_export;
 mod sandbox_floods;

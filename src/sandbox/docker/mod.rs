@@ -11,6 +11,7 @@
 
 mod cleanup;
 mod engine;
+mod exec;
 mod provision;
 mod sandbox;
 mod setup;

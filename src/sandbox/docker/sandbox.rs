@@ -19,7 +19,7 @@ use super::streams::Opener;
 use crate::sandbox::archive::{self, ArchiveLimits, ChangeSet, Exported, Manifest};
 use crate::sandbox::setup_cache::SetupReport;
 use crate::sandbox::shell::{FeedOutput, Shell};
-use crate::sandbox::{Result, Sandbox, SandboxError};
+use crate::sandbox::{Finished, Result, Sandbox, SandboxError};
 
 /// How a sandbox's disk use is bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,6 +264,10 @@ impl Sandbox for DockerSandbox {
         yield_time: Duration,
     ) -> Result<FeedOutput> {
         self.shell(name)?.feed(chars, yield_time).await
+    }
+
+    async fn run_to_end(&self, command: &str, timeout: Duration, cap: usize) -> Result<Finished> {
+        self.exec_to_end(command, timeout, cap).await
     }
 
     async fn export_workspace(&self, dest: &Path) -> Result<Exported> {

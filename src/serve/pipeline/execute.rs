@@ -399,6 +399,16 @@ impl Sandbox for Fenced<'_> {
         self.inner.feed_chars(name, chars, yield_time).await
     }
 
+    async fn run_to_end(
+        &self,
+        command: &str,
+        timeout: std::time::Duration,
+        cap: usize,
+    ) -> crate::sandbox::Result<crate::sandbox::Finished> {
+        self.check().await?;
+        self.inner.run_to_end(command, timeout, cap).await
+    }
+
     async fn export_workspace(&self, dest: &std::path::Path) -> crate::sandbox::Result<Exported> {
         self.check().await?;
         self.inner.export_workspace(dest).await
