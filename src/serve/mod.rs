@@ -305,6 +305,7 @@ async fn start(
         metrics: metrics.clone(),
         wake,
         health: engine.clone(),
+        app_id: config.app_id,
         operator,
         budget: intake::body::BodyBudget::new(
             settings.unverified_body_bytes,

@@ -257,6 +257,23 @@ async fn red_ci_on_kodx_pull_request_gets_exactly_one_repair() {
         &[99],
     );
     assert_eq!(ci_event(&s, "check_suite", &theirs).await, None);
+    // kodx's own check suite (its `kodx` Check Run) completing is not CI to repair.
+    let own = gh.check_suite_completed_payload(
+        REPO,
+        INSTALLATION,
+        2,
+        &gh.slug(),
+        &head,
+        &pr.head,
+        "failure",
+        &[pr.number],
+    );
+    let (status, answer) = s.deliver("check_suite", &delivery_id(), &own).await;
+    assert_eq!(
+        (status, answer["ignored"].as_str()),
+        (200, Some("kodx's own check suite")),
+        "{answer}"
+    );
 
     // Actions failed while another CI still runs: nothing yet.
     let circle = gh.add_check_suite(

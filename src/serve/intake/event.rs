@@ -31,6 +31,9 @@ pub enum Triage {
     Ci {
         request: Box<RunRequest>,
         pulls: Vec<i64>,
+        /// The App whose check suite completed (`check_suite.app.id`; none for a
+        /// workflow run): kodx's own suite is dropped at the door.
+        app_id: Option<u64>,
     },
 }
 
@@ -210,6 +213,14 @@ struct CiRun<'a> {
     head_sha: Cow<'a, str>,
     #[serde(default)]
     pull_requests: Vec<PullRef>,
+    /// The App a check suite belongs to.
+    #[serde(default)]
+    app: Option<AppRef>,
+}
+
+#[derive(Deserialize)]
+struct AppRef {
+    id: u64,
 }
 
 #[derive(Deserialize)]
@@ -521,7 +532,9 @@ fn ci(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
         return Err(BadRequest(format!("`{event}.head_sha` is not a commit id")));
     }
     let id = p.check_suite.id;
+    let app_id = p.check_suite.app.as_ref().map(|a| a.id);
     Ok(Triage::Ci {
+        app_id,
         request: Box::new(RunRequest {
             installation_id: installation_id(p.installation)?,
             repo: p.repository.full_name.into_owned(),
@@ -770,13 +783,19 @@ mod tests {
         let suite = json!({
             "action": "completed",
             "check_suite": {"id": 41, "head_sha": "A".repeat(40), "head_branch": "kodx/issue-3-abc",
-                            "conclusion": "failure", "pull_requests": [{"number": 12}, {"number": 13}]},
+                            "conclusion": "failure", "pull_requests": [{"number": 12}, {"number": 13}],
+                            "app": {"id": 77, "slug": "some-ci"}},
             "repository": {"full_name": "o/r", "clone_url": "u", "default_branch": "main"},
             "installation": {"id": 5}
         });
         match triage("check_suite", suite.to_string().as_bytes()).unwrap() {
-            Triage::Ci { request, pulls } => {
+            Triage::Ci {
+                request,
+                pulls,
+                app_id,
+            } => {
                 assert_eq!(pulls, vec![12, 13]);
+                assert_eq!(app_id, Some(77));
                 assert_eq!(request.trigger, Trigger::CheckSuite(41));
                 assert_eq!(
                     request.job,

@@ -36,6 +36,8 @@ pub struct HttpState {
     /// Woken when a run is queued.
     pub wake: Arc<Notify>,
     pub health: Arc<dyn HealthCheck>,
+    /// This App's id: its own check suites' events are not CI to repair.
+    pub app_id: u64,
     /// Opens `/healthz`'s details (`?token=` of `kodx operator-link`).
     pub operator: Arc<crate::serve::keys::OperatorKey>,
     /// Bytes of bodies not verified yet, over all connections.
@@ -251,18 +253,21 @@ pub(in crate::serve) async fn intake(
     // CI on a pull request is kodx's only when kodx opened it; the repair works for whoever
     // asked for that pull request.
     let triaged = match triaged {
-        Triage::Ci { mut request, pulls } => {
-            match st.db.pull_kodx_opened(&request.repo, &pulls).await {
-                Ok(Some((pull, author, author_id))) => {
-                    request.issue_number = pull;
-                    request.author = author;
-                    request.author_id = author_id;
-                    Triage::Command(request)
-                }
-                Ok(None) => return ignored("not a pull request kodx opened"),
-                Err(e) => return internal(st, event, &e.to_string()),
-            }
+        Triage::Ci { app_id, .. } if app_id == Some(st.app_id) => {
+            return ignored("kodx's own check suite")
         }
+        Triage::Ci {
+            mut request, pulls, ..
+        } => match st.db.pull_kodx_opened(&request.repo, &pulls).await {
+            Ok(Some((pull, author, author_id))) => {
+                request.issue_number = pull;
+                request.author = author;
+                request.author_id = author_id;
+                Triage::Command(request)
+            }
+            Ok(None) => return ignored("not a pull request kodx opened"),
+            Err(e) => return internal(st, event, &e.to_string()),
+        },
         other => other,
     };
     let (record, run) = match &triaged {
