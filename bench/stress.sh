@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 9's stress figures: kodx under hostile output, files, tars and webhook senders.
+# Issue 9's and 26's stress figures: kodx under hostile output, files, tars, webhook
+# senders and webhook channels.
 #
-#   bash bench/stress.sh            # all of them (~10 min after the release build)
-#   bash bench/stress.sh term tar   # some: term tar webhook transcripts sandbox_network
+#   bash bench/stress.sh            # all of them (~11 min after the release build)
+#   bash bench/stress.sh term tar   # some: term tar webhook transcripts sandbox_network proxy
 #
 # Each case runs the real release binary (`kodx run` against a scripted fake model and the
 # real Docker engine, or `kodx serve` on loopback) and prints its figures against the
@@ -15,13 +16,15 @@
 #                    40 held 25 MiB unsigned bodies and 20,000 idle connections
 #   transcripts      a run's transcript <= 1.5x the distinct content sent, at 6/25/50 steps
 #   sandbox_network  what the network fence and the disk watchdog add to a sandbox start
+#   proxy            RSS (VmHWM) < 100 MB and /healthz <= 2 s while the WEBHOOK_PROXY_URL
+#                    channel streams one endless `data:` line at full speed for 30 s
 # KODX_STRESS_BIN=/path/to/kodx measures another build with the same cases. It needs the
 # Docker engine and the test images (`bash tests/images/build.sh`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(term tar webhook transcripts sandbox_network)
+[ ${#cases[@]} -gt 0 ] || cases=(term tar webhook transcripts sandbox_network proxy)
 for c in "${cases[@]}"; do
     [ -f "tests/bench_stress_$c.rs" ] || { echo "bench/stress.sh: no stress case '$c'" >&2; exit 2; }
 done
