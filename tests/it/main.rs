@@ -48,6 +48,7 @@ mod serve_follow_up;
 mod serve_lifecycle;
 mod serve_network;
 mod serve_postgres;
+mod serve_postgres_fencing;
 mod serve_proxy;
 mod serve_runpage;
 mod serve_runs;

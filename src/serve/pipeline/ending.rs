@@ -203,6 +203,7 @@ impl Services {
             .to_string(),
             pr_url: done.pr_url.clone(),
         };
+        stop_before_finish_for_tests();
         match self.db.finish(&run.id, &self.holder(run), &fin).await {
             Ok(true) => {}
             Ok(false) => {
@@ -275,6 +276,18 @@ impl Services {
         let mut done = Done::new(run_kind(run), zero_outcome(reason, 0.0, String::new()));
         done.failure = Some(failure);
         done
+    }
+}
+
+/// Tests only: with `KODX_TEST_STOP_BEFORE_FINISH=1` the process stops itself (`SIGSTOP`)
+/// once a run's work is over and every check of its lease is behind it, just before its end
+/// is written — so a test can let another process take the run over and then resume this
+/// one (`SIGCONT`), and see that the end written with a lost lease changes nothing.
+fn stop_before_finish_for_tests() {
+    if std::env::var("KODX_TEST_STOP_BEFORE_FINISH").is_ok_and(|v| v == "1") {
+        tracing::warn!("KODX_TEST_STOP_BEFORE_FINISH=1: stopping before the run's end is written");
+        // SAFETY: raise(3) with a valid signal number; SIGSTOP stops the whole process.
+        unsafe { libc::raise(libc::SIGSTOP) };
     }
 }
 
