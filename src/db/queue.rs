@@ -37,9 +37,7 @@ impl Pool {
     pub(super) fn now_sql(&self) -> &'static str {
         match self {
             Pool::Sqlite(_) => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
-            Pool::Postgres(_) => {
-                "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT)"
-            }
+            Pool::Postgres(_) => "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT)",
         }
     }
 }
@@ -254,7 +252,10 @@ impl Db {
         lease: &Lease,
         phase: &str,
     ) -> Result<bool, DbError> {
-        let sql = format!("UPDATE runs SET phase = $1 WHERE id = $2 AND {}", held(3, 4));
+        let sql = format!(
+            "UPDATE runs SET phase = $1 WHERE id = $2 AND {}",
+            held(3, 4)
+        );
         let changed = with_pool!(&self.pool, p => sqlx::query(&sql)
             .bind(phase)
             .bind(run_id)

@@ -235,22 +235,22 @@ mod tests {
             &db.holder_now(&ids[0]).await,
             &finish(RunStatus::Succeeded, 0.25),
         )
-            .await
-            .unwrap();
+        .await
+        .unwrap();
         db.finish(
             &ids[1],
             &db.holder_now(&ids[1]).await,
             &finish(RunStatus::Succeeded, 0.5),
         )
-            .await
-            .unwrap();
+        .await
+        .unwrap();
         db.finish(
             &ids[2],
             &db.holder_now(&ids[2]).await,
             &finish(RunStatus::Failed, 1.0),
         )
-            .await
-            .unwrap();
+        .await
+        .unwrap();
         db.cancel_issue("octo/widgets", 6, "bob").await.unwrap();
         let counts = db.counts().await.unwrap();
         assert_eq!(

@@ -127,15 +127,6 @@ impl Db {
         }
     }
 
-    /// The claim running run `run_id` now.
-    pub(crate) async fn lease_now(&self, run_id: &str) -> Lease {
-        self.get_run(run_id)
-            .await
-            .unwrap()
-            .and_then(|run| run.lease())
-            .expect("the run is running")
-    }
-
     /// Stores a transcript record as an earlier attempt of the run did (no lease checked).
     pub(crate) async fn put_transcript(&self, run_id: &str, seq: i64, record: &str) {
         with_pool!(&self.pool, p => sqlx::query(
@@ -146,7 +137,8 @@ impl Db {
         .bind(record)
         .bind(now_ms())
         .execute(p)
-        .await)
+        .await
+        .map(|_| ()))
         .unwrap();
     }
 

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use kodx::agent::StopReason;
 use kodx::db::test_databases::each_backend;
-use kodx::db::{Accepted, Db, EndReason, Finish, Holder, Lease, NewDelivery, NewRun, Run, RunStatus};
+use kodx::db::{
+    Accepted, Db, EndReason, Finish, Holder, Lease, NewDelivery, NewRun, Run, RunStatus,
+};
 use kodx::job::{Job, JobKind, ReviewContext, Trigger};
 
 fn delivery(id: &str) -> NewDelivery {
@@ -1241,13 +1243,22 @@ async fn writes_with_a_lost_lease_change_nothing() {
         let a = Db::open(&url).await.unwrap();
         let b = Db::open(&url).await.unwrap();
         let Accepted::Queued { run_id } = a
-            .accept(&delivery(&format!("fence-{url}")), Some(&new_run("code", 1)))
+            .accept(
+                &delivery(&format!("fence-{url}")),
+                Some(&new_run("code", 1)),
+            )
             .await
             .unwrap()
         else {
             panic!("queued")
         };
-        let old = a.claim_run("process-a").await.unwrap().unwrap().lease().unwrap();
+        let old = a
+            .claim_run("process-a")
+            .await
+            .unwrap()
+            .unwrap()
+            .lease()
+            .unwrap();
         assert_eq!(old.epoch, 1);
         assert!(a.set_phase(&run_id, &old, "working").await.unwrap());
         // A stops; its lease runs out and B takes the run over.
@@ -1319,7 +1330,10 @@ async fn writes_with_a_lost_lease_change_nothing() {
         // B's end stands.
         let mut fin = succeeded();
         fin.result = r#"{"by":"b"}"#.into();
-        assert!(b.finish(&run_id, &Holder::Lease(lease), &fin).await.unwrap());
+        assert!(b
+            .finish(&run_id, &Holder::Lease(lease), &fin)
+            .await
+            .unwrap());
         let ended = b.get_run(&run_id).await.unwrap().unwrap();
         assert_eq!(ended.status, RunStatus::Succeeded);
         assert_eq!(ended.result.as_deref(), Some(r#"{"by":"b"}"#));

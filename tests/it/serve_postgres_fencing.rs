@@ -83,7 +83,11 @@ async fn a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing
     .await;
     let db = s.db().await;
     let stored = db.get_run(&run.0).await.unwrap().unwrap();
-    assert_eq!(stored.status, RunStatus::Running, "A ended B's run: {stored:?}");
+    assert_eq!(
+        stored.status,
+        RunStatus::Running,
+        "A ended B's run: {stored:?}"
+    );
     assert_eq!(stored.attempts, 2, "{stored:?}");
 
     // B ends the run; nothing A had was ever shown or stored.
@@ -123,9 +127,11 @@ async fn a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run() {
         std::path::Path::new(FAKETIME_LIB).exists(),
         "{FAKETIME_LIB} is missing: apt-get install faketime"
     );
-    let Some(mut s) =
-        served_on_postgres_with("a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run", &[])
-            .await
+    let Some(mut s) = served_on_postgres_with(
+        "a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run",
+        &[],
+    )
+    .await
     else {
         return;
     };
@@ -140,7 +146,10 @@ async fn a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run() {
         .envs(skewed)
         .output()
         .unwrap();
-    let ahead: i64 = String::from_utf8_lossy(&date.stdout).trim().parse().unwrap();
+    let ahead: i64 = String::from_utf8_lossy(&date.stdout)
+        .trim()
+        .parse()
+        .unwrap();
     let now = kodx::db::now_ms() / 1000;
     assert!((55..=65).contains(&(ahead - now)), "{ahead} vs {now}");
 
@@ -149,7 +158,10 @@ async fn a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run() {
         .spawn_another_with(&["--role", "worker"], &skewed, &[])
         .await;
     // Its recovery at start, then two more passes.
-    tokio::time::sleep(Duration::from_millis(kodx::db::LEASE_MS as u64 * 2 / 3 + 3_000)).await;
+    tokio::time::sleep(Duration::from_millis(
+        kodx::db::LEASE_MS as u64 * 2 / 3 + 3_000,
+    ))
+    .await;
     let db = s.db().await;
     let stored = db.get_run(&run.0).await.unwrap().unwrap();
     assert_eq!(

@@ -278,7 +278,10 @@ impl Engines {
                 // Processes sharing the queue share the engines: the database counts
                 // their runs on it (dropping the placement gives the local slot back).
                 if let Some(db) = &self.shared {
-                    match db.take_engine_slot(run_id, lease, &m.name, m.max_runs).await {
+                    match db
+                        .take_engine_slot(run_id, lease, &m.name, m.max_runs)
+                        .await
+                    {
                         Ok(true) => {}
                         Ok(false) => continue,
                         Err(e) => {

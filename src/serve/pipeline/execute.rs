@@ -338,7 +338,10 @@ async fn write_transcript(
 ) {
     let mut seq = db.next_transcript_seq(&run_id).await.unwrap_or(0);
     while let Some(line) = rx.recv().await {
-        match db.append_transcript(&run_id, fence.lease(), seq, &line).await {
+        match db
+            .append_transcript(&run_id, fence.lease(), seq, &line)
+            .await
+        {
             Ok(()) => {}
             // Another process runs it now: its transcript is that process's.
             Err(DbError::NotHeld(_)) => fence.lose(),

@@ -156,7 +156,10 @@ impl Workers {
         *final_status = Some(status.clone());
         // Its cost cap is reserved against the monthly budget now, so runs starting
         // together (here or in other processes) cannot spend the same dollars twice.
-        if let Some(refusal) = self.reserve(run, fence.lease(), &mut admission, kind).await? {
+        if let Some(refusal) = self
+            .reserve(run, fence.lease(), &mut admission, kind)
+            .await?
+        {
             return self.refused_after_wait(run, refusal);
         }
         *log.admission.lock() = Some(admission.to_json(kind, &self.settings.maxima()));
