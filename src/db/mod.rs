@@ -49,8 +49,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use intake::AcceptJob;
 pub use models::{
-    Accepted, CancelledRun, EndReason, Finish, InstallationRecord, NewDelivery, NewRun, Recovered,
-    RecoveryAction, Run, RunCounts, RunStatus,
+    Accepted, CancelledRun, EndReason, Finish, Holder, InstallationRecord, Lease, NewDelivery,
+    NewRun, Recovered, RecoveryAction, Run, RunCounts, RunStatus,
 };
 pub use notify::{Notifications, Wakeup};
 pub use open::{shown_url, DEFAULT_DATABASE_URL};
@@ -101,6 +101,10 @@ pub enum DbError {
     /// No run has this id.
     #[error("no run with id {0:?}")]
     NotFound(String),
+    /// The run is no longer running under the lease the write carried (another process
+    /// took it over, or it ended): nothing was written.
+    #[error("run {0} is no longer held by this claim")]
+    NotHeld(String),
     /// A transcript record with this sequence number was already stored for the run.
     #[error("run {run_id} already has transcript record {seq}")]
     DuplicateTranscript { run_id: String, seq: i64 },

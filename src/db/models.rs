@@ -334,6 +334,50 @@ impl Run {
     pub fn kind(&self) -> crate::job::JobKind {
         self.request.job.kind()
     }
+
+    /// The claim this row shows running the run (`None` unless it is running).
+    pub fn lease(&self) -> Option<Lease> {
+        match (&self.status, &self.worker) {
+            (RunStatus::Running, Some(worker)) => Some(Lease {
+                worker: worker.clone(),
+                epoch: self.attempts,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// One claim of a run: the worker that claimed it and the claim's number (its attempt,
+/// counted up by every claim), the fencing token of everything done for the run. A write
+/// that carries it ([`Db::finish`], [`Db::set_phase`], [`Db::append_transcript`] …) changes
+/// the run only while the run is still running under that very claim: a process paused past
+/// its lease, whose run another process took over (or that claimed the run again since),
+/// changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub worker: String,
+    pub epoch: i64,
+}
+
+/// Who ends a run ([`Db::finish`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// The claim running it: it ends the run only while the run is still that claim's.
+    Lease(Lease),
+    /// A process ending a run it has not claimed (refusing it while it waits): only while
+    /// the run is still queued, or running under a claim of this same worker.
+    Waiting(String),
+}
+
+impl Holder {
+    /// The holder of `run` as `worker` sees it: its claim when the row shows `worker`
+    /// running it, else a waiting run's.
+    pub fn of(run: &Run, worker: &str) -> Holder {
+        match run.lease() {
+            Some(lease) if lease.worker == worker => Holder::Lease(lease),
+            _ => Holder::Waiting(worker.to_string()),
+        }
+    }
 }
 
 /// How a run ended, for [`Db::finish`].

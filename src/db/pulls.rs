@@ -2,7 +2,7 @@
 //! head, and the repairs CI failures got. CI repair reads them to decide whether a failing
 //! commit is kodx's to repair, and how many repairs the pull request had.
 
-use super::{now_ms, Db, DbError};
+use super::{now_ms, Db, DbError, Lease};
 
 /// A repair taken for a failing head commit ([`Db::take_repair`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,22 +22,27 @@ pub enum RepairTaken {
 }
 
 impl Db {
-    /// Records that run `run_id` made `commit_sha` the head of pull request `pull`, by opening
-    /// it (`opened`) or pushing to its branch. Recording the same commit again changes
-    /// nothing.
+    /// Records that run `run_id` (running under `lease`) made `commit_sha` the head of pull
+    /// request `pull`, by opening it (`opened`) or pushing to its branch. Recording the same
+    /// commit again changes nothing; nor does a lease that no longer holds the run.
+    #[allow(clippy::too_many_arguments)]
     pub async fn record_pull_commit(
         &self,
         repo: &str,
         pull: i64,
         commit_sha: &str,
         run_id: &str,
+        lease: &Lease,
         kind: &str,
         opened: bool,
     ) -> Result<(), DbError> {
-        with_pool!(&self.pool, p => sqlx::query(
+        let sql = format!(
             "INSERT INTO pull_commits (repo, pull, commit_sha, run_id, kind, opened, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
-        )
+             SELECT $1, $2, $3, $4, $5, $6, $7 \
+             WHERE EXISTS (SELECT 1 FROM runs WHERE id = $4 AND {}) ON CONFLICT DO NOTHING",
+            super::queue::held(8, 9)
+        );
+        with_pool!(&self.pool, p => sqlx::query(&sql)
         .bind(repo)
         .bind(pull)
         .bind(commit_sha)
@@ -45,6 +50,8 @@ impl Db {
         .bind(kind)
         .bind(i64::from(opened))
         .bind(now_ms())
+        .bind(&lease.worker)
+        .bind(lease.epoch)
         .execute(p).await.map(|_| ()))?;
         Ok(())
     }

@@ -1,8 +1,10 @@
 //! The run queue: claiming (FIFO, one agent run per issue), phases, finishing, `/kodx
 //! cancel`, and recovery after a process died.
 
-use super::models::{CancelledRun, EndReason, Finish, Recovered, RecoveryAction, Run, RunStatus};
-use super::{found, now_ms, Db, DbError, Pool};
+use super::models::{
+    CancelledRun, EndReason, Finish, Holder, Lease, Recovered, RecoveryAction, Run, RunStatus,
+};
+use super::{now_ms, Db, DbError, Pool};
 use crate::agent::StopReason;
 
 /// Tells every process (PostgreSQL) that a run was queued.
@@ -26,6 +28,25 @@ const CONTROL_CANDIDATES: &str =
 
 /// How long a claimed run stays its worker's without a renewal (unix milliseconds).
 pub const LEASE_MS: i64 = 30_000;
+
+impl Pool {
+    /// Now, in unix milliseconds, by the database's clock: leases are set and compared
+    /// with it, so processes whose clocks disagree still agree on when a lease runs out
+    /// (a process whose clock runs ahead does not take live runs back). PostgreSQL: the
+    /// server's clock at the start of the statement; SQLite: the host's (one process).
+    pub(super) fn now_sql(&self) -> &'static str {
+        match self {
+            Pool::Sqlite(_) => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+            Pool::Postgres(_) => "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT)",
+        }
+    }
+}
+
+/// The `WHERE` of a write that carries a [`Lease`] (worker `$w`, epoch `$e`): the run is
+/// still running under that claim.
+pub(super) fn held(w: u8, e: u8) -> String {
+    format!("status = 'running' AND worker = ${w} AND attempts = ${e}")
+}
 
 impl Db {
     /// Takes the oldest queued `ask`/`code` run whose issue has no `ask`/`code` run running,
@@ -55,17 +76,17 @@ impl Db {
         };
         let sql = format!(
             "UPDATE runs SET status = 'running', worker = $1, started_at = $2, \
-             lease_expires_at = $3, attempts = attempts + 1, phase = NULL \
+             lease_expires_at = {} + $3, attempts = attempts + 1, phase = NULL \
              WHERE status = 'queued' AND id = (\
                SELECT q.id FROM runs q WHERE q.status = 'queued' AND {candidates} \
                ORDER BY q.seq LIMIT 1{lock}) RETURNING {}",
+            self.pool.now_sql(),
             run_columns!()
         );
-        let now = now_ms();
         let row = with_pool!(&self.pool, p => sqlx::query_as::<_, Run>(&sql)
             .bind(worker)
-            .bind(now)
-            .bind(now + LEASE_MS)
+            .bind(now_ms())
+            .bind(LEASE_MS)
             .fetch_optional(p)
             .await);
         match row {
@@ -77,13 +98,16 @@ impl Db {
         }
     }
 
-    /// Extends the leases of the runs `worker` is running to `LEASE` from now; returns how
-    /// many it holds. Called by the worker every third of a lease.
+    /// Extends the leases of the runs `worker` is running to `LEASE` from now (the
+    /// database's now); returns how many it holds. Called by the worker every third of a
+    /// lease.
     pub async fn renew_leases(&self, worker: &str) -> Result<u64, DbError> {
-        let renewed = with_pool!(&self.pool, p => sqlx::query(
-            "UPDATE runs SET lease_expires_at = $1 WHERE worker = $2 AND status = 'running'",
-        )
-        .bind(now_ms() + LEASE_MS)
+        let sql = format!(
+            "UPDATE runs SET lease_expires_at = {} + $1 WHERE worker = $2 AND status = 'running'",
+            self.pool.now_sql()
+        );
+        let renewed = with_pool!(&self.pool, p => sqlx::query(&sql)
+        .bind(LEASE_MS)
         .bind(worker)
         .execute(p)
         .await
@@ -91,21 +115,47 @@ impl Db {
         Ok(renewed)
     }
 
-    /// Whether `worker` still holds run `run_id` (nobody took it back: it is still running
-    /// there); if so, its lease is extended to `LEASE` from now. The check before each side
-    /// effect of a run on a shared queue.
-    pub async fn hold_lease(&self, run_id: &str, worker: &str) -> Result<bool, DbError> {
-        let held = with_pool!(&self.pool, p => sqlx::query(
-            "UPDATE runs SET lease_expires_at = $1 \
-             WHERE id = $2 AND worker = $3 AND status = 'running'",
-        )
-        .bind(now_ms() + LEASE_MS)
+    /// Whether `lease` still holds run `run_id` (nobody took it back: it is still running
+    /// under that claim); if so, the lease is extended to `LEASE` from now. The check
+    /// immediately before each side effect of a run that no `WHERE` can fence (a model
+    /// call, a command, a comment, a push).
+    pub async fn hold_lease(&self, run_id: &str, lease: &Lease) -> Result<bool, DbError> {
+        let sql = format!(
+            "UPDATE runs SET lease_expires_at = {} + $1 WHERE id = $2 AND {}",
+            self.pool.now_sql(),
+            held(3, 4)
+        );
+        let held = with_pool!(&self.pool, p => sqlx::query(&sql)
+        .bind(LEASE_MS)
         .bind(run_id)
-        .bind(worker)
+        .bind(&lease.worker)
+        .bind(lease.epoch)
         .execute(p)
         .await
         .map(|done| done.rows_affected()))?;
         Ok(held == 1)
+    }
+
+    /// Whether `lease` holds run `run_id` (reads only).
+    pub(super) async fn is_held(&self, run_id: &str, lease: &Lease) -> Result<bool, DbError> {
+        let sql = format!("SELECT COUNT(*) FROM runs WHERE id = $1 AND {}", held(2, 3));
+        let n: i64 = with_pool!(&self.pool, p => sqlx::query_scalar(&sql)
+            .bind(run_id)
+            .bind(&lease.worker)
+            .bind(lease.epoch)
+            .fetch_one(p)
+            .await)?;
+        Ok(n == 1)
+    }
+
+    /// Why a write carrying a lease on `run_id` changed nothing: there is no such run, or
+    /// the lease no longer holds it.
+    pub(super) async fn not_held(&self, run_id: &str) -> DbError {
+        match self.get_run(run_id).await {
+            Ok(None) => DbError::NotFound(run_id.to_owned()),
+            Ok(Some(_)) => DbError::NotHeld(run_id.to_owned()),
+            Err(e) => e,
+        }
     }
 
     /// The runs `worker` is running that someone asked to cancel, with who asked — for a
@@ -169,7 +219,7 @@ impl Db {
             .bind(comment_id)
             .bind(run_id)
             .execute(p).await.map(|done| done.rows_affected()))?;
-        found(changed, run_id)
+        super::found(changed, run_id)
     }
 
     /// Takes the acknowledgement of run `run_id` (its `eyes` and status comment) for
@@ -194,29 +244,50 @@ impl Db {
         Ok(taken == 1)
     }
 
-    /// Sets the free-text phase (`setting_up`, `working` …) shown for observability.
-    pub async fn set_phase(&self, run_id: &str, phase: &str) -> Result<(), DbError> {
-        let changed = with_pool!(&self.pool, p => sqlx::query("UPDATE runs SET phase = $1 WHERE id = $2")
+    /// Sets the free-text phase (`setting_up`, `working` …) shown for observability, while
+    /// `lease` holds the run; whether it did.
+    pub async fn set_phase(
+        &self,
+        run_id: &str,
+        lease: &Lease,
+        phase: &str,
+    ) -> Result<bool, DbError> {
+        let sql = format!(
+            "UPDATE runs SET phase = $1 WHERE id = $2 AND {}",
+            held(3, 4)
+        );
+        let changed = with_pool!(&self.pool, p => sqlx::query(&sql)
             .bind(phase)
             .bind(run_id)
+            .bind(&lease.worker)
+            .bind(lease.epoch)
             .execute(p).await.map(|done| done.rows_affected()))?;
-        found(changed, run_id)
+        Ok(changed == 1)
     }
 
-    /// Records how a queued or running run ended. Returns `false` (and changes nothing) if
-    /// the run had already finished; [`DbError::NotFound`] if there is no such run.
-    pub async fn finish(&self, run_id: &str, fin: &Finish) -> Result<bool, DbError> {
+    /// Records how a run ended, if it is still `by`'s to end: running under `by`'s lease,
+    /// or (a run `by` has not claimed) still queued or claimed by that worker since.
+    /// Returns `false` (and changes nothing) if it is not — it had already finished, or
+    /// another process took it over; [`DbError::NotFound`] if there is no such run.
+    pub async fn finish(&self, run_id: &str, by: &Holder, fin: &Finish) -> Result<bool, DbError> {
         if !fin.status.is_final() {
             return Err(DbError::Invalid(format!(
                 "a run cannot finish as {}; use succeeded, failed or cancelled",
                 fin.status
             )));
         }
+        // A claim's epoch (its attempt, at least 1), or -1 for a run not claimed by `by`.
+        let (worker, epoch) = match by {
+            Holder::Lease(lease) => (lease.worker.as_str(), lease.epoch),
+            Holder::Waiting(worker) => (worker.as_str(), -1),
+        };
         let changed = with_pool!(&self.pool, p => sqlx::query(
             "UPDATE runs SET status = $1, stop_reason = $2, cost_usd = $3, input_tokens = $4, \
              output_tokens = $5, cache_read_tokens = $6, cache_write_tokens = $7, \
              api_calls = $8, result = $9, pr_url = $10, finished_at = $11, cost_micros = $13 \
-             WHERE id = $12 AND status IN ('queued', 'running')",
+             WHERE id = $12 AND CASE WHEN $15 >= 0 \
+               THEN status = 'running' AND worker = $14 AND attempts = $15 \
+               ELSE status = 'queued' OR (status = 'running' AND worker = $14) END",
         )
         .bind(fin.status)
         .bind(&fin.stop_reason)
@@ -231,6 +302,8 @@ impl Db {
         .bind(now_ms())
         .bind(run_id)
         .bind(super::to_micros(fin.cost_usd))
+        .bind(worker)
+        .bind(epoch)
         .execute(p).await.map(|done| done.rows_affected()))?;
         if changed == 1 {
             return Ok(true);
@@ -331,9 +404,13 @@ impl Db {
         let now = now_ms();
         // On PostgreSQL a run is another process's until its lease expires.
         // ($1, now, is bound to both statements; on SQLite it only has to be used.)
+        // (By the database's clock: see `Pool::now_sql`.)
         let orphaned = match self.pool {
-            Pool::Sqlite(_) => "$1 IS NOT NULL",
-            Pool::Postgres(_) => "(lease_expires_at IS NULL OR lease_expires_at < $1)",
+            Pool::Sqlite(_) => "$1 IS NOT NULL".to_string(),
+            Pool::Postgres(_) => format!(
+                "$1 IS NOT NULL AND (lease_expires_at IS NULL OR lease_expires_at < {})",
+                self.pool.now_sql()
+            ),
         };
         let failed_sql = format!(
             "UPDATE runs SET status = 'failed', stop_reason = $3, \
@@ -441,7 +518,11 @@ mod tests {
             assert_eq!(db.claim_run("w").await.unwrap(), None);
 
             assert!(db
-                .finish(&first, &finish(RunStatus::Succeeded, 0.1))
+                .finish(
+                    &first,
+                    &db.holder_now(&first).await,
+                    &finish(RunStatus::Succeeded, 0.1)
+                )
                 .await
                 .unwrap());
             let next = db.claim_run("w").await.unwrap().unwrap();
@@ -488,12 +569,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for db in each_db(&dir).await {
             let run_id = queue(&db, "d-1", &new_run("code", "octo/widgets", 1)).await;
-            db.claim_run("w").await.unwrap().unwrap();
+            let lease = db.claim_run("w").await.unwrap().unwrap().lease().unwrap();
             db.set_status_comment(&run_id, 5_000_000_001).await.unwrap();
-            db.set_phase(&run_id, "working").await.unwrap();
+            assert!(db.set_phase(&run_id, &lease, "working").await.unwrap());
 
             let fin = finish(RunStatus::Succeeded, 0.0234);
-            assert!(db.finish(&run_id, &fin).await.unwrap());
+            let by = Holder::Lease(lease);
+            assert!(db.finish(&run_id, &by, &fin).await.unwrap());
             let run = db.get_run(&run_id).await.unwrap().unwrap();
             assert_eq!(run.status, RunStatus::Succeeded);
             assert_eq!(run.stop_reason.as_deref(), Some("end_turn"));
@@ -518,7 +600,7 @@ mod tests {
             // Never re-finished.
             let mut again = finish(RunStatus::Failed, 9.0);
             again.stop_reason = "error".into();
-            assert!(!db.finish(&run_id, &again).await.unwrap());
+            assert!(!db.finish(&run_id, &by, &again).await.unwrap());
             let run = db.get_run(&run_id).await.unwrap().unwrap();
             assert_eq!(run.status, RunStatus::Succeeded);
             assert_eq!(run.cost_usd, Some(0.0234));
@@ -527,7 +609,11 @@ mod tests {
             // A queued run can be finished directly (e.g. refused before it started).
             let queued = queue(&db, "d-2", &new_run("ask", "octo/widgets", 2)).await;
             assert!(db
-                .finish(&queued, &finish(RunStatus::Failed, 0.0))
+                .finish(
+                    &queued,
+                    &Holder::Waiting("w".into()),
+                    &finish(RunStatus::Failed, 0.0)
+                )
                 .await
                 .unwrap());
             assert_eq!(
@@ -542,7 +628,11 @@ mod tests {
         let db = Db::open("sqlite::memory:").await.unwrap();
         let run_id = queue(&db, "d-1", &new_run("code", "octo/widgets", 1)).await;
         let err = db
-            .finish(&run_id, &finish(RunStatus::Running, 0.0))
+            .finish(
+                &run_id,
+                &Holder::Waiting("w".into()),
+                &finish(RunStatus::Running, 0.0),
+            )
             .await
             .unwrap_err();
         assert!(matches!(err, DbError::Invalid(_)), "{err}");
@@ -551,15 +641,22 @@ mod tests {
             RunStatus::Queued
         );
         let err = db
-            .finish("nope", &finish(RunStatus::Failed, 0.0))
+            .finish(
+                "nope",
+                &Holder::Waiting("w".into()),
+                &finish(RunStatus::Failed, 0.0),
+            )
             .await
             .unwrap_err();
         assert!(
             matches!(err, DbError::NotFound(ref id) if id == "nope"),
             "{err}"
         );
-        let err = db.set_phase("nope", "working").await.unwrap_err();
-        assert!(matches!(err, DbError::NotFound(_)), "{err}");
+        let lease = Lease {
+            worker: "w".into(),
+            epoch: 1,
+        };
+        assert!(!db.set_phase("nope", &lease, "working").await.unwrap());
         let err = db.set_status_comment("nope", 1).await.unwrap_err();
         assert!(matches!(err, DbError::NotFound(_)), "{err}");
         assert_eq!(db.get_run("nope").await.unwrap(), None);
@@ -577,7 +674,11 @@ mod tests {
             let control = queue(&db, "d-6", &new_run("cancel", "octo/widgets", 7)).await;
             assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, running);
             assert!(db
-                .finish(&finished, &finish(RunStatus::Succeeded, 0.0))
+                .finish(
+                    &finished,
+                    &Holder::Waiting("w".into()),
+                    &finish(RunStatus::Succeeded, 0.0)
+                )
                 .await
                 .unwrap());
 
@@ -635,7 +736,10 @@ mod tests {
             let untouched = queue(&db, "d-2", &new_run("code", "octo/widgets", 8)).await;
             let claimed = db.claim_run("dead-1").await.unwrap().unwrap();
             assert_eq!(claimed.id, run_id);
-            db.set_phase(&run_id, "working").await.unwrap();
+            assert!(db
+                .set_phase(&run_id, &claimed.lease().unwrap(), "working")
+                .await
+                .unwrap());
 
             // The process dies; a new one starts (on PostgreSQL: the lease ran out).
             db.expire_leases().await;

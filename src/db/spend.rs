@@ -1,7 +1,7 @@
 //! Run counts and spend, for `/metrics` and monthly budgets.
 
 use super::models::{RunCounts, RunStatus};
-use super::{Db, DbError, Pool};
+use super::{Db, DbError, Lease, Pool};
 
 /// What a run counts against its installation's monthly budget, in micro-dollars: its
 /// reservation while it is queued or running, its cost once it ended (runs written before
@@ -71,10 +71,11 @@ impl Db {
     /// asks for, never below zero. Atomic across processes: on SQLite one statement under
     /// the one write lock, on PostgreSQL a transaction holding the installation's advisory
     /// lock, so two runs starting together never both get the same last dollars. Returns
-    /// the micro-dollars reserved.
+    /// the micro-dollars reserved; [`DbError::NotHeld`] when `lease` no longer holds the run.
     pub async fn reserve_budget(
         &self,
         run_id: &str,
+        lease: &Lease,
         installation_id: i64,
         since_ms: i64,
         want_micros: i64,
@@ -93,7 +94,8 @@ impl Db {
                     "), 0) AS BIGINT) \
                        FROM runs o WHERE o.installation_id = $3 AND o.created_at >= $4 \
                        AND o.id <> $5))) \
-                     WHERE id = $5 RETURNING reserved_micros"
+                     WHERE id = $5 AND status = 'running' AND worker = $6 AND attempts = $7 \
+                     RETURNING reserved_micros"
                 )
             };
         }
@@ -105,6 +107,8 @@ impl Db {
                     .bind(installation_id)
                     .bind(since_ms)
                     .bind(run_id)
+                    .bind(&lease.worker)
+                    .bind(lease.epoch)
                     .fetch_optional(p)
                     .await?
             }
@@ -121,13 +125,18 @@ impl Db {
                     .bind(installation_id)
                     .bind(since_ms)
                     .bind(run_id)
+                    .bind(&lease.worker)
+                    .bind(lease.epoch)
                     .fetch_optional(&mut *tx)
                     .await?;
                 tx.commit().await?;
                 granted
             }
         };
-        granted.ok_or_else(|| DbError::NotFound(run_id.to_owned()))
+        match granted {
+            Some(granted) => Ok(granted),
+            None => Err(self.not_held(run_id).await),
+        }
     }
 }
 
@@ -135,16 +144,19 @@ impl Db {
 const BUDGET_LOCK: i64 = 0x4b4f_4458_0000_0000;
 
 impl Db {
-    /// Places run `run_id` (running) on the engine `engine` if fewer than `max_runs` running
-    /// runs are placed there; whether it was. Atomic across processes: SQLite's one writer,
-    /// PostgreSQL an advisory lock per engine name.
+    /// Places run `run_id` (running under `lease`) on the engine `engine` if fewer than
+    /// `max_runs` running runs are placed there; whether it was (never when `lease` no
+    /// longer holds the run). Atomic across processes: SQLite's one writer, PostgreSQL an
+    /// advisory lock per engine name.
     pub async fn take_engine_slot(
         &self,
         run_id: &str,
+        lease: &Lease,
         engine: &str,
         max_runs: usize,
     ) -> Result<bool, DbError> {
         const SQL: &str = "UPDATE runs SET engine = $1 WHERE id = $2 AND status = 'running' \
+             AND worker = $4 AND attempts = $5 \
              AND (SELECT COUNT(*) FROM runs WHERE engine = $1 AND status = 'running' \
              AND id <> $2) < $3";
         let max = max_runs as i64;
@@ -153,6 +165,8 @@ impl Db {
                 .bind(engine)
                 .bind(run_id)
                 .bind(max)
+                .bind(&lease.worker)
+                .bind(lease.epoch)
                 .execute(p)
                 .await?
                 .rows_affected(),
@@ -166,6 +180,8 @@ impl Db {
                     .bind(engine)
                     .bind(run_id)
                     .bind(max)
+                    .bind(&lease.worker)
+                    .bind(lease.epoch)
                     .execute(&mut *tx)
                     .await?
                     .rows_affected();
@@ -214,15 +230,27 @@ mod tests {
         for _ in 0..4 {
             db.claim_run("w").await.unwrap().unwrap();
         }
-        db.finish(&ids[0], &finish(RunStatus::Succeeded, 0.25))
-            .await
-            .unwrap();
-        db.finish(&ids[1], &finish(RunStatus::Succeeded, 0.5))
-            .await
-            .unwrap();
-        db.finish(&ids[2], &finish(RunStatus::Failed, 1.0))
-            .await
-            .unwrap();
+        db.finish(
+            &ids[0],
+            &db.holder_now(&ids[0]).await,
+            &finish(RunStatus::Succeeded, 0.25),
+        )
+        .await
+        .unwrap();
+        db.finish(
+            &ids[1],
+            &db.holder_now(&ids[1]).await,
+            &finish(RunStatus::Succeeded, 0.5),
+        )
+        .await
+        .unwrap();
+        db.finish(
+            &ids[2],
+            &db.holder_now(&ids[2]).await,
+            &finish(RunStatus::Failed, 1.0),
+        )
+        .await
+        .unwrap();
         db.cancel_issue("octo/widgets", 6, "bob").await.unwrap();
         let counts = db.counts().await.unwrap();
         assert_eq!(

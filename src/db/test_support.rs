@@ -118,6 +118,30 @@ impl Db {
         .unwrap();
     }
 
+    /// Who holds run `run_id` now: its claim when it is running, else a waiting run's
+    /// holder (worker `w`).
+    pub(crate) async fn holder_now(&self, run_id: &str) -> Holder {
+        match self.get_run(run_id).await.unwrap() {
+            Some(run) => Holder::of(&run, run.worker.as_deref().unwrap_or("w")),
+            None => Holder::Waiting("w".into()),
+        }
+    }
+
+    /// Stores a transcript record as an earlier attempt of the run did (no lease checked).
+    pub(crate) async fn put_transcript(&self, run_id: &str, seq: i64, record: &str) {
+        with_pool!(&self.pool, p => sqlx::query(
+            "INSERT INTO transcripts (run_id, seq, record, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(run_id)
+        .bind(seq)
+        .bind(record)
+        .bind(now_ms())
+        .execute(p)
+        .await
+        .map(|_| ()))
+        .unwrap();
+    }
+
     /// The run's transcript records, in `seq` order.
     pub(crate) async fn transcript(&self, run_id: &str) -> Result<Vec<String>, DbError> {
         let records = with_pool!(&self.pool, p => sqlx::query_scalar("SELECT record FROM transcripts WHERE run_id = $1 ORDER BY seq")

@@ -2,29 +2,37 @@
 
 use futures_util::TryStreamExt;
 
-use super::{now_ms, Db, DbError, Run};
+use super::{now_ms, Db, DbError, Lease, Run};
 
 impl Db {
-    /// Stores record `seq` of the run's transcript (JSON text). A `seq` already stored for the
-    /// run is [`DbError::DuplicateTranscript`]; use [`Db::next_transcript_seq`] to continue a
-    /// transcript after a restart.
+    /// Stores record `seq` of the run's transcript (JSON text), while `lease` holds the run
+    /// ([`DbError::NotHeld`] once it does not: nothing is stored). A `seq` already stored
+    /// for the run is [`DbError::DuplicateTranscript`]; use [`Db::next_transcript_seq`] to
+    /// continue a transcript after a restart.
     pub async fn append_transcript(
         &self,
         run_id: &str,
+        lease: &Lease,
         seq: i64,
         record_json: &str,
     ) -> Result<(), DbError> {
-        let inserted = with_pool!(&self.pool, p => sqlx::query(
+        let sql = format!(
             "INSERT INTO transcripts (run_id, seq, record, created_at) \
-             VALUES ($1, $2, $3, $4) ON CONFLICT (run_id, seq) DO NOTHING",
-        )
+             SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1 AND {}) \
+             ON CONFLICT (run_id, seq) DO NOTHING",
+            super::queue::held(5, 6)
+        );
+        let inserted = with_pool!(&self.pool, p => sqlx::query(&sql)
         .bind(run_id)
         .bind(seq)
         .bind(record_json)
         .bind(now_ms())
+        .bind(&lease.worker)
+        .bind(lease.epoch)
         .execute(p).await.map(|done| done.rows_affected()));
         match inserted {
             Ok(1) => Ok(()),
+            Ok(_) if !self.is_held(run_id, lease).await? => Err(self.not_held(run_id).await),
             Ok(_) => Err(DbError::DuplicateTranscript {
                 run_id: run_id.to_owned(),
                 seq,
@@ -178,22 +186,23 @@ impl Db {
 #[cfg(test)]
 mod tests {
     use crate::db::test_support::*;
-    use crate::db::{now_ms, DbError, RunStatus};
+    use crate::db::{now_ms, DbError, Lease, RunStatus};
 
     #[tokio::test]
     async fn transcripts_keep_order_and_refuse_duplicates() {
         let dir = tempfile::tempdir().unwrap();
         for db in each_db(&dir).await {
             let run_id = queue(&db, "d-1", &new_run("code", "octo/widgets", 1)).await;
+            let lease = db.claim_run("w").await.unwrap().unwrap().lease().unwrap();
             assert_eq!(db.next_transcript_seq(&run_id).await.unwrap(), 0);
             // Stored out of order, read back in seq order.
-            db.append_transcript(&run_id, 1, r#"{"type":"response"}"#)
+            db.append_transcript(&run_id, &lease, 1, r#"{"type":"response"}"#)
                 .await
                 .unwrap();
-            db.append_transcript(&run_id, 0, r#"{"type":"request"}"#)
+            db.append_transcript(&run_id, &lease, 0, r#"{"type":"request"}"#)
                 .await
                 .unwrap();
-            db.append_transcript(&run_id, 2, r#"{"type":"tool_call"}"#)
+            db.append_transcript(&run_id, &lease, 2, r#"{"type":"tool_call"}"#)
                 .await
                 .unwrap();
             assert_eq!(
@@ -205,7 +214,10 @@ mod tests {
                 ]
             );
             assert_eq!(db.next_transcript_seq(&run_id).await.unwrap(), 3);
-            let err = db.append_transcript(&run_id, 1, "{}").await.unwrap_err();
+            let err = db
+                .append_transcript(&run_id, &lease, 1, "{}")
+                .await
+                .unwrap_err();
             assert!(
                 matches!(err, DbError::DuplicateTranscript { seq: 1, .. }),
                 "{err}"
@@ -214,8 +226,22 @@ mod tests {
                 db.transcript(&run_id).await.unwrap()[1],
                 r#"{"type":"response"}"#
             );
-            let err = db.append_transcript("nope", 0, "{}").await.unwrap_err();
+            let err = db
+                .append_transcript("nope", &lease, 0, "{}")
+                .await
+                .unwrap_err();
             assert!(matches!(err, DbError::NotFound(_)), "{err}");
+            // Another claim of the run (a process that lost it) stores nothing.
+            let stale = Lease {
+                worker: "w".into(),
+                epoch: 0,
+            };
+            let err = db
+                .append_transcript(&run_id, &stale, 3, "{}")
+                .await
+                .unwrap_err();
+            assert!(matches!(err, DbError::NotHeld(_)), "{err}");
+            assert_eq!(db.next_transcript_seq(&run_id).await.unwrap(), 3);
             assert!(db.transcript("nope").await.unwrap().is_empty());
         }
     }
@@ -229,15 +255,17 @@ mod tests {
             let queued = queue(&db, "d-3", &new_run("ask", "octo/widgets", 3)).await;
             for run in [&done, &running, &queued] {
                 for seq in 0..3 {
-                    db.append_transcript(run, seq, r#"{"type":"request"}"#)
-                        .await
-                        .unwrap();
+                    db.put_transcript(run, seq, r#"{"type":"request"}"#).await;
                 }
             }
             assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, done);
             assert_eq!(db.claim_run("w").await.unwrap().unwrap().id, running);
             assert!(db
-                .finish(&done, &finish(RunStatus::Succeeded, 0.25))
+                .finish(
+                    &done,
+                    &db.holder_now(&done).await,
+                    &finish(RunStatus::Succeeded, 0.25)
+                )
                 .await
                 .unwrap());
             // Nothing finished before the cutoff.

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use kodx::agent::StopReason;
 use kodx::db::test_databases::each_backend;
-use kodx::db::{Accepted, Db, EndReason, Finish, NewDelivery, NewRun, RunStatus};
+use kodx::db::{
+    Accepted, Db, EndReason, Finish, Holder, Lease, NewDelivery, NewRun, Run, RunStatus,
+};
 use kodx::job::{Job, JobKind, ReviewContext, Trigger};
 
 fn delivery(id: &str) -> NewDelivery {
@@ -63,6 +65,11 @@ fn succeeded() -> Finish {
         result: "{}".to_owned(),
         pr_url: None,
     }
+}
+
+/// The claim `run` (as its claim returned it) runs under, as the holder of its end.
+fn held(run: &Run) -> Holder {
+    Holder::Lease(run.lease().expect("a claimed run"))
 }
 
 fn url(path: &Path) -> String {
@@ -163,7 +170,7 @@ async fn concurrent_claimers_take_each_run_once_and_one_per_issue() {
                     if let Some(run) = db.claim_control(&worker).await.unwrap() {
                         assert_eq!(run.kind(), JobKind::Help);
                         control_claimed.lock().unwrap().push(run.id.clone());
-                        assert!(db.finish(&run.id, &succeeded()).await.unwrap());
+                        assert!(db.finish(&run.id, &held(&run), &succeeded()).await.unwrap());
                     }
                     let Some(run) = db.claim_run(&worker).await.unwrap() else {
                         idle += 1;
@@ -194,7 +201,7 @@ async fn concurrent_claimers_take_each_run_once_and_one_per_issue() {
                         .lock()
                         .unwrap()
                         .remove(&run.request.issue_number);
-                    assert!(db.finish(&run.id, &succeeded()).await.unwrap());
+                    assert!(db.finish(&run.id, &held(&run), &succeeded()).await.unwrap());
                 }
             }));
         }
@@ -824,7 +831,10 @@ async fn finishing_stores_each_stop_reason_as_its_word() {
                 other => panic!("{other:?}"),
             };
             let fin = Finish::without_calls(RunStatus::Failed, *word, serde_json::json!({}));
-            assert!(db.finish(&run_id, &fin).await.unwrap());
+            assert!(db
+                .finish(&run_id, &Holder::Waiting("w".into()), &fin)
+                .await
+                .unwrap());
             let run = db.get_run(&run_id).await.unwrap().unwrap();
             assert_eq!(run.stop_reason.as_deref(), Some(*word));
             assert!(
@@ -898,7 +908,7 @@ async fn a_burst_over_three_handles_queues_each_delivery_once() {
         for db in handles.iter().cycle().take(DELIVERIES * 2) {
             if let Some(run) = db.claim_run("w").await.unwrap() {
                 assert!(seen.insert(run.id.clone()));
-                assert!(db.finish(&run.id, &succeeded()).await.unwrap());
+                assert!(db.finish(&run.id, &held(&run), &succeeded()).await.unwrap());
             }
         }
         assert_eq!(seen, queued);
@@ -1041,10 +1051,11 @@ async fn budget_reservations_racing_never_overspend() {
         for (i, run) in runs.iter().enumerate() {
             let db = handles[i % 3].clone();
             let id = run.id.clone();
+            let lease = run.lease().unwrap();
             let inst = run.request.installation_id;
             tasks.push(tokio::spawn(async move {
                 let got = db
-                    .reserve_budget(&id, inst, since, WANT, BUDGET)
+                    .reserve_budget(&id, &lease, inst, since, WANT, BUDGET)
                     .await
                     .unwrap();
                 (id, got)
@@ -1070,7 +1081,8 @@ async fn budget_reservations_racing_never_overspend() {
         for (id, _) in &by_run {
             let mut fin = succeeded();
             fin.cost_usd = if *id == spender { 0.05 } else { 0.0 };
-            assert!(handles[2].finish(id, &fin).await.unwrap());
+            let run = runs.iter().find(|r| r.id == *id).unwrap();
+            assert!(handles[2].finish(id, &held(run), &fin).await.unwrap());
         }
         let spent = handles[1].spend_since(inst, since).await.unwrap();
         assert!((spent - 0.05).abs() < 1e-9, "settled to the cost: {spent}");
@@ -1090,8 +1102,12 @@ async fn engine_slots_racing_never_exceed_max_runs() {
             .map(|(i, run)| {
                 let db = handles[i % 3].clone();
                 let id = run.id.clone();
+                let lease = run.lease().unwrap();
                 tokio::spawn(async move {
-                    let got = db.take_engine_slot(&id, "builder-2", 4).await.unwrap();
+                    let got = db
+                        .take_engine_slot(&id, &lease, "builder-2", 4)
+                        .await
+                        .unwrap();
                     (id, got)
                 })
             })
@@ -1107,21 +1123,25 @@ async fn engine_slots_racing_never_exceed_max_runs() {
         // Another engine is counted apart.
         let other = runs.iter().find(|r| !granted.contains(&r.id)).unwrap();
         assert!(handles[1]
-            .take_engine_slot(&other.id, "local", 1)
+            .take_engine_slot(&other.id, &other.lease().unwrap(), "local", 1)
             .await
             .unwrap());
         // A run that ends frees its slot for the next.
-        assert!(handles[2].finish(&granted[0], &succeeded()).await.unwrap());
+        let first = runs.iter().find(|r| r.id == granted[0]).unwrap();
+        assert!(handles[2]
+            .finish(&granted[0], &held(first), &succeeded())
+            .await
+            .unwrap());
         let waiting = runs
             .iter()
             .find(|r| !granted.contains(&r.id) && r.id != other.id)
             .unwrap();
         assert!(handles[1]
-            .take_engine_slot(&waiting.id, "builder-2", 4)
+            .take_engine_slot(&waiting.id, &waiting.lease().unwrap(), "builder-2", 4)
             .await
             .unwrap());
         assert!(!handles[0]
-            .take_engine_slot(&other.id, "builder-2", 4)
+            .take_engine_slot(&other.id, &other.lease().unwrap(), "builder-2", 4)
             .await
             .unwrap());
     }
@@ -1144,11 +1164,12 @@ async fn pull_commits_and_repairs_are_kept_once_per_commit() {
             other => panic!("{other:?}"),
         };
         let repo = "octo/widgets";
+        let lease = db.claim_run("w").await.unwrap().unwrap().lease().unwrap();
         assert_eq!(db.pull_kodx_opened(repo, &[8]).await.unwrap(), None);
-        db.record_pull_commit(repo, 8, "c1", &opener, "code", true)
+        db.record_pull_commit(repo, 8, "c1", &opener, &lease, "code", true)
             .await
             .unwrap();
-        db.record_pull_commit(repo, 8, "c1", &opener, "code", true)
+        db.record_pull_commit(repo, 8, "c1", &opener, &lease, "code", true)
             .await
             .unwrap();
         assert_eq!(
@@ -1185,7 +1206,7 @@ async fn pull_commits_and_repairs_are_kept_once_per_commit() {
         assert_eq!(db.repairs_since_maintainer(repo, 8).await.unwrap().len(), 1);
         // A maintainer's run starts the count over.
         tokio::time::sleep(Duration::from_millis(5)).await;
-        db.record_pull_commit(repo, 8, "c3", &opener, "continue", false)
+        db.record_pull_commit(repo, 8, "c3", &opener, &lease, "continue", false)
             .await
             .unwrap();
         assert!(db
@@ -1194,5 +1215,130 @@ async fn pull_commits_and_repairs_are_kept_once_per_commit() {
             .unwrap()
             .is_empty());
         db.close().await;
+    }
+}
+
+/// Ends every running run's lease (as if its process had stopped long ago), on either backend.
+async fn expire_every_lease(url: &str) {
+    const SQL: &str = "UPDATE runs SET lease_expires_at = 0 WHERE status = 'running'";
+    if url.starts_with("postgres") {
+        let raw = sqlx::PgPool::connect(url).await.unwrap();
+        sqlx::query(SQL).execute(&raw).await.unwrap();
+        raw.close().await;
+    } else {
+        let raw = sqlx::SqlitePool::connect(url).await.unwrap();
+        sqlx::query(SQL).execute(&raw).await.unwrap();
+        raw.close().await;
+    }
+}
+
+/// Fencing: process A claims a run, stops past its lease, and B takes the run over. Every
+/// write A then makes carrying its old lease — a phase, a transcript record, a budget
+/// reservation, an engine slot, a pull request's commit, the run's end — changes nothing,
+/// and so does a stale claim of B's own worker (an earlier attempt); B's writes stand.
+#[tokio::test]
+async fn writes_with_a_lost_lease_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in each_backend(dir.path()).await {
+        let a = Db::open(&url).await.unwrap();
+        let b = Db::open(&url).await.unwrap();
+        let Accepted::Queued { run_id } = a
+            .accept(
+                &delivery(&format!("fence-{url}")),
+                Some(&new_run("code", 1)),
+            )
+            .await
+            .unwrap()
+        else {
+            panic!("queued")
+        };
+        let old = a
+            .claim_run("process-a")
+            .await
+            .unwrap()
+            .unwrap()
+            .lease()
+            .unwrap();
+        assert_eq!(old.epoch, 1);
+        assert!(a.set_phase(&run_id, &old, "working").await.unwrap());
+        // A stops; its lease runs out and B takes the run over.
+        expire_every_lease(&url).await;
+        assert_eq!(b.recover("process-b", 3).await.unwrap().len(), 1);
+        let run = b.claim_run("process-b").await.unwrap().unwrap();
+        let lease = run.lease().unwrap();
+        assert_eq!((lease.worker.as_str(), lease.epoch), ("process-b", 2));
+        assert!(b.set_phase(&run_id, &lease, "setting_up").await.unwrap());
+        let reserved = b
+            .reserve_budget(&run_id, &lease, 42, 0, 200_000, 1_000_000)
+            .await
+            .unwrap();
+        b.append_transcript(&run_id, &lease, 0, r#"{"by":"b"}"#)
+            .await
+            .unwrap();
+
+        // A goes on, and B's own stale attempt too: nothing they write lands.
+        let stale_b = Lease {
+            worker: "process-b".into(),
+            epoch: 1,
+        };
+        for stale in [&old, &stale_b] {
+            assert!(!a.hold_lease(&run_id, stale).await.unwrap());
+            assert!(!a.set_phase(&run_id, stale, "working").await.unwrap());
+            let err = a
+                .append_transcript(&run_id, stale, 1, r#"{"by":"a"}"#)
+                .await
+                .unwrap_err();
+            assert!(matches!(err, kodx::db::DbError::NotHeld(_)), "{err}");
+            let err = a
+                .reserve_budget(&run_id, stale, 42, 0, 900_000, 1_000_000)
+                .await
+                .unwrap_err();
+            assert!(matches!(err, kodx::db::DbError::NotHeld(_)), "{err}");
+            assert!(!a
+                .take_engine_slot(&run_id, stale, "builder", 5)
+                .await
+                .unwrap());
+            a.record_pull_commit("octo/widgets", 8, "c-a", &run_id, stale, "code", true)
+                .await
+                .unwrap();
+            let mut fin = succeeded();
+            fin.result = r#"{"by":"a"}"#.into();
+            assert!(!a
+                .finish(&run_id, &Holder::Lease(stale.clone()), &fin)
+                .await
+                .unwrap());
+        }
+        // Nor does an end written as if the run were still waiting.
+        assert!(!a
+            .finish(&run_id, &Holder::Waiting("process-a".into()), &succeeded())
+            .await
+            .unwrap());
+        let now = b.get_run(&run_id).await.unwrap().unwrap();
+        assert_eq!(now.status, RunStatus::Running, "{now:?}");
+        assert_eq!(now.lease(), Some(lease.clone()));
+        assert_eq!(now.phase.as_deref(), Some("setting_up"));
+        assert_eq!(b.next_transcript_seq(&run_id).await.unwrap(), 1);
+        assert_eq!(
+            b.kodx_commit_run("octo/widgets", 8, "c-a").await.unwrap(),
+            None
+        );
+        assert!(b
+            .take_engine_slot(&run_id, &lease, "builder", 1)
+            .await
+            .unwrap());
+
+        // B's end stands.
+        let mut fin = succeeded();
+        fin.result = r#"{"by":"b"}"#.into();
+        assert!(b
+            .finish(&run_id, &Holder::Lease(lease), &fin)
+            .await
+            .unwrap());
+        let ended = b.get_run(&run_id).await.unwrap().unwrap();
+        assert_eq!(ended.status, RunStatus::Succeeded);
+        assert_eq!(ended.result.as_deref(), Some(r#"{"by":"b"}"#));
+        assert!(reserved > 0);
+        a.close().await;
+        b.close().await;
     }
 }

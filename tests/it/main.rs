@@ -50,6 +50,7 @@ mod serve_lifecycle;
 mod serve_network;
 mod serve_operator;
 mod serve_postgres;
+mod serve_postgres_fencing;
 mod serve_proxy;
 mod serve_runpage;
 mod serve_runs;

@@ -11,7 +11,7 @@ use serde_json::json;
 
 /// A server on a fresh PostgreSQL database; `None` when `KODX_SKIP_POSTGRES=1` asked to
 /// test SQLite only (it prints why).
-async fn served_on_postgres(test: &str) -> Option<Served> {
+pub(crate) async fn served_on_postgres(test: &str) -> Option<Served> {
     let Some(admin) = test_databases::postgres_admin_url() else {
         eprintln!("SKIPPED {test}: KODX_SKIP_POSTGRES=1");
         return None;
@@ -274,7 +274,7 @@ async fn an_intake_process_queues_and_a_worker_process_runs() {
 }
 
 /// SIGTERM, then wait: a graceful stop.
-async fn terminate(child: &mut tokio::process::Child) {
+pub(crate) async fn terminate(child: &mut tokio::process::Child) {
     let pid = child.id().expect("running") as i32;
     // SAFETY: kill(2) with a pid this test spawned and has not reaped.
     unsafe { libc::kill(pid, libc::SIGTERM) };

@@ -197,6 +197,7 @@ async fn record_pull_commit(cx: &RunCtx<'_>, pr_url: Option<&str>) {
             pull,
             &sha,
             &cx.run.id,
+            cx.fence.lease(),
             request.job.kind().as_str(),
             opened,
         )

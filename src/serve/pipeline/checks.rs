@@ -40,6 +40,10 @@ pub(in crate::serve) async fn report_checks(
         details_url: link,
         external_id: Some(cx.run.id.clone()),
     };
+    // Only while this process holds the run (else it ends here, silently).
+    if !cx.fence.holds().await {
+        return Ok(());
+    }
     match gh.create_check_run(&cx.repo, &run).await {
         Ok(url) => {
             tracing::info!(%url, "check run created");

@@ -6,7 +6,7 @@ use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::agent::{Outcome, StopReason};
-use crate::db::{EndReason, Finish, Run, RunStatus};
+use crate::db::{EndReason, Finish, Holder, Run, RunStatus};
 use crate::serve::texts;
 use crate::serve::texts::status::{self as comment, Done};
 
@@ -143,13 +143,17 @@ impl Services {
             Err(RunFailure::Internal(e)) if e.downcast_ref::<Panicked>().is_some() => {
                 // Nothing else would ever finish the run of a task that panicked (the
                 // worker logged it).
-                self.finish_quietly(
-                    run,
-                    RunStatus::Failed,
-                    EndReason::InternalError,
-                    serde_json::json!({ "error": format!("{e:#}") }),
-                )
-                .await;
+                let ended_here = self
+                    .finish_quietly(
+                        run,
+                        RunStatus::Failed,
+                        EndReason::InternalError,
+                        serde_json::json!({ "error": format!("{e:#}") }),
+                    )
+                    .await;
+                if !ended_here {
+                    return;
+                }
                 let text = texts::internal_error("a worker task panicked", &run.id);
                 let done = self.failed_done(run, StopReason::Error, text);
                 self.post_done(run, &done).await;
@@ -199,8 +203,18 @@ impl Services {
             .to_string(),
             pr_url: done.pr_url.clone(),
         };
-        if let Err(e) = self.db.finish(&run.id, &fin).await {
-            tracing::error!("recording the end of the run failed: {e}");
+        stop_before_finish_for_tests();
+        match self.db.finish(&run.id, &self.holder(run), &fin).await {
+            Ok(true) => {}
+            Ok(false) => {
+                // Ended already, or another process holds it now (this one was paused or
+                // cut off past its lease): its end is that process's to write and post.
+                tracing::warn!("run given up here: another process holds it now");
+                return;
+            }
+            // The database could not say: the outcome is still shown (as before the
+            // database failed), and the run is recovered when it answers again.
+            Err(e) => tracing::error!("recording the end of the run failed: {e}"),
         }
         self.metrics.run_finished(
             run.kind().as_str(),
@@ -222,20 +236,34 @@ impl Services {
         }
     }
 
-    /// Records a run that ended without a model call: its row and its metrics.
+    /// Records a run that ended without a model call: its row and its metrics. Whether
+    /// the end is this process's to say (`false`: the run had ended, or another process
+    /// holds it now; nothing was written and nothing should be posted).
     pub(in crate::serve) async fn finish_quietly(
         &self,
         run: &Run,
         status: RunStatus,
         reason: EndReason,
         result: serde_json::Value,
-    ) {
+    ) -> bool {
+        let fin = Finish::without_calls(status, reason.clone(), result);
+        match self.db.finish(&run.id, &self.holder(run), &fin).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!("the run's end was not recorded here: it ended already, or another process holds it now");
+                return false;
+            }
+            Err(e) => tracing::error!("recording the end of the run failed: {e}"),
+        }
         self.metrics
             .run_finished(run.kind().as_str(), reason.as_str(), 0.0, Duration::ZERO);
-        let fin = Finish::without_calls(status, reason, result);
-        if let Err(e) = self.db.finish(&run.id, &fin).await {
-            tracing::error!("recording the end of the run failed: {e}");
-        }
+        true
+    }
+
+    /// Who ends `run` here: the claim that `run` (as this process read it) shows this
+    /// process running it under, else this process as a run waits.
+    fn holder(&self, run: &Run) -> Holder {
+        Holder::of(run, &self.worker_id)
     }
 
     /// A run's end without a model call, with `failure` as what the status comment says.
@@ -248,6 +276,18 @@ impl Services {
         let mut done = Done::new(run_kind(run), zero_outcome(reason, 0.0, String::new()));
         done.failure = Some(failure);
         done
+    }
+}
+
+/// Tests only: with `KODX_TEST_STOP_BEFORE_FINISH=1` the process stops itself (`SIGSTOP`)
+/// once a run's work is over and every check of its lease is behind it, just before its end
+/// is written — so a test can let another process take the run over and then resume this
+/// one (`SIGCONT`), and see that the end written with a lost lease changes nothing.
+fn stop_before_finish_for_tests() {
+    if std::env::var("KODX_TEST_STOP_BEFORE_FINISH").is_ok_and(|v| v == "1") {
+        tracing::warn!("KODX_TEST_STOP_BEFORE_FINISH=1: stopping before the run's end is written");
+        // SAFETY: raise(3) with a valid signal number; SIGSTOP stops the whole process.
+        unsafe { libc::raise(libc::SIGSTOP) };
     }
 }
 

@@ -195,11 +195,13 @@ impl Engines {
         out
     }
 
-    /// Places run `run_id` (image `image`, repository `scope`) on an engine, waiting while
-    /// every engine that answers is full. Fails at once when none answers.
+    /// Places run `run_id` (running under `lease`; image `image`, repository `scope`) on an
+    /// engine, waiting while every engine that answers is full. Fails at once when none
+    /// answers.
     pub async fn place(
         &self,
         run_id: &str,
+        lease: &crate::db::Lease,
         image: &str,
         scope: &str,
     ) -> Result<Placement, NoEngine> {
@@ -276,7 +278,10 @@ impl Engines {
                 // Processes sharing the queue share the engines: the database counts
                 // their runs on it (dropping the placement gives the local slot back).
                 if let Some(db) = &self.shared {
-                    match db.take_engine_slot(run_id, &m.name, m.max_runs).await {
+                    match db
+                        .take_engine_slot(run_id, lease, &m.name, m.max_runs)
+                        .await
+                    {
                         Ok(true) => {}
                         Ok(false) => continue,
                         Err(e) => {
@@ -458,6 +463,10 @@ mod tests {
 
     #[tokio::test]
     async fn an_engine_is_out_after_two_missed_checks_and_placement_says_why() {
+        let lease = crate::db::Lease {
+            worker: "w".into(),
+            epoch: 1,
+        };
         let engines = Engines::new(None, &[gone("a"), gone("b")], 2);
         engines.check().await;
         // One missed check is not an outage.
@@ -466,7 +475,7 @@ mod tests {
         let statuses = engines.statuses();
         assert!(statuses.iter().all(|s| !s.up), "{statuses:?}");
         let err = engines
-            .place("r1", "img", "acme/widgets")
+            .place("r1", &lease, "img", "acme/widgets")
             .await
             .err()
             .unwrap();

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::ending::zero_outcome;
 use super::{Ending, Fence, RunCtx, RunFailure, RunLog, Services, StatusComment};
 use crate::agent::{Agent, Outcome, Progress, Record, StopReason};
-use crate::db::{Db, Run, RunStatus};
+use crate::db::{Db, DbError, Run, RunStatus};
 use crate::model::{Message, Provider, ProviderError, Request, Response};
 use crate::program::Plan;
 use crate::sandbox::{ChangeSet, DockerSandbox, Exported, FeedOutput, Sandbox, SandboxError};
@@ -101,7 +101,7 @@ pub(in crate::serve) async fn execute(
     if cancel.is_cancelled() {
         return Ok(Executed::Over(cancelled_early(run_plan)));
     }
-    let sandbox = match container(svc, run, run_plan, &workspace, cancel, log).await? {
+    let sandbox = match container(svc, run, fence, run_plan, &workspace, cancel, log).await? {
         Ok(sandbox) => sandbox,
         Err(over) => return Ok(Executed::Over(over)),
     };
@@ -116,7 +116,7 @@ pub(in crate::serve) async fn execute(
             cancel.cancel();
         })
     });
-    svc.set_phase(run, "working").await;
+    svc.set_phase(run, fence, "working").await;
     let (progress_tx, progress_rx) = tokio::sync::watch::channel(None::<Progress>);
     let updater = {
         let (status, interval) = (status.clone(), svc.settings.status_interval());
@@ -136,7 +136,12 @@ pub(in crate::serve) async fn execute(
             let _ = records_tx.send(line);
         }
     }
-    let writer = tokio::spawn(write_transcript(svc.db.clone(), run.id.clone(), records_rx));
+    let writer = tokio::spawn(write_transcript(
+        svc.db.clone(),
+        run.id.clone(),
+        fence.clone(),
+        records_rx,
+    ));
     let fenced = Fenced {
         inner: &sandbox,
         fence,
@@ -201,6 +206,7 @@ pub(in crate::serve) async fn execute(
 async fn container(
     svc: &Services,
     run: &Run,
+    fence: &Fence,
     run_plan: &RunPlan,
     workspace: &Workspace,
     cancel: &CancellationToken,
@@ -215,7 +221,7 @@ async fn container(
     let mut failures = Vec::new();
     loop {
         let placed = tokio::select! {
-            p = svc.engine.place(&run.id, &spec.image, &run.request.repo) => p,
+            p = svc.engine.place(&run.id, fence.lease(), &spec.image, &run.request.repo) => p,
             _ = cancel.cancelled() => return Ok(Err(cancelled_early(run_plan))),
         };
         let placement = match placed {
@@ -281,17 +287,25 @@ async fn container(
 }
 
 impl Services {
-    /// Notes the run's phase (for `/runs` and recovery); a failure is only logged.
-    async fn set_phase(&self, run: &Run, phase: &str) {
-        if let Err(e) = self.db.set_phase(&run.id, phase).await {
-            tracing::warn!("recording the run's phase {phase:?} failed: {e}");
+    /// Notes the run's phase (for `/runs` and recovery) while its lease holds it (else
+    /// the run is lost here); a failure is only logged.
+    async fn set_phase(&self, run: &Run, fence: &Fence, phase: &str) {
+        match self.db.set_phase(&run.id, fence.lease(), phase).await {
+            Ok(true) => {}
+            Ok(false) => fence.lose(),
+            Err(e) => tracing::warn!("recording the run's phase {phase:?} failed: {e}"),
         }
     }
 
     /// Shows that the run is setting up, before its clone.
-    pub(in crate::serve) async fn setting_up(&self, run: &Run, status: &StatusComment) {
+    pub(in crate::serve) async fn setting_up(
+        &self,
+        run: &Run,
+        fence: &Fence,
+        status: &StatusComment,
+    ) {
         status.edit(&Phase::SettingUp).await;
-        self.set_phase(run, "setting_up").await;
+        self.set_phase(run, fence, "setting_up").await;
     }
 }
 
@@ -319,12 +333,19 @@ fn stopped(plan: &Plan, reason: StopReason) -> Outcome {
 async fn write_transcript(
     db: Db,
     run_id: String,
+    fence: Fence,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<String>,
 ) {
     let mut seq = db.next_transcript_seq(&run_id).await.unwrap_or(0);
     while let Some(line) = rx.recv().await {
-        if let Err(e) = db.append_transcript(&run_id, seq, &line).await {
-            tracing::warn!("writing the transcript failed: {e}");
+        match db
+            .append_transcript(&run_id, fence.lease(), seq, &line)
+            .await
+        {
+            Ok(()) => {}
+            // Another process runs it now: its transcript is that process's.
+            Err(DbError::NotHeld(_)) => fence.lose(),
+            Err(e) => tracing::warn!("writing the transcript failed: {e}"),
         }
         seq += 1;
     }

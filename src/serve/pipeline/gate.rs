@@ -409,6 +409,7 @@ impl Services {
     pub(in crate::serve) async fn reserve(
         &self,
         run: &Run,
+        lease: &crate::db::Lease,
         admission: &mut Admission,
         kind: RunKind,
     ) -> anyhow::Result<Option<Refusal>> {
@@ -422,6 +423,7 @@ impl Services {
             .db
             .reserve_budget(
                 &run.id,
+                lease,
                 run.request.installation_id,
                 month_start_ms(crate::db::now_ms()),
                 crate::db::to_micros(want),
@@ -470,8 +472,12 @@ impl Services {
             Refusal::Dismissed(_) => RunStatus::Succeeded,
             _ => RunStatus::Failed,
         };
-        self.finish_quietly(run, status, refusal.end_reason(), refusal.to_json())
-            .await;
+        if !self
+            .finish_quietly(run, status, refusal.end_reason(), refusal.to_json())
+            .await
+        {
+            return;
+        }
         if let Refusal::Dismissed(why) = refusal {
             tracing::info!("dismissed: {why}");
             return;

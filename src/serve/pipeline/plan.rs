@@ -160,7 +160,9 @@ impl RunCtx<'_> {
         follow_up: Option<super::context::FollowUp>,
     ) -> Result<RunPlan, RunFailure> {
         use anyhow::Context as _;
-        self.svc.setting_up(self.run, &self.status).await;
+        self.svc
+            .setting_up(self.run, self.fence, &self.status)
+            .await;
         // The issue and the repository's own context are read side by side.
         let (issue, rules) = tokio::join!(
             self.read_issue(),

@@ -30,7 +30,7 @@ impl Workers {
         let started = Instant::now();
         let cancel = CancellationToken::new();
         let cancelled_by = Arc::new(Mutex::new(None));
-        let fence = Fence::new(self.db.clone(), &run.id, &self.worker_id, cancel.clone());
+        let fence = Fence::new(self.db.clone(), &run, &self.worker_id, cancel.clone());
         self.running.lock().insert(
             run.id.clone(),
             RunHandle {
@@ -156,7 +156,10 @@ impl Workers {
         *final_status = Some(status.clone());
         // Its cost cap is reserved against the monthly budget now, so runs starting
         // together (here or in other processes) cannot spend the same dollars twice.
-        if let Some(refusal) = self.reserve(run, &mut admission, kind).await? {
+        if let Some(refusal) = self
+            .reserve(run, fence.lease(), &mut admission, kind)
+            .await?
+        {
             return self.refused_after_wait(run, refusal);
         }
         *log.admission.lock() = Some(admission.to_json(kind, &self.settings.maxima()));

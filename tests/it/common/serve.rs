@@ -271,6 +271,36 @@ impl Served {
         .await
     }
 
+    /// [`Served::spawn_another`] with its environment changed: `set` added (replacing what
+    /// it names), `unset` removed.
+    pub async fn spawn_another_with(
+        &self,
+        args: &[&str],
+        set: &[(&str, &str)],
+        unset: &[&str],
+    ) -> (tokio::process::Child, String) {
+        let mut env: Vec<(String, String)> = self
+            .env
+            .iter()
+            .filter(|(k, _)| !unset.contains(&k.as_str()) && !set.iter().any(|(s, _)| s == k))
+            .cloned()
+            .collect();
+        env.extend(set.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        spawn(&env, args, false, self.fd_limit, self.dir.path(), &self.log).await
+    }
+
+    /// Whether the `kodx serve` process is stopped (`SIGSTOP`).
+    pub fn is_stopped(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.kodx_pid()))
+            .ok()
+            .and_then(|stat| {
+                // The state follows the command's name, which is in parentheses.
+                let (_, after) = stat.rsplit_once(')')?;
+                after.split_whitespace().next().map(|state| state == "T")
+            })
+            .unwrap_or(false)
+    }
+
     /// The host's pid of the `kodx serve` process (inside a PID namespace it is PID 1 there,
     /// a child of `unshare` here).
     pub fn kodx_pid(&self) -> u32 {

@@ -1,0 +1,195 @@
+//! Leases fenced to the last write, with real `kodx serve` processes on one PostgreSQL: a
+//! process stopped past its lease whose run another process took over changes nothing when
+//! it goes on, however far it had got; and a process whose clock runs ahead takes no live
+//! run back (leases run out by the database's clock).
+
+use std::time::Duration;
+
+use crate::common;
+use crate::common::serve::{text, tool, usage, Options, Served, REPO};
+use crate::serve_postgres::terminate;
+use kodx::db::test_databases;
+use kodx::db::RunStatus;
+
+/// The test knob that stops the server just before it writes a run's end (after every
+/// check of its lease), so the test can resume it after another process took the run over.
+const STOP_BEFORE_FINISH: &str = "KODX_TEST_STOP_BEFORE_FINISH";
+
+/// A server on a fresh PostgreSQL database with `extra_env`; `None` when
+/// `KODX_SKIP_POSTGRES=1` asked to test SQLite only (it prints why).
+async fn served_on_postgres_with(test: &str, extra_env: &[(&str, &str)]) -> Option<Served> {
+    let Some(admin) = test_databases::postgres_admin_url() else {
+        eprintln!("SKIPPED {test}: KODX_SKIP_POSTGRES=1");
+        return None;
+    };
+    let url = test_databases::fresh_postgres_database(&admin).await;
+    Some(
+        Served::start(Options {
+            workers: true,
+            database_url: Some(url),
+            extra_env: extra_env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Options::default()
+        })
+        .await,
+    )
+}
+
+/// Process A finishes an ask's work and is stopped (`SIGSTOP`) right before it writes the
+/// run's end — past every check of its lease. Its lease runs out; process B takes the run
+/// over and is in the middle of it when A goes on (`SIGCONT`): A's end changes no row and
+/// posts nothing (its answer never shows), and B's result stands.
+#[tokio::test]
+async fn a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing() {
+    let engine = common::require_engine!();
+    let Some(mut s) = served_on_postgres_with(
+        "a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing",
+        &[(STOP_BEFORE_FINISH, "1")],
+    )
+    .await
+    else {
+        return;
+    };
+    s.github.add_issue(REPO, 7, "Question", "", "carol");
+    s.model
+        .reply(text("The answer from A."), "end_turn", usage(1000, 10));
+    let run = s.comment(7, "alice", "/kodx ask what is this?").await;
+    s.wait_for(
+        "A to stop before writing the run's end",
+        Duration::from_secs(120),
+        || s.is_stopped(),
+    )
+    .await;
+
+    // B: a worker without the knob. It takes the run over once A's lease ran out, and is in
+    // its first command when A goes on.
+    s.model.reply(tool("sleep 15"), "tool_use", usage(1000, 10));
+    s.model
+        .reply(text("The answer from B."), "end_turn", usage(1000, 10));
+    let (mut other, _) = s
+        .spawn_another_with(&["--role", "worker"], &[], &[STOP_BEFORE_FINISH])
+        .await;
+    s.wait_for("B's first model call", Duration::from_secs(120), || {
+        s.model.requests().len() == 2
+    })
+    .await;
+    s.signal("CONT");
+    s.wait_for("A to give the run up", Duration::from_secs(60), || {
+        s.log()
+            .contains("run given up here: another process holds it now")
+    })
+    .await;
+    let db = s.db().await;
+    let stored = db.get_run(&run.0).await.unwrap().unwrap();
+    assert_eq!(
+        stored.status,
+        RunStatus::Running,
+        "A ended B's run: {stored:?}"
+    );
+    assert_eq!(stored.attempts, 2, "{stored:?}");
+
+    // B ends the run; nothing A had was ever shown or stored.
+    let done = s
+        .bot_comment_where(7, "B's answer", |c| c.body.contains("The answer from B."))
+        .await;
+    for c in common::serve::bot_comments(&s, 7) {
+        for body in c.edits.iter().chain([&c.body]) {
+            assert!(!body.contains("The answer from A."), "{body}");
+        }
+    }
+    assert_eq!(s.model.requests().len(), 3);
+    let stored = db.get_run(&run.0).await.unwrap().unwrap();
+    assert_eq!(stored.status, RunStatus::Succeeded, "{stored:?}");
+    let result = stored.result.as_deref().unwrap_or_default();
+    assert!(result.contains("The answer from B."), "{result}");
+    assert!(!result.contains("The answer from A."), "{result}");
+    assert!(done.body.contains("answered"), "{}", done.body);
+    db.close().await;
+    terminate(&mut other).await;
+    common::assert_gone(&engine, &run.container_label()).await;
+    s.reaction(&s.trigger(&run), "rocket").await;
+    s.finish().await;
+}
+
+/// libfaketime, which makes a process's clock run ahead (Debian's `faketime`).
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// Process B's clock runs 60 s ahead (libfaketime; its monotonic clock is left alone)
+/// while process A is in the middle of a code run: by B's clock A's lease ran out 30 s
+/// ago, but leases run out by the database's clock, so B's recovery — at its start and
+/// every third of a lease — leaves the run alone.
+#[tokio::test]
+async fn a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run() {
+    let engine = common::require_engine!();
+    assert!(
+        std::path::Path::new(FAKETIME_LIB).exists(),
+        "{FAKETIME_LIB} is missing: apt-get install faketime"
+    );
+    let Some(mut s) = served_on_postgres_with(
+        "a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run",
+        &[],
+    )
+    .await
+    else {
+        return;
+    };
+    let skewed = [
+        ("LD_PRELOAD", FAKETIME_LIB),
+        ("FAKETIME", "+60"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    // The preload works here: a process under it reads a clock a minute ahead.
+    let date = std::process::Command::new("date")
+        .arg("+%s")
+        .envs(skewed)
+        .output()
+        .unwrap();
+    let ahead: i64 = String::from_utf8_lossy(&date.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let now = kodx::db::now_ms() / 1000;
+    assert!((55..=65).contains(&(ahead - now)), "{ahead} vs {now}");
+
+    let run = s.code_run_in_its_first_command().await;
+    let (mut other, _) = s
+        .spawn_another_with(&["--role", "worker"], &skewed, &[])
+        .await;
+    // Its recovery at start, then two more passes.
+    tokio::time::sleep(Duration::from_millis(
+        kodx::db::LEASE_MS as u64 * 2 / 3 + 3_000,
+    ))
+    .await;
+    let db = s.db().await;
+    let stored = db.get_run(&run.0).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.status, stored.attempts, stored.recovered),
+        (RunStatus::Running, 1, false),
+        "the process a minute ahead took a live run: {stored:?}\n{}",
+        s.log()
+    );
+    assert_eq!(s.model.requests().len(), 1);
+    assert!(
+        !s.log().contains("run left running by a dead process"),
+        "{}",
+        s.log()
+    );
+
+    // A still holds it: a cancel stops it there, as usual.
+    let touched = db.cancel_issue(REPO, 7, "bob").await.unwrap();
+    assert_eq!(touched.len(), 1);
+    s.bot_comment_where(7, "the cancelled run", |c| {
+        c.body.contains("Cancelled by @bob")
+    })
+    .await;
+    let stored = db.get_run(&run.0).await.unwrap().unwrap();
+    assert_eq!(stored.status, RunStatus::Cancelled, "{stored:?}");
+    assert_eq!(stored.attempts, 1, "{stored:?}");
+    db.close().await;
+    terminate(&mut other).await;
+    common::assert_gone(&engine, &run.container_label()).await;
+    s.reaction(&s.trigger(&run), "confused").await;
+    s.finish().await;
+}
