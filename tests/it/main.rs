@@ -50,6 +50,7 @@ mod serve_network;
 mod serve_postgres;
 mod serve_proxy;
 mod serve_runpage;
+mod serve_runpage_limits;
 mod serve_runs;
 mod serve_setup;
 mod serve_webhook;
