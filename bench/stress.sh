@@ -13,7 +13,9 @@
 #   tar              peak RSS <= 200 MB: a 2.3 GB sparse file made in the workspace, a
 #                    1.5 GB file in the repository, 120 MB of ignored build output
 #   webhook          /healthz <= 2 s, a signed delivery accepted, RSS <= 300 MB during
-#                    40 held 25 MiB unsigned bodies and 20,000 idle connections
+#                    40 held 25 MiB unsigned bodies, 20,000 idle connections, and (issue
+#                    26) a 300-step run of 20 KB "< outputs under 1,000 page views that
+#                    read nothing and 100 live streams (KODX_STRESS_ONLY=a|b|c: one)
 #   transcripts      a run's transcript <= 1.5x the distinct content sent, at 6/25/50 steps
 #   sandbox_network  what the network fence and the disk watchdog add to a sandbox start
 #   proxy            RSS (VmHWM) < 100 MB and /healthz <= 2 s while the WEBHOOK_PROXY_URL

@@ -10,10 +10,14 @@
 //!   (b) 20,000 idle connections that never send a byte (opened by child processes,
 //!       10,000 each, since one process may hold only `ulimit -n` descriptors;
 //!       `KODX_STRESS_IDLE` sets another number).
+//!   (c) a 300-step run whose outputs are 20,000 characters of `"<` (about 100 KB each
+//!       once escaped): 1,000 page views that never read a byte of their answer (four
+//!       from each of 250 loopback addresses, over every page of the run, so no two share
+//!       a cached page more than needed), and 100 live streams of the run.
 //! During each it measures: how long `/healthz` takes to answer (target <= 2 s), whether a
 //! validly signed delivery is accepted (202), and kodx's peak and current RSS (VmHWM and
 //! VmRSS from /proc/<pid>/status; target <= 300 MB). Each figure is printed against its
-//! target; the test fails when one is missed. `KODX_STRESS_ONLY=a` (or `b`) runs one.
+//! target; the test fails when one is missed. `KODX_STRESS_ONLY=a` (or `b`, `c`) runs one.
 
 #[path = "it/common/mod.rs"]
 mod common;
@@ -486,6 +490,123 @@ async fn idle_connections(report: &mut Report) {
     }
 }
 
+const PAGE_READERS: usize = 1_000;
+/// Loopback addresses the readers come from (127.0.1.1 …).
+const READER_ADDRESSES: usize = 250;
+const LIVE_STREAMS: usize = 100;
+
+/// (c): a long run's pages, asked for by readers that take nothing, and its live streams.
+async fn run_pages(report: &mut Report) {
+    println!(
+        "\n(c) a 300-step run of 20,000-character \"< outputs: {PAGE_READERS} page views that \
+         read nothing (from {READER_ADDRESSES} addresses) and {LIVE_STREAMS} live streams"
+    );
+    let s = Server::start();
+    let (queued, _) = request(
+        &s.addr,
+        &signed_delivery(9_000_010),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(queued, Ok(202), "the run is queued");
+    let db = kodx::db::Db::open(&format!(
+        "sqlite://{}",
+        s._dir.path().join("kodx.db").display()
+    ))
+    .await
+    .unwrap();
+    let run = db.recent_runs(1).await.unwrap().remove(0).id;
+    let output = common::long_run::escaping_output(20_000);
+    common::long_run::write_steps(&db, &run, 300, &output).await;
+    let key = kodx::serve::runpage::RunKey::open(&s._dir.path().join("data")).unwrap();
+    let page = format!("/runs/{run}?token={}", key.token(&run));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = sample_rss(s.pid, stop.clone());
+    let started = Instant::now();
+    let probing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let prober = probe_healthz(s.addr.clone(), probing.clone());
+    let server: std::net::SocketAddr = s.addr.parse().unwrap();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let mut readers = Vec::new();
+    for i in 0..PAGE_READERS {
+        let (asked, page) = (asked.clone(), page.clone());
+        readers.push(tokio::spawn(async move {
+            let socket = tokio::net::TcpSocket::new_v4().ok()?;
+            socket.set_recv_buffer_size(4096).ok()?;
+            let from = [127, 0, 1, 1 + (i % READER_ADDRESSES) as u8];
+            socket
+                .bind((std::net::Ipv4Addr::from(from), 0).into())
+                .ok()?;
+            let mut c = socket.connect(server).await.ok()?;
+            // Every page of the run (about 28 of them, three records a step).
+            let get = format!(
+                "GET {page}&from={} HTTP/1.1\r\nHost: kodx\r\n\r\n",
+                (i % 28) * 33
+            );
+            c.write_all(get.as_bytes()).await.ok()?;
+            asked.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Some(c)
+        }));
+    }
+    let (path, query) = page.split_once('?').unwrap();
+    let events = format!("GET {path}/events?{query}&from=897 HTTP/1.1\r\nHost: kodx\r\n\r\n");
+    let mut streams = Vec::new();
+    for _ in 0..LIVE_STREAMS {
+        let (addr, events) = (s.addr.clone(), events.clone());
+        streams.push(tokio::spawn(async move {
+            let mut c = TcpStream::connect(&addr).await.ok()?;
+            c.write_all(events.as_bytes()).await.ok()?;
+            let mut status = [0u8; 12];
+            c.read_exact(&mut status).await.ok()?;
+            let code = String::from_utf8_lossy(&status[9..12]).to_string();
+            Some((code, c))
+        }));
+    }
+    let mut live = 0;
+    let mut held_streams = Vec::new();
+    for t in streams {
+        if let Some((code, c)) = t.await.unwrap() {
+            live += usize::from(code == "200");
+            held_streams.push(c);
+        }
+    }
+    while asked.load(Ordering::Relaxed) < PAGE_READERS
+        && started.elapsed() < Duration::from_secs(60)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    report.info(
+        "attack in place after",
+        format!(
+            "{:.1} s: {} views asked, {live} of {LIVE_STREAMS} live streams open \
+             (the others refused: a run has 4)",
+            started.elapsed().as_secs_f64(),
+            asked.load(Ordering::Relaxed)
+        ),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    probing.store(true, Ordering::Relaxed);
+    check_probe(report, prober.await.unwrap());
+    let (hwm, _) = s.rss();
+    measure(&s, report, 9_000_011, hwm).await;
+    // Once the write timeout (10 s) has passed, the readers' connections are gone.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    println!("  13 s later (past the write timeout):");
+    let (hwm, _) = s.rss();
+    measure(&s, report, 9_000_012, hwm).await;
+    stop.store(true, Ordering::Relaxed);
+    let sampled = sampler.join().unwrap();
+    report.info(
+        "kodx VmHWM sampled every 50 ms",
+        format!("{} MB", sampled / 1024),
+    );
+    for r in readers {
+        r.abort();
+    }
+    drop(held_streams);
+}
+
 /// Raises this process's soft descriptor limit to its hard limit; returns it.
 fn raise_fd_limit() -> u64 {
     let mut lim = libc::rlimit {
@@ -515,11 +636,14 @@ async fn webhook_endpoint_under_unsigned_load() {
     let mut report = Report::default();
     // KODX_STRESS_ONLY=a or b runs one attack.
     let only = std::env::var("KODX_STRESS_ONLY").unwrap_or_default();
-    if only != "b" {
+    if only.is_empty() || only == "a" {
         slow_bodies(&mut report).await;
     }
-    if only != "a" {
+    if only.is_empty() || only == "b" {
         idle_connections(&mut report).await;
+    }
+    if only.is_empty() || only == "c" {
+        run_pages(&mut report).await;
     }
     println!();
     if report.missed.is_empty() {

@@ -170,6 +170,9 @@ pub struct Settings {
     /// A connection must send a complete request head within this many seconds of opening
     /// (or of its previous response), or it is closed.
     pub header_timeout_secs: f64,
+    /// A response the peer reads nothing of for this many seconds is dropped with its
+    /// connection (a write that makes no progress), also once its handler has returned.
+    pub write_timeout_secs: f64,
     /// A webhook body must arrive in full within this many seconds of its head (GitHub
     /// itself gives up on a delivery after 10 s), or it is answered `408`.
     pub body_timeout_secs: f64,
@@ -224,6 +227,7 @@ impl Default for Settings {
             max_disk_bytes: DEFAULT_MAX_DISK_BYTES,
             max_connections: 4096,
             header_timeout_secs: 10.0,
+            write_timeout_secs: 10.0,
             body_timeout_secs: 15.0,
             unverified_body_bytes: 64 * 1024 * 1024,
             repo_cache_dir: None,
@@ -259,6 +263,10 @@ impl Settings {
 
     pub fn header_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.header_timeout_secs)
+    }
+
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.write_timeout_secs)
     }
 
     pub fn body_timeout(&self) -> Duration {
@@ -316,6 +324,12 @@ impl Settings {
         if !seconds(self.header_timeout_secs) {
             return bad(
                 "header_timeout_secs",
+                "must be between 0.01 and 3600 seconds",
+            );
+        }
+        if !seconds(self.write_timeout_secs) {
+            return bad(
+                "write_timeout_secs",
                 "must be between 0.01 and 3600 seconds",
             );
         }

@@ -137,6 +137,7 @@ pub async fn serve_startup(
     let limits = intake::listen::ConnectionLimits {
         max_connections: settings.max_connections,
         header_timeout: settings.header_timeout(),
+        write_timeout: settings.write_timeout(),
         // Requests in progress end within their body deadline, and answer quickly then.
         shutdown_wait: settings.body_timeout() + std::time::Duration::from_secs(5),
     };

@@ -53,6 +53,7 @@ mod serve_postgres;
 mod serve_postgres_fencing;
 mod serve_proxy;
 mod serve_runpage;
+mod serve_runpage_limits;
 mod serve_runs;
 mod serve_setup;
 mod serve_webhook;

@@ -6,6 +6,8 @@
 //! answering while someone holds connections open without sending anything:
 //! - every connection must send a complete request head within `header_timeout_secs` of
 //!   opening or of its previous response (hyper's header read timeout), or it is closed;
+//! - a connection whose peer reads nothing of its response for `write_timeout_secs` is
+//!   closed, also once the handler has returned and only the body is left to write;
 //! - at most `max_connections` are open. At the cap a new connection replaces the oldest
 //!   one that has no request in progress (first those that never sent one, once they had
 //!   250 ms to do so, then idle keep-alive ones, then those still sending an unverified
@@ -43,6 +45,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
+use super::write_timeout::WriteTimeout;
+
 /// Descriptors kept free for everything but HTTP connections: a quarter of the limit, but
 /// at least `FD_RESERVE_MIN` and at most `FD_RESERVE_MAX` (and never more than half).
 const FD_RESERVE_MIN: u64 = 256;
@@ -79,6 +83,9 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// A request head must be complete within this.
     pub header_timeout: Duration,
+    /// A write that makes no progress for this long (the peer reads nothing) closes the
+    /// connection, also after the handler has returned ([`super::write_timeout`]).
+    pub write_timeout: Duration,
     /// How long a shutdown waits for requests in progress.
     pub shutdown_wait: Duration,
 }
@@ -133,9 +140,14 @@ struct Conn {
 
 /// The handle a request handler finds in its request's extensions.
 #[derive(Debug, Clone)]
-pub struct ConnectionHandle(Arc<Conn>);
+pub struct ConnectionHandle(Arc<Conn>, std::net::SocketAddr);
 
 impl ConnectionHandle {
+    /// The address the connection came from (a proxy's, behind one).
+    pub fn peer(&self) -> std::net::SocketAddr {
+        self.1
+    }
+
     /// Marks the connection as sending a body nobody has verified yet, until the guard
     /// is dropped: it may then be displaced like an idle one.
     pub fn unverified(&self) -> UnverifiedGuard {
@@ -304,7 +316,7 @@ pub async fn serve_http(
         );
     }
     tracing::info!(max_connections = max, fd_limit, header_timeout = ?limits.header_timeout,
-        "HTTP limits");
+        write_timeout = ?limits.write_timeout, "HTTP limits");
     let registry = Arc::new(Registry {
         conns: Mutex::new(Conns::default()),
         max,
@@ -375,8 +387,9 @@ pub async fn serve_http(
         let builder = builder.clone();
         let registry = registry.clone();
         let shutdown = shutdown.clone();
+        let stream = WriteTimeout::new(stream, limits.write_timeout);
         tracker.spawn(async move {
-            serve_connection(stream, conn, router, &builder, shutdown).await;
+            serve_connection(stream, peer, conn, router, &builder, shutdown).await;
             registry.remove(id);
         });
         // Let the connections run before taking the next one: under a flood of new
@@ -399,13 +412,14 @@ pub async fn serve_http(
 }
 
 async fn serve_connection(
-    stream: tokio::net::TcpStream,
+    stream: WriteTimeout<tokio::net::TcpStream>,
+    peer: std::net::SocketAddr,
     conn: Arc<Conn>,
     router: Router,
     builder: &http1::Builder,
     shutdown: CancellationToken,
 ) {
-    let handle = ConnectionHandle(conn.clone());
+    let handle = ConnectionHandle(conn.clone(), peer);
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         let router = router.clone();
         let handle = handle.clone();

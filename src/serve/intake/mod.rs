@@ -2,7 +2,7 @@
 //! connections, [`body`] reads webhook bodies under a memory budget, [`http`] verifies the
 //! signature and answers, [`event`] reads the delivery into a typed request, and [`proxy`]
 //! takes deliveries from a relay instead (`WEBHOOK_PROXY_URL`), its event stream read by
-//! [`sse`] under a bound. Nothing here waits on GitHub, a container or a model.
+//! [`sse`] under a bound; [`write_timeout`] drops a peer that reads nothing. Nothing here waits on GitHub, a container or a model.
 
 pub(crate) mod body;
 pub(crate) mod event;
@@ -10,3 +10,4 @@ pub(crate) mod http;
 pub mod listen;
 pub(crate) mod proxy;
 pub(crate) mod sse;
+pub(crate) mod write_timeout;

@@ -172,11 +172,7 @@ pub fn router(state: SetupMode) -> Router {
 fn page(status: StatusCode, markup: maud::Markup) -> Response {
     (
         status,
-        [
-            ("cache-control", "no-store"),
-            ("x-frame-options", "DENY"),
-            ("content-security-policy", "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; form-action *; base-uri 'none'"),
-        ],
+        page::page_headers("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; form-action *; base-uri 'none'"),
         Html(markup.into_string()),
     )
         .into_response()

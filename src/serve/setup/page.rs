@@ -32,6 +32,17 @@ pre.text{background:none;padding:0;font:inherit}
 pre.fail{border-left:3px solid #cf222e}
 ";
 
+/// The headers every HTML page of kodx is sent with: never stored by a cache or the
+/// browser (pages carry tokens and private runs), never framed by another site, and
+/// loading nothing from elsewhere; `csp` is the page's `Content-Security-Policy`.
+pub fn page_headers(csp: &'static str) -> [(&'static str, &'static str); 3] {
+    [
+        ("cache-control", "no-store"),
+        ("x-frame-options", "DENY"),
+        ("content-security-policy", csp),
+    ]
+}
+
 /// The page frame shared by kodx's pages.
 pub fn layout(title: &str, body: Markup) -> Markup {
     html! {
