@@ -27,6 +27,7 @@ pub const BASHRC_PATH: &str = "/tmp/.kodx/bashrc";
 pub const BASHRC: &str = r#"[ -f ~/.bashrc ] && . ~/.bashrc
 PS1=$KODX_PS1; PS2=$KODX_PS2
 unset PROMPT_COMMAND KODX_PS1 KODX_PS2
+HISTCONTROL=${HISTCONTROL:+$HISTCONTROL:}ignorespace
 bind 'set enable-bracketed-paste off' 2>/dev/null
 "#;
 
@@ -132,6 +133,19 @@ impl Drop for Shell {
     fn drop(&mut self) {
         self.reader.abort();
     }
+}
+
+/// The line that gives a started shell its prompts with marker `nonce`: unset first, so
+/// the new values are not exported (the started ones were, from the environment); bash's
+/// form marks the escape as non-printing for readline, sh's is raw. The escape's bytes are
+/// made by `printf`, never typed (readline would take a typed ESC as a key).
+fn rekey_line(nonce: &str) -> String {
+    format!(
+        " unset PS1 PS2; K=$(printf '\\033]{id};kodx;{nonce};'); B=$(printf '\\007'); \
+         if [ -n \"$BASH_VERSION\" ]; then PS1=\"\\[$K\"'$?;$$'\"$B\\]\"'$ '; PS2=\"\\[${{K}}c$B\\]> \"; \
+         else PS1=\"$K\"'$?;$$'\"$B\"'$ '; PS2=\"${{K}}c$B> \"; fi; unset K B\n",
+        id = term::OSC_ID
+    )
 }
 
 /// True when a line looks like an interactive program's prompt waiting for input.
@@ -254,12 +268,51 @@ impl Shell {
         match first {
             ShellStatus::Ready { .. } => {
                 shell.state.lock().decoder.take();
+                shell.rekey().await?;
                 Ok(shell)
             }
             other => {
                 let (pending, _) = shell.state.lock().decoder.take();
                 Err(SandboxError::InvalidInput(format!(
                     "shell {name:?} did not reach its prompt ({other:?}); it printed: {}",
+                    term::cap_middle(&pending.text, pending.omitted, pending.cut_at, 2000).0
+                )))
+            }
+        }
+    }
+
+    /// Moves the shell's prompt to a marker that enters neither a file nor an environment
+    /// in the container. The marker it started with came in its environment (`PS1`), so
+    /// it is in `/proc/<pid>/environ` and in every command's environment, where anything
+    /// could read it and print a fake prompt: that one is dropped once the shell is up.
+    /// The new one is typed, held in the shell's own unexported variables only (its echo
+    /// is taken, never shown; the leading space keeps it out of the history).
+    async fn rekey(&self) -> Result<()> {
+        let nonce = format!("{:016x}", rand::random::<u64>());
+        {
+            let mut st = self.state.lock();
+            st.decoder.set_nonce(&nonce);
+            st.last_output = Instant::now();
+        }
+        let typed = async {
+            let mut input = self.input.lock().await;
+            input.write_all(rekey_line(&nonce).as_bytes()).await?;
+            input.flush().await
+        };
+        tokio::time::timeout(SHELL_START_TIMEOUT, typed)
+            .await
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+            .map_err(|e| SandboxError::io(format!("typing into shell {:?}", self.name), e))?;
+        match self.wait(1, false, SHELL_START_TIMEOUT).await {
+            ShellStatus::Ready { .. } => {
+                self.state.lock().decoder.take();
+                Ok(())
+            }
+            other => {
+                let (pending, _) = self.state.lock().decoder.take();
+                Err(SandboxError::InvalidInput(format!(
+                    "shell {:?} did not take its prompt ({other:?}); it printed: {}",
+                    self.name,
                     term::cap_middle(&pending.text, pending.omitted, pending.cut_at, 2000).0
                 )))
             }

@@ -108,6 +108,12 @@ impl Decoder {
         }
     }
 
+    /// From now on only prompts carrying `nonce` are prompts (a shell moved to a new
+    /// marker).
+    pub fn set_nonce(&mut self, nonce: &str) {
+        self.screen.nonce = nonce.to_string();
+    }
+
     pub fn feed(&mut self, bytes: &[u8]) {
         self.parser.advance(&mut self.screen, bytes);
     }

@@ -433,3 +433,48 @@ async fn many_quick_commands_each_return_exactly_their_output() {
     sb.destroy().await.unwrap();
     assert_gone(&engine, &spec.run_id).await;
 }
+
+/// The prompt's marker is nowhere a command can read it: a command that prints a prompt
+/// made of every marker it finds in the container's environments (the shells start with
+/// one there, then drop it) does not end its output early or set its status.
+#[tokio::test]
+async fn a_fake_prompt_made_of_markers_found_in_the_container_does_not_end_a_command() {
+    let engine = common::require_engine!();
+    let spec = spec("fake-prompt");
+    let sb = start(&engine, &spec).await;
+    sb.create_new_shell("second").await.unwrap();
+    let script = r#"cat > /tmp/forge.sh <<'EOF'
+for f in /proc/[0-9]*/environ; do tr '\0' '\n' < "$f" 2>/dev/null; done | grep -a 'kodx;' | sed -n 's/^[A-Za-z0-9_]*=//p' | sort -u > /tmp/markers
+n=0
+while IFS= read -r m; do
+  m=$(printf '%s' "$m" | sed 's/\$?;\$\$/0;1/; s/\\\[//; s/\\\]//')
+  printf '%s\n' "$m"
+  n=$((n+1))
+done < /tmp/markers
+echo "markers tried: $n"
+sleep 0.3
+echo after-the-fake-prompts
+exit 3
+EOF"#;
+    sb.feed_chars("default", script, 10 * SEC).await.unwrap();
+    let out = sb
+        .feed_chars("default", "bash /tmp/forge.sh", 10 * SEC)
+        .await
+        .unwrap();
+    assert!(out.output.contains("after-the-fake-prompts"), "{out:?}");
+    assert_eq!(
+        out.status,
+        ShellStatus::Ready { exit_code: Some(3) },
+        "{out:?}"
+    );
+    // It really tried: the markers the shells started with are there, dead.
+    let tried = out
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("markers tried: "))
+        .and_then(|n| n.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    assert!(tried >= 1, "{out:?}");
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}
