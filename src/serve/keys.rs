@@ -113,33 +113,13 @@ impl OperatorKey {
     /// every process reading this directory, at their next request. Run links are not
     /// touched (they have their own key).
     pub fn rotate(data_dir: &Path) -> std::io::Result<()> {
-        use std::io::Write as _;
-        use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(data_dir)?;
-        let key: [u8; 32] = rand::random();
-        let tmp = data_dir.join(format!(
-            ".{OPERATOR_KEY_FILE}.{}.{:016x}",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
-        let written = (|| {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(&key)?;
-            f.sync_all()?;
-            // Atomic: a reader sees the old key or the new one, never half of one.
-            std::fs::rename(&tmp, data_dir.join(OPERATOR_KEY_FILE))
-        })();
-        if written.is_err() {
+        let (_, tmp) = write_new_key(data_dir, OPERATOR_KEY_FILE)?;
+        // Atomic: a reader sees the old key or the new one, never half of one.
+        let placed = std::fs::rename(&tmp, data_dir.join(OPERATOR_KEY_FILE));
+        if placed.is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
-        written
+        placed
     }
 }
 
@@ -152,8 +132,6 @@ fn mac(key: &[u8; 32], secs: u64) -> String {
 
 /// Reads the key `name` under `data_dir`, making it (mode 0600) the first time.
 pub(crate) fn load_or_create(data_dir: &Path, name: &str) -> std::io::Result<[u8; 32]> {
-    use std::io::Write as _;
-    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     let path = data_dir.join(name);
     let read = |path: &Path| -> std::io::Result<Option<[u8; 32]>> {
         match std::fs::read(path) {
@@ -175,8 +153,24 @@ pub(crate) fn load_or_create(data_dir: &Path, name: &str) -> std::io::Result<[u8
     // Several processes may share the data directory and start together: the key is
     // written whole under a name of this process's own, then linked into place, which
     // fails if another process was first. Nobody ever reads a half-written key.
-    // The directory holds the key (and setup mode's credentials): only kodx's user may
-    // list or enter it, whatever the umask.
+    let (key, tmp) = write_new_key(data_dir, name)?;
+    let written = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    match written {
+        Ok(()) => Ok(key),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(&path)?
+            .ok_or_else(|| std::io::Error::other(format!("{} vanished", path.display()))),
+        Err(e) => Err(e),
+    }
+}
+
+/// A new random key written whole (mode 0600, synced) under a temporary name of this
+/// process's own beside `name` in `data_dir`; the key and that file's path. The directory
+/// holds the keys (and setup mode's credentials): it is made, if missing, for kodx's user
+/// alone whatever the umask.
+fn write_new_key(data_dir: &Path, name: &str) -> std::io::Result<([u8; 32], PathBuf)> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -194,15 +188,14 @@ pub(crate) fn load_or_create(data_dir: &Path, name: &str) -> std::io::Result<[u8
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(&key)?;
-        f.sync_all()?;
-        std::fs::hard_link(&tmp, &path)
+        f.sync_all()
     })();
-    let _ = std::fs::remove_file(&tmp);
     match written {
-        Ok(()) => Ok(key),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(&path)?
-            .ok_or_else(|| std::io::Error::other(format!("{} vanished", path.display()))),
-        Err(e) => Err(e),
+        Ok(()) => Ok((key, tmp)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
     }
 }
 

@@ -12,6 +12,14 @@ use serde_json::json;
 /// A server on a fresh PostgreSQL database; `None` when `KODX_SKIP_POSTGRES=1` asked to
 /// test SQLite only (it prints why).
 pub(crate) async fn served_on_postgres(test: &str) -> Option<Served> {
+    served_on_postgres_with(test, &[]).await
+}
+
+/// [`served_on_postgres`] with `extra_env` in the server's environment.
+pub(crate) async fn served_on_postgres_with(
+    test: &str,
+    extra_env: &[(&str, &str)],
+) -> Option<Served> {
     let Some(admin) = test_databases::postgres_admin_url() else {
         eprintln!("SKIPPED {test}: KODX_SKIP_POSTGRES=1");
         return None;
@@ -21,6 +29,10 @@ pub(crate) async fn served_on_postgres(test: &str) -> Option<Served> {
         Served::start(Options {
             workers: true,
             database_url: Some(url),
+            extra_env: extra_env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             ..Options::default()
         })
         .await,

@@ -6,36 +6,13 @@
 use std::time::Duration;
 
 use crate::common;
-use crate::common::serve::{text, tool, usage, Options, Served, REPO};
-use crate::serve_postgres::terminate;
-use kodx::db::test_databases;
+use crate::common::serve::{text, tool, usage, REPO};
+use crate::serve_postgres::{served_on_postgres_with, terminate};
 use kodx::db::RunStatus;
 
 /// The test knob that stops the server just before it writes a run's end (after every
 /// check of its lease), so the test can resume it after another process took the run over.
 const STOP_BEFORE_FINISH: &str = "KODX_TEST_STOP_BEFORE_FINISH";
-
-/// A server on a fresh PostgreSQL database with `extra_env`; `None` when
-/// `KODX_SKIP_POSTGRES=1` asked to test SQLite only (it prints why).
-async fn served_on_postgres_with(test: &str, extra_env: &[(&str, &str)]) -> Option<Served> {
-    let Some(admin) = test_databases::postgres_admin_url() else {
-        eprintln!("SKIPPED {test}: KODX_SKIP_POSTGRES=1");
-        return None;
-    };
-    let url = test_databases::fresh_postgres_database(&admin).await;
-    Some(
-        Served::start(Options {
-            workers: true,
-            database_url: Some(url),
-            extra_env: extra_env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            ..Options::default()
-        })
-        .await,
-    )
-}
 
 /// Process A finishes an ask's work and is stopped (`SIGSTOP`) right before it writes the
 /// run's end — past every check of its lease. Its lease runs out; process B takes the run
