@@ -48,7 +48,7 @@ fn unregister_live(id: &str) {
 }
 
 /// Creations in flight hold it for reading; the cleanup on interrupt takes it for writing.
-pub(super) fn creation_gate() -> &'static tokio::sync::RwLock<()> {
+pub(in crate::sandbox) fn creation_gate() -> &'static tokio::sync::RwLock<()> {
     static GATE: OnceLock<tokio::sync::RwLock<()>> = OnceLock::new();
     GATE.get_or_init(Default::default)
 }

@@ -19,7 +19,7 @@ mod spec;
 mod streams;
 
 pub use cleanup::remove_all_live;
-pub(super) use cleanup::{register_live, remove, remove_blocking};
+pub(super) use cleanup::{creation_gate, register_live, remove, remove_blocking};
 pub use engine::{Engine, EngineFacts};
 pub use sandbox::{DiskGuard, DockerSandbox, MAX_SHELLS};
 pub use spec::{NetworkMode, RepoSource, ResourceLimits, SandboxSpec, DEFAULT_MAX_DISK_BYTES};

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use crate::sandbox::archive;
-use crate::sandbox::docker::{register_live, remove, remove_blocking};
+use crate::sandbox::docker::{creation_gate, register_live, remove, remove_blocking};
 use crate::sandbox::owner::run_labels;
 use crate::sandbox::{Result, SandboxError};
 
@@ -187,11 +187,14 @@ impl Helper {
             }),
             ..Default::default()
         };
+        // Held until registered, as for sandboxes: an interrupt's cleanup cannot miss it.
+        let creating = creation_gate().read().await;
         let created = docker
             .create_container(None::<CreateContainerOptions>, body)
             .await
             .map_err(|e| SandboxError::docker("creating the network helper container", e))?;
         register_live(docker, &created.id);
+        drop(creating);
         let guard = HelperGuard::new(docker, created.id);
         let tar = archive::pack_files(&[(&HELPER_PATH[1..], HELPER, 0o755)]);
         docker

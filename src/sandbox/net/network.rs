@@ -13,7 +13,7 @@ use bollard::Docker;
 
 use super::helper::{HelperGuard, HELPER_LABEL};
 use super::policy::Cidr;
-use crate::sandbox::docker::{register_live, remove};
+use crate::sandbox::docker::{creation_gate, register_live, remove};
 use crate::sandbox::owner::{owner_id, OWNER_LABEL};
 use crate::sandbox::{Result, SandboxError};
 
@@ -201,6 +201,8 @@ async fn take_lock(docker: &Docker, name: &str, image: &str) -> Result<Option<He
         }),
         ..Default::default()
     };
+    // Held until registered, as for sandboxes: an interrupt's cleanup cannot miss it.
+    let _creating = creation_gate().read().await;
     let created = docker
         .create_container(
             Some(CreateContainerOptions {
