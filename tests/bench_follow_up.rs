@@ -19,8 +19,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fake_github::{FakeSuite, ACTIONS_SLUG};
-use common::follow_up::{ci_event, config, ended, failing_tests, feature_pull, kodx_pull, thread};
+use common::fake_github::ACTIONS_SLUG;
+use common::follow_up::{
+    ci_event, config, ended, feature_pull, kodx_pull, red_actions_suite, thread,
+};
 use common::serve::{text, tool, usage, Served, INSTALLATION, REPO};
 use serde_json::json;
 
@@ -67,11 +69,7 @@ async fn repair_round() -> Round {
     let mut s = Served::with_workers().await;
     let pr = kodx_pull(&s, "ci_repair: 1\n", "Added a.txt.").await;
     let head = s.git.branch_sha(REPO, &pr.head).unwrap();
-    let suite = s.github.add_check_suite(
-        REPO,
-        &head,
-        FakeSuite::of(ACTIONS_SLUG, vec![failing_tests()]),
-    );
+    let suite = red_actions_suite(&s, &head);
     s.model
         .reply(tool("echo two > a.txt"), "tool_use", usage(2000, 10));
     s.model

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use crate::common;
 use crate::common::fake_github::{FakeCheckRunSpec, FakeSuite, FakeThread, ACTIONS_SLUG};
 use crate::common::follow_up::{
-    ci_event, config, ended, failing_tests, feature_pull, first_user_text, kodx_pull, thread,
+    ci_event, config, ended, feature_pull, first_user_text, kodx_pull, red_actions_suite, thread,
 };
 use crate::common::serve::{delivery_id, text, tool, usage, Served, INSTALLATION, REPO};
 
@@ -281,11 +281,7 @@ async fn red_ci_on_kodx_pull_request_gets_exactly_one_repair() {
         &head,
         FakeSuite::of("circleci", vec![FakeCheckRunSpec::running("circle")]),
     );
-    let actions = gh.add_check_suite(
-        REPO,
-        &head,
-        FakeSuite::of(ACTIONS_SLUG, vec![failing_tests()]),
-    );
+    let actions = red_actions_suite(&s, &head);
     let failed = gh.check_suite_completed_payload(
         REPO,
         INSTALLATION,
@@ -366,11 +362,7 @@ async fn red_ci_on_kodx_pull_request_gets_exactly_one_repair() {
     assert_eq!(s.github.created_pulls(REPO).len(), 1);
 
     // The same failure on the repaired commit: no second repair, one comment says why.
-    let again = gh.add_check_suite(
-        REPO,
-        &repaired,
-        FakeSuite::of(ACTIONS_SLUG, vec![failing_tests()]),
-    );
+    let again = red_actions_suite(&s, &repaired);
     for (event, payload) in [
         (
             "check_suite",
@@ -443,11 +435,7 @@ async fn a_repeated_failure_or_someone_elses_push_stops_repairing() {
 
     // The first failure is repaired; the repair's push fails the same way.
     let head = s.git.branch_sha(REPO, &pr.head).unwrap();
-    let suite = gh.add_check_suite(
-        REPO,
-        &head,
-        FakeSuite::of(ACTIONS_SLUG, vec![failing_tests()]),
-    );
+    let suite = red_actions_suite(&s, &head);
     s.model
         .reply(tool("echo two > a.txt"), "tool_use", usage(2000, 10));
     s.model
@@ -458,11 +446,7 @@ async fn a_repeated_failure_or_someone_elses_push_stops_repairing() {
     assert_eq!(ended(&s, &repair).await, "end_turn", "{}", s.log());
     s.finished_status(pr.number).await;
     let repaired = s.git.branch_sha(REPO, &pr.head).unwrap();
-    let suite = gh.add_check_suite(
-        REPO,
-        &repaired,
-        FakeSuite::of(ACTIONS_SLUG, vec![failing_tests()]),
-    );
+    let suite = red_actions_suite(&s, &repaired);
     let again = ci_event(&s, "check_suite", &fail(&repaired, suite))
         .await
         .unwrap();

@@ -40,6 +40,24 @@ fn attr_after(html: &str, marker: &str, attr: &str) -> String {
 }
 
 /// The one-time URL kodx serve printed.
+/// `POST /setup/import` with `token`, `app_id` and `webhook_secret` (the fake's key):
+/// the status and the answer's text.
+async fn import(s: &Served, token: &str, app_id: &str, secret: &str) -> (u16, String) {
+    let answer = reqwest::Client::new()
+        .post(format!("{}/setup/import", s.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(enc(&[
+            ("token", token),
+            ("app_id", app_id),
+            ("private_key", common::fake_github::TEST_APP_KEY),
+            ("webhook_secret", secret),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    (answer.status().as_u16(), answer.text().await.unwrap())
+}
+
 pub async fn setup_url(s: &Served) -> String {
     let mut url = None;
     s.wait_for("the setup URL", Duration::from_secs(10), || {
@@ -225,48 +243,13 @@ async fn import_checks_the_key_with_github_before_saving() {
     let s = start_in_setup_mode().await;
     let url = setup_url(&s).await;
     let token = url.split("token=").nth(1).unwrap().to_string();
-    let http = reqwest::Client::new();
-    let wrong_id = http
-        .post(format!("{}/setup/import", s.url))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(enc(&[
-            ("token", token.as_str()),
-            ("app_id", "99"),
-            ("private_key", common::fake_github::TEST_APP_KEY),
-            ("webhook_secret", "imported-secret-1"),
-        ]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(wrong_id.status(), 422);
-    let no_token = http
-        .post(format!("{}/setup/import", s.url))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(enc(&[
-            ("token", "x"),
-            ("app_id", "4242"),
-            ("private_key", common::fake_github::TEST_APP_KEY),
-            ("webhook_secret", "imported-secret-1"),
-        ]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(no_token.status(), 403);
-    let ok = http
-        .post(format!("{}/setup/import", s.url))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(enc(&[
-            ("token", token.as_str()),
-            ("app_id", &s.github.app_id().to_string()),
-            ("private_key", common::fake_github::TEST_APP_KEY),
-            // A comma inside: one secret, not a rotation list (issue 26).
-            ("webhook_secret", "imported-secret-1,x"),
-        ]))
-        .send()
-        .await
-        .unwrap();
-    let status = ok.status();
-    let text = ok.text().await.unwrap();
+    let (status, _) = import(&s, &token, "99", "imported-secret-1").await;
+    assert_eq!(status, 422);
+    let (status, _) = import(&s, "x", "4242", "imported-secret-1").await;
+    assert_eq!(status, 403);
+    // A comma inside: one secret, not a rotation list (issue 26).
+    let app_id = s.github.app_id().to_string();
+    let (status, text) = import(&s, &token, &app_id, "imported-secret-1,x").await;
     assert_eq!(status, 200, "{text}\n{}", s.log());
     assert!(text.contains("installations/new"), "{text}");
     // Normal mode: a delivery signed with the imported secret is taken.
@@ -410,22 +393,9 @@ async fn a_failed_activation_leaves_nothing_running() {
     .await;
     let url = setup_url(&s).await;
     let token = url.split("token=").nth(1).unwrap().to_string();
-    let import = || async {
-        let answer = reqwest::Client::new()
-            .post(format!("{}/setup/import", s.url))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(enc(&[
-                ("token", token.as_str()),
-                ("app_id", &s.github.app_id().to_string()),
-                ("private_key", common::fake_github::TEST_APP_KEY),
-                ("webhook_secret", "imported-secret-1"),
-            ]))
-            .send()
-            .await
-            .unwrap();
-        (answer.status().as_u16(), answer.text().await.unwrap())
-    };
-    let (status, text) = import().await;
+    let app_id = s.github.app_id().to_string();
+    let try_import = || import(&s, &token, &app_id, "imported-secret-1");
+    let (status, text) = try_import().await;
     assert_eq!(status, 500, "{text}");
     assert!(text.contains("could not start with them"), "{text}");
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -435,7 +405,7 @@ async fn a_failed_activation_leaves_nothing_running() {
     assert_eq!(status, 503, "still in setup mode");
 
     std::fs::remove_file(&key).unwrap();
-    let (status, text) = import().await;
+    let (status, text) = try_import().await;
     assert_eq!(status, 200, "{text}\n{}", s.log());
     s.wait_for("the proxy subscription", Duration::from_secs(30), || {
         connections.load(Ordering::SeqCst) >= 1

@@ -4,7 +4,9 @@
 
 use serde_json::Value;
 
-use super::fake_github::{FakeCheckRunSpec, FakeLog, FakePull, FakeThread};
+use super::fake_github::{
+    FakeCheckRunSpec, FakeLog, FakePull, FakeSuite, FakeThread, ACTIONS_SLUG,
+};
 use super::serve::{delivery_id, text, tool, usage, BranchPull, Served, REPO};
 
 /// Commits `.github/kodx.yml` with `yaml` on `main`.
@@ -112,6 +114,15 @@ pub async fn ci_event(s: &Served, event: &str, payload: &Value) -> Option<String
         200 => None,
         other => panic!("{event}: {other} {answer}"),
     }
+}
+
+/// A GitHub Actions suite on `commit` whose one job fails ([`failing_tests`]); its id.
+pub fn red_actions_suite(s: &Served, commit: &str) -> u64 {
+    s.github.add_check_suite(
+        REPO,
+        commit,
+        FakeSuite::of(ACTIONS_SLUG, vec![failing_tests()]),
+    )
 }
 
 /// A failing GitHub Actions job whose log has its error among timestamps and colours.
