@@ -1,9 +1,20 @@
 /*
- * kodx-net: the tiny helper kodx runs, in a short-lived helper container, to fence a
- * sandbox's network (src/sandbox/net.rs). Static, no libc: build.rs compiles it with
- * `-nostdlib -static` for Linux x86_64 or aarch64, and kodx embeds the binary, so no image
- * needs `ip` or anything else.
+ * kodx-net: the tiny helper kodx puts in each sandbox, as the process that keeps it
+ * alive and as the one (a privileged engine exec, before anything of the image runs there)
+ * that fences its network; and in a short-lived helper container on the host's network to
+ * read the engine host's addresses (src/sandbox/net/). Static, no libc: build.rs compiles
+ * it with `-nostdlib -static` for Linux x86_64 or aarch64, and kodx embeds the binary, so
+ * no image needs `ip` or anything else.
  *
+ *   kodx-net hold
+ *       Waits for a signal, forever: a sandbox's main process under the engine's init, so
+ *       that nothing of the image runs in the container before it is fenced.
+ *   kodx-net hold-idle SECS
+ *       The fencer's main process: as `hold`, but exits once `fence` has not run for SECS
+ *       seconds (the engine then removes the fencer, made with auto-remove).
+ *   kodx-net fence PID SPEC...
+ *       Run in the fencer (host PID namespace, CAP_SYS_ADMIN and CAP_NET_ADMIN): enters the
+ *       network namespace of process PID (a sandbox's init), then does what `routes` does.
  *   kodx-net addrs
  *       Prints every interface address of the current network namespace, one a line:
  *       `4 <8 hex digits>` or `6 <32 hex digits>` (network byte order).
@@ -28,6 +39,12 @@ typedef unsigned int u32;
 #define SYS_sendto 44
 #define SYS_recvfrom 45
 #define SYS_exit_group 231
+#define SYS_ppoll 271
+#define SYS_openat 257
+#define SYS_close 3
+#define SYS_setns 308
+#define SYS_newfstatat 262
+#define SYS_clock_gettime 228
 __asm__(".text\n"
         ".global _start\n"
         "_start:\n"
@@ -53,6 +70,12 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f) {
 #define SYS_sendto 206
 #define SYS_recvfrom 207
 #define SYS_exit_group 94
+#define SYS_ppoll 73
+#define SYS_openat 56
+#define SYS_close 57
+#define SYS_setns 268
+#define SYS_newfstatat 79
+#define SYS_clock_gettime 113
 __asm__(".text\n"
         ".global _start\n"
         "_start:\n"
@@ -343,6 +366,71 @@ static void dump_addrs(int fd) {
     }
 }
 
+#define AT_FDCWD (-100)
+#define O_RDONLY 0
+#define O_WRONLY 1
+#define O_CREAT 0100
+#define O_TRUNC 01000
+#define O_CLOEXEC 02000000
+#define CLONE_NEWNET 0x40000000
+/* When the fencer was last used: this file's modification time. */
+#define USED_FILE "/.kodx-used"
+
+struct timespec_ {
+    long sec, nsec;
+};
+
+static long now_secs(void) {
+    struct timespec_ t = {0, 0};
+    sys6(SYS_clock_gettime, 0 /* CLOCK_REALTIME */, (long)&t, 0, 0, 0, 0);
+    return t.sec;
+}
+
+/* st_mtime is at byte 88 of struct stat on both x86_64 and aarch64. */
+static long used_at(void) {
+    long st[32];
+    if (sys6(SYS_newfstatat, AT_FDCWD, (long)USED_FILE, (long)st, 0, 0, 0) < 0) return 0;
+    return st[88 / 8];
+}
+
+static void hold_idle(long idle) {
+    long since = now_secs();
+    for (;;) {
+        struct timespec_ t = {30, 0};
+        sys6(SYS_ppoll, 0, 0, (long)&t, 0, 8, 0);
+        long used = used_at();
+        if (used > since) since = used;
+        if (now_secs() - since > idle) sys6(SYS_exit_group, 0, 0, 0, 0, 0, 0);
+    }
+}
+
+/* Enters the network namespace of process `pid` (decimal digits only). */
+static void enter_netns(const char *pid) {
+    char path[40] = "/proc/";
+    int i = 6, n = 0;
+    while (pid[n] >= '0' && pid[n] <= '9' && n < 10) path[i++] = pid[n++];
+    if (!n || pid[n]) die("bad pid", 0, 2);
+    const char *rest = "/ns/net";
+    while (*rest) path[i++] = *rest++;
+    path[i] = 0;
+    long fd = sys6(SYS_openat, AT_FDCWD, (long)path, O_RDONLY | O_CLOEXEC, 0, 0, 0);
+    if (fd < 0) die("opening the sandbox's network namespace", fd, 1);
+    long r = sys6(SYS_setns, fd, CLONE_NEWNET, 0, 0, 0, 0);
+    if (r < 0) die("entering the sandbox's network namespace", r, 1);
+    sys6(SYS_close, fd, 0, 0, 0, 0, 0);
+    long u = sys6(SYS_openat, AT_FDCWD, (long)USED_FILE, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                  0600, 0, 0);
+    if (u >= 0) sys6(SYS_close, u, 0, 0, 0, 0, 0);
+}
+
+static long parse_dec(const char *s) {
+    long v = 0;
+    int n = 0;
+    while (*s >= '0' && *s <= '9' && n < 9) v = v * 10 + (*s++ - '0'), n++;
+    if (!n || *s) die("bad number", 0, 2);
+    return v;
+}
+
 static int streq(const char *a, const char *b) {
     while (*a && *a == *b) a++, b++;
     return *a == *b;
@@ -351,12 +439,29 @@ static int streq(const char *a, const char *b) {
 void cmain(long *sp) {
     long argc = sp[0];
     char **argv = (char **)(sp + 1);
-    if (argc < 2) die("usage: kodx-net addrs | routes SPEC...", 0, 2);
+    static const char usage[] =
+        "usage: kodx-net hold | hold-idle SECS | addrs | routes SPEC... | fence PID SPEC...";
+    if (argc < 2) die(usage, 0, 2);
+    if (streq(argv[1], "hold")) {
+        /* A signal whose default is to end the process (the engine's stop) ends it. */
+        for (;;) sys6(SYS_ppoll, 0, 0, 0, 0, 8, 0);
+    }
+    if (streq(argv[1], "hold-idle")) {
+        if (argc != 3) die(usage, 0, 2);
+        hold_idle(parse_dec(argv[2]));
+    }
+    long first = 2;
+    if (streq(argv[1], "fence")) {
+        if (argc < 3) die(usage, 0, 2);
+        /* Before the netlink socket: a socket belongs to the namespace it was made in. */
+        enter_netns(argv[2]);
+        first = 3;
+    } else if (!streq(argv[1], "routes") && !streq(argv[1], "addrs")) {
+        die(usage, 0, 2);
+    }
     int fd = nl_open();
-    if (streq(argv[1], "routes")) {
-        for (long i = 2; i < argc; i++) add_route(fd, argv[i]);
-    } else if (!streq(argv[1], "addrs")) {
-        die("usage: kodx-net addrs | routes SPEC...", 0, 2);
+    if (!streq(argv[1], "addrs")) {
+        for (long i = first; i < argc; i++) add_route(fd, argv[i]);
     }
     dump_addrs(fd);
     flush(1);

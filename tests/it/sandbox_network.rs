@@ -242,3 +242,99 @@ async fn a_foreign_network_of_that_name_is_refused_with_a_clear_message() {
         "{msg}"
     );
 }
+
+/// The engine's fencer raises every sandbox's fence with one exec (no helper container
+/// per sandbox): it runs hardened (no network, only the capabilities it needs, auto-removed
+/// when it exits), is shared by the sandboxes after it, and is made again when it is gone.
+#[tokio::test]
+async fn one_hardened_fencer_fences_every_sandbox_and_is_made_again_when_gone() {
+    let engine = common::require_engine!();
+    let (port, server) = host_listener().await;
+    let targets = host_targets(&engine).await;
+    let name = kodx::sandbox::net::fencer_name();
+    assert!(name.starts_with(kodx::sandbox::net::FENCER_PREFIX));
+    let docker = engine.docker();
+    let fenced_run = |run: &'static str| {
+        let engine = engine.clone();
+        let targets = targets.clone();
+        async move {
+            let sb = start(&engine, &spec(run)).await;
+            let out = sb
+                .feed_chars("default", &probe(port, &targets), 30 * SEC)
+                .await
+                .unwrap();
+            assert_fenced(&out.output, &targets);
+            sb.destroy().await.unwrap();
+        }
+    };
+    fenced_run("net-fencer-1").await;
+    let first = docker.inspect_container(&name, None).await.unwrap();
+    let hc = first.host_config.clone().unwrap();
+    assert_eq!(first.state.as_ref().unwrap().running, Some(true));
+    assert_eq!(hc.network_mode.as_deref(), Some("none"));
+    assert_eq!(hc.pid_mode.as_deref(), Some("host"));
+    assert_eq!(hc.auto_remove, Some(true));
+    assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+    let mut caps = hc.cap_add.clone().unwrap();
+    caps.sort();
+    assert_eq!(caps, ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"]);
+    // The next sandbox uses the same one.
+    fenced_run("net-fencer-2").await;
+    let again = docker.inspect_container(&name, None).await.unwrap();
+    assert_eq!(again.id, first.id);
+    // Gone (it exited idle, or someone removed it): made again, and the fence still holds.
+    docker
+        .remove_container(
+            first.id.as_deref().unwrap(),
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap();
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    fenced_run("net-fencer-3").await;
+    let third = docker.inspect_container(&name, None).await.unwrap();
+    assert_ne!(third.id, first.id);
+    // It raised that fence (not a helper container): it marks each use on its own disk.
+    let used = exec_out(
+        docker,
+        third.id.as_deref().unwrap(),
+        "stat -c %Y /.kodx-used",
+    )
+    .await;
+    assert!(
+        used.trim().parse::<u64>().unwrap() >= before,
+        "last used at {used}, the run began at {before}"
+    );
+    server.abort();
+}
+
+/// What `command` (under `sh -c`) prints in container `id`.
+async fn exec_out(docker: &bollard::Docker, id: &str, command: &str) -> String {
+    use futures_util::StreamExt;
+    let exec = docker
+        .create_exec(
+            id,
+            bollard::exec::CreateExecOptions {
+                cmd: Some(vec!["sh", "-c", command]),
+                attach_stdout: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut out = String::new();
+    if let bollard::exec::StartExecResults::Attached { mut output, .. } =
+        docker.start_exec(&exec.id, None).await.unwrap()
+    {
+        while let Some(Ok(chunk)) = output.next().await {
+            out.push_str(&chunk.to_string());
+        }
+    }
+    out
+}

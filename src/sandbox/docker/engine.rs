@@ -12,6 +12,7 @@ use bollard::Docker;
 use futures_util::StreamExt;
 
 use super::cleanup::remove;
+use super::warm::{WARM_LABEL, WARM_NAME_PREFIX};
 use crate::sandbox::engines::{EngineConfig, EnvEngine};
 use crate::sandbox::net::{self, NETWORK_NAME};
 use crate::sandbox::owner::{
@@ -262,7 +263,11 @@ impl Engine {
         let list = self.labelled(label, true).await?;
         let mut removed = 0;
         for c in list {
-            let labels = c.labels.unwrap_or_default();
+            let mut labels = c.labels.clone().unwrap_or_default();
+            // A claimed warm sandbox is its run's: judged as one made for the run.
+            if let Some(run) = claimed_by(&c) {
+                labels.insert(RUN_LABEL.to_string(), run);
+            }
             if !labels.contains_key(RUN_LABEL) || keep(&labels) {
                 continue;
             }
@@ -325,9 +330,24 @@ impl Engine {
     }
 
     /// Sandboxes running on this engine now, made by any kodx process (its running
-    /// [`RUN_LABEL`] containers).
+    /// [`RUN_LABEL`] containers), not counting warm sandboxes no run has claimed.
     pub async fn running_sandboxes(&self) -> Result<usize> {
-        Ok(self.labelled(RUN_LABEL, false).await?.len())
+        Ok(self
+            .labelled(RUN_LABEL, false)
+            .await?
+            .iter()
+            .filter(|c| !is_unclaimed_warm(c))
+            .count())
+    }
+
+    /// Warm sandboxes no run has claimed on this engine now, made by any kodx process.
+    pub async fn unclaimed_warm_sandboxes(&self) -> Result<usize> {
+        Ok(self
+            .labelled(WARM_LABEL, false)
+            .await?
+            .iter()
+            .filter(|c| is_unclaimed_warm(c))
+            .count())
     }
 
     /// Whether this engine holds a setup cache image made for `scope` (a repository).
@@ -351,11 +371,42 @@ impl Engine {
     /// a run is started again, so its container's name (`kodx-<run id>`) is free. Returns
     /// how many were removed.
     pub async fn remove_run_containers(&self, run_id: &str) -> Result<usize> {
-        self.sweep_labelled(&format!("{RUN_LABEL}={run_id}"), |labels| {
-            labels.get(RUN_LABEL).map(String::as_str) != Some(run_id)
-        })
-        .await
+        let by_label = self
+            .sweep_labelled(&format!("{RUN_LABEL}={run_id}"), |labels| {
+                labels.get(RUN_LABEL).map(String::as_str) != Some(run_id)
+            })
+            .await?;
+        // A warm sandbox the run claimed carries its warm id, and the run's name.
+        let claimed = self
+            .sweep_labelled(WARM_LABEL, |labels| {
+                labels.get(RUN_LABEL).map(String::as_str) != Some(run_id)
+            })
+            .await?;
+        Ok(by_label + claimed)
     }
+}
+
+/// The run a claimed warm sandbox belongs to (it is named `kodx-<run id>`); `None` for
+/// every other container.
+fn claimed_by(c: &bollard::models::ContainerSummary) -> Option<String> {
+    if !c.labels.as_ref()?.contains_key(WARM_LABEL) || is_unclaimed_warm(c) {
+        return None;
+    }
+    let name = c.names.as_ref()?.first()?;
+    name.trim_start_matches('/')
+        .strip_prefix("kodx-")
+        .map(str::to_string)
+}
+
+/// Whether `c` is a warm sandbox no run has claimed (still named `kodx-warm-…`).
+fn is_unclaimed_warm(c: &bollard::models::ContainerSummary) -> bool {
+    c.labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(WARM_LABEL))
+        && c.names.as_ref().is_some_and(|n| {
+            n.iter()
+                .any(|n| n.trim_start_matches('/').starts_with(WARM_NAME_PREFIX))
+        })
 }
 
 fn split_image(image: &str) -> (&str, &str) {

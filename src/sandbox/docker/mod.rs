@@ -4,8 +4,8 @@
 //! One file per job: `spec` (what a run asks of its sandbox), `engine` (the connection,
 //! images and the sweeps of orphaned containers), `provision` (making and preparing a
 //! sandbox's container), `setup` (the setup script and the setup cache's part in it),
-//! `streams` (the tar streams in and out), `sandbox` (one run's container and its shells)
-//! and `cleanup` (removal on every path). Who owns a container — its labels and
+//! `streams` (the tar streams in and out), `sandbox` (one run's container and its shells),
+//! `warm` (containers made ahead of runs) and `cleanup` (removal on every path). Who owns a container — its labels and
 //! this process's identity — is [`crate::sandbox::owner`], shared with the network fence
 //! and the setup cache.
 
@@ -17,12 +17,14 @@ mod sandbox;
 mod setup;
 mod spec;
 mod streams;
+mod warm;
 
 pub use cleanup::remove_all_live;
 pub(super) use cleanup::{creation_gate, register_live, remove, remove_blocking};
 pub use engine::{Engine, EngineFacts};
 pub use sandbox::{DiskGuard, DockerSandbox, MAX_SHELLS};
 pub use spec::{NetworkMode, RepoSource, ResourceLimits, SandboxSpec, DEFAULT_MAX_DISK_BYTES};
+pub use warm::{Shape, WarmSandbox, WarmSource, WARM_LABEL, WARM_NAME_PREFIX};
 // The owner labels were first defined here; callers still name them through this module.
 pub use super::owner::{
     owner_id, process_identity, ProcessIdentity, INSTANCE_LABEL, OWNER_LABEL, PROCESS_LABEL,

@@ -1,7 +1,8 @@
 //! Making a run's sandbox: the hardened container (dropped capabilities, no new
-//! privileges, memory, CPU, process and disk limits, the owner labels), then, while its
-//! network is fenced, kodx's files and the repository copied in, the setup script, the
-//! network cut, and the first shell. Whatever fails on the way, the container is removed.
+//! privileges, memory, CPU, process and disk limits, the owner labels) with kodx's files
+//! in, started and, while the repository is copied in, fenced; then the setup script, the
+//! network cut, and the first shell. A warm sandbox ([`super::warm`]) is such a container
+//! made ahead, already fenced. Whatever fails on the way, the container is removed.
 
 use std::collections::HashMap;
 use std::io;
@@ -13,15 +14,16 @@ use bollard::models::{ContainerCreateBody, HostConfig, NetworkDisconnectRequest}
 use bollard::query_parameters::CreateContainerOptions;
 use bollard::Docker;
 
-use super::cleanup::{creation_gate, register_live};
+use super::cleanup::{creation_gate, register_live, remove};
 use super::engine::Engine;
 use super::sandbox::{DiskGuard, DockerSandbox};
 use super::setup::CachePlan;
 use super::spec::SandboxSpec;
 use super::streams::{upload, upload_options, PackTask};
+use super::warm::{Shape, WarmSource};
 use crate::sandbox::archive::{self, Manifest};
 use crate::sandbox::net::{self, NETWORK_NAME};
-use crate::sandbox::owner::run_labels;
+use crate::sandbox::owner::{run_labels, RUN_LABEL};
 use crate::sandbox::setup_cache::{SetupCacheUse, SetupReport};
 use crate::sandbox::shell;
 use crate::sandbox::{Result, Sandbox, SandboxError};
@@ -52,6 +54,19 @@ impl Engine {
     pub async fn start_with_progress(
         &self,
         spec: &SandboxSpec,
+        progress: impl FnMut(&str),
+    ) -> Result<DockerSandbox> {
+        self.start_from(spec, None, progress).await
+    }
+
+    /// As [`Engine::start_with_progress`], taking the container from `warm` when it holds
+    /// one of the run's [`Shape`] (with the image the run starts from, after the setup
+    /// cache's say): started and fenced already, so only the repository, the setup and
+    /// the shell are left.
+    pub async fn start_from(
+        &self,
+        spec: &SandboxSpec,
+        warm: Option<&dyn WarmSource>,
         mut progress: impl FnMut(&str),
     ) -> Result<DockerSandbox> {
         validate_run_id(&spec.run_id)?;
@@ -74,59 +89,53 @@ impl Engine {
             .clone()
             .map(|dir| PackTask::start(dir, spec.repo_source, spec.archive_limits.clone()));
         self.ensure_image(&spec.image, &mut progress).await?;
-        let cache = self.setup_cache_plan(spec).await;
-        let workdir = if spec.repo_dir.is_some() {
-            "/workspace/repo"
-        } else {
-            "/workspace"
+        let mut cache = self.setup_cache_plan(spec).await;
+        let cached = cache.as_ref().and_then(|c| c.hit.clone());
+        let shape = Shape::of(spec, cached.as_deref().unwrap_or(&spec.image));
+        let claimed = match warm.and_then(|w| w.take(&shape)) {
+            Some(w) => match w.claim(&spec.run_id).await {
+                Ok(claimed) => Some(claimed),
+                // Gone meanwhile (a sweep, an engine restart): start one as without it.
+                Err(e) => {
+                    tracing::warn!("the warm sandbox could not be used ({e}); starting one");
+                    None
+                }
+            },
+            None => None,
         };
-        let network = if spec.no_network {
-            None
-        } else {
-            net::check_arch(&self.facts().await?.arch)?;
-            Some(tokio::try_join!(
-                net::ensure_network(&self.docker, NETWORK_NAME, &spec.image),
-                net::host_addresses(&self.docker, &self.host, &spec.image, &spec.run_id),
-            )?)
-        };
-        progress("creating container");
-        let mut cache = cache;
-        let network_id = network.as_ref().map(|(n, _)| n.id.as_str());
-        let created = match cache.as_ref().and_then(|c| c.hit.as_deref()) {
-            Some(cached) => {
-                match self
-                    .create_container(spec, cached, workdir, network_id)
-                    .await
-                {
-                    Ok(c) => Ok(c),
-                    // Evicted by another process since the lookup: set up as without it.
-                    Err(e) => {
+        let warm_start = claimed.is_some();
+        let (id, guard, fencing) = match claimed {
+            Some((id, guard)) => (id, guard, None),
+            None => {
+                progress("creating container");
+                let name = format!("kodx-{}", spec.run_id);
+                let labels = run_labels(&spec.run_id, self.instance.as_deref());
+                match self.make_container(&shape, &name, labels.clone()).await {
+                    Ok(made) => made,
+                    // The cached image was evicted by another process since the lookup:
+                    // set up as without it.
+                    Err(e) if cached.is_some() => {
                         tracing::warn!(
                             "the cached setup image is gone ({e}); running the setup script"
                         );
                         if let Some(c) = cache.as_mut() {
                             c.hit = None;
                         }
-                        self.create_container(spec, &spec.image, workdir, network_id)
-                            .await
+                        self.make_container(&Shape::of(spec, &spec.image), &name, labels)
+                            .await?
                     }
+                    Err(e) => return Err(e),
                 }
             }
-            None => {
-                self.create_container(spec, &spec.image, workdir, network_id)
-                    .await
-            }
         };
-        let (id, guard) = created?;
-        let sandbox = DockerSandbox::new(self.docker.clone(), id, spec, workdir, guard);
+        let sandbox = DockerSandbox::new(self.docker.clone(), id, spec, shape.workdir, guard);
         if guard == DiskGuard::Watchdog {
             if let Some(limit) = spec.max_disk_bytes {
                 sandbox.watch_disk(limit, spec.disk_check_interval);
             }
         }
-        let network = network.as_ref().map(|(n, addrs)| (n, addrs.as_slice()));
         let prepared = tokio::select! {
-            r = self.prepare(&sandbox, spec, cache.as_ref(), pack, network, &mut progress) => r,
+            r = self.prepare(&sandbox, spec, cache.as_ref(), pack, fencing, &mut progress) => r,
             e = sandbox.disk_exceeded() => Err(e),
         };
         // A setup script killed by the watchdog fails too: the disk limit is the reason.
@@ -135,7 +144,10 @@ impl Engine {
             (r, _) => r,
         };
         match prepared {
-            Ok(()) => Ok(sandbox),
+            Ok(()) => {
+                sandbox.warm_start.store(warm_start, Ordering::Relaxed);
+                Ok(sandbox)
+            }
             Err(e) => {
                 let _ = sandbox.destroy().await;
                 Err(e)
@@ -143,45 +155,94 @@ impl Engine {
         }
     }
 
-    /// Makes the container from `image`; returns its id and how its disk use is bounded.
+    /// Makes a container of `shape` named `name` with `labels` and kodx's files in it (the
+    /// shells' rc file, the network helper), and starts it. The fence, when there is one,
+    /// is returned to be raised before anything runs in it. On error nothing is left.
+    pub(super) async fn make_container(
+        &self,
+        shape: &Shape,
+        name: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<(String, DiskGuard, Option<net::Fencing>)> {
+        let network = if shape.no_network {
+            None
+        } else {
+            net::check_arch(&self.facts().await?.arch)?;
+            let (net, host_addrs) = tokio::try_join!(
+                net::ensure_network(&self.docker, NETWORK_NAME, &shape.image),
+                net::host_addresses(&self.docker, &self.host, &shape.image, name),
+            )?;
+            let fencing = net::Fencing::plan(
+                &net,
+                &host_addrs,
+                &shape.allowed_cidrs,
+                &self.host,
+                &shape.image,
+                labels.get(RUN_LABEL).map_or(name, String::as_str),
+            );
+            Some((net.id, fencing))
+        };
+        let network_id = network.as_ref().map(|(id, _)| id.as_str());
+        let (id, guard) = self
+            .create_container(shape, name, labels, network_id)
+            .await?;
+        let started = async {
+            // kodx's own files: the shells' rc file in /tmp, and the helper that is the
+            // container's main process. Uploaded at `/` so that an image without /tmp
+            // gets one, and before the start, for the main process to be there.
+            let mut files = vec![("tmp/.kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
+            files.extend(net::sandbox_file());
+            upload(&self.docker, &id, "/", archive::pack_files(&files)).await?;
+            self.docker
+                .start_container(&id, None)
+                .await
+                .map_err(|e| SandboxError::docker("starting the container", e))
+        };
+        match started.await {
+            Ok(()) => Ok((id, guard, network.and_then(|(_, f)| f))),
+            Err(e) => {
+                let _ = remove(&self.docker, &id).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes the container of `shape`; returns its id and how its disk use is bounded.
     async fn create_container(
         &self,
-        spec: &SandboxSpec,
-        image: &str,
-        workdir: &str,
+        shape: &Shape,
+        name: &str,
+        labels: HashMap<String, String>,
         network: Option<&str>,
     ) -> Result<(String, DiskGuard)> {
-        let labels = run_labels(&spec.run_id, self.instance.as_deref());
+        let limits = &shape.limits;
         let host_config = HostConfig {
             init: Some(true),
             privileged: Some(false),
             security_opt: Some(vec!["no-new-privileges:true".to_string()]),
             cap_drop: Some(vec!["ALL".to_string()]),
             cap_add: Some(KEPT_CAPABILITIES.iter().map(|c| c.to_string()).collect()),
-            memory: Some(spec.limits.memory_bytes),
-            memory_swap: Some(spec.limits.memory_bytes),
-            nano_cpus: Some(spec.limits.nano_cpus),
-            pids_limit: Some(spec.limits.pids),
+            memory: Some(limits.memory_bytes),
+            memory_swap: Some(limits.memory_bytes),
+            nano_cpus: Some(limits.nano_cpus),
+            pids_limit: Some(limits.pids),
             network_mode: Some(network.unwrap_or("none").to_string()),
             ..Default::default()
         };
         let body = ContainerCreateBody {
-            image: Some(image.to_string()),
-            // Keeps the container alive without anything installed in the image; the
-            // engine's init (PID 1) reaps what the model's shells leave behind.
-            cmd: Some(vec![
-                "/bin/sh".to_string(),
-                "-c".to_string(),
-                "while :; do sleep 86400; done".to_string(),
-            ]),
+            image: Some(shape.image.clone()),
+            // Keeps the container alive without running anything of the image (the
+            // helper's `hold`); the engine's init (PID 1) reaps what the model's shells
+            // leave behind.
+            cmd: Some(net::hold_command()),
             entrypoint: Some(vec![]),
-            working_dir: Some(workdir.to_string()),
+            working_dir: Some(shape.workdir.to_string()),
             labels: Some(labels),
             tty: Some(false),
             host_config: Some(host_config),
             ..Default::default()
         };
-        let try_quota = match (spec.max_disk_bytes, spec.disk_quota) {
+        let try_quota = match (shape.max_disk_bytes, shape.disk_quota) {
             (None, _) | (_, Some(false)) => false,
             (Some(_), Some(true)) => true,
             (Some(_), None) => {
@@ -193,15 +254,15 @@ impl Engine {
         let create = |body: ContainerCreateBody| {
             self.docker.create_container(
                 Some(CreateContainerOptions {
-                    name: Some(format!("kodx-{}", spec.run_id)),
+                    name: Some(name.to_string()),
                     ..Default::default()
                 }),
                 body,
             )
         };
         let failed =
-            |e| SandboxError::docker(format!("creating the container from {}", spec.image), e);
-        let (created, guard) = match spec.max_disk_bytes.filter(|_| try_quota) {
+            |e| SandboxError::docker(format!("creating the container from {}", shape.image), e);
+        let (created, guard) = match shape.max_disk_bytes.filter(|_| try_quota) {
             Some(limit) => {
                 let mut with_quota = body.clone();
                 if let Some(hc) = with_quota.host_config.as_mut() {
@@ -225,7 +286,7 @@ impl Engine {
                 }
             }
             None => {
-                let guard = if spec.max_disk_bytes.is_some() {
+                let guard = if shape.max_disk_bytes.is_some() {
                     DiskGuard::Watchdog
                 } else {
                     DiskGuard::None
@@ -238,24 +299,23 @@ impl Engine {
         Ok((id, guard))
     }
 
-    /// Brings a created container to where the run begins: started and fenced, kodx's files
-    /// and the repository in, the setup script run (or its cached result used), the network
-    /// cut when asked, and the default shell open.
+    /// Brings a started container to where the run begins: fenced (unless it was made
+    /// warm, fenced already), the repository in, the setup script run (or its cached
+    /// result used), the network cut when asked, and the default shell open.
     async fn prepare(
         &self,
         sandbox: &DockerSandbox,
         spec: &SandboxSpec,
         cache: Option<&CachePlan>,
         pack: Option<PackTask>,
-        network: Option<(&net::SandboxNetwork, &[std::net::Ipv4Addr])>,
+        fencing: Option<net::Fencing>,
         progress: &mut impl FnMut(&str),
     ) -> Result<()> {
         let hit = cache.is_some_and(|c| c.hit.is_some());
-        let fencing = self.start_fencing(sandbox, spec, network).await?;
         // The network is fenced while the files go in: nothing runs in the container
         // (setup script, shells) before both are done.
         let ((), cleaned) = tokio::try_join!(
-            raise_fence(fencing),
+            raise_fence(&self.docker, &sandbox.id, fencing),
             self.copy_in(sandbox, spec, hit, pack, progress)
         )?;
         let report = match (&spec.setup_script, cache) {
@@ -279,44 +339,7 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts the container. The fence's helper container is made while the sandbox
-    /// starts, so only the helper's own start is left for after; `None` when there is
-    /// nothing to fence (no network, or everything allowed).
-    async fn start_fencing(
-        &self,
-        sandbox: &DockerSandbox,
-        spec: &SandboxSpec,
-        network: Option<(&net::SandboxNetwork, &[std::net::Ipv4Addr])>,
-    ) -> Result<Option<net::Fencing>> {
-        let id = sandbox.id.as_str();
-        let fencing = async {
-            match network {
-                Some((net, host_addrs)) => {
-                    net::Fencing::prepare(
-                        &self.docker,
-                        &spec.image,
-                        &spec.run_id,
-                        id,
-                        net,
-                        host_addrs,
-                        &spec.allowed_cidrs,
-                    )
-                    .await
-                }
-                None => Ok(None),
-            }
-        };
-        let started = async {
-            self.docker
-                .start_container(id, None)
-                .await
-                .map_err(|e| SandboxError::docker("starting the container", e))
-        };
-        let (fencing, ()) = tokio::try_join!(fencing, started)?;
-        Ok(fencing)
-    }
-
-    /// Copies kodx's own files and the repository into the started container. On a cache
+    /// Copies the setup script and the repository into the started container. On a cache
     /// hit the repository goes in over the cached image's checkout, and the result is how
     /// long bringing that up to date took.
     async fn copy_in(
@@ -328,14 +351,13 @@ impl Engine {
         progress: &mut impl FnMut(&str),
     ) -> Result<Option<Duration>> {
         let id = sandbox.id.as_str();
-        // kodx's own files in /tmp: the shells' rc file and the setup script.
-        // Uploaded at `/` so that an image without /tmp gets one.
-        let mut files = vec![("tmp/.kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
         match &spec.setup_script {
-            Some(script) if !hit => files.push(("tmp/setup.sh", script.as_bytes(), 0o700)),
+            Some(script) if !hit => {
+                let files = [("tmp/setup.sh", script.as_bytes(), 0o700)];
+                upload(&self.docker, id, "/", archive::pack_files(&files)).await?;
+            }
             _ => {}
         }
-        upload(&self.docker, id, "/", archive::pack_files(&files)).await?;
         let started = std::time::Instant::now();
         let stored = if hit && pack.is_some() {
             self.clear_cached_workspace(sandbox).await?
@@ -395,10 +417,14 @@ impl Engine {
     }
 }
 
-/// Adds the fence's routes in the started sandbox, when there is a fence.
-async fn raise_fence(fencing: Option<net::Fencing>) -> Result<()> {
+/// Adds the fence's routes in the started sandbox `id`, when there is a fence to raise.
+pub(super) async fn raise_fence(
+    docker: &Docker,
+    id: &str,
+    fencing: Option<net::Fencing>,
+) -> Result<()> {
     match fencing {
-        Some(f) => f.apply().await.map(|f| {
+        Some(f) => f.apply(docker, id).await.map(|f| {
             tracing::debug!(
                 blocked = f.blocked.len(),
                 allowed = f.via_gateway.len(),

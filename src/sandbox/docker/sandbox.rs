@@ -51,6 +51,8 @@ pub struct DockerSandbox {
     disk_tripped: tokio::sync::watch::Sender<Option<(u64, u64)>>,
     /// How the setup went (the cache's part in it).
     pub(super) setup: Mutex<SetupReport>,
+    /// Its container was made warm, ahead of the run.
+    pub(super) warm_start: AtomicBool,
 }
 
 /// Most shells one sandbox keeps at once.
@@ -78,6 +80,7 @@ impl DockerSandbox {
             watchdog: Mutex::new(None),
             disk_tripped: tokio::sync::watch::Sender::new(None),
             setup: Mutex::new(SetupReport::default()),
+            warm_start: AtomicBool::new(false),
         }
     }
 
@@ -88,6 +91,11 @@ impl DockerSandbox {
     /// Whether the setup came from the cache, and how long it took.
     pub fn setup_report(&self) -> SetupReport {
         *self.setup.lock()
+    }
+
+    /// Whether its container was a warm sandbox, made ahead of the run.
+    pub fn warm_start(&self) -> bool {
+        self.warm_start.load(Ordering::Relaxed)
     }
 
     /// How this sandbox's disk use is bounded: the engine's quota or kodx's watchdog.

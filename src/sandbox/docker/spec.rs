@@ -9,7 +9,7 @@ use crate::sandbox::net::Cidr;
 use crate::sandbox::setup_cache::SetupCacheSpec;
 
 /// Resource limits of one sandbox container.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ResourceLimits {
     pub memory_bytes: i64,
     pub nano_cpus: i64,

@@ -1,7 +1,9 @@
 //! The network helper: a tiny static program (`native/kodx-net.c`, built by build.rs and
-//! embedded here) run in short-lived containers, with `NET_ADMIN` in a sandbox's network
-//! namespace to add its fence's routes, or on the host's network to read the engine host's
-//! addresses. Its containers are removed on every path.
+//! embedded here). Each sandbox carries it: it is the sandbox's main process (`hold`), and
+//! it adds the fence's routes as a privileged engine exec in the sandbox before anything
+//! of the image has run there ([`exec_in`]). Once per few minutes it reads the engine
+//! host's addresses from a short-lived container on the host's network, removed on every
+//! path.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -10,6 +12,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, UploadToContainerOptions,
@@ -27,9 +30,9 @@ use crate::sandbox::{Result, SandboxError};
 pub const HELPER_LABEL: &str = "kodx.helper";
 
 /// The helper program (`native/kodx-net.c`), built for this kodx's architecture.
-const HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kodx-net"));
-/// Where the helper is put in its container.
-const HELPER_PATH: &str = "/.kodx-net";
+pub(super) const HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kodx-net"));
+/// Where the helper is put in its container, and in every sandbox.
+pub const HELPER_PATH: &str = "/.kodx-net";
 /// How long the engine host's addresses are reused before they are read again.
 const HOST_ADDRS_TTL: Duration = Duration::from_secs(300);
 /// The longest a helper container may take, from its start to its exit.
@@ -70,6 +73,112 @@ pub(super) fn parse_addresses(out: &str) -> Result<Addresses> {
 /// The architecture the helper was built for (`uname -m` spelling).
 fn helper_arch() -> &'static str {
     std::env::consts::ARCH
+}
+
+/// The helper as a file for a sandbox's root (path without the leading `/`, bytes, mode);
+/// `None` when this kodx was built without it.
+pub fn sandbox_file() -> Option<(&'static str, &'static [u8], u32)> {
+    (!HELPER.is_empty()).then_some((&HELPER_PATH[1..], HELPER, 0o755))
+}
+
+/// The command that keeps a sandbox alive: the helper's `hold`, so that nothing of the
+/// image runs in the container until kodx runs it; a shell loop without the helper.
+pub fn hold_command() -> Vec<String> {
+    if HELPER.is_empty() {
+        ["/bin/sh", "-c", "while :; do sleep 86400; done"]
+            .map(String::from)
+            .to_vec()
+    } else {
+        vec![HELPER_PATH.to_string(), "hold".to_string()]
+    }
+}
+
+/// Runs the helper with `args` in the running container `id` (the fencer) as an engine
+/// exec. Returns what it printed; its exit code is the engine's.
+pub(super) async fn exec_in(docker: &Docker, id: &str, args: &[String]) -> Result<String> {
+    let mut cmd = vec![HELPER_PATH.to_string()];
+    cmd.extend(args.iter().cloned());
+    let run = async {
+        let exec = docker
+            .create_exec(
+                id,
+                CreateExecOptions {
+                    cmd: Some(cmd),
+                    user: Some("0:0".to_string()),
+                    working_dir: Some("/".to_string()),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| SandboxError::docker("running the network helper", e))?;
+        let StartExecResults::Attached { mut output, .. } = docker
+            .start_exec(&exec.id, None)
+            .await
+            .map_err(|e| SandboxError::docker("running the network helper", e))?
+        else {
+            return Err(SandboxError::NetworkFence(
+                "the network helper started detached".into(),
+            ));
+        };
+        let (stdout, stderr) = collect(&mut output).await;
+        let inspected = docker
+            .inspect_exec(&exec.id)
+            .await
+            .map_err(|e| SandboxError::docker("reading the network helper's exit code", e))?;
+        let code = match (inspected.running, inspected.exit_code) {
+            (Some(false), Some(code)) => code,
+            _ => -1,
+        };
+        verdict(code, &stdout, &stderr)
+    };
+    match tokio::time::timeout(HELPER_TIMEOUT, run).await {
+        Ok(r) => r,
+        Err(_) => Err(SandboxError::NetworkFence(format!(
+            "the network helper did not finish within {}s",
+            HELPER_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// Stdout and stderr of a helper, each bounded.
+async fn collect(
+    output: &mut (impl futures_util::Stream<Item = std::result::Result<LogOutput, bollard::errors::Error>>
+              + Unpin),
+) -> (Vec<u8>, Vec<u8>) {
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    while let Some(item) = output.next().await {
+        match item {
+            Ok(LogOutput::StdOut { message }) if stdout.len() < HELPER_OUTPUT_CAP => {
+                stdout.extend_from_slice(&message)
+            }
+            Ok(LogOutput::StdErr { message }) if stderr.len() < HELPER_OUTPUT_CAP => {
+                stderr.extend_from_slice(&message)
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    (stdout, stderr)
+}
+
+/// What a helper that exited with `code` says: its output, or why it failed.
+fn verdict(code: i64, stdout: &[u8], stderr: &[u8]) -> Result<String> {
+    if code != 0 {
+        let said = String::from_utf8_lossy(stderr);
+        let said = said.trim();
+        return Err(SandboxError::NetworkFence(format!(
+            "the network helper failed (exit code {code}){}",
+            if said.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", said.chars().take(500).collect::<String>())
+            }
+        )));
+    }
+    Ok(String::from_utf8_lossy(stdout).into_owned())
 }
 
 /// Checks that the embedded helper can run on an engine reporting `engine_arch`.
@@ -231,20 +340,7 @@ impl Helper {
                 .start_container(&guard.id, None)
                 .await
                 .map_err(|e| SandboxError::docker("starting the network helper", e))?;
-            let mut stdout = Vec::new();
-            let mut stderr = Vec::new();
-            while let Some(item) = attached.output.next().await {
-                match item {
-                    Ok(LogOutput::StdOut { message }) if stdout.len() < HELPER_OUTPUT_CAP => {
-                        stdout.extend_from_slice(&message)
-                    }
-                    Ok(LogOutput::StdErr { message }) if stderr.len() < HELPER_OUTPUT_CAP => {
-                        stderr.extend_from_slice(&message)
-                    }
-                    Ok(_) => {}
-                    Err(_) => break,
-                }
-            }
+            let (stdout, stderr) = collect(&mut attached.output).await;
             let code = match docker.wait_container(&guard.id, None).next().await {
                 Some(Ok(r)) => r.status_code,
                 Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
@@ -253,19 +349,7 @@ impl Helper {
                 }
                 None => -1,
             };
-            if code != 0 {
-                let said = String::from_utf8_lossy(&stderr);
-                let said = said.trim();
-                return Err(SandboxError::NetworkFence(format!(
-                    "the network helper failed (exit code {code}){}",
-                    if said.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", said.chars().take(500).collect::<String>())
-                    }
-                )));
-            }
-            Ok(String::from_utf8_lossy(&stdout).into_owned())
+            verdict(code, &stdout, &stderr)
         };
         let result = match tokio::time::timeout(HELPER_TIMEOUT, run).await {
             Ok(r) => r,

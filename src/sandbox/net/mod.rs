@@ -7,27 +7,32 @@
 //!
 //! - Sandboxes join one bridge network kodx creates and reuses, [`NETWORK_NAME`], with
 //!   inter-container traffic off (`enable_icc=false`) and no IPv6.
-//! - Right after a sandbox starts, before its setup script or any shell runs (the
-//!   repository's files go in meanwhile), a short-lived helper container joins the
-//!   sandbox's network namespace with `NET_ADMIN` (the sandbox itself never has it; the
-//!   helper is made while the sandbox starts) and adds `unreachable` routes there: the gateway
-//!   (the host), every address of the engine's host, and the ranges in [`BLOCKED`], minus
-//!   what the operator allows. A connect to any of them fails at once with "No route to
-//!   host". The helper is a tiny static program compiled by build.rs and embedded here, so
-//!   the image needs nothing.
+//! - A sandbox's main process is kodx's helper (`hold`), a tiny static program compiled
+//!   by build.rs and embedded here, so the image needs nothing and nothing of the image
+//!   runs before the fence is up. Right after the sandbox starts, before its setup script
+//!   or any shell runs (the repository's files go in meanwhile), the engine's fencer (one
+//!   small container per engine, `fencer`) enters the sandbox's network namespace with
+//!   one exec and adds `unreachable` routes: the gateway (the host), every address of the
+//!   engine's host, and the ranges in [`BLOCKED`], minus what the operator allows. A
+//!   connect to any of them fails at once with "No route to host". The sandbox's own
+//!   processes never have `NET_ADMIN`. Where the fencer cannot run, a short-lived helper
+//!   container joined to the sandbox's namespace adds the routes instead.
 //! - The engine host's addresses come from the same program run once in a helper container
 //!   on the host's network (`network_mode: host`), cached for a few minutes.
 //!
 //! One file per part: `policy` (IPv4 ranges, what is blocked, the plan of one sandbox's
-//! routes), `network` (the shared bridge network), `helper` (the helper program and its
-//! containers) and `fence` (one sandbox's fence going up).
+//! routes), `network` (the shared bridge network), `helper` (the helper program, its exec
+//! and its containers), `fencer` (the engine's fencer) and `fence` (one sandbox's fence
+//! going up).
 
 mod fence;
+mod fencer;
 mod helper;
 mod network;
 mod policy;
 
 pub use fence::Fencing;
-pub use helper::{check_arch, host_addresses, HELPER_LABEL};
+pub use fencer::{fencer_name, FENCER_PREFIX, IDLE_SECS as FENCER_IDLE_SECS};
+pub use helper::{check_arch, hold_command, host_addresses, sandbox_file, HELPER_LABEL};
 pub use network::{ensure_network, SandboxNetwork, NETWORK_LABEL, NETWORK_NAME};
 pub use policy::{Cidr, Fence, BLOCKED};
