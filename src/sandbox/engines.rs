@@ -28,7 +28,13 @@ pub struct EngineConfig {
     /// its queue: the engine's own running `kodx.run` containers count).
     #[serde(default = "default_max_runs")]
     pub max_runs: usize,
+    /// Warm sandboxes kept on this engine; unset: the server's `warm_sandboxes`.
+    #[serde(default)]
+    pub warm_sandboxes: Option<usize>,
 }
+
+/// Most warm sandboxes one engine may keep.
+pub const MAX_WARM: usize = 16;
 
 fn default_max_runs() -> usize {
     2
@@ -55,6 +61,12 @@ impl EngineConfig {
         if self.max_runs == 0 || self.max_runs > 256 {
             return Some(format!(
                 "engine {}: `max_runs` must be between 1 and 256",
+                self.name
+            ));
+        }
+        if self.warm_sandboxes.is_some_and(|n| n > MAX_WARM) {
+            return Some(format!(
+                "engine {}: `warm_sandboxes` must be between 0 and {MAX_WARM}",
                 self.name
             ));
         }
@@ -327,6 +339,7 @@ mod tests {
             host: host.into(),
             tls_cert_path: tls.map(PathBuf::from),
             max_runs: 2,
+            warm_sandboxes: None,
         }
     }
 

@@ -199,6 +199,12 @@ pub struct Settings {
     /// How often each engine is asked whether it answers, in seconds. Two missed answers in
     /// a row take it out of placement and stop its runs.
     pub engine_check_secs: f64,
+    /// Sandboxes kept started and fenced on each engine ahead of runs (an engine's own
+    /// `warm_sandboxes` first); `0`: none, every run starts its own.
+    pub warm_sandboxes: usize,
+    /// A warm sandbox waiting this long is removed (and the default image's made again);
+    /// an image no run used for this long gets none.
+    pub warm_idle_secs: u64,
 }
 
 impl Default for Settings {
@@ -236,6 +242,8 @@ impl Default for Settings {
             setup_cache_max_bytes: crate::sandbox::setup_cache::DEFAULT_MAX_BYTES,
             engines: Vec::new(),
             engine_check_secs: 5.0,
+            warm_sandboxes: 1,
+            warm_idle_secs: 600,
         }
     }
 }
@@ -338,6 +346,18 @@ impl Settings {
         }
         if self.unverified_body_bytes < 64 * 1024 {
             return bad("unverified_body_bytes", "must be at least 65536 (64 KiB)");
+        }
+        if self.warm_sandboxes > crate::sandbox::engines::MAX_WARM {
+            return bad(
+                "warm_sandboxes",
+                &format!(
+                    "must be between 0 and {}",
+                    crate::sandbox::engines::MAX_WARM
+                ),
+            );
+        }
+        if !(10..=86_400).contains(&self.warm_idle_secs) {
+            return bad("warm_idle_secs", "must be between 10 and 86400 seconds");
         }
         if !(self.engine_check_secs.is_finite() && (0.1..=300.0).contains(&self.engine_check_secs))
         {
@@ -589,6 +609,19 @@ fn base_config(get: &dyn Fn(&str) -> Option<String>) -> Result<(SetupConfig, boo
                 "KODX_REPO_CACHE_MAX_BYTES must be a number of bytes (0 turns the repository cache off), got {bytes:?}"
             ))
         })?;
+    }
+    if let Some(n) = get("KODX_WARM_SANDBOXES") {
+        settings.warm_sandboxes = n
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| *n <= crate::sandbox::engines::MAX_WARM)
+            .ok_or_else(|| {
+                ConfigError(format!(
+                    "KODX_WARM_SANDBOXES must be a number from 0 (none) to {}, got {n:?}",
+                    crate::sandbox::engines::MAX_WARM
+                ))
+            })?;
     }
     if settings.repo_cache_dir.is_none() {
         settings.repo_cache_dir = Some(self::data_dir(&database_url).join("mirrors"));

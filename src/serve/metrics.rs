@@ -46,6 +46,8 @@ pub struct Metrics {
     engine_up: Family<EngineLabels, Gauge>,
     engine_runs: Family<EngineLabels, Gauge>,
     engine_capacity: Family<EngineLabels, Gauge>,
+    engine_warm: Family<EngineLabels, Gauge>,
+    engine_warm_in_use: Family<EngineLabels, Gauge>,
     /// HTTP connections (see `listen`).
     pub connections: crate::serve::intake::listen::ConnectionMetrics,
     /// Bytes of webhook bodies held before their signature is verified.
@@ -126,6 +128,18 @@ impl Metrics {
             "Sandboxes the Docker engine takes at once (max_runs)",
             engine_capacity.clone(),
         );
+        let engine_warm = Family::<EngineLabels, Gauge>::default();
+        registry.register(
+            "engine_warm_sandboxes",
+            "Warm sandboxes (started, fenced, empty) waiting on the Docker engine for a run",
+            engine_warm.clone(),
+        );
+        let engine_warm_in_use = Family::<EngineLabels, Gauge>::default();
+        registry.register(
+            "engine_warm_sandboxes_in_use",
+            "Runs going on in a container that was a warm sandbox",
+            engine_warm_in_use.clone(),
+        );
         let connections = crate::serve::intake::listen::ConnectionMetrics::default();
         registry.register(
             "http_connections",
@@ -167,14 +181,21 @@ impl Metrics {
             engine_up,
             engine_runs,
             engine_capacity,
+            engine_warm,
+            engine_warm_in_use,
         }
     }
 
     /// One engine's gauges (set when `/metrics` is read).
-    pub fn engine(&self, name: &str, up: bool, runs: usize, capacity: usize) {
+    pub fn engine(&self, e: &crate::serve::worker::EngineStatus) {
+        let (name, up, runs, capacity) = (&e.name, e.up, e.runs, e.max_runs);
         let labels = EngineLabels {
             engine: name.to_string(),
         };
+        self.engine_warm.get_or_create(&labels).set(e.warm as i64);
+        self.engine_warm_in_use
+            .get_or_create(&labels)
+            .set(e.warm_in_use as i64);
         self.engine_up.get_or_create(&labels).set(i64::from(up));
         self.engine_runs.get_or_create(&labels).set(runs as i64);
         self.engine_capacity

@@ -274,7 +274,8 @@ async fn start(
             &config.settings.engines,
             config.settings.max_concurrent_runs,
         )
-        .shared_through(db.clone()),
+        .shared_through(db.clone())
+        .with_warm(&warm_settings(&config.settings)),
     );
     let workers = Workers::new(
         db.clone(),
@@ -350,4 +351,19 @@ async fn start(
         engine,
         worker_task,
     })
+}
+
+/// The warm pools' settings: the server's `warm_sandboxes` and `warm_idle_secs`, and the
+/// shape of a run with the server's defaults (its image, network, disk limit).
+fn warm_settings(settings: &config::Settings) -> pipeline::WarmSettings {
+    let mut spec = crate::sandbox::SandboxSpec::new("warm", settings.image.clone());
+    spec.repo_dir = Some(std::path::PathBuf::from("."));
+    settings.network.apply(&mut spec, false);
+    spec.allowed_cidrs = settings.network_allow.clone();
+    spec.max_disk_bytes = Some(settings.max_disk_bytes);
+    pipeline::WarmSettings {
+        per_engine: settings.warm_sandboxes,
+        idle: std::time::Duration::from_secs(settings.warm_idle_secs),
+        default: Some(crate::sandbox::Shape::of(&spec, &settings.image)),
+    }
 }

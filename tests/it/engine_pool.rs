@@ -57,6 +57,7 @@ impl Extra {
                 host: get("host"),
                 tls_cert_path: Some(PathBuf::from(get("certs"))),
                 max_runs,
+                warm_sandboxes: None,
             },
         })
     }

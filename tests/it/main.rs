@@ -56,5 +56,6 @@ mod serve_runpage;
 mod serve_runpage_limits;
 mod serve_runs;
 mod serve_setup;
+mod serve_warm;
 mod serve_webhook;
 mod serve_webhook_limits;

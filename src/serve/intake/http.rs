@@ -402,7 +402,7 @@ async fn metrics(State(st): State<HttpState>) -> Response {
         st.metrics.set_queued(counts.queued);
     }
     for e in st.health.engines() {
-        st.metrics.engine(&e.name, e.up, e.runs, e.max_runs);
+        st.metrics.engine(&e);
     }
     (
         [(

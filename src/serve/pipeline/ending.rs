@@ -68,6 +68,8 @@ pub(in crate::serve) struct RunLog {
     pub continues: Mutex<Option<serde_json::Value>>,
     /// The Docker engine the run's container is on; given back when the run is over.
     pub placement: Mutex<Option<super::Placement>>,
+    /// The run's container was a warm sandbox (counted as in use while the run goes on).
+    pub warm: Mutex<Option<super::warm::InUse>>,
 }
 
 impl RunLog {
@@ -199,6 +201,7 @@ impl Services {
                 "branch": log.branch.lock().clone(),
                 "continues": log.continues.lock().clone(),
                 "engine": log.placed_on().map(|(name, _)| name),
+                "warm_start": log.warm.lock().is_some(),
             })
             .to_string(),
             pr_url: done.pr_url.clone(),
@@ -227,6 +230,7 @@ impl Services {
             cost_usd = o.usd_cost,
             api_calls = o.api_calls,
             timings_ms = %log.timings.to_json(),
+            warm_start = log.warm.lock().is_some(),
             "run finished"
         );
         // A run that outlived its token (about an hour) takes a new one for the last edit.

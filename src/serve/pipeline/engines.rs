@@ -20,7 +20,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::sandbox::{Engine, EngineConfig, SandboxError};
+use super::warm::WarmPool;
+use crate::sandbox::{Engine, EngineConfig, SandboxError, Shape};
 
 /// Where an engine is.
 #[derive(Debug, Clone)]
@@ -55,6 +56,8 @@ struct Member {
     name: String,
     target: Target,
     max_runs: usize,
+    /// Its warm sandboxes.
+    warm: Arc<WarmPool>,
     engine: tokio::sync::Mutex<Option<Engine>>,
     state: Mutex<MemberState>,
 }
@@ -68,6 +71,9 @@ pub struct EngineStatus {
     /// Runs this process placed there.
     pub runs: usize,
     pub max_runs: usize,
+    /// Warm sandboxes waiting there, and runs going on in one that was warm.
+    pub warm: usize,
+    pub warm_in_use: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -88,6 +94,35 @@ impl Placement {
     pub fn lost(&self) -> &CancellationToken {
         &self.down
     }
+
+    /// The engine's warm sandboxes, when it keeps any.
+    pub fn warm(&self) -> Option<&WarmPool> {
+        self.member.warm.enabled().then_some(&*self.member.warm)
+    }
+
+    /// Makes up for a warm sandbox taken, in the background.
+    pub fn refill(&self) {
+        refill(&self.member, &self.engine);
+    }
+}
+
+/// Brings `member`'s warm pool up to its target on `engine`, in the background.
+fn refill(member: &Arc<Member>, engine: &Engine) {
+    if member.warm.enabled() {
+        let pool = member.warm.clone();
+        let engine = engine.clone();
+        tokio::spawn(async move { pool.maintain(&engine).await });
+    }
+}
+
+/// The server's warm sandboxes setting: per engine at most `per_engine` (an engine's own
+/// `warm_sandboxes` first), each kept `idle` at most; `default`, the shape of a run with
+/// the server's defaults.
+#[derive(Debug, Clone)]
+pub struct WarmSettings {
+    pub per_engine: usize,
+    pub idle: Duration,
+    pub default: Option<Shape>,
 }
 
 impl Drop for Placement {
@@ -120,6 +155,7 @@ impl Engines {
     pub fn new(instance: Option<String>, listed: &[EngineConfig], default_max_runs: usize) -> Self {
         let member = |name: String, target, max_runs| {
             Arc::new(Member {
+                warm: Arc::new(WarmPool::new(&name, 0, Duration::ZERO, None)),
                 name,
                 target,
                 max_runs,
@@ -151,6 +187,30 @@ impl Engines {
             changed: Arc::new(Notify::new()),
             shared: None,
         }
+    }
+
+    /// Each engine keeps warm sandboxes as `warm` says.
+    pub fn with_warm(mut self, warm: &WarmSettings) -> Self {
+        for m in &mut self.members {
+            let per_engine = match &m.target {
+                Target::Listed(c) => c.warm_sandboxes.unwrap_or(warm.per_engine),
+                Target::Environment => warm.per_engine,
+            };
+            if let Some(m) = Arc::get_mut(m) {
+                m.warm = Arc::new(WarmPool::new(
+                    &m.name,
+                    per_engine,
+                    warm.idle,
+                    warm.default.clone(),
+                ));
+            }
+        }
+        self
+    }
+
+    /// Removes every engine's warm sandboxes and makes no more: at shutdown.
+    pub async fn close_warm(&self) {
+        futures_util::future::join_all(self.members.iter().map(|m| m.warm.close())).await;
     }
 
     /// Engine slots counted in `db` too, for processes sharing its queue (PostgreSQL).
@@ -368,6 +428,8 @@ impl Engines {
     /// An engine answers again: what this process left there for runs that are over goes,
     /// and dead processes' containers too; then it takes runs again.
     async fn came_back(&self, m: &Member, engine: &Engine) {
+        // Its warm sandboxes may be gone with it: made again.
+        m.warm.clear().await;
         let live = m.state.lock().placed.clone();
         let own = engine.sweep_own_except(&live).await;
         let dead = engine.sweep_dead_owners().await;
@@ -394,6 +456,15 @@ impl Engines {
     pub async fn watch(self: Arc<Self>, interval: Duration, stop: CancellationToken) {
         loop {
             self.check().await;
+            // Warm pools kept up on the engines that answer (in the background: a slow
+            // engine does not hold the checks up).
+            for m in &self.members {
+                if m.warm.enabled() && m.state.lock().health == Health::Up {
+                    if let Some(engine) = m.engine.lock().await.clone() {
+                        refill(m, &engine);
+                    }
+                }
+            }
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
                 _ = stop.cancelled() => return,
@@ -419,6 +490,8 @@ impl Engines {
                     up: st.health != Health::Down,
                     runs: st.placed.len(),
                     max_runs: m.max_runs,
+                    warm: m.warm.warm(),
+                    warm_in_use: m.warm.in_use(),
                     error: st.error.clone(),
                 }
             })
@@ -458,6 +531,7 @@ mod tests {
             host: format!("unix:///nonexistent/kodx-test-{name}.sock"),
             tls_cert_path: None,
             max_runs: 1,
+            warm_sandboxes: None,
         }
     }
 

@@ -243,12 +243,22 @@ async fn container(
                 }
             }
         }
+        let warm = placement.warm();
         let sandbox = tokio::select! {
-            s = engine.start_with_progress(&spec, |line| tracing::info!("{line}")) => s,
+            s = engine.start_from(
+                &spec,
+                warm.map(|w| w as &dyn crate::sandbox::WarmSource),
+                |line| tracing::info!("{line}"),
+            ) => s,
             _ = cancel.cancelled() => return Ok(Err(cancelled_early(run_plan))),
         };
+        // A warm sandbox taken (or this run's shape newly wanted): the pool catches up.
+        placement.refill();
         return match sandbox {
             Ok(s) => {
+                if s.warm_start() {
+                    *log.warm.lock() = warm.map(|w| w.in_use_guard());
+                }
                 let setup = s.setup_report();
                 // The container phase is the whole start; the setup is its part.
                 log.timings.add("container", started.elapsed());

@@ -31,6 +31,7 @@ pub(in crate::serve) mod repo_context;
 pub(in crate::serve) mod resources;
 pub(in crate::serve) mod status;
 pub(in crate::serve) mod threads;
+pub(in crate::serve) mod warm;
 pub(in crate::serve) mod workspace;
 
 use parking_lot::Mutex;
@@ -47,7 +48,7 @@ use crate::serve::config::Settings;
 use crate::serve::metrics::Metrics;
 
 pub(in crate::serve) use ending::{Ending, RunFailure, RunLog, Timings};
-pub use engines::{EngineStatus, Engines, NoEngine, Placement};
+pub use engines::{EngineStatus, Engines, NoEngine, Placement, WarmSettings};
 pub(in crate::serve) use fence::Fence;
 pub(in crate::serve) use gate::Admission;
 pub use resources::{EnvProviders, ProviderFactory};

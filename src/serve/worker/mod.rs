@@ -173,6 +173,7 @@ impl Workers {
         pruner.abort();
         leases.abort();
         listener.abort();
+        self.svc.engine.close_warm().await;
         let n = crate::sandbox::docker::remove_all_live().await;
         if n > 0 {
             tracing::info!("removed {n} sandbox container(s) at shutdown");

@@ -194,6 +194,11 @@ impl Served {
             // Clones go there: a killed server's leftovers go with the test's directory.
             ("TMPDIR".into(), tmp.display().to_string()),
         ];
+        // No warm sandboxes unless the test's settings ask for them: the tests of other
+        // things see the engine as before (tests/it/serve_warm.rs covers the pool).
+        if !opts.settings.is_some_and(|s| s.contains("warm_sandboxes")) {
+            env.push(("KODX_WARM_SANDBOXES".into(), "0".into()));
+        }
         if opts.setup_mode {
             env.retain(|(k, _)| {
                 !["APP_ID", "PRIVATE_KEY_PATH", "WEBHOOK_SECRET"].contains(&k.as_str())

@@ -1,0 +1,281 @@
+//! The warm pool of one engine: up to `warm_sandboxes` containers made ahead of runs
+//! ([`crate::sandbox::WarmSandbox`]: started, fenced, empty), so that a run only copies its
+//! repository in and opens its shell.
+//!
+//! - **Which.** For the shapes runs use ([`Shape`]: image, limits, network): the server's
+//!   default, and each shape a run used in the last `warm_idle_secs`, most recent first,
+//!   one each, the rest to the most recent. An image not on the engine is not pulled for
+//!   the pool; the first run that uses it pulls it.
+//! - **Handed out once.** [`WarmSource::take`] removes it from the pool for good; the run
+//!   claims it and its container is removed with the run. A refill is made in the
+//!   background right after.
+//! - **Removed** when it has waited `warm_idle_secs` (the default shape's is made again, so
+//!   its fence and image are never older than that), at shutdown ([`WarmPool::close`]),
+//!   by the engine's sweeps when its process is gone, and on the engine's return after an
+//!   outage.
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::sandbox::{Engine, Shape, WarmSandbox, WarmSource};
+
+/// How long a shape whose making failed is not tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// One engine's warm sandboxes.
+pub struct WarmPool {
+    engine: String,
+    target: usize,
+    idle: Duration,
+    state: Mutex<PoolState>,
+    /// Runs going on in a container that was warm.
+    in_use: Arc<AtomicUsize>,
+    /// Made, handed out, removed idle: for the logs and the tests.
+    pub made: AtomicU64,
+    pub handed_out: AtomicU64,
+    pub removed_idle: AtomicU64,
+    closed: AtomicBool,
+    /// One fill at a time.
+    filling: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    ready: Vec<WarmSandbox>,
+    /// Shapes runs used, with when, most recent first.
+    used: Vec<(Shape, Instant)>,
+    /// The shape of a run with the server's defaults.
+    default: Option<Shape>,
+    /// Shapes whose making failed, and when.
+    failed: HashMap<Shape, Instant>,
+}
+
+/// Held by a run whose container was warm; counted in [`WarmPool::in_use`].
+pub struct InUse(Arc<AtomicUsize>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl WarmPool {
+    /// The pool of engine `engine`: `target` warm sandboxes at most, each kept
+    /// `idle` at most; `default`, the shape of a run with the server's defaults.
+    pub fn new(engine: &str, target: usize, idle: Duration, default: Option<Shape>) -> Self {
+        WarmPool {
+            engine: engine.to_string(),
+            target,
+            idle,
+            state: Mutex::new(PoolState {
+                default,
+                ..Default::default()
+            }),
+            in_use: Arc::default(),
+            made: AtomicU64::new(0),
+            handed_out: AtomicU64::new(0),
+            removed_idle: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            filling: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.target > 0
+    }
+
+    /// Warm sandboxes waiting now.
+    pub fn warm(&self) -> usize {
+        self.state.lock().ready.len()
+    }
+
+    /// Runs going on in a container that was warm.
+    pub fn in_use(&self) -> usize {
+        self.in_use.load(Ordering::Relaxed)
+    }
+
+    /// Counts a run in a container that was warm until the guard is dropped.
+    pub fn in_use_guard(&self) -> InUse {
+        self.in_use.fetch_add(1, Ordering::Relaxed);
+        InUse(self.in_use.clone())
+    }
+
+    /// How many of each shape the pool keeps now: the shapes used within `idle` and the
+    /// default, most recent first, one each within the target, the rest to the first.
+    fn wanted(&self, st: &PoolState, now: Instant) -> Vec<(Shape, usize)> {
+        let mut shapes: Vec<Shape> = st
+            .used
+            .iter()
+            .filter(|(_, at)| now.duration_since(*at) < self.idle)
+            .map(|(s, _)| s.clone())
+            .collect();
+        if let Some(d) = &st.default {
+            if !shapes.contains(d) {
+                shapes.push(d.clone());
+            }
+        }
+        shapes.truncate(self.target);
+        let extra = self.target.saturating_sub(shapes.len());
+        shapes
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (s, if i == 0 { 1 + extra } else { 1 }))
+            .collect()
+    }
+
+    /// Brings the pool to what it should hold on `engine`: warm sandboxes that waited too
+    /// long or whose shape is no longer wanted go, missing ones are made (one at a time).
+    /// Returns at once when another call is at it.
+    pub async fn maintain(&self, engine: &Engine) {
+        if !self.enabled() {
+            return;
+        }
+        let Ok(_filling) = self.filling.try_lock() else {
+            return;
+        };
+        loop {
+            if self.closed.load(Ordering::SeqCst) {
+                return;
+            }
+            let now = Instant::now();
+            let (stale, next) = {
+                let mut st = self.state.lock();
+                st.used
+                    .retain(|(_, at)| now.duration_since(*at) < self.idle);
+                let wanted = self.wanted(&st, now);
+                let mut keep = HashMap::<Shape, usize>::new();
+                let mut stale = Vec::new();
+                for w in std::mem::take(&mut st.ready) {
+                    let quota = wanted
+                        .iter()
+                        .find(|(s, _)| s == w.shape())
+                        .map_or(0, |(_, n)| *n);
+                    let kept = keep.entry(w.shape().clone()).or_default();
+                    if now.duration_since(w.made()) >= self.idle || *kept >= quota {
+                        stale.push(w);
+                    } else {
+                        *kept += 1;
+                        st.ready.push(w);
+                    }
+                }
+                let next = wanted.into_iter().find(|(s, n)| {
+                    keep.get(s).copied().unwrap_or(0) < *n
+                        && st
+                            .failed
+                            .get(s)
+                            .is_none_or(|at| now.duration_since(*at) >= RETRY_AFTER)
+                });
+                (stale, next.map(|(s, _)| s))
+            };
+            for w in stale {
+                self.removed_idle.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(engine = %self.engine, container = %w.id(), "removed a warm sandbox that waited too long");
+                w.remove().await;
+            }
+            let Some(shape) = next else {
+                return;
+            };
+            // Not pulled for the pool: the first run with the image pulls it.
+            if !engine.has_image(&shape.image).await {
+                self.state.lock().failed.insert(shape, Instant::now());
+                continue;
+            }
+            match engine.make_warm(&shape).await {
+                Ok(w) => {
+                    self.made.fetch_add(1, Ordering::Relaxed);
+                    if self.closed.load(Ordering::SeqCst) {
+                        w.remove().await;
+                        return;
+                    }
+                    tracing::debug!(engine = %self.engine, container = %w.id(), image = %shape.image, "made a warm sandbox");
+                    self.state.lock().ready.push(w);
+                }
+                Err(e) => {
+                    tracing::warn!(engine = %self.engine, image = %shape.image, "could not make a warm sandbox (runs start theirs as without one): {e}");
+                    self.state.lock().failed.insert(shape, Instant::now());
+                }
+            }
+        }
+    }
+
+    /// Forgets every warm sandbox (the engine was away: they may be gone) and removes
+    /// those still there.
+    pub async fn clear(&self) {
+        let all = std::mem::take(&mut self.state.lock().ready);
+        for w in all {
+            w.remove().await;
+        }
+    }
+
+    /// Removes every warm sandbox and makes no more: at shutdown.
+    pub async fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.clear().await;
+    }
+}
+
+impl WarmSource for WarmPool {
+    fn take(&self, shape: &Shape) -> Option<WarmSandbox> {
+        let mut st = self.state.lock();
+        st.used.retain(|(s, _)| s != shape);
+        st.used.insert(0, (shape.clone(), Instant::now()));
+        st.failed.remove(shape);
+        let i = st.ready.iter().position(|w| w.shape() == shape)?;
+        self.handed_out.fetch_add(1, Ordering::Relaxed);
+        Some(st.ready.swap_remove(i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::SandboxSpec;
+
+    fn shape(image: &str) -> Shape {
+        let mut spec = SandboxSpec::new("r", image);
+        spec.repo_dir = Some(".".into());
+        Shape::of(&spec, image)
+    }
+
+    #[test]
+    fn the_default_and_recent_shapes_share_the_target_most_recent_first() {
+        let pool = WarmPool::new("e", 3, Duration::from_secs(60), Some(shape("default")));
+        let now = Instant::now();
+        let st = |used: Vec<(Shape, Instant)>| PoolState {
+            used,
+            default: Some(shape("default")),
+            ..Default::default()
+        };
+        // Nothing used yet: all for the default.
+        assert_eq!(pool.wanted(&st(vec![]), now), vec![(shape("default"), 3)]);
+        // A recent image first, the default after.
+        assert_eq!(
+            pool.wanted(&st(vec![(shape("a"), now)]), now),
+            vec![(shape("a"), 2), (shape("default"), 1)]
+        );
+        // More shapes than the target: the most recent ones.
+        let used = vec![(shape("c"), now), (shape("b"), now), (shape("a"), now)];
+        assert_eq!(
+            pool.wanted(&st(used), now),
+            vec![(shape("c"), 1), (shape("b"), 1), (shape("a"), 1)]
+        );
+        // A shape not used within the idle time is no longer wanted.
+        let old = now.checked_sub(Duration::from_secs(120)).unwrap_or(now);
+        let wanted = pool.wanted(&st(vec![(shape("a"), old)]), now);
+        assert!(
+            old == now || wanted == vec![(shape("default"), 3)],
+            "{wanted:?}"
+        );
+        // Taking one marks its shape as used, first.
+        let _ = pool.take(&shape("z"));
+        assert_eq!(pool.state.lock().used[0].0, shape("z"));
+        assert_eq!(
+            pool.handed_out.load(Ordering::Relaxed),
+            0,
+            "none was waiting"
+        );
+    }
+}
