@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Fixed overhead of one `kodx run`: process start, engine connection, container, first
-# shell, model calls answered at once by a stand-in model API on loopback, teardown.
-# Prints each run's wall time and the median / p95 in ms.
+# Fixed overhead of one `kodx run`: process start, engine connection, container, fence,
+# first shell, model calls answered at once by a stand-in model API on loopback, teardown.
+# Prints the median / p95 in ms, the same for a bare `docker run --rm IMAGE true` measured
+# in the same loop, and their ratio against the issue 27 target (at most 1.2x).
 #
 # With COMMANDS > 0 the stand-in asks for that many shell commands (`true`), one per
 # model call, and prints the gap per call: from its answer leaving to kodx's next request
@@ -64,19 +65,31 @@ trap 'kill $server 2>/dev/null; rm -f "$gaps"' EXIT
 sleep 0.5
 export ANTHROPIC_BASE_URL="http://127.0.0.1:$port" ANTHROPIC_API_KEY=sk-ant-bench KODX_IMAGE="$image"
 times=()
+bare=()
 for _ in $(seq 1 "$runs"); do
   s=$(date +%s%N)
   ./target/release/kodx run -q --repo-dir "" -p hi >/dev/null
   e=$(date +%s%N)
   times+=($(( (e - s) / 1000000 )))
+  # A bare `docker run` of the same image, in the same loop: the yardstick.
+  s=$(date +%s%N)
+  docker run --rm "$image" true
+  e=$(date +%s%N)
+  bare+=($(( (e - s) / 1000000 )))
 done
-printf '%s\n' "${times[@]}" | sort -n | awk -v n="$runs" '
-  { v[NR] = $1 }
-  END {
-    med = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-    p95 = v[int((95 * n + 99) / 100)]
-    printf "kodx run fixed overhead (%d runs): median %d ms, p95 %d ms, min %d ms, max %d ms\n", n, med, p95, v[1], v[n]
-  }'
+# "median p95 min max" of the numbers on stdin.
+stats() {
+  sort -n | awk '{ v[NR] = $1 } END {
+    n = NR; med = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+    printf "%d %d %d %d\n", med, v[int((95 * n + 99) / 100)], v[1], v[n] }'
+}
+read -r k_med k_p95 k_min k_max < <(printf '%s\n' "${times[@]}" | stats)
+read -r b_med b_p95 b_min b_max < <(printf '%s\n' "${bare[@]}" | stats)
+echo "kodx run fixed overhead ($runs runs): median $k_med ms, p95 $k_p95 ms, min $k_min ms, max $k_max ms"
+echo "bare docker run --rm $image true ($runs runs, interleaved): median $b_med ms, p95 $b_p95 ms, min $b_min ms, max $b_max ms"
+awk -v k="$k_med" -v b="$b_med" 'BEGIN {
+  r = k / b
+  printf "kodx run / docker run: %.2fx (target <= 1.2x): %s\n", r, (r <= 1.2 ? "ok" : "MISSED") }'
 if [ "$commands" -gt 0 ]; then
   echo "gap per model call (stand-in answer sent → kodx's next request), median over runs, writes=$writes:"
   sort -k1,1n -k2,2n "$gaps" | awk '

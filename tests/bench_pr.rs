@@ -34,6 +34,10 @@ struct Measured {
     ack_ms: f64,
     /// Queued → claimed by a worker (the run's row).
     queue_ms: f64,
+    /// Webhook → the model's first request.
+    first_call_ms: Option<f64>,
+    /// Its container was a warm sandbox.
+    warm: bool,
     phases: std::collections::BTreeMap<String, f64>,
 }
 
@@ -80,6 +84,7 @@ async fn code_once(s: &Served, db: &kodx::db::Db, number: u64) -> Measured {
         usage(),
     );
     let before = s.github.created_pulls(REPO).len();
+    let calls_before = s.model.requests().len();
     let body = format!("/kodx code write bench-{number}.txt");
     let id = s.github.add_comment(REPO, number, "alice", &body, false);
     let payload = issue_comment(&IssueComment {
@@ -113,8 +118,15 @@ async fn code_once(s: &Served, db: &kodx::db::Db, number: u64) -> Measured {
         .iter()
         .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
         .collect();
+    let first_call_ms = s
+        .model
+        .requests()
+        .get(calls_before)
+        .map(|r| r.at.duration_since(started).as_secs_f64() * 1000.0);
     Measured {
         total_ms,
+        first_call_ms,
+        warm: result["warm_start"] == true,
         ack_ms: ack_ms.unwrap_or(total_ms),
         queue_ms: run.started_at.unwrap_or(run.created_at) as f64 - run.created_at as f64,
         phases,
@@ -163,6 +175,9 @@ fn report(label: &str, runs: &[Measured]) -> (f64, Option<f64>) {
             &(|m: &Measured| Some(m.queue_ms)) as &dyn Fn(&Measured) -> Option<f64>,
         ),
         ("acknowledgement", &|m: &Measured| Some(m.ack_ms)),
+        ("webhook → first model call", &|m: &Measured| {
+            m.first_call_ms
+        }),
         ("webhook → PR opened (total)", &|m: &Measured| {
             Some(m.total_ms)
         }),
@@ -173,11 +188,69 @@ fn report(label: &str, runs: &[Measured]) -> (f64, Option<f64>) {
             show(med(f))
         );
     }
+    println!(
+        "  warm starts: {} of {} run(s)",
+        runs.iter().filter(|m| m.warm).count(),
+        runs.len()
+    );
     (runs[0].total_ms, med(&|m| Some(m.total_ms)))
+}
+
+/// Waits (up to 10 s) until the server's warm pool has a sandbox waiting, as it has when a
+/// maintainer's next command comes a moment after the last one: the refill starts with
+/// the run that took the last one.
+async fn until_warm(s: &Served) {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        let (_, metrics) = s.get("/metrics").await;
+        let waiting = metrics
+            .lines()
+            .find(|l| l.starts_with("kodx_engine_warm_sandboxes{"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `kodx serve` with workers and one warm sandbox per engine (the default setting), or
+/// none.
+async fn server(warm: bool) -> Served {
+    Served::start(common::serve::Options {
+        workers: true,
+        settings: Some(if warm {
+            "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nwarm_sandboxes = 1\n"
+        } else {
+            "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nwarm_sandboxes = 0\n"
+        }),
+        ..Default::default()
+    })
+    .await
 }
 
 async fn measure(label: &str, s: &Served, runs: usize, first_issue: u64) -> (f64, Option<f64>) {
     measure_with(label, s, runs, first_issue, |_| {}).await
+}
+
+/// As [`measure`], also returning each run's figures.
+async fn measure_runs(
+    label: &str,
+    s: &Served,
+    runs: usize,
+    first_issue: u64,
+) -> (Vec<Measured>, (f64, Option<f64>)) {
+    let db = open_db(s).await;
+    let mut all = Vec::new();
+    for i in 0..runs.max(2) {
+        until_warm(s).await;
+        all.push(code_once(s, &db, first_issue + i as u64).await);
+    }
+    db.close().await;
+    let figures = report(label, &all);
+    (all, figures)
 }
 
 /// As [`measure`], calling `between(i)` before each run after the first.
@@ -199,6 +272,7 @@ async fn measure_with(
             between(i);
             tokio::time::sleep(pause).await;
         }
+        until_warm(s).await;
         all.push(code_once(s, &db, first_issue + i as u64).await);
     }
     db.close().await;
@@ -207,10 +281,13 @@ async fn measure_with(
 
 /// `/kodx ask` runs: the time from the model's last answer arriving at kodx to the answer
 /// posted on the issue, for each run.
-async fn ask_latency(s: &Served, runs: usize, first_issue: u64) -> Vec<f64> {
+async fn ask_latency(s: &Served, runs: usize, first_issue: u64) -> (Vec<f64>, Vec<f64>) {
     let db = open_db(s).await;
     let mut out = Vec::new();
+    let mut first_calls = Vec::new();
     for i in 0..runs {
+        until_warm(s).await;
+        let calls_before = s.model.requests().len();
         let number = first_issue + i as u64;
         s.github.add_issue(REPO, number, "Question", "", "carol");
         s.model.reply(
@@ -236,6 +313,7 @@ async fn ask_latency(s: &Served, runs: usize, first_issue: u64) -> Vec<f64> {
                     "stop_reason": "end_turn", "stop_sequence": null, "usage": usage(),
                 })
             })));
+        let sent = Instant::now();
         let run = s
             .comment(number, "alice", "/kodx ask what is in this repository?")
             .await;
@@ -257,10 +335,13 @@ async fn ask_latency(s: &Served, runs: usize, first_issue: u64) -> Vec<f64> {
         let posted = Instant::now();
         let at = answered.lock().unwrap().expect("the model answered");
         out.push(posted.duration_since(at).as_secs_f64() * 1000.0);
+        if let Some(r) = s.model.requests().get(calls_before) {
+            first_calls.push(r.at.duration_since(sent).as_secs_f64() * 1000.0);
+        }
         finished(&db, &run.0).await;
     }
     db.close().await;
-    out
+    (out, first_calls)
 }
 
 /// With KODX_BENCH_LOG: where each run's copy-in went (kodx reading, or the engine
@@ -328,11 +409,31 @@ async fn webhook_to_pull_request() {
     let files = env_usize("KODX_BENCH_FILES", 3_000);
     let commits = env_usize("KODX_BENCH_COMMITS", 20_000);
 
-    let s = Served::with_workers().await;
-    let (small, _) = measure("small repository (3 files)", &s, runs, 100).await;
+    let journaled = std::env::var("KODX_BENCH_ENGINE").is_ok_and(|e| e == "journaled");
+    let s = server(false).await;
+    let (_, cold_small) = measure(
+        "small repository (3 files), no warm sandboxes",
+        &s,
+        runs,
+        100,
+    )
+    .await;
     drop(s);
 
-    let s = Served::with_workers().await;
+    let s = server(true).await;
+    let (small, _) = measure_runs("small repository (3 files)", &s, runs, 100).await;
+    let small_first_call = median(
+        small
+            .iter()
+            .skip(1)
+            .filter_map(|m| m.first_call_ms)
+            .collect(),
+    );
+    let (_, small_ask_first_call) = ask_latency(&s, runs, 500).await;
+    let small = small[0].total_ms;
+    drop(s);
+
+    let s = server(true).await;
     let made = Instant::now();
     common::synthetic::fill_bare(&s.git.bare_path(REPO), files, commits);
     println!(
@@ -347,10 +448,10 @@ async fn webhook_to_pull_request() {
     )
     .await;
     // The mirror is warm now: every ask run is a second run.
-    let asks = ask_latency(&s, runs, 500).await;
+    let (asks, _) = ask_latency(&s, runs, 500).await;
     drop(s);
 
-    let s = Served::with_workers().await;
+    let s = server(true).await;
     let contents: Vec<(String, Vec<u8>)> = (0..20_000)
         .map(|i| {
             (
@@ -370,7 +471,7 @@ async fn webhook_to_pull_request() {
 
     // The same files with a setup script: later runs start from the setup cache's image,
     // and main moves by one edited file before each.
-    let s = Served::with_workers().await;
+    let s = server(true).await;
     s.github.set_file(
         REPO,
         ".github/kodx.yml",
@@ -400,8 +501,37 @@ async fn webhook_to_pull_request() {
     remove_setup_images().await;
     drop(s);
 
-    println!("\ntargets (release build, webhook → PR opened; later runs: median)");
+    println!(
+        "\ntargets (release build, webhook → PR opened; later runs: median; sandboxes on {})",
+        if journaled {
+            "the journaled-ext4 engine"
+        } else {
+            "this machine's engine"
+        }
+    );
     let mut results = Vec::new();
+    figure(
+        &mut results,
+        "warm code, small: webhook → first model call",
+        small_first_call,
+        300.0,
+    );
+    figure(
+        &mut results,
+        "warm ask, small: webhook → first model call",
+        median(small_ask_first_call),
+        300.0,
+    );
+    figure(
+        &mut results,
+        "warm code, cargo-sized: webhook → PR",
+        cargo.1.unwrap(),
+        if journaled { 1000.0 } else { 2000.0 },
+    );
+    println!(
+        "  (small repository without warm sandboxes, later runs: {:.0} ms to the PR)",
+        cold_small.unwrap_or(f64::NAN)
+    );
     figure(&mut results, "small repository, first run", small, 3000.0);
     figure(
         &mut results,

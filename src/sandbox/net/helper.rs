@@ -207,8 +207,9 @@ pub fn check_arch(engine_arch: &str) -> Result<()> {
     Ok(())
 }
 
-/// The engine host's addresses, read by the helper on the host's network and kept for
-/// [`HOST_ADDRS_TTL`] per engine.
+/// The engine host's addresses, read by the engine's fencer in the network namespace of
+/// the host's init (or a helper container on the host's network), kept for
+/// [`HOST_ADDRS_TTL`] per engine in this process.
 pub async fn host_addresses(
     docker: &Docker,
     engine: &str,
@@ -223,13 +224,26 @@ pub async fn host_addresses(
             return Ok(addrs.clone());
         }
     }
-    let out = run_helper(docker, image, run_id, "host", &[], &["addrs".to_string()])
-        .await
-        .map_err(|e| {
-            SandboxError::NetworkFence(format!(
-            "reading the Docker host's addresses (to keep sandboxes from reaching it) failed: {e}"
-        ))
-        })?;
+    // From the engine's fencer, in the network namespace of the host's init (one exec);
+    // else from a helper container on the host's network.
+    let by_fencer = async {
+        let fencer = super::fencer::fencer(docker, engine, image).await?;
+        exec_in(docker, &fencer, &["fence".to_string(), "1".to_string()]).await
+    };
+    let out = match by_fencer.await {
+        Ok(out) => out,
+        Err(e) => {
+            tracing::debug!("reading the host's addresses through the fencer failed ({e}); using a helper container");
+            super::fencer::forget(engine);
+            run_helper(docker, image, run_id, "host", &[], &["addrs".to_string()])
+                .await
+                .map_err(|e| {
+                    SandboxError::NetworkFence(format!(
+                    "reading the Docker host's addresses (to keep sandboxes from reaching it) failed: {e}"
+                ))
+                })?
+        }
+    };
     let addrs = Arc::new(parse_addresses(&out)?.v4);
     cache
         .lock()

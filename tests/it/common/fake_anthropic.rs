@@ -33,6 +33,8 @@ pub enum Scripted {
 pub struct Recorded {
     pub headers: HeaderMap,
     pub body: Value,
+    /// When the request arrived.
+    pub at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -171,6 +173,7 @@ async fn handle(State(fake): State<FakeAnthropic>, headers: HeaderMap, body: Byt
         inner.requests.push(Recorded {
             headers: headers.clone(),
             body: body.clone(),
+            at: std::time::Instant::now(),
         });
         inner.script.pop_front()
     };
