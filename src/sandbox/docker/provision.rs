@@ -69,10 +69,7 @@ impl Engine {
             }
         }
         // Pack on a blocking thread, streamed into the upload once the container runs.
-        let pack = spec
-            .repo_dir
-            .clone()
-            .map(|dir| PackTask::start(dir, spec.repo_source, spec.archive_limits.clone()));
+        let pack = spec.repo_dir.clone().map(|dir| PackTask::start(dir, spec));
         self.ensure_image(&spec.image, &mut progress).await?;
         let cache = self.setup_cache_plan(spec).await;
         let workdir = if spec.repo_dir.is_some() {
