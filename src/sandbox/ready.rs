@@ -169,19 +169,28 @@ impl ReadyRepo {
         self.cache.root.join(&self.owner).join(&self.name)
     }
 
-    /// The ready checkout of the clone at `repo_dir` packed under `prefix` with `limits`:
-    /// a hit to stream, or a miss with a spool to tee the pack into (`None` when the
-    /// clone cannot be keyed or the spool cannot be made; the reason is logged).
-    pub(crate) fn lookup(&self, repo_dir: &Path, prefix: &str, limits: &ArchiveLimits) -> Lookup {
-        let key = match key(repo_dir, prefix, limits) {
-            Ok(Some(key)) => key,
-            Ok(None) => return Lookup::Miss(None),
+    /// The key of the clone at `repo_dir` packed tip-only under `prefix` with `limits`.
+    /// Reads only the clone (no entry): made while the container is created. `None` when
+    /// it cannot be keyed (the reason is logged): the pack goes on without the cache.
+    pub(crate) fn key(
+        &self,
+        repo_dir: &Path,
+        prefix: &str,
+        limits: &ArchiveLimits,
+    ) -> Option<ReadyKey> {
+        match key(repo_dir, prefix, limits) {
+            Ok(key) => key.map(ReadyKey),
             Err(e) => {
                 tracing::warn!("the ready checkout cannot be keyed: {e}; packing without it");
-                return Lookup::Miss(None);
+                None
             }
-        };
-        let path = self.dir().join(format!("{key}.{EXT}"));
+        }
+    }
+
+    /// The ready checkout under `key`: a hit to stream, or a miss with a spool to tee the
+    /// pack into (`None` when the spool cannot be made; the reason is logged).
+    pub(crate) fn lookup(&self, key: &ReadyKey) -> Lookup {
+        let path = self.dir().join(format!("{}.{EXT}", key.0));
         match Hit::open(&path) {
             Ok(Some(hit)) => return Lookup::Hit(hit),
             Ok(None) => {}
@@ -223,6 +232,10 @@ impl ReadyRepo {
         self.cache.evict().map(|_| ())
     }
 }
+
+/// A ready checkout's key: the hex SHA-256 of what makes its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReadyKey(String);
 
 /// What [`ReadyRepo::lookup`] found.
 pub(crate) enum Lookup {
@@ -554,11 +567,16 @@ mod tests {
         id
     }
 
+    fn lookup(repo: &ReadyRepo, dir: &Path) -> Lookup {
+        let key = repo.key(dir, PREFIX, &ArchiveLimits::default()).unwrap();
+        repo.lookup(&key)
+    }
+
     /// What a start does: streams a hit, or packs (teeing into the spool) and commits.
     /// The tar, the manifest, and whether it was a hit.
     fn start(repo: &ReadyRepo, dir: &Path) -> (Vec<u8>, Manifest, bool) {
         let limits = ArchiveLimits::default();
-        match repo.lookup(dir, PREFIX, &limits) {
+        match lookup(repo, dir) {
             Lookup::Hit(hit) => {
                 let mut out = Vec::new();
                 let manifest = hit.stream_to(&mut out).unwrap();
@@ -647,7 +665,7 @@ mod tests {
         let cache = ReadyCache::new(tmp.path().join("ready"), 1 << 30);
         let repo = cache.repository("acme", "widgets").unwrap();
         // Cut midway: the spool is dropped uncommitted.
-        let Lookup::Miss(spool) = repo.lookup(&clone, PREFIX, &ArchiveLimits::default()) else {
+        let Lookup::Miss(spool) = lookup(&repo, &clone) else {
             panic!("a hit in an empty cache")
         };
         let mut tee = Tee::new(Vec::new(), spool);

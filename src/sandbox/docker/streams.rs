@@ -50,6 +50,10 @@ impl PackTask {
         let (tx, body) = tokio::sync::mpsc::channel(PIPE_CHUNKS);
         let (have, had) = tokio::sync::oneshot::channel::<Option<Arc<Manifest>>>();
         let task = tokio::task::spawn_blocking(move || {
+            // Keyed while the container is made: that hashes the clone's `.git`.
+            let keyed = ready
+                .filter(|_| source == RepoSource::GitTip)
+                .and_then(|r| Some((r.key(&dir, REPO_PREFIX, &limits)?, r)));
             let had = had.blocking_recv().ok().flatten();
             let started = std::time::Instant::now();
             let pipe = Pipe {
@@ -57,9 +61,12 @@ impl PackTask {
                 buf: BytesMut::new(),
                 waited: Duration::ZERO,
             };
-            // A checkout already in the container (a setup cache hit) takes only the delta.
-            let ready = ready.filter(|_| had.is_none() && source == RepoSource::GitTip);
-            let spool = match ready.map(|r| r.lookup(&dir, REPO_PREFIX, &limits)) {
+            // A checkout already in the container (a setup cache hit) takes only the delta,
+            // and the ready checkouts are neither read nor written.
+            let looked = keyed
+                .filter(|_| had.is_none())
+                .map(|(key, r)| r.lookup(&key));
+            let spool = match looked {
                 Some(ready::Lookup::Hit(hit)) => return stream_ready(hit, pipe, started),
                 Some(ready::Lookup::Miss(spool)) => spool,
                 None => None,
