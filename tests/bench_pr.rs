@@ -345,13 +345,14 @@ async fn ask_latency(s: &Served, runs: usize, first_issue: u64) -> (Vec<f64>, Ve
 }
 
 /// With KODX_BENCH_LOG: where each run's copy-in went (kodx reading, or the engine
-/// writing), and how much of the tree was already in the container.
+/// writing), how much of the tree was already in the container, and the ready checkouts
+/// streamed and kept.
 fn print_copy_ins(s: &Served) {
     if std::env::var("KODX_BENCH_LOG").is_ok() {
         for line in s
             .log()
             .lines()
-            .filter(|l| l.contains("packed the repository"))
+            .filter(|l| l.contains("packed the repository") || l.contains("ready checkout"))
         {
             println!("  {line}");
         }
@@ -447,6 +448,7 @@ async fn webhook_to_pull_request() {
         100,
     )
     .await;
+    print_copy_ins(&s);
     // The mirror is warm now: every ask run is a second run.
     let (asks, _) = ask_latency(&s, runs, 500).await;
     drop(s);

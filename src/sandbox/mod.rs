@@ -12,6 +12,7 @@ pub mod gitconfig;
 pub mod hostfs;
 pub mod net;
 pub mod owner;
+pub mod ready;
 pub mod setup_cache;
 pub mod shell;
 pub mod term;

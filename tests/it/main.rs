@@ -35,6 +35,7 @@ mod sandbox_export;
 mod sandbox_floods;
 mod sandbox_lifecycle;
 mod sandbox_network;
+mod sandbox_ready;
 mod sandbox_setup;
 mod sandbox_setup_cache;
 mod sandbox_shells;

@@ -212,10 +212,16 @@ async fn a_second_run_fetches_only_what_the_mirror_lacks() {
         .map(|(_, p)| p)
         .collect();
     assert!(!tree.contains(&"one.txt".to_string()), "{tree:?}");
+    let streamed = |s: &Served| {
+        s.log()
+            .matches("streamed the repository's ready checkout")
+            .count()
+    };
+    assert_eq!(streamed(&s), 0, "a new tip is packed: {}", s.log());
 
     // Nothing new on the server: the third run downloads nothing at all.
     let before = downloads(&s);
-    let (_, result) = code_run(&s, 9, "three.txt", "three").await;
+    let (third, result) = code_run(&s, 9, "three.txt", "three").await;
     assert_eq!(
         s.github.created_pulls(REPO).len(),
         3,
@@ -224,6 +230,16 @@ async fn a_second_run_fetches_only_what_the_mirror_lacks() {
     );
     assert_eq!(downloads(&s), before, "the mirror was up to date");
     assert_eq!(packs(&mirror(&s)), after_second);
+    // The same tip as the second run: its packed tar is streamed, and the run saw main.
+    assert_eq!(streamed(&s), 1, "{}", s.log());
+    let third = format!("kodx/issue-9-{}", &third[..8]);
+    assert_eq!(
+        s.git.file_at(REPO, &third, "seen-three.txt").unwrap(),
+        b"# widgets, second edition\n"
+    );
+    let ready = s.dir.path().join("mirrors/.ready/acme/widgets");
+    let kept = std::fs::read_dir(&ready).unwrap().flatten().count();
+    assert_eq!(kept, 2, "the two tips' ready checkouts");
     assert!(clones_left(&s).is_empty(), "{:?}", clones_left(&s));
 }
 

@@ -84,10 +84,7 @@ impl Engine {
             }
         }
         // Pack on a blocking thread, streamed into the upload once the container runs.
-        let pack = spec
-            .repo_dir
-            .clone()
-            .map(|dir| PackTask::start(dir, spec.repo_source, spec.archive_limits.clone()));
+        let pack = spec.repo_dir.clone().map(|dir| PackTask::start(dir, spec));
         self.ensure_image(&spec.image, &mut progress).await?;
         let mut cache = self.setup_cache_plan(spec).await;
         let cached = cache.as_ref().and_then(|c| c.hit.clone());

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::sandbox::archive::ArchiveLimits;
 use crate::sandbox::net::Cidr;
+use crate::sandbox::ready::ReadyRepo;
 use crate::sandbox::setup_cache::SetupCacheSpec;
 
 /// Resource limits of one sandbox container.
@@ -79,6 +80,11 @@ pub struct SandboxSpec {
     pub repo_dir: Option<PathBuf>,
     /// What of `repo_dir` is copied: its files, or its `HEAD` from git objects.
     pub repo_source: RepoSource,
+    /// Where the repository's ready checkouts are kept ([`crate::sandbox::ready`]): a
+    /// [`RepoSource::GitTip`] clone is streamed from there when its tip was packed before,
+    /// and kept there when it was not. Unused for other sources and on a setup cache hit
+    /// (only the delta goes in then). `None`: off.
+    pub ready: Option<ReadyRepo>,
     pub setup_script: Option<String>,
     pub setup_timeout: Duration,
     pub disable_network_after_setup: bool,
@@ -113,6 +119,7 @@ impl SandboxSpec {
             image: image.into(),
             repo_dir: None,
             repo_source: RepoSource::Files,
+            ready: None,
             setup_script: None,
             setup_timeout: Duration::from_secs(600),
             disable_network_after_setup: false,

@@ -14,8 +14,9 @@ use bollard::Docker;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 
-use super::spec::RepoSource;
-use crate::sandbox::archive::{self, ArchiveLimits, Manifest};
+use super::spec::{RepoSource, SandboxSpec};
+use crate::sandbox::archive::{self, Manifest};
+use crate::sandbox::ready;
 use crate::sandbox::{Result, SandboxError};
 
 /// Chunks of tar in flight between a blocking thread and the Docker connection (64 KiB
@@ -40,34 +41,52 @@ pub(super) struct PackTask {
 }
 
 impl PackTask {
-    pub(super) fn start(dir: PathBuf, source: RepoSource, limits: ArchiveLimits) -> PackTask {
+    /// Packs `dir` as `spec` says. With a `spec.ready` for a [`RepoSource::GitTip`] clone
+    /// and nothing in the container yet, the tip's ready checkout is streamed instead when
+    /// there is one, and made from this pack when there is not ([`crate::sandbox::ready`]).
+    pub(super) fn start(dir: PathBuf, spec: &SandboxSpec) -> PackTask {
+        let (source, limits) = (spec.repo_source, spec.archive_limits.clone());
+        let ready = spec.ready.clone();
         let (tx, body) = tokio::sync::mpsc::channel(PIPE_CHUNKS);
         let (have, had) = tokio::sync::oneshot::channel::<Option<Arc<Manifest>>>();
         let task = tokio::task::spawn_blocking(move || {
+            // Keyed while the container is made: that hashes the clone's `.git`.
+            let keyed = ready
+                .filter(|_| source == RepoSource::GitTip)
+                .and_then(|r| Some((r.key(&dir, REPO_PREFIX, &limits)?, r)));
             let had = had.blocking_recv().ok().flatten();
             let started = std::time::Instant::now();
-            let mut pipe = Pipe {
+            let pipe = Pipe {
                 tx,
                 buf: BytesMut::new(),
                 waited: Duration::ZERO,
+            };
+            // A checkout already in the container (a setup cache hit) takes only the delta,
+            // and the ready checkouts are neither read nor written.
+            let looked = keyed
+                .filter(|_| had.is_none())
+                .map(|(key, r)| r.lookup(&key));
+            let spool = match looked {
+                Some(ready::Lookup::Hit(hit)) => return stream_ready(hit, pipe, started),
+                Some(ready::Lookup::Miss(spool)) => spool,
+                None => None,
             };
             let source = match source {
                 RepoSource::Files => archive::PackSource::Dir,
                 RepoSource::GitHead => archive::PackSource::Checkout,
                 RepoSource::GitTip => archive::PackSource::Tip,
             };
-            let packed = archive::pack_over_to(
-                &dir,
-                source,
-                REPO_PREFIX,
-                &limits,
-                had.as_deref(),
-                &mut pipe,
-            );
+            let mut tee = ready::Tee::new(pipe, spool);
+            let packed =
+                archive::pack_over_to(&dir, source, REPO_PREFIX, &limits, had.as_deref(), &mut tee);
+            let (pipe, spool) = tee.into_parts();
             if let Err(e) = &packed {
                 // Ends the upload with an error rather than a short tar.
                 let _ = pipe.tx.blocking_send(Err(io::Error::other(e.to_string())));
             }
+            let waited = pipe.waited;
+            // The upload ends here; the ready checkout is kept while the engine finishes.
+            drop(pipe);
             let (entries, skipped) = packed
                 .as_ref()
                 .map_or((0, Default::default()), |(m, s)| (m.len(), *s));
@@ -75,15 +94,32 @@ impl PackTask {
             // the tar (the pipe is full while it writes the files).
             tracing::info!(
                 took_ms = started.elapsed().as_millis() as u64,
-                engine_ms = pipe.waited.as_millis() as u64,
+                engine_ms = waited.as_millis() as u64,
                 entries,
                 already_there = skipped.entries,
                 "packed the repository into the container"
             );
+            ready::finish(spool, packed.as_ref().ok().map(|(m, _)| m));
             packed.map(|(m, _)| m)
         });
         PackTask { task, body, have }
     }
+}
+
+/// Streams a ready checkout into the upload; its stored manifest is the baseline.
+fn stream_ready(hit: ready::Hit, mut pipe: Pipe, started: std::time::Instant) -> Result<Manifest> {
+    let entries = hit.entries();
+    let streamed = hit.stream_to(&mut pipe);
+    if let Err(e) = &streamed {
+        let _ = pipe.tx.blocking_send(Err(io::Error::other(e.to_string())));
+    }
+    tracing::info!(
+        took_ms = started.elapsed().as_millis() as u64,
+        engine_ms = pipe.waited.as_millis() as u64,
+        entries,
+        "streamed the repository's ready checkout into the container"
+    );
+    streamed.map_err(|e| SandboxError::io("streaming the ready checkout", e))
 }
 
 /// The writing end of a pipe to an upload body (on a blocking thread).

@@ -215,6 +215,7 @@ async fn container(
     let mut spec = run_plan.plan.sandbox.clone();
     spec.repo_dir = Some(workspace.dest.clone());
     spec.repo_source = workspace.source;
+    spec.ready = workspace.ready.clone();
     let started = Instant::now();
     // An engine that fails while the container starts counts a missed answer and the run
     // is placed again (two in a row take an engine out, so this ends).

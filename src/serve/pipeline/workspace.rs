@@ -10,6 +10,7 @@ use super::{RunFailure, Services, Timings};
 use crate::db::Run;
 use crate::git::{Checkout, History};
 use crate::repo_cache::{RepoCache, RepoKey};
+use crate::sandbox::ready::{self, ReadyCache, ReadyRepo};
 use crate::sandbox::RepoSource;
 use crate::serve::texts;
 
@@ -17,6 +18,9 @@ use crate::serve::texts;
 /// directory is on another filesystem (a name its mirrors never take: they are
 /// `<owner>/<name>.git`, and an owner never starts with a dot).
 pub(in crate::serve) const RUNS_DIR: &str = ".runs";
+/// Where the ready checkouts (the packed tips of issue and `ask` runs) go under the
+/// repository cache's directory, beside the mirrors ([`crate::sandbox::ready`]).
+const READY_DIR: &str = ".ready";
 
 /// A run's clone. Dropping it removes the clone.
 pub(in crate::serve) struct Workspace {
@@ -25,6 +29,8 @@ pub(in crate::serve) struct Workspace {
     pub dest: PathBuf,
     /// How the tree goes into the container, and how its change is committed.
     pub source: RepoSource,
+    /// Where a tip-only clone's packed tar is kept for the next run on the same tip.
+    pub ready: Option<ReadyRepo>,
 }
 
 /// What to clone, with what.
@@ -76,11 +82,15 @@ impl Services {
             RunFailure::Internal(anyhow::anyhow!("no temporary directory for the clone: {e}"))
         })?;
         let dest = dir.path().join("repo");
+        let mut ready = None;
         let source = match cache {
             Some(cache) => {
                 let key = RepoKey::parse(&run.request.repo).map_err(|e| {
                     RunFailure::User(format!("The repository cache refused this run: {e}"))
                 })?;
+                if of.tip_only {
+                    ready = ready_checkouts(&cache, &key);
+                }
                 let checked = {
                     let dest = dest.clone();
                     let url = of.url.to_string();
@@ -154,6 +164,7 @@ impl Services {
             _dir: dir,
             dest,
             source,
+            ready,
         })
     }
 
@@ -163,6 +174,15 @@ impl Services {
         (self.settings.repo_cache_max_bytes > 0)
             .then(|| RepoCache::new(dir, self.settings.repo_cache_max_bytes))
     }
+}
+
+/// The repository's ready checkouts under the repository cache's directory.
+fn ready_checkouts(cache: &RepoCache, key: &RepoKey) -> Option<ReadyRepo> {
+    let root = cache.root().join(READY_DIR);
+    ReadyCache::new(root, ready::DEFAULT_MAX_BYTES)
+        .repository(key.owner(), key.name())
+        .map_err(|e| tracing::warn!("{e}"))
+        .ok()
 }
 
 fn clone_task_failed(e: tokio::task::JoinError) -> RunFailure {
