@@ -18,7 +18,7 @@ runs=${1:-20}
 image=${2:-kodx-test:bookworm}
 commands=${COMMANDS:-0}
 writes=${WRITES:-once}
-cargo build --release -q
+[ -n "${KODX_BENCH_NO_BUILD:-}" ] || cargo build --release -q
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 gaps=$(mktemp)
 python3 - "$port" "$commands" "$writes" "$gaps" <<'PY' &

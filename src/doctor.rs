@@ -105,11 +105,13 @@ pub async fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         .as_ref()
         .map(|c| c.settings.engines.clone())
         .unwrap_or_default();
+    let warm = config.as_ref().map(|c| c.settings.warm_sandboxes);
     if engines.is_empty() {
-        check_docker(&mut out, &image, Engine::connect().await, None).await;
+        check_docker(&mut out, &image, Engine::connect().await, None, warm).await;
     }
     for e in &engines {
-        check_docker(&mut out, &image, Engine::connect_to(e).await, Some(e)).await;
+        let warm = e.warm_sandboxes.or(warm);
+        check_docker(&mut out, &image, Engine::connect_to(e).await, Some(e), warm).await;
     }
     if let Some(config) = &config {
         check_database(&mut out, &config.database_url).await;
@@ -425,12 +427,34 @@ fn check_optional_grants(out: &mut Report, info: &AppInfo, level: &dyn Fn(&str) 
     }
 }
 
-/// One engine: `listed` names it when it comes from the server config's `[[engines]]`.
+/// The warm sandboxes waiting on `engine` (made by any kodx serve), against the setting.
+async fn warm_pool(out: &mut Report, engine: &Engine, warm: Option<usize>) {
+    let waiting = match engine.unclaimed_warm_sandboxes().await {
+        Ok(n) => n,
+        Err(e) => return out.warn(format!("could not list the warm sandboxes: {e}")),
+    };
+    match warm {
+        Some(0) if waiting == 0 => out.note(
+            "warm sandboxes are off (warm_sandboxes = 0): every run starts its own container",
+        ),
+        Some(n) => out.ok(format!(
+            "warm sandboxes: {waiting} waiting on this engine (warm_sandboxes = {n} per \
+             server; `kodx serve` makes them at start, each an idle container with a run's \
+             limits)"
+        )),
+        None if waiting > 0 => out.ok(format!("warm sandboxes: {waiting} waiting on this engine")),
+        None => {}
+    }
+}
+
+/// One engine: `listed` names it when it comes from the server config's `[[engines]]`;
+/// `warm`, the warm sandboxes the server keeps there (`None`: no server config).
 async fn check_docker(
     out: &mut Report,
     image: &str,
     connected: kodx::sandbox::Result<Engine>,
     listed: Option<&kodx::sandbox::EngineConfig>,
+    warm: Option<usize>,
 ) {
     let named = listed.map_or(String::new(), |e| {
         format!("`{}` (max_runs {}) ", e.name, e.max_runs)
@@ -457,6 +481,7 @@ async fn check_docker(
                 )),
                 Err(e) => out.warn(format!("could not sweep old sandbox containers: {e}")),
             }
+            warm_pool(out, &engine, warm).await;
         }
         // A refused engine's sentence says what to set already.
         Err(kodx::sandbox::SandboxError::EngineRefused(why)) => out.fail(why, ""),
@@ -497,8 +522,9 @@ async fn sandbox_limits(out: &mut Report, engine: &Engine) {
     match kodx::sandbox::net::check_arch(&facts.arch) {
         Ok(()) => out.ok(format!(
             "sandbox network: fenced by kodx's helper for {} (host, link-local and private \
-             ranges unreachable)",
-            facts.arch
+             ranges unreachable), through the engine's fencer container {}",
+            facts.arch,
+            kodx::sandbox::net::fencer_name()
         )),
         Err(e) => out.fail(
             format!("sandbox network: {e}"),

@@ -216,6 +216,18 @@ async fn until_warm(s: &Served) {
     }
 }
 
+/// The resident memory of the idle server, in MB (after 2 s without work; both servers
+/// are measured so, before their first run).
+async fn idle_rss_mb(s: &Served) -> f64 {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.kodx_pid())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
 /// `kodx serve` with workers and one warm sandbox per engine (the default setting), or
 /// none.
 async fn server(warm: bool) -> Served {
@@ -412,6 +424,7 @@ async fn webhook_to_pull_request() {
 
     let journaled = std::env::var("KODX_BENCH_ENGINE").is_ok_and(|e| e == "journaled");
     let s = server(false).await;
+    let rss_cold = idle_rss_mb(&s).await;
     let (_, cold_small) = measure(
         "small repository (3 files), no warm sandboxes",
         &s,
@@ -422,6 +435,8 @@ async fn webhook_to_pull_request() {
     drop(s);
 
     let s = server(true).await;
+    until_warm(&s).await;
+    let rss_warm = idle_rss_mb(&s).await;
     let (small, _) = measure_runs("small repository (3 files)", &s, runs, 100).await;
     let small_first_call = median(
         small
@@ -533,6 +548,13 @@ async fn webhook_to_pull_request() {
     println!(
         "  (small repository without warm sandboxes, later runs: {:.0} ms to the PR)",
         cold_small.unwrap_or(f64::NAN)
+    );
+    let more = rss_warm - rss_cold;
+    results.push(more <= 10.0);
+    println!(
+        "  {:<48} {more:>9.1} MB  target <= 10 MB: {}   ({rss_cold:.1} MB without, {rss_warm:.1} MB with)",
+        "idle kodx serve: memory with a warm sandbox",
+        if more <= 10.0 { "ok" } else { "MISSED" }
     );
     figure(&mut results, "small repository, first run", small, 3000.0);
     figure(

@@ -253,6 +253,10 @@ async fn all_checks_pass_without_printing_a_secret() {
     assert!(net.contains(std::env::consts::ARCH), "{net}");
     let disk = out.expect("ok", "sandbox disk:");
     assert!(disk.contains("watchdog"), "{disk}");
+    // The warm sandboxes: the shipped setting, and how many wait on the engine now.
+    let warm = out.expect("ok", "warm sandboxes:");
+    assert!(warm.contains("warm_sandboxes = 1"), "{warm}");
+    assert!(net.contains("kodx-fencer-"), "{net}");
     out.expect("ok", "database");
     out.expect("ok", "ANTHROPIC_API_KEY");
     // The webhook secret is long enough: no note about it.

@@ -271,7 +271,7 @@ async fn one_hardened_fencer_fences_every_sandbox_and_is_made_again_when_gone() 
     let first = docker.inspect_container(&name, None).await.unwrap();
     let hc = first.host_config.clone().unwrap();
     assert_eq!(first.state.as_ref().unwrap().running, Some(true));
-    assert_eq!(hc.network_mode.as_deref(), Some("none"));
+    assert_eq!(hc.network_mode.as_deref(), Some("host"));
     assert_eq!(hc.pid_mode.as_deref(), Some("host"));
     assert_eq!(hc.auto_remove, Some(true));
     assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));

@@ -161,47 +161,69 @@ impl Engine {
         name: &str,
         labels: HashMap<String, String>,
     ) -> Result<(String, DiskGuard, Option<net::Fencing>)> {
-        let network = if shape.no_network {
-            None
-        } else {
+        if !shape.no_network {
             net::check_arch(&self.facts().await?.arch)?;
-            let (net, host_addrs) = tokio::try_join!(
-                net::ensure_network(&self.docker, NETWORK_NAME, &shape.image),
-                net::host_addresses(&self.docker, &self.host, &shape.image, name),
-            )?;
-            let fencing = net::Fencing::plan(
+        }
+        // The engine host's addresses (for the fence) are read while the container is
+        // made: the fence needs them only once it runs.
+        let host_addrs = async {
+            match shape.no_network {
+                true => Ok(None),
+                false => net::host_addresses(&self.docker, &self.host, &shape.image, name)
+                    .await
+                    .map(Some),
+            }
+        };
+        let made = async {
+            let network = match shape.no_network {
+                true => None,
+                false => Some(net::ensure_network(&self.docker, NETWORK_NAME, &shape.image).await?),
+            };
+            let network_id = network.as_ref().map(|n| n.id.as_str());
+            let (id, guard) = self
+                .create_container(shape, name, labels.clone(), network_id)
+                .await?;
+            let started = async {
+                // kodx's own files: the shells' rc file in /tmp, and the helper that is
+                // the container's main process. Uploaded at `/` so that an image without
+                // /tmp gets one, and before the start, for the main process to be there.
+                let mut files = vec![("tmp/.kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
+                files.extend(net::sandbox_file());
+                upload(&self.docker, &id, "/", archive::pack_files(&files)).await?;
+                self.docker
+                    .start_container(&id, None)
+                    .await
+                    .map_err(|e| SandboxError::docker("starting the container", e))
+            };
+            match started.await {
+                Ok(()) => Ok((id, guard, network)),
+                Err(e) => {
+                    let _ = remove(&self.docker, &id).await;
+                    Err(e)
+                }
+            }
+        };
+        let (host_addrs, made) = tokio::join!(host_addrs, made);
+        let (id, guard, network) = made?;
+        let host_addrs = match host_addrs {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = remove(&self.docker, &id).await;
+                return Err(e);
+            }
+        };
+        let fencing = match (network, host_addrs) {
+            (Some(net), Some(addrs)) => net::Fencing::plan(
                 &net,
-                &host_addrs,
+                &addrs,
                 &shape.allowed_cidrs,
                 &self.host,
                 &shape.image,
                 labels.get(RUN_LABEL).map_or(name, String::as_str),
-            );
-            Some((net.id, fencing))
+            ),
+            _ => None,
         };
-        let network_id = network.as_ref().map(|(id, _)| id.as_str());
-        let (id, guard) = self
-            .create_container(shape, name, labels, network_id)
-            .await?;
-        let started = async {
-            // kodx's own files: the shells' rc file in /tmp, and the helper that is the
-            // container's main process. Uploaded at `/` so that an image without /tmp
-            // gets one, and before the start, for the main process to be there.
-            let mut files = vec![("tmp/.kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
-            files.extend(net::sandbox_file());
-            upload(&self.docker, &id, "/", archive::pack_files(&files)).await?;
-            self.docker
-                .start_container(&id, None)
-                .await
-                .map_err(|e| SandboxError::docker("starting the container", e))
-        };
-        match started.await {
-            Ok(()) => Ok((id, guard, network.and_then(|(_, f)| f))),
-            Err(e) => {
-                let _ = remove(&self.docker, &id).await;
-                Err(e)
-            }
-        }
+        Ok((id, guard, fencing))
     }
 
     /// Makes the container of `shape`; returns its id and how its disk use is bounded.

@@ -2,10 +2,11 @@
 //! engine exec, instead of a helper container per sandbox (create, copy in, start, wait,
 //! remove: about 225 ms of engine calls each time).
 //!
-//! It runs kodx's helper (`hold-idle`) in the engine host's PID namespace with
-//! `CAP_SYS_ADMIN` and `CAP_NET_ADMIN` (all other capabilities dropped, no network, no new
-//! privileges, 32 MiB, 16 processes); `kodx-net fence <pid> …` run in it enters the network
-//! namespace of a sandbox's init and adds the routes there. Nothing of a sandbox or of a
+//! It runs kodx's helper (`hold-idle`) in the engine host's PID and network namespaces with
+//! `CAP_SYS_ADMIN`, `CAP_NET_ADMIN` and `CAP_SYS_PTRACE` (all other capabilities dropped, no
+//! new privileges, 32 MiB, 16 processes, nothing listening); `kodx-net fence <pid> …` run
+//! in it enters the network namespace of a sandbox's init and adds the routes there, and
+//! `kodx-net addrs` lists the engine host's addresses. Nothing of a sandbox or of a
 //! repository runs in it, and nothing but the engine's API reaches it. It is shared by
 //! every kodx process using the engine (named after the helper's hash, so a kodx with
 //! another helper makes its own), made by the first that needs it, and made with
@@ -32,11 +33,19 @@ pub const IDLE_SECS: u64 = 1800;
 /// Name prefix of fencer containers: `kodx-fencer-<12 hex digits of the helper's hash>`.
 pub const FENCER_PREFIX: &str = "kodx-fencer-";
 
+/// Changed with the fencer's container settings: a kodx with other settings makes its own.
+const FENCER_VERSION: &[u8] = b"fencer 2: host network";
+
 /// This kodx's fencer's name.
 pub fn fencer_name() -> String {
     static NAME: OnceLock<String> = OnceLock::new();
     NAME.get_or_init(|| {
-        let hash = hex::encode(Sha256::digest(HELPER));
+        let hash = hex::encode(
+            Sha256::new()
+                .chain_update(FENCER_VERSION)
+                .chain_update(HELPER)
+                .finalize(),
+        );
         format!("{FENCER_PREFIX}{}", &hash[..12])
     })
     .clone()
@@ -104,9 +113,9 @@ async fn make(docker: &Docker, name: &str, image: &str) -> Result<String> {
             HELPER_LABEL.to_string(),
             "fencer".to_string(),
         )])),
-        network_disabled: Some(true),
         host_config: Some(HostConfig {
-            network_mode: Some("none".to_string()),
+            // The host's network: where the engine host's addresses are read.
+            network_mode: Some("host".to_string()),
             pid_mode: Some("host".to_string()),
             // Sandboxes' namespaces belong to the engine's user namespace on an engine
             // that remaps users; entering one takes the host's.

@@ -207,8 +207,8 @@ pub fn check_arch(engine_arch: &str) -> Result<()> {
     Ok(())
 }
 
-/// The engine host's addresses, read by the engine's fencer in the network namespace of
-/// the host's init (or a helper container on the host's network), kept for
+/// The engine host's addresses, read by the engine's fencer on the host's network (or a
+/// helper container there), kept for
 /// [`HOST_ADDRS_TTL`] per engine in this process.
 pub async fn host_addresses(
     docker: &Docker,
@@ -224,11 +224,11 @@ pub async fn host_addresses(
             return Ok(addrs.clone());
         }
     }
-    // From the engine's fencer, in the network namespace of the host's init (one exec);
-    // else from a helper container on the host's network.
+    // From the engine's fencer, on the host's network (one exec); else from a helper
+    // container there.
     let by_fencer = async {
         let fencer = super::fencer::fencer(docker, engine, image).await?;
-        exec_in(docker, &fencer, &["fence".to_string(), "1".to_string()]).await
+        exec_in(docker, &fencer, &["addrs".to_string()]).await
     };
     let out = match by_fencer.await {
         Ok(out) => out,
