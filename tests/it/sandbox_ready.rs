@@ -74,15 +74,7 @@ async fn edit_and_changes(sb: &impl Sandbox) -> Vec<String> {
         "echo changed > README.md; rm docs/guide.md; echo new > added.txt; chmod -x run.sh",
     )
     .await;
-    let set = sb.change_set().await.unwrap();
-    let mut out: Vec<String> = set
-        .added()
-        .map(|c| format!("added {}", c.path))
-        .chain(set.modified().map(|c| format!("modified {}", c.path)))
-        .chain(set.deleted().map(|c| format!("deleted {}", c.path)))
-        .collect();
-    out.sort();
-    out
+    crate::common::change_lines(sb).await
 }
 
 fn kept(cache: &ReadyCache) -> Vec<PathBuf> {

@@ -96,15 +96,7 @@ async fn remove_images_of(engine: &Engine, scope: &str) {
 
 /// The change set against the copied-in checkout, one line per path.
 async fn changes(sb: &impl Sandbox) -> Vec<String> {
-    let set = sb.change_set().await.unwrap();
-    let mut out: Vec<String> = set
-        .added()
-        .map(|c| format!("added {}", c.path))
-        .chain(set.modified().map(|c| format!("modified {}", c.path)))
-        .chain(set.deleted().map(|c| format!("deleted {}", c.path)))
-        .collect();
-    out.sort();
-    out
+    common::change_lines(sb).await
 }
 
 async fn run(sb: &impl Sandbox, command: &str) -> String {

@@ -12,14 +12,18 @@ use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(120);
 
-fn warm_settings(idle_secs: u64) -> &'static str {
-    Box::leak(
-        format!(
-            "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nengine_check_secs = 0.2\n\
-             warm_sandboxes = 1\nwarm_idle_secs = {idle_secs}\n"
-        )
-        .into_boxed_str(),
-    )
+/// `kodx serve` with workers and one warm sandbox, replaced after `idle_secs`.
+async fn warm_server(idle_secs: u64) -> Served {
+    let settings = format!(
+        "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nengine_check_secs = 0.2\n\
+         warm_sandboxes = 1\nwarm_idle_secs = {idle_secs}\n"
+    );
+    Served::start(Options {
+        workers: true,
+        settings: Some(Box::leak(settings.into_boxed_str())),
+        ..Options::default()
+    })
+    .await
 }
 
 /// The warm sandboxes of this server process that no run has claimed (their ids).
@@ -56,6 +60,11 @@ async fn unclaimed(s: &Served) -> Vec<String> {
         })
         .filter_map(|c| c.id)
         .collect()
+}
+
+/// Whether container `id` is still on the engine.
+async fn exists(engine: &kodx::sandbox::Engine, id: &str) -> bool {
+    engine.docker().inspect_container(id, None).await.is_ok()
 }
 
 /// Waits until exactly one warm sandbox waits, other than those in `not`; its id.
@@ -134,12 +143,7 @@ async fn ask_running(s: &Served, issue: u64, command: &str) -> (String, Value) {
 #[tokio::test]
 async fn a_warm_sandbox_goes_to_one_run_fenced_and_empty_and_is_made_again() {
     let engine = common::require_engine!();
-    let mut s = Served::start(Options {
-        workers: true,
-        settings: Some(warm_settings(600)),
-        ..Options::default()
-    })
-    .await;
+    let mut s = warm_server(600).await;
     let first = one_warm(&s, &[]).await;
     // Shown once it is fenced and waits (per engine: warm, and runs in one that was).
     until_ready(&s).await;
@@ -170,11 +174,7 @@ async fn a_warm_sandbox_goes_to_one_run_fenced_and_empty_and_is_made_again() {
     assert_ne!(second, first);
     until_ready(&s).await;
     assert!(
-        engine
-            .docker()
-            .inspect_container(&first, None)
-            .await
-            .is_err(),
+        !exists(&engine, &first).await,
         "the first run's container was removed with the run"
     );
 
@@ -203,12 +203,7 @@ async fn a_warm_sandbox_goes_to_one_run_fenced_and_empty_and_is_made_again() {
 #[tokio::test]
 async fn a_warm_sandbox_that_waited_too_long_is_replaced() {
     let _engine = common::require_engine!();
-    let mut s = Served::start(Options {
-        workers: true,
-        settings: Some(warm_settings(10)),
-        ..Options::default()
-    })
-    .await;
+    let mut s = warm_server(10).await;
     let first = one_warm(&s, &[]).await;
     let second = one_warm(&s, &[&first]).await;
     assert_ne!(first, second);
@@ -219,31 +214,15 @@ async fn a_warm_sandbox_that_waited_too_long_is_replaced() {
 #[tokio::test]
 async fn a_killed_servers_warm_sandbox_is_swept_by_the_next_start() {
     let engine = common::require_engine!();
-    let mut s = Served::start(Options {
-        workers: true,
-        settings: Some(warm_settings(600)),
-        ..Options::default()
-    })
-    .await;
+    let mut s = warm_server(600).await;
     let first = one_warm(&s, &[]).await;
     s.kill().await;
-    assert!(
-        engine
-            .docker()
-            .inspect_container(&first, None)
-            .await
-            .is_ok(),
-        "a kill -9 leaves it"
-    );
+    assert!(exists(&engine, &first).await, "a kill -9 leaves it");
     s.restart().await;
     let second = one_warm(&s, &[&first]).await;
     assert_ne!(second, first);
     assert!(
-        engine
-            .docker()
-            .inspect_container(&first, None)
-            .await
-            .is_err(),
+        !exists(&engine, &first).await,
         "the next start removed the killed server's warm sandbox"
     );
     s.finish().await;

@@ -181,3 +181,18 @@ pub async fn start(engine: &Engine, spec: &SandboxSpec) -> DockerSandbox {
 }
 
 pub const SEC: Duration = Duration::from_secs(1);
+
+/// A sandbox's change set against its copied-in checkout, one sorted line per path
+/// (`added P`, `modified P`, `deleted P`).
+#[allow(dead_code)]
+pub async fn change_lines(sb: &impl kodx::sandbox::Sandbox) -> Vec<String> {
+    let set = sb.change_set().await.unwrap();
+    let mut out: Vec<String> = set
+        .added()
+        .map(|c| format!("added {}", c.path))
+        .chain(set.modified().map(|c| format!("modified {}", c.path)))
+        .chain(set.deleted().map(|c| format!("deleted {}", c.path)))
+        .collect();
+    out.sort();
+    out
+}
