@@ -23,6 +23,12 @@ pub const INSTANCE_LABEL: &str = "kodx.instance";
 /// process in the same boot and PID namespace can tell for sure whether it is gone.
 pub const PROCESS_LABEL: &str = "kodx.process";
 
+/// Label on a container made warm, ahead of any run (`1`). Its [`RUN_LABEL`] is its own
+/// `warm-<hex>` id, and its name `kodx-warm-<hex>` until a run claims it by renaming it.
+pub const WARM_LABEL: &str = "kodx.warm";
+/// Names of warm sandboxes no run has claimed start with it (after the engine's `/`).
+pub const WARM_NAME_PREFIX: &str = "kodx-warm-";
+
 /// This process's owner id ([`OWNER_LABEL`]): 16 random hex digits, drawn once.
 pub fn owner_id() -> &'static str {
     static OWNER: OnceLock<String> = OnceLock::new();

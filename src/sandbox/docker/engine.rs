@@ -12,12 +12,11 @@ use bollard::Docker;
 use futures_util::StreamExt;
 
 use super::cleanup::remove;
-use super::warm::{WARM_LABEL, WARM_NAME_PREFIX};
 use crate::sandbox::engines::{EngineConfig, EnvEngine};
 use crate::sandbox::net::{self, NETWORK_NAME};
 use crate::sandbox::owner::{
     owner_id, process_alive, process_identity, INSTANCE_LABEL, OWNER_LABEL, PROCESS_LABEL,
-    RUN_LABEL,
+    RUN_LABEL, WARM_LABEL, WARM_NAME_PREFIX,
 };
 use crate::sandbox::setup_cache;
 use crate::sandbox::{Result, SandboxError};

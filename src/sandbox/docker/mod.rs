@@ -24,9 +24,9 @@ pub(super) use cleanup::{creation_gate, register_live, remove, remove_blocking};
 pub use engine::{Engine, EngineFacts};
 pub use sandbox::{DiskGuard, DockerSandbox, MAX_SHELLS};
 pub use spec::{NetworkMode, RepoSource, ResourceLimits, SandboxSpec, DEFAULT_MAX_DISK_BYTES};
-pub use warm::{Shape, WarmSandbox, WarmSource, WARM_LABEL, WARM_NAME_PREFIX};
+pub use warm::{Shape, WarmSandbox, WarmSource};
 // The owner labels were first defined here; callers still name them through this module.
 pub use super::owner::{
     owner_id, process_identity, ProcessIdentity, INSTANCE_LABEL, OWNER_LABEL, PROCESS_LABEL,
-    RUN_LABEL,
+    RUN_LABEL, WARM_LABEL, WARM_NAME_PREFIX,
 };

@@ -20,10 +20,10 @@ use super::sandbox::{DiskGuard, DockerSandbox};
 use super::setup::CachePlan;
 use super::spec::SandboxSpec;
 use super::streams::{upload, upload_options, PackTask};
-use super::warm::{Shape, WarmSource};
+use super::warm::{Shape, WarmSandbox, WarmSource};
 use crate::sandbox::archive::{self, Manifest};
 use crate::sandbox::net::{self, NETWORK_NAME};
-use crate::sandbox::owner::{run_labels, RUN_LABEL};
+use crate::sandbox::owner::{run_labels, RUN_LABEL, WARM_LABEL};
 use crate::sandbox::setup_cache::{SetupCacheUse, SetupReport};
 use crate::sandbox::shell;
 use crate::sandbox::{Result, Sandbox, SandboxError};
@@ -150,6 +150,21 @@ impl Engine {
                 Err(e)
             }
         }
+    }
+
+    /// Makes a warm sandbox of `shape`: the container as a run of that shape would have it,
+    /// with kodx's files in, started and fenced, carrying this process's owner labels (so
+    /// the sweeps of dead processes' containers remove it) and [`WARM_LABEL`].
+    pub async fn make_warm(&self, shape: &Shape) -> Result<WarmSandbox> {
+        let made = std::time::Instant::now();
+        let warm_id = format!("warm-{:016x}", rand::random::<u64>());
+        let mut labels = run_labels(&warm_id, self.instance.as_deref());
+        labels.insert(WARM_LABEL.to_string(), "1".to_string());
+        let name = format!("kodx-{warm_id}");
+        let (id, guard, fencing) = self.make_container(shape, &name, labels).await?;
+        let warm = WarmSandbox::new(self.docker.clone(), id, shape.clone(), guard, made);
+        raise_fence(&self.docker, warm.id(), fencing).await?;
+        Ok(warm)
     }
 
     /// Makes a container of `shape` named `name` with `labels` and kodx's files in it (the

@@ -5,7 +5,8 @@
 //! would be named) and removed with that run's sandbox, never given to a second.
 //!
 //! [`Shape`] is what a container is made as; a run takes a warm sandbox only of its own
-//! shape, from a [`WarmSource`] (the server's pool, `crate::sandbox::warm_pool`).
+//! shape, from a [`WarmSource`] (the server's pool). They are made by
+//! [`super::Engine::make_warm`] (in `provision`, with the other containers).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -14,19 +15,10 @@ use bollard::query_parameters::RenameContainerOptions;
 use bollard::Docker;
 
 use super::cleanup::{remove, remove_blocking};
-use super::engine::Engine;
-use super::provision::raise_fence;
 use super::sandbox::DiskGuard;
 use super::spec::{ResourceLimits, SandboxSpec};
 use crate::sandbox::net::Cidr;
-use crate::sandbox::owner::run_labels;
 use crate::sandbox::{Result, SandboxError};
-
-/// Label on a container made warm (`1`). Its [`crate::sandbox::owner::RUN_LABEL`] is its
-/// own `warm-<hex>` id, and its name `kodx-warm-<hex>` until a run claims it.
-pub const WARM_LABEL: &str = "kodx.warm";
-/// Names of warm sandboxes no run has claimed start with it (after the engine's `/`).
-pub const WARM_NAME_PREFIX: &str = "kodx-warm-";
 
 /// What the engine fixes of a container when it creates it: two runs of one shape can
 /// start from the same kind of warm sandbox.
@@ -82,6 +74,25 @@ pub struct WarmSandbox {
 }
 
 impl WarmSandbox {
+    /// A container just made warm ([`super::Engine::make_warm`]); removed when dropped
+    /// unless claimed.
+    pub(super) fn new(
+        docker: Docker,
+        id: String,
+        shape: Shape,
+        guard: DiskGuard,
+        made: Instant,
+    ) -> Self {
+        WarmSandbox {
+            docker,
+            id,
+            shape,
+            guard,
+            made,
+            done: AtomicBool::new(false),
+        }
+    }
+
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -151,29 +162,5 @@ impl Drop for WarmSandbox {
         if !self.done.swap(true, Ordering::SeqCst) {
             remove_blocking(&self.docker, &self.id);
         }
-    }
-}
-
-impl Engine {
-    /// Makes a warm sandbox of `shape`: the container as a run of that shape would have it,
-    /// with kodx's files in, started and fenced, carrying this process's owner labels (so
-    /// the sweeps of dead processes' containers remove it) and [`WARM_LABEL`].
-    pub async fn make_warm(&self, shape: &Shape) -> Result<WarmSandbox> {
-        let made = Instant::now();
-        let warm_id = format!("warm-{:016x}", rand::random::<u64>());
-        let mut labels = run_labels(&warm_id, self.instance.as_deref());
-        labels.insert(WARM_LABEL.to_string(), "1".to_string());
-        let name = format!("kodx-{warm_id}");
-        let (id, guard, fencing) = self.make_container(shape, &name, labels).await?;
-        let warm = WarmSandbox {
-            docker: self.docker.clone(),
-            id,
-            shape: shape.clone(),
-            guard,
-            made,
-            done: AtomicBool::new(false),
-        };
-        raise_fence(&self.docker, &warm.id, fencing).await?;
-        Ok(warm)
     }
 }
