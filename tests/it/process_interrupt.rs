@@ -13,18 +13,7 @@ async fn owned_by(engine: &kodx::sandbox::Engine, pid: u32) -> usize {
         .to_string();
     let prefix: Vec<&str> = me.split('/').take(2).collect();
     let want = format!("{}/{}/{pid}/", prefix[0], prefix[1]);
-    let list = engine
-        .docker()
-        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
-            all: true,
-            filters: Some(std::collections::HashMap::from([(
-                "label".to_string(),
-                vec!["kodx.process".to_string()],
-            )])),
-            ..Default::default()
-        }))
-        .await
-        .unwrap();
+    let list = crate::common::summaries_labelled(engine, "kodx.process").await;
     list.iter()
         .filter(|c| {
             c.labels

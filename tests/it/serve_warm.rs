@@ -30,18 +30,7 @@ async fn warm_server(idle_secs: u64) -> Served {
 async fn unclaimed(s: &Served) -> Vec<String> {
     let pid = s.kodx_pid().to_string();
     let engine = kodx::sandbox::Engine::connect().await.unwrap();
-    let list = engine
-        .docker()
-        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
-            all: true,
-            filters: Some(std::collections::HashMap::from([(
-                "label".to_string(),
-                vec![kodx::sandbox::docker::WARM_LABEL.to_string()],
-            )])),
-            ..Default::default()
-        }))
-        .await
-        .unwrap();
+    let list = common::summaries_labelled(&engine, kodx::sandbox::docker::WARM_LABEL).await;
     list.into_iter()
         .filter(|c| {
             let process = c

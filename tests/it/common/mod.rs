@@ -118,18 +118,8 @@ pub async fn running_containers_labelled(engine: &Engine, label: &str) -> Vec<St
 }
 
 async fn labelled(engine: &Engine, label: &str, all: bool) -> Vec<String> {
-    engine
-        .docker()
-        .list_containers(Some(ListContainersOptions {
-            all,
-            filters: Some(HashMap::from([(
-                "label".to_string(),
-                vec![label.to_string()],
-            )])),
-            ..Default::default()
-        }))
+    listed(engine, label, all)
         .await
-        .unwrap()
         .into_iter()
         .filter_map(|c| c.id)
         .collect()
@@ -195,4 +185,29 @@ pub async fn change_lines(sb: &impl kodx::sandbox::Sandbox) -> Vec<String> {
         .collect();
     out.sort();
     out
+}
+
+/// The containers carrying `label` (`key` or `key=value`), running or not, as the engine
+/// lists them (labels, names).
+#[allow(dead_code)]
+pub async fn summaries_labelled(
+    engine: &Engine,
+    label: &str,
+) -> Vec<bollard::models::ContainerSummary> {
+    listed(engine, label, true).await
+}
+
+async fn listed(engine: &Engine, label: &str, all: bool) -> Vec<bollard::models::ContainerSummary> {
+    engine
+        .docker()
+        .list_containers(Some(ListContainersOptions {
+            all,
+            filters: Some(HashMap::from([(
+                "label".to_string(),
+                vec![label.to_string()],
+            )])),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
 }
