@@ -18,6 +18,12 @@
  *   kodx-net addrs
  *       Prints every interface address of the current network namespace, one a line:
  *       `4 <8 hex digits>` or `6 <32 hex digits>` (network byte order).
+ *   kodx-net gate
+ *       A shell started ahead: waits, its terminal's echo off, for one line on stdin (at
+ *       most 4095 bytes), then turns the echo back on and runs `/bin/sh -c LINE` in its
+ *       place. kodx starts a shell's engine exec this way while the sandbox is still being
+ *       fenced and filled (or before the model asks for one), and types the line when the
+ *       shell may run: nothing of the image runs before that.
  *   kodx-net routes SPEC...
  *       Adds IPv4 routes to the main table, then prints the addresses as `addrs` does.
  *       SPEC is `u<addr>/<prefix>` (an unreachable route: a connect fails at once with
@@ -45,6 +51,9 @@ typedef unsigned int u32;
 #define SYS_setns 308
 #define SYS_newfstatat 262
 #define SYS_clock_gettime 228
+#define SYS_read 0
+#define SYS_ioctl 16
+#define SYS_execve 59
 __asm__(".text\n"
         ".global _start\n"
         "_start:\n"
@@ -76,6 +85,9 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f) {
 #define SYS_setns 268
 #define SYS_newfstatat 79
 #define SYS_clock_gettime 113
+#define SYS_read 63
+#define SYS_ioctl 29
+#define SYS_execve 221
 __asm__(".text\n"
         ".global _start\n"
         "_start:\n"
@@ -423,6 +435,45 @@ static void enter_netns(const char *pid) {
     if (u >= 0) sys6(SYS_close, u, 0, 0, 0, 0, 0);
 }
 
+/* struct termios as the kernel's TCGETS/TCSETS take it (the same on x86_64 and aarch64). */
+struct termios_ {
+    u32 iflag, oflag, cflag, lflag;
+    u8 line, cc[19];
+};
+#define TCGETS 0x5401
+#define TCSETS 0x5402
+
+static char gate_line[4096];
+
+/* Waits for one line on stdin, echo off, then runs it with /bin/sh -c. */
+static void gate(char **envp) {
+    struct termios_ t;
+    int tty = sys6(SYS_ioctl, 0, TCGETS, (long)&t, 0, 0, 0) == 0;
+    u32 lflag = t.lflag;
+    if (tty) {
+        t.lflag &= ~(u32)(0x8 | 0x40); /* ECHO, ECHONL */
+        sys6(SYS_ioctl, 0, TCSETS, (long)&t, 0, 0, 0);
+    }
+    size_t n = 0;
+    for (;;) {
+        if (n == sizeof gate_line - 1) die("gate: the line is too long", 0, 2);
+        long r = sys6(SYS_read, 0, (long)(gate_line + n), 1, 0, 0, 0);
+        if (r == -4 /* EINTR */) continue;
+        if (r < 0) die("gate: reading the line", r, 1);
+        if (r == 0) die("gate: no line before the end of input", 0, 1);
+        if (gate_line[n] == '\n') break;
+        n++;
+    }
+    gate_line[n] = 0;
+    if (tty) {
+        t.lflag = lflag;
+        sys6(SYS_ioctl, 0, TCSETS, (long)&t, 0, 0, 0);
+    }
+    char *argv[] = {"/bin/sh", "-c", gate_line, 0};
+    long r = sys6(SYS_execve, (long)"/bin/sh", (long)argv, (long)envp, 0, 0, 0);
+    die("gate: running /bin/sh", r, 127);
+}
+
 static long parse_dec(const char *s) {
     long v = 0;
     int n = 0;
@@ -440,11 +491,15 @@ void cmain(long *sp) {
     long argc = sp[0];
     char **argv = (char **)(sp + 1);
     static const char usage[] =
-        "usage: kodx-net hold | hold-idle SECS | addrs | routes SPEC... | fence PID SPEC...";
+        "usage: kodx-net hold | hold-idle SECS | gate | addrs | routes SPEC... | fence PID SPEC...";
     if (argc < 2) die(usage, 0, 2);
     if (streq(argv[1], "hold")) {
         /* A signal whose default is to end the process (the engine's stop) ends it. */
         for (;;) sys6(SYS_ppoll, 0, 0, 0, 0, 8, 0);
+    }
+    if (streq(argv[1], "gate")) {
+        if (argc != 2) die(usage, 0, 2);
+        gate(argv + argc + 1);
     }
     if (streq(argv[1], "hold-idle")) {
         if (argc != 3) die(usage, 0, 2);

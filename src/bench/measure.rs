@@ -16,6 +16,10 @@ const FEED_YIELD: Duration = Duration::from_secs(20);
 /// Names `create_new_shell` cycles through (a sandbox keeps at most 16 shells; re-creating
 /// a name replaces that shell).
 pub(super) const SHELL_NAMES: usize = 8;
+/// The pause before each `create_new_shell` measured at a model's pace: shorter than any
+/// model's answer between two tool calls, and long enough for the sandbox's spare shell
+/// (started ahead after each use) to be ready.
+pub(super) const SHELL_GAP: Duration = Duration::from_millis(600);
 /// Subdirectories the generated repository spreads its files over.
 const TREE_DIRS: usize = 100;
 
@@ -31,8 +35,9 @@ pub struct SandboxArgs {
     /// a quarter of it, at least 20).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     pub(super) echo_reps: u32,
-    /// Samples of `create_new_shell`.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Samples of `create_new_shell` at a model's pace (calls [`SHELL_GAP`] apart), and as
+    /// many back to back.
+    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u32).range(1..))]
     pub(super) shell_reps: u32,
     /// Files in the generated repository of the copy-in and change-set measurements.
     #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(3..))]
@@ -97,16 +102,23 @@ pub(super) async fn shell_measurements(
     engine: &Engine,
     args: &SandboxArgs,
     session: &str,
-) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+) -> anyhow::Result<(Vec<f64>, NewShells)> {
     let spec = SandboxSpec::new(format!("bench-{session}-shell"), &args.image);
     let sandbox = engine
         .start(&spec)
         .await
         .with_context(|| format!("starting sandbox {}", spec.run_id))?;
-    let result: anyhow::Result<(Vec<f64>, Vec<f64>)> = async {
+    let result: anyhow::Result<(Vec<f64>, NewShells)> = async {
         let echo = echo_round_trips(&sandbox, args.echo_reps).await?;
-        let shells = new_shells(&sandbox, args.shell_reps).await?;
-        Ok((echo, shells))
+        let paced = new_shells(&sandbox, args.shell_reps, SHELL_GAP, true).await?;
+        let back_to_back = new_shells(&sandbox, args.shell_reps, Duration::ZERO, false).await?;
+        Ok((
+            echo,
+            NewShells {
+                paced,
+                back_to_back,
+            },
+        ))
     }
     .await;
     finish(sandbox, result).await
@@ -152,15 +164,30 @@ async fn echo_round_trips(sandbox: &DockerSandbox, reps: u32) -> anyhow::Result<
     Ok(samples)
 }
 
-async fn new_shells(sandbox: &DockerSandbox, reps: u32) -> anyhow::Result<Vec<f64>> {
+/// `create_new_shell` samples: at a model's pace, and back to back (the spare shell started
+/// after a call is still on its way at the next).
+pub(super) struct NewShells {
+    pub(super) paced: Vec<f64>,
+    pub(super) back_to_back: Vec<f64>,
+}
+
+/// `fresh`: the names are not in use yet (the first pass).
+async fn new_shells(
+    sandbox: &DockerSandbox,
+    reps: u32,
+    gap: Duration,
+    fresh: bool,
+) -> anyhow::Result<Vec<f64>> {
     progress(&format!(
-        "create_new_shell: {reps} shells over the names b0..b{}",
-        SHELL_NAMES - 1
+        "create_new_shell: {reps} shells over the names b0..b{}, {} ms apart",
+        SHELL_NAMES - 1,
+        gap.as_millis()
     ));
     let mut samples = Vec::with_capacity(reps as usize);
     let mut last = String::new();
     for i in 0..reps as usize {
         let name = format!("b{}", i % SHELL_NAMES);
+        tokio::time::sleep(gap).await;
         let t = Instant::now();
         let said = sandbox
             .create_new_shell(&name)
@@ -168,7 +195,7 @@ async fn new_shells(sandbox: &DockerSandbox, reps: u32) -> anyhow::Result<Vec<f6
             .with_context(|| format!("create_new_shell({name:?}) #{}", i + 1))?;
         samples.push(ms(t.elapsed()));
         // The first SHELL_NAMES calls start shells, the later ones replace them.
-        let want = if i < SHELL_NAMES {
+        let want = if fresh && i < SHELL_NAMES {
             "Started"
         } else {
             "Replaced"

@@ -154,6 +154,43 @@ fn looks_like_prompt(line: &str) -> bool {
     line.len() <= 200 && ENDINGS.iter().any(|e| line.ends_with(e))
 }
 
+/// A shell's engine exec started ahead of its use ([`Shell::spawn`]), not at its prompt
+/// yet: [`Spawned::open`] makes it the named shell.
+pub(crate) struct Spawned {
+    docker: Docker,
+    exec_id: String,
+    input: Pin<Box<dyn AsyncWrite + Send>>,
+    state: Arc<Mutex<State>>,
+    changed: watch::Receiver<u64>,
+    reader: Option<JoinHandle<()>>,
+    output_cap: usize,
+    /// Started as kodx's helper waiting for the line that runs the shell (`kodx-net gate`).
+    gated: bool,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            reader.abort();
+        }
+    }
+}
+
+/// The script that runs the shell: bash with kodx's rc file, else sh; `hang_up` first.
+fn shell_script(hang_up: Option<u32>, workdir: Option<&str>) -> String {
+    let hang_up = hang_up
+        .map(|pid| format!("kill -HUP {pid} 2>/dev/null; kill -CONT {pid} 2>/dev/null; "))
+        .unwrap_or_default();
+    // A shell started ahead moves to the working directory when it opens: the directory
+    // the exec started in may have been replaced since.
+    let cd = workdir
+        .map(|w| format!("cd '{}' 2>/dev/null; ", w.replace('\'', r"'\''")))
+        .unwrap_or_default();
+    format!(
+        "{hang_up}{cd}if command -v bash >/dev/null 2>&1; then exec bash --noprofile --rcfile {BASHRC_PATH} -i; else exec sh -i; fi"
+    )
+}
+
 impl Shell {
     /// Starts a shell in `workdir` and waits for its first prompt. `hang_up`: the pid of a
     /// shell this one replaces; it and its jobs are hung up first, as closing its terminal
@@ -166,6 +203,26 @@ impl Shell {
         output_cap: usize,
         hang_up: Option<u32>,
     ) -> Result<Arc<Shell>> {
+        let script = shell_script(hang_up, None);
+        let command = vec!["/bin/sh".to_string(), "-c".to_string(), script];
+        Self::spawn(docker, container, workdir, output_cap, command, false)
+            .await?
+            .open(name, workdir, None)
+            .await
+    }
+
+    /// Starts a shell's engine exec in `workdir` running `command`: the shell script
+    /// itself, or (`gated`) kodx's helper waiting for the line that runs it, typed by
+    /// [`Spawned::open`]. The engine's part of a new shell (most of its time) is done here,
+    /// ahead; nothing of the image runs in a gated one before it opens.
+    pub async fn spawn(
+        docker: &Docker,
+        container: &str,
+        workdir: &str,
+        output_cap: usize,
+        command: Vec<String>,
+        gated: bool,
+    ) -> Result<Spawned> {
         let nonce = format!("{:016x}", rand::random::<u64>());
         let osc = |status: &str| format!("\x1b]{};kodx;{nonce};{status}\x07", term::OSC_ID);
         // Raw form for sh (and bash without its rc file); bash's form marks the escape as
@@ -183,17 +240,11 @@ impl Shell {
             format!("KODX_PS1=\\[{}\\]$ ", osc("$?;$$")),
             format!("KODX_PS2=\\[{}\\]> ", osc("c")),
         ];
-        let hang_up = hang_up
-            .map(|pid| format!("kill -HUP {pid} 2>/dev/null; kill -CONT {pid} 2>/dev/null; "))
-            .unwrap_or_default();
-        let script = format!(
-            "{hang_up}if command -v bash >/dev/null 2>&1; then exec bash --noprofile --rcfile {BASHRC_PATH} -i; else exec sh -i; fi"
-        );
         let exec = docker
             .create_exec(
                 container,
                 CreateExecOptions {
-                    cmd: Some(vec!["/bin/sh".to_string(), "-c".to_string(), script]),
+                    cmd: Some(command),
                     env: Some(env),
                     working_dir: Some(workdir.to_string()),
                     attach_stdin: Some(true),
@@ -204,15 +255,15 @@ impl Shell {
                 },
             )
             .await
-            .map_err(|e| SandboxError::docker(format!("creating shell {name:?}"), e))?;
+            .map_err(|e| SandboxError::docker("creating a shell", e))?;
         let started = docker
             .start_exec(&exec.id, None)
             .await
-            .map_err(|e| SandboxError::docker(format!("starting shell {name:?}"), e))?;
+            .map_err(|e| SandboxError::docker("starting a shell", e))?;
         let StartExecResults::Attached { mut output, input } = started else {
-            return Err(SandboxError::InvalidInput(format!(
-                "shell {name:?} started detached"
-            )));
+            return Err(SandboxError::InvalidInput(
+                "a shell started detached".to_string(),
+            ));
         };
         // A wide terminal keeps readline from scrolling long command lines sideways.
         let _ = docker
@@ -253,16 +304,56 @@ impl Shell {
             reader_state.lock().closed = true;
             tx.send_modify(|v| *v += 1);
         });
-
-        let shell = Arc::new(Shell {
-            name: name.to_string(),
-            exec_id: exec.id,
+        Ok(Spawned {
             docker: docker.clone(),
-            input: tokio::sync::Mutex::new(input),
+            exec_id: exec.id,
+            input,
             state,
             changed,
-            reader,
+            reader: Some(reader),
             output_cap,
+            gated,
+        })
+    }
+}
+
+impl Spawned {
+    /// Makes this the shell `name`: a gated one is told to run the shell (in `workdir`,
+    /// hanging up `hang_up` first); then its first prompt is awaited and its marker moved.
+    pub async fn open(
+        mut self,
+        name: &str,
+        workdir: &str,
+        hang_up: Option<u32>,
+    ) -> Result<Arc<Shell>> {
+        if self.gated {
+            let line = format!("{}\n", shell_script(hang_up, Some(workdir)));
+            let typed = async {
+                self.input.write_all(line.as_bytes()).await?;
+                self.input.flush().await
+            };
+            tokio::time::timeout(SHELL_START_TIMEOUT, typed)
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+                .map_err(|e| SandboxError::io(format!("opening shell {name:?}"), e))?;
+        }
+        let (input, reader) = {
+            // Moved out of `self`: it has a Drop (which aborts the reader when it is not).
+            let empty: Pin<Box<dyn AsyncWrite + Send>> = Box::pin(tokio::io::sink());
+            (
+                std::mem::replace(&mut self.input, empty),
+                self.reader.take().expect("the reader is there until opened"),
+            )
+        };
+        let shell = Arc::new(Shell {
+            name: name.to_string(),
+            exec_id: std::mem::take(&mut self.exec_id),
+            docker: self.docker.clone(),
+            input: tokio::sync::Mutex::new(input),
+            state: self.state.clone(),
+            changed: self.changed.clone(),
+            reader,
+            output_cap: self.output_cap,
         });
         let first = shell.wait(0, false, SHELL_START_TIMEOUT).await;
         match first {
@@ -280,7 +371,9 @@ impl Shell {
             }
         }
     }
+}
 
+impl Shell {
     /// Moves the shell's prompt to a marker that enters neither a file nor an environment
     /// in the container. The marker it started with came in its environment (`PS1`), so
     /// it is in `/proc/<pid>/environ` and in every command's environment, where anything

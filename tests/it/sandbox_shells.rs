@@ -478,3 +478,100 @@ EOF"#;
     sb.destroy().await.unwrap();
     assert_gone(&engine, &spec.run_id).await;
 }
+
+/// The pids of the shells started ahead and waiting in `sb` (kodx's helper, `gate`).
+async fn waiting_shells(sb: &impl Sandbox) -> Vec<String> {
+    let list = "for p in /proc/[0-9]*; do \
+                tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^/.kodx-net gate' && echo ${p#/proc/}; \
+                done; true";
+    let out = sb.run_to_end(list, 10 * SEC, 4096).await.unwrap();
+    out.output.lines().map(str::to_string).collect()
+}
+
+/// Waits until one shell is started ahead in `sb`, and returns its pid.
+async fn a_waiting_shell(sb: &impl Sandbox, not: Option<&str>) -> String {
+    let deadline = Instant::now() + 20 * SEC;
+    loop {
+        let waiting = waiting_shells(sb).await;
+        assert!(waiting.len() <= 1, "more than one shell waits: {waiting:?}");
+        if let Some(pid) = waiting.into_iter().find(|p| Some(p.as_str()) != not) {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "no shell was started ahead");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_new_shell_opens_the_one_started_ahead_and_reads_the_rc_files_as_they_are_then() {
+    let engine = common::require_engine!();
+    let spec = spec("spare");
+    let sb = start(&engine, &spec).await;
+    // A spare is started shortly after the first shell, and runs nothing of the image.
+    let spare = a_waiting_shell(&sb, None).await;
+    // Written after the spare's exec started: the new shell still reads it, and starts in
+    // the working directory even though it was replaced meanwhile.
+    let out = sb
+        .run_to_end(
+            "echo 'export FROM_RC=yes' >> ~/.bashrc && mv /workspace /old && mkdir /workspace && touch /workspace/new",
+            10 * SEC,
+            4096,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    let msg = sb.create_new_shell("second").await.unwrap();
+    assert!(msg.starts_with("Started"), "{msg}");
+    let out = sb
+        .feed_chars("second", "echo $$ ${FROM_RC:-unset}; ls", 10 * SEC)
+        .await
+        .unwrap();
+    // The shell is the spare's process (the helper ran it in its place).
+    assert_eq!(out.output, format!("{spare} yes\nnew\n"), "{out:?}");
+    assert_eq!(out.status, ShellStatus::Ready { exit_code: Some(0) });
+    // Another spare for the next call; the taken one is no longer waiting.
+    let next = a_waiting_shell(&sb, Some(&spare)).await;
+    assert_ne!(next, spare);
+    // Replacing a shell with the spare hangs up the old one and its jobs, as without it.
+    sb.feed_chars("second", "sleep 1000 &", 5 * SEC)
+        .await
+        .unwrap();
+    let msg = sb.create_new_shell("second").await.unwrap();
+    assert!(msg.starts_with("Replaced"), "{msg}");
+    let out = sb
+        .feed_chars(
+            "second",
+            "echo $$; sleep 0.5; ps -eo args | grep -c '^sleep 1000' || true",
+            5 * SEC,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.output, format!("{next}\n0\n"), "{out:?}");
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}
+
+#[tokio::test]
+async fn the_first_shell_started_ahead_runs_only_after_the_fence_the_files_and_the_setup() {
+    let engine = common::require_engine!();
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::write(repo.path().join("README.md"), "hello\n").unwrap();
+    let mut spec = spec("first-shell");
+    spec.repo_dir = Some(repo.path().to_path_buf());
+    // The rc file the setup writes records what the shell found when bash started: the
+    // setup's mark and the repository's file. Bash started any earlier would have read
+    // no such rc file at all.
+    spec.setup_script = Some(
+        "echo 'echo \"$(cat /tmp/setup-done) $(ls)\" > /tmp/rc-saw' >> ~/.bashrc\n\
+         sleep 1\necho done > /tmp/setup-done\n"
+            .to_string(),
+    );
+    let sb = start(&engine, &spec).await;
+    let out = sb
+        .feed_chars("default", "cat /tmp/rc-saw", 10 * SEC)
+        .await
+        .unwrap();
+    assert_eq!(out.output, "done README.md\n", "{out:?}");
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}

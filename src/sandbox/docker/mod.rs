@@ -5,9 +5,10 @@
 //! images and the sweeps of orphaned containers), `provision` (making and preparing a
 //! sandbox's container), `setup` (the setup script and the setup cache's part in it),
 //! `streams` (the tar streams in and out), `sandbox` (one run's container and its shells),
-//! `warm` (containers made ahead of runs) and `cleanup` (removal on every path). Who owns a container — its labels and
-//! this process's identity — is [`crate::sandbox::owner`], shared with the network fence
-//! and the setup cache.
+//! `spare` (a sandbox's next shell, started ahead), `warm` (containers made ahead of runs)
+//! and `cleanup` (removal on every path). Who owns a container — its labels and this
+//! process's identity — is [`crate::sandbox::owner`], shared with the network fence and the
+//! setup cache.
 
 mod cleanup;
 mod engine;
@@ -15,6 +16,7 @@ mod exec;
 mod provision;
 mod sandbox;
 mod setup;
+mod spare;
 mod spec;
 mod streams;
 mod warm;

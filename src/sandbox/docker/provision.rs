@@ -25,7 +25,7 @@ use crate::sandbox::archive::{self, Manifest};
 use crate::sandbox::net::{self, NETWORK_NAME};
 use crate::sandbox::owner::{run_labels, RUN_LABEL, WARM_LABEL};
 use crate::sandbox::setup_cache::{SetupCacheUse, SetupReport};
-use crate::sandbox::shell;
+use crate::sandbox::shell::{self, Shell};
 use crate::sandbox::{Result, Sandbox, SandboxError};
 
 /// Capabilities kept: what `apt-get`, `pip`, `chown` and servers on high ports need.
@@ -347,11 +347,35 @@ impl Engine {
     ) -> Result<()> {
         let hit = cache.is_some_and(|c| c.hit.is_some());
         // The network is fenced while the files go in: nothing runs in the container
-        // (setup script, shells) before both are done.
-        let ((), cleaned) = tokio::try_join!(
-            raise_fence(&self.docker, &sandbox.id, fencing),
-            self.copy_in(sandbox, spec, hit, pack, progress)
-        )?;
+        // (setup script, shells) before both are done. The first shell's exec starts
+        // meanwhile, as kodx's helper waiting to be told to run the shell (after the setup
+        // and the network cut): the engine's part of a shell is off the path.
+        let early = async {
+            match net::gate_command() {
+                Some(gate) => Some(
+                    Shell::spawn(
+                        &self.docker,
+                        &sandbox.id,
+                        &sandbox.workdir,
+                        spec.output_cap,
+                        gate,
+                        true,
+                    )
+                    .await,
+                ),
+                None => None,
+            }
+        };
+        let (prepared, early) = tokio::join!(
+            async {
+                tokio::try_join!(
+                    raise_fence(&self.docker, &sandbox.id, fencing),
+                    self.copy_in(sandbox, spec, hit, pack, progress)
+                )
+            },
+            early
+        );
+        let ((), cleaned) = prepared?;
         let report = match (&spec.setup_script, cache) {
             (Some(_), Some(_)) if hit => SetupReport {
                 cache: SetupCacheUse::Hit,
@@ -369,8 +393,7 @@ impl Engine {
             cut_network(&self.docker, &sandbox.id).await?;
         }
         progress("starting the shell");
-        sandbox.create_new_shell("default").await?;
-        Ok(())
+        sandbox.open_first_shell(early).await
     }
 
     /// Copies the setup script and the repository into the started container. On a cache

@@ -14,11 +14,12 @@ use bollard::query_parameters::{InspectContainerOptions, KillContainerOptions};
 use bollard::Docker;
 
 use super::cleanup::{remove, remove_blocking};
+use super::spare::{open_or_start, SpareShell, FIRST_SPARE_AFTER};
 use super::spec::SandboxSpec;
 use super::streams::Opener;
 use crate::sandbox::archive::{self, ArchiveLimits, ChangeSet, Exported, Manifest};
 use crate::sandbox::setup_cache::SetupReport;
-use crate::sandbox::shell::{FeedOutput, Shell};
+use crate::sandbox::shell::{FeedOutput, Shell, Spawned};
 use crate::sandbox::{Finished, Result, Sandbox, SandboxError};
 
 /// How a sandbox's disk use is bounded.
@@ -43,6 +44,8 @@ pub struct DockerSandbox {
     archive_limits: ArchiveLimits,
     pub(super) baseline: Mutex<Manifest>,
     shells: Mutex<HashMap<String, Arc<Shell>>>,
+    /// The next shell's exec, started ahead.
+    spare: SpareShell,
     destroyed: AtomicBool,
     disk_guard: DiskGuard,
     /// The disk watchdog, stopped with the sandbox.
@@ -67,6 +70,7 @@ impl DockerSandbox {
         disk_guard: DiskGuard,
     ) -> Self {
         DockerSandbox {
+            spare: SpareShell::new(docker.clone(), &id, workdir, spec.output_cap),
             docker,
             id,
             run_id: spec.run_id.clone(),
@@ -182,6 +186,24 @@ impl DockerSandbox {
         }
     }
 
+    /// Opens the sandbox's first shell, `default`: `early` when its exec was started ahead
+    /// (while the sandbox was fenced and filled), else a new one. Its spare follows.
+    pub(super) async fn open_first_shell(&self, early: Option<Result<Spawned>>) -> Result<()> {
+        let shell = open_or_start(
+            early,
+            &self.docker,
+            &self.id,
+            "default",
+            &self.workdir,
+            self.output_cap,
+            None,
+        )
+        .await?;
+        self.shells.lock().insert("default".to_string(), shell);
+        self.spare.schedule(FIRST_SPARE_AFTER);
+        Ok(())
+    }
+
     pub fn run_id(&self) -> &str {
         &self.run_id
     }
@@ -214,6 +236,7 @@ impl Drop for DockerSandbox {
     fn drop(&mut self) {
         if !self.destroyed.swap(true, Ordering::SeqCst) {
             self.stop_watchdog();
+            self.spare.clear();
             self.shells.lock().clear();
             remove_blocking(&self.docker, &self.id);
         }
@@ -248,7 +271,9 @@ impl Sandbox for DockerSandbox {
             }
         }
         let old_pid = self.shells.lock().get(name).and_then(|old| old.pid());
-        let shell = Shell::start(
+        let spare = self.spare.take().await.map(Ok);
+        let shell = open_or_start(
+            spare,
             &self.docker,
             &self.id,
             name,
@@ -256,7 +281,9 @@ impl Sandbox for DockerSandbox {
             self.output_cap,
             old_pid,
         )
-        .await?;
+        .await;
+        self.spare.schedule(Duration::ZERO);
+        let shell = shell?;
         let replaced = self.shells.lock().insert(name.to_string(), shell).is_some();
         Ok(format!(
             "{} shell {name:?} in {}.",
@@ -321,6 +348,7 @@ impl Sandbox for DockerSandbox {
             return Ok(());
         }
         self.stop_watchdog();
+        self.spare.clear();
         self.shells.lock().clear();
         remove(&self.docker, &self.id).await
     }

@@ -93,6 +93,12 @@ pub fn hold_command() -> Vec<String> {
     }
 }
 
+/// The command of a shell started ahead of its use: the helper's `gate`, which waits for
+/// the line that runs the shell; `None` when this kodx was built without the helper.
+pub fn gate_command() -> Option<Vec<String>> {
+    (!HELPER.is_empty()).then(|| vec![HELPER_PATH.to_string(), "gate".to_string()])
+}
+
 /// Runs the helper with `args` in the running container `id` (the fencer) as an engine
 /// exec. Returns what it printed; its exit code is the engine's.
 pub(super) async fn exec_in(docker: &Docker, id: &str, args: &[String]) -> Result<String> {

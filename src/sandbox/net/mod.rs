@@ -33,6 +33,8 @@ mod policy;
 
 pub use fence::Fencing;
 pub use fencer::{fencer_name, FENCER_PREFIX, IDLE_SECS as FENCER_IDLE_SECS};
-pub use helper::{check_arch, hold_command, host_addresses, sandbox_file, HELPER_LABEL};
+pub use helper::{
+    check_arch, gate_command, hold_command, host_addresses, sandbox_file, HELPER_LABEL,
+};
 pub use network::{ensure_network, SandboxNetwork, NETWORK_LABEL, NETWORK_NAME};
 pub use policy::{Cidr, Fence, BLOCKED};
