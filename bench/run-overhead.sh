@@ -68,7 +68,7 @@ times=()
 bare=()
 for _ in $(seq 1 "$runs"); do
   s=$(date +%s%N)
-  ./target/release/kodx run -q --repo-dir "" -p hi >/dev/null
+  ${KODX_BIN:-./target/release/kodx} run -q --repo-dir "" -p hi >/dev/null
   e=$(date +%s%N)
   times+=($(( (e - s) / 1000000 )))
   # A bare `docker run` of the same image, in the same loop: the yardstick.

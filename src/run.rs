@@ -275,13 +275,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut transcript = open_transcript(&args)?;
 
     let engine = Engine::connect().await?;
-    let _ = engine.sweep_dead_owners().await;
 
     let started = std::time::Instant::now();
-    let sandbox = match engine
-        .start_with_progress(&spec, |line| out.note(&format!("kodx: {line}")))
-        .await
-    {
+    // Dead processes' containers are removed while this one starts: none of them is
+    // this run's business, and the start need not wait for them.
+    let (_, sandbox) = tokio::join!(
+        engine.sweep_dead_owners(),
+        engine.start_with_progress(&spec, |line| out.note(&format!("kodx: {line}")))
+    );
+    let sandbox = match sandbox {
         Ok(sb) => {
             if sb.setup_report().cache == kodx::sandbox::SetupCacheUse::Hit {
                 out.note("kodx: the setup came from the setup cache (the script did not run)");

@@ -145,6 +145,35 @@ pub(super) fn process_alive(me: ProcessIdentity, label: &str) -> Option<bool> {
     Some(start_time(other.pid) == Some(other.start_time))
 }
 
+/// The config an image committed from a kodx container must carry: the base image's, with
+/// `labels` added. The engine merges the container's config into what is not set here;
+/// labels cannot be removed that way, so kodx's own container labels are set empty.
+pub fn image_config<'a>(
+    base: &bollard::models::ImageConfig,
+    labels: impl IntoIterator<Item = (&'a str, String)>,
+) -> bollard::models::ContainerConfig {
+    let mut all = base.labels.clone().unwrap_or_default();
+    for label in [RUN_LABEL, OWNER_LABEL, PROCESS_LABEL, INSTANCE_LABEL] {
+        all.insert(label.to_string(), String::new());
+    }
+    all.extend(labels.into_iter().map(|(k, v)| (k.to_string(), v)));
+    bollard::models::ContainerConfig {
+        user: Some(base.user.clone().unwrap_or_default()),
+        env: base.env.clone(),
+        cmd: base.cmd.clone(),
+        entrypoint: base.entrypoint.clone(),
+        working_dir: Some(base.working_dir.clone().unwrap_or_default()),
+        labels: Some(all),
+        exposed_ports: base.exposed_ports.clone(),
+        volumes: base.volumes.clone(),
+        stop_signal: base.stop_signal.clone(),
+        shell: base.shell.clone(),
+        on_build: base.on_build.clone(),
+        healthcheck: base.healthcheck.clone(),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,7 +38,7 @@ use globset::{GlobBuilder, GlobMatcher};
 use sha2::{Digest, Sha256};
 
 use super::archive::{Manifest, ManifestEntry};
-use super::owner::{INSTANCE_LABEL, OWNER_LABEL, PROCESS_LABEL, RUN_LABEL};
+use super::owner::image_config;
 use super::{Result, SandboxError};
 
 /// The repository name of cached images.
@@ -576,9 +576,7 @@ pub async fn touch(docker: &Docker, key: &str) {
 }
 
 /// The base image's config, as the cached image must carry it: nothing of the container
-/// (its command, working directory, kodx labels) may end up in the image. The engine merges
-/// the container's config into what is not set here; labels cannot be removed that way, so
-/// kodx's own container labels are set empty.
+/// (its command, working directory, kodx labels) may end up in the image.
 pub fn committed_config(
     base: &ImageConfig,
     key: &str,
@@ -586,30 +584,16 @@ pub fn committed_config(
     base_id: &str,
     created: u64,
 ) -> ContainerConfig {
-    let mut labels = base.labels.clone().unwrap_or_default();
-    for label in [RUN_LABEL, OWNER_LABEL, PROCESS_LABEL, INSTANCE_LABEL] {
-        labels.insert(label.to_string(), String::new());
-    }
     let scope: String = scope.chars().take(200).collect();
-    labels.insert(KEY_LABEL.to_string(), key.to_string());
-    labels.insert(SCOPE_LABEL.to_string(), scope);
-    labels.insert(BASE_LABEL.to_string(), base_id.to_string());
-    labels.insert(CREATED_LABEL.to_string(), created.to_string());
-    ContainerConfig {
-        user: Some(base.user.clone().unwrap_or_default()),
-        env: base.env.clone(),
-        cmd: base.cmd.clone(),
-        entrypoint: base.entrypoint.clone(),
-        working_dir: Some(base.working_dir.clone().unwrap_or_default()),
-        labels: Some(labels),
-        exposed_ports: base.exposed_ports.clone(),
-        volumes: base.volumes.clone(),
-        stop_signal: base.stop_signal.clone(),
-        shell: base.shell.clone(),
-        on_build: base.on_build.clone(),
-        healthcheck: base.healthcheck.clone(),
-        ..Default::default()
-    }
+    image_config(
+        base,
+        [
+            (KEY_LABEL, key.to_string()),
+            (SCOPE_LABEL, scope),
+            (BASE_LABEL, base_id.to_string()),
+            (CREATED_LABEL, created.to_string()),
+        ],
+    )
 }
 
 /// Commits container `id` as the image of `key`. When another run committed the same key

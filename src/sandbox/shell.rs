@@ -342,7 +342,9 @@ impl Spawned {
             let empty: Pin<Box<dyn AsyncWrite + Send>> = Box::pin(tokio::io::sink());
             (
                 std::mem::replace(&mut self.input, empty),
-                self.reader.take().expect("the reader is there until opened"),
+                self.reader
+                    .take()
+                    .expect("the reader is there until opened"),
             )
         };
         let shell = Arc::new(Shell {

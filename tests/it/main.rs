@@ -33,6 +33,7 @@ mod sandbox_checks;
 mod sandbox_disk;
 mod sandbox_export;
 mod sandbox_floods;
+mod sandbox_image;
 mod sandbox_lifecycle;
 mod sandbox_network;
 mod sandbox_ready;

@@ -3,7 +3,8 @@
 //!
 //! One file per job: `spec` (what a run asks of its sandbox), `engine` (the connection,
 //! images and the sweeps of orphaned containers), `provision` (making and preparing a
-//! sandbox's container), `setup` (the setup script and the setup cache's part in it),
+//! sandbox's container), `derived` (the image a sandbox is made from, kodx's files in),
+//! `setup` (the setup script and the setup cache's part in it),
 //! `streams` (the tar streams in and out), `sandbox` (one run's container and its shells),
 //! `spare` (a sandbox's next shell, started ahead), `warm` (containers made ahead of runs)
 //! and `cleanup` (removal on every path). Who owns a container — its labels and this
@@ -11,6 +12,7 @@
 //! setup cache.
 
 mod cleanup;
+mod derived;
 mod engine;
 mod exec;
 mod provision;
@@ -23,6 +25,7 @@ mod warm;
 
 pub use cleanup::remove_all_live;
 pub(super) use cleanup::{creation_gate, register_live, remove, remove_blocking};
+pub use derived::{DERIVED_BASE_LABEL, DERIVED_LABEL, DERIVED_REPO};
 pub use engine::{Engine, EngineFacts};
 pub use sandbox::{DiskGuard, DockerSandbox, MAX_SHELLS};
 pub use spec::{NetworkMode, RepoSource, ResourceLimits, SandboxSpec, DEFAULT_MAX_DISK_BYTES};

@@ -15,6 +15,7 @@ use bollard::query_parameters::CreateContainerOptions;
 use bollard::Docker;
 
 use super::cleanup::{creation_gate, register_live, remove};
+use super::derived::{kodx_files, SandboxImage};
 use super::engine::Engine;
 use super::sandbox::{DiskGuard, DockerSandbox};
 use super::setup::CachePlan;
@@ -25,7 +26,7 @@ use crate::sandbox::archive::{self, Manifest};
 use crate::sandbox::net::{self, NETWORK_NAME};
 use crate::sandbox::owner::{run_labels, RUN_LABEL, WARM_LABEL};
 use crate::sandbox::setup_cache::{SetupCacheUse, SetupReport};
-use crate::sandbox::shell::{self, Shell};
+use crate::sandbox::shell::Shell;
 use crate::sandbox::{Result, Sandbox, SandboxError};
 
 /// Capabilities kept: what `apt-get`, `pip`, `chown` and servers on high ports need.
@@ -195,16 +196,37 @@ impl Engine {
                 false => Some(net::ensure_network(&self.docker, NETWORK_NAME, &shape.image).await?),
             };
             let network_id = network.as_ref().map(|n| n.id.as_str());
-            let (id, guard) = self
-                .create_container(shape, name, labels.clone(), network_id)
-                .await?;
+            let image = self.sandbox_image(&shape.image).await;
+            let made = self
+                .create_container(shape, &image.name, name, labels.clone(), network_id)
+                .await;
+            let (image, (id, guard)) = match made {
+                // The derived image was removed since this process found it.
+                Err(e) if image.has_files => {
+                    tracing::warn!(
+                        "the sandbox image {} is gone ({e}); copying kodx's files in",
+                        image.name
+                    );
+                    self.forget_derived(&image.name);
+                    let made = self
+                        .create_container(shape, &shape.image, name, labels.clone(), network_id)
+                        .await?;
+                    (
+                        SandboxImage {
+                            name: shape.image.clone(),
+                            has_files: false,
+                        },
+                        made,
+                    )
+                }
+                made => (image, made?),
+            };
             let started = async {
-                // kodx's own files: the shells' rc file in /tmp, and the helper that is
-                // the container's main process. Uploaded at `/` so that an image without
-                // /tmp gets one, and before the start, for the main process to be there.
-                let mut files = vec![("tmp/.kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
-                files.extend(net::sandbox_file());
-                upload(&self.docker, &id, "/", archive::pack_files(&files)).await?;
+                // kodx's own files (the shells' rc file, the helper that is the main
+                // process) are in the derived image; else they go in before the start.
+                if !image.has_files {
+                    upload(&self.docker, &id, "/", archive::pack_files(&kodx_files())).await?;
+                }
                 self.docker
                     .start_container(&id, None)
                     .await
@@ -245,6 +267,7 @@ impl Engine {
     async fn create_container(
         &self,
         shape: &Shape,
+        image: &str,
         name: &str,
         labels: HashMap<String, String>,
         network: Option<&str>,
@@ -264,7 +287,7 @@ impl Engine {
             ..Default::default()
         };
         let body = ContainerCreateBody {
-            image: Some(shape.image.clone()),
+            image: Some(image.to_string()),
             // Keeps the container alive without running anything of the image (the
             // helper's `hold`); the engine's init (PID 1) reaps what the model's shells
             // leave behind.

@@ -130,7 +130,9 @@ pub(super) async fn open_or_start(
     match spawned {
         Some(Ok(spawned)) => match spawned.open(name, workdir, hang_up).await {
             Ok(shell) => return Ok(shell),
-            Err(e) => tracing::warn!("a shell started ahead could not be opened ({e}); starting one"),
+            Err(e) => {
+                tracing::warn!("a shell started ahead could not be opened ({e}); starting one")
+            }
         },
         Some(Err(e)) => tracing::warn!("a shell started ahead failed ({e}); starting one"),
         None => {}

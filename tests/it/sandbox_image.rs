@@ -1,0 +1,196 @@
+//! The image a sandbox is made from: the run's image with kodx's files in, made once per
+//! image and kept, made again when removed, never from a setup cache image.
+
+use std::collections::HashMap;
+
+use crate::common;
+use crate::common::*;
+use bollard::models::{ContainerConfig, ContainerCreateBody};
+use bollard::query_parameters::{
+    CommitContainerOptions, CreateContainerOptions, RemoveContainerOptions, RemoveImageOptions,
+};
+use kodx::sandbox::docker::{
+    Engine, DERIVED_BASE_LABEL, DERIVED_LABEL, DERIVED_REPO, OWNER_LABEL, RUN_LABEL,
+};
+use kodx::sandbox::{DockerSandbox, Sandbox};
+
+/// A base image of this test's own (busybox with a label of its own: its own id), with a
+/// command and environment of its own, for the derived image to carry.
+async fn own_base(engine: &Engine) -> String {
+    let docker = engine.docker();
+    let name = format!("kodx-derived-test-{:08x}", rand::random::<u32>());
+    let c = docker
+        .create_container(
+            Some(CreateContainerOptions {
+                name: Some(name.clone()),
+                ..Default::default()
+            }),
+            ContainerCreateBody {
+                image: Some(BUSYBOX_IMAGE.to_string()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let config = ContainerConfig {
+        cmd: Some(vec!["echo".into(), "base command".into()]),
+        env: Some(vec!["BASE_ENV=kept".into()]),
+        labels: Some(HashMap::from([("test.base".into(), name.clone())])),
+        ..Default::default()
+    };
+    let committed = docker
+        .commit_container(
+            CommitContainerOptions {
+                container: Some(c.id.clone()),
+                repo: Some("kodx-test".into()),
+                tag: Some(name.clone()),
+                ..Default::default()
+            },
+            config,
+        )
+        .await
+        .unwrap();
+    docker
+        .remove_container(&c.id, None::<RemoveContainerOptions>)
+        .await
+        .unwrap();
+    let _ = committed;
+    format!("kodx-test:{name}")
+}
+
+/// The image the sandbox's container was made from, by the name it was made with.
+async fn made_from(engine: &Engine, sb: &DockerSandbox) -> String {
+    let info = engine
+        .docker()
+        .inspect_container(sb.container_id(), None)
+        .await
+        .unwrap();
+    info.config.and_then(|c| c.image).unwrap()
+}
+
+async fn remove_image(engine: &Engine, name: &str) {
+    let _ = engine
+        .docker()
+        .remove_image(
+            name,
+            Some(RemoveImageOptions {
+                force: true,
+                ..Default::default()
+            }),
+            None,
+        )
+        .await;
+}
+
+#[tokio::test]
+async fn a_sandbox_is_made_from_its_image_with_kodxs_files_in_once_and_again_when_removed() {
+    let engine = common::require_engine!();
+    let docker = engine.docker();
+    let base = own_base(&engine).await;
+    let base_id = docker.inspect_image(&base).await.unwrap().id.unwrap();
+    let mut spec = spec("derived");
+    spec.image = base.clone();
+    let sb = start(&engine, &spec).await;
+    let derived = made_from(&engine, &sb).await;
+    assert!(
+        derived.starts_with(&format!("{DERIVED_REPO}:")),
+        "{derived}"
+    );
+    // The base image's config and labels, kodx's own labels empty (the container's own
+    // values are its), and where it came from.
+    let image = docker.inspect_image(&derived).await.unwrap();
+    let config = image.config.unwrap();
+    assert_eq!(
+        config.cmd,
+        Some(vec!["echo".to_string(), "base command".to_string()])
+    );
+    assert!(config
+        .env
+        .unwrap_or_default()
+        .contains(&"BASE_ENV=kept".to_string()));
+    let labels = config.labels.unwrap();
+    assert_eq!(
+        labels.get("test.base").map(String::as_str),
+        Some(&base[10..])
+    );
+    assert_eq!(labels.get(DERIVED_BASE_LABEL), Some(&base_id));
+    assert_eq!(labels.get(DERIVED_LABEL).map(String::len), Some(16));
+    assert_eq!(labels.get(RUN_LABEL).map(String::as_str), Some(""));
+    assert_eq!(labels.get(OWNER_LABEL).map(String::as_str), Some(""));
+    let container = docker
+        .inspect_container(sb.container_id(), None)
+        .await
+        .unwrap();
+    let own = container.config.unwrap().labels.unwrap();
+    assert_eq!(own.get(RUN_LABEL), Some(&spec.run_id));
+    assert!(!own[OWNER_LABEL].is_empty());
+    // kodx's helper is the main process, its rc file is read, the shell works.
+    let out = sb
+        .feed_chars(
+            "default",
+            "cat /proc/1/cmdline /proc/2/cmdline | tr '\\0' ' '; echo; echo $BASE_ENV",
+            10 * SEC,
+        )
+        .await
+        .unwrap();
+    assert!(out.output.contains("/.kodx-net hold"), "{out:?}");
+    assert!(out.output.ends_with("kept\n"), "{out:?}");
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+
+    // The next sandbox of that image uses the same one.
+    let mut again = common::spec("derived-again");
+    again.image = base.clone();
+    let sb = start(&engine, &again).await;
+    assert_eq!(made_from(&engine, &sb).await, derived);
+    sb.destroy().await.unwrap();
+
+    // Removed (as `docker image rm` would), the next sandbox still starts (kodx's files
+    // copied in), and the one after finds it made again.
+    remove_image(&engine, &derived).await;
+    assert!(docker.inspect_image(&derived).await.is_err());
+    for (i, want) in [(1, base.as_str()), (2, derived.as_str())] {
+        let mut spec = common::spec(&format!("derived-removed-{i}"));
+        spec.image = base.clone();
+        let sb = start(&engine, &spec).await;
+        assert_eq!(
+            made_from(&engine, &sb).await,
+            want,
+            "sandbox {i} after the removal"
+        );
+        let out = sb
+            .feed_chars("default", "echo works", 10 * SEC)
+            .await
+            .unwrap();
+        assert_eq!(out.output, "works\n");
+        sb.destroy().await.unwrap();
+        assert_gone(&engine, &spec.run_id).await;
+    }
+    remove_image(&engine, &derived).await;
+    remove_image(&engine, &base).await;
+    // No container made to derive from is left.
+    assert!(containers_of_prefix(&engine, "kodx-derive-")
+        .await
+        .is_empty());
+}
+
+/// Containers whose name starts with `prefix`, running or not.
+async fn containers_of_prefix(engine: &Engine, prefix: &str) -> Vec<String> {
+    let list = engine
+        .docker()
+        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
+            all: true,
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    list.into_iter()
+        .filter(|c| {
+            c.names
+                .iter()
+                .flatten()
+                .any(|n| n.trim_start_matches('/').starts_with(prefix))
+        })
+        .filter_map(|c| c.id)
+        .collect()
+}
