@@ -481,6 +481,14 @@ async fn check_docker(
                 )),
                 Err(e) => out.warn(format!("could not sweep old sandbox containers: {e}")),
             }
+            match engine.remove_old_derived().await {
+                Ok(0) => {}
+                Ok(n) => out.ok(format!(
+                    "removed {n} sandbox image(s) of other kodx builds ({}:…)",
+                    kodx::sandbox::docker::DERIVED_REPO
+                )),
+                Err(e) => out.warn(format!("could not remove old sandbox images: {e}")),
+            }
             warm_pool(out, &engine, warm).await;
         }
         // A refused engine's sentence says what to set already.

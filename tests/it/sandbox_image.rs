@@ -166,31 +166,111 @@ async fn a_sandbox_is_made_from_its_image_with_kodxs_files_in_once_and_again_whe
         sb.destroy().await.unwrap();
         assert_gone(&engine, &spec.run_id).await;
     }
+    // No container made from it (to derive from, or a sandbox) is left.
+    assert!(containers_from(&engine, &base_id).await.is_empty());
     remove_image(&engine, &derived).await;
     remove_image(&engine, &base).await;
-    // No container made to derive from is left.
-    assert!(containers_of_prefix(&engine, "kodx-derive-")
-        .await
-        .is_empty());
 }
 
-/// Containers whose name starts with `prefix`, running or not.
-async fn containers_of_prefix(engine: &Engine, prefix: &str) -> Vec<String> {
+/// Containers made from image `id` or an image made from it, running or not.
+async fn containers_from(engine: &Engine, id: &str) -> Vec<String> {
     let list = engine
         .docker()
         .list_containers(Some(bollard::query_parameters::ListContainersOptions {
             all: true,
+            filters: Some(HashMap::from([(
+                "ancestor".to_string(),
+                vec![id.to_string()],
+            )])),
             ..Default::default()
         }))
         .await
         .unwrap();
-    list.into_iter()
-        .filter(|c| {
-            c.names
-                .iter()
-                .flatten()
-                .any(|n| n.trim_start_matches('/').starts_with(prefix))
-        })
-        .filter_map(|c| c.id)
-        .collect()
+    list.into_iter().filter_map(|c| c.id).collect()
+}
+
+#[tokio::test]
+async fn sandbox_images_of_other_kodx_builds_go_unless_in_use() {
+    let engine = common::require_engine!();
+    let docker = engine.docker();
+    // Two images as an older kodx would have left them (other files in them); a container
+    // still uses the second.
+    let mut old = Vec::new();
+    for i in 0..2 {
+        let base = own_base(&engine).await;
+        let c = docker
+            .create_container(
+                None::<CreateContainerOptions>,
+                ContainerCreateBody {
+                    image: Some(base.clone()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let tag = format!("test-old-{i}-{:08x}", rand::random::<u32>());
+        docker
+            .commit_container(
+                CommitContainerOptions {
+                    container: Some(c.id.clone()),
+                    repo: Some(DERIVED_REPO.into()),
+                    tag: Some(tag.clone()),
+                    ..Default::default()
+                },
+                ContainerConfig {
+                    labels: Some(HashMap::from([(
+                        DERIVED_LABEL.to_string(),
+                        "0000000000000000".to_string(),
+                    )])),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        docker
+            .remove_container(&c.id, None::<RemoveContainerOptions>)
+            .await
+            .unwrap();
+        remove_image(&engine, &base).await;
+        old.push(format!("{DERIVED_REPO}:{tag}"));
+    }
+    let user = docker
+        .create_container(
+            None::<CreateContainerOptions>,
+            ContainerCreateBody {
+                image: Some(old[1].clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    // This build's own sandbox image.
+    let spec = common::spec("derived-current");
+    let sb = start(&engine, &spec).await;
+    let current = made_from(&engine, &sb).await;
+    sb.destroy().await.unwrap();
+
+    engine.remove_old_derived().await.unwrap();
+    assert!(
+        docker.inspect_image(&old[0]).await.is_err(),
+        "{} stayed",
+        old[0]
+    );
+    assert!(
+        docker.inspect_image(&old[1]).await.is_ok(),
+        "in use, yet gone"
+    );
+    assert!(
+        docker.inspect_image(&current).await.is_ok(),
+        "this build's went"
+    );
+    docker
+        .remove_container(&user.id, None::<RemoveContainerOptions>)
+        .await
+        .unwrap();
+    engine.remove_old_derived().await.unwrap();
+    assert!(
+        docker.inspect_image(&old[1]).await.is_err(),
+        "unused now, yet kept"
+    );
 }

@@ -16,7 +16,8 @@ use std::sync::OnceLock;
 
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
-    CommitContainerOptions, CreateContainerOptions, RemoveImageOptions, TagImageOptions,
+    CommitContainerOptions, CreateContainerOptions, ListImagesOptions, RemoveImageOptions,
+    TagImageOptions,
 };
 use bollard::Docker;
 use sha2::{Digest, Sha256};
@@ -229,4 +230,37 @@ async fn commit_files(
         )
         .await
         .map_err(|e| SandboxError::docker(format!("naming the sandbox image {name}"), e))
+}
+
+impl Engine {
+    /// Removes the derived images of other kodx builds (other files in them) that nothing
+    /// uses: an upgrade leaves one per image it ran. An image a container or another image
+    /// still uses stays (the engine refuses); it goes on a later call. Returns how many went.
+    pub async fn remove_old_derived(&self) -> Result<usize> {
+        let list = self
+            .docker
+            .list_images(Some(ListImagesOptions {
+                filters: Some(HashMap::from([(
+                    "label".to_string(),
+                    vec![DERIVED_LABEL.to_string()],
+                )])),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| SandboxError::docker("listing kodx's sandbox images", e))?;
+        let mut removed = 0;
+        for image in list {
+            if image.labels.get(DERIVED_LABEL).map(String::as_str) == Some(files_hash()) {
+                continue;
+            }
+            let gone = self
+                .docker
+                .remove_image(&image.id, None::<RemoveImageOptions>, None)
+                .await;
+            if gone.is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
 }

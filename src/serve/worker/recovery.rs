@@ -68,6 +68,15 @@ impl Workers {
                 }
                 Err(e) => tracing::warn!(engine = %name, "could not sweep old containers: {e}"),
             }
+            match engine.remove_old_derived().await {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::info!(engine = %name, "removed {n} sandbox image(s) of other kodx builds")
+                }
+                Err(e) => {
+                    tracing::warn!(engine = %name, "could not remove old sandbox images: {e}")
+                }
+            }
         }
         self.prune_transcripts().await;
         self.requeue_orphans().await;
