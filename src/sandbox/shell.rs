@@ -318,6 +318,11 @@ impl Shell {
 }
 
 impl Spawned {
+    /// The output cap its shell was started for.
+    pub fn output_cap(&self) -> usize {
+        self.output_cap
+    }
+
     /// Makes this the shell `name`: a gated one is told to run the shell (in `workdir`,
     /// hanging up `hang_up` first); then its first prompt is awaited and its marker moved.
     pub async fn open(

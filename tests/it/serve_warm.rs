@@ -137,14 +137,25 @@ async fn a_warm_sandbox_goes_to_one_run_fenced_and_empty_and_is_made_again() {
     // Shown once it is fenced and waits (per engine: warm, and runs in one that was).
     until_ready(&s).await;
 
+    // Long enough that a shell started for the run would start seconds after the
+    // container's main process; the warm sandbox's own first shell started with it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     // The run gets it: its container (hostname = the short id) is the warm one, and its
     // fence was up before the run began (the unreachable routes, flag 0x0201).
     let (printed, result) = ask_running(
         &s,
         7,
-        "hostname; echo fenced=$(awk '$4 == \"0201\"' /proc/net/route | wc -l); touch /tmp/run-one-was-here; ls /workspace/repo",
+        "hostname; echo fenced=$(awk '$4 == \"0201\"' /proc/net/route | wc -l); touch /tmp/run-one-was-here; ls /workspace/repo; \
+         echo shell-after-main=$(( $(cut -d' ' -f22 /proc/$$/stat) - $(cut -d' ' -f22 /proc/1/stat) ))",
     )
     .await;
+    // The shell is the one started with the warm sandbox (in clock ticks, 100 a second).
+    let after = printed
+        .split("shell-after-main=")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse::<u32>().ok());
+    assert!(after.is_some_and(|t| t < 150), "{printed}");
     assert!(printed.contains(&first[..12]), "{printed}");
     assert!(
         printed.contains("README.md"),

@@ -19,14 +19,14 @@ use super::derived::{kodx_files, SandboxImage};
 use super::engine::Engine;
 use super::sandbox::{DiskGuard, DockerSandbox};
 use super::setup::CachePlan;
-use super::spec::SandboxSpec;
+use super::spec::{SandboxSpec, DEFAULT_OUTPUT_CAP};
 use super::streams::{upload, upload_options, PackTask};
 use super::warm::{Shape, WarmSandbox, WarmSource};
 use crate::sandbox::archive::{self, Manifest};
 use crate::sandbox::net::{self, NETWORK_NAME};
 use crate::sandbox::owner::{run_labels, RUN_LABEL, WARM_LABEL};
 use crate::sandbox::setup_cache::{SetupCacheUse, SetupReport};
-use crate::sandbox::shell::Shell;
+use crate::sandbox::shell::{Shell, Spawned};
 use crate::sandbox::{Result, Sandbox, SandboxError};
 
 /// Capabilities kept: what `apt-get`, `pip`, `chown` and servers on high ports need.
@@ -102,13 +102,13 @@ impl Engine {
             None => None,
         };
         let warm_start = claimed.is_some();
-        let (id, guard, fencing) = match claimed {
-            Some((id, guard)) => (id, guard, None),
+        let (id, guard, fencing, shell) = match claimed {
+            Some((id, guard, shell)) => (id, guard, None, shell),
             None => {
                 progress("creating container");
                 let name = format!("kodx-{}", spec.run_id);
                 let labels = run_labels(&spec.run_id, self.instance.as_deref());
-                match self.make_container(&shape, &name, labels.clone()).await {
+                let made = match self.make_container(&shape, &name, labels.clone()).await {
                     Ok(made) => made,
                     // The cached image was evicted by another process since the lookup:
                     // set up as without it.
@@ -123,7 +123,8 @@ impl Engine {
                             .await?
                     }
                     Err(e) => return Err(e),
-                }
+                };
+                (made.0, made.1, made.2, None)
             }
         };
         let sandbox = DockerSandbox::new(self.docker.clone(), id, spec, shape.workdir, guard);
@@ -133,7 +134,7 @@ impl Engine {
             }
         }
         let prepared = tokio::select! {
-            r = self.prepare(&sandbox, spec, cache.as_ref(), pack, fencing, &mut progress) => r,
+            r = self.prepare(&sandbox, spec, cache.as_ref(), pack, (fencing, shell), &mut progress) => r,
             e = sandbox.disk_exceeded() => Err(e),
         };
         // A setup script killed by the watchdog fails too: the disk limit is the reason.
@@ -163,8 +164,24 @@ impl Engine {
         labels.insert(WARM_LABEL.to_string(), "1".to_string());
         let name = format!("kodx-{warm_id}");
         let (id, guard, fencing) = self.make_container(shape, &name, labels).await?;
-        let warm = WarmSandbox::new(self.docker.clone(), id, shape.clone(), guard, made);
+        let mut warm = WarmSandbox::new(self.docker.clone(), id, shape.clone(), guard, made);
         raise_fence(&self.docker, warm.id(), fencing).await?;
+        // Its first shell's exec too, waiting (kodx's helper) to be opened by the run.
+        if let Some(gate) = net::gate_command() {
+            let spawned = Shell::spawn(
+                &self.docker,
+                warm.id(),
+                shape.workdir,
+                DEFAULT_OUTPUT_CAP,
+                gate,
+                true,
+            )
+            .await;
+            match spawned {
+                Ok(s) => warm.set_shell(s),
+                Err(e) => tracing::debug!("no shell started ahead in a warm sandbox: {e}"),
+            }
+        }
         Ok(warm)
     }
 
@@ -365,7 +382,7 @@ impl Engine {
         spec: &SandboxSpec,
         cache: Option<&CachePlan>,
         pack: Option<PackTask>,
-        fencing: Option<net::Fencing>,
+        (fencing, ready): (Option<net::Fencing>, Option<Spawned>),
         progress: &mut impl FnMut(&str),
     ) -> Result<()> {
         let hit = cache.is_some_and(|c| c.hit.is_some());
@@ -374,8 +391,10 @@ impl Engine {
         // meanwhile, as kodx's helper waiting to be told to run the shell (after the setup
         // and the network cut): the engine's part of a shell is off the path.
         let early = async {
-            match net::gate_command() {
-                Some(gate) => Some(
+            match (ready, net::gate_command()) {
+                // A warm sandbox's, started with it.
+                (Some(shell), _) if shell.output_cap() == spec.output_cap => Some(Ok(shell)),
+                (_, Some(gate)) => Some(
                     Shell::spawn(
                         &self.docker,
                         &sandbox.id,
@@ -386,7 +405,7 @@ impl Engine {
                     )
                     .await,
                 ),
-                None => None,
+                (_, None) => None,
             }
         };
         let (prepared, early) = tokio::join!(

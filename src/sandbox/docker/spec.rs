@@ -70,6 +70,8 @@ impl std::str::FromStr for NetworkMode {
 
 /// Bytes a sandbox may write unless told otherwise (`max_disk_bytes`): 10 GiB.
 pub const DEFAULT_MAX_DISK_BYTES: u64 = 10 << 30;
+/// Bytes of a command's output a shell returns before cutting the middle, unless the run says.
+pub const DEFAULT_OUTPUT_CAP: usize = 20_000;
 
 /// Everything needed to start one run's sandbox.
 #[derive(Debug, Clone)]
@@ -130,7 +132,7 @@ impl SandboxSpec {
             disk_quota: None,
             limits: ResourceLimits::default(),
             setup_cache: None,
-            output_cap: 20_000,
+            output_cap: DEFAULT_OUTPUT_CAP,
             archive_limits: ArchiveLimits::default(),
         }
     }

@@ -18,6 +18,7 @@ use super::cleanup::{remove, remove_blocking};
 use super::sandbox::DiskGuard;
 use super::spec::{ResourceLimits, SandboxSpec};
 use crate::sandbox::net::Cidr;
+use crate::sandbox::shell::Spawned;
 use crate::sandbox::{Result, SandboxError};
 
 /// What the engine fixes of a container when it creates it: two runs of one shape can
@@ -71,6 +72,8 @@ pub struct WarmSandbox {
     guard: DiskGuard,
     made: Instant,
     done: AtomicBool,
+    /// Its first shell's exec, started ahead and waiting to be opened.
+    shell: Option<Spawned>,
 }
 
 impl WarmSandbox {
@@ -90,7 +93,13 @@ impl WarmSandbox {
             guard,
             made,
             done: AtomicBool::new(false),
+            shell: None,
         }
+    }
+
+    /// Keeps `shell`, its first shell's exec started ahead, for the run that claims it.
+    pub(super) fn set_shell(&mut self, shell: Spawned) {
+        self.shell = Some(shell);
     }
 
     pub fn id(&self) -> &str {
@@ -106,10 +115,13 @@ impl WarmSandbox {
         self.made
     }
 
-    /// Makes it the container of run `run_id` (named `kodx-<run id>`): its id and how its
-    /// disk is bounded. Fails when the container is gone or no longer running; it is then
-    /// removed.
-    pub(super) async fn claim(self, run_id: &str) -> Result<(String, DiskGuard)> {
+    /// Makes it the container of run `run_id` (named `kodx-<run id>`): its id, how its
+    /// disk is bounded, and its first shell's exec when one was started ahead. Fails when
+    /// the container is gone or no longer running; it is then removed.
+    pub(super) async fn claim(
+        mut self,
+        run_id: &str,
+    ) -> Result<(String, DiskGuard, Option<Spawned>)> {
         let claimed = async {
             self.docker
                 .rename_container(
@@ -141,7 +153,7 @@ impl WarmSandbox {
         match claimed.await {
             Ok(()) => {
                 self.done.store(true, Ordering::SeqCst);
-                Ok((self.id.clone(), self.guard))
+                Ok((self.id.clone(), self.guard, self.shell.take()))
             }
             Err(e) => {
                 self.remove().await;
