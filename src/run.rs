@@ -274,6 +274,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let provider = provider_for(&program)?;
     let mut transcript = open_transcript(&args)?;
 
+    // The model's HTTP client is made while the engine is reached and the sandbox starts.
+    drop(tokio::task::spawn_blocking(
+        kodx::providers::prepare_http_client,
+    ));
     let engine = Engine::connect().await?;
 
     let started = std::time::Instant::now();

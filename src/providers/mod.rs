@@ -44,6 +44,13 @@ pub(crate) fn http_client() -> reqwest::Client {
         .clone()
 }
 
+/// Builds the HTTP client now (loading the system's root certificates takes tens of
+/// milliseconds), on the calling thread: `kodx run` does it on a blocking thread while
+/// its sandbox starts, so the first model call does not wait for it.
+pub fn prepare_http_client() {
+    let _ = http_client();
+}
+
 /// Joins a base URL and a path without doubling or losing the slash.
 pub(crate) fn join_url(base: &str, path: &str) -> String {
     format!(
