@@ -50,16 +50,10 @@ async fn docker(args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// `reps` × `docker run --rm IMAGE true`, after one untimed warm-up.
-pub(super) async fn docker_run_baseline(image: &str, reps: u32) -> anyhow::Result<Vec<f64>> {
-    progress(&format!("docker run --rm {image} true: {reps} runs"));
+pub(super) async fn docker_run_once(image: &str) -> anyhow::Result<f64> {
+    let t = Instant::now();
     docker(&["run", "--rm", image, "true"]).await?;
-    let mut samples = Vec::with_capacity(reps as usize);
-    for _ in 0..reps {
-        let t = Instant::now();
-        docker(&["run", "--rm", image, "true"]).await?;
-        samples.push(ms(t.elapsed()));
-    }
-    Ok(samples)
+    Ok(ms(t.elapsed()))
 }
 
 /// A plain container started by the docker CLI; removed with `docker rm -f` by

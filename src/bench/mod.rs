@@ -16,7 +16,7 @@ mod measure;
 mod report;
 mod stats;
 
-use baseline::{docker_cli_probe, docker_exec_baseline, docker_run_baseline};
+use baseline::{docker_cli_probe, docker_exec_baseline};
 pub use measure::SandboxArgs;
 use measure::{cold_start, export_measurements, progress, shell_measurements};
 use report::{render_json, render_table, rows_of, Figures, Report};
@@ -88,16 +88,8 @@ async fn measure_all(
     session: &str,
     baselines: bool,
 ) -> anyhow::Result<Figures> {
-    // 1. Cold start, next to its `docker run` baseline.
-    let docker_run = match baselines {
-        true => Some(
-            docker_run_baseline(&args.image, args.reps)
-                .await
-                .context("the `docker run` baseline")?,
-        ),
-        false => None,
-    };
-    let cold = cold_start(engine, &args.image, session, args.reps)
+    // 1. Cold start, interleaved with its `docker run` baseline.
+    let (cold, docker_run) = cold_start(engine, &args.image, session, args.reps, baselines)
         .await
         .context("the cold start measurement")?;
 
