@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use kodx::sandbox::{ChangeKind, DockerSandbox, Engine, Sandbox, SandboxSpec, ShellStatus};
 
-use super::baseline::docker_run_once;
 use super::stats::ms;
 
 /// The image used when neither `--image` nor `KODX_BENCH_IMAGE` names one.
@@ -68,53 +67,23 @@ pub(super) async fn finish<T>(
     Ok(value)
 }
 
-/// `reps` × (start without a repository, destroy), timing only the start; one untimed
-/// warm-up first. With `docker_run`, each start is followed by a `docker run --rm IMAGE
-/// true` (the baseline), so that both see the engine in the same state.
-pub(super) async fn cold_start(
+/// One cold start (a sandbox without a repository, destroyed after), timed up to the
+/// start.
+pub(super) async fn cold_start_once(
     engine: &Engine,
     image: &str,
     session: &str,
-    reps: u32,
-    docker_run: bool,
-) -> anyhow::Result<(Vec<f64>, Option<Vec<f64>>)> {
-    let mut samples = Vec::with_capacity(reps as usize);
-    let mut baseline = Vec::with_capacity(reps as usize);
-    for i in 0..=reps {
-        if i == 0 {
-            progress(&format!(
-                "cold start{}: warm-up",
-                if docker_run {
-                    ", docker run --rm IMAGE true after each"
-                } else {
-                    ""
-                }
-            ));
-        } else if i == 1 || i % 5 == 0 || i == reps {
-            progress(&format!("cold start: {i}/{reps}"));
-        }
-        let spec = SandboxSpec::new(format!("bench-{session}-cold-{i}"), image);
-        let t = Instant::now();
-        let sandbox = engine
-            .start(&spec)
-            .await
-            .with_context(|| format!("starting sandbox {}", spec.run_id))?;
-        let took = ms(t.elapsed());
-        finish(sandbox, Ok(())).await?;
-        let bare = match docker_run {
-            true => Some(
-                docker_run_once(image)
-                    .await
-                    .context("the `docker run` baseline")?,
-            ),
-            false => None,
-        };
-        if i > 0 {
-            samples.push(took);
-            baseline.extend(bare);
-        }
-    }
-    Ok((samples, docker_run.then_some(baseline)))
+    i: u32,
+) -> anyhow::Result<f64> {
+    let spec = SandboxSpec::new(format!("bench-{session}-cold-{i}"), image);
+    let t = Instant::now();
+    let sandbox = engine
+        .start(&spec)
+        .await
+        .with_context(|| format!("starting sandbox {}", spec.run_id))?;
+    let took = ms(t.elapsed());
+    finish(sandbox, Ok(())).await?;
+    Ok(took)
 }
 
 /// The echo round trip and the new-shell figures, from one sandbox.

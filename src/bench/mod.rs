@@ -16,9 +16,9 @@ mod measure;
 mod report;
 mod stats;
 
-use baseline::{docker_cli_probe, docker_exec_baseline};
+use baseline::{docker_cli_probe, docker_exec_baseline, docker_run_once};
 pub use measure::SandboxArgs;
-use measure::{cold_start, export_measurements, progress, shell_measurements};
+use measure::{cold_start_once, export_measurements, progress, shell_measurements};
 use report::{render_json, render_table, rows_of, Figures, Report};
 
 #[derive(clap::Subcommand)]
@@ -81,6 +81,48 @@ async fn bench_sandbox(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `reps` cold starts, one untimed warm-up first; with `docker_run`, each followed by a
+/// `docker run --rm IMAGE true` (the baseline), so that both see the engine in the same
+/// state.
+async fn cold_starts(
+    engine: &Engine,
+    image: &str,
+    session: &str,
+    reps: u32,
+    docker_run: bool,
+) -> anyhow::Result<(Vec<f64>, Option<Vec<f64>>)> {
+    let mut samples = Vec::with_capacity(reps as usize);
+    let mut baseline = Vec::with_capacity(reps as usize);
+    for i in 0..=reps {
+        if i == 0 {
+            progress(&format!(
+                "cold start{}: warm-up",
+                if docker_run {
+                    ", a docker run --rm IMAGE true after each"
+                } else {
+                    ""
+                }
+            ));
+        } else if i == 1 || i % 5 == 0 || i == reps {
+            progress(&format!("cold start: {i}/{reps}"));
+        }
+        let took = cold_start_once(engine, image, session, i).await?;
+        let bare = match docker_run {
+            true => Some(
+                docker_run_once(image)
+                    .await
+                    .context("the `docker run` baseline")?,
+            ),
+            false => None,
+        };
+        if i > 0 {
+            samples.push(took);
+            baseline.extend(bare);
+        }
+    }
+    Ok((samples, docker_run.then_some(baseline)))
+}
+
 /// Takes every measurement, in order; the docker CLI baselines only when `baselines`.
 async fn measure_all(
     engine: &Engine,
@@ -89,7 +131,7 @@ async fn measure_all(
     baselines: bool,
 ) -> anyhow::Result<Figures> {
     // 1. Cold start, interleaved with its `docker run` baseline.
-    let (cold, docker_run) = cold_start(engine, &args.image, session, args.reps, baselines)
+    let (cold, docker_run) = cold_starts(engine, &args.image, session, args.reps, baselines)
         .await
         .context("the cold start measurement")?;
 

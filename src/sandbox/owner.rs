@@ -174,6 +174,52 @@ pub fn image_config<'a>(
     }
 }
 
+/// Commits container `id` with `config` and names the image `name`, unless an image of
+/// that name for which `same` holds appeared meanwhile (another process made it): that one
+/// stays and the commit is removed (no container uses it yet). Returns the named image's id.
+pub async fn commit_named(
+    docker: &bollard::Docker,
+    id: &str,
+    config: bollard::models::ContainerConfig,
+    (name, comment, pause): (&str, &str, bool),
+    same: impl Fn(&bollard::models::ImageInspect) -> bool,
+) -> crate::sandbox::Result<String> {
+    use crate::sandbox::SandboxError;
+    use bollard::query_parameters::{CommitContainerOptions, RemoveImageOptions, TagImageOptions};
+    let committed = docker
+        .commit_container(
+            CommitContainerOptions {
+                container: Some(id.to_string()),
+                comment: Some(comment.to_string()),
+                pause,
+                ..Default::default()
+            },
+            config,
+        )
+        .await
+        .map_err(|e| SandboxError::docker(format!("committing the image {name}"), e))?;
+    if let Ok(existing) = docker.inspect_image(name).await {
+        if let (true, Some(existing_id)) = (same(&existing), existing.id.clone()) {
+            let _ = docker
+                .remove_image(&committed.id, None::<RemoveImageOptions>, None)
+                .await;
+            return Ok(existing_id);
+        }
+    }
+    let (repo, tag) = name.split_once(':').expect("image names have a tag");
+    docker
+        .tag_image(
+            &committed.id,
+            Some(TagImageOptions {
+                repo: Some(repo.to_string()),
+                tag: Some(tag.to_string()),
+            }),
+        )
+        .await
+        .map_err(|e| SandboxError::docker(format!("naming the image {name}"), e))?;
+    Ok(committed.id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,15 +30,14 @@ use std::time::Duration;
 
 use bollard::models::{ContainerConfig, ImageConfig};
 use bollard::query_parameters::{
-    CommitContainerOptions, ListContainersOptions, ListImagesOptions, RemoveImageOptions,
-    TagImageOptions,
+    ListContainersOptions, ListImagesOptions, RemoveImageOptions, TagImageOptions,
 };
 use bollard::Docker;
 use globset::{GlobBuilder, GlobMatcher};
 use sha2::{Digest, Sha256};
 
 use super::archive::{Manifest, ManifestEntry};
-use super::owner::image_config;
+use super::owner::{commit_named, image_config};
 use super::{Result, SandboxError};
 
 /// The repository name of cached images.
@@ -607,38 +606,22 @@ pub async fn commit(
     if let Some(existing) = lookup(docker, key).await {
         return Ok(existing);
     }
-    let committed = docker
-        .commit_container(
-            CommitContainerOptions {
-                container: Some(id.to_string()),
-                comment: Some("kodx setup cache".into()),
-                pause: true,
-                ..Default::default()
-            },
-            config,
-        )
-        .await
-        .map_err(|e| SandboxError::docker("committing the setup to the cache", e))?;
-    if let Some(existing) = lookup(docker, key).await {
-        // Another run won: ours goes (no container uses it yet).
-        let _ = docker
-            .remove_image(&committed.id, None::<RemoveImageOptions>, None)
-            .await;
-        return Ok(existing);
-    }
     let name = image_name(key);
-    let (repo, tag) = name.split_once(':').expect("image names have a tag");
-    docker
-        .tag_image(
-            &committed.id,
-            Some(TagImageOptions {
-                repo: Some(repo.to_string()),
-                tag: Some(tag.to_string()),
-            }),
-        )
-        .await
-        .map_err(|e| SandboxError::docker(format!("naming the setup cache image {name}"), e))?;
-    Ok(committed.id)
+    commit_named(
+        docker,
+        id,
+        config,
+        (&name, "kodx setup cache", true),
+        |image| {
+            image
+                .config
+                .as_ref()
+                .and_then(|c| c.labels.as_ref())
+                .and_then(|l| l.get(KEY_LABEL))
+                .is_some_and(|k| k == key)
+        },
+    )
+    .await
 }
 
 /// One cached image as eviction sees it.

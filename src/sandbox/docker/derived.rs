@@ -15,10 +15,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use bollard::models::ContainerCreateBody;
-use bollard::query_parameters::{
-    CommitContainerOptions, CreateContainerOptions, ListImagesOptions, RemoveImageOptions,
-    TagImageOptions,
-};
+use bollard::query_parameters::{CreateContainerOptions, ListImagesOptions, RemoveImageOptions};
 use bollard::Docker;
 use sha2::{Digest, Sha256};
 
@@ -27,7 +24,7 @@ use super::engine::Engine;
 use super::streams::upload;
 use crate::sandbox::archive;
 use crate::sandbox::net;
-use crate::sandbox::owner::{image_config, run_labels};
+use crate::sandbox::owner::{commit_named, image_config, run_labels};
 use crate::sandbox::setup_cache;
 use crate::sandbox::shell;
 use crate::sandbox::{Result, SandboxError};
@@ -200,36 +197,15 @@ async fn commit_files(
             (DERIVED_BASE_LABEL, base_id.to_string()),
         ],
     );
-    let committed = docker
-        .commit_container(
-            CommitContainerOptions {
-                container: Some(id.to_string()),
-                comment: Some("kodx's files over the base image".into()),
-                pause: false,
-                ..Default::default()
-            },
-            config,
-        )
-        .await
-        .map_err(|e| SandboxError::docker(format!("committing the sandbox image {name}"), e))?;
-    // Another process made it meanwhile: that one stays, ours goes (nothing uses it).
-    if docker.inspect_image(name).await.is_ok() {
-        let _ = docker
-            .remove_image(&committed.id, None::<RemoveImageOptions>, None)
-            .await;
-        return Ok(());
-    }
-    let (repo, tag) = name.split_once(':').expect("derived names have a tag");
-    docker
-        .tag_image(
-            &committed.id,
-            Some(TagImageOptions {
-                repo: Some(repo.to_string()),
-                tag: Some(tag.to_string()),
-            }),
-        )
-        .await
-        .map_err(|e| SandboxError::docker(format!("naming the sandbox image {name}"), e))
+    commit_named(
+        docker,
+        id,
+        config,
+        (name, "kodx's files over the base image", false),
+        |_| true,
+    )
+    .await
+    .map(|_| ())
 }
 
 impl Engine {
