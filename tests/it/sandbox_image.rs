@@ -17,33 +17,41 @@ use kodx::sandbox::{DockerSandbox, Sandbox};
 /// A base image of this test's own (busybox with a label of its own: its own id), with a
 /// command and environment of its own, for the derived image to carry.
 async fn own_base(engine: &Engine) -> String {
-    let docker = engine.docker();
     let name = format!("kodx-derived-test-{:08x}", rand::random::<u32>());
-    let c = docker
-        .create_container(
-            Some(CreateContainerOptions {
-                name: Some(name.clone()),
-                ..Default::default()
-            }),
-            ContainerCreateBody {
-                image: Some(BUSYBOX_IMAGE.to_string()),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
     let config = ContainerConfig {
         cmd: Some(vec!["echo".into(), "base command".into()]),
         env: Some(vec!["BASE_ENV=kept".into()]),
         labels: Some(HashMap::from([("test.base".into(), name.clone())])),
         ..Default::default()
     };
-    let committed = docker
+    image_from(engine, BUSYBOX_IMAGE, "kodx-test", &name, config).await
+}
+
+/// Commits a container of `from` that never ran, with `config`, as `repo:tag`; its name.
+async fn image_from(
+    engine: &Engine,
+    from: &str,
+    repo: &str,
+    tag: &str,
+    config: ContainerConfig,
+) -> String {
+    let docker = engine.docker();
+    let c = docker
+        .create_container(
+            None::<CreateContainerOptions>,
+            ContainerCreateBody {
+                image: Some(from.to_string()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    docker
         .commit_container(
             CommitContainerOptions {
                 container: Some(c.id.clone()),
-                repo: Some("kodx-test".into()),
-                tag: Some(name.clone()),
+                repo: Some(repo.into()),
+                tag: Some(tag.into()),
                 ..Default::default()
             },
             config,
@@ -54,8 +62,7 @@ async fn own_base(engine: &Engine) -> String {
         .remove_container(&c.id, None::<RemoveContainerOptions>)
         .await
         .unwrap();
-    let _ = committed;
-    format!("kodx-test:{name}")
+    format!("{repo}:{tag}")
 }
 
 /// The image the sandbox's container was made from, by the name it was made with.
@@ -198,41 +205,16 @@ async fn sandbox_images_of_other_kodx_builds_go_unless_in_use() {
     let mut old = Vec::new();
     for i in 0..2 {
         let base = own_base(&engine).await;
-        let c = docker
-            .create_container(
-                None::<CreateContainerOptions>,
-                ContainerCreateBody {
-                    image: Some(base.clone()),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
         let tag = format!("test-old-{i}-{:08x}", rand::random::<u32>());
-        docker
-            .commit_container(
-                CommitContainerOptions {
-                    container: Some(c.id.clone()),
-                    repo: Some(DERIVED_REPO.into()),
-                    tag: Some(tag.clone()),
-                    ..Default::default()
-                },
-                ContainerConfig {
-                    labels: Some(HashMap::from([(
-                        DERIVED_LABEL.to_string(),
-                        "0000000000000000".to_string(),
-                    )])),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
-        docker
-            .remove_container(&c.id, None::<RemoveContainerOptions>)
-            .await
-            .unwrap();
+        let config = ContainerConfig {
+            labels: Some(HashMap::from([(
+                DERIVED_LABEL.to_string(),
+                "0000000000000000".to_string(),
+            )])),
+            ..Default::default()
+        };
+        old.push(image_from(&engine, &base, DERIVED_REPO, &tag, config).await);
         remove_image(&engine, &base).await;
-        old.push(format!("{DERIVED_REPO}:{tag}"));
     }
     let user = docker
         .create_container(

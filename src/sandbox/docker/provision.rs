@@ -19,6 +19,7 @@ use super::derived::{kodx_files, SandboxImage};
 use super::engine::Engine;
 use super::sandbox::{DiskGuard, DockerSandbox};
 use super::setup::CachePlan;
+use super::spare::spawn_ahead;
 use super::spec::{SandboxSpec, DEFAULT_OUTPUT_CAP};
 use super::streams::{upload, upload_options, PackTask};
 use super::warm::{Shape, WarmSandbox, WarmSource};
@@ -26,7 +27,7 @@ use crate::sandbox::archive::{self, Manifest};
 use crate::sandbox::net::{self, NETWORK_NAME};
 use crate::sandbox::owner::{run_labels, RUN_LABEL, WARM_LABEL};
 use crate::sandbox::setup_cache::{SetupCacheUse, SetupReport};
-use crate::sandbox::shell::{Shell, Spawned};
+use crate::sandbox::shell::Spawned;
 use crate::sandbox::{Result, Sandbox, SandboxError};
 
 /// Capabilities kept: what `apt-get`, `pip`, `chown` and servers on high ports need.
@@ -167,20 +168,10 @@ impl Engine {
         let mut warm = WarmSandbox::new(self.docker.clone(), id, shape.clone(), guard, made);
         raise_fence(&self.docker, warm.id(), fencing).await?;
         // Its first shell's exec too, waiting (kodx's helper) to be opened by the run.
-        if let Some(gate) = net::gate_command() {
-            let spawned = Shell::spawn(
-                &self.docker,
-                warm.id(),
-                shape.workdir,
-                DEFAULT_OUTPUT_CAP,
-                gate,
-                true,
-            )
-            .await;
-            match spawned {
-                Ok(s) => warm.set_shell(s),
-                Err(e) => tracing::debug!("no shell started ahead in a warm sandbox: {e}"),
-            }
+        match spawn_ahead(&self.docker, warm.id(), shape.workdir, DEFAULT_OUTPUT_CAP).await {
+            Some(Ok(s)) => warm.set_shell(s),
+            Some(Err(e)) => tracing::debug!("no shell started ahead in a warm sandbox: {e}"),
+            None => {}
         }
         Ok(warm)
     }
@@ -391,21 +382,12 @@ impl Engine {
         // meanwhile, as kodx's helper waiting to be told to run the shell (after the setup
         // and the network cut): the engine's part of a shell is off the path.
         let early = async {
-            match (ready, net::gate_command()) {
+            match ready {
                 // A warm sandbox's, started with it.
-                (Some(shell), _) if shell.output_cap() == spec.output_cap => Some(Ok(shell)),
-                (_, Some(gate)) => Some(
-                    Shell::spawn(
-                        &self.docker,
-                        &sandbox.id,
-                        &sandbox.workdir,
-                        spec.output_cap,
-                        gate,
-                        true,
-                    )
-                    .await,
-                ),
-                (_, None) => None,
+                Some(shell) if shell.output_cap() == spec.output_cap => Some(Ok(shell)),
+                _ => {
+                    spawn_ahead(&self.docker, &sandbox.id, &sandbox.workdir, spec.output_cap).await
+                }
             }
         };
         let (prepared, early) = tokio::join!(

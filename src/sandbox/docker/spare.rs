@@ -57,9 +57,9 @@ impl SpareShell {
 
     /// Starts the next spare shell after `delay`, unless one is there or on its way.
     pub(super) fn schedule(&self, delay: Duration) {
-        let Some(command) = net::gate_command() else {
+        if net::gate_command().is_none() {
             return;
-        };
+        }
         let mut slot = self.slot.lock();
         if slot.is_some() {
             return;
@@ -81,7 +81,7 @@ impl SpareShell {
                 }
                 *phase = Phase::Spawning;
             }
-            match Shell::spawn(&docker, &container, &workdir, cap, command, true).await {
+            match spawn_ahead(&docker, &container, &workdir, cap).await? {
                 Ok(spawned) => Some(spawned),
                 Err(e) => {
                     tracing::debug!("starting a spare shell failed: {e}");
@@ -114,6 +114,18 @@ impl SpareShell {
             slot.task.abort();
         }
     }
+}
+
+/// Starts a shell's exec in `container` ahead of its use, held by kodx's helper until it is
+/// opened ([`Spawned::open`]); `None` when this kodx has no helper.
+pub(super) async fn spawn_ahead(
+    docker: &Docker,
+    container: &str,
+    workdir: &str,
+    output_cap: usize,
+) -> Option<Result<Spawned>> {
+    let gate = net::gate_command()?;
+    Some(Shell::spawn(docker, container, workdir, output_cap, gate, true).await)
 }
 
 /// Opens `spawned` as the shell `name`, or, when it cannot be opened, starts that shell
