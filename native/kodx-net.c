@@ -24,6 +24,16 @@
  *       place. kodx starts a shell's engine exec this way while the sandbox is still being
  *       fenced and filled (or before the model asks for one), and types the line when the
  *       shell may run: nothing of the image runs before that.
+ *   kodx-net snapshot MARKER ROOT
+ *       Writes ROOT (a directory) to stdout as a tar, its entries named as the engine's
+ *       own archive of ROOT names them (ROOT's last component first), for kodx's change
+ *       set. ROOT/.git is left out, and a directory's `.gitignore` comes before its other
+ *       entries. A regular file whose inode last changed (ctime) before MARKER's did
+ *       (MARKER is written by the same upload, right after the checkout), under
+ *       directories none of which changed either (ROOT itself aside), goes as a header
+ *       alone, of type 'U' and size 0: "as copied in". Hard links go as copies, sockets not
+ *       at all.
+ *       Exit 0 only when the whole tree was written.
  *   kodx-net routes SPEC...
  *       Adds IPv4 routes to the main table, then prints the addresses as `addrs` does.
  *       SPEC is `u<addr>/<prefix>` (an unreachable route: a connect fails at once with
@@ -54,6 +64,11 @@ typedef unsigned int u32;
 #define SYS_read 0
 #define SYS_ioctl 16
 #define SYS_execve 59
+#define SYS_getdents64 217
+#define SYS_readlinkat 267
+#define O_DIRECTORY 0200000
+#define O_NOFOLLOW 0400000
+#define ST_MODE_AT 24
 __asm__(".text\n"
         ".global _start\n"
         "_start:\n"
@@ -88,6 +103,11 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f) {
 #define SYS_read 63
 #define SYS_ioctl 29
 #define SYS_execve 221
+#define SYS_getdents64 61
+#define SYS_readlinkat 78
+#define O_DIRECTORY 040000
+#define O_NOFOLLOW 0100000
+#define ST_MODE_AT 16
 __asm__(".text\n"
         ".global _start\n"
         "_start:\n"
@@ -487,11 +507,273 @@ static int streq(const char *a, const char *b) {
     return *a == *b;
 }
 
+
+/* ---- snapshot ---- */
+
+#define S_IFMT 0170000
+#define S_IFDIR 0040000
+#define S_IFREG 0100000
+#define S_IFLNK 0120000
+#define S_IFIFO 0010000
+#define S_IFCHR 0020000
+#define S_IFBLK 0060000
+#define PATH_MAX_ 4096
+
+struct kstat {
+    long w[18];
+};
+static u32 st_mode(const struct kstat *st) { return *(const u32 *)((const u8 *)st + ST_MODE_AT); }
+static long st_size(const struct kstat *st) { return st->w[48 / 8]; }
+static long st_mtime(const struct kstat *st) { return st->w[88 / 8]; }
+static long st_ctime(const struct kstat *st) { return st->w[104 / 8]; }
+static long st_ctime_ns(const struct kstat *st) { return st->w[112 / 8]; }
+
+static long since_sec, since_nsec;
+static u8 tarbuf[65536];
+static size_t tarlen;
+/* Directory listings of the path being walked, one after another. */
+static char arena[16 << 20];
+static size_t arena_used;
+static char path[PATH_MAX_ + 256];
+static u8 dents[32768];
+static size_t root_plen;
+
+static void tar_flush(void) {
+    size_t off = 0;
+    while (off < tarlen) {
+        long n = sys6(SYS_write, 1, (long)(tarbuf + off), (long)(tarlen - off), 0, 0, 0);
+        if (n == -4) continue;
+        if (n <= 0) die("snapshot: writing the tar", n, 1);
+        off += (size_t)n;
+    }
+    tarlen = 0;
+}
+static void tar_put(const void *p, size_t n) {
+    const u8 *q = p;
+    while (n) {
+        size_t k = sizeof tarbuf - tarlen;
+        if (k > n) k = n;
+        memcpy(tarbuf + tarlen, q, k);
+        tarlen += k, q += k, n -= k;
+        if (tarlen == sizeof tarbuf) tar_flush();
+    }
+}
+static void tar_pad(unsigned long n) {
+    static const u8 zero[512];
+    if (n % 512) tar_put(zero, 512 - n % 512);
+}
+static size_t slen(const char *s) {
+    size_t n = 0;
+    while (s[n]) n++;
+    return n;
+}
+static void octal(char *field, int width, unsigned long v) {
+    /* width - 1 digits and a NUL */
+    field[width - 1] = 0;
+    for (int i = width - 2; i >= 0; i--) field[i] = (char)('0' + (v & 7)), v >>= 3;
+}
+/* One PAX record "LEN key=value\n" into p; returns its length. */
+static size_t pax_record(char *p, const char *key, const char *value, size_t vlen) {
+    size_t klen = slen(key), body = 1 + klen + 1 + vlen + 1, len = body + 1;
+    while (1) {
+        size_t digits = 0, t = len;
+        do digits++, t /= 10; while (t);
+        if (body + digits == len) break;
+        len = body + digits;
+    }
+    size_t t = len, digits = 0;
+    do digits++, t /= 10; while (t);
+    for (size_t i = digits, v = len; i > 0; i--, v /= 10) p[i - 1] = (char)('0' + v % 10);
+    size_t o = digits;
+    p[o++] = ' ';
+    memcpy(p + o, key, klen), o += klen;
+    p[o++] = '=';
+    memcpy(p + o, value, vlen), o += vlen;
+    p[o++] = '\n';
+    return o;
+}
+static void header(const char *name, size_t nlen, char type, u32 mode, unsigned long size,
+                   long mtime, const char *link, size_t llen) {
+    static char pax[2 * (PATH_MAX_ + 64)];
+    u8 h[512];
+    if (nlen > 100 || llen > 100) {
+        size_t plen = 0;
+        if (nlen > 100) plen += pax_record(pax + plen, "path", name, nlen);
+        if (llen > 100) plen += pax_record(pax + plen, "linkpath", link, llen);
+        header("././@PaxHeader", 14, 'x', 0644, plen, 0, 0, 0);
+        tar_put(pax, plen);
+        tar_pad(plen);
+    }
+    memset(h, 0, sizeof h);
+    memcpy(h, name, nlen > 100 ? 100 : nlen);
+    octal((char *)h + 100, 8, mode & 07777);
+    octal((char *)h + 108, 8, 0);
+    octal((char *)h + 116, 8, 0);
+    octal((char *)h + 124, 12, size);
+    octal((char *)h + 136, 12, mtime < 0 ? 0 : (unsigned long)mtime);
+    memset(h + 148, ' ', 8);
+    h[156] = (u8)type;
+    if (link) memcpy(h + 157, link, llen > 100 ? 100 : llen);
+    memcpy(h + 257, "ustar", 6);
+    memcpy(h + 263, "00", 2);
+    unsigned long sum = 0;
+    for (int i = 0; i < 512; i++) sum += h[i];
+    octal((char *)h + 148, 7, sum);
+    tar_put(h, 512);
+}
+
+static int older_than_marker(const struct kstat *st) {
+    long s = st_ctime(st), ns = st_ctime_ns(st);
+    return s < since_sec || (s == since_sec && ns < since_nsec);
+}
+
+/* Streams exactly `size` bytes of the regular file `name` in directory `dfd`. */
+static void file_data(int dfd, const char *name, unsigned long size) {
+    long fd = sys6(SYS_openat, dfd, (long)name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0, 0, 0);
+    if (fd < 0) die("snapshot: opening a file", fd, 1);
+    unsigned long left = size;
+    while (left) {
+        if (tarlen == sizeof tarbuf) tar_flush();
+        size_t room = sizeof tarbuf - tarlen;
+        if (room > left) room = left;
+        long n = sys6(SYS_read, fd, (long)(tarbuf + tarlen), (long)room, 0, 0, 0);
+        if (n == -4) continue;
+        if (n < 0) die("snapshot: reading a file", n, 1);
+        if (n == 0) die("snapshot: a file shrank while it was read", 0, 1);
+        tarlen += (size_t)n, left -= (unsigned long)n;
+    }
+    sys6(SYS_close, fd, 0, 0, 0, 0, 0);
+    tar_pad(size);
+}
+
+static int is_gitignore(const char *n) {
+    return streq(n, ".gitignore");
+}
+
+/* One entry `name` of directory `dfd`; `path` holds its tar name (length plen). `stable`:
+ * no directory between the root and this entry changed since the marker, so none was
+ * renamed (a rename changes the moved inode), and a file whose own inode did not change
+ * either is the one copied in at this path. (A directory whose entries changed cannot be
+ * told from a renamed one: what is below it goes whole.) */
+static void walk_dir(int dfd, size_t plen, int stable);
+static void entry(int dfd, const char *name, size_t plen, int stable) {
+    struct kstat st;
+    long r = sys6(SYS_newfstatat, dfd, (long)name, (long)&st, 0x100 /* AT_SYMLINK_NOFOLLOW */, 0, 0);
+    if (r == -2) return; /* gone since the listing */
+    if (r < 0) die("snapshot: reading an entry's metadata", r, 1);
+    u32 mode = st_mode(&st);
+    switch (mode & S_IFMT) {
+    case S_IFDIR: {
+        path[plen] = '/';
+        header(path, plen + 1, '5', mode, 0, st_mtime(&st), 0, 0);
+        long fd = sys6(SYS_openat, dfd, (long)name, O_RDONLY | O_CLOEXEC | O_DIRECTORY | O_NOFOLLOW, 0, 0, 0);
+        if (fd < 0) die("snapshot: opening a directory", fd, 1);
+        walk_dir((int)fd, plen + 1, stable && older_than_marker(&st));
+        sys6(SYS_close, fd, 0, 0, 0, 0, 0);
+        break;
+    }
+    case S_IFREG: {
+        unsigned long size = (unsigned long)st_size(&st);
+        if (stable && older_than_marker(&st) && !is_gitignore(name)) {
+            header(path, plen, 'U', mode, 0, st_mtime(&st), 0, 0);
+        } else {
+            if (size >= 077777777777UL) die("snapshot: a file of 8 GiB or more", 0, 1);
+            header(path, plen, '0', mode, size, st_mtime(&st), 0, 0);
+            file_data(dfd, name, size);
+        }
+        break;
+    }
+    case S_IFLNK: {
+        static char target[PATH_MAX_ + 1];
+        long n = sys6(SYS_readlinkat, dfd, (long)name, (long)target, PATH_MAX_, 0, 0);
+        if (n < 0) die("snapshot: reading a symlink", n, 1);
+        if (n >= PATH_MAX_) die("snapshot: a symlink target too long", 0, 1);
+        header(path, plen, '2', mode, 0, st_mtime(&st), target, (size_t)n);
+        break;
+    }
+    case S_IFIFO:
+        header(path, plen, '6', mode, 0, st_mtime(&st), 0, 0);
+        break;
+    case S_IFCHR:
+        header(path, plen, '3', mode, 0, st_mtime(&st), 0, 0);
+        break;
+    case S_IFBLK:
+        header(path, plen, '4', mode, 0, st_mtime(&st), 0, 0);
+        break;
+    default: /* sockets: the engine's archive leaves them out too */
+        break;
+    }
+}
+
+/* Lists directory `dfd` into the arena, then writes its entries (`.gitignore` first) and
+ * what is under them; `path` holds the directory's tar name with its '/' (length plen). */
+static void walk_dir(int dfd, size_t plen, int stable) {
+    size_t start = arena_used;
+    for (;;) {
+        long n = sys6(SYS_getdents64, dfd, (long)dents, sizeof dents, 0, 0, 0);
+        if (n == -4) continue;
+        if (n < 0) die("snapshot: listing a directory", n, 1);
+        if (n == 0) break;
+        for (long off = 0; off < n;) {
+            u16 reclen = *(u16 *)(dents + off + 16);
+            const char *nm = (const char *)(dents + off + 19);
+            off += reclen;
+            if (streq(nm, ".") || streq(nm, "..")) continue;
+            if (plen == root_plen && streq(nm, ".git")) continue;
+            size_t len = slen(nm) + 1;
+            if (arena_used + len > sizeof arena) die("snapshot: too many names", 0, 1);
+            memcpy(arena + arena_used, nm, len);
+            arena_used += len;
+        }
+    }
+    size_t end = arena_used;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t at = start; at < end;) {
+            const char *nm = arena + at;
+            size_t len = slen(nm);
+            at += len + 1;
+            if (is_gitignore(nm) != (pass == 0)) continue;
+            if (plen + len > PATH_MAX_) die("snapshot: a path too long", 0, 1);
+            memcpy(path + plen, nm, len);
+            path[plen + len] = 0;
+            entry(dfd, nm, plen + len, stable);
+        }
+    }
+    arena_used = start;
+}
+
+static void snapshot(const char *marker, const char *root) {
+    struct kstat st;
+    long r = sys6(SYS_newfstatat, AT_FDCWD, (long)marker, (long)&st, 0x100, 0, 0);
+    if (r < 0) die("snapshot: reading the marker", r, 1);
+    since_sec = st_ctime(&st), since_nsec = st_ctime_ns(&st);
+    long fd = sys6(SYS_openat, AT_FDCWD, (long)root, O_RDONLY | O_CLOEXEC | O_DIRECTORY, 0, 0, 0);
+    if (fd < 0) die("snapshot: opening the root", fd, 1);
+    r = sys6(SYS_newfstatat, fd, (long)"", (long)&st, 0x1000 /* AT_EMPTY_PATH */, 0, 0);
+    if (r < 0) die("snapshot: reading the root's metadata", r, 1);
+    /* The root's own name: its last component. */
+    size_t n = slen(root);
+    while (n > 1 && root[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && root[b - 1] != '/') b--;
+    if (n - b == 0 || n - b > 255) die("snapshot: bad root", 0, 2);
+    memcpy(path, root + b, n - b);
+    path[n - b] = '/';
+    header(path, n - b + 1, '5', st_mode(&st), 0, st_mtime(&st), 0, 0);
+    root_plen = n - b + 1;
+    walk_dir((int)fd, root_plen, 1);
+    static const u8 zero[1024];
+    tar_put(zero, sizeof zero);
+    tar_flush();
+    sys6(SYS_exit_group, 0, 0, 0, 0, 0, 0);
+}
+
 void cmain(long *sp) {
     long argc = sp[0];
     char **argv = (char **)(sp + 1);
     static const char usage[] =
-        "usage: kodx-net hold | hold-idle SECS | gate | addrs | routes SPEC... | fence PID SPEC...";
+        "usage: kodx-net hold | hold-idle SECS | gate | snapshot MARKER ROOT | addrs | routes SPEC... | "
+        "fence PID SPEC...";
     if (argc < 2) die(usage, 0, 2);
     if (streq(argv[1], "hold")) {
         /* A signal whose default is to end the process (the engine's stop) ends it. */
@@ -500,6 +782,10 @@ void cmain(long *sp) {
     if (streq(argv[1], "gate")) {
         if (argc != 2) die(usage, 0, 2);
         gate(argv + argc + 1);
+    }
+    if (streq(argv[1], "snapshot")) {
+        if (argc != 4) die(usage, 0, 2);
+        snapshot(argv[2], argv[3]);
     }
     if (streq(argv[1], "hold-idle")) {
         if (argc != 3) die(usage, 0, 2);

@@ -40,6 +40,7 @@ mod sandbox_ready;
 mod sandbox_setup;
 mod sandbox_setup_cache;
 mod sandbox_shells;
+mod sandbox_snapshot;
 mod serve_ask;
 mod serve_cache;
 mod serve_cache_rebase;

@@ -215,6 +215,47 @@ pub fn change_set_from(
     unreachable!("the second pass never asks for a third")
 }
 
+/// The snapshot's entry type for a regular file whose inode has not changed since the
+/// copy-in: a header alone (`U`, one of the types POSIX leaves to implementations).
+pub(super) const AS_COPIED: u8 = b'U';
+
+/// [`change_set_from`], read from a snapshot of the tree that kodx's helper wrote in the
+/// container (`kodx-net snapshot`): the files whose inode has not changed since the copy-in
+/// come as headers alone ([`AS_COPIED`]), so only what the run touched crosses. Each
+/// directory's `.gitignore` comes first in it, so the rules are known before the names they
+/// govern. An error (including a tree that would need a second reading) means: read the
+/// whole workspace instead. `open` reads single files again (large edited ones).
+pub fn change_set_from_snapshot(
+    mut tar: impl Read,
+    open: &mut Open,
+    root: &str,
+    baseline: &Manifest,
+    limits: &ArchiveLimits,
+) -> Result<ChangeSet> {
+    check_root(root)?;
+    let mut reader = Reader::new(
+        root,
+        limits,
+        Some(baseline),
+        Out::Changes,
+        Some(Ignores::default()),
+    );
+    reader.snapshot = true;
+    reader.read(&mut tar)?;
+    // The rest of the end-of-archive blocks, so the helper's exit can be checked; bounded.
+    let rest = io::copy(&mut tar.take(1 << 20), &mut io::sink())
+        .map_err(|e| unsafe_archive(format!("reading the end of the snapshot: {e}")))?;
+    if rest >= 1 << 20 {
+        return Err(unsafe_archive("the snapshot goes on past its end".into()));
+    }
+    match reader.finish_changes(open, false)? {
+        Finished::Done(set) => Ok(set),
+        Finished::Again(_) => Err(SandboxError::InvalidInput(
+            "the snapshot would have to be read again".into(),
+        )),
+    }
+}
+
 impl ChangeSet {
     /// True when nothing changed.
     pub fn is_empty(&self) -> bool {
@@ -303,6 +344,29 @@ pub(super) enum Finished {
 }
 
 impl Reader<'_> {
+    /// Snapshot: a baseline file the helper found unchanged since the copy-in. Anything
+    /// else claimed so is an error (the caller then reads the whole workspace instead).
+    pub(super) fn as_copied(&mut self, rel: &str) -> Result<()> {
+        if is_git(rel) {
+            return Ok(());
+        }
+        let Some((mode, size, _)) = self.baseline.and_then(|b| b.file(rel)) else {
+            return Err(self.at(
+                rel,
+                "marked as copied in, but the checkout has no such file",
+            ));
+        };
+        self.count(rel, rel.len())?;
+        self.insert(
+            rel,
+            Node::File {
+                mode,
+                size,
+                data: Data::Unchanged,
+            },
+        )
+    }
+
     /// Change set: checks provisional answers again with every rule known, reads pending
     /// files again, and builds the change set — or asks for a second reading.
     pub(super) fn finish_changes(mut self, open: &mut Open, last: bool) -> Result<Finished> {

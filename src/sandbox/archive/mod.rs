@@ -38,7 +38,10 @@ mod tip;
 mod untrusted;
 mod write;
 
-pub use changes::{change_set, change_set_from, Change, ChangeKind, ChangeSet, Contents, NewEntry};
+pub use changes::{
+    change_set, change_set_from, change_set_from_snapshot, Change, ChangeKind, ChangeSet, Contents,
+    NewEntry,
+};
 pub use pack::{
     pack_checkout_to, pack_dir, pack_dir_to, pack_file, pack_files, pack_over_to, pack_tip_to,
     PackSource, Skipped,

@@ -150,6 +150,9 @@ pub(super) struct Reader<'r> {
     pub(super) skipped: HashSet<String>,
     pub(super) left_out: Vec<(String, u64)>,
     pub(super) left_out_count: usize,
+    /// Reading kodx's helper's snapshot ([`super::change_set_from_snapshot`]): an entry
+    /// of type [`AS_COPIED`] is a baseline file as it was copied in.
+    pub(super) snapshot: bool,
 }
 
 impl<'r> Reader<'r> {
@@ -177,6 +180,7 @@ impl<'r> Reader<'r> {
             skipped: HashSet::new(),
             left_out: Vec::new(),
             left_out_count: 0,
+            snapshot: false,
         }
     }
 
@@ -217,6 +221,10 @@ impl<'r> Reader<'r> {
                 Err(_) if self.inside_skipped(&raw) => continue,
                 Err(why) => return Err(refuse(why)),
             };
+            if self.snapshot && kind.as_byte() == AS_COPIED {
+                self.as_copied(&rel)?;
+                continue;
+            }
             // A change set skips what is ignored (and .git) before any other check; a
             // regular file is decided once a rule file it may be has been read.
             let regular = matches!(kind, EntryType::Regular | EntryType::Continuous);

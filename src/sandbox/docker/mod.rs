@@ -18,6 +18,7 @@ mod exec;
 mod provision;
 mod sandbox;
 mod setup;
+mod snapshot;
 mod spare;
 mod spec;
 mod streams;

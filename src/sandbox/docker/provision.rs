@@ -446,9 +446,14 @@ impl Engine {
             None
         };
         if let Some(pack) = pack {
+            let marked = pack.marked.clone();
             let manifest = self
                 .copy_repository(id, pack, stored.clone(), progress)
                 .await?;
+            // Only a whole checkout, in a container nothing has run in, gets a snapshot.
+            sandbox
+                .snapshot_ready
+                .store(marked.load(Ordering::Relaxed) && !hit, Ordering::Relaxed);
             if let Some(stored) = &stored {
                 self.delete_gone(sandbox, stored, &manifest).await?;
             }
@@ -467,7 +472,9 @@ impl Engine {
         stored: Option<Arc<Manifest>>,
         progress: &mut impl FnMut(&str),
     ) -> Result<Manifest> {
-        let PackTask { task, body, have } = pack;
+        let PackTask {
+            task, body, have, ..
+        } = pack;
         let _ = have.send(stored);
         progress("copying the repository");
         let chunks = futures_util::stream::unfold(body, |mut rx| async move {

@@ -41,7 +41,7 @@ pub struct DockerSandbox {
     run_id: String,
     pub(super) workdir: String,
     output_cap: usize,
-    archive_limits: ArchiveLimits,
+    pub(super) archive_limits: ArchiveLimits,
     pub(super) baseline: Mutex<Manifest>,
     shells: Mutex<HashMap<String, Arc<Shell>>>,
     /// The next shell's exec, started ahead.
@@ -56,6 +56,9 @@ pub struct DockerSandbox {
     pub(super) setup: Mutex<SetupReport>,
     /// Its container was made warm, ahead of the run.
     pub(super) warm_start: AtomicBool,
+    /// The whole checkout went in with the copy-in's marker after it: the change set can
+    /// come from a snapshot ([`super::snapshot`]).
+    pub(super) snapshot_ready: AtomicBool,
 }
 
 /// Most shells one sandbox keeps at once.
@@ -85,6 +88,7 @@ impl DockerSandbox {
             disk_tripped: tokio::sync::watch::Sender::new(None),
             setup: Mutex::new(SetupReport::default()),
             warm_start: AtomicBool::new(false),
+            snapshot_ready: AtomicBool::new(false),
         }
     }
 
@@ -217,7 +221,7 @@ impl DockerSandbox {
     }
 
     /// Opens tar streams of the workspace for the archive code on a blocking thread.
-    fn opener(&self) -> Opener {
+    pub(super) fn opener(&self) -> Opener {
         Opener {
             docker: self.docker.clone(),
             id: self.id.clone(),
@@ -227,7 +231,7 @@ impl DockerSandbox {
         }
     }
 
-    fn root_name(&self) -> &str {
+    pub(super) fn root_name(&self) -> &str {
         self.workdir.rsplit('/').next().unwrap_or("workspace")
     }
 }
@@ -322,17 +326,10 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn change_set(&self) -> Result<ChangeSet> {
-        let opener = self.opener();
-        let root = self.root_name().to_string();
-        let baseline = self.baseline.lock().clone();
-        let limits = self.archive_limits.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut open = |path: &str| opener.open(path);
-            let changes = archive::change_set_from(&mut open, &root, &baseline, &limits);
-            opener.verdict(changes, "downloading the workspace")
-        })
-        .await
-        .map_err(|e| SandboxError::InvalidInput(format!("change set task failed: {e}")))?
+        if let Some(set) = self.snapshot_change_set().await {
+            return Ok(set);
+        }
+        self.full_change_set().await
     }
 
     fn workdir(&self) -> &str {
@@ -351,6 +348,29 @@ impl Sandbox for DockerSandbox {
         self.spare.clear();
         self.shells.lock().clear();
         remove(&self.docker, &self.id).await
+    }
+}
+
+impl DockerSandbox {
+    /// Whether the change set can come from a snapshot (the copy-in left its marker).
+    pub fn snapshot_ready(&self) -> bool {
+        self.snapshot_ready.load(Ordering::Relaxed)
+    }
+
+    /// The change set from the whole workspace read back and compared with the baseline:
+    /// what [`Sandbox::change_set`] falls back to when the snapshot cannot be used.
+    pub async fn full_change_set(&self) -> Result<ChangeSet> {
+        let opener = self.opener();
+        let root = self.root_name().to_string();
+        let baseline = self.baseline.lock().clone();
+        let limits = self.archive_limits.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut open = |path: &str| opener.open(path);
+            let changes = archive::change_set_from(&mut open, &root, &baseline, &limits);
+            opener.verdict(changes, "downloading the workspace")
+        })
+        .await
+        .map_err(|e| SandboxError::InvalidInput(format!("change set task failed: {e}")))?
     }
 }
 

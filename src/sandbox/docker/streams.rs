@@ -6,6 +6,7 @@
 use parking_lot::Mutex;
 use std::io::{self, Read, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +25,12 @@ use crate::sandbox::{Result, SandboxError};
 const PIPE_CHUNKS: usize = 8;
 const PIPE_CHUNK_BYTES: usize = 64 << 10;
 
+/// The marker the copy-in's tar ends with (at `/`): its change time is the copy-in's end.
+pub(super) const COPIED_MARKER: &str = "/.kodx-copied";
+
+/// The end-of-archive blocks a tar ends with.
+const END: usize = 1024;
+
 /// Where the repository goes in the container, and the tar's prefix for it. The tar is
 /// uploaded at `/` rather than into `/workspace`: Docker refuses a symlink whose target
 /// leaves the directory the tar is uploaded to (a repository's `up -> ../..`), and
@@ -38,6 +45,9 @@ pub(super) struct PackTask {
     /// What the container already holds of the tree (a cached setup image's checkout),
     /// told before anything is packed: those entries stay out of the tar. Dropped: nothing.
     pub(super) have: tokio::sync::oneshot::Sender<Option<Arc<Manifest>>>,
+    /// Set when the tar ended with the copy-in's marker ([`super::snapshot`]): the whole
+    /// checkout went in, and the marker after it.
+    pub(super) marked: Arc<AtomicBool>,
 }
 
 impl PackTask {
@@ -49,6 +59,8 @@ impl PackTask {
         let ready = spec.ready.clone();
         let (tx, body) = tokio::sync::mpsc::channel(PIPE_CHUNKS);
         let (have, had) = tokio::sync::oneshot::channel::<Option<Arc<Manifest>>>();
+        let marked = Arc::new(AtomicBool::new(false));
+        let marks = marked.clone();
         let task = tokio::task::spawn_blocking(move || {
             // Keyed while the container is made: that hashes the clone's `.git`.
             let keyed = ready
@@ -61,13 +73,16 @@ impl PackTask {
                 buf: BytesMut::new(),
                 waited: Duration::ZERO,
             };
+            // A whole checkout ends with the marker the change set's snapshot compares with.
+            let whole = had.is_none();
+            let pipe = Marked::new(pipe);
             // A checkout already in the container (a setup cache hit) takes only the delta,
             // and the ready checkouts are neither read nor written.
             let looked = keyed
                 .filter(|_| had.is_none())
                 .map(|(key, r)| r.lookup(&key));
             let spool = match looked {
-                Some(ready::Lookup::Hit(hit)) => return stream_ready(hit, pipe, started),
+                Some(ready::Lookup::Hit(hit)) => return stream_ready(hit, pipe, started, &marks),
                 Some(ready::Lookup::Miss(spool)) => spool,
                 None => None,
             };
@@ -80,10 +95,7 @@ impl PackTask {
             let packed =
                 archive::pack_over_to(&dir, source, REPO_PREFIX, &limits, had.as_deref(), &mut tee);
             let (pipe, spool) = tee.into_parts();
-            if let Err(e) = &packed {
-                // Ends the upload with an error rather than a short tar.
-                let _ = pipe.tx.blocking_send(Err(io::Error::other(e.to_string())));
-            }
+            let (pipe, packed) = end_tar(pipe, packed, whole, &marks);
             let waited = pipe.waited;
             // The upload ends here; the ready checkout is kept while the engine finishes.
             drop(pipe);
@@ -102,17 +114,47 @@ impl PackTask {
             ready::finish(spool, packed.as_ref().ok().map(|(m, _)| m));
             packed.map(|(m, _)| m)
         });
-        PackTask { task, body, have }
+        PackTask {
+            task,
+            body,
+            have,
+            marked,
+        }
     }
 }
 
-/// Streams a ready checkout into the upload; its stored manifest is the baseline.
-fn stream_ready(hit: ready::Hit, mut pipe: Pipe, started: std::time::Instant) -> Result<Manifest> {
-    let entries = hit.entries();
-    let streamed = hit.stream_to(&mut pipe);
-    if let Err(e) = &streamed {
-        let _ = pipe.tx.blocking_send(Err(io::Error::other(e.to_string())));
+/// Ends the upload: with the marker before the tar's end when the pack went well and put
+/// the whole checkout in (`whole`), with an error rather than a short tar when it failed.
+fn end_tar<T, E: std::fmt::Display>(
+    mut pipe: Marked<Pipe>,
+    packed: std::result::Result<T, E>,
+    whole: bool,
+    marks: &AtomicBool,
+) -> (Pipe, std::result::Result<T, E>) {
+    match &packed {
+        // An error here is the upload stopping: the engine's error says why.
+        Ok(_) => marks.store(pipe.finish(whole).unwrap_or(false), Ordering::Relaxed),
+        Err(e) => {
+            let _ = pipe
+                .get_ref()
+                .tx
+                .blocking_send(Err(io::Error::other(e.to_string())));
+        }
     }
+    (pipe.into_inner(), packed)
+}
+
+/// Streams a ready checkout into the upload; its stored manifest is the baseline.
+fn stream_ready(
+    hit: ready::Hit,
+    pipe: Marked<Pipe>,
+    started: std::time::Instant,
+    marks: &AtomicBool,
+) -> Result<Manifest> {
+    let entries = hit.entries();
+    let mut pipe = pipe;
+    let streamed = hit.stream_to(&mut pipe);
+    let (pipe, streamed) = end_tar(pipe, streamed, true, marks);
     tracing::info!(
         took_ms = started.elapsed().as_millis() as u64,
         engine_ms = pipe.waited.as_millis() as u64,
@@ -266,5 +308,113 @@ pub(super) fn upload_options(path: &str) -> UploadToContainerOptions {
     UploadToContainerOptions {
         path: path.to_string(),
         ..Default::default()
+    }
+}
+
+/// A writer that holds back a tar's last [`END`] bytes, so an entry can go in before them.
+pub(super) struct Marked<W: Write> {
+    inner: W,
+    tail: Vec<u8>,
+}
+
+impl<W: Write> Marked<W> {
+    pub(super) fn new(inner: W) -> Marked<W> {
+        Marked {
+            inner,
+            tail: Vec::with_capacity(2 * END),
+        }
+    }
+
+    /// Ends the tar: with the marker before the end-of-archive blocks when `mark` and the
+    /// tar ended with them (then true), else as it was (false).
+    pub(super) fn finish(&mut self, mark: bool) -> io::Result<bool> {
+        let ended = mark && self.tail.len() == END && self.tail.iter().all(|&b| b == 0);
+        if ended {
+            let mut header = tar::Header::new_ustar();
+            header.set_path(&COPIED_MARKER[1..])?;
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_mode(0o400);
+            header.set_size(0);
+            header.set_mtime(0);
+            header.set_cksum();
+            self.inner.write_all(header.as_bytes())?;
+        }
+        self.inner.write_all(&std::mem::take(&mut self.tail))?;
+        self.inner.flush()?;
+        Ok(ended)
+    }
+
+    pub(super) fn get_ref(&self) -> &W {
+        &self.inner
+    }
+
+    /// The writer, without what is held back (a tar that failed anyway).
+    pub(super) fn into_inner(self) -> W {
+        self.inner
+    }
+}
+
+impl<W: Write> Write for Marked<W> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.tail.extend_from_slice(data);
+        if self.tail.len() > END {
+            let excess = self.tail.len() - END;
+            self.inner.write_all(&self.tail[..excess])?;
+            self.tail.drain(..excess);
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, data) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, path, *data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn the_marker_goes_in_before_the_end_of_the_archive() {
+        let tar = tar_of(&[("workspace/repo/a.txt", b"hello")]);
+        // Written in odd pieces, as a pipe would take it.
+        let mut marked = Marked::new(Vec::new());
+        for piece in tar.chunks(37) {
+            marked.write_all(piece).unwrap();
+        }
+        let ended = marked.finish(true).unwrap();
+        let out = marked.into_inner();
+        assert!(ended);
+        assert_eq!(out.len(), tar.len() + 512);
+        let names: Vec<String> = tar::Archive::new(&out[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        assert_eq!(names, ["workspace/repo/a.txt", ".kodx-copied"]);
+    }
+
+    #[test]
+    fn a_tar_without_its_end_gets_no_marker() {
+        let mut tar = tar_of(&[("a", b"x")]);
+        tar.truncate(tar.len() - 512);
+        let mut marked = Marked::new(Vec::new());
+        marked.write_all(&tar).unwrap();
+        let ended = marked.finish(true).unwrap();
+        let out = marked.into_inner();
+        assert!(!ended);
+        assert_eq!(out, tar);
     }
 }

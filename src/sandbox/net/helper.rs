@@ -99,6 +99,19 @@ pub fn gate_command() -> Option<Vec<String>> {
     (!HELPER.is_empty()).then(|| vec![HELPER_PATH.to_string(), "gate".to_string()])
 }
 
+/// The command that writes `root` as a tar for the change set (the helper's `snapshot`),
+/// files unchanged since `marker` as headers alone; `None` without the helper.
+pub fn snapshot_command(marker: &str, root: &str) -> Option<Vec<String>> {
+    (!HELPER.is_empty()).then(|| {
+        vec![
+            HELPER_PATH.to_string(),
+            "snapshot".to_string(),
+            marker.to_string(),
+            root.to_string(),
+        ]
+    })
+}
+
 /// Runs the helper with `args` in the running container `id` (the fencer) as an engine
 /// exec. Returns what it printed; its exit code is the engine's.
 pub(super) async fn exec_in(docker: &Docker, id: &str, args: &[String]) -> Result<String> {

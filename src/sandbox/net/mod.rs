@@ -34,7 +34,8 @@ mod policy;
 pub use fence::Fencing;
 pub use fencer::{fencer_name, FENCER_PREFIX, IDLE_SECS as FENCER_IDLE_SECS};
 pub use helper::{
-    check_arch, gate_command, hold_command, host_addresses, sandbox_file, HELPER_LABEL,
+    check_arch, gate_command, hold_command, host_addresses, sandbox_file, snapshot_command,
+    HELPER_LABEL,
 };
 pub use network::{ensure_network, SandboxNetwork, NETWORK_LABEL, NETWORK_NAME};
 pub use policy::{Cidr, Fence, BLOCKED};

@@ -1,0 +1,171 @@
+//! The change set from the helper's snapshot (only what the run touched crosses the
+//! engine) against the whole workspace read back, on the real Docker engine.
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+
+use crate::common;
+use crate::common::*;
+use kodx::sandbox::{ChangeKind, ChangeSet, Sandbox};
+
+const LONG: &str =
+    "a-directory-name-long-enough-that-the-path-needs-more-than-the-hundred-bytes-of-a-tar-header";
+
+/// A repository of 400 small files in 20 directories, rules at two levels, a symlink, an
+/// executable, a file larger than what a change set keeps in memory, and a long path.
+fn repository() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for i in 0..20 {
+        fs::create_dir(d.join(format!("d{i}"))).unwrap();
+        for j in 0..20 {
+            fs::write(d.join(format!("d{i}/f{j}.txt")), format!("file {i}/{j}\n")).unwrap();
+        }
+    }
+    fs::write(d.join(".gitignore"), "target/\n*.log\n").unwrap();
+    fs::create_dir(d.join("sub")).unwrap();
+    fs::write(d.join("sub/.gitignore"), "gen/\n").unwrap();
+    fs::write(d.join("sub/kept.txt"), "kept\n").unwrap();
+    fs::write(d.join("big.bin"), vec![b'b'; 600 << 10]).unwrap();
+    fs::write(d.join("tool.sh"), "echo tool\n").unwrap();
+    fs::set_permissions(d.join("tool.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    symlink("d0/f0.txt", d.join("link")).unwrap();
+    fs::create_dir(d.join(LONG)).unwrap();
+    fs::write(d.join(LONG).join("inside-the-long-directory.txt"), "deep\n").unwrap();
+    dir
+}
+
+fn described(set: &ChangeSet) -> Vec<String> {
+    set.changes
+        .iter()
+        .map(|c| {
+            let kind = match &c.kind {
+                ChangeKind::Added(_) => "added".to_string(),
+                ChangeKind::Deleted => "deleted".to_string(),
+                ChangeKind::Modified {
+                    content_changed,
+                    mode_changed,
+                    ..
+                } => format!("modified content={content_changed} mode={mode_changed}"),
+            };
+            format!("{} {kind}", c.path)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_snapshot_gives_the_same_change_set_as_the_whole_workspace() {
+    let engine = common::require_engine!();
+    let src = repository();
+    let mut spec = spec("snapshot");
+    spec.repo_dir = Some(src.path().to_path_buf());
+    let sb = start(&engine, &spec).await;
+    assert!(sb.snapshot_ready(), "a whole copy-in leaves its marker");
+    assert_eq!(
+        sb.snapshot_change_set().await.map(|s| s.changes.len()),
+        Some(0),
+        "nothing changed yet"
+    );
+
+    // Every kind of edit a run makes, including ones that keep a file's size and mtime.
+    let edits = [
+        "printf 'X' | dd of=d1/f1.txt bs=1 seek=0 conv=notrunc 2>/dev/null",
+        "echo more >> d2/f2.txt",
+        "rm d3/f3.txt",
+        "mv d4 d4-renamed",
+        "chmod +x d5/f5.txt",
+        "rm d6/f6.txt && ln -s f7.txt d6/f6.txt",
+        "echo hi > d7/new.txt",
+        "mkdir -p target/debug && echo bin > target/debug/x && echo log > a.log",
+        "mkdir -p sub/gen && echo g > sub/gen/out.txt",
+        "ln d8/f8.txt d8/hard.txt",
+        "printf 'Z' | dd of=big.bin bs=1 seek=1000 conv=notrunc 2>/dev/null",
+        "t=$(stat -c %y d9/f9.txt) && echo 'file 9/X' > d9/f9.txt && touch -d \"$t\" d9/f9.txt",
+        "echo '*.tmp' >> .gitignore && echo t > x.tmp",
+        "echo new > sub/kept.txt.new && mv sub/kept.txt.new sub/kept.txt",
+        &format!("echo deeper > '{LONG}/a-new-file-with-a-long-name-too.txt'"),
+        "rm link && ln -s d0/f1.txt link",
+        // Old files moved onto paths the checkout has: a directory, then two files.
+        "rm -rf d10 && mv d11 d10",
+        "mv d12/f0.txt t && mv d12/f1.txt d12/f0.txt && mv t d12/f1.txt",
+    ];
+    sb.feed_chars("default", &edits.join("; "), 30 * SEC)
+        .await
+        .unwrap();
+
+    let fast = sb
+        .snapshot_change_set()
+        .await
+        .expect("the snapshot is taken");
+    let full = sb.full_change_set().await.unwrap();
+    assert_eq!(described(&fast), described(&full));
+    assert_eq!(fast, full, "the same contents, modes and targets");
+    let got = described(&fast);
+    for want in [
+        ".gitignore modified content=true mode=false",
+        "d1/f1.txt modified content=true mode=false",
+        "d2/f2.txt modified content=true mode=false",
+        "d3/f3.txt deleted",
+        "d4-renamed/f0.txt added",
+        "d4/f0.txt deleted",
+        "d5/f5.txt modified content=false mode=true",
+        "d6/f6.txt modified content=true mode=false",
+        "d7/new.txt added",
+        "d8/hard.txt added",
+        "big.bin modified content=true mode=false",
+        "d9/f9.txt modified content=true mode=false",
+        "sub/kept.txt modified content=true mode=false",
+        "link modified content=true mode=false",
+        "d10/f0.txt modified content=true mode=false",
+        "d11/f0.txt deleted",
+        "d12/f0.txt modified content=true mode=false",
+        "d12/f1.txt modified content=true mode=false",
+    ] {
+        assert!(
+            got.iter().any(|g| g == want),
+            "{want:?} missing from {got:#?}"
+        );
+    }
+    assert!(
+        !got.iter().any(|g| g.starts_with("target/")
+            || g.starts_with("a.log")
+            || g.starts_with("sub/gen")
+            || g.starts_with("x.tmp")
+            || g.starts_with("d8/f8.txt")),
+        "ignored or untouched paths: {got:#?}"
+    );
+    assert!(
+        got.iter()
+            .any(|g| g.ends_with("a-new-file-with-a-long-name-too.txt added")),
+        "{got:#?}"
+    );
+    assert_eq!(sb.change_set().await.unwrap(), full);
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn without_its_marker_the_change_set_reads_the_whole_workspace() {
+    let engine = common::require_engine!();
+    let src = repository();
+    let mut spec = spec("snapshot-gone");
+    spec.repo_dir = Some(src.path().to_path_buf());
+    let sb = start(&engine, &spec).await;
+    sb.feed_chars(
+        "default",
+        "echo changed > d0/f0.txt; rm -f /.kodx-copied",
+        10 * SEC,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        sb.snapshot_change_set().await,
+        None,
+        "no marker, no snapshot"
+    );
+    let set = sb.change_set().await.unwrap();
+    assert_eq!(
+        described(&set),
+        ["d0/f0.txt modified content=true mode=false"]
+    );
+    sb.destroy().await.unwrap();
+}
