@@ -34,6 +34,9 @@
  *       alone, of type 'U' and size 0: "as copied in". Hard links go as copies, sockets not
  *       at all.
  *       Exit 0 only when the whole tree was written.
+ *   kodx-net snapshot-on-line MARKER ROOT
+ *       As `snapshot`, once a line has come on stdin: kodx starts it ahead of the run's end,
+ *       so the engine's exec is off the path (end of input first: exit 3, nothing written).
  *   kodx-net routes SPEC...
  *       Adds IPv4 routes to the main table, then prints the addresses as `addrs` does.
  *       SPEC is `u<addr>/<prefix>` (an unreachable route: a connect fails at once with
@@ -772,7 +775,8 @@ void cmain(long *sp) {
     long argc = sp[0];
     char **argv = (char **)(sp + 1);
     static const char usage[] =
-        "usage: kodx-net hold | hold-idle SECS | gate | snapshot MARKER ROOT | addrs | routes SPEC... | "
+        "usage: kodx-net hold | hold-idle SECS | gate | snapshot[-on-line] MARKER ROOT | addrs | "
+        "routes SPEC... | "
         "fence PID SPEC...";
     if (argc < 2) die(usage, 0, 2);
     if (streq(argv[1], "hold")) {
@@ -783,8 +787,16 @@ void cmain(long *sp) {
         if (argc != 2) die(usage, 0, 2);
         gate(argv + argc + 1);
     }
-    if (streq(argv[1], "snapshot")) {
+    if (streq(argv[1], "snapshot") || streq(argv[1], "snapshot-on-line")) {
         if (argc != 4) die(usage, 0, 2);
+        if (streq(argv[1], "snapshot-on-line")) {
+            char c = 0;
+            for (int n = 0; c != '\n'; n++) {
+                long r = sys6(SYS_read, 0, (long)&c, 1, 0, 0, 0);
+                if (r == -4) continue;
+                if (r <= 0 || n > 64) sys6(SYS_exit_group, 3, 0, 0, 0, 0, 0);
+            }
+        }
         snapshot(argv[2], argv[3]);
     }
     if (streq(argv[1], "hold-idle")) {

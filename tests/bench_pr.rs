@@ -358,14 +358,14 @@ async fn ask_latency(s: &Served, runs: usize, first_issue: u64) -> (Vec<f64>, Ve
 
 /// With KODX_BENCH_LOG: where each run's copy-in went (kodx reading, or the engine
 /// writing), how much of the tree was already in the container, and the ready checkouts
-/// streamed and kept.
+/// streamed and kept, and how each change set was read (the snapshot, or why not).
 fn print_copy_ins(s: &Served) {
     if std::env::var("KODX_BENCH_LOG").is_ok() {
-        for line in s
-            .log()
-            .lines()
-            .filter(|l| l.contains("packed the repository") || l.contains("ready checkout"))
-        {
+        for line in s.log().lines().filter(|l| {
+            l.contains("packed the repository")
+                || l.contains("ready checkout")
+                || l.contains("snapshot")
+        }) {
             println!("  {line}");
         }
     }

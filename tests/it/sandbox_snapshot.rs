@@ -59,6 +59,9 @@ async fn the_snapshot_gives_the_same_change_set_as_the_whole_workspace() {
     let src = repository();
     let mut spec = spec("snapshot");
     spec.repo_dir = Some(src.path().to_path_buf());
+    // The first snapshot is the one started ahead, waiting for its line; the later ones
+    // start their exec when asked.
+    spec.change_set_ahead = true;
     let sb = start(&engine, &spec).await;
     assert!(sb.snapshot_ready(), "a whole copy-in leaves its marker");
     assert_eq!(
@@ -149,6 +152,7 @@ async fn without_its_marker_the_change_set_reads_the_whole_workspace() {
     let src = repository();
     let mut spec = spec("snapshot-gone");
     spec.repo_dir = Some(src.path().to_path_buf());
+    spec.change_set_ahead = true;
     let sb = start(&engine, &spec).await;
     sb.feed_chars(
         "default",

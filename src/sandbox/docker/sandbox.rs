@@ -59,6 +59,11 @@ pub struct DockerSandbox {
     /// The whole checkout went in with the copy-in's marker after it: the change set can
     /// come from a snapshot ([`super::snapshot`]).
     pub(super) snapshot_ready: AtomicBool,
+    /// Start the snapshot's exec ahead ([`SandboxSpec::change_set_ahead`]).
+    pub(super) change_set_ahead: bool,
+    /// The snapshot's exec, started ahead and waiting for its line.
+    pub(super) snapshotter:
+        Mutex<Option<tokio::task::JoinHandle<Result<super::snapshot::Started>>>>,
 }
 
 /// Most shells one sandbox keeps at once.
@@ -89,6 +94,8 @@ impl DockerSandbox {
             setup: Mutex::new(SetupReport::default()),
             warm_start: AtomicBool::new(false),
             snapshot_ready: AtomicBool::new(false),
+            change_set_ahead: spec.change_set_ahead,
+            snapshotter: Mutex::new(None),
         }
     }
 
@@ -205,6 +212,7 @@ impl DockerSandbox {
         .await?;
         self.shells.lock().insert("default".to_string(), shell);
         self.spare.schedule(FIRST_SPARE_AFTER);
+        self.snapshot_ahead();
         Ok(())
     }
 
@@ -241,6 +249,9 @@ impl Drop for DockerSandbox {
         if !self.destroyed.swap(true, Ordering::SeqCst) {
             self.stop_watchdog();
             self.spare.clear();
+            if let Some(task) = self.snapshotter.lock().take() {
+                task.abort();
+            }
             self.shells.lock().clear();
             remove_blocking(&self.docker, &self.id);
         }
@@ -346,6 +357,9 @@ impl Sandbox for DockerSandbox {
         }
         self.stop_watchdog();
         self.spare.clear();
+        if let Some(task) = self.snapshotter.lock().take() {
+            task.abort();
+        }
         self.shells.lock().clear();
         remove(&self.docker, &self.id).await
     }

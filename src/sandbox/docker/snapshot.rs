@@ -11,10 +11,13 @@ use std::io::{self, Read};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::Docker;
 use bytes::Bytes;
-use futures_util::StreamExt as _;
+use futures_util::{Stream, StreamExt as _};
+use std::pin::Pin;
+use tokio::io::{AsyncWrite, AsyncWriteExt as _};
 
 use super::sandbox::DockerSandbox;
 use super::streams::COPIED_MARKER;
@@ -55,9 +58,8 @@ impl DockerSandbox {
         if !self.snapshot_ready() {
             return None;
         }
-        let command = net::snapshot_command(COPIED_MARKER, &self.workdir)?;
         let started = std::time::Instant::now();
-        match tokio::time::timeout(SNAPSHOT_TIMEOUT, self.read_snapshot(command)).await {
+        match tokio::time::timeout(SNAPSHOT_TIMEOUT, self.read_snapshot()).await {
             Ok(Ok(set)) => {
                 tracing::info!(
                     took_ms = started.elapsed().as_millis() as u64,
@@ -77,31 +79,55 @@ impl DockerSandbox {
         }
     }
 
-    async fn read_snapshot(&self, command: Vec<String>) -> Result<ChangeSet> {
-        let what = "taking the workspace's snapshot";
-        let exec = self
-            .docker
-            .create_exec(
-                &self.id,
-                CreateExecOptions {
-                    cmd: Some(command),
-                    user: Some("0".to_string()),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| SandboxError::docker(what, e))?;
-        let StartExecResults::Attached { mut output, .. } = self
-            .docker
-            .start_exec(&exec.id, None)
-            .await
-            .map_err(|e| SandboxError::docker(what, e))?
-        else {
-            return Err(SandboxError::InvalidInput(
-                "the snapshot started detached".into(),
-            ));
+    /// Starts the snapshot's exec now, waiting for its line, so that the engine's part of
+    /// it is done by the time the run ends; only for a run that ends with a change set,
+    /// where a snapshot can be taken.
+    pub(super) fn snapshot_ahead(&self) {
+        if !self.change_set_ahead || !self.snapshot_ready() {
+            return;
+        }
+        let Some(command) = net::snapshot_command(COPIED_MARKER, &self.workdir, true) else {
+            return;
+        };
+        let (docker, id) = (self.docker.clone(), self.id.clone());
+        let task = tokio::spawn(async move { start(&docker, &id, command, true).await });
+        if let Some(old) = self.snapshotter.lock().replace(task) {
+            old.abort();
+        }
+    }
+
+    async fn read_snapshot(&self) -> Result<ChangeSet> {
+        let ahead = self.snapshotter.lock().take();
+        let started = match ahead {
+            Some(task) => match task.await {
+                Ok(Ok(mut waiting)) => {
+                    let input = waiting.input.as_mut().expect("started with stdin");
+                    input
+                        .write_all(b"go\n")
+                        .await
+                        .and(input.flush().await)
+                        .map_err(|e| SandboxError::io("starting the workspace's snapshot", e))?;
+                    Ok(waiting)
+                }
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(SandboxError::InvalidInput(format!(
+                    "the snapshot's start failed: {e}"
+                ))),
+            },
+            None => Err(SandboxError::InvalidInput("not started ahead".into())),
+        };
+        let Started {
+            exec,
+            mut output,
+            input: _input,
+        } = match started {
+            Ok(started) => started,
+            Err(e) => {
+                tracing::debug!("the snapshot started ahead is not there ({e}); starting it now");
+                let command = net::snapshot_command(COPIED_MARKER, &self.workdir, false)
+                    .ok_or_else(|| SandboxError::InvalidInput("no helper".into()))?;
+                start(&self.docker, &self.id, command, false).await?
+            }
         };
         let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(8);
         let stderr = Arc::new(Mutex::new(String::new()));
@@ -109,12 +135,12 @@ impl DockerSandbox {
         let forward = tokio::spawn(async move {
             while let Some(item) = output.next().await {
                 match item {
-                    Ok(bollard::container::LogOutput::StdOut { message }) => {
+                    Ok(LogOutput::StdOut { message }) => {
                         if tx.send(Ok(message)).await.is_err() {
                             break; // the reader stopped: dropping the stream ends the exec
                         }
                     }
-                    Ok(bollard::container::LogOutput::StdErr { message }) => {
+                    Ok(LogOutput::StdErr { message }) => {
                         let mut said = said.lock();
                         if said.len() < 1024 {
                             said.push_str(&String::from_utf8_lossy(&message));
@@ -145,13 +171,53 @@ impl DockerSandbox {
         let _ = forward.await;
         let set = read?;
         // Whole only if the helper says so, by the engine's word.
-        match exit_code(&self.docker, &exec.id).await {
+        match exit_code(&self.docker, &exec).await {
             Some(0) => Ok(set),
             code => Err(SandboxError::InvalidInput(format!(
                 "the helper ended with {code:?}: {}",
                 stderr.lock().trim()
             ))),
         }
+    }
+}
+
+/// The snapshot's exec, started (with its stdin when it waits for a line).
+pub(super) struct Started {
+    exec: String,
+    output:
+        Pin<Box<dyn Stream<Item = std::result::Result<LogOutput, bollard::errors::Error>> + Send>>,
+    input: Option<Pin<Box<dyn AsyncWrite + Send>>>,
+}
+
+async fn start(docker: &Docker, id: &str, command: Vec<String>, stdin: bool) -> Result<Started> {
+    let what = "taking the workspace's snapshot";
+    let exec = docker
+        .create_exec(
+            id,
+            CreateExecOptions {
+                cmd: Some(command),
+                user: Some("0".to_string()),
+                attach_stdin: Some(stdin),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| SandboxError::docker(what, e))?;
+    match docker
+        .start_exec(&exec.id, None)
+        .await
+        .map_err(|e| SandboxError::docker(what, e))?
+    {
+        StartExecResults::Attached { output, input } => Ok(Started {
+            exec: exec.id,
+            output,
+            input: stdin.then_some(input),
+        }),
+        StartExecResults::Detached => Err(SandboxError::InvalidInput(
+            "the snapshot started detached".into(),
+        )),
     }
 }
 

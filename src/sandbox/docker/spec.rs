@@ -112,6 +112,9 @@ pub struct SandboxSpec {
     /// Bytes of output one `feed_chars` returns at most (the middle is cut past that).
     pub output_cap: usize,
     pub archive_limits: ArchiveLimits,
+    /// The run ends with a change set (a code run): the snapshot's exec is started as soon
+    /// as the sandbox is ready, so it is off the run's path at the end.
+    pub change_set_ahead: bool,
 }
 
 impl SandboxSpec {
@@ -134,6 +137,7 @@ impl SandboxSpec {
             setup_cache: None,
             output_cap: DEFAULT_OUTPUT_CAP,
             archive_limits: ArchiveLimits::default(),
+            change_set_ahead: false,
         }
     }
 }

@@ -100,12 +100,18 @@ pub fn gate_command() -> Option<Vec<String>> {
 }
 
 /// The command that writes `root` as a tar for the change set (the helper's `snapshot`),
-/// files unchanged since `marker` as headers alone; `None` without the helper.
-pub fn snapshot_command(marker: &str, root: &str) -> Option<Vec<String>> {
+/// files unchanged since `marker` as headers alone; `on_line`: once a line comes on its
+/// stdin. `None` without the helper.
+pub fn snapshot_command(marker: &str, root: &str, on_line: bool) -> Option<Vec<String>> {
     (!HELPER.is_empty()).then(|| {
         vec![
             HELPER_PATH.to_string(),
-            "snapshot".to_string(),
+            if on_line {
+                "snapshot-on-line"
+            } else {
+                "snapshot"
+            }
+            .to_string(),
             marker.to_string(),
             root.to_string(),
         ]

@@ -216,6 +216,8 @@ async fn container(
     spec.repo_dir = Some(workspace.dest.clone());
     spec.repo_source = workspace.source;
     spec.ready = workspace.ready.clone();
+    // A code run ends with its change set: the snapshot's exec starts ahead.
+    spec.change_set_ahead = run_plan.target.is_some();
     let started = Instant::now();
     // An engine that fails while the container starts counts a missed answer and the run
     // is placed again (two in a row take an engine out, so this ends).
