@@ -8,6 +8,7 @@
 
 use parking_lot::Mutex;
 use std::io::{self, Read};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,10 +61,14 @@ impl DockerSandbox {
         }
         let started = std::time::Instant::now();
         match tokio::time::timeout(SNAPSHOT_TIMEOUT, self.read_snapshot()).await {
-            Ok(Ok(set)) => {
+            Ok(Ok((set, times))) => {
                 tracing::info!(
                     took_ms = started.elapsed().as_millis() as u64,
                     changes = set.changes.len(),
+                    started_ahead = times.ahead,
+                    exec_ready_ms = times.ready_ms,
+                    first_byte_ms = times.first_byte_ms,
+                    read_ms = times.read_ms,
                     "read the change set from the workspace's snapshot"
                 );
                 Some(set)
@@ -96,8 +101,10 @@ impl DockerSandbox {
         }
     }
 
-    async fn read_snapshot(&self) -> Result<ChangeSet> {
+    async fn read_snapshot(&self) -> Result<(ChangeSet, Times)> {
+        let t0 = std::time::Instant::now();
         let ahead = self.snapshotter.lock().take();
+        let was_ahead = ahead.is_some();
         let started = match ahead {
             Some(task) => match task.await {
                 Ok(Ok(mut waiting)) => {
@@ -116,12 +123,16 @@ impl DockerSandbox {
             },
             None => Err(SandboxError::InvalidInput("not started ahead".into())),
         };
+        let mut ahead_used = false;
         let Started {
             exec,
             mut output,
             input: _input,
         } = match started {
-            Ok(started) => started,
+            Ok(started) => {
+                ahead_used = true;
+                started
+            }
             Err(e) => {
                 tracing::debug!("the snapshot started ahead is not there ({e}); starting it now");
                 let command = net::snapshot_command(COPIED_MARKER, &self.workdir, false)
@@ -129,13 +140,19 @@ impl DockerSandbox {
                 start(&self.docker, &self.id, command, false).await?
             }
         };
+        let ready_ms = t0.elapsed().as_millis() as u64;
         let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(8);
         let stderr = Arc::new(Mutex::new(String::new()));
         let said = stderr.clone();
+        let first = Arc::new(AtomicU64::new(0));
+        let first_at = first.clone();
         let forward = tokio::spawn(async move {
             while let Some(item) = output.next().await {
                 match item {
                     Ok(LogOutput::StdOut { message }) => {
+                        if first_at.load(Ordering::Relaxed) == 0 {
+                            first_at.store(t0.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+                        }
                         if tx.send(Ok(message)).await.is_err() {
                             break; // the reader stopped: dropping the stream ends the exec
                         }
@@ -168,17 +185,33 @@ impl DockerSandbox {
         })
         .await
         .map_err(|e| SandboxError::InvalidInput(format!("snapshot task failed: {e}")))?;
+        let read_ms = t0.elapsed().as_millis() as u64;
         let _ = forward.await;
         let set = read?;
+        let times = Times {
+            ahead: was_ahead && ahead_used,
+            ready_ms,
+            first_byte_ms: first.load(Ordering::Relaxed).saturating_sub(1),
+            read_ms,
+        };
         // Whole only if the helper says so, by the engine's word.
         match exit_code(&self.docker, &exec).await {
-            Some(0) => Ok(set),
+            Some(0) => Ok((set, times)),
             code => Err(SandboxError::InvalidInput(format!(
                 "the helper ended with {code:?}: {}",
                 stderr.lock().trim()
             ))),
         }
     }
+}
+
+/// Where a snapshot's time went, from the moment it was asked for: its exec ready (started
+/// ahead, or now), the first byte of the tar, the tar read.
+struct Times {
+    ahead: bool,
+    ready_ms: u64,
+    first_byte_ms: u64,
+    read_ms: u64,
 }
 
 /// The snapshot's exec, started (with its stdin when it waits for a line).
