@@ -104,6 +104,15 @@ impl Placement {
     pub fn refill(&self) {
         refill(&self.member, &self.engine);
     }
+
+    /// As [`Placement::refill`], `delay` from now.
+    pub fn refill_after(&self, delay: Duration) {
+        let (member, engine) = (self.member.clone(), self.engine.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            refill(&member, &engine);
+        });
+    }
 }
 
 /// Brings `member`'s warm pool up to its target on `engine`, in the background.

@@ -3,7 +3,7 @@
 //! the database. [`ask`](super::ask) and [`code`](super::code) do what comes after.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use secrecy::ExposeSecret;
 use tokio_util::sync::CancellationToken;
@@ -201,6 +201,9 @@ pub(in crate::serve) async fn execute(
     })
 }
 
+/// How long a refill waits after the run that took a warm sandbox has started.
+const REFILL_DELAY: Duration = Duration::from_millis(1500);
+
 /// The run's container with the clone in it and the setup run. `Ok(Err(_))`: the run
 /// is over (cancelled while it started, or the repository's setup failed).
 async fn container(
@@ -255,8 +258,10 @@ async fn container(
             ) => s,
             _ = cancel.cancelled() => return Ok(Err(cancelled_early(run_plan))),
         };
-        // A warm sandbox taken (or this run's shape newly wanted): the pool catches up.
-        placement.refill();
+        // A warm sandbox taken (or this run's shape newly wanted): the pool catches up,
+        // after a moment — a new container's start would take the engine and the CPUs
+        // from this run's first steps (and, for a short run, its change set).
+        placement.refill_after(REFILL_DELAY);
         return match sandbox {
             Ok(s) => {
                 if s.warm_start() {
