@@ -8,7 +8,8 @@
 //!   the pool; the first run that uses it pulls it.
 //! - **Handed out once.** [`WarmSource::take`] removes it from the pool for good; the run
 //!   claims it and its container is removed with the run. A refill is made in the
-//!   background right after.
+//!   background 1.5 s after that run's sandbox is ready (a container's start would take
+//!   the engine and the CPUs from the run's first steps).
 //! - **Removed** when it has waited `warm_idle_secs` (the default shape's is made again, so
 //!   its fence and image are never older than that), at shutdown ([`WarmPool::close`]),
 //!   by the engine's sweeps when its process is gone, and on the engine's return after an
