@@ -56,34 +56,14 @@ async fn copy_in_keeps_modes_and_symlinks_and_change_set_is_exact() {
                 mkdir -p new/dir && printf 'x' > new/dir/added.txt; git init -q . 2>/dev/null; true";
     sb.feed_chars("default", edit, 10 * SEC).await.unwrap();
     let cs = sb.change_set().await.unwrap();
-    let got: Vec<(String, String)> = cs
-        .changes
-        .iter()
-        .map(|c| {
-            let kind = match &c.kind {
-                ChangeKind::Added(_) => "added".to_string(),
-                ChangeKind::Deleted => "deleted".to_string(),
-                ChangeKind::Modified {
-                    content_changed,
-                    mode_changed,
-                    ..
-                } => {
-                    format!("modified content={content_changed} mode={mode_changed}")
-                }
-            };
-            (c.path.clone(), kind)
-        })
-        .collect();
-    let want: Vec<(String, String)> = [
-        ("edit.txt", "modified content=true mode=false"),
-        ("gone.txt", "deleted"),
-        ("link", "modified content=true mode=false"),
-        ("new/dir/added.txt", "added"),
-        ("run.sh", "modified content=false mode=true"),
-    ]
-    .iter()
-    .map(|(p, k)| (p.to_string(), k.to_string()))
-    .collect();
+    let got = described(&cs);
+    let want = [
+        "edit.txt modified content=true mode=false",
+        "gone.txt deleted",
+        "link modified content=true mode=false",
+        "new/dir/added.txt added",
+        "run.sh modified content=false mode=true",
+    ];
     assert_eq!(
         got, want,
         "the .git created in the container is not part of the change set"

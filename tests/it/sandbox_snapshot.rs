@@ -6,7 +6,7 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 
 use crate::common;
 use crate::common::*;
-use kodx::sandbox::{ChangeKind, ChangeSet, Sandbox};
+use kodx::sandbox::Sandbox;
 
 const LONG: &str =
     "a-directory-name-long-enough-that-the-path-needs-more-than-the-hundred-bytes-of-a-tar-header";
@@ -33,24 +33,6 @@ fn repository() -> tempfile::TempDir {
     fs::create_dir(d.join(LONG)).unwrap();
     fs::write(d.join(LONG).join("inside-the-long-directory.txt"), "deep\n").unwrap();
     dir
-}
-
-fn described(set: &ChangeSet) -> Vec<String> {
-    set.changes
-        .iter()
-        .map(|c| {
-            let kind = match &c.kind {
-                ChangeKind::Added(_) => "added".to_string(),
-                ChangeKind::Deleted => "deleted".to_string(),
-                ChangeKind::Modified {
-                    content_changed,
-                    mode_changed,
-                    ..
-                } => format!("modified content={content_changed} mode={mode_changed}"),
-            };
-            format!("{} {kind}", c.path)
-        })
-        .collect()
 }
 
 #[tokio::test]

@@ -172,6 +172,28 @@ pub async fn start(engine: &Engine, spec: &SandboxSpec) -> DockerSandbox {
 
 pub const SEC: Duration = Duration::from_secs(1);
 
+/// A change set as `path kind` lines in its order (`added`, `deleted`, `modified
+/// content=B mode=B`).
+#[allow(dead_code)]
+pub fn described(set: &kodx::sandbox::ChangeSet) -> Vec<String> {
+    use kodx::sandbox::ChangeKind;
+    set.changes
+        .iter()
+        .map(|c| {
+            let kind = match &c.kind {
+                ChangeKind::Added(_) => "added".to_string(),
+                ChangeKind::Deleted => "deleted".to_string(),
+                ChangeKind::Modified {
+                    content_changed,
+                    mode_changed,
+                    ..
+                } => format!("modified content={content_changed} mode={mode_changed}"),
+            };
+            format!("{} {kind}", c.path)
+        })
+        .collect()
+}
+
 /// A sandbox's change set against its copied-in checkout, one sorted line per path
 /// (`added P`, `modified P`, `deleted P`).
 #[allow(dead_code)]
