@@ -147,12 +147,11 @@ fn end_tar<T, E: std::fmt::Display>(
 /// Streams a ready checkout into the upload; its stored manifest is the baseline.
 fn stream_ready(
     hit: ready::Hit,
-    pipe: Marked<Pipe>,
+    mut pipe: Marked<Pipe>,
     started: std::time::Instant,
     marks: &AtomicBool,
 ) -> Result<Manifest> {
     let entries = hit.entries();
-    let mut pipe = pipe;
     let streamed = hit.stream_to(&mut pipe);
     let (pipe, streamed) = end_tar(pipe, streamed, true, marks);
     tracing::info!(
@@ -321,7 +320,7 @@ impl<W: Write> Marked<W> {
     pub(super) fn new(inner: W) -> Marked<W> {
         Marked {
             inner,
-            tail: Vec::with_capacity(2 * END),
+            tail: Vec::with_capacity(END),
         }
     }
 
@@ -356,11 +355,20 @@ impl<W: Write> Marked<W> {
 
 impl<W: Write> Write for Marked<W> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.tail.extend_from_slice(data);
-        if self.tail.len() > END {
-            let excess = self.tail.len() - END;
-            self.inner.write_all(&self.tail[..excess])?;
-            self.tail.drain(..excess);
+        if data.len() >= END {
+            // A chunk as long as what is held back: the held bytes and all but its end go.
+            let (head, end) = data.split_at(data.len() - END);
+            self.inner.write_all(&self.tail)?;
+            self.inner.write_all(head)?;
+            self.tail.clear();
+            self.tail.extend_from_slice(end);
+        } else {
+            self.tail.extend_from_slice(data);
+            if self.tail.len() > END {
+                let excess = self.tail.len() - END;
+                self.inner.write_all(&self.tail[..excess])?;
+                self.tail.drain(..excess);
+            }
         }
         Ok(data.len())
     }
@@ -389,10 +397,14 @@ mod tests {
     #[test]
     fn the_marker_goes_in_before_the_end_of_the_archive() {
         let tar = tar_of(&[("workspace/repo/a.txt", b"hello")]);
-        // Written in odd pieces, as a pipe would take it.
+        // Written in odd pieces, small and large, as a pipe would take it.
         let mut marked = Marked::new(Vec::new());
-        for piece in tar.chunks(37) {
-            marked.write_all(piece).unwrap();
+        for (i, piece) in tar.chunks(1500).enumerate() {
+            if i % 2 == 0 {
+                marked.write_all(piece).unwrap();
+            } else {
+                piece.chunks(37).for_each(|p| marked.write_all(p).unwrap());
+            }
         }
         let ended = marked.finish(true).unwrap();
         let out = marked.into_inner();
