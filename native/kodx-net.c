@@ -15,6 +15,16 @@
  *   kodx-net fence PID SPEC...
  *       Run in the fencer (host PID namespace, CAP_SYS_ADMIN and CAP_NET_ADMIN): enters the
  *       network namespace of process PID (a sandbox's init), then does what `routes` does.
+ *   kodx-net plug PID BRIDGE NET/PREFIX GATEWAY FIRST COUNT DNS SPEC...
+ *       As `fence`, for a sandbox made without a network: first gives it `eth0`, a veth
+ *       whose other end (`kx<address in hex>`) is a port of BRIDGE on the host, with an
+ *       address of NET whose index in the subnet is in FIRST..FIRST+COUNT-1 (the first
+ *       free one from PID mod COUNT on) and a default route via GATEWAY; then adds the
+ *       routes; then keeps in the sandbox's /etc/resolv.conf only the resolvers it can
+ *       reach, or DNS (comma-separated hex addresses, `-` for none) when none is left.
+ *   kodx-net unplug PID
+ *       Removes the sandbox's `eth0` (and so its host end): the network cut. Prints the
+ *       addresses left.
  *   kodx-net addrs
  *       Prints every interface address of the current network namespace, one a line:
  *       `4 <8 hex digits>` or `6 <32 hex digits>` (network byte order).
@@ -69,6 +79,9 @@ typedef unsigned int u32;
 #define SYS_execve 59
 #define SYS_getdents64 217
 #define SYS_readlinkat 267
+#define SYS_connect 42
+#define SYS_lseek 8
+#define SYS_ftruncate 77
 #define O_DIRECTORY 0200000
 #define O_NOFOLLOW 0400000
 #define ST_MODE_AT 24
@@ -108,6 +121,9 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f) {
 #define SYS_execve 221
 #define SYS_getdents64 61
 #define SYS_readlinkat 78
+#define SYS_connect 203
+#define SYS_lseek 62
+#define SYS_ftruncate 46
 #define O_DIRECTORY 040000
 #define O_NOFOLLOW 0100000
 #define ST_MODE_AT 16
@@ -149,6 +165,19 @@ void *memcpy(void *d, const void *s, size_t n) {
     while (n--) *p++ = *q++;
     return d;
 }
+
+static int memcmp_(const void *a, const void *b, size_t n) {
+    const u8 *x = a, *y = b;
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != y[i]) return x[i] < y[i] ? -1 : 1;
+    return 0;
+}
+static size_t slen(const char *s) {
+    size_t n = 0;
+    while (s[n]) n++;
+    return n;
+}
+
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -262,6 +291,14 @@ static void die(const char *what, long err, int code) {
     sys6(SYS_exit_group, code, 0, 0, 0, 0, 0);
     for (;;) {
     }
+}
+
+static long parse_dec(const char *s) {
+    long v = 0;
+    int n = 0;
+    while (*s >= '0' && *s <= '9' && n < 9) v = v * 10 + (*s++ - '0'), n++;
+    if (!n || *s) die("bad number", 0, 2);
+    return v;
 }
 
 static int nl_open(void) {
@@ -439,23 +476,353 @@ static void hold_idle(long idle) {
     }
 }
 
-/* Enters the network namespace of process `pid` (decimal digits only). */
-static void enter_netns(const char *pid) {
+/* Opens namespace `kind` ("net", "mnt") of process `pid` (decimal digits only). */
+static int open_ns(const char *pid, const char *kind) {
     char path[40] = "/proc/";
     int i = 6, n = 0;
     while (pid[n] >= '0' && pid[n] <= '9' && n < 10) path[i++] = pid[n++];
     if (!n || pid[n]) die("bad pid", 0, 2);
-    const char *rest = "/ns/net";
+    path[i++] = '/', path[i++] = 'n', path[i++] = 's', path[i++] = '/';
+    const char *rest = kind;
     while (*rest) path[i++] = *rest++;
     path[i] = 0;
     long fd = sys6(SYS_openat, AT_FDCWD, (long)path, O_RDONLY | O_CLOEXEC, 0, 0, 0);
-    if (fd < 0) die("opening the sandbox's network namespace", fd, 1);
+    if (fd < 0) die("opening a namespace of the sandbox", fd, 1);
+    return (int)fd;
+}
+
+/* Enters the network namespace open as `fd`, and marks the fencer used. */
+static void enter_netns_fd(long fd) {
     long r = sys6(SYS_setns, fd, CLONE_NEWNET, 0, 0, 0, 0);
     if (r < 0) die("entering the sandbox's network namespace", r, 1);
     sys6(SYS_close, fd, 0, 0, 0, 0, 0);
     long u = sys6(SYS_openat, AT_FDCWD, (long)USED_FILE, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
                   0600, 0, 0);
     if (u >= 0) sys6(SYS_close, u, 0, 0, 0, 0, 0);
+}
+
+/* Enters the network namespace of process `pid` (decimal digits only). */
+static void enter_netns(const char *pid) { enter_netns_fd(open_ns(pid, "net")); }
+
+/* ---- plug: the sandbox's interface on the sandboxes' bridge ---- */
+
+#define AF_UNSPEC 0
+#define SOCK_DGRAM 2
+#define RTM_NEWLINK 16
+#define RTM_DELLINK 17
+#define IFF_UP 0x1
+#define IFLA_IFNAME 3
+#define IFLA_MASTER 10
+#define IFLA_LINKINFO 18
+#define IFLA_NET_NS_FD 28
+#define IFLA_INFO_KIND 1
+#define IFLA_INFO_DATA 2
+#define VETH_INFO_PEER 1
+#define SIOCGIFINDEX 0x8933
+#define EEXIST 17
+#define ENODEV 19
+
+struct ifinfomsg {
+    u8 family, pad;
+    u16 type;
+    int index;
+    u32 flags, change;
+};
+
+static u8 msg[1024];
+static u32 mlen;
+
+static void msg_start(u16 type, u16 flags) {
+    memset(msg, 0, sizeof msg);
+    struct nlmsghdr *h = (struct nlmsghdr *)msg;
+    h->type = type;
+    h->flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+    h->seq = ++seq;
+    mlen = sizeof *h;
+}
+static void msg_raw(const void *p, u32 n) {
+    if (mlen + n > sizeof msg) die("a netlink message too long", 0, 2);
+    memcpy(msg + mlen, p, n);
+    mlen = ALIGN4(mlen + n);
+}
+static void msg_attr(u16 type, const void *p, u32 n) {
+    struct rtattr a = {(u16)(sizeof a + n), type};
+    if (mlen + sizeof a + n > sizeof msg) die("a netlink message too long", 0, 2);
+    memcpy(msg + mlen, &a, sizeof a);
+    memcpy(msg + mlen + sizeof a, p, n);
+    mlen = ALIGN4(mlen + sizeof a + n);
+}
+static u32 msg_nest(u16 type) {
+    u32 at = mlen;
+    msg_attr(type, 0, 0);
+    return at;
+}
+static void msg_nest_end(u32 at) { ((struct rtattr *)(msg + at))->len = (u16)(mlen - at); }
+static void msg_str(u16 type, const char *s) { msg_attr(type, s, (u32)slen(s) + 1); }
+/* Sends the message on `fd`; returns the kernel's answer (0 or a negative errno). */
+static int msg_send(int fd) {
+    ((struct nlmsghdr *)msg)->len = mlen;
+    nl_send(fd, msg, mlen);
+    long n = nl_recv(fd);
+    struct nlmsghdr *h = (struct nlmsghdr *)rbuf;
+    if (n < (long)(sizeof *h + sizeof(int)) || h->type != NLMSG_ERROR) die("no answer from netlink", 0, 1);
+    return *(int *)(rbuf + sizeof *h);
+}
+
+/* The index of interface `name` in the current network namespace (0: none). */
+static int if_index(const char *name) {
+    struct {
+        char name[16];
+        int index;
+        u8 pad[20];
+    } r;
+    memset(&r, 0, sizeof r);
+    size_t n = slen(name);
+    if (n > 15) die("an interface name over 15 bytes", 0, 2);
+    memcpy(r.name, name, n);
+    long s = sys6(SYS_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0, 0, 0, 0);
+    if (s < 0) die("opening a socket", s, 1);
+    long e = sys6(SYS_ioctl, s, SIOCGIFINDEX, (long)&r, 0, 0, 0);
+    sys6(SYS_close, s, 0, 0, 0, 0, 0);
+    if (e == -ENODEV) return 0;
+    if (e < 0) die("looking up an interface", e, 1);
+    return r.index;
+}
+
+static void hex8(char *p, u32 v) {
+    static const char d[] = "0123456789abcdef";
+    for (int i = 7; i >= 0; i--, v >>= 4) p[i] = d[v & 15];
+}
+
+/*
+ * Makes a veth pair: `kx<address in hex>` on the host, a port of `bridge` and up, and
+ * `eth0` in the namespace `nsfd`, up. The host end's name is the address's lease: the
+ * kernel keeps interface names unique, and the pair goes when the sandbox's namespace
+ * does. `eth0` is brought up once it has its address. Tries `count` addresses of the subnet from index `first` on, starting at `start`;
+ * returns the address taken.
+ */
+static u32 make_veth(int fd, int bridge, long nsfd, u32 net, long first, long count, long start) {
+    for (long tried = 0; tried < count && tried < 4096; tried++) {
+        u32 addr = net + (u32)(first + (start + tried) % count);
+        char host[11] = "kx";
+        hex8(host + 2, addr);
+        host[10] = 0;
+        msg_start(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
+        struct ifinfomsg ifi = {AF_UNSPEC, 0, 0, 0, IFF_UP, IFF_UP};
+        msg_raw(&ifi, sizeof ifi);
+        msg_str(IFLA_IFNAME, host);
+        u32 master = (u32)bridge;
+        msg_attr(IFLA_MASTER, &master, 4);
+        u32 info = msg_nest(IFLA_LINKINFO);
+        msg_str(IFLA_INFO_KIND, "veth");
+        u32 data = msg_nest(IFLA_INFO_DATA);
+        u32 peer = msg_nest(VETH_INFO_PEER);
+        /* Down: the kernel cannot bring a veth up before its pair is complete. */
+        struct ifinfomsg down = {AF_UNSPEC, 0, 0, 0, 0, 0};
+        msg_raw(&down, sizeof down);
+        msg_str(IFLA_IFNAME, "eth0");
+        u32 ns = (u32)nsfd;
+        msg_attr(IFLA_NET_NS_FD, &ns, 4);
+        msg_nest_end(peer);
+        msg_nest_end(data);
+        msg_nest_end(info);
+        int err = msg_send(fd);
+        if (!err) return addr;
+        if (err != -EEXIST) die("making the sandbox's interface", err, 1);
+        /* The address is another sandbox's, unless it was the sandbox's own `eth0`. */
+        if (!if_index(host)) die("the sandbox has an interface already", 0, 1);
+    }
+    die("no free address for the sandbox on its network", 0, 1);
+    return 0;
+}
+
+/*
+ * plug PID BRIDGE NET/PREFIX GATEWAY FIRST COUNT: the sandbox (PID's network namespace,
+ * with no interface but loopback) gets an interface on BRIDGE with an address of NET, the
+ * address index within the subnet taken from FIRST..FIRST+COUNT-1, and a default route via
+ * GATEWAY. The caller then adds the fence's routes, still in the sandbox's namespace.
+ */
+static void plug(char **argv) {
+    u8 netb[4], gwb[4];
+    const char *p = parse_addr(argv[4], netb);
+    if (!p || *p != '/') die("bad subnet", 0, 2);
+    long prefix = parse_dec(p + 1);
+    if (prefix < 8 || prefix > 30) die("bad subnet prefix", 0, 2);
+    p = parse_addr(argv[5], gwb);
+    if (!p || *p) die("bad gateway", 0, 2);
+    long first = parse_dec(argv[6]), count = parse_dec(argv[7]);
+    long size = 1L << (32 - prefix);
+    if (count < 1 || first < 1 || first + count > size - 1) die("bad address range", 0, 2);
+    u32 net = (u32)netb[0] << 24 | (u32)netb[1] << 16 | (u32)netb[2] << 8 | netb[3];
+    int bridge = if_index(argv[3]);
+    if (!bridge) die("the sandboxes' bridge is not on the engine's host", 0, 1);
+    int nsfd = open_ns(argv[2], "net");
+    int host = nl_open();
+    u32 addr = make_veth(host, bridge, nsfd, net, first, count, parse_dec(argv[2]) % count);
+    sys6(SYS_close, host, 0, 0, 0, 0, 0);
+    enter_netns_fd(nsfd);
+    int fd = nl_open();
+    int eth0 = if_index("eth0");
+    if (!eth0) die("the sandbox's interface is missing", 0, 1);
+    msg_start(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL);
+    struct ifaddrmsg ifa = {AF_INET, (u8)prefix, 0, RT_SCOPE_UNIVERSE, (u32)eth0};
+    msg_raw(&ifa, sizeof ifa);
+    u8 a[4] = {(u8)(addr >> 24), (u8)(addr >> 16), (u8)(addr >> 8), (u8)addr};
+    u32 bcast = addr | (u32)(size - 1);
+    u8 b[4] = {(u8)(bcast >> 24), (u8)(bcast >> 16), (u8)(bcast >> 8), (u8)bcast};
+    msg_attr(IFA_LOCAL, a, 4);
+    msg_attr(IFA_ADDRESS, a, 4);
+    msg_attr(IFA_BROADCAST, b, 4);
+    int err = msg_send(fd);
+    if (err) die("giving the sandbox its address", err, 1);
+    msg_start(RTM_NEWLINK, 0);
+    struct ifinfomsg up = {AF_UNSPEC, 0, 0, eth0, IFF_UP, IFF_UP};
+    msg_raw(&up, sizeof up);
+    err = msg_send(fd);
+    if (err) die("bringing the sandbox's interface up", err, 1);
+    char route[] = "g00000000/0/00000000";
+    hex8(route + 12, (u32)gwb[0] << 24 | (u32)gwb[1] << 16 | (u32)gwb[2] << 8 | gwb[3]);
+    add_route(fd, route);
+    sys6(SYS_close, fd, 0, 0, 0, 0, 0);
+}
+
+/*
+ * The sandbox's resolvers: the `nameserver` lines of its /etc/resolv.conf (the engine
+ * wrote the host's there) that the sandbox can reach through its fence, as a UDP connect
+ * in its network namespace finds (routes only, nothing is sent); when none is left,
+ * `fallback` (comma-separated addresses in hex). Read and written in the sandbox's mount
+ * namespace (`mntfd`), so the image's symlinks resolve inside the sandbox. The file is left
+ * alone when every resolver is reachable. The last step of `plug`: the caller's root and
+ * working directory are the sandbox's afterwards.
+ */
+#define O_RDWR 2
+#define CLONE_NEWNS 0x00020000
+static char rc_in[16384], rc_out[16384 + 512];
+
+static int reachable(const u8 a[4]) {
+    if (a[0] == 127) return 0;
+    long s = sys6(SYS_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0, 0, 0, 0);
+    if (s < 0) die("opening a socket", s, 1);
+    struct {
+        u16 family, port;
+        u8 addr[4];
+        u8 zero[8];
+    } to;
+    memset(&to, 0, sizeof to);
+    to.family = AF_INET;
+    to.port = (u16)(53 << 8);
+    memcpy(to.addr, a, 4);
+    long r = sys6(SYS_connect, s, (long)&to, sizeof to, 0, 0, 0);
+    sys6(SYS_close, s, 0, 0, 0, 0, 0);
+    return r == 0;
+}
+
+/* A dotted IPv4 address at `p` (to the end of the word); 0 when it is not one. */
+static int dotted(const char *p, const char *end, u8 a[4]) {
+    int part = 0;
+    long v = -1;
+    for (; p <= end; p++) {
+        if (p < end && *p >= '0' && *p <= '9') {
+            v = (v < 0 ? 0 : v * 10) + (*p - '0');
+            if (v > 255) return 0;
+        } else if (p == end || *p == '.') {
+            if (v < 0 || part > 3) return 0;
+            a[part++] = (u8)v;
+            v = -1;
+            if (p == end) break;
+        } else {
+            return 0;
+        }
+    }
+    return part == 4;
+}
+
+static void out_add(size_t *n, const char *s, size_t len) {
+    if (*n + len > sizeof rc_out) die("resolv.conf too long", 0, 1);
+    memcpy(rc_out + *n, s, len);
+    *n += len;
+}
+
+static void fix_resolvers(long mntfd, const char *fallback) {
+    long r = sys6(SYS_setns, mntfd, CLONE_NEWNS, 0, 0, 0, 0);
+    if (r < 0) die("entering the sandbox's mount namespace", r, 1);
+    long fd = sys6(SYS_openat, AT_FDCWD, (long)"/etc/resolv.conf", O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0, 0, 0);
+    if (fd < 0) die("opening the sandbox's /etc/resolv.conf", fd, 1);
+    long len = 0;
+    for (;;) {
+        long n = sys6(SYS_read, fd, (long)(rc_in + len), (long)(sizeof rc_in - len), 0, 0, 0);
+        if (n < 0) die("reading the sandbox's /etc/resolv.conf", n, 1);
+        if (n == 0) break;
+        len += n;
+        if (len == (long)sizeof rc_in) die("the sandbox's /etc/resolv.conf is over 16 KiB", 0, 1);
+    }
+    size_t outn = 0;
+    int kept = 0, dropped = 0;
+    for (long i = 0; i < len;) {
+        long j = i;
+        while (j < len && rc_in[j] != '\n') j++;
+        const char *l = rc_in + i;
+        long ll = j - i;
+        int is_ns = ll > 11 && !memcmp_(l, "nameserver", 10) && (l[10] == ' ' || l[10] == '\t');
+        if (is_ns) {
+            const char *p = l + 10;
+            while (p < l + ll && (*p == ' ' || *p == '\t')) p++;
+            const char *e = p;
+            while (e < l + ll && *e != ' ' && *e != '\t' && *e != '\r') e++;
+            u8 a[4];
+            if (dotted(p, e, a) && reachable(a)) {
+                kept++;
+                out_add(&outn, l, (size_t)ll);
+                out_add(&outn, "\n", 1);
+            } else {
+                dropped++;
+            }
+        } else {
+            out_add(&outn, l, (size_t)ll);
+            out_add(&outn, "\n", 1);
+        }
+        i = j + 1;
+    }
+    if (!dropped) {
+        sys6(SYS_close, fd, 0, 0, 0, 0, 0);
+        return;
+    }
+    for (const char *f = fallback; !kept && *f;) {
+        u8 a[4];
+        const char *p = parse_addr(f, a);
+        if (!p || (*p && *p != ',')) die("bad fallback resolver", 0, 2);
+        char line[32] = "nameserver ";
+        int n = 11;
+        for (int k = 0; k < 4; k++) {
+            char d[4];
+            int m = 0, v = a[k];
+            do d[m++] = (char)('0' + v % 10), v /= 10; while (v);
+            while (m) line[n++] = d[--m];
+            line[n++] = k < 3 ? '.' : '\n';
+        }
+        out_add(&outn, line, (size_t)n);
+        f = *p ? p + 1 : p;
+    }
+    r = sys6(SYS_lseek, fd, 0, 0, 0, 0, 0);
+    if (r >= 0) r = sys6(SYS_ftruncate, fd, 0, 0, 0, 0, 0);
+    for (size_t off = 0; r >= 0 && off < outn; off += (size_t)r)
+        r = sys6(SYS_write, fd, (long)(rc_out + off), (long)(outn - off), 0, 0, 0);
+    if (r < 0) die("writing the sandbox's /etc/resolv.conf", r, 1);
+    sys6(SYS_close, fd, 0, 0, 0, 0, 0);
+}
+
+/* unplug PID: the sandbox's interface (and its host end) removed; none is fine. */
+static void unplug(const char *pid) {
+    enter_netns(pid);
+    int eth0 = if_index("eth0");
+    if (!eth0) return;
+    int fd = nl_open();
+    msg_start(RTM_DELLINK, 0);
+    struct ifinfomsg ifi = {AF_UNSPEC, 0, 0, eth0, 0, 0};
+    msg_raw(&ifi, sizeof ifi);
+    int err = msg_send(fd);
+    if (err && err != -ENODEV) die("removing the sandbox's interface", err, 1);
+    sys6(SYS_close, fd, 0, 0, 0, 0, 0);
 }
 
 /* struct termios as the kernel's TCGETS/TCSETS take it (the same on x86_64 and aarch64). */
@@ -497,13 +864,6 @@ static void gate(char **envp) {
     die("gate: running /bin/sh", r, 127);
 }
 
-static long parse_dec(const char *s) {
-    long v = 0;
-    int n = 0;
-    while (*s >= '0' && *s <= '9' && n < 9) v = v * 10 + (*s++ - '0'), n++;
-    if (!n || *s) die("bad number", 0, 2);
-    return v;
-}
 
 static int streq(const char *a, const char *b) {
     while (*a && *a == *b) a++, b++;
@@ -564,11 +924,6 @@ static void tar_put(const void *p, size_t n) {
 static void tar_pad(unsigned long n) {
     static const u8 zero[512];
     if (n % 512) tar_put(zero, 512 - n % 512);
-}
-static size_t slen(const char *s) {
-    size_t n = 0;
-    while (s[n]) n++;
-    return n;
 }
 static void octal(char *field, int width, unsigned long v) {
     /* width - 1 digits and a NUL */
@@ -777,7 +1132,7 @@ void cmain(long *sp) {
     static const char usage[] =
         "usage: kodx-net hold | hold-idle SECS | gate | snapshot[-on-line] MARKER ROOT | addrs | "
         "routes SPEC... | "
-        "fence PID SPEC...";
+        "fence PID SPEC... | plug PID BRIDGE NET/PREFIX GATEWAY FIRST COUNT DNS SPEC... | unplug PID";
     if (argc < 2) die(usage, 0, 2);
     if (streq(argv[1], "hold")) {
         /* A signal whose default is to end the process (the engine's stop) ends it. */
@@ -803,12 +1158,21 @@ void cmain(long *sp) {
         if (argc != 3) die(usage, 0, 2);
         hold_idle(parse_dec(argv[2]));
     }
-    long first = 2;
+    long first = 2, mntfd = -1;
     if (streq(argv[1], "fence")) {
         if (argc < 3) die(usage, 0, 2);
         /* Before the netlink socket: a socket belongs to the namespace it was made in. */
         enter_netns(argv[2]);
         first = 3;
+    } else if (streq(argv[1], "plug")) {
+        if (argc < 9) die(usage, 0, 2);
+        mntfd = open_ns(argv[2], "mnt");
+        plug(argv);
+        first = 9;
+    } else if (streq(argv[1], "unplug")) {
+        if (argc != 3) die(usage, 0, 2);
+        unplug(argv[2]);
+        first = argc;
     } else if (!streq(argv[1], "routes") && !streq(argv[1], "addrs")) {
         die(usage, 0, 2);
     }
@@ -816,6 +1180,7 @@ void cmain(long *sp) {
     if (!streq(argv[1], "addrs")) {
         for (long i = first; i < argc; i++) add_route(fd, argv[i]);
     }
+    if (mntfd >= 0) fix_resolvers(mntfd, streq(argv[8], "-") ? "" : argv[8]);
     dump_addrs(fd);
     flush(1);
     sys6(SYS_exit_group, 0, 0, 0, 0, 0, 0);

@@ -529,8 +529,9 @@ async fn sandbox_limits(out: &mut Report, engine: &Engine) {
     };
     match kodx::sandbox::net::check_arch(&facts.arch) {
         Ok(()) => out.ok(format!(
-            "sandbox network: fenced by kodx's helper for {} (host, link-local and private \
-             ranges unreachable), through the engine's fencer container {}",
+            "sandbox network: plugged in and fenced by kodx's helper for {} (host, \
+             link-local and private ranges unreachable), through the engine's fencer \
+             container {}",
             facts.arch,
             kodx::sandbox::net::fencer_name()
         )),

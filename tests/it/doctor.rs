@@ -249,7 +249,7 @@ async fn all_checks_pass_without_printing_a_secret() {
     out.expect("ok", "Docker engine");
     // Which fence and which disk bound apply on this engine (overlay2 on ext4 here: no
     // quota, so the watchdog; the watchdog is named either way).
-    let net = out.expect("ok", "sandbox network: fenced");
+    let net = out.expect("ok", "sandbox network: plugged in and fenced");
     assert!(net.contains(std::env::consts::ARCH), "{net}");
     let disk = out.expect("ok", "sandbox disk:");
     assert!(disk.contains("watchdog"), "{disk}");

@@ -277,7 +277,7 @@ async fn one_hardened_fencer_fences_every_sandbox_and_is_made_again_when_gone() 
     assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
     let mut caps = hc.cap_add.clone().unwrap();
     caps.sort();
-    assert_eq!(caps, ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"]);
+    assert_eq!(caps, ["NET_ADMIN", "SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE"]);
     // The next sandbox uses the same one.
     fenced_run("net-fencer-2").await;
     let again = docker.inspect_container(&name, None).await.unwrap();
@@ -311,6 +311,184 @@ async fn one_hardened_fencer_fences_every_sandbox_and_is_made_again_when_gone() 
         used.trim().parse::<u64>().unwrap() >= before,
         "last used at {used}, the run began at {before}"
     );
+    server.abort();
+}
+
+/// Sandboxes are made without an engine network and plugged in by the fencer: each gets
+/// its own address from the upper half of the subnet (the engine hands out the lower),
+/// reaches what the operator allows through it, keeps only resolvers its fence lets through
+/// (else the public fallbacks), and its host end goes with it.
+#[tokio::test]
+async fn sandboxes_are_plugged_in_with_their_own_addresses_and_leave_nothing_behind() {
+    let engine = common::require_engine!();
+    let (port, server) = host_listener().await;
+    let gateway = sandbox_gateway(&engine).await;
+    let net = engine
+        .docker()
+        .inspect_network(kodx::sandbox::net::NETWORK_NAME, None)
+        .await
+        .unwrap();
+    let subnet: Cidr = net.ipam.unwrap().config.unwrap()[0]
+        .subnet
+        .clone()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let bridge = format!("br-{}", &net.id.unwrap()[..12]);
+    // The host's first IPv4 resolver (what the engine writes into a sandbox), when it is
+    // one the fence blocks: the second sandbox is allowed to reach it, and keeps it.
+    let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let host_resolver: Option<std::net::Ipv4Addr> = resolv
+        .lines()
+        .filter_map(|l| l.strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().parse().ok())
+        .find(|a: &std::net::Ipv4Addr| !a.is_loopback());
+    let blocked_resolver = host_resolver.filter(|a| a.is_private() || a.is_link_local());
+    let mut a = spec("net-plug-a");
+    a.allowed_cidrs = vec![Cidr::host(gateway)];
+    let mut b = spec("net-plug-b");
+    b.allowed_cidrs = vec![Cidr::host(gateway)];
+    b.allowed_cidrs.extend(blocked_resolver.map(Cidr::host));
+    let (sa, sb) = tokio::join!(start(&engine, &a), start(&engine, &b));
+    let own_address = format!(
+        "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+         s.connect(('{gateway}', 9)); print('addr', s.getsockname()[0])\"; {}; \
+         grep '^nameserver' /etc/resolv.conf",
+        probe(port, &[gateway.to_string()])
+    );
+    let mut addrs = Vec::new();
+    for (sandbox, spec) in [(&sa, &a), (&sb, &b)] {
+        let info = engine
+            .docker()
+            .inspect_container(sandbox.container_id(), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            info.host_config.unwrap().network_mode.as_deref(),
+            Some("none"),
+            "made without an engine network"
+        );
+        let out = sandbox
+            .feed_chars("default", &own_address, 20 * SEC)
+            .await
+            .unwrap()
+            .output;
+        let addr: std::net::Ipv4Addr = out
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("addr "))
+            .unwrap_or_else(|| panic!("{out}"))
+            .parse()
+            .unwrap();
+        let offset = u32::from(addr) - u32::from(subnet.addr());
+        let size = 1u32 << (32 - subnet.prefix());
+        assert!(
+            subnet.contains_addr(addr) && offset >= size / 2 && offset < size - 1,
+            "{addr}: the upper half of {subnet}, not its broadcast address"
+        );
+        assert!(
+            matches!(probed(&out).as_slice(), [(_, Ok(_))]),
+            "the allowed gateway is reachable: {out}"
+        );
+        let port_dir = format!("/sys/class/net/kx{:08x}", u32::from(addr));
+        let master = std::fs::read_link(format!("{port_dir}/master")).unwrap();
+        assert!(
+            master.ends_with(&bridge),
+            "{master:?} is the bridge {bridge}"
+        );
+        let resolvers: Vec<std::net::Ipv4Addr> = out
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("nameserver"))
+            .filter_map(|a| a.trim().parse().ok())
+            .collect();
+        assert!(!resolvers.is_empty(), "{out}");
+        for r in &resolvers {
+            let allowed = spec.allowed_cidrs.iter().any(|c| c.contains_addr(*r));
+            assert!(
+                allowed || !(r.is_private() || r.is_link_local() || r.is_loopback()),
+                "{r} is a resolver the fence blocks: {out}"
+            );
+        }
+        if blocked_resolver.is_some() && spec.run_id == a.run_id {
+            assert_eq!(
+                resolvers,
+                kodx::sandbox::net::FALLBACK_RESOLVERS,
+                "the host's resolver is blocked: the fallbacks: {out}"
+            );
+        }
+        if let (Some(r), true) = (blocked_resolver, spec.run_id == b.run_id) {
+            assert!(
+                resolvers.contains(&r),
+                "the allowed resolver {r} is kept: {out}"
+            );
+        }
+        addrs.push(addr);
+    }
+    assert_ne!(addrs[0], addrs[1], "each sandbox has its own address");
+    sa.destroy().await.unwrap();
+    sb.destroy().await.unwrap();
+    // The kernel tears a namespace down in the background: within seconds.
+    for addr in addrs {
+        let port_dir = format!("/sys/class/net/kx{:08x}", u32::from(addr));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::path::Path::new(&port_dir).exists() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(
+            !std::path::Path::new(&port_dir).exists(),
+            "{port_dir} went with its sandbox"
+        );
+    }
+    server.abort();
+}
+
+/// Where the engine's fencer cannot be used, sandboxes join the network through the engine
+/// and a helper container per sandbox raises the fence: as fenced, and the cut after the
+/// setup still cuts.
+#[tokio::test]
+async fn without_the_fencer_sandboxes_join_through_the_engine_and_are_fenced_by_helpers() {
+    let engine = common::require_engine!();
+    let (port, server) = host_listener().await;
+    let targets = host_targets(&engine).await;
+    kodx::sandbox::net::refuse_fencer(engine.host());
+    let mut cut = spec("net-no-fencer");
+    cut.setup_script = Some("true".into());
+    cut.disable_network_after_setup = true;
+    let sb = start(&engine, &cut).await;
+    let info = engine
+        .docker()
+        .inspect_container(sb.container_id(), None)
+        .await
+        .unwrap();
+    let mode = info.host_config.unwrap().network_mode.unwrap_or_default();
+    assert_ne!(mode, "none", "joined through the engine");
+    // Cut after the setup: no network at all.
+    let out = sb
+        .feed_chars("default", &probe(port, &targets), 30 * SEC)
+        .await
+        .unwrap();
+    for (host, result) in probed(&out.output) {
+        assert!(result.is_err(), "{host} reached after the cut: {out:?}");
+    }
+    let networks = engine
+        .docker()
+        .inspect_container(sb.container_id(), None)
+        .await
+        .unwrap()
+        .network_settings
+        .and_then(|n| n.networks)
+        .unwrap_or_default();
+    assert!(networks.is_empty(), "disconnected: {networks:?}");
+    sb.destroy().await.unwrap();
+    // And fenced while it was on, by a helper container (gone now).
+    let on = spec("net-no-fencer-2");
+    let sb = start(&engine, &on).await;
+    let out = sb
+        .feed_chars("default", &probe(port, &targets), 30 * SEC)
+        .await
+        .unwrap();
+    assert_fenced(&out.output, &targets);
+    assert_eq!(containers_of(&engine, &on.run_id).await.len(), 1);
+    sb.destroy().await.unwrap();
     server.abort();
 }
 

@@ -199,11 +199,20 @@ impl Engine {
             }
         };
         let made = async {
-            let network = match shape.no_network {
-                true => None,
-                false => Some(net::ensure_network(&self.docker, NETWORK_NAME, &shape.image).await?),
+            let (network, plug) = match shape.no_network {
+                true => (None, false),
+                false => {
+                    let (network, fencer) = tokio::join!(
+                        net::ensure_network(&self.docker, NETWORK_NAME, &shape.image),
+                        net::fencer_ready(&self.docker, &self.host, &shape.image)
+                    );
+                    let network = network?;
+                    let plug = fencer && net::plugs(&self.host, &network);
+                    (Some(network), plug)
+                }
             };
-            let network_id = network.as_ref().map(|n| n.id.as_str());
+            // A plugged sandbox is made without a network: the fencer gives it one.
+            let network_id = network.as_ref().filter(|_| !plug).map(|n| n.id.as_str());
             let image = self.sandbox_image(&shape.image).await;
             let made = self
                 .create_container(shape, &image.name, name, labels.clone(), network_id)
@@ -241,7 +250,7 @@ impl Engine {
                     .map_err(|e| SandboxError::docker("starting the container", e))
             };
             match started.await {
-                Ok(()) => Ok((id, guard, network)),
+                Ok(()) => Ok((id, guard, network, plug)),
                 Err(e) => {
                     let _ = remove(&self.docker, &id).await;
                     Err(e)
@@ -249,7 +258,7 @@ impl Engine {
             }
         };
         let (host_addrs, made) = tokio::join!(host_addrs, made);
-        let (id, guard, network) = made?;
+        let (id, guard, network, plug) = made?;
         let host_addrs = match host_addrs {
             Ok(a) => a,
             Err(e) => {
@@ -260,6 +269,7 @@ impl Engine {
         let fencing = match (network, host_addrs) {
             (Some(net), Some(addrs)) => net::Fencing::plan(
                 &net,
+                plug,
                 &addrs,
                 &shape.allowed_cidrs,
                 &self.host,
@@ -414,7 +424,7 @@ impl Engine {
         *sandbox.setup.lock() = report;
         if spec.disable_network_after_setup && !spec.no_network {
             progress("cutting the network");
-            cut_network(&self.docker, &sandbox.id).await?;
+            cut_network(&self.docker, &self.host, &spec.image, &sandbox.id).await?;
         }
         progress("starting the shell");
         sandbox.open_first_shell(early).await
@@ -538,18 +548,28 @@ fn validate_run_id(id: &str) -> Result<()> {
     }
 }
 
-/// Disconnects the container from every network and checks that none is left.
-async fn cut_network(docker: &Docker, id: &str) -> Result<()> {
+/// Cuts the container's network: a plugged sandbox (made without a network) loses its
+/// interface through the engine's fencer (`engine`, made from `image` if gone); one that
+/// joined networks through the engine is disconnected from each. Checks that none is left.
+async fn cut_network(docker: &Docker, engine: &str, image: &str, id: &str) -> Result<()> {
     let networks = |info: bollard::models::ContainerInspectResponse| -> Vec<String> {
         info.network_settings
             .and_then(|n| n.networks)
-            .map(|n| n.into_keys().collect())
+            .map(|n| n.into_keys().filter(|n| n != "none").collect())
             .unwrap_or_default()
     };
     let info = docker
         .inspect_container(id, None)
         .await
         .map_err(|e| SandboxError::docker("inspecting the container's networks", e))?;
+    let plugged = info
+        .host_config
+        .as_ref()
+        .and_then(|h| h.network_mode.as_deref())
+        == Some("none");
+    if plugged {
+        return net::unplug(docker, engine, image, id).await;
+    }
     for net in networks(info) {
         docker
             .disconnect_network(

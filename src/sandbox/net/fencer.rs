@@ -1,17 +1,18 @@
-//! The fencer: one small container per engine that raises every sandbox's fence with one
-//! engine exec, instead of a helper container per sandbox (create, copy in, start, wait,
-//! remove: about 225 ms of engine calls each time).
+//! The fencer: one small container per engine that plugs and fences every sandbox with
+//! one engine exec, instead of a helper container per sandbox (create, copy in, start,
+//! wait, remove: about 225 ms of engine calls each time).
 //!
 //! It runs kodx's helper (`hold-idle`) in the engine host's PID and network namespaces with
-//! `CAP_SYS_ADMIN`, `CAP_NET_ADMIN` and `CAP_SYS_PTRACE` (all other capabilities dropped, no
-//! new privileges, 32 MiB, 16 processes, nothing listening); `kodx-net fence <pid> …` run
-//! in it enters the network namespace of a sandbox's init and adds the routes there, and
-//! `kodx-net addrs` lists the engine host's addresses. Nothing of a sandbox or of a
-//! repository runs in it, and nothing but the engine's API reaches it. It is shared by
-//! every kodx process using the engine (named after the helper's hash, so a kodx with
-//! another helper makes its own), made by the first that needs it, and made with
-//! auto-remove: once no fence was raised for [`IDLE_SECS`], it exits and the engine removes
-//! it.
+//! `CAP_SYS_ADMIN`, `CAP_NET_ADMIN`, `CAP_SYS_PTRACE` and `CAP_SYS_CHROOT` (all others
+//! dropped, no new privileges, 32 MiB, 16 processes, nothing listening); `kodx-net plug
+//! <pid> …` run in it gives a sandbox its interface on the sandboxes' bridge, enters the
+//! sandbox's network namespace and adds the routes there, and writes the sandbox's
+//! resolvers from inside its mount namespace; `kodx-net addrs` lists the engine host's
+//! addresses. Nothing of a sandbox or of a repository runs in it, and nothing but the
+//! engine's API reaches it. It is shared by every kodx process using the engine (named
+//! after the helper's hash, so a kodx with another helper makes its own), made by the
+//! first that needs it, and made with auto-remove: once no fence was raised for
+//! [`IDLE_SECS`], it exits and the engine removes it.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -34,7 +35,7 @@ pub const IDLE_SECS: u64 = 1800;
 pub const FENCER_PREFIX: &str = "kodx-fencer-";
 
 /// Changed with the fencer's container settings: a kodx with other settings makes its own.
-const FENCER_VERSION: &[u8] = b"fencer 2: host network";
+const FENCER_VERSION: &[u8] = b"fencer 3: plugs sandboxes";
 
 /// This kodx's fencer's name.
 pub fn fencer_name() -> String {
@@ -123,7 +124,9 @@ async fn make(docker: &Docker, name: &str, image: &str) -> Result<String> {
             privileged: Some(false),
             cap_drop: Some(vec!["ALL".to_string()]),
             cap_add: Some(
-                ["SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE"]
+                // SYS_CHROOT with SYS_ADMIN: entering a sandbox's mount namespace, to
+                // write its resolvers.
+                ["SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE", "SYS_CHROOT"]
                     .map(String::from)
                     .to_vec(),
             ),

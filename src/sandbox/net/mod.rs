@@ -9,14 +9,16 @@
 //!   inter-container traffic off (`enable_icc=false`) and no IPv6.
 //! - A sandbox's main process is kodx's helper (`hold`), a tiny static program compiled
 //!   by build.rs and embedded here, so the image needs nothing and nothing of the image
-//!   runs before the fence is up. Right after the sandbox starts, before its setup script
-//!   or any shell runs (the repository's files go in meanwhile), the engine's fencer (one
-//!   small container per engine, `fencer`) enters the sandbox's network namespace with
-//!   one exec and adds `unreachable` routes: the gateway (the host), every address of the
-//!   engine's host, and the ranges in [`BLOCKED`], minus what the operator allows. A
-//!   connect to any of them fails at once with "No route to host". The sandbox's own
-//!   processes never have `NET_ADMIN`. Where the fencer cannot run, a short-lived helper
-//!   container joined to the sandbox's namespace adds the routes instead.
+//!   runs before the fence is up. The sandbox is made without a network. Right after it
+//!   starts, before its setup script or any shell runs (the repository's files go in
+//!   meanwhile), the engine's fencer (one small container per engine, `fencer`) plugs it
+//!   into that bridge with one exec (a veth pair, an address, a default route, resolvers
+//!   it can reach) and adds `unreachable` routes: the gateway (the host), every address
+//!   of the engine's host, and the ranges in [`BLOCKED`], minus what the operator allows.
+//!   A connect to any of them fails at once with "No route to host". The sandbox's own
+//!   processes never have `NET_ADMIN`. Where the fencer cannot run, the sandbox joins the
+//!   network through the engine and a short-lived helper container joined to the
+//!   sandbox's namespace adds the routes instead.
 //! - The engine host's addresses come from the same program run once in a helper container
 //!   on the host's network (`network_mode: host`), cached for a few minutes.
 //!
@@ -31,7 +33,7 @@ mod helper;
 mod network;
 mod policy;
 
-pub use fence::Fencing;
+pub use fence::{fencer_ready, plugs, refuse_fencer, unplug, Fencing, FALLBACK_RESOLVERS};
 pub use fencer::{fencer_name, FENCER_PREFIX, IDLE_SECS as FENCER_IDLE_SECS};
 pub use helper::{
     check_arch, gate_command, hold_command, host_addresses, sandbox_file, snapshot_command,

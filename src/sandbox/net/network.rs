@@ -25,13 +25,19 @@ pub const NETWORK_LABEL: &str = "kodx.network";
 
 const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
 
-/// The sandboxes' network: its id, subnet and gateway (the host, as sandboxes see it).
+/// The sandboxes' network: its id, subnet, gateway (the host, as sandboxes see it) and
+/// the name of its bridge interface on the engine's host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxNetwork {
     pub id: String,
     pub subnet: Cidr,
     pub gateway: Ipv4Addr,
+    pub bridge: String,
 }
+
+/// The engine's option naming a bridge network's interface; without it the interface is
+/// `br-` and the network id's first 12 characters.
+const BRIDGE_NAME_OPTION: &str = "com.docker.network.bridge.name";
 
 impl SandboxNetwork {
     fn of(n: &bollard::models::Network, name: &str) -> Result<SandboxNetwork> {
@@ -59,10 +65,16 @@ impl SandboxNetwork {
             })?,
             None => Ipv4Addr::from(u32::from(subnet.addr()) + 1),
         };
+        let id = n.id.clone().unwrap_or_default();
+        let bridge = match n.options.as_ref().and_then(|o| o.get(BRIDGE_NAME_OPTION)) {
+            Some(b) if !b.is_empty() => b.clone(),
+            _ => format!("br-{}", id.get(..12).unwrap_or(&id)),
+        };
         Ok(SandboxNetwork {
-            id: n.id.clone().unwrap_or_default(),
+            id,
             subnet,
             gateway,
+            bridge,
         })
     }
 }
