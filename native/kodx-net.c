@@ -20,8 +20,10 @@
  *       whose other end (`kx<address in hex>`) is a port of BRIDGE on the host, with an
  *       address of NET whose index in the subnet is in FIRST..FIRST+COUNT-1 (the first
  *       free one from PID mod COUNT on) and a default route via GATEWAY; then adds the
- *       routes; then keeps in the sandbox's /etc/resolv.conf only the resolvers it can
- *       reach, or DNS (comma-separated hex addresses, `-` for none) when none is left.
+ *       routes, and an unreachable /32 for each of the engine host's addresses (read in
+ *       the host's namespace now) that no `a<addr>/<prefix>` SPEC (an allowed range, not a
+ *       route) covers; then keeps in the sandbox's /etc/resolv.conf only the resolvers it
+ *       can reach, or DNS (comma-separated hex addresses, `-` for none) when none is left.
  *   kodx-net unplug PID
  *       Removes the sandbox's `eth0` (and so its host end): the network cut. Prints the
  *       addresses left.
@@ -335,7 +337,8 @@ static const char *parse_addr(const char *s, u8 a[4]) {
     return s + 8;
 }
 
-static void add_route(int fd, const char *spec) {
+/* Adds the route `spec`; returns the kernel's answer (0 or a negative errno). */
+static int route(int fd, const char *spec) {
     struct {
         struct nlmsghdr h;
         struct rtmsg r;
@@ -381,7 +384,11 @@ static void add_route(int fd, const char *spec) {
     long n = nl_recv(fd);
     struct nlmsghdr *h = (struct nlmsghdr *)rbuf;
     if (n < (long)(sizeof *h + sizeof(int)) || h->type != NLMSG_ERROR) die("no answer to a route", 0, 1);
-    int err = *(int *)(rbuf + sizeof *h);
+    return *(int *)(rbuf + sizeof *h);
+}
+
+static void add_route(int fd, const char *spec) {
+    int err = route(fd, spec);
     if (err) {
         flush(1);
         put("kodx-net: adding the route ");
@@ -393,6 +400,13 @@ static void add_route(int fd, const char *spec) {
         sys6(SYS_exit_group, 1, 0, 0, 0, 0, 0);
     }
 }
+
+/* The engine host's IPv4 addresses, when `plug` read them (in the host's namespace). */
+static u32 host_v4[4096];
+static int host_v4_n;
+static int collect_v4;
+/* The sandbox's subnet, as `plug` read it. */
+static u32 plug_net, plug_mask;
 
 static void dump_addrs(int fd) {
     struct {
@@ -424,7 +438,11 @@ static void dump_addrs(int fd) {
                     struct rtattr *ra = (struct rtattr *)(rbuf + off + a);
                     if (ra->len < sizeof *ra || a + ra->len > h->len) break;
                     int t = ra->type;
-                    if ((t == IFA_ADDRESS || t == IFA_LOCAL || t == IFA_BROADCAST) &&
+                    if (collect_v4 && want == 4 && t == IFA_LOCAL && ra->len == sizeof *ra + 4) {
+                        const u8 *v = (const u8 *)ra + sizeof *ra;
+                        if (host_v4_n < 4096)
+                            host_v4[host_v4_n++] = (u32)v[0] << 24 | (u32)v[1] << 16 | (u32)v[2] << 8 | v[3];
+                    } else if (!collect_v4 && (t == IFA_ADDRESS || t == IFA_LOCAL || t == IFA_BROADCAST) &&
                         ra->len == sizeof *ra + (u32)want) {
                         put(want == 4 ? "4 " : "6 ");
                         put_hex((u8 *)ra + sizeof *ra, want);
@@ -658,6 +676,11 @@ static void plug(char **argv) {
     if (!bridge) die("the sandboxes' bridge is not on the engine's host", 0, 1);
     int nsfd = open_ns(argv[2], "net");
     int host = nl_open();
+    collect_v4 = 1;
+    dump_addrs(host);
+    collect_v4 = 0;
+    if (host_v4_n == 4096) die("the engine's host has over 4095 addresses", 0, 1);
+    plug_net = net, plug_mask = ~0u << (32 - prefix);
     u32 addr = make_veth(host, bridge, nsfd, net, first, count, parse_dec(argv[2]) % count);
     sys6(SYS_close, host, 0, 0, 0, 0, 0);
     enter_netns_fd(nsfd);
@@ -809,6 +832,41 @@ static void fix_resolvers(long mntfd, const char *fallback) {
         r = sys6(SYS_write, fd, (long)(rc_out + off), (long)(outn - off), 0, 0, 0);
     if (r < 0) die("writing the sandbox's /etc/resolv.conf", r, 1);
     sys6(SYS_close, fd, 0, 0, 0, 0, 0);
+}
+
+/* Whether the range SPEC (`<kind><addr>/<prefix>…`) of `kind` covers `h`; `wider`: only
+ * a range wider than one address counts. */
+static int covers(const char *spec, char kind, u32 h, int wider) {
+    u8 a[4];
+    const char *p = spec[0] == kind ? parse_addr(spec + 1, a) : 0;
+    if (!p || *p != '/') return 0;
+    long prefix = 0;
+    for (p++; *p >= '0' && *p <= '9' && prefix <= 32; p++) prefix = prefix * 10 + (*p - '0');
+    if (prefix > 32 || (wider && prefix == 32)) return 0;
+    u32 base = (u32)a[0] << 24 | (u32)a[1] << 16 | (u32)a[2] << 8 | a[3];
+    u32 mask = prefix ? ~0u << (32 - prefix) : 0;
+    return (h & mask) == (base & mask);
+}
+
+/*
+ * Makes each of the engine host's addresses `plug` read unreachable (a /32 each, loopback
+ * aside), unless an allowed range (`a<addr>/<prefix>` among `specs`) covers it, or a wider
+ * unreachable route does (off the sandbox's subnet, whose connected route would win).
+ */
+static void block_host(int fd, char **specs, long n) {
+    for (int i = 0; i < host_v4_n; i++) {
+        u32 h = host_v4[i];
+        if (h >> 24 == 127) continue;
+        int skip = 0;
+        for (long k = 0; k < n && !skip; k++)
+            skip = covers(specs[k], 'a', h, 0) ||
+                   ((h & plug_mask) != plug_net && covers(specs[k], 'u', h, 1));
+        if (skip) continue;
+        char spec[] = "u00000000/32";
+        hex8(spec + 1, h);
+        int err = route(fd, spec);
+        if (err && err != -EEXIST) die("blocking an address of the engine's host", err, 1);
+    }
 }
 
 /* unplug PID: the sandbox's interface (and its host end) removed; none is fine. */
@@ -1178,8 +1236,10 @@ void cmain(long *sp) {
     }
     int fd = nl_open();
     if (!streq(argv[1], "addrs")) {
-        for (long i = first; i < argc; i++) add_route(fd, argv[i]);
+        for (long i = first; i < argc; i++)
+            if (argv[i][0] != 'a') add_route(fd, argv[i]);
     }
+    if (mntfd >= 0) block_host(fd, argv + first, argc - first);
     if (mntfd >= 0) fix_resolvers(mntfd, streq(argv[8], "-") ? "" : argv[8]);
     dump_addrs(fd);
     flush(1);

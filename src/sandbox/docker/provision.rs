@@ -188,29 +188,32 @@ impl Engine {
         if !shape.no_network {
             net::check_arch(&self.facts().await?.arch)?;
         }
-        // The engine host's addresses (for the fence) are read while the container is
-        // made: the fence needs them only once it runs.
+        let (network, plug) = match shape.no_network {
+            true => (None, false),
+            false => {
+                let (network, fencer) = tokio::join!(
+                    net::ensure_network(&self.docker, NETWORK_NAME, &shape.image),
+                    net::fencer_ready(&self.docker, &self.host, &shape.image)
+                );
+                let network = network?;
+                let plug = fencer && net::plugs(&self.host, &network);
+                (Some(network), plug)
+            }
+        };
+        // A plugged sandbox's fence reads the engine host's addresses itself. Else they are
+        // read while the container is made: the fence needs them only once it runs.
         let host_addrs = async {
-            match shape.no_network {
-                true => Ok(None),
-                false => net::host_addresses(&self.docker, &self.host, &shape.image, name)
-                    .await
-                    .map(Some),
+            match (&network, plug) {
+                (None, _) => Ok(None),
+                (Some(_), true) => Ok(Some(Default::default())),
+                (Some(_), false) => {
+                    net::host_addresses(&self.docker, &self.host, &shape.image, name)
+                        .await
+                        .map(Some)
+                }
             }
         };
         let made = async {
-            let (network, plug) = match shape.no_network {
-                true => (None, false),
-                false => {
-                    let (network, fencer) = tokio::join!(
-                        net::ensure_network(&self.docker, NETWORK_NAME, &shape.image),
-                        net::fencer_ready(&self.docker, &self.host, &shape.image)
-                    );
-                    let network = network?;
-                    let plug = fencer && net::plugs(&self.host, &network);
-                    (Some(network), plug)
-                }
-            };
             // A plugged sandbox is made without a network: the fencer gives it one.
             let network_id = network.as_ref().filter(|_| !plug).map(|n| n.id.as_str());
             let image = self.sandbox_image(&shape.image).await;
@@ -250,7 +253,7 @@ impl Engine {
                     .map_err(|e| SandboxError::docker("starting the container", e))
             };
             match started.await {
-                Ok(()) => Ok((id, guard, network, plug)),
+                Ok(()) => Ok((id, guard)),
                 Err(e) => {
                     let _ = remove(&self.docker, &id).await;
                     Err(e)
@@ -258,7 +261,7 @@ impl Engine {
             }
         };
         let (host_addrs, made) = tokio::join!(host_addrs, made);
-        let (id, guard, network, plug) = made?;
+        let (id, guard) = made?;
         let host_addrs = match host_addrs {
             Ok(a) => a,
             Err(e) => {

@@ -125,7 +125,8 @@ async fn init_pid(docker: &Docker, id: &str) -> Result<i64> {
 impl Fencing {
     /// Plans the routes for a sandbox of `run_id` from `image` on `net` of `engine`.
     /// `None` when the operator allowed everything (`0.0.0.0/0`): there is nothing to fence.
-    /// `plug`: the sandbox was made without a network, and the fencer gives it one.
+    /// `plug`: the sandbox was made without a network, and the fencer gives it one; it
+    /// also reads the engine host's addresses then, so `host_addrs` is empty.
     pub fn plan(
         net: &SandboxNetwork,
         plug: bool,
@@ -141,6 +142,11 @@ impl Fencing {
         }
         let mut routes = fence.helper_args(net.gateway);
         routes.remove(0); // "routes"
+        if plug {
+            // Not routes: what the helper leaves reachable of the engine host's addresses,
+            // which it reads itself.
+            routes.extend(allowed.iter().map(|a| format!("a{}", a.helper_form())));
+        }
         Some(Fencing {
             fence,
             routes,
