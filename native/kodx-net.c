@@ -537,6 +537,10 @@ static void enter_netns(const char *pid) { enter_netns_fd(open_ns(pid, "net")); 
 #define IFLA_INFO_DATA 2
 #define VETH_INFO_PEER 1
 #define SIOCGIFINDEX 0x8933
+#define IFLA_AF_SPEC 26
+#define IFLA_INET6_ADDR_GEN_MODE 8
+#define IN6_ADDR_GEN_MODE_NONE 1
+#define EAFNOSUPPORT 97
 #define EEXIST 17
 #define ENODEV 19
 
@@ -698,6 +702,20 @@ static void plug(char **argv) {
     msg_attr(IFA_BROADCAST, b, 4);
     int err = msg_send(fd);
     if (err) die("giving the sandbox its address", err, 1);
+    /* No IPv6 address of its own making, not even link-local (the fence is IPv4's; the
+     * engine also turns IPv6 off in a container without a network). A kernel without IPv6
+     * says so, and has none to make. */
+    msg_start(RTM_NEWLINK, 0);
+    struct ifinfomsg nov6 = {AF_UNSPEC, 0, 0, eth0, 0, 0};
+    msg_raw(&nov6, sizeof nov6);
+    u32 spec = msg_nest(IFLA_AF_SPEC);
+    u32 inet6 = msg_nest(AF_INET6);
+    u8 none = IN6_ADDR_GEN_MODE_NONE;
+    msg_attr(IFLA_INET6_ADDR_GEN_MODE, &none, 1);
+    msg_nest_end(inet6);
+    msg_nest_end(spec);
+    err = msg_send(fd);
+    if (err && err != -EAFNOSUPPORT) die("turning IPv6 addresses off on the sandbox's interface", err, 1);
     msg_start(RTM_NEWLINK, 0);
     struct ifinfomsg up = {AF_UNSPEC, 0, 0, eth0, IFF_UP, IFF_UP};
     msg_raw(&up, sizeof up);

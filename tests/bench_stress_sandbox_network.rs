@@ -3,10 +3,11 @@
 //!
 //! cargo test --release --test bench_stress_sandbox_network -- --ignored --nocapture
 //!
-//! Starts alternate between a fenced sandbox (the default: kodx-sandbox network, routes
-//! added by the helper container), one on the same network with everything allowed
-//! (`0.0.0.0/0`: no helper, no routes) and one without network, so all see the same load;
-//! the difference of the first two medians is the fence's cost.
+//! Starts alternate between a fenced sandbox (the default: plugged into the kodx-sandbox
+//! network by the fencer, routes added by the same exec), one plugged in with everything
+//! allowed (`0.0.0.0/0`: no routes) and one without network, so all see the same load;
+//! the difference of the first two medians is the routes' cost, of the last two the
+//! network's.
 
 #[path = "it/common/mod.rs"]
 mod common;

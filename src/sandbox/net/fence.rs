@@ -99,8 +99,17 @@ fn refuse(engine: &str, e: &SandboxError) {
 /// address but loopback is left.
 pub async fn unplug(docker: &Docker, engine: &str, image: &str, id: &str) -> Result<()> {
     let pid = init_pid(docker, id).await?;
+    let args = ["unplug".to_string(), pid.to_string()];
     let fencer = fencer::fencer(docker, engine, image).await?;
-    let out = exec_in(docker, &fencer, &["unplug".to_string(), pid.to_string()]).await?;
+    let out = match exec_in(docker, &fencer, &args).await {
+        // Exited idle or removed since it was last seen: made again.
+        Err(SandboxError::Docker { source, .. }) if gone(&source) => {
+            fencer::forget(engine);
+            let fencer = fencer::fencer(docker, engine, image).await?;
+            exec_in(docker, &fencer, &args).await?
+        }
+        out => out?,
+    };
     let addrs = parse_addresses(&out)?;
     if let Some(a) = addrs.v4.iter().find(|a| !a.is_loopback()) {
         return Err(SandboxError::NetworkFence(format!(
