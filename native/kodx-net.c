@@ -22,7 +22,7 @@
  *       free one from PID mod COUNT on) and a default route via GATEWAY; then adds the
  *       routes, and an unreachable /32 for each of the engine host's addresses (read in
  *       the host's namespace now) that no `a<addr>/<prefix>` SPEC (an allowed range, not a
- *       route) covers; then keeps in the sandbox's /etc/resolv.conf only the resolvers it
+ *       route) covers, and the subnet's two halves (its other sandboxes); then keeps in the sandbox's /etc/resolv.conf only the resolvers it
  *       can reach, or DNS (comma-separated hex addresses, `-` for none) when none is left.
  *   kodx-net unplug PID
  *       Removes the sandbox's `eth0` (and so its host end): the network cut. Prints the
@@ -887,6 +887,39 @@ static void block_host(int fd, char **specs, long n) {
     }
 }
 
+/*
+ * Makes the sandbox's neighbours on its subnet unreachable: the subnet's two halves as
+ * unreachable routes, more specific than the connected one (the sandbox's own address is
+ * local and wins; the default route's gateway is resolved on the link, not by a route).
+ * The engine's `enable_icc=false` rule does this too where it has one; this holds on an
+ * engine without it (`--iptables=false`). An allowed range covering the whole subnet
+ * leaves it as it is; one covering the gateway gets the gateway a route of its own.
+ */
+static void block_peers(int fd, char **specs, long n, u32 gateway) {
+    u32 size = ~plug_mask + 1;
+    for (long k = 0; k < n; k++)
+        if (covers(specs[k], 'a', plug_net, 0) && covers(specs[k], 'a', plug_net + size - 1, 0)) return;
+    for (long k = 0; k < n; k++) {
+        if (!covers(specs[k], 'a', gateway, 0)) continue;
+        char r[] = "g00000000/32/00000000";
+        hex8(r + 1, gateway);
+        hex8(r + 13, gateway);
+        int err = route(fd, r);
+        if (err && err != -EEXIST) die("routing the allowed gateway", err, 1);
+        break;
+    }
+    int prefix = 0;
+    while (prefix < 32 && (plug_mask << prefix)) prefix++;
+    for (u32 half = 0; half < 2; half++) {
+        char r[] = "u00000000/00";
+        hex8(r + 1, plug_net + half * (size / 2));
+        r[10] = (char)('0' + (prefix + 1) / 10);
+        r[11] = (char)('0' + (prefix + 1) % 10);
+        int err = route(fd, r);
+        if (err && err != -EEXIST) die("making the sandbox's neighbours unreachable", err, 1);
+    }
+}
+
 /* unplug PID: the sandbox's interface (and its host end) removed; none is fine. */
 static void unplug(const char *pid) {
     enter_netns(pid);
@@ -1257,7 +1290,12 @@ void cmain(long *sp) {
         for (long i = first; i < argc; i++)
             if (argv[i][0] != 'a') add_route(fd, argv[i]);
     }
-    if (mntfd >= 0) block_host(fd, argv + first, argc - first);
+    if (mntfd >= 0) {
+        block_host(fd, argv + first, argc - first);
+        u8 gw[4];
+        parse_addr(argv[5], gw);
+        block_peers(fd, argv + first, argc - first, (u32)gw[0] << 24 | (u32)gw[1] << 16 | (u32)gw[2] << 8 | gw[3]);
+    }
     if (mntfd >= 0) fix_resolvers(mntfd, streq(argv[8], "-") ? "" : argv[8]);
     dump_addrs(fd);
     flush(1);

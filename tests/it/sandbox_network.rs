@@ -316,8 +316,8 @@ async fn one_hardened_fencer_fences_every_sandbox_and_is_made_again_when_gone() 
 
 /// Sandboxes are made without an engine network and plugged in by the fencer: each gets
 /// its own address from the upper half of the subnet (the engine hands out the lower),
-/// reaches what the operator allows through it, keeps only resolvers its fence lets through
-/// (else the public fallbacks), and its host end goes with it.
+/// reaches what the operator allows through it but not its neighbour, keeps only resolvers
+/// its fence lets through (else the public fallbacks), and its host end goes with it.
 #[tokio::test]
 async fn sandboxes_are_plugged_in_with_their_own_addresses_and_leave_nothing_behind() {
     let engine = common::require_engine!();
@@ -424,6 +424,20 @@ async fn sandboxes_are_plugged_in_with_their_own_addresses_and_leave_nothing_beh
         addrs.push(addr);
     }
     assert_ne!(addrs[0], addrs[1], "each sandbox has its own address");
+    // Neighbours are unreachable by route (at once), not only by the engine's rule for
+    // enable_icc=false (a timeout), which an engine run with --iptables=false lacks.
+    sb.feed_chars(
+        "default",
+        "python3 -m http.server 8000 >/dev/null 2>&1 & sleep 1",
+        20 * SEC,
+    )
+    .await
+    .unwrap();
+    let out = sa
+        .feed_chars("default", &probe(8000, &[addrs[1].to_string()]), 20 * SEC)
+        .await
+        .unwrap();
+    assert_fenced(&out.output, &[addrs[1].to_string()]);
     sa.destroy().await.unwrap();
     sb.destroy().await.unwrap();
     // The kernel tears a namespace down in the background: within seconds.

@@ -149,13 +149,20 @@ async fn make(docker: &Docker, name: &str, image: &str) -> Result<String> {
         .await;
     let id = match created {
         Ok(c) => c.id,
-        // Another process is making it.
+        // Another process (or task) is making it. The engine reserves the name before the
+        // container can be looked up by it: a moment of "no such container" is expected.
         Err(bollard::errors::Error::DockerResponseServerError {
             status_code: 409, ..
         }) => {
-            return running(docker, name).await?.ok_or_else(|| {
-                SandboxError::NetworkFence(format!("the container {name} went away"))
-            })
+            for _ in 0..20 {
+                if let Some(id) = running(docker, name).await? {
+                    return Ok(id);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            return Err(SandboxError::NetworkFence(format!(
+                "the container {name} went away"
+            )));
         }
         Err(e) => return Err(SandboxError::docker("creating the network fencer", e)),
     };
