@@ -100,16 +100,7 @@ fn refuse(engine: &str, e: &SandboxError) {
 pub async fn unplug(docker: &Docker, engine: &str, image: &str, id: &str) -> Result<()> {
     let pid = init_pid(docker, id).await?;
     let args = ["unplug".to_string(), pid.to_string()];
-    let fencer = fencer::fencer(docker, engine, image).await?;
-    let out = match exec_in(docker, &fencer, &args).await {
-        // Exited idle or removed since it was last seen: made again.
-        Err(SandboxError::Docker { source, .. }) if gone(&source) => {
-            fencer::forget(engine);
-            let fencer = fencer::fencer(docker, engine, image).await?;
-            exec_in(docker, &fencer, &args).await?
-        }
-        out => out?,
-    };
+    let out = in_fencer(docker, engine, image, &args).await?;
     let addrs = parse_addresses(&out)?;
     if let Some(a) = addrs.v4.iter().find(|a| !a.is_loopback()) {
         return Err(SandboxError::NetworkFence(format!(
@@ -117,6 +108,27 @@ pub async fn unplug(docker: &Docker, engine: &str, image: &str, id: &str) -> Res
         )));
     }
     Ok(())
+}
+
+/// What the helper with `args` printed in `engine`'s fencer (made from `image` when there is
+/// none); a fencer found gone is made again once, one that failed is looked up afresh next.
+async fn in_fencer(docker: &Docker, engine: &str, image: &str, args: &[String]) -> Result<String> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let fencer = fencer::fencer(docker, engine, image).await?;
+        match exec_in(docker, &fencer, args).await {
+            // Exited idle or removed since it was last seen: made again.
+            Err(SandboxError::Docker { source, .. }) if tries == 1 && gone(&source) => {
+                fencer::forget(engine);
+            }
+            Err(e) => {
+                fencer::forget(engine);
+                return Err(e);
+            }
+            Ok(out) => return Ok(out),
+        }
+    }
 }
 
 /// The sandbox's init, as the engine host sees it.
@@ -133,7 +145,8 @@ async fn init_pid(docker: &Docker, id: &str) -> Result<i64> {
 
 impl Fencing {
     /// Plans the routes for a sandbox of `run_id` from `image` on `net` of `engine`.
-    /// `None` when the operator allowed everything (`0.0.0.0/0`): there is nothing to fence.
+    /// `None` when the operator allowed everything (`0.0.0.0/0`) and the sandbox joined
+    /// through the engine: there is nothing to do.
     /// `plug`: the sandbox was made without a network, and the fencer gives it one; it
     /// also reads the engine host's addresses then, so `host_addrs` is empty.
     pub fn plan(
@@ -215,8 +228,8 @@ impl Fencing {
         Ok(self.fence)
     }
 
-    /// The routes added by the engine's fencer, in the namespace of the sandbox's init;
-    /// a fencer found gone is made again once.
+    /// The routes added by the engine's fencer (after plugging the sandbox in, when it was
+    /// made without a network), in the namespace of the sandbox's init.
     async fn by_fencer(&self, docker: &Docker, id: &str) -> Result<String> {
         let refused_at = refused().lock().get(&self.engine).copied();
         if refused_at.is_some_and(|at| at.elapsed() < FENCER_RETRY) {
@@ -230,26 +243,9 @@ impl Fencing {
             false => vec!["fence".to_string(), pid.to_string()],
         };
         args.extend(self.routes.iter().cloned());
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let fencer = fencer::fencer(docker, &self.engine, &self.image).await?;
-            match exec_in(docker, &fencer, &args).await {
-                // Exited idle or removed since it was last seen: made again.
-                Err(SandboxError::Docker { source, .. }) if tries == 1 && gone(&source) => {
-                    fencer::forget(&self.engine);
-                }
-                Err(e) => {
-                    fencer::forget(&self.engine);
-                    return Err(e);
-                }
-                Ok(out) => return Ok(out),
-            }
-        }
+        in_fencer(docker, &self.engine, &self.image, &args).await
     }
-}
 
-impl Fencing {
     /// `plug PID BRIDGE NET GATEWAY FIRST COUNT DNS`: the upper half of the subnet (but its
     /// broadcast address) is kodx's; the engine hands out addresses from the bottom up.
     fn plug_args(&self, pid: i64) -> Vec<String> {
