@@ -5,8 +5,8 @@
 //! [`providers`], [`cost`], [`program`], [`transcript`]), git and GitHub ([`git`],
 //! [`github`], [`repo_cache`]), the queue ([`db`], [`job`]) and the App ([`serve`]), with
 //! the types their signatures name ([`command`], [`repo_config`], [`webhook`], [`comment`],
-//! [`redact`]). Markdown reading and the backoff formula are private to it, and so are
-//! `serve`'s commands, pipeline and texts.
+//! [`redact`]). Markdown reading, the neutralizer of outside text and the backoff formula
+//! are private to it, and so are `serve`'s commands, pipeline and texts.
 
 pub mod agent;
 mod backoff;
@@ -20,6 +20,7 @@ pub mod github;
 pub mod job;
 mod markdown;
 pub mod model;
+mod neutral;
 pub mod program;
 pub mod providers;
 pub mod redact;

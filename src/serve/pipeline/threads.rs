@@ -9,6 +9,7 @@
 use serde::Deserialize;
 
 use crate::github::{ReviewThread, ReviewThreads};
+use crate::neutral;
 use crate::repo_config::ResolveThreads;
 
 use super::context::{cut, reveal_hidden, strip_hidden, FollowUp};
@@ -289,7 +290,7 @@ pub(in crate::serve) fn reply_body(
     commit: Option<&str>,
     run_id: &str,
 ) -> String {
-    let reply = crate::serve::texts::status::neutralize(&answer.reply);
+    let reply = neutral::markdown(&answer.reply);
     let what = match (answer.status, commit) {
         (ThreadStatus::Fixed, Some(sha)) => format!("fixed in {}", &sha[..sha.len().min(7)]),
         (ThreadStatus::Fixed, None) => "fixed (nothing was pushed)".to_string(),

@@ -4,7 +4,9 @@
 use crate::checks::{latest, CheckResult};
 use crate::repo_config::OnRed;
 
-use super::status::{clean, escape_cell, fenced, format_duration};
+use crate::neutral;
+
+use super::status::format_duration;
 
 /// The name of kodx's Check Run.
 pub const CHECK_RUN_NAME: &str = "kodx";
@@ -40,7 +42,7 @@ pub fn checks_table(results: &[CheckResult]) -> String {
         };
         out.push_str(&format!(
             "| {} | {icon} {} | {} | {attempt} |\n",
-            escape_cell(&clean(&r.name)),
+            neutral::words(&r.name),
             r.verdict(),
             short_duration(r),
         ));
@@ -83,7 +85,7 @@ pub fn failing(results: &[CheckResult]) -> Vec<String> {
 pub fn red_note(results: &[CheckResult], on_red: OnRed, new_pull: bool) -> String {
     let names = failing(results)
         .iter()
-        .map(|n| format!("`{}`", clean(n).replace('`', "'")))
+        .map(|n| neutral::code(n))
         .collect::<Vec<_>>()
         .join(", ");
     let what = match (on_red, new_pull) {
@@ -109,7 +111,7 @@ pub fn rules_edited_note(paths: &[&str]) -> Option<String> {
     let list = edited
         .iter()
         .take(10)
-        .map(|p| format!("`{}`", clean(p).replace('`', "'")))
+        .map(|p| neutral::code(p))
         .collect::<Vec<_>>()
         .join(", ");
     Some(format!(
@@ -138,7 +140,8 @@ pub fn check_run(
     let mut text = String::new();
     for r in &last {
         let output: String = {
-            let o = clean(&r.output);
+            // Redacted before it is cut, so no token is cut out of its shape.
+            let o = crate::redact::redact(&r.output);
             let n = o.chars().count();
             if n > MAX_TAIL_IN_CHECK_RUN {
                 o.chars().skip(n - MAX_TAIL_IN_CHECK_RUN).collect()
@@ -147,11 +150,11 @@ pub fn check_run(
             }
         };
         text.push_str(&format!(
-            "### {} — {}\n\n`{}`\n\n{}\n",
-            clean(&r.name),
+            "### {} — {}\n\n{}\n\n{}\n",
+            neutral::words(&r.name),
             r.verdict(),
-            clean(&r.run).replace('`', "'"),
-            fenced(&output)
+            neutral::code(&r.run),
+            neutral::block(&output)
         ));
     }
     (conclusion.into(), title, summary, text)
@@ -167,7 +170,7 @@ pub fn check_run_failed(error: &str, permission: bool) -> String {
     } else {
         format!(
             "kodx could not add its `kodx` check to the commit: {}",
-            clean(error)
+            neutral::words(error)
         )
     }
 }
@@ -217,6 +220,31 @@ mod tests {
         );
         assert!(summary.contains("| lint | ✅ passed") && summary.contains("https://k/runs/1"));
         assert!(text.contains("### tests — failed (exit 2)") && text.contains("error: boom"));
+    }
+
+    #[test]
+    fn outside_names_commands_and_output_post_nothing_live() {
+        use crate::neutral::testing::{assert_nothing_live, HOSTILE};
+        let mut bad = r(HOSTILE, 1, false);
+        bad.run = format!("make\n\n{HOSTILE}");
+        bad.output = HOSTILE.into();
+        let results = [bad, r("lint", 1, true)];
+        let (_, _, summary, text) = check_run(&results, None);
+        let workflow = format!(".github/workflows/{HOSTILE}");
+        for body in [
+            checks_table(&results),
+            red_note(&results, OnRed::Draft, true),
+            rules_edited_note(&[workflow.as_str()]).unwrap(),
+            summary,
+            text.clone(),
+            check_run_failed(HOSTILE, false),
+        ] {
+            assert_nothing_live(&body);
+        }
+        // The table keeps its shape: the name's `|` and line breaks stay in its cell.
+        let table = checks_table(&results);
+        assert_eq!(table.lines().count(), 4, "{table}");
+        assert!(text.contains("### x\\` @\u{200B}org/team"), "{text}");
     }
 
     #[test]

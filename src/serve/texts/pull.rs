@@ -1,6 +1,8 @@
 //! The words of a code run's delivery (SPEC §5): its commit message, its trailers and the
 //! body of its pull request.
 
+use crate::neutral;
+
 use super::status as comment;
 
 /// What a pull request's body says of the issue or pull request it came from.
@@ -42,7 +44,7 @@ pub fn title_from(request: &str, max: usize) -> String {
 /// The commit subject: the request's first line (see [`title_from`]), unable to close an
 /// issue when the commit lands (only the pull request's own `Closes #N` does).
 pub fn commit_subject(request: &str) -> String {
-    comment::neutralize(&title_from(request, 72))
+    neutral::commit(&title_from(request, 72))
 }
 
 /// The commit message body (the subject comes from the request): the agent's summary,
@@ -53,7 +55,7 @@ pub fn commit_body(summary: &str, repo_issue: i64, is_pull_request: bool, run_id
     } else {
         "issue"
     };
-    let summary = comment::neutralize(&comment::redact(summary.trim()));
+    let summary = neutral::commit(summary.trim());
     let summary = cut_chars(&summary, 4_000);
     let mut body = String::new();
     if !summary.is_empty() {
@@ -106,10 +108,7 @@ pub fn pull_body(
     body.push_str(comment::metadata(run_id).as_str());
     body.push('\n');
     // The model's words can mention, hide or close nothing; kodx's own `Closes #N` follows.
-    let summary = cut_chars(
-        &comment::neutralize(&comment::redact(summary.trim())),
-        30_000,
-    );
+    let summary = cut_chars(&neutral::markdown(summary.trim()), 30_000);
     let summary = untick_unverified(&summary, form.checks_passed);
     if summary.is_empty() {
         body.push_str("kodx made the change requested below.\n\n");

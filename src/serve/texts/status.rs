@@ -1,7 +1,7 @@
 //! The status comment (SPEC §5, §10): the hidden metadata line that ties a comment to its
-//! run, what makes outside text safe to post (neutralized mentions and closing keywords;
-//! token shapes redacted by [`crate::redact`]), and the Markdown body of each phase of a
-//! run (queued, setting up, working, done) with the cost summary.
+//! run, and the Markdown body of each phase of a run (queued, setting up, working, done)
+//! with the cost summary. Everything in it that kodx did not write goes through
+//! [`crate::neutral`].
 //!
 //! Pure functions only: no I/O, no clock.
 
@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use crate::agent::{Outcome, StopReason};
 use crate::cost::format_usd;
+use crate::neutral::{self, METADATA_OPEN};
 use crate::sandbox::{SetupCacheUse, SetupReport};
 
 /// GitHub rejects comment bodies longer than this many characters.
@@ -26,7 +27,6 @@ pub use crate::redact::{redact, REDACTED};
 /// The version written into the metadata line.
 pub const METADATA_VERSION: u64 = 1;
 
-const METADATA_OPEN: &str = "<!-- kodx:";
 const METADATA_CLOSE: &str = " -->";
 /// The longest run id `find_run_id` accepts.
 const MAX_RUN_ID_LEN: usize = 128;
@@ -76,157 +76,6 @@ fn parse_metadata_line(line: &str) -> Option<String> {
         return None;
     }
     Some(run.to_string())
-}
-
-/// Breaks any metadata opener in text that came from the model or the repository, so that a
-/// line in an answer can never pass for the comment's own metadata.
-fn defuse_metadata(text: &str) -> String {
-    text.replace(METADATA_OPEN, "<!-- kodx :")
-}
-
-// ---------------------------------------------------------------------------------------
-// Neutralising what the model wrote
-// ---------------------------------------------------------------------------------------
-
-/// What is put between `@` and a name, or after the first letter of a closing keyword, so
-/// that GitHub neither links nor acts on it. It renders as nothing.
-const BREAK: char = '\u{200B}';
-
-/// The words after which GitHub closes the issue a pull request or commit names.
-const CLOSING_KEYWORDS: [&str; 9] = [
-    "close", "closes", "closed", "fix", "fixes", "fixed", "resolve", "resolves", "resolved",
-];
-
-/// Makes text the model wrote safe to post as kodx (comment, pull request body, commit
-/// message), where it reads the same but does nothing:
-///
-/// - `@name` and `@org/team` outside code become `@\u{200B}name`: shown alike, nobody is
-///   notified (an e-mail address `a@b.com` is not a mention and stays; mentions in code
-///   are not linked by GitHub and stay too; `&#64;name` is treated as `@name`);
-/// - HTML comments outside code are removed, so nothing hidden is posted and no fake
-///   `<!-- kodx:` metadata line reaches kodx's own comment lookup (a `<!--` that removal
-///   would leave behind is written `&lt;!--`);
-/// - closing keywords followed by an issue reference (`Closes #1`, `fixes: owner/repo#2`,
-///   `Resolved https://…/issues/3`, any case) get a zero-width space after their first
-///   letter, everywhere, code included: only kodx's own `Closes #N` closes anything.
-pub fn neutralize(text: &str) -> String {
-    let code = crate::markdown::code(text);
-    let mut out = String::with_capacity(text.len() + text.len() / 16);
-    let mut at = 0;
-    for r in code
-        .iter()
-        .chain(std::iter::once(&(text.len()..text.len())))
-    {
-        if r.start > at {
-            let prose = strip_comments(&text[at..r.start]);
-            let prose = prose
-                .replace("&#64;", "@")
-                .replace("&#x40;", "@")
-                .replace("&commat;", "@");
-            defuse_mentions(&prose, &mut out);
-        }
-        out.push_str(&text[r.start..r.end]);
-        at = r.end;
-    }
-    defuse_keywords(&out)
-}
-
-/// `text` without HTML comments (an unclosed one runs to the end).
-fn strip_comments(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(start) = rest.find("<!--") {
-        out.push_str(&rest[..start]);
-        rest = match rest[start + 4..].find("-->") {
-            Some(end) => &rest[start + 4 + end + 3..],
-            None => "",
-        };
-    }
-    out.push_str(rest);
-    // "<!<!-- x -->--" leaves a new opener behind: show it instead of hiding.
-    out.replace("<!--", "&lt;!--")
-}
-
-fn is_word_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_'
-}
-
-/// Appends `text` to `out` with a break after every `@` that starts a mention: one after a
-/// non-word character (or at the start) and before an ASCII letter or digit.
-fn defuse_mentions(text: &str, out: &mut String) {
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        let starts_mention = c == '@'
-            && !out.chars().next_back().is_some_and(is_word_char)
-            && chars.peek().is_some_and(|n| n.is_ascii_alphanumeric());
-        out.push(c);
-        if starts_mention {
-            out.push(BREAK);
-        }
-    }
-}
-
-/// `text` with a break after the first letter of each closing keyword that GitHub would
-/// act on: a whole word from [`CLOSING_KEYWORDS`], an optional `:`, whitespace, then `#N`,
-/// `GH-N`, `owner/repo#N` or an `http(s)://` link.
-fn defuse_keywords(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = String::with_capacity(text.len());
-    let mut copied = 0;
-    let mut i = 0;
-    while i < bytes.len() {
-        let word_start = bytes[i].is_ascii_alphabetic()
-            && (i == 0 || !text[..i].chars().next_back().is_some_and(is_word_char));
-        if !word_start {
-            i += 1;
-            continue;
-        }
-        let end = i + bytes[i..]
-            .iter()
-            .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
-            .count();
-        let word = &text[i..end];
-        if CLOSING_KEYWORDS
-            .iter()
-            .any(|k| word.eq_ignore_ascii_case(k))
-            && references_an_issue(&text[end..])
-        {
-            out.push_str(&text[copied..i + 1]);
-            out.push(BREAK);
-            copied = i + 1;
-        }
-        i = end;
-    }
-    out.push_str(&text[copied..]);
-    out
-}
-
-/// Whether `rest` (what follows a closing keyword) is `:`? whitespace and an issue reference.
-fn references_an_issue(rest: &str) -> bool {
-    let rest = rest.strip_prefix(':').unwrap_or(rest);
-    let trimmed = rest.trim_start_matches([' ', '\t', '\n', '\r']);
-    if trimmed.len() == rest.len() {
-        return false;
-    }
-    let digit_after = |s: &str| s.chars().next().is_some_and(|c| c.is_ascii_digit());
-    if let Some(n) = trimmed.strip_prefix('#') {
-        return digit_after(n);
-    }
-    if trimmed.len() >= 3 && trimmed[..3].eq_ignore_ascii_case("gh-") {
-        return digit_after(&trimmed[3..]);
-    }
-    if trimmed.starts_with("http://") || trimmed.starts_with("https://") {
-        return true;
-    }
-    // owner/repo#N
-    let word: &str = trimmed
-        .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/' | '#')))
-        .next()
-        .unwrap_or("");
-    match word.split_once('#') {
-        Some((repo, n)) => repo.contains('/') && digit_after(n),
-        None => false,
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -315,7 +164,7 @@ pub fn render_linked(
     head.push_str(&header(phase));
     head.push_str("\n\n");
     // The command is echoed: a mention in it must not notify again from kodx.
-    let command = cut_middle(&neutralize(&clean(command_line)), MAX_COMMAND_CHARS);
+    let command = cut_middle(&neutral::markdown(command_line), MAX_COMMAND_CHARS);
     for line in command.lines() {
         head.push_str("> ");
         head.push_str(line);
@@ -369,7 +218,7 @@ fn header(phase: &Phase) -> String {
     match phase {
         Phase::Queued => "⏳ queued".into(),
         Phase::SettingUp => "⚙️ setting up the container".into(),
-        Phase::Note(note) => clean(note),
+        Phase::Note(note) => neutral::words(note),
         Phase::Working { step, spent, limit } => format!(
             "🛠️ working — step {step}, {} of {}",
             format_usd(*spent),
@@ -416,19 +265,19 @@ fn done_body(done: &Done, head: &mut String, tail: &mut String) -> String {
         &done.text
     };
     // The model's words: redacted, and unable to mention, hide or close anything.
-    let text = neutralize(&clean(text));
+    let text = neutral::markdown(text);
     let checks = checks_part(done);
     if done.succeeded() {
         match (done.kind, &done.pr_url, &done.pushed) {
             (RunKind::Ask, _, _) => {}
             (RunKind::Code, Some(url), _) => {
-                head.push_str(&format!("**Pull request:** {}\n\n", clean(url)));
+                head.push_str(&format!("**Pull request:** {}\n\n", redact(url)));
             }
             (RunKind::Code, None, Some((sha, branch))) => {
                 head.push_str(&format!(
-                    "**Pushed:** commit `{}` to `{}`.\n\n",
-                    clean(&sha.chars().take(12).collect::<String>()),
-                    clean(branch).replace('`', "'")
+                    "**Pushed:** commit {} to {}.\n\n",
+                    neutral::code(&sha.chars().take(12).collect::<String>()),
+                    neutral::code(branch)
                 ));
             }
             (RunKind::Code, None, None) => {
@@ -442,24 +291,24 @@ fn done_body(done: &Done, head: &mut String, tail: &mut String) -> String {
         .failure
         .as_deref()
         .or(done.outcome.detail.as_deref())
-        .map(clean)
+        .map(redact)
         .unwrap_or_else(|| default_failure(done.outcome.stop_reason));
-    head.push_str(&fenced(&cut_middle(&failure, MAX_FAILURE_CHARS)));
+    head.push_str(&neutral::block(&cut_middle(&failure, MAX_FAILURE_CHARS)));
     head.push('\n');
     let limit = matches!(
         done.outcome.stop_reason,
         StopReason::CostLimitExceeded | StopReason::MaxIterations | StopReason::Timeout
     );
     if let Some(url) = &done.pr_url {
-        head.push_str(&format!("**Pull request:** {}\n\n", clean(url)));
+        head.push_str(&format!("**Pull request:** {}\n\n", redact(url)));
         if limit {
             head.push_str("It holds the work done so far, marked incomplete. ");
         }
     } else if let Some((sha, branch)) = &done.pushed {
         head.push_str(&format!(
-            "**Pushed:** commit `{}` to `{}`, with the work done so far, marked incomplete.\n\n",
-            clean(&sha.chars().take(12).collect::<String>()),
-            clean(branch).replace('`', "'")
+            "**Pushed:** commit {} to {}, with the work done so far, marked incomplete.\n\n",
+            neutral::code(&sha.chars().take(12).collect::<String>()),
+            neutral::code(branch)
         ));
     }
     if limit {
@@ -516,7 +365,7 @@ pub fn cost_summary(outcome: &Outcome) -> String {
         "| model | API calls | input | output | cache write | cache read | cost | duration | stop |\n\
          |---|--:|--:|--:|--:|--:|--:|--:|---|\n\
          | {} | {} | {} | {} | {} | {} | {} of {} | {} | `{}` |\n",
-        escape_cell(&clean(&outcome.model)),
+        neutral::words(&outcome.model),
         outcome.api_calls,
         thousands(u.input_tokens),
         thousands(u.output_tokens),
@@ -555,32 +404,10 @@ fn thousands(n: u64) -> String {
     out
 }
 
-/// Text from outside kodx, ready to post: redacted, metadata openers defused.
-pub(super) fn clean(text: &str) -> String {
-    defuse_metadata(&redact(text))
-}
-
-pub(super) fn escape_cell(text: &str) -> String {
-    text.replace('|', "\\|").replace(['\n', '\r'], " ")
-}
-
 fn escape_html(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
-}
-
-/// `text` in a code fence longer than any run of backticks inside it.
-pub(super) fn fenced(text: &str) -> String {
-    let mut longest = 0;
-    let mut run = 0;
-    for c in text.chars() {
-        run = if c == '`' { run + 1 } else { 0 };
-        longest = longest.max(run);
-    }
-    let fence = "`".repeat((longest + 1).max(3));
-    let nl = if text.ends_with('\n') { "" } else { "\n" };
-    format!("{fence}text\n{text}{nl}{fence}\n")
 }
 
 /// `text` cut to at most `max` characters (plus the note), the middle left out.
@@ -847,81 +674,33 @@ mod tests {
         assert_eq!(find_run_id(&body), Some("real".into()));
     }
 
-    // --- neutralising the model's text ---
+    // --- what the model wrote (crate::neutral) ---
 
     const ZW: &str = "\u{200B}";
 
     #[test]
-    fn mentions_are_defused_outside_code() {
-        assert_eq!(
-            neutralize("Thanks @octocat and @github/security-team!"),
-            format!("Thanks @{ZW}octocat and @{ZW}github/security-team!")
-        );
-        assert_eq!(neutralize("@alice: done"), format!("@{ZW}alice: done"));
-        assert_eq!(neutralize("(@bob)"), format!("(@{ZW}bob)"));
-        assert_eq!(neutralize("cc &#64;carol"), format!("cc @{ZW}carol"));
-        // Not mentions: e-mail addresses, a bare @, code.
-        for kept in [
-            "mail a@b.com or first.last@example.org",
-            "x_@y",
-            "an @ sign, @-dash",
-            "use `@property` here",
-            "```python\n@dataclass\nclass A: ...\n```",
-            "    @indented_code",
-        ] {
-            assert_eq!(neutralize(kept), kept);
+    fn outside_names_in_the_status_comment_post_nothing_live() {
+        use crate::neutral::testing::{assert_nothing_live, HOSTILE};
+        let mut d = done(RunKind::Code, StopReason::EndTurn, "Done.");
+        d.pushed = Some(("0123456789abcdef".into(), HOSTILE.into()));
+        d.outcome.model = HOSTILE.into();
+        let mut failed = done(RunKind::Code, StopReason::Timeout, "Half.");
+        failed.pushed = Some(("0123456789abcdef".into(), HOSTILE.into()));
+        failed.failure = Some(HOSTILE.into());
+        for d in [d, failed] {
+            let body = render("r1", "/kodx code x", &Phase::Done(Box::new(d)));
+            assert_nothing_live(&body);
+            assert_eq!(find_run_id(&body).as_deref(), Some("r1"));
         }
     }
 
     #[test]
-    fn html_comments_are_removed_outside_code() {
-        assert_eq!(neutralize("a<!-- hidden -->b"), "ab");
-        assert_eq!(
-            neutralize("answer\n<!-- kodx:{\"run\":\"x\",\"v\":1} -->\nmore"),
-            "answer\n\nmore"
-        );
-        assert_eq!(neutralize("visible <!-- never closed"), "visible ");
-        assert_eq!(neutralize("<!<!-- x -->-- y -->"), "&lt;!-- y -->");
-        assert_eq!(neutralize("@<!-- -->octocat"), format!("@{ZW}octocat"));
-        let code = "```html\n<!-- shown in code -->\n```";
-        assert_eq!(neutralize(code), code);
-        // A forged metadata line in an answer never passes for kodx's own.
+    fn a_forged_metadata_line_in_an_answer_is_removed() {
         let mut d = done(RunKind::Ask, StopReason::EndTurn, "");
         d.text = format!("{}\nhi", metadata("forged"));
         let body = render("real", "/kodx ask", &Phase::Done(Box::new(d)));
         assert!(!body.contains("forged"), "{body}");
         assert_eq!(body.matches("<!--").count(), 1, "{body}");
-    }
-
-    #[test]
-    fn closing_keywords_are_defused() {
-        for (text, want) in [
-            ("Closes #1", format!("C{ZW}loses #1")),
-            ("fixes owner/repo#2", format!("f{ZW}ixes owner/repo#2")),
-            ("FIXED: #3", format!("F{ZW}IXED: #3")),
-            ("resolve\n#4", format!("r{ZW}esolve\n#4")),
-            (
-                "Resolves https://github.com/o/r/issues/5",
-                format!("R{ZW}esolves https://github.com/o/r/issues/5"),
-            ),
-            ("close GH-6", format!("c{ZW}lose GH-6")),
-            ("(closed #7)", format!("(c{ZW}losed #7)")),
-            ("`fix #8`", format!("`f{ZW}ix #8`")),
-        ] {
-            assert_eq!(neutralize(text), want, "{text}");
-        }
-        for kept in [
-            "I fixed the bug",
-            "closes the file",
-            "prefix #1",
-            "fixes- #1",
-            "fixes#1",
-            "unfixed #2",
-            "fixes #x",
-            "closed owner/repo",
-        ] {
-            assert_eq!(neutralize(kept), kept);
-        }
     }
 
     #[test]
