@@ -62,7 +62,8 @@ struct RawAnswer {
 }
 
 /// The list read from the model's last message: the answers about threads it was given,
-/// and what was left out of them (unknown ids, repeats), as notes.
+/// and what was left out of them (unknown ids, repeats), as notes ready to post: what the
+/// model wrote in them went through [`neutral`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(in crate::serve) struct Answers {
     pub answers: Vec<ThreadAnswer>,
@@ -222,8 +223,12 @@ pub(in crate::serve) fn read_answers(message: &str, known: &[&str]) -> Result<An
             body.len()
         ));
     }
-    let raw: Vec<serde_json::Value> = serde_json::from_str(body)
-        .map_err(|e| format!("the `kodx-threads` list is not a JSON list: {e}"))?;
+    let raw: Vec<serde_json::Value> = serde_json::from_str(body).map_err(|e| {
+        format!(
+            "the `kodx-threads` list is not a JSON list: {}",
+            neutral::words(&e.to_string())
+        )
+    })?;
     let mut out = Answers::default();
     let mut seen = std::collections::HashSet::new();
     for (i, v) in raw.into_iter().enumerate() {
@@ -234,23 +239,31 @@ pub(in crate::serve) fn read_answers(message: &str, known: &[&str]) -> Result<An
         }
         let a: RawAnswer = match serde_json::from_value(v) {
             Ok(a) => a,
+            // serde quotes the model's field names and values in its error.
             Err(e) => {
-                out.ignored.push(format!("entry {}: {e}", i + 1));
+                out.ignored.push(format!(
+                    "entry {}: {}",
+                    i + 1,
+                    neutral::words(&e.to_string())
+                ));
                 continue;
             }
         };
         let id = a.thread.trim();
         if !known.contains(&id) {
             out.ignored.push(format!(
-                "entry {}: no thread `{}` was given",
+                "entry {}: no thread {} was given",
                 i + 1,
-                id.chars().take(80).collect::<String>()
+                neutral::code(&id.chars().take(80).collect::<String>())
             ));
             continue;
         }
         if !seen.insert(id.to_string()) {
-            out.ignored
-                .push(format!("entry {}: thread `{id}` was listed before", i + 1));
+            out.ignored.push(format!(
+                "entry {}: thread {} was listed before",
+                i + 1,
+                neutral::code(id)
+            ));
             continue;
         }
         let reply: String = a.reply.trim().chars().take(MAX_REPLY_CHARS).collect();
@@ -394,8 +407,9 @@ pub(in crate::serve) fn note(posted: &[(ThreadAnswer, Posted)], ignored: &[Strin
     for (a, p) in posted {
         if let Posted::Failed(e) = p {
             out.push_str(&format!(
-                "The reply in thread `{}` failed: {e}\n\n",
-                a.thread
+                "The reply in thread {} failed: {}\n\n",
+                neutral::code(&a.thread),
+                neutral::words(e)
             ));
         }
     }
@@ -436,6 +450,34 @@ mod tests {
         assert!(e.contains("no `kodx-threads` list"), "{e}");
         let e = read_answers("~~~~kodx-threads\n{\"thread\": 1}\n~~~~", &[]).unwrap_err();
         assert!(e.contains("not a JSON list"), "{e}");
+    }
+
+    #[test]
+    fn hostile_ids_and_statuses_are_said_back_inert() {
+        use crate::neutral::testing::{assert_nothing_live, HOSTILE};
+        let list = serde_json::json!([
+            {"thread": HOSTILE, "status": "fixed", "reply": "x"},
+            {"thread": "PRRT_1", "status": HOSTILE, "reply": "y"},
+            {"thread": "PRRT_1", "status": "fixed", "reply": "z", HOSTILE: 1},
+            {"thread": "PRRT_1", "status": "question", "reply": "Which one?"},
+            {"thread": "PRRT_1", "status": "fixed", "reply": "again"},
+        ]);
+        let msg = format!("Done.\n\n```kodx-threads\n{list}\n```\n");
+        let a = read_answers(&msg, &["PRRT_1"]).unwrap();
+        assert_eq!(a.answers.len(), 1);
+        assert_eq!(a.ignored.len(), 4, "{:?}", a.ignored);
+        let failed = ThreadAnswer {
+            thread: HOSTILE.into(),
+            status: ThreadStatus::Fixed,
+            reply: "x".into(),
+        };
+        let posted = vec![(failed, Posted::Failed(HOSTILE.into()))];
+        let note = note(&posted, &a.ignored);
+        assert_nothing_live(&note);
+        assert!(note.contains("unknown variant"), "{note}");
+        assert!(note.contains("was listed before"), "{note}");
+        let e = read_answers(&format!("```kodx-threads\n[{HOSTILE}\n```"), &[]).unwrap_err();
+        assert_nothing_live(&e);
     }
 
     #[test]
