@@ -349,7 +349,7 @@ pub enum ParseError {
     #[error("the request is {bytes} bytes long; the limit is {limit} bytes")]
     TooLong { bytes: usize, limit: usize },
     /// `/kodx continue` with an argument that is neither `$N` nor `N steps`.
-    #[error("`/kodx continue` takes nothing, `$N` (more budget, e.g. `$2`) or `N steps` (e.g. `20 steps`), not `{found}`")]
+    #[error("`/kodx continue` takes nothing, `$N` (more budget, e.g. `$2`) or `N steps` (e.g. `20 steps`), not {}", crate::neutral::code(.found))]
     BadContinue { found: String },
     /// `--base` without a branch after it.
     #[error(
@@ -357,7 +357,7 @@ pub enum ParseError {
     )]
     BaseWithoutBranch,
     /// `--base` names something no branch can be called.
-    #[error("`{found}` cannot be the name of a branch, so `--base` cannot take it")]
+    #[error("{} cannot be the name of a branch, so `--base` cannot take it", crate::neutral::code(.found))]
     BadBase { found: String },
 }
 

@@ -140,7 +140,7 @@ pub(in crate::serve) enum CannotContinue {
          resumed. Run `/kodx code` again"
     )]
     Pruned { id: String },
-    #[error("the transcript of run `{id}` cannot be resumed: {problem}")]
+    #[error("the transcript of run `{id}` cannot be resumed: {}", crate::neutral::words(.problem))]
     Transcript { id: String, problem: String },
     #[error(
         "run `{id}` has not ended yet here; `/kodx continue` once it has stopped (or stop it \

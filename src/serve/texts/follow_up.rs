@@ -1,6 +1,7 @@
 //! The sentences of the pull request's life (SPEC §11): `/kodx address-reviews` and CI
 //! repair.
 
+use crate::neutral;
 use crate::redact::redact;
 
 /// `/kodx address-reviews` on an issue.
@@ -24,7 +25,8 @@ pub fn threads_unreadable(error: &str) -> String {
     )
 }
 
-/// The model's list could not be read: no replies were posted.
+/// The model's list could not be read: no replies were posted. `why` is kodx's sentence
+/// (its outside parts already neutralized where it was made).
 pub fn threads_list_unreadable(why: &str) -> String {
     format!(
         "kodx posted no replies in the review threads: {}. The change above was delivered \
@@ -49,7 +51,7 @@ pub fn repair_stopped(commit: &str, failed: &[String], stop: &RepairStop) -> Str
     let names = failed
         .iter()
         .take(10)
-        .map(|n| format!("`{}`", redact(n).replace('`', "'")))
+        .map(|n| neutral::code(n))
         .collect::<Vec<_>>()
         .join(", ");
     let why = match stop {
@@ -58,12 +60,8 @@ pub fn repair_stopped(commit: &str, failed: &[String], stop: &RepairStop) -> Str
         }
         RepairStop::Limit(n) => format!("it already made {n} repair runs here (`ci_repair: {n}`)"),
         RepairStop::Repeated { first_error } => format!(
-            "the failure repeats unchanged after its last repair (first error: `{}`)",
-            redact(first_error)
-                .replace('`', "'")
-                .chars()
-                .take(200)
-                .collect::<String>()
+            "the failure repeats unchanged after its last repair (first error: {})",
+            neutral::code(first_error)
         ),
     };
     format!(
@@ -95,6 +93,21 @@ mod tests {
             },
         );
         assert!(t.contains("repeats unchanged"), "{t}");
-        assert!(t.contains("'mismatched'"), "{t}");
+        assert!(t.contains("``error[E0308]: `mismatched` types``"), "{t}");
+    }
+
+    #[test]
+    fn hostile_check_names_and_errors_stay_inert() {
+        use crate::neutral::testing::{assert_nothing_live, HOSTILE};
+        for stop in [
+            RepairStop::Limit(2),
+            RepairStop::Repeated {
+                first_error: HOSTILE.into(),
+            },
+        ] {
+            let t = repair_stopped("abc", &[HOSTILE.into(), "lint\n\n@org/team".into()], &stop);
+            assert_nothing_live(&t);
+            assert!(t.contains("kodx stops repairing"), "{t}");
+        }
     }
 }

@@ -1,14 +1,14 @@
 //! `/kodx help` (and an unknown subcommand): what kodx can do, and who may ask.
 
-use crate::redact::redact;
+use crate::neutral;
 
 /// The answer to `/kodx help` (and to an unknown subcommand).
 pub fn help(unknown: &str) -> String {
     let mut out = String::new();
     if !unknown.is_empty() {
         out.push_str(&format!(
-            "kodx does not know `/kodx {}`.\n\n",
-            redact(unknown).replace('`', "'")
+            "kodx does not know {}.\n\n",
+            neutral::code(&format!("/kodx {unknown}"))
         ));
     }
     out.push_str(

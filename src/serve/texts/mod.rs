@@ -4,7 +4,8 @@
 //! [`status`] lays out the status comment of each phase; [`pull`] writes the commit message,
 //! its trailers and the pull request's body. Each is snapshot-tested.
 //!
-//! Text from outside kodx (logins, errors, requests) is redacted where it is put in.
+//! Text from outside kodx (errors, names, requests, the model's words) goes through
+//! [`crate::neutral`] where it is put in; logins are redacted.
 
 pub mod checks;
 mod follow_up;
@@ -20,6 +21,7 @@ use crate::cost::format_usd;
 use crate::git::GitError;
 use crate::github::Permission;
 use crate::job::JobKind;
+use crate::neutral;
 use crate::redact::redact;
 use crate::repo_config::{RepoConfig, RunKind};
 
@@ -56,14 +58,17 @@ pub fn not_permitted(author: &str, kind: JobKind, needed: Permission, has: Permi
 
 pub fn config_unreadable(error: &str) -> String {
     format!(
-        "kodx could not read `{}` from the default branch ({error}). Run the command again in a moment.",
-        RepoConfig::PATH
+        "kodx could not read `{}` from the default branch ({}). Run the command again in a moment.",
+        RepoConfig::PATH,
+        neutral::words(error)
     )
 }
 
 pub fn permission_unknown(author: &str, error: &str) -> String {
     format!(
-        "kodx could not check @{author}'s permission on this repository ({error}). Run the command again in a moment."
+        "kodx could not check @{}'s permission on this repository ({}). Run the command again in a moment.",
+        redact(author),
+        neutral::words(error)
     )
 }
 
@@ -77,12 +82,14 @@ pub fn budget_spent(budget: f64, spent: f64) -> String {
 
 pub fn invalid_config(error: &str) -> String {
     format!(
-        "kodx cannot run because the repository's configuration is invalid:\n\n```\n{error}\n```\n\nFix `{}` on the default branch and run the command again.",
+        "kodx cannot run because the repository's configuration is invalid:\n\n{}\nFix `{}` on the default branch and run the command again.",
+        neutral::block(error),
         RepoConfig::PATH
     )
 }
 
-/// A command that was found but cannot run (`why`: empty, too long).
+/// A command that was found but cannot run (`why`: empty, too long; kodx's sentence, its
+/// outside parts neutralized where it was made).
 pub fn bad_request(author: &str, why: &str) -> String {
     format!("@{} kodx did not start: {}.", redact(author), redact(why))
 }
@@ -94,10 +101,11 @@ pub const BASE_ON_PULL: &str = "`--base` is for issues; on a pull request kodx w
 /// `/kodx code --base <branch>` naming no branch of `repo`.
 pub fn unknown_base(branch: &str, repo: &str) -> String {
     format!(
-        "kodx did not start: `{repo}` has no branch `{}`. `--base` takes the name of a \
+        "kodx did not start: {} has no branch {}. `--base` takes the name of a \
          branch (not a tag or a commit) to start the work from and open the pull request \
          against; check the name and ask again.",
-        redact(branch)
+        neutral::code(repo),
+        neutral::code(branch)
     )
 }
 
@@ -264,7 +272,8 @@ pub fn continued(
             " Its pull request stays a draft, as this repository asks (`pr.draft`); mark it ready for review on GitHub when it looks right.",
         ),
         Readiness::StillDraft(Some(why)) => out.push_str(&format!(
-            " Its pull request is still a draft: GitHub did not mark it ready for review ({why}); mark it ready on GitHub when it looks right."
+            " Its pull request is still a draft: GitHub did not mark it ready for review ({}); mark it ready on GitHub when it looks right.",
+            neutral::words(why)
         )),
     }
     out
@@ -358,6 +367,31 @@ mod tests {
         ] {
             assert!(!text.contains(token), "{text}");
             assert!(text.contains("[REDACTED]"), "{text}");
+        }
+    }
+
+    #[test]
+    fn outside_words_in_refusals_post_nothing_live() {
+        use crate::neutral::testing::{assert_nothing_live, HOSTILE};
+        let bad_base = crate::command::ParseError::BadBase {
+            found: HOSTILE.into(),
+        };
+        for text in [
+            config_unreadable(HOSTILE),
+            permission_unknown("alice", HOSTILE),
+            invalid_config(HOSTILE),
+            unknown_base(HOSTILE, "acme/widgets"),
+            bad_request("alice", &bad_base.to_string()),
+            help(HOSTILE),
+            continued(
+                "Done.",
+                "r0",
+                0.25,
+                0.5,
+                &Readiness::StillDraft(Some(HOSTILE.into())),
+            ),
+        ] {
+            assert_nothing_live(&with_run_id(&text, "r1"));
         }
     }
 
