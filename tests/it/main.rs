@@ -51,6 +51,7 @@ mod serve_continue;
 mod serve_follow_up;
 mod serve_lifecycle;
 mod serve_network;
+mod serve_neutral;
 mod serve_operator;
 mod serve_postgres;
 mod serve_postgres_fencing;
