@@ -30,14 +30,18 @@
 mod fence;
 mod fencer;
 mod helper;
+mod image;
 mod network;
 mod policy;
 
 pub use fence::{fencer_ready, plugs, refuse_fencer, unplug, Fencing, FALLBACK_RESOLVERS};
-pub use fencer::{fencer_name, FENCER_PREFIX, IDLE_SECS as FENCER_IDLE_SECS};
+pub use fencer::{fencer_name, FENCER_CAPABILITIES, FENCER_PREFIX, IDLE_SECS as FENCER_IDLE_SECS};
 pub use helper::{
-    check_arch, gate_command, hold_command, host_addresses, sandbox_file, snapshot_command,
-    HELPER_LABEL,
+    check_arch, gate_command, has_helper, hold_command, host_addresses, snapshot_command,
+};
+pub use image::{
+    helper_image_name, helper_mount, helper_volume, no_healthcheck, HELPER_IMAGE_REPO,
+    HELPER_LABEL, SANDBOX_HELPER_DIR, SANDBOX_HELPER_PATH,
 };
 pub use network::{ensure_network, SandboxNetwork, NETWORK_LABEL, NETWORK_NAME};
 pub use policy::{Cidr, Fence, BLOCKED};
