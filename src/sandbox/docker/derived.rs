@@ -206,8 +206,9 @@ async fn commit_files(
 
 impl Engine {
     /// Removes the derived images of other kodx builds (other files in them) that nothing
-    /// uses: an upgrade leaves one per image it ran. An image a container or another image
-    /// still uses stays (the engine refuses); it goes on a later call. Returns how many went.
+    /// uses: an upgrade leaves one per image it ran; and kodx's helper images and volumes
+    /// of other builds. An image a container or another image still uses stays (the
+    /// engine refuses); it goes on a later call. Returns how many went.
     pub async fn remove_old_derived(&self) -> Result<usize> {
         let list = self
             .docker
@@ -233,6 +234,6 @@ impl Engine {
                 removed += 1;
             }
         }
-        Ok(removed)
+        Ok(removed + net::remove_old_helpers(&self.docker).await)
     }
 }

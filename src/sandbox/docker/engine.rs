@@ -156,7 +156,7 @@ impl Engine {
     /// it — a bridge without IPv6 and without traffic between its containers — and returns
     /// its id. Created once and reused; safe when several kodx processes do it at once.
     pub async fn ensure_network(&self, name: Option<&str>) -> Result<String> {
-        net::ensure_network(&self.docker, &self.host, name.unwrap_or(NETWORK_NAME))
+        net::ensure_network(&self.docker, name.unwrap_or(NETWORK_NAME))
             .await
             .map(|n| n.id)
     }

@@ -192,7 +192,7 @@ impl Engine {
             true => (None, false),
             false => {
                 let (network, fencer) = tokio::join!(
-                    net::ensure_network(&self.docker, &self.host, NETWORK_NAME),
+                    net::ensure_network(&self.docker, NETWORK_NAME),
                     net::fencer_ready(&self.docker, &self.host)
                 );
                 let network = network?;
@@ -294,7 +294,7 @@ impl Engine {
         // kodx's helper (the main process, shells started ahead, the snapshot) from its
         // read-only volume: nothing in the sandbox can replace it.
         let helper = match net::has_helper() {
-            true => Some(net::helper_volume(&self.docker, &self.host).await?),
+            true => Some(net::helper_volume(&self.docker).await?),
             false => None,
         };
         let host_config = HostConfig {

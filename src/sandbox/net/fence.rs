@@ -196,7 +196,6 @@ impl Fencing {
                 args.extend(self.routes.iter().cloned());
                 Helper::create(
                     docker,
-                    &self.engine,
                     &self.run_id,
                     &format!("container:{id}"),
                     &["NET_ADMIN"],

@@ -72,7 +72,7 @@ pub(super) async fn fencer(docker: &Docker, engine: &str) -> Result<String> {
     if let Some(id) = known().lock().get(engine) {
         return Ok(id.clone());
     }
-    let image = helper_image(docker, engine).await?;
+    let image = helper_image(docker).await?;
     let name = fencer_name();
     let id = match running(docker, &name, &image).await? {
         Some(id) => id,

@@ -250,7 +250,7 @@ pub async fn host_addresses(
         Err(e) => {
             tracing::debug!("reading the host's addresses through the fencer failed ({e}); using a helper container");
             super::fencer::forget(engine);
-            run_helper(docker, engine, run_id, "host", &[], &["addrs".to_string()])
+            run_helper(docker, run_id, "host", &[], &["addrs".to_string()])
                 .await
                 .map_err(|e| {
                     SandboxError::NetworkFence(format!(
@@ -266,18 +266,17 @@ pub async fn host_addresses(
     Ok(addrs)
 }
 
-/// Runs the helper with `args` in a container of kodx's image on `engine`, on
-/// `network_mode`, with only the capabilities `caps`; returns what it printed. The
-/// container is removed on every path.
+/// Runs the helper with `args` in a container of kodx's image, on `network_mode`, with only
+/// the capabilities `caps`; returns what it printed. The container is removed on every
+/// path.
 async fn run_helper(
     docker: &Docker,
-    engine: &str,
     run_id: &str,
     network_mode: &str,
     caps: &[&str],
     args: &[String],
 ) -> Result<String> {
-    Helper::create(docker, engine, run_id, network_mode, caps, args)
+    Helper::create(docker, run_id, network_mode, caps, args)
         .await?
         .run()
         .await
@@ -291,13 +290,12 @@ pub(super) struct Helper {
 impl Helper {
     pub(super) async fn create(
         docker: &Docker,
-        engine: &str,
         run_id: &str,
         network_mode: &str,
         caps: &[&str],
         args: &[String],
     ) -> Result<Helper> {
-        let image = helper_image(docker, engine).await?;
+        let image = helper_image(docker).await?;
         let mut labels = run_labels(run_id, None);
         labels.insert(HELPER_LABEL.to_string(), "net".to_string());
         let body = ContainerCreateBody {

@@ -11,7 +11,6 @@
 //! layers are exactly that one and its config is kodx's ([`genuine`]); anything else is
 //! loaded over.
 
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -170,32 +169,26 @@ pub(super) fn genuine(info: &ImageInspect) -> bool {
         && config.on_build.as_ref().is_none_or(|o| o.is_empty())
 }
 
-/// The id of kodx's image on `engine` (its host string, the cache key), loaded when it is
-/// missing or when what carries its name is not kodx's.
-pub(super) async fn helper_image(docker: &Docker, engine: &str) -> Result<String> {
-    static KNOWN: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
-    let known = KNOWN.get_or_init(Default::default);
-    if let Some(id) = known.lock().get(engine) {
-        return Ok(id.clone());
-    }
+/// The id of kodx's image on the engine, loaded when it is missing or when what carries
+/// its name is not kodx's. Looked up each time (it is needed rarely: for the fencer, a
+/// helper container, the helper's volume), so an image removed meanwhile is loaded again.
+pub(super) async fn helper_image(docker: &Docker) -> Result<String> {
     let name = helper_image_name();
-    let found = match docker.inspect_image(name).await {
-        Ok(info) if genuine(&info) => info.id,
+    match docker.inspect_image(name).await {
+        Ok(info) if genuine(&info) => {
+            if let Some(id) = info.id {
+                return Ok(id);
+            }
+        }
         Ok(_) => {
             tracing::warn!(
                 image = name,
                 "an image named as kodx's is not kodx's: loading kodx's over it"
             );
-            None
         }
-        Err(_) => None,
-    };
-    let id = match found {
-        Some(id) => id,
-        None => load(docker).await?,
-    };
-    known.lock().insert(engine.to_string(), id.clone());
-    Ok(id)
+        Err(_) => {}
+    }
+    load(docker).await
 }
 
 /// Loads kodx's image and checks what the engine then has under its name.
@@ -250,15 +243,12 @@ pub fn helper_mount(volume: &str) -> Mount {
 /// Label on the helper's volume: the layer digest of the image that filled it.
 const VOLUME_LABEL: &str = "kodx.helper.volume";
 
-/// The helper's volume on `engine`, `kodx-helper-<hash>`: made and filled from kodx's image
-/// when missing (the engine copies the image's files into an empty volume mounted over
-/// them), and made again when one of that name was not filled by kodx.
-pub async fn helper_volume(docker: &Docker, engine: &str) -> Result<String> {
-    static KNOWN: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
-    let known = KNOWN.get_or_init(Default::default);
-    if let Some(v) = known.lock().get(engine) {
-        return Ok(v.clone());
-    }
+/// The helper's volume on the engine, `kodx-helper-<hash>`: made and filled from kodx's
+/// image when missing (the engine copies the image's files into an empty volume mounted
+/// over them), and made again when one of that name was not filled by kodx (the engine
+/// makes an empty one when a sandbox names a volume that was removed). Looked up for each
+/// sandbox (one engine call).
+pub async fn helper_volume(docker: &Docker) -> Result<String> {
     let name = helper_image_name().replace(':', "-");
     let diff = &archive().diff_id;
     match docker.inspect_volume(&name).await {
@@ -271,17 +261,16 @@ pub async fn helper_volume(docker: &Docker, engine: &str) -> Result<String> {
                     .await
                     .map_err(|e| SandboxError::docker(format!("removing the volume {name} kodx did not make (`docker volume rm {name}`)"), e))?;
             }
-            fill_volume(docker, engine, &name).await?;
+            fill_volume(docker, &name).await?;
         }
     }
-    known.lock().insert(engine.to_string(), name.clone());
     Ok(name)
 }
 
 /// Makes the volume `name` and fills it: a container of kodx's image, never started, with
 /// the empty volume mounted over the helper's directory.
-async fn fill_volume(docker: &Docker, engine: &str, name: &str) -> Result<()> {
-    let image = helper_image(docker, engine).await?;
+async fn fill_volume(docker: &Docker, name: &str) -> Result<()> {
+    let image = helper_image(docker).await?;
     docker
         .create_volume(VolumeCreateRequest {
             name: Some(name.to_string()),
@@ -319,6 +308,52 @@ async fn fill_volume(docker: &Docker, engine: &str, name: &str) -> Result<()> {
         .map_err(|e| SandboxError::docker(format!("filling the helper volume {name}"), e))?;
     let _ = remove(docker, &created.id).await;
     Ok(())
+}
+
+/// Removes kodx's images and helper volumes of other kodx builds (another helper) that
+/// nothing uses; one still in use stays (the engine refuses) and goes on a later call.
+/// Returns how many went.
+pub async fn remove_old_helpers(docker: &Docker) -> usize {
+    use bollard::query_parameters::{ListImagesOptions, ListVolumesOptions, RemoveImageOptions};
+    let label = |l: String| Some(HashMap::from([("label".to_string(), vec![l])]));
+    let mut removed = 0;
+    let images = docker
+        .list_images(Some(ListImagesOptions {
+            filters: label(format!("{HELPER_LABEL}=image")),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_or_default();
+    for image in images {
+        if image.repo_tags.iter().any(|t| t == helper_image_name()) {
+            continue;
+        }
+        let gone = docker
+            .remove_image(&image.id, None::<RemoveImageOptions>, None)
+            .await;
+        removed += usize::from(gone.is_ok());
+    }
+    let volumes = docker
+        .list_volumes(Some(ListVolumesOptions {
+            filters: label(VOLUME_LABEL.to_string()),
+        }))
+        .await
+        .ok()
+        .and_then(|v| v.volumes)
+        .unwrap_or_default();
+    for volume in volumes {
+        if volume.labels.get(VOLUME_LABEL) == Some(&archive().diff_id) {
+            continue;
+        }
+        let gone = docker
+            .remove_volume(
+                &volume.name,
+                None::<bollard::query_parameters::RemoveVolumeOptions>,
+            )
+            .await;
+        removed += usize::from(gone.is_ok());
+    }
+    removed
 }
 
 #[cfg(test)]

@@ -40,8 +40,8 @@ pub use helper::{
     check_arch, gate_command, has_helper, hold_command, host_addresses, snapshot_command,
 };
 pub use image::{
-    helper_image_name, helper_mount, helper_volume, no_healthcheck, HELPER_IMAGE_REPO,
-    HELPER_LABEL, SANDBOX_HELPER_DIR, SANDBOX_HELPER_PATH,
+    helper_image_name, helper_mount, helper_volume, no_healthcheck, remove_old_helpers,
+    HELPER_IMAGE_REPO, HELPER_LABEL, SANDBOX_HELPER_DIR, SANDBOX_HELPER_PATH,
 };
 pub use network::{ensure_network, SandboxNetwork, NETWORK_LABEL, NETWORK_NAME};
 pub use policy::{Cidr, Fence, BLOCKED};

@@ -88,7 +88,7 @@ impl SandboxNetwork {
 /// name, which the engine does keep unique: whoever makes the container `<name>-lock`
 /// (never started) creates the network, then removes it. Duplicates left by anything else
 /// are healed: the one with the smallest id stays, unused others are removed.
-pub async fn ensure_network(docker: &Docker, engine: &str, name: &str) -> Result<SandboxNetwork> {
+pub async fn ensure_network(docker: &Docker, name: &str) -> Result<SandboxNetwork> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let found = list_named(docker, name).await?;
@@ -103,7 +103,7 @@ pub async fn ensure_network(docker: &Docker, engine: &str, name: &str) -> Result
             }
             [] => {}
         }
-        match take_lock(docker, engine, name).await? {
+        match take_lock(docker, name).await? {
             Some(lock) => {
                 let made = async {
                     if list_named(docker, name).await?.is_empty() {
@@ -199,10 +199,10 @@ async fn heal(
 
 /// Makes the container `<name>-lock`; `None` when another process holds it (one older
 /// than a minute is taken as left by a crash, and removed).
-async fn take_lock(docker: &Docker, engine: &str, name: &str) -> Result<Option<HelperGuard>> {
+async fn take_lock(docker: &Docker, name: &str) -> Result<Option<HelperGuard>> {
     let lock = format!("{name}-lock");
     let body = ContainerCreateBody {
-        image: Some(helper_image(docker, engine).await?),
+        image: Some(helper_image(docker).await?),
         healthcheck: Some(no_healthcheck()),
         entrypoint: Some(vec!["/nonexistent".to_string()]),
         labels: Some(HashMap::from([
