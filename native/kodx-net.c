@@ -1,10 +1,10 @@
 /*
- * kodx-net: the tiny helper kodx puts in each sandbox, as the process that keeps it
- * alive and as the one (a privileged engine exec, before anything of the image runs there)
- * that fences its network; and in a short-lived helper container on the host's network to
- * read the engine host's addresses (src/sandbox/net/). Static, no libc: build.rs compiles
- * it with `-nostdlib -static` for Linux x86_64 or aarch64, and kodx embeds the binary, so
- * no image needs `ip` or anything else.
+ * kodx-net: the tiny helper kodx ships as its own image (`kodx-helper:<hash>`, this program
+ * alone) and mounts read-only into each sandbox: the process that keeps a sandbox alive,
+ * its shells started ahead and its snapshot; and, in the engine's fencer (a container of
+ * that image), what plugs and fences a sandbox's network (src/sandbox/net/). Static, no
+ * libc: build.rs compiles it with `-nostdlib -static` for Linux x86_64 or aarch64, and kodx
+ * embeds the binary, so no image needs `ip` or anything else.
  *
  *   kodx-net hold
  *       Waits for a signal, forever: a sandbox's main process under the engine's init, so
@@ -17,13 +17,18 @@
  *       network namespace of process PID (a sandbox's init), then does what `routes` does.
  *   kodx-net plug PID BRIDGE NET/PREFIX GATEWAY FIRST COUNT DNS SPEC...
  *       As `fence`, for a sandbox made without a network: first gives it `eth0`, a veth
- *       whose other end (`kx<address in hex>`) is a port of BRIDGE on the host, with an
- *       address of NET whose index in the subnet is in FIRST..FIRST+COUNT-1 (the first
- *       free one from PID mod COUNT on) and a default route via GATEWAY; then adds the
- *       routes, and an unreachable /32 for each of the engine host's addresses (read in
- *       the host's namespace now) that no `a<addr>/<prefix>` SPEC (an allowed range, not a
- *       route) covers, and the subnet's two halves (its other sandboxes); then keeps in the sandbox's /etc/resolv.conf only the resolvers it
- *       can reach, or DNS (comma-separated hex addresses, `-` for none) when none is left.
+ *       whose other end (`kx<address in hex>`) is an isolated port of BRIDGE on the host
+ *       (no frame passes between two sandboxes), with an address of NET whose index in
+ *       the subnet is in FIRST..FIRST+COUNT-1 (the first free one from PID mod COUNT on)
+ *       and a default route via GATEWAY; writes the host's nftables filter for BRIDGE and
+ *       the sandbox's own output filter (broadcast, multicast, IPv6, the subnet unless an
+ *       `a` SPEC allows it: see `host_filter`, `sandbox_filter`); then adds the routes,
+ *       and an unreachable /32 for each of the engine host's addresses (read in the host's
+ *       namespace now) that no `a<addr>/<prefix>` SPEC (an allowed range, not a route)
+ *       covers, and the subnet's two halves (its other sandboxes); then keeps in the
+ *       sandbox's /etc/resolv.conf (opened through /proc/PID/root, resolved inside it)
+ *       only the resolvers it can reach, or DNS (comma-separated hex addresses, `-` for
+ *       none) when none is left. Needs CAP_NET_ADMIN, CAP_SYS_ADMIN and CAP_SYS_PTRACE.
  *   kodx-net unplug PID
  *       Removes the sandbox's `eth0` (and so its host end): the network cut. Prints the
  *       addresses left.
@@ -53,7 +58,8 @@
  *       Adds IPv4 routes to the main table, then prints the addresses as `addrs` does.
  *       SPEC is `u<addr>/<prefix>` (an unreachable route: a connect fails at once with
  *       EHOSTUNREACH) or `g<addr>/<prefix>/<gateway>` (an ordinary route via the gateway);
- *       addresses in 8 hex digits.
+ *       `n<net>/<prefix>` (the sandbox's subnet) writes the sandbox's output filter, with
+ *       the `a<addr>/<prefix>` SPECs as what it allows; addresses in 8 hex digits.
  *
  * Exit 0 on success; on failure one line on stderr naming the step and the errno, exit 1
  * (2: bad arguments).
