@@ -1,10 +1,10 @@
 /*
- * kodx-net: the tiny helper kodx puts in each sandbox, as the process that keeps it
- * alive and as the one (a privileged engine exec, before anything of the image runs there)
- * that fences its network; and in a short-lived helper container on the host's network to
- * read the engine host's addresses (src/sandbox/net/). Static, no libc: build.rs compiles
- * it with `-nostdlib -static` for Linux x86_64 or aarch64, and kodx embeds the binary, so
- * no image needs `ip` or anything else.
+ * kodx-net: the tiny helper kodx ships as its own image (`kodx-helper:<hash>`, this program
+ * alone) and mounts read-only into each sandbox: the process that keeps a sandbox alive,
+ * its shells started ahead and its snapshot; and, in the engine's fencer (a container of
+ * that image), what plugs and fences a sandbox's network (src/sandbox/net/). Static, no
+ * libc: build.rs compiles it with `-nostdlib -static` for Linux x86_64 or aarch64, and kodx
+ * embeds the binary, so no image needs `ip` or anything else.
  *
  *   kodx-net hold
  *       Waits for a signal, forever: a sandbox's main process under the engine's init, so
@@ -17,13 +17,18 @@
  *       network namespace of process PID (a sandbox's init), then does what `routes` does.
  *   kodx-net plug PID BRIDGE NET/PREFIX GATEWAY FIRST COUNT DNS SPEC...
  *       As `fence`, for a sandbox made without a network: first gives it `eth0`, a veth
- *       whose other end (`kx<address in hex>`) is a port of BRIDGE on the host, with an
- *       address of NET whose index in the subnet is in FIRST..FIRST+COUNT-1 (the first
- *       free one from PID mod COUNT on) and a default route via GATEWAY; then adds the
- *       routes, and an unreachable /32 for each of the engine host's addresses (read in
- *       the host's namespace now) that no `a<addr>/<prefix>` SPEC (an allowed range, not a
- *       route) covers, and the subnet's two halves (its other sandboxes); then keeps in the sandbox's /etc/resolv.conf only the resolvers it
- *       can reach, or DNS (comma-separated hex addresses, `-` for none) when none is left.
+ *       whose other end (`kx<address in hex>`) is an isolated port of BRIDGE on the host
+ *       (no frame passes between two sandboxes), with an address of NET whose index in
+ *       the subnet is in FIRST..FIRST+COUNT-1 (the first free one from PID mod COUNT on)
+ *       and a default route via GATEWAY; writes the host's nftables filter for BRIDGE and
+ *       the sandbox's own output filter (broadcast, multicast, IPv6, the subnet unless an
+ *       `a` SPEC allows it: see `host_filter`, `sandbox_filter`); then adds the routes,
+ *       and an unreachable /32 for each of the engine host's addresses (read in the host's
+ *       namespace now) that no `a<addr>/<prefix>` SPEC (an allowed range, not a route)
+ *       covers, and the subnet's two halves (its other sandboxes); then keeps in the
+ *       sandbox's /etc/resolv.conf (opened through /proc/PID/root, resolved inside it)
+ *       only the resolvers it can reach, or DNS (comma-separated hex addresses, `-` for
+ *       none) when none is left. Needs CAP_NET_ADMIN, CAP_SYS_ADMIN and CAP_SYS_PTRACE.
  *   kodx-net unplug PID
  *       Removes the sandbox's `eth0` (and so its host end): the network cut. Prints the
  *       addresses left.
@@ -53,7 +58,8 @@
  *       Adds IPv4 routes to the main table, then prints the addresses as `addrs` does.
  *       SPEC is `u<addr>/<prefix>` (an unreachable route: a connect fails at once with
  *       EHOSTUNREACH) or `g<addr>/<prefix>/<gateway>` (an ordinary route via the gateway);
- *       addresses in 8 hex digits.
+ *       `n<net>/<prefix>` (the sandbox's subnet) writes the sandbox's output filter, with
+ *       the `a<addr>/<prefix>` SPECs as what it allows; addresses in 8 hex digits.
  *
  * Exit 0 on success; on failure one line on stderr naming the step and the errno, exit 1
  * (2: bad arguments).
@@ -494,20 +500,22 @@ static void hold_idle(long idle) {
     }
 }
 
-/* Opens namespace `kind` ("net", "mnt") of process `pid` (decimal digits only). */
-static int open_ns(const char *pid, const char *kind) {
+/* Opens `/proc/PID/REST` (PID: decimal digits only) with `flags`. */
+static int open_proc(const char *pid, const char *rest, long flags) {
     char path[40] = "/proc/";
     int i = 6, n = 0;
     while (pid[n] >= '0' && pid[n] <= '9' && n < 10) path[i++] = pid[n++];
     if (!n || pid[n]) die("bad pid", 0, 2);
-    path[i++] = '/', path[i++] = 'n', path[i++] = 's', path[i++] = '/';
-    const char *rest = kind;
+    path[i++] = '/';
     while (*rest) path[i++] = *rest++;
     path[i] = 0;
-    long fd = sys6(SYS_openat, AT_FDCWD, (long)path, O_RDONLY | O_CLOEXEC, 0, 0, 0);
-    if (fd < 0) die("opening a namespace of the sandbox", fd, 1);
+    long fd = sys6(SYS_openat, AT_FDCWD, (long)path, flags | O_CLOEXEC, 0, 0, 0);
+    if (fd < 0) die("opening a namespace or the root of the sandbox", fd, 1);
     return (int)fd;
 }
+
+/* Opens the network namespace of process `pid`. */
+static int open_netns(const char *pid) { return open_proc(pid, "ns/net", O_RDONLY); }
 
 /* Enters the network namespace open as `fd`, and marks the fencer used. */
 static void enter_netns_fd(long fd) {
@@ -520,7 +528,7 @@ static void enter_netns_fd(long fd) {
 }
 
 /* Enters the network namespace of process `pid` (decimal digits only). */
-static void enter_netns(const char *pid) { enter_netns_fd(open_ns(pid, "net")); }
+static void enter_netns(const char *pid) { enter_netns_fd(open_netns(pid)); }
 
 /* ---- plug: the sandbox's interface on the sandboxes' bridge ---- */
 
@@ -659,12 +667,312 @@ static u32 make_veth(int fd, int bridge, long nsfd, u32 net, long first, long co
 }
 
 /*
+ * The bridge's port for a sandbox is isolated: the bridge forwards nothing between two
+ * isolated ports (unicast, broadcast, multicast, ARP alike), so no frame of one sandbox
+ * reaches another, whatever the sandbox sends.
+ */
+#define RTM_SETLINK 19
+#define AF_BRIDGE 7
+#define IFLA_PROTINFO 12
+#define IFLA_BRPORT_ISOLATED 33
+#define NLA_F_NESTED 0x8000
+
+static void isolate_port(int fd, int port) {
+    msg_start(RTM_SETLINK, 0);
+    struct ifinfomsg ifi = {AF_BRIDGE, 0, 0, port, 0, 0};
+    msg_raw(&ifi, sizeof ifi);
+    u32 info = msg_nest(IFLA_PROTINFO | NLA_F_NESTED);
+    u8 on = 1;
+    msg_attr(IFLA_BRPORT_ISOLATED, &on, 1);
+    msg_nest_end(info);
+    int err = msg_send(fd);
+    if (err) die("isolating the sandbox's port on the bridge", err, 1);
+}
+
+/*
+ * What a sandbox sends is filtered in nftables twice, each a table `inet kodx` replaced
+ * whole and atomically when a sandbox is plugged:
+ *   - on the engine's host, a base chain per bridge on the input hook drops what comes in
+ *     from the bridge for the host that is not unicast IPv4: broadcast and multicast
+ *     frames, packets to 224.0.0.0/3 (multicast, reserved, 255.255.255.255) or to the
+ *     subnet's broadcast address, IPv6 ([`host_filter`]);
+ *   - in the sandbox's own network namespace, the output hook drops IPv6, broadcast and
+ *     multicast, and anything for its subnet (the host's side of the bridge, the other
+ *     sandboxes) unless the operator allows it ([`sandbox_filter`]). A sandbox's routes
+ *     keep its connects off the host already; this holds for what routes do not cover: a
+ *     socket bound to the sandbox's address sending to 255.255.255.255 or the subnet's
+ *     broadcast address, and MSG_DONTROUTE, which skips the unreachable routes for
+ *     addresses on the link. The sandbox's processes have neither CAP_NET_ADMIN (to change
+ *     the table) nor CAP_NET_RAW (to send around it).
+ */
+#define NETLINK_NETFILTER 12
+#define NFNL_SUBSYS_NFTABLES 10
+#define NFNL_MSG_BATCH_BEGIN 16
+#define NFNL_MSG_BATCH_END 17
+#define NFT_MSG_NEWTABLE 0
+#define NFT_MSG_NEWCHAIN 3
+#define NFT_MSG_NEWRULE 6
+#define NFT_MSG_DELRULE 8
+#define NLM_F_APPEND 0x800
+#define NFPROTO_INET 1
+#define NFPROTO_IPV4 2
+#define NF_INET_LOCAL_IN 1
+#define NF_INET_LOCAL_OUT 3
+#define NF_DROP 0
+#define NF_ACCEPT 1
+
+static u8 nb[32768];
+static u32 nbl, nb_at, nb_acks;
+
+static void nb_put(const void *p, u32 n) {
+    if (nbl + n > sizeof nb) die("the bridge's filter is too long (too many allowed ranges)", 0, 2);
+    memcpy(nb + nbl, p, n);
+    memset(nb + nbl + n, 0, ALIGN4(n) - n);
+    nbl += ALIGN4(n);
+}
+static void nb_attr(u16 type, const void *p, u32 n) {
+    struct rtattr a = {(u16)(sizeof a + n), type};
+    if (nbl + sizeof a + n + 4 > sizeof nb) die("the bridge's filter is too long", 0, 2);
+    memcpy(nb + nbl, &a, sizeof a);
+    nbl += sizeof a;
+    memcpy(nb + nbl, p, n);
+    memset(nb + nbl + n, 0, ALIGN4(n) - n);
+    nbl += ALIGN4(n);
+}
+static void nb_u32(u16 type, u32 v) {
+    u8 be[4] = {(u8)(v >> 24), (u8)(v >> 16), (u8)(v >> 8), (u8)v};
+    nb_attr(type, be, 4);
+}
+static void nb_str(u16 type, const char *s) { nb_attr(type, s, (u32)slen(s) + 1); }
+static u32 nb_nest(u16 type) {
+    u32 at = nbl;
+    nb_attr(type | NLA_F_NESTED, 0, 0);
+    return at;
+}
+static void nb_end(u32 at) { ((struct rtattr *)(nb + at))->len = (u16)(nbl - at); }
+/* A message of the batch: header and nfgenmsg; NLM_F_ACK unless it begins or ends it. */
+static void nb_msg(u16 type, u16 flags, u8 family) {
+    nb_at = nbl;
+    int batch = type == NFNL_MSG_BATCH_BEGIN || type == NFNL_MSG_BATCH_END;
+    struct nlmsghdr h = {0, type, (u16)(NLM_F_REQUEST | flags | (batch ? 0 : NLM_F_ACK)), ++seq, 0};
+    nb_put(&h, sizeof h);
+    u8 gen[4] = {family, 0, 0, batch ? NFNL_SUBSYS_NFTABLES : 0};
+    nb_put(gen, 4);
+    if (!batch) nb_acks++;
+}
+static void nb_msg_end(void) { ((struct nlmsghdr *)(nb + nb_at))->len = nbl - nb_at; }
+static u16 nft_type(u16 msg) { return (u16)(NFNL_SUBSYS_NFTABLES << 8 | msg); }
+
+/* Expressions: each a list element with the expression's name and its data. */
+static u32 ex_data;
+static u32 ex_elem;
+static void ex_begin(const char *name) {
+    ex_elem = nb_nest(1 /* NFTA_LIST_ELEM */);
+    nb_str(1 /* NFTA_EXPR_NAME */, name);
+    ex_data = nb_nest(2 /* NFTA_EXPR_DATA */);
+}
+static void ex_end(void) {
+    nb_end(ex_data);
+    nb_end(ex_elem);
+}
+/* meta KEY -> register 1 */
+static void ex_meta(u32 key) {
+    ex_begin("meta");
+    nb_u32(1 /* NFTA_META_DREG */, 1);
+    nb_u32(2 /* NFTA_META_KEY */, key);
+    ex_end();
+}
+/* register 1 OP value (0: ==, 1: !=) */
+static void ex_cmp(u32 op, const void *v, u32 n) {
+    ex_begin("cmp");
+    nb_u32(1 /* NFTA_CMP_SREG */, 1);
+    nb_u32(2 /* NFTA_CMP_OP */, op);
+    u32 d = nb_nest(3 /* NFTA_CMP_DATA */);
+    nb_attr(1 /* NFTA_DATA_VALUE */, v, n);
+    nb_end(d);
+    ex_end();
+}
+/* the IPv4 destination address -> register 1, masked with `mask` */
+static void ex_daddr(u32 mask) {
+    ex_begin("payload");
+    nb_u32(1 /* NFTA_PAYLOAD_DREG */, 1);
+    nb_u32(2 /* NFTA_PAYLOAD_BASE */, 1 /* network header */);
+    nb_u32(3 /* NFTA_PAYLOAD_OFFSET */, 16);
+    nb_u32(4 /* NFTA_PAYLOAD_LEN */, 4);
+    ex_end();
+    if (mask == ~0u) return;
+    ex_begin("bitwise");
+    nb_u32(1 /* NFTA_BITWISE_SREG */, 1);
+    nb_u32(2 /* NFTA_BITWISE_DREG */, 1);
+    nb_u32(3 /* NFTA_BITWISE_LEN */, 4);
+    u8 m[4] = {(u8)(mask >> 24), (u8)(mask >> 16), (u8)(mask >> 8), (u8)mask}, zero[4] = {0};
+    u32 d = nb_nest(4 /* NFTA_BITWISE_MASK */);
+    nb_attr(1, m, 4);
+    nb_end(d);
+    d = nb_nest(5 /* NFTA_BITWISE_XOR */);
+    nb_attr(1, zero, 4);
+    nb_end(d);
+    ex_end();
+}
+static void ex_daddr_is(u32 mask, u32 value) {
+    ex_daddr(mask);
+    u8 v[4] = {(u8)(value >> 24), (u8)(value >> 16), (u8)(value >> 8), (u8)value};
+    ex_cmp(0, v, 4);
+}
+static void ex_verdict(u32 code) {
+    ex_begin("immediate");
+    nb_u32(1 /* NFTA_IMMEDIATE_DREG */, 0 /* the verdict register */);
+    u32 d = nb_nest(2 /* NFTA_IMMEDIATE_DATA */);
+    u32 v = nb_nest(2 /* NFTA_DATA_VERDICT */);
+    nb_u32(1 /* NFTA_VERDICT_CODE */, code);
+    nb_end(v);
+    nb_end(d);
+    ex_end();
+}
+
+static char nft_chain[16], nft_iif[16];
+static u32 rule_exprs;
+/* A rule of the chain being written; with an input interface set, only for packets that
+ * came in on it. */
+static void rule_begin(void) {
+    nb_msg(nft_type(NFT_MSG_NEWRULE), NLM_F_CREATE | NLM_F_APPEND, NFPROTO_INET);
+    nb_str(1 /* NFTA_RULE_TABLE */, "kodx");
+    nb_str(2 /* NFTA_RULE_CHAIN */, nft_chain);
+    rule_exprs = nb_nest(4 /* NFTA_RULE_EXPRESSIONS */);
+    if (nft_iif[0]) {
+        ex_meta(6 /* NFT_META_IIFNAME */);
+        ex_cmp(0, nft_iif, 16);
+    }
+}
+static void rule_end(u32 verdict) {
+    ex_verdict(verdict);
+    nb_end(rule_exprs);
+    nb_msg_end();
+}
+static void name16(char d[16], const char *s) {
+    size_t n = slen(s);
+    if (n > 15) die("an interface or chain name over 15 bytes", 0, 2);
+    memset(d, 0, 16);
+    memcpy(d, s, n);
+}
+
+/* Starts the batch that replaces base chain `chain` (on `hook`) of table `inet kodx`. */
+static void nft_begin(const char *chain, u32 hook) {
+    name16(nft_chain, chain);
+    nbl = 0, nb_acks = 0;
+    nb_msg(NFNL_MSG_BATCH_BEGIN, 0, 0);
+    nb_msg_end();
+    nb_msg(nft_type(NFT_MSG_NEWTABLE), NLM_F_CREATE, NFPROTO_INET);
+    nb_str(1 /* NFTA_TABLE_NAME */, "kodx");
+    nb_msg_end();
+    nb_msg(nft_type(NFT_MSG_NEWCHAIN), NLM_F_CREATE, NFPROTO_INET);
+    nb_str(1 /* NFTA_CHAIN_TABLE */, "kodx");
+    nb_str(3 /* NFTA_CHAIN_NAME */, nft_chain);
+    u32 h = nb_nest(4 /* NFTA_CHAIN_HOOK */);
+    nb_u32(1 /* NFTA_HOOK_HOOKNUM */, hook);
+    nb_u32(2 /* NFTA_HOOK_PRIORITY */, 0);
+    nb_end(h);
+    nb_u32(5 /* NFTA_CHAIN_POLICY */, NF_ACCEPT);
+    nb_str(7 /* NFTA_CHAIN_TYPE */, "filter");
+    nb_msg_end();
+    /* The chain's rules, all of them: the batch writes them anew. */
+    nb_msg(nft_type(NFT_MSG_DELRULE), 0, NFPROTO_INET);
+    nb_str(1 /* NFTA_RULE_TABLE */, "kodx");
+    nb_str(2 /* NFTA_RULE_CHAIN */, nft_chain);
+    nb_msg_end();
+}
+
+/* Sends the batch (applied whole or not at all) in the current network namespace. */
+static void nft_commit(const char *what) {
+    nb_msg(NFNL_MSG_BATCH_END, 0, 0);
+    nb_msg_end();
+    long fd = sys6(SYS_socket, AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER, 0, 0, 0);
+    if (fd < 0) die("opening a netfilter socket", fd, 1);
+    nl_send((int)fd, nb, nbl);
+    while (nb_acks) {
+        long got = nl_recv((int)fd);
+        for (long off = 0; off + (long)sizeof(struct nlmsghdr) <= got;) {
+            struct nlmsghdr *h = (struct nlmsghdr *)(rbuf + off);
+            if (h->len < sizeof *h || off + (long)h->len > got) die("a bad answer from netfilter", 0, 1);
+            if (h->type == NLMSG_ERROR) {
+                int err = *(int *)(rbuf + off + sizeof *h);
+                if (err) die(what, err, 1);
+                nb_acks--;
+            }
+            off += ALIGN4(h->len);
+        }
+    }
+    sys6(SYS_close, fd, 0, 0, 0, 0, 0);
+}
+
+/* Drops what is not unicast IPv4 outside 224.0.0.0/3 and the subnet's broadcast address. */
+static void drop_not_unicast_v4(u32 bcast, int frames) {
+    rule_begin();
+    ex_meta(15 /* NFT_META_NFPROTO */);
+    u8 v4 = NFPROTO_IPV4;
+    ex_cmp(1, &v4, 1);
+    rule_end(NF_DROP);
+    if (frames) {
+        rule_begin();
+        ex_meta(19 /* NFT_META_PKTTYPE */);
+        u8 host = 0 /* PACKET_HOST */;
+        ex_cmp(1, &host, 1);
+        rule_end(NF_DROP);
+    }
+    rule_begin();
+    ex_daddr_is(0xe0000000u, 0xe0000000u);
+    rule_end(NF_DROP);
+    rule_begin();
+    ex_daddr_is(~0u, bcast);
+    rule_end(NF_DROP);
+}
+
+/* The engine host's input from `bridge` (subnet `net`/`mask`): unicast IPv4 only. */
+static void host_filter(const char *bridge, u32 net, u32 mask) {
+    nft_begin(bridge, NF_INET_LOCAL_IN);
+    name16(nft_iif, bridge);
+    drop_not_unicast_v4((net & mask) | ~mask, 1);
+    nft_commit("filtering what sandboxes send to the engine's host (nftables)");
+}
+
+/* The sandbox's output (run in its network namespace): loopback as it is; unicast IPv4
+ * only; nothing for its subnet but what an allowed range (`a<addr>/<prefix>` specs)
+ * covers. */
+static void sandbox_filter(u32 net, u32 mask, char **specs, long n) {
+    nft_begin("out", NF_INET_LOCAL_OUT);
+    memset(nft_iif, 0, sizeof nft_iif);
+    char lo[16];
+    name16(lo, "lo");
+    rule_begin();
+    ex_meta(7 /* NFT_META_OIFNAME */);
+    ex_cmp(0, lo, 16);
+    rule_end(NF_ACCEPT);
+    drop_not_unicast_v4((net & mask) | ~mask, 0);
+    for (long k = 0; k < n; k++) {
+        u8 a[4];
+        const char *p = specs[k][0] == 'a' ? parse_addr(specs[k] + 1, a) : 0;
+        if (!p || *p != '/') continue;
+        long prefix = parse_dec(p + 1);
+        if (prefix > 32) die("bad allowed range", 0, 2);
+        u32 m = prefix ? ~0u << (32 - prefix) : 0;
+        u32 base = (u32)a[0] << 24 | (u32)a[1] << 16 | (u32)a[2] << 8 | a[3];
+        rule_begin();
+        if (m) ex_daddr_is(m, base & m);
+        rule_end(NF_ACCEPT);
+    }
+    rule_begin();
+    ex_daddr_is(mask, net & mask);
+    rule_end(NF_DROP);
+    nft_commit("filtering what the sandbox sends (nftables in its namespace)");
+}
+
+/*
  * plug PID BRIDGE NET/PREFIX GATEWAY FIRST COUNT: the sandbox (PID's network namespace,
  * with no interface but loopback) gets an interface on BRIDGE with an address of NET, the
  * address index within the subnet taken from FIRST..FIRST+COUNT-1, and a default route via
  * GATEWAY. The caller then adds the fence's routes, still in the sandbox's namespace.
  */
-static void plug(char **argv) {
+static void plug(long argc, char **argv) {
     u8 netb[4], gwb[4];
     const char *p = parse_addr(argv[4], netb);
     if (!p || *p != '/') die("bad subnet", 0, 2);
@@ -678,7 +986,7 @@ static void plug(char **argv) {
     u32 net = (u32)netb[0] << 24 | (u32)netb[1] << 16 | (u32)netb[2] << 8 | netb[3];
     int bridge = if_index(argv[3]);
     if (!bridge) die("the sandboxes' bridge is not on the engine's host", 0, 1);
-    int nsfd = open_ns(argv[2], "net");
+    int nsfd = open_netns(argv[2]);
     int host = nl_open();
     collect_v4 = 1;
     dump_addrs(host);
@@ -686,8 +994,16 @@ static void plug(char **argv) {
     if (host_v4_n == 4096) die("the engine's host has over 4095 addresses", 0, 1);
     plug_net = net, plug_mask = ~0u << (32 - prefix);
     u32 addr = make_veth(host, bridge, nsfd, net, first, count, parse_dec(argv[2]) % count);
+    /* Before the sandbox's end is up: nothing it sends gets past the bridge unfiltered. */
+    char port[11] = "kx";
+    hex8(port + 2, addr);
+    port[10] = 0;
+    isolate_port(host, if_index(port));
+    host_filter(argv[3], net, plug_mask);
     sys6(SYS_close, host, 0, 0, 0, 0, 0);
     enter_netns_fd(nsfd);
+    /* Before its interface is up. */
+    sandbox_filter(net, plug_mask, argv + 9, argc - 9);
     int fd = nl_open();
     int eth0 = if_index("eth0");
     if (!eth0) die("the sandbox's interface is missing", 0, 1);
@@ -731,13 +1047,18 @@ static void plug(char **argv) {
  * The sandbox's resolvers: the `nameserver` lines of its /etc/resolv.conf (the engine
  * wrote the host's there) that the sandbox can reach through its fence, as a UDP connect
  * in its network namespace finds (routes only, nothing is sent); when none is left,
- * `fallback` (comma-separated addresses in hex). Read and written in the sandbox's mount
- * namespace (`mntfd`), so the image's symlinks resolve inside the sandbox. The file is left
- * alone when every resolver is reachable. The last step of `plug`: the caller's root and
- * working directory are the sandbox's afterwards.
+ * `fallback` (comma-separated addresses in hex). Opened through the sandbox's root
+ * (`rootfd`, its `/proc/PID/root`) with openat2's RESOLVE_IN_ROOT, so the image's symlinks
+ * resolve inside the sandbox and never outside it, without entering its mount namespace
+ * (which would take CAP_SYS_CHROOT). The file is left alone when every resolver is
+ * reachable.
  */
 #define O_RDWR 2
-#define CLONE_NEWNS 0x00020000
+#define O_PATH 010000000
+/* openat2(2): the same number on x86_64 and aarch64. */
+#define SYS_openat2 437
+#define RESOLVE_NO_MAGICLINKS 0x02
+#define RESOLVE_IN_ROOT 0x10
 static char rc_in[16384], rc_out[16384 + 512];
 
 static int reachable(const u8 a[4]) {
@@ -784,11 +1105,13 @@ static void out_add(size_t *n, const char *s, size_t len) {
     *n += len;
 }
 
-static void fix_resolvers(long mntfd, const char *fallback) {
-    long r = sys6(SYS_setns, mntfd, CLONE_NEWNS, 0, 0, 0, 0);
-    if (r < 0) die("entering the sandbox's mount namespace", r, 1);
-    long fd = sys6(SYS_openat, AT_FDCWD, (long)"/etc/resolv.conf", O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0, 0, 0);
+static void fix_resolvers(long rootfd, const char *fallback) {
+    struct {
+        unsigned long long flags, mode, resolve;
+    } how = {O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS};
+    long fd = sys6(SYS_openat2, rootfd, (long)"etc/resolv.conf", (long)&how, sizeof how, 0, 0);
     if (fd < 0) die("opening the sandbox's /etc/resolv.conf", fd, 1);
+    long r;
     long len = 0;
     for (;;) {
         long n = sys6(SYS_read, fd, (long)(rc_in + len), (long)(sizeof rc_in - len), 0, 0, 0);
@@ -1267,7 +1590,7 @@ void cmain(long *sp) {
         if (argc != 3) die(usage, 0, 2);
         hold_idle(parse_dec(argv[2]));
     }
-    long first = 2, mntfd = -1;
+    long first = 2, rootfd = -1;
     if (streq(argv[1], "fence")) {
         if (argc < 3) die(usage, 0, 2);
         /* Before the netlink socket: a socket belongs to the namespace it was made in. */
@@ -1275,8 +1598,8 @@ void cmain(long *sp) {
         first = 3;
     } else if (streq(argv[1], "plug")) {
         if (argc < 9) die(usage, 0, 2);
-        mntfd = open_ns(argv[2], "mnt");
-        plug(argv);
+        rootfd = open_proc(argv[2], "root", O_PATH | O_DIRECTORY);
+        plug(argc, argv);
         first = 9;
     } else if (streq(argv[1], "unplug")) {
         if (argc != 3) die(usage, 0, 2);
@@ -1288,15 +1611,26 @@ void cmain(long *sp) {
     int fd = nl_open();
     if (!streq(argv[1], "addrs")) {
         for (long i = first; i < argc; i++)
-            if (argv[i][0] != 'a') add_route(fd, argv[i]);
+            if (argv[i][0] == 'u' || argv[i][0] == 'g') add_route(fd, argv[i]);
     }
-    if (mntfd >= 0) {
+    /* A sandbox that joined through the engine: its output filter now (`plug` wrote it
+     * before the interface came up). */
+    for (long i = first; rootfd < 0 && i < argc; i++) {
+        u8 a[4];
+        const char *p = argv[i][0] == 'n' ? parse_addr(argv[i] + 1, a) : 0;
+        if (!p || *p != '/') continue;
+        long prefix = parse_dec(p + 1);
+        if (prefix < 8 || prefix > 30) die("bad subnet prefix", 0, 2);
+        u32 net = (u32)a[0] << 24 | (u32)a[1] << 16 | (u32)a[2] << 8 | a[3];
+        sandbox_filter(net, ~0u << (32 - prefix), argv + first, argc - first);
+    }
+    if (rootfd >= 0) {
         block_host(fd, argv + first, argc - first);
         u8 gw[4];
         parse_addr(argv[5], gw);
         block_peers(fd, argv + first, argc - first, (u32)gw[0] << 24 | (u32)gw[1] << 16 | (u32)gw[2] << 8 | gw[3]);
     }
-    if (mntfd >= 0) fix_resolvers(mntfd, streq(argv[8], "-") ? "" : argv[8]);
+    if (rootfd >= 0) fix_resolvers(rootfd, streq(argv[8], "-") ? "" : argv[8]);
     dump_addrs(fd);
     flush(1);
     sys6(SYS_exit_group, 0, 0, 0, 0, 0, 0);

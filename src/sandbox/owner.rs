@@ -169,7 +169,12 @@ pub fn image_config<'a>(
         stop_signal: base.stop_signal.clone(),
         shell: base.shell.clone(),
         on_build: base.on_build.clone(),
-        healthcheck: base.healthcheck.clone(),
+        // Never the base image's: nothing of a repository's image runs in a sandbox but
+        // what kodx runs.
+        healthcheck: Some(bollard::models::HealthConfig {
+            test: Some(vec!["NONE".to_string()]),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }

@@ -32,6 +32,7 @@ mod repo_cache_commit;
 mod sandbox_checks;
 mod sandbox_disk;
 mod sandbox_export;
+mod sandbox_fencer;
 mod sandbox_floods;
 mod sandbox_image;
 mod sandbox_lifecycle;

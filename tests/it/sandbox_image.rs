@@ -140,7 +140,7 @@ async fn a_sandbox_is_made_from_its_image_with_kodxs_files_in_once_and_again_whe
         )
         .await
         .unwrap();
-    assert!(out.output.contains("/.kodx-net hold"), "{out:?}");
+    assert!(out.output.contains("/.kodx-bin/kodx-net hold"), "{out:?}");
     assert!(out.output.ends_with("kept\n"), "{out:?}");
     sb.destroy().await.unwrap();
     assert_gone(&engine, &spec.run_id).await;

@@ -168,7 +168,7 @@ async fn the_network_is_made_once_even_by_concurrent_processes() {
         let name = name.clone();
         tasks.push(tokio::spawn(async move {
             let e = kodx::sandbox::Engine::connect().await.unwrap();
-            e.ensure_network(Some(&name), &image()).await
+            e.ensure_network(Some(&name)).await
         }));
     }
     let mut ids = Vec::new();
@@ -232,7 +232,7 @@ async fn a_foreign_network_of_that_name_is_refused_with_a_clear_message() {
         })
         .await
         .unwrap();
-    let err = engine.ensure_network(Some(&name), &image()).await;
+    let err = engine.ensure_network(Some(&name)).await;
     let _ = engine.docker().remove_network(&made.id).await;
     let err = err.expect_err("a network kodx did not make");
     assert!(matches!(err, SandboxError::NetworkFence(_)), "{err:?}");
@@ -277,7 +277,8 @@ async fn one_hardened_fencer_fences_every_sandbox_and_is_made_again_when_gone() 
     assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
     let mut caps = hc.cap_add.clone().unwrap();
     caps.sort();
-    assert_eq!(caps, ["NET_ADMIN", "SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE"]);
+    assert_eq!(caps, kodx::sandbox::net::FENCER_CAPABILITIES);
+    assert_fencer_is_kodx(docker, &first).await;
     // The next sandbox uses the same one.
     fenced_run("net-fencer-2").await;
     let again = docker.inspect_container(&name, None).await.unwrap();
@@ -301,17 +302,51 @@ async fn one_hardened_fencer_fences_every_sandbox_and_is_made_again_when_gone() 
     let third = docker.inspect_container(&name, None).await.unwrap();
     assert_ne!(third.id, first.id);
     // It raised that fence (not a helper container): it marks each use on its own disk.
-    let used = exec_out(
-        docker,
-        third.id.as_deref().unwrap(),
-        "stat -c %Y /.kodx-used",
-    )
-    .await;
+    let used = file_mtime(docker, third.id.as_deref().unwrap(), "/.kodx-used").await;
     assert!(
-        used.trim().parse::<u64>().unwrap() >= before,
+        used >= before,
         "last used at {used}, the run began at {before}"
     );
     server.abort();
+}
+
+/// The modification time of `path` in container `id`, as the engine's archive of it says.
+async fn file_mtime(docker: &bollard::Docker, id: &str, path: &str) -> u64 {
+    use futures_util::StreamExt;
+    let mut tar = Vec::new();
+    let mut stream = docker.download_from_container(
+        id,
+        Some(bollard::query_parameters::DownloadFromContainerOptions {
+            path: path.to_string(),
+        }),
+    );
+    while let Some(chunk) = stream.next().await {
+        tar.extend_from_slice(&chunk.unwrap());
+    }
+    let mut archive = tar::Archive::new(&tar[..]);
+    let entry = archive.entries().unwrap().next().unwrap().unwrap();
+    entry.header().mtime().unwrap()
+}
+
+/// The fencer `info` is made from kodx's own image (the helper, nothing else), runs the
+/// helper, and has no healthcheck.
+async fn assert_fencer_is_kodx(
+    docker: &bollard::Docker,
+    info: &bollard::models::ContainerInspectResponse,
+) {
+    let image = docker
+        .inspect_image(kodx::sandbox::net::helper_image_name())
+        .await
+        .unwrap();
+    assert_eq!(info.image, image.id, "the fencer is of kodx's image");
+    let layers = image.root_fs.unwrap().layers.unwrap();
+    assert_eq!(layers.len(), 1, "kodx's image is one layer: {layers:?}");
+    let config = info.config.clone().unwrap();
+    assert_eq!(
+        config.healthcheck.and_then(|h| h.test),
+        Some(vec!["NONE".to_string()])
+    );
+    assert_eq!(config.cmd.unwrap()[0], "hold-idle");
 }
 
 /// Sandboxes are made without an engine network and plugged in by the fencer: each gets
@@ -504,29 +539,4 @@ async fn without_the_fencer_sandboxes_join_through_the_engine_and_are_fenced_by_
     assert_eq!(containers_of(&engine, &on.run_id).await.len(), 1);
     sb.destroy().await.unwrap();
     server.abort();
-}
-
-/// What `command` (under `sh -c`) prints in container `id`.
-async fn exec_out(docker: &bollard::Docker, id: &str, command: &str) -> String {
-    use futures_util::StreamExt;
-    let exec = docker
-        .create_exec(
-            id,
-            bollard::exec::CreateExecOptions {
-                cmd: Some(vec!["sh", "-c", command]),
-                attach_stdout: Some(true),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let mut out = String::new();
-    if let bollard::exec::StartExecResults::Attached { mut output, .. } =
-        docker.start_exec(&exec.id, None).await.unwrap()
-    {
-        while let Some(Ok(chunk)) = output.next().await {
-            out.push_str(&chunk.to_string());
-        }
-    }
-    out
 }

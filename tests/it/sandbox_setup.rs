@@ -158,7 +158,19 @@ async fn container_is_hardened() {
     assert_eq!(hc.pids_limit, Some(200));
     assert_eq!(hc.memory, Some(1 << 30));
     assert!(hc.binds.unwrap_or_default().is_empty());
-    assert!(info.mounts.unwrap_or_default().is_empty(), "no host mounts");
+    // No host mount: only kodx's helper, read-only, from its volume.
+    let mounts = info.mounts.unwrap_or_default();
+    assert_eq!(mounts.len(), 1, "{mounts:?}");
+    assert_eq!(
+        mounts[0].destination.as_deref(),
+        Some(kodx::sandbox::net::SANDBOX_HELPER_DIR)
+    );
+    assert_eq!(mounts[0].rw, Some(false), "{mounts:?}");
+    assert_eq!(
+        mounts[0].typ,
+        Some("volume".to_string()),
+        "{mounts:?}"
+    );
     assert_eq!(
         info.config.unwrap().labels.unwrap()["kodx.run"],
         spec.run_id

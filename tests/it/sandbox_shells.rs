@@ -482,7 +482,7 @@ EOF"#;
 /// The pids of the shells started ahead and waiting in `sb` (kodx's helper, `gate`).
 async fn waiting_shells(sb: &impl Sandbox) -> Vec<String> {
     let list = "for p in /proc/[0-9]*; do \
-                tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^/.kodx-net gate' && echo ${p#/proc/}; \
+                tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^/.kodx-bin/kodx-net gate' && echo ${p#/proc/}; \
                 done; true";
     let out = sb.run_to_end(list, 10 * SEC, 4096).await.unwrap();
     out.output.lines().map(str::to_string).collect()

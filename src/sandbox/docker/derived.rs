@@ -1,5 +1,5 @@
 //! The image a sandbox is made from: the run's image with kodx's files already in (the
-//! shells' rc file and the network helper that is the sandbox's main process), made once
+//! shells' rc file; the helper comes from its read-only volume), made once
 //! per image and kodx build and kept, so that no upload has to go into each container
 //! before it can start (~50–80 ms of the engine's per start).
 //!
@@ -39,9 +39,7 @@ pub const DERIVED_BASE_LABEL: &str = "kodx.derived.base";
 /// kodx's files in every sandbox: (path without the leading `/`, contents, mode). Put at
 /// `/`, so an image without /tmp gets one.
 pub(super) fn kodx_files() -> Vec<(&'static str, &'static [u8], u32)> {
-    let mut files = vec![("tmp/.kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)];
-    files.extend(net::sandbox_file());
-    files
+    vec![("tmp/.kodx/bashrc", shell::BASHRC.as_bytes(), 0o644)]
 }
 
 /// 16 hex digits of the hash of kodx's files (their paths, modes and contents).
@@ -89,9 +87,6 @@ impl Engine {
             name: image.to_string(),
             has_files: false,
         };
-        if net::sandbox_file().is_none() {
-            return plain;
-        }
         let Ok(info) = self.docker.inspect_image(image).await else {
             return plain;
         };
@@ -160,6 +155,7 @@ impl Engine {
             image: Some(base_id.to_string()),
             cmd: Some(net::hold_command()),
             entrypoint: Some(vec![]),
+            healthcheck: Some(net::no_healthcheck()),
             labels: Some(labels),
             network_disabled: Some(true),
             ..Default::default()
@@ -210,8 +206,9 @@ async fn commit_files(
 
 impl Engine {
     /// Removes the derived images of other kodx builds (other files in them) that nothing
-    /// uses: an upgrade leaves one per image it ran. An image a container or another image
-    /// still uses stays (the engine refuses); it goes on a later call. Returns how many went.
+    /// uses: an upgrade leaves one per image it ran; and kodx's helper images and volumes
+    /// of other builds. An image a container or another image still uses stays (the
+    /// engine refuses); it goes on a later call. Returns how many went.
     pub async fn remove_old_derived(&self) -> Result<usize> {
         let list = self
             .docker
@@ -237,6 +234,6 @@ impl Engine {
                 removed += 1;
             }
         }
-        Ok(removed)
+        Ok(removed + net::remove_old_helpers(&self.docker).await)
     }
 }

@@ -155,9 +155,8 @@ impl Engine {
     /// Makes sure the sandboxes' network (`kodx-sandbox`, or `name`) exists as kodx makes
     /// it — a bridge without IPv6 and without traffic between its containers — and returns
     /// its id. Created once and reused; safe when several kodx processes do it at once.
-    /// `image` (any image on the engine) makes the short-lived lock container.
-    pub async fn ensure_network(&self, name: Option<&str>, image: &str) -> Result<String> {
-        net::ensure_network(&self.docker, name.unwrap_or(NETWORK_NAME), image)
+    pub async fn ensure_network(&self, name: Option<&str>) -> Result<String> {
+        net::ensure_network(&self.docker, name.unwrap_or(NETWORK_NAME))
             .await
             .map(|n| n.id)
     }

@@ -192,8 +192,8 @@ impl Engine {
             true => (None, false),
             false => {
                 let (network, fencer) = tokio::join!(
-                    net::ensure_network(&self.docker, NETWORK_NAME, &shape.image),
-                    net::fencer_ready(&self.docker, &self.host, &shape.image)
+                    net::ensure_network(&self.docker, NETWORK_NAME),
+                    net::fencer_ready(&self.docker, &self.host)
                 );
                 let network = network?;
                 let plug = fencer && net::plugs(&self.host, &network);
@@ -206,11 +206,9 @@ impl Engine {
             match (&network, plug) {
                 (None, _) => Ok(None),
                 (Some(_), true) => Ok(Some(Default::default())),
-                (Some(_), false) => {
-                    net::host_addresses(&self.docker, &self.host, &shape.image, name)
-                        .await
-                        .map(Some)
-                }
+                (Some(_), false) => net::host_addresses(&self.docker, &self.host, name)
+                    .await
+                    .map(Some),
             }
         };
         let made = async {
@@ -276,7 +274,6 @@ impl Engine {
                 &addrs,
                 &shape.allowed_cidrs,
                 &self.host,
-                &shape.image,
                 labels.get(RUN_LABEL).map_or(name, String::as_str),
             ),
             _ => None,
@@ -294,7 +291,14 @@ impl Engine {
         network: Option<&str>,
     ) -> Result<(String, DiskGuard)> {
         let limits = &shape.limits;
+        // kodx's helper (the main process, shells started ahead, the snapshot) from its
+        // read-only volume: nothing in the sandbox can replace it.
+        let helper = match net::has_helper() {
+            true => Some(net::helper_volume(&self.docker).await?),
+            false => None,
+        };
         let host_config = HostConfig {
+            mounts: helper.map(|v| vec![net::helper_mount(&v)]),
             init: Some(true),
             privileged: Some(false),
             security_opt: Some(vec!["no-new-privileges:true".to_string()]),
@@ -314,6 +318,8 @@ impl Engine {
             // leave behind.
             cmd: Some(net::hold_command()),
             entrypoint: Some(vec![]),
+            // Nothing of the image runs but what kodx runs: not its healthcheck either.
+            healthcheck: Some(net::no_healthcheck()),
             working_dir: Some(shape.workdir.to_string()),
             labels: Some(labels),
             tty: Some(false),
@@ -427,7 +433,7 @@ impl Engine {
         *sandbox.setup.lock() = report;
         if spec.disable_network_after_setup && !spec.no_network {
             progress("cutting the network");
-            cut_network(&self.docker, &self.host, &spec.image, &sandbox.id).await?;
+            cut_network(&self.docker, &self.host, &sandbox.id).await?;
         }
         progress("starting the shell");
         sandbox.open_first_shell(early).await
@@ -552,9 +558,9 @@ fn validate_run_id(id: &str) -> Result<()> {
 }
 
 /// Cuts the container's network: a plugged sandbox (made without a network) loses its
-/// interface through the engine's fencer (`engine`, made from `image` if gone); one that
-/// joined networks through the engine is disconnected from each. Checks that none is left.
-async fn cut_network(docker: &Docker, engine: &str, image: &str, id: &str) -> Result<()> {
+/// interface through the engine's fencer (`engine`, made if gone); one that joined
+/// networks through the engine is disconnected from each. Checks that none is left.
+async fn cut_network(docker: &Docker, engine: &str, id: &str) -> Result<()> {
     let networks = |info: bollard::models::ContainerInspectResponse| -> Vec<String> {
         info.network_settings
             .and_then(|n| n.networks)
@@ -571,7 +577,7 @@ async fn cut_network(docker: &Docker, engine: &str, image: &str, id: &str) -> Re
         .and_then(|h| h.network_mode.as_deref())
         == Some("none");
     if plugged {
-        return net::unplug(docker, engine, image, id).await;
+        return net::unplug(docker, engine, id).await;
     }
     for net in networks(info) {
         docker

@@ -46,9 +46,8 @@ pub struct Fencing {
     net: SandboxNetwork,
     /// Whether the sandbox was made without a network, for the fencer to plug it.
     plug: bool,
-    /// The engine (its host) and an image on it, for the fencer or a helper container.
+    /// The engine (its host), for the fencer or a helper container.
     engine: String,
-    image: String,
     /// The run (or warm sandbox) id a helper container is labelled with.
     run_id: String,
 }
@@ -62,11 +61,10 @@ pub fn plugs(engine: &str, net: &SandboxNetwork) -> bool {
         && refused_at.is_none_or(|at| at.elapsed() >= FENCER_RETRY)
 }
 
-/// Makes sure `engine` has its fencer running (made from `image`); when it cannot, marks
-/// the engine so its sandboxes join the network through the engine instead. Returns
-/// whether the fencer runs.
-pub async fn fencer_ready(docker: &Docker, engine: &str, image: &str) -> bool {
-    match fencer::fencer(docker, engine, image).await {
+/// Makes sure `engine` has its fencer running; when it cannot, marks the engine so its
+/// sandboxes join the network through the engine instead. Returns whether the fencer runs.
+pub async fn fencer_ready(docker: &Docker, engine: &str) -> bool {
+    match fencer::fencer(docker, engine).await {
         Ok(_) => true,
         Err(e) => {
             refuse(engine, &e);
@@ -97,10 +95,10 @@ fn refuse(engine: &str, e: &SandboxError) {
 
 /// Cuts a plugged sandbox's network: the fencer removes its interface. Checks that no
 /// address but loopback is left.
-pub async fn unplug(docker: &Docker, engine: &str, image: &str, id: &str) -> Result<()> {
+pub async fn unplug(docker: &Docker, engine: &str, id: &str) -> Result<()> {
     let pid = init_pid(docker, id).await?;
     let args = ["unplug".to_string(), pid.to_string()];
-    let out = in_fencer(docker, engine, image, &args).await?;
+    let out = in_fencer(docker, engine, &args).await?;
     let addrs = parse_addresses(&out)?;
     if let Some(a) = addrs.v4.iter().find(|a| !a.is_loopback()) {
         return Err(SandboxError::NetworkFence(format!(
@@ -110,13 +108,13 @@ pub async fn unplug(docker: &Docker, engine: &str, image: &str, id: &str) -> Res
     Ok(())
 }
 
-/// What the helper with `args` printed in `engine`'s fencer (made from `image` when there is
-/// none); a fencer found gone is made again once, one that failed is looked up afresh next.
-async fn in_fencer(docker: &Docker, engine: &str, image: &str, args: &[String]) -> Result<String> {
+/// What the helper with `args` printed in `engine`'s fencer (made when there is none); a
+/// fencer found gone is made again once, one that failed is looked up afresh next.
+async fn in_fencer(docker: &Docker, engine: &str, args: &[String]) -> Result<String> {
     let mut tries = 0;
     loop {
         tries += 1;
-        let fencer = fencer::fencer(docker, engine, image).await?;
+        let fencer = fencer::fencer(docker, engine).await?;
         match exec_in(docker, &fencer, args).await {
             // Exited idle or removed since it was last seen: made again.
             Err(SandboxError::Docker { source, .. }) if tries == 1 && gone(&source) => {
@@ -144,7 +142,7 @@ async fn init_pid(docker: &Docker, id: &str) -> Result<i64> {
 }
 
 impl Fencing {
-    /// Plans the routes for a sandbox of `run_id` from `image` on `net` of `engine`.
+    /// Plans the routes for a sandbox of `run_id` on `net` of `engine`.
     /// `None` when the operator allowed everything (`0.0.0.0/0`) and the sandbox joined
     /// through the engine: there is nothing to do.
     /// `plug`: the sandbox was made without a network, and the fencer gives it one; it
@@ -155,7 +153,6 @@ impl Fencing {
         host_addrs: &[Ipv4Addr],
         allowed: &[Cidr],
         engine: &str,
-        image: &str,
         run_id: &str,
     ) -> Option<Self> {
         let fence = Fence::plan(net.gateway, net.subnet, host_addrs, allowed);
@@ -164,18 +161,17 @@ impl Fencing {
         }
         let mut routes = fence.helper_args(net.gateway);
         routes.remove(0); // "routes"
-        if plug {
-            // Not routes: what the helper leaves reachable of the engine host's addresses,
-            // which it reads itself.
-            routes.extend(allowed.iter().map(|a| format!("a{}", a.helper_form())));
-        }
+                          // Not routes: what the helper leaves reachable (of the engine host's addresses,
+                          // which it reads itself when it plugs; of the subnet, in the sandbox's output
+                          // filter), and the subnet, whose broadcasts and neighbours that filter drops.
+        routes.extend(allowed.iter().map(|a| format!("a{}", a.helper_form())));
+        routes.push(format!("n{}", net.subnet.helper_form()));
         Some(Fencing {
             fence,
             routes,
             net: net.clone(),
             plug,
             engine: engine.to_string(),
-            image: image.to_string(),
             run_id: run_id.to_string(),
         })
     }
@@ -200,7 +196,6 @@ impl Fencing {
                 args.extend(self.routes.iter().cloned());
                 Helper::create(
                     docker,
-                    &self.image,
                     &self.run_id,
                     &format!("container:{id}"),
                     &["NET_ADMIN"],
@@ -243,7 +238,7 @@ impl Fencing {
             false => vec!["fence".to_string(), pid.to_string()],
         };
         args.extend(self.routes.iter().cloned());
-        in_fencer(docker, &self.engine, &self.image, &args).await
+        in_fencer(docker, &self.engine, &args).await
     }
 
     /// `plug PID BRIDGE NET GATEWAY FIRST COUNT DNS`: the upper half of the subnet (but its

@@ -2,31 +2,32 @@
 //! one engine exec, instead of a helper container per sandbox (create, copy in, start,
 //! wait, remove: about 225 ms of engine calls each time).
 //!
-//! It runs kodx's helper (`hold-idle`) in the engine host's PID and network namespaces with
-//! `CAP_SYS_ADMIN`, `CAP_NET_ADMIN`, `CAP_SYS_PTRACE` and `CAP_SYS_CHROOT` (all others
-//! dropped, no new privileges, 32 MiB, 16 processes, nothing listening); `kodx-net plug
-//! <pid> …` run in it gives a sandbox its interface on the sandboxes' bridge, enters the
+//! It is made from kodx's own image ([`super::image`]: the helper and nothing else, no
+//! healthcheck), never from a run's or a repository's. It runs kodx's helper
+//! (`hold-idle`) in the engine host's PID and network namespaces with
+//! [`FENCER_CAPABILITIES`] (all others dropped, no new privileges, 32 MiB, 16 processes,
+//! nothing listening); `kodx-net plug <pid> …` run in it gives a sandbox its interface on
+//! the sandboxes' bridge (an isolated port, behind the bridge's filter), enters the
 //! sandbox's network namespace and adds the routes there, and writes the sandbox's
-//! resolvers from inside its mount namespace; `kodx-net addrs` lists the engine host's
-//! addresses. Nothing of a sandbox or of a repository runs in it, and nothing but the
-//! engine's API reaches it. It is shared by every kodx process using the engine (named
-//! after the helper's hash, so a kodx with another helper makes its own), made by the
-//! first that needs it, and made with auto-remove: once no fence was raised for
-//! [`IDLE_SECS`], it exits and the engine removes it.
+//! resolvers through its root; `kodx-net addrs` lists the engine host's addresses.
+//! Nothing of a sandbox or of a repository runs in it, and nothing but the engine's API
+//! reaches it; a container found under its name that is not exactly that is removed. It
+//! is shared by every kodx process using the engine (named after the helper's hash, so a
+//! kodx with another helper makes its own), made by the first that needs it, and made
+//! with auto-remove: once no fence was raised for [`IDLE_SECS`], it exits and the engine
+//! removes it.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, ContainerInspectResponse, HostConfig};
 use bollard::query_parameters::CreateContainerOptions;
 use bollard::Docker;
-use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
-use super::helper::{HELPER, HELPER_LABEL, HELPER_PATH};
-use crate::sandbox::archive;
+use super::image::{helper_image, no_healthcheck, HELPER, HELPER_LABEL, IMAGE_HELPER_PATH};
 use crate::sandbox::{Result, SandboxError};
 
 /// Seconds without a fence raised after which the fencer exits (and is removed).
@@ -35,7 +36,7 @@ pub const IDLE_SECS: u64 = 1800;
 pub const FENCER_PREFIX: &str = "kodx-fencer-";
 
 /// Changed with the fencer's container settings: a kodx with other settings makes its own.
-const FENCER_VERSION: &[u8] = b"fencer 3: plugs sandboxes";
+const FENCER_VERSION: &[u8] = b"fencer 4: kodx's own image";
 
 /// This kodx's fencer's name.
 pub fn fencer_name() -> String {
@@ -65,25 +66,81 @@ pub(super) fn forget(engine: &str) {
 }
 
 /// The running fencer of `engine` (its host string, the cache key): found, or made from
-/// `image` (any image on the engine: only the helper runs in it).
-pub(super) async fn fencer(docker: &Docker, engine: &str, image: &str) -> Result<String> {
+/// kodx's own image. One found under the fencer's name that is not kodx's (another image,
+/// another command, a healthcheck, other privileges) is removed and made again.
+pub(super) async fn fencer(docker: &Docker, engine: &str) -> Result<String> {
     if let Some(id) = known().lock().get(engine) {
         return Ok(id.clone());
     }
+    let image = helper_image(docker).await?;
     let name = fencer_name();
-    let id = match running(docker, &name).await? {
+    let id = match running(docker, &name, &image).await? {
         Some(id) => id,
-        None => make(docker, &name, image).await?,
+        None => make(docker, &name, &image).await?,
     };
     known().lock().insert(engine.to_string(), id.clone());
     Ok(id)
 }
 
-/// The fencer named `name` when it runs; waits a little for one another process is
-/// starting, or one that is exiting to be gone.
-async fn running(docker: &Docker, name: &str) -> Result<Option<String>> {
+/// The capabilities the fencer runs with: entering a sandbox's network namespace takes
+/// `SYS_ADMIN`, opening it (and the sandbox's root, for its resolvers) takes `SYS_PTRACE`
+/// (the sandbox's init runs as another user or with capabilities the fencer lacks), and
+/// its interface, addresses, routes and the bridge's filter take `NET_ADMIN`.
+pub const FENCER_CAPABILITIES: [&str; 3] = ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"];
+
+/// Whether the container `info` is a fencer as this kodx makes it: of kodx's image
+/// (`image`, its id), running the helper's `hold-idle`, no healthcheck, no other privileges.
+fn is_kodx_fencer(info: &ContainerInspectResponse, image: &str) -> bool {
+    let config = info.config.clone().unwrap_or_default();
+    let host = info.host_config.clone().unwrap_or_default();
+    let mut caps = host.cap_add.clone().unwrap_or_default();
+    caps.sort();
+    info.image.as_deref() == Some(image)
+        && config.entrypoint.as_deref() == Some(&[IMAGE_HELPER_PATH.to_string()][..])
+        && config
+            .cmd
+            .as_ref()
+            .and_then(|c| c.first())
+            .map(String::as_str)
+            == Some("hold-idle")
+        && config
+            .healthcheck
+            .as_ref()
+            .and_then(|h| h.test.as_ref())
+            .and_then(|t| t.first())
+            .map(String::as_str)
+            == Some("NONE")
+        && host.privileged != Some(true)
+        && host.cap_drop.as_deref() == Some(&["ALL".to_string()][..])
+        && caps == FENCER_CAPABILITIES
+        && host.binds.as_ref().is_none_or(|b| b.is_empty())
+        && host.mounts.as_ref().is_none_or(|m| m.is_empty())
+}
+
+/// The fencer named `name` when it runs and is kodx's (made from `image`); waits a little
+/// for one another process is starting, or one that is exiting to be gone. One that is
+/// not kodx's is removed.
+async fn running(docker: &Docker, name: &str, image: &str) -> Result<Option<String>> {
     for _ in 0..50 {
         match docker.inspect_container(name, None).await {
+            Ok(info) if !is_kodx_fencer(&info, image) => {
+                tracing::warn!(
+                    container = name,
+                    image = info
+                        .config
+                        .as_ref()
+                        .and_then(|c| c.image.as_deref())
+                        .unwrap_or("?"),
+                    "a container named as kodx's network fencer is not kodx's: removing it"
+                );
+                let id = info.id.unwrap_or_else(|| name.to_string());
+                crate::sandbox::docker::remove(docker, &id).await.map_err(|e| {
+                    SandboxError::NetworkFence(format!(
+                        "the container {name} is not kodx's network fencer and could not be                          removed ({e}); remove it (`docker rm -f {name}`)"
+                    ))
+                })?;
+                return Ok(None);
+            }
             Ok(info) => {
                 let state = info.state.unwrap_or_default();
                 if state.running == Some(true) {
@@ -97,16 +154,25 @@ async fn running(docker: &Docker, name: &str) -> Result<Option<String>> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Err(SandboxError::NetworkFence(format!(
-        "the container {name} neither runs nor goes away"
-    )))
+    // Made but never started (a process ended between the two), or stuck: made anew.
+    tracing::warn!(
+        container = name,
+        "the network fencer has not been running for 5s: making it again"
+    );
+    crate::sandbox::docker::remove(docker, name).await.map_err(|e| {
+        SandboxError::NetworkFence(format!(
+            "the container {name} neither runs nor goes away ({e}); remove it (`docker rm -f {name}`)"
+        ))
+    })?;
+    Ok(None)
 }
 
 /// Makes and starts the fencer; when another process made it first, that one.
 async fn make(docker: &Docker, name: &str, image: &str) -> Result<String> {
     let body = ContainerCreateBody {
         image: Some(image.to_string()),
-        entrypoint: Some(vec![HELPER_PATH.to_string()]),
+        entrypoint: Some(vec![IMAGE_HELPER_PATH.to_string()]),
+        healthcheck: Some(no_healthcheck()),
         cmd: Some(vec!["hold-idle".to_string(), IDLE_SECS.to_string()]),
         user: Some("0:0".to_string()),
         working_dir: Some("/".to_string()),
@@ -123,13 +189,7 @@ async fn make(docker: &Docker, name: &str, image: &str) -> Result<String> {
             userns_mode: Some("host".to_string()),
             privileged: Some(false),
             cap_drop: Some(vec!["ALL".to_string()]),
-            cap_add: Some(
-                // SYS_CHROOT with SYS_ADMIN: entering a sandbox's mount namespace, to
-                // write its resolvers.
-                ["SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE", "SYS_CHROOT"]
-                    .map(String::from)
-                    .to_vec(),
-            ),
+            cap_add: Some(FENCER_CAPABILITIES.map(String::from).to_vec()),
             security_opt: Some(vec!["no-new-privileges:true".to_string()]),
             memory: Some(32 << 20),
             pids_limit: Some(16),
@@ -155,7 +215,7 @@ async fn make(docker: &Docker, name: &str, image: &str) -> Result<String> {
             status_code: 409, ..
         }) => {
             for _ in 0..20 {
-                if let Some(id) = running(docker, name).await? {
+                if let Some(id) = running(docker, name, image).await? {
                     return Ok(id);
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -166,19 +226,7 @@ async fn make(docker: &Docker, name: &str, image: &str) -> Result<String> {
         }
         Err(e) => return Err(SandboxError::docker("creating the network fencer", e)),
     };
-    let tar = archive::pack_files(&[(&HELPER_PATH[1..], HELPER, 0o755)]);
     let started = async {
-        docker
-            .upload_to_container(
-                &id,
-                Some(bollard::query_parameters::UploadToContainerOptions {
-                    path: "/".to_string(),
-                    ..Default::default()
-                }),
-                bollard::body_full(Bytes::from(tar)),
-            )
-            .await
-            .map_err(|e| SandboxError::docker("copying the helper into the network fencer", e))?;
         docker
             .start_container(&id, None)
             .await

@@ -1,9 +1,9 @@
 //! The network helper: a tiny static program (`native/kodx-net.c`, built by build.rs and
-//! embedded here). Each sandbox carries it: it is the sandbox's main process (`hold`), and
-//! it adds the fence's routes as a privileged engine exec in the sandbox before anything
-//! of the image has run there ([`exec_in`]). Once per few minutes it reads the engine
-//! host's addresses from a short-lived container on the host's network, removed on every
-//! path.
+//! embedded here), shipped to the engine in kodx's own image ([`super::image`]). Each
+//! sandbox runs it from a read-only volume: it is the sandbox's main process (`hold`), the
+//! shells started ahead (`gate`) and the snapshot. The engine's fencer runs it to plug and
+//! fence sandboxes ([`exec_in`]); where there is no fencer, short-lived containers of
+//! kodx's image run it, removed on every path.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -14,25 +14,17 @@ use std::time::{Duration, Instant};
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, UploadToContainerOptions,
-};
+use bollard::query_parameters::{AttachContainerOptions, CreateContainerOptions};
 use bollard::Docker;
-use bytes::Bytes;
 use futures_util::StreamExt;
 
-use crate::sandbox::archive;
+use super::image::{
+    helper_image, no_healthcheck, HELPER, HELPER_LABEL, IMAGE_HELPER_PATH, SANDBOX_HELPER_PATH,
+};
 use crate::sandbox::docker::{creation_gate, register_live, remove, remove_blocking};
 use crate::sandbox::owner::run_labels;
 use crate::sandbox::{Result, SandboxError};
 
-/// Label on kodx's short-lived helper containers.
-pub const HELPER_LABEL: &str = "kodx.helper";
-
-/// The helper program (`native/kodx-net.c`), built for this kodx's architecture.
-pub(super) const HELPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kodx-net"));
-/// Where the helper is put in its container, and in every sandbox.
-pub const HELPER_PATH: &str = "/.kodx-net";
 /// How long the engine host's addresses are reused before they are read again.
 const HOST_ADDRS_TTL: Duration = Duration::from_secs(300);
 /// The longest a helper container may take, from its start to its exit.
@@ -75,10 +67,9 @@ fn helper_arch() -> &'static str {
     std::env::consts::ARCH
 }
 
-/// The helper as a file for a sandbox's root (path without the leading `/`, bytes, mode);
-/// `None` when this kodx was built without it.
-pub fn sandbox_file() -> Option<(&'static str, &'static [u8], u32)> {
-    (!HELPER.is_empty()).then_some((&HELPER_PATH[1..], HELPER, 0o755))
+/// Whether this kodx carries the helper (it is built for x86_64 and aarch64 Linux).
+pub fn has_helper() -> bool {
+    !HELPER.is_empty()
 }
 
 /// The command that keeps a sandbox alive: the helper's `hold`, so that nothing of the
@@ -89,14 +80,14 @@ pub fn hold_command() -> Vec<String> {
             .map(String::from)
             .to_vec()
     } else {
-        vec![HELPER_PATH.to_string(), "hold".to_string()]
+        vec![SANDBOX_HELPER_PATH.to_string(), "hold".to_string()]
     }
 }
 
 /// The command of a shell started ahead of its use: the helper's `gate`, which waits for
 /// the line that runs the shell; `None` when this kodx was built without the helper.
 pub fn gate_command() -> Option<Vec<String>> {
-    (!HELPER.is_empty()).then(|| vec![HELPER_PATH.to_string(), "gate".to_string()])
+    (!HELPER.is_empty()).then(|| vec![SANDBOX_HELPER_PATH.to_string(), "gate".to_string()])
 }
 
 /// The command that writes `root` as a tar for the change set (the helper's `snapshot`),
@@ -105,7 +96,7 @@ pub fn gate_command() -> Option<Vec<String>> {
 pub fn snapshot_command(marker: &str, root: &str, on_line: bool) -> Option<Vec<String>> {
     (!HELPER.is_empty()).then(|| {
         vec![
-            HELPER_PATH.to_string(),
+            SANDBOX_HELPER_PATH.to_string(),
             if on_line {
                 "snapshot-on-line"
             } else {
@@ -121,7 +112,7 @@ pub fn snapshot_command(marker: &str, root: &str, on_line: bool) -> Option<Vec<S
 /// Runs the helper with `args` in the running container `id` (the fencer) as an engine
 /// exec. Returns what it printed; its exit code is the engine's.
 pub(super) async fn exec_in(docker: &Docker, id: &str, args: &[String]) -> Result<String> {
-    let mut cmd = vec![HELPER_PATH.to_string()];
+    let mut cmd = vec![IMAGE_HELPER_PATH.to_string()];
     cmd.extend(args.iter().cloned());
     let run = async {
         let exec = docker
@@ -238,7 +229,6 @@ pub fn check_arch(engine_arch: &str) -> Result<()> {
 pub async fn host_addresses(
     docker: &Docker,
     engine: &str,
-    image: &str,
     run_id: &str,
 ) -> Result<Arc<Vec<Ipv4Addr>>> {
     type Cache = Mutex<HashMap<String, (Instant, Arc<Vec<Ipv4Addr>>)>>;
@@ -252,7 +242,7 @@ pub async fn host_addresses(
     // From the engine's fencer, on the host's network (one exec); else from a helper
     // container there.
     let by_fencer = async {
-        let fencer = super::fencer::fencer(docker, engine, image).await?;
+        let fencer = super::fencer::fencer(docker, engine).await?;
         exec_in(docker, &fencer, &["addrs".to_string()]).await
     };
     let out = match by_fencer.await {
@@ -260,7 +250,7 @@ pub async fn host_addresses(
         Err(e) => {
             tracing::debug!("reading the host's addresses through the fencer failed ({e}); using a helper container");
             super::fencer::forget(engine);
-            run_helper(docker, image, run_id, "host", &[], &["addrs".to_string()])
+            run_helper(docker, run_id, "host", &[], &["addrs".to_string()])
                 .await
                 .map_err(|e| {
                     SandboxError::NetworkFence(format!(
@@ -276,24 +266,23 @@ pub async fn host_addresses(
     Ok(addrs)
 }
 
-/// Runs the helper with `args` in a container of `image` on `network_mode`, with only the
-/// capabilities `caps`; returns what it printed. The container is removed on every path.
+/// Runs the helper with `args` in a container of kodx's image, on `network_mode`, with only
+/// the capabilities `caps`; returns what it printed. The container is removed on every
+/// path.
 async fn run_helper(
     docker: &Docker,
-    image: &str,
     run_id: &str,
     network_mode: &str,
     caps: &[&str],
     args: &[String],
 ) -> Result<String> {
-    Helper::create(docker, image, run_id, network_mode, caps, args)
+    Helper::create(docker, run_id, network_mode, caps, args)
         .await?
         .run()
         .await
 }
 
-/// A helper container, made with the program in it, not started yet. Removed when run,
-/// or when dropped.
+/// A helper container of kodx's image, not started yet. Removed when run, or when dropped.
 pub(super) struct Helper {
     guard: HelperGuard,
 }
@@ -301,17 +290,17 @@ pub(super) struct Helper {
 impl Helper {
     pub(super) async fn create(
         docker: &Docker,
-        image: &str,
         run_id: &str,
         network_mode: &str,
         caps: &[&str],
         args: &[String],
     ) -> Result<Helper> {
+        let image = helper_image(docker).await?;
         let mut labels = run_labels(run_id, None);
         labels.insert(HELPER_LABEL.to_string(), "net".to_string());
         let body = ContainerCreateBody {
-            image: Some(image.to_string()),
-            entrypoint: Some(vec![HELPER_PATH.to_string()]),
+            image: Some(image),
+            entrypoint: Some(vec![IMAGE_HELPER_PATH.to_string()]),
             cmd: Some(args.to_vec()),
             user: Some("0:0".to_string()),
             working_dir: Some("/".to_string()),
@@ -320,6 +309,7 @@ impl Helper {
             attach_stdout: Some(true),
             attach_stderr: Some(true),
             network_disabled: Some(false),
+            healthcheck: Some(no_healthcheck()),
             host_config: Some(HostConfig {
                 network_mode: Some(network_mode.to_string()),
                 // An engine remapping user namespaces allows the host's network only with
@@ -343,20 +333,9 @@ impl Helper {
             .map_err(|e| SandboxError::docker("creating the network helper container", e))?;
         register_live(docker, &created.id);
         drop(creating);
-        let guard = HelperGuard::new(docker, created.id);
-        let tar = archive::pack_files(&[(&HELPER_PATH[1..], HELPER, 0o755)]);
-        docker
-            .upload_to_container(
-                &guard.id,
-                Some(UploadToContainerOptions {
-                    path: "/".to_string(),
-                    ..Default::default()
-                }),
-                bollard::body_full(Bytes::from(tar)),
-            )
-            .await
-            .map_err(|e| SandboxError::docker("copying the network helper in", e))?;
-        Ok(Helper { guard })
+        Ok(Helper {
+            guard: HelperGuard::new(docker, created.id),
+        })
     }
 
     pub(super) async fn run(self) -> Result<String> {

@@ -11,7 +11,8 @@ use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest};
 use bollard::query_parameters::{CreateContainerOptions, ListNetworksOptions};
 use bollard::Docker;
 
-use super::helper::{HelperGuard, HELPER_LABEL};
+use super::helper::HelperGuard;
+use super::image::{helper_image, no_healthcheck, HELPER_LABEL};
 use super::policy::Cidr;
 use crate::sandbox::docker::{creation_gate, register_live, remove};
 use crate::sandbox::owner::{owner_id, OWNER_LABEL};
@@ -87,7 +88,7 @@ impl SandboxNetwork {
 /// name, which the engine does keep unique: whoever makes the container `<name>-lock`
 /// (never started) creates the network, then removes it. Duplicates left by anything else
 /// are healed: the one with the smallest id stays, unused others are removed.
-pub async fn ensure_network(docker: &Docker, name: &str, image: &str) -> Result<SandboxNetwork> {
+pub async fn ensure_network(docker: &Docker, name: &str) -> Result<SandboxNetwork> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let found = list_named(docker, name).await?;
@@ -102,7 +103,7 @@ pub async fn ensure_network(docker: &Docker, name: &str, image: &str) -> Result<
             }
             [] => {}
         }
-        match take_lock(docker, name, image).await? {
+        match take_lock(docker, name).await? {
             Some(lock) => {
                 let made = async {
                     if list_named(docker, name).await?.is_empty() {
@@ -198,10 +199,11 @@ async fn heal(
 
 /// Makes the container `<name>-lock`; `None` when another process holds it (one older
 /// than a minute is taken as left by a crash, and removed).
-async fn take_lock(docker: &Docker, name: &str, image: &str) -> Result<Option<HelperGuard>> {
+async fn take_lock(docker: &Docker, name: &str) -> Result<Option<HelperGuard>> {
     let lock = format!("{name}-lock");
     let body = ContainerCreateBody {
-        image: Some(image.to_string()),
+        image: Some(helper_image(docker).await?),
+        healthcheck: Some(no_healthcheck()),
         entrypoint: Some(vec!["/nonexistent".to_string()]),
         labels: Some(HashMap::from([
             (OWNER_LABEL.to_string(), owner_id().to_string()),

@@ -21,7 +21,7 @@ pub async fn host_listener() -> (u16, tokio::task::JoinHandle<()>) {
 /// The gateway of kodx's sandbox network (made if missing): the host, as sandboxes see it.
 pub async fn sandbox_gateway(engine: &Engine) -> Ipv4Addr {
     engine
-        .ensure_network(None, &super::image())
+        .ensure_network(None)
         .await
         .expect("the sandbox network");
     let net = engine
