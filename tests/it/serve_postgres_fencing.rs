@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::serve::{text, tool, usage, REPO};
-use crate::serve_postgres::{served_on_postgres_with, terminate};
+use crate::serve_postgres::{served_on_postgres_with, terminate, SHORT_LEASE, SHORT_LEASE_SECS};
 use kodx::db::RunStatus;
 
 /// The test knob that stops the server just before it writes a run's end (after every
@@ -23,7 +23,7 @@ async fn a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing
     let engine = common::require_engine!();
     let Some(mut s) = served_on_postgres_with(
         "a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing",
-        &[(STOP_BEFORE_FINISH, "1")],
+        &[SHORT_LEASE, &[(STOP_BEFORE_FINISH, "1")]].concat(),
     )
     .await
     else {
@@ -94,8 +94,8 @@ async fn a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing
 const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
 /// Process B's clock runs 60 s ahead (libfaketime; its monotonic clock is left alone)
-/// while process A is in the middle of a code run: by B's clock A's lease ran out 30 s
-/// ago, but leases run out by the database's clock, so B's recovery — at its start and
+/// while process A is in the middle of a code run: by B's clock A's lease (10 s) ran out
+/// 50 s ago, but leases run out by the database's clock, so B's recovery — at its start and
 /// every third of a lease — leaves the run alone.
 #[tokio::test]
 async fn a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run() {
@@ -106,7 +106,7 @@ async fn a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run() {
     );
     let Some(mut s) = served_on_postgres_with(
         "a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run",
-        &[],
+        SHORT_LEASE,
     )
     .await
     else {
@@ -134,11 +134,8 @@ async fn a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run() {
     let (mut other, _) = s
         .spawn_another_with(&["--role", "worker"], &skewed, &[])
         .await;
-    // Its recovery at start, then two more passes.
-    tokio::time::sleep(Duration::from_millis(
-        kodx::db::LEASE_MS as u64 * 2 / 3 + 3_000,
-    ))
-    .await;
+    // Its recovery at start, then two more passes (one every third of a lease).
+    tokio::time::sleep(Duration::from_secs(SHORT_LEASE_SECS * 2 / 3 + 3)).await;
     let db = s.db().await;
     let stored = db.get_run(&run.0).await.unwrap().unwrap();
     assert_eq!(

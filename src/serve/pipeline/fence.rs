@@ -11,11 +11,11 @@
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::db::{Db, Lease, Run, LEASE_MS};
+use crate::db::{Db, Lease, Run};
 
 /// One run's hold on its lease, shared by everything that acts for the run.
 #[derive(Clone)]
@@ -29,7 +29,7 @@ struct Inner {
     lease: Lease,
     cancel: CancellationToken,
     lost: AtomicBool,
-    /// When the database last confirmed the hold (the lease runs `LEASE_MS` from then).
+    /// When the database last confirmed the hold (the lease runs from then).
     confirmed: Mutex<Instant>,
 }
 
@@ -75,7 +75,7 @@ impl Fence {
             Err(e) => {
                 let since = inner.confirmed.lock().elapsed();
                 // A margin for the clocks and the time the check itself took.
-                let valid = Duration::from_millis(LEASE_MS as u64 * 2 / 3);
+                let valid = inner.db.lease() * 2 / 3;
                 tracing::warn!("checking the run's lease failed: {e}");
                 if since < valid {
                     return true;

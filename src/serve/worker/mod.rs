@@ -110,7 +110,7 @@ impl Workers {
         let leases = {
             let this = self.clone();
             tokio::spawn(async move {
-                let every = Duration::from_millis(crate::db::LEASE_MS as u64 / 3);
+                let every = this.db.lease() / 3;
                 loop {
                     tokio::time::sleep(every).await;
                     if let Err(e) = this.db.renew_leases(&this.worker_id).await {
