@@ -45,7 +45,7 @@ mod transcripts;
 
 use std::fmt;
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use intake::AcceptJob;
 pub use models::{
@@ -55,7 +55,7 @@ pub use models::{
 pub use notify::{Notifications, Wakeup};
 pub use open::{shown_url, DEFAULT_DATABASE_URL};
 pub use pulls::{Repair, RepairTaken};
-pub use queue::LEASE_MS;
+pub use queue::DEFAULT_LEASE;
 pub use spend::to_micros;
 
 /// What went wrong with the database. Messages name the path or setting to fix; they never
@@ -143,6 +143,8 @@ pub struct Db {
     pool: Pool,
     /// The group-commit writer of [`Db::accept`].
     writer: tokio::sync::mpsc::Sender<AcceptJob>,
+    /// How long a claim holds a run without a renewal, in milliseconds ([`Db::with_lease`]).
+    lease_ms: i64,
 }
 
 impl fmt::Debug for Db {
@@ -151,6 +153,22 @@ impl fmt::Debug for Db {
             .field("backend", &self.pool.backend())
             .field("connections", &self.pool.size())
             .finish_non_exhaustive()
+    }
+}
+
+impl Db {
+    /// The same database, whose claims hold a run for `lease` without a renewal (the
+    /// setting `lease_secs`; [`DEFAULT_LEASE`] unless set). A lease is set and renewed by
+    /// the process holding it, and runs out by the database's clock, so processes sharing
+    /// a queue may use different lengths.
+    pub fn with_lease(mut self, lease: Duration) -> Db {
+        self.lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX).max(1);
+        self
+    }
+
+    /// How long a claim holds a run without a renewal.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms as u64)
     }
 }
 

@@ -105,7 +105,11 @@ impl Db {
         with_pool!(&pool, p => MIGRATOR.run(p).await)?;
         let (writer, rx) = tokio::sync::mpsc::channel(4 * MAX_BATCH);
         tokio::spawn(accept_writer(pool.clone(), rx));
-        Ok(Db { pool, writer })
+        Ok(Db {
+            pool,
+            writer,
+            lease_ms: i64::try_from(super::DEFAULT_LEASE.as_millis()).unwrap_or(i64::MAX),
+        })
     }
 
     /// `SELECT 1`: the database answers.

@@ -26,8 +26,9 @@ const AGENT_RUN_CANDIDATES: &str = "q.kind IN ('ask', 'code', 'continue', 'addre
 const CONTROL_CANDIDATES: &str =
     "q.kind NOT IN ('ask', 'code', 'continue', 'address_reviews', 'repair')";
 
-/// How long a claimed run stays its worker's without a renewal (unix milliseconds).
-pub const LEASE_MS: i64 = 30_000;
+/// How long a claimed run stays its worker's without a renewal, unless the server's
+/// settings say otherwise (`lease_secs`, [`Db::with_lease`]).
+pub const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Pool {
     /// Now, in unix milliseconds, by the database's clock: leases are set and compared
@@ -86,7 +87,7 @@ impl Db {
         let row = with_pool!(&self.pool, p => sqlx::query_as::<_, Run>(&sql)
             .bind(worker)
             .bind(now_ms())
-            .bind(LEASE_MS)
+            .bind(self.lease_ms)
             .fetch_optional(p)
             .await);
         match row {
@@ -98,7 +99,7 @@ impl Db {
         }
     }
 
-    /// Extends the leases of the runs `worker` is running to `LEASE` from now (the
+    /// Extends the leases of the runs `worker` is running to a lease from now (the
     /// database's now); returns how many it holds. Called by the worker every third of a
     /// lease.
     pub async fn renew_leases(&self, worker: &str) -> Result<u64, DbError> {
@@ -107,7 +108,7 @@ impl Db {
             self.pool.now_sql()
         );
         let renewed = with_pool!(&self.pool, p => sqlx::query(&sql)
-        .bind(LEASE_MS)
+        .bind(self.lease_ms)
         .bind(worker)
         .execute(p)
         .await
@@ -116,7 +117,7 @@ impl Db {
     }
 
     /// Whether `lease` still holds run `run_id` (nobody took it back: it is still running
-    /// under that claim); if so, the lease is extended to `LEASE` from now. The check
+    /// under that claim); if so, the lease is extended to a whole lease from now. The check
     /// immediately before each side effect of a run that no `WHERE` can fence (a model
     /// call, a command, a comment, a push).
     pub async fn hold_lease(&self, run_id: &str, lease: &Lease) -> Result<bool, DbError> {
@@ -126,7 +127,7 @@ impl Db {
             held(3, 4)
         );
         let held = with_pool!(&self.pool, p => sqlx::query(&sql)
-        .bind(LEASE_MS)
+        .bind(self.lease_ms)
         .bind(run_id)
         .bind(&lease.worker)
         .bind(lease.epoch)

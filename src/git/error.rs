@@ -46,6 +46,10 @@ pub enum GitError {
          it the push was still refused as non-fast-forward; kodx never force-pushes"
     )]
     Moved { branch: String, attempts: u32 },
+    /// The push was stopped before it sent anything: its caller's check said no (the run
+    /// it was for is no longer this process's).
+    #[error("the push was not sent: the run it was for is no longer this process's")]
+    Withheld,
     #[error("git failed: {0}")]
     Other(String),
 }

@@ -24,5 +24,5 @@ pub use mirror::{
     clone_from_mirror, fetch_mirror, fetch_mirror_for, link_objects, FetchProgress, History,
     Linked, MirrorTip,
 };
-pub use push::{push, push_rebasing, PushOutcome};
+pub use push::{push, push_checked, push_rebasing, push_rebasing_checked, BeforeSend, PushOutcome};
 pub use session::init;

@@ -20,6 +20,10 @@ pub struct PushOutcome {
     pub rebased: bool,
 }
 
+/// Asked by a push once it has read the server's refs (the last thing it reads) and before
+/// it sends anything: `false` stops it there ([`GitError::Withheld`]).
+pub type BeforeSend<'a> = &'a dyn Fn() -> bool;
+
 /// Pushes `local_ref` (`HEAD`, a branch, a full ref) of the repository at `repo_dir` to
 /// `refs/heads/<remote_branch>` at `url`; `force` allows a non-fast-forward update. A ref
 /// the server refuses is [`GitError::Rejected`] with the server's reason.
@@ -30,6 +34,28 @@ pub fn push(
     local_ref: &str,
     remote_branch: &str,
     force: bool,
+) -> Result<(), GitError> {
+    push_checked(
+        repo_dir,
+        url,
+        token,
+        local_ref,
+        remote_branch,
+        force,
+        &|| true,
+    )
+}
+
+/// [`push`], asking `before_send` once the server's refs are read, right before anything
+/// is sent.
+pub fn push_checked(
+    repo_dir: &Path,
+    url: &str,
+    token: &str,
+    local_ref: &str,
+    remote_branch: &str,
+    force: bool,
+    before_send: BeforeSend<'_>,
 ) -> Result<(), GitError> {
     init();
     let session = Session::new(url, token)?;
@@ -44,9 +70,11 @@ pub fn push(
         "{}{local_ref}:refs/heads/{remote_branch}",
         if force { "+" } else { "" }
     );
-    push_once(&session, &repo, url, &spec, remote_branch).map_err(|failure| match failure {
-        PushFailure::Moved(reason) => GitError::Rejected { reason },
-        PushFailure::Failed(e) => e,
+    push_once(&session, &repo, url, &spec, remote_branch, before_send).map_err(|failure| {
+        match failure {
+            PushFailure::Moved(reason) => GitError::Rejected { reason },
+            PushFailure::Failed(e) => e,
+        }
     })
 }
 
@@ -67,6 +95,7 @@ fn push_once(
     url: &str,
     spec: &str,
     remote_branch: &str,
+    before_send: BeforeSend<'_>,
 ) -> Result<(), PushFailure> {
     let mut remote = repo
         .remote_anonymous(url)
@@ -89,6 +118,18 @@ fn push_once(
         heard.extend_from_slice(&data[..data.len().min(room)]);
         true
     });
+    // Between reading the server's refs and sending the pack: the last moment to stop.
+    let withheld = Rc::new(std::cell::Cell::new(false));
+    let stopped = withheld.clone();
+    callbacks.push_negotiation(move |_updates| {
+        if before_send() {
+            return Ok(());
+        }
+        stopped.set(true);
+        Err(git2::Error::from_str(
+            "the push was withheld before it was sent",
+        ))
+    });
     let mut push_opts = PushOptions::new();
     push_opts.remote_callbacks(callbacks);
     let with_messages = |reason: String| {
@@ -101,6 +142,9 @@ fn push_once(
         session.scrub(&reason)
     };
     if let Err(e) = remote.push(&[spec], Some(&mut push_opts)) {
+        if withheld.get() {
+            return Err(PushFailure::Failed(GitError::Withheld));
+        }
         let not_fast_forward = e.code() == ErrorCode::NotFastForward;
         return Err(match session.error(e) {
             // libgit2 refuses a non-fast-forward update itself, before sending anything.
@@ -195,6 +239,19 @@ pub fn push_rebasing(
     remote_branch: &str,
     attempts: u32,
 ) -> Result<PushOutcome, GitError> {
+    push_rebasing_checked(repo_dir, url, token, remote_branch, attempts, &|| true)
+}
+
+/// [`push_rebasing`], asking `before_send` before each push sends anything (once the
+/// server's refs are read, after any fetch and rebase).
+pub fn push_rebasing_checked(
+    repo_dir: &Path,
+    url: &str,
+    token: &str,
+    remote_branch: &str,
+    attempts: u32,
+    before_send: BeforeSend<'_>,
+) -> Result<PushOutcome, GitError> {
     init();
     let session = Session::new(url, token)?;
     check_branch_name(remote_branch)?;
@@ -205,7 +262,7 @@ pub fn push_rebasing(
     let mut rebased = 0;
     loop {
         let head = head_commit(&repo)?;
-        match push_once(&session, &repo, url, &spec, remote_branch) {
+        match push_once(&session, &repo, url, &spec, remote_branch, before_send) {
             Ok(()) => {
                 return Ok(PushOutcome {
                     sha: head.to_string(),

@@ -528,6 +528,7 @@ impl Installation {
             body: None,
             jwt: None,
             max_body: super::transport::MAX_ANSWER_BYTES,
+            guard: self.write_guard(),
         };
         super::transport::send(octo, policy, call).await
     }

@@ -41,6 +41,10 @@ pub enum GitHubError {
     /// No answer: connection refused, timeout, broken response (after the retries).
     #[error("{what}: cannot reach GitHub: {message}")]
     Network { what: String, message: String },
+    /// A write not sent: its [`WriteGuard`](super::WriteGuard) said no (the run it was
+    /// for is no longer this process's).
+    #[error("{what}: not sent: the work it was for is no longer this process's")]
+    Withheld { what: String },
     /// An answer that is not what the API documents (bad JSON, missing field, a directory
     /// where a file was expected, text that is not UTF-8).
     #[error("{what}: unexpected answer from GitHub: {message}")]

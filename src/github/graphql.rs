@@ -185,6 +185,7 @@ impl Installation {
                 body: Some(&body),
                 jwt: None,
                 max_body: transport::MAX_ANSWER_BYTES,
+                guard: self.write_guard(),
             };
             let raw = transport::send(octo, policy, call).await?;
             let reset_in = match read_answer(&raw, &what) {

@@ -11,6 +11,7 @@ use secrecy::SecretString;
 use serde_json::{json, Value};
 
 use super::error::GitHubError;
+use super::guard::WriteGuard;
 use super::policy::{Raw, RequestPolicy};
 use super::transport::{self, Auth, Call, JSON};
 use super::types::{
@@ -35,6 +36,8 @@ const MAX_PAGES: u32 = 100;
 #[derive(Clone)]
 pub struct Installation {
     inner: Arc<Inner>,
+    /// Asked before each write ([`Installation::guarded`]); `None`: writes go out as asked.
+    guard: Option<Arc<dyn WriteGuard>>,
 }
 
 struct Inner {
@@ -77,7 +80,18 @@ impl Installation {
                 policy,
                 graphql: graphql_url(api_url),
             }),
+            guard: None,
         })
+    }
+
+    /// The same installation and token, whose every write asks `guard` first, right before
+    /// each attempt ([`super::guard`]): the client a run's stages get, so that no write of
+    /// theirs skips the run's lease.
+    pub fn guarded(&self, guard: Arc<dyn WriteGuard>) -> Installation {
+        Installation {
+            inner: self.inner.clone(),
+            guard: Some(guard),
+        }
     }
 
     pub fn id(&self) -> u64 {
@@ -247,6 +261,7 @@ impl Installation {
             body: None,
             jwt: None,
             max_body: max,
+            guard: self.write_guard(),
         };
         let raw = transport::send(&self.inner.octo, &self.inner.policy, call).await?;
         Ok((raw.body.to_vec(), raw.cut))
@@ -649,6 +664,11 @@ impl Installation {
         (&self.inner.octo, &self.inner.policy, &self.inner.graphql)
     }
 
+    /// The guard every write of this client asks first, if any.
+    pub(super) fn write_guard(&self) -> Option<&dyn WriteGuard> {
+        self.guard.as_deref()
+    }
+
     async fn get_json(&self, path: &str) -> Result<Value, GitHubError> {
         let raw = self
             .request(http::Method::GET, path, None, JSON, None)
@@ -692,6 +712,7 @@ impl Installation {
             body,
             jwt: None,
             max_body: transport::MAX_ANSWER_BYTES,
+            guard: self.write_guard(),
         };
         transport::send(&self.inner.octo, policy, call).await
     }

@@ -55,6 +55,7 @@ pub async fn convert_manifest(api_url: &str, code: &str) -> Result<ConvertedApp,
             body: None,
             jwt: None,
             max_body: transport::MAX_ANSWER_BYTES,
+            guard: None,
         },
     )
     .await?;

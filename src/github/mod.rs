@@ -19,6 +19,7 @@
 mod ci;
 mod error;
 mod graphql;
+mod guard;
 mod installation;
 mod manifest;
 mod policy;
@@ -39,6 +40,7 @@ use octocrab::Octocrab;
 pub use ci::{CiLimits, CiState, FailedCheck};
 pub use error::GitHubError;
 pub use graphql::{ReviewThread, ReviewThreads, ThreadComment};
+pub use guard::WriteGuard;
 pub use installation::Installation;
 pub use manifest::{convert_manifest, ConvertedApp};
 pub use policy::RequestPolicy;
@@ -325,6 +327,8 @@ impl GitHubApp {
             body,
             jwt: Some(&|| self.app_jwt()),
             max_body: transport::MAX_ANSWER_BYTES,
+            // The App's own calls are for no one run.
+            guard: None,
         };
         transport::send(&self.inner.octo, &self.inner.policy, call).await
     }

@@ -10,6 +10,7 @@ use axum::http::HeaderMap;
 use bytes::Bytes;
 
 use super::error::{one_line, GitHubError};
+use super::guard::WriteGuard;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestPolicy {
@@ -105,7 +106,23 @@ impl RequestPolicy {
     /// Runs `attempt` (one HTTP exchange; `Err` is a transport failure, already free of
     /// secrets) under this policy and returns the first answer that is not retried.
     /// A 2xx answer is `Ok`; any other final answer is mapped by [`status_error`].
-    pub(crate) async fn run<F, Fut>(&self, what: &str, mut attempt: F) -> Result<Raw, GitHubError>
+    pub(crate) async fn run<F, Fut>(&self, what: &str, attempt: F) -> Result<Raw, GitHubError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Raw, String>>,
+    {
+        self.run_guarded(what, None, attempt).await
+    }
+
+    /// [`run`](Self::run), asking `guard` right before each attempt (the first, and every
+    /// one after a backoff or a rate-limit wait): when it says no, nothing more is sent and
+    /// the call is [`GitHubError::Withheld`]. Each attempt is bounded by `request_timeout`.
+    pub(crate) async fn run_guarded<F, Fut>(
+        &self,
+        what: &str,
+        guard: Option<&dyn WriteGuard>,
+        mut attempt: F,
+    ) -> Result<Raw, GitHubError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Raw, String>>,
@@ -114,6 +131,17 @@ impl RequestPolicy {
         let mut rate_limit_waits = 0;
         loop {
             attempts += 1;
+            if let Some(guard) = guard {
+                if !guard.allows().await {
+                    tracing::warn!(
+                        what,
+                        "GitHub write withheld: the run is no longer this process's"
+                    );
+                    return Err(GitHubError::Withheld {
+                        what: what.to_string(),
+                    });
+                }
+            }
             let outcome = match tokio::time::timeout(self.request_timeout, attempt()).await {
                 Ok(outcome) => outcome,
                 Err(_) => Err(format!(
@@ -366,6 +394,81 @@ mod tests {
             .unwrap();
         assert_eq!(out.status, 200);
         assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    /// Allows the first `allowed` writes it is asked about, then no more.
+    struct Allows {
+        allowed: u32,
+        asked: AtomicU32,
+    }
+
+    #[async_trait::async_trait]
+    impl WriteGuard for Allows {
+        async fn allows(&self) -> bool {
+            self.asked.fetch_add(1, Ordering::SeqCst) < self.allowed
+        }
+    }
+
+    #[tokio::test]
+    async fn a_guard_is_asked_before_every_attempt_and_a_no_sends_nothing() {
+        // Allowed once: the first attempt goes out (502), the retry is withheld unsent.
+        let guard = Allows {
+            allowed: 1,
+            asked: AtomicU32::new(0),
+        };
+        let calls = AtomicU32::new(0);
+        let err = fast()
+            .run_guarded("PATCH /a", Some(&guard), || async {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok(raw(502, &[], ""))
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, GitHubError::Withheld { ref what } if what == "PATCH /a"),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "PATCH /a: not sent: the work it was for is no longer this process's"
+        );
+        assert_eq!(err.status(), None);
+        assert_eq!(
+            (
+                calls.load(Ordering::SeqCst),
+                guard.asked.load(Ordering::SeqCst)
+            ),
+            (1, 2)
+        );
+        // Allowed throughout: asked once per attempt.
+        let guard = Allows {
+            allowed: u32::MAX,
+            asked: AtomicU32::new(0),
+        };
+        let calls = AtomicU32::new(0);
+        let out = fast()
+            .run_guarded("POST /b", Some(&guard), || async {
+                match calls.fetch_add(1, Ordering::SeqCst) {
+                    0 => Err("connection reset".to_string()),
+                    _ => Ok(raw(201, &[], "{}")),
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(out.status, 201);
+        assert_eq!(guard.asked.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn only_reads_go_out_without_asking() {
+        use crate::github::guard::is_write;
+        use axum::http::Method;
+        for m in [Method::GET, Method::HEAD] {
+            assert!(!is_write(&m), "{m}");
+        }
+        for m in [Method::POST, Method::PATCH, Method::PUT, Method::DELETE] {
+            assert!(is_write(&m), "{m}");
+        }
     }
 
     #[tokio::test]

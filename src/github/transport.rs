@@ -18,6 +18,7 @@ use secrecy::SecretString;
 use serde_json::Value;
 
 use super::error::GitHubError;
+use super::guard::{is_write, WriteGuard};
 use super::policy::{Raw, RequestPolicy};
 
 /// The `Accept` of JSON answers.
@@ -80,6 +81,9 @@ pub(crate) struct Call<'a> {
     pub jwt: Option<&'a (dyn Fn() -> Result<String, GitHubError> + Sync)>,
     /// The most of the body read ([`MAX_ANSWER_BYTES`] unless a call needs less).
     pub max_body: usize,
+    /// Asked before each attempt when the call writes ([`super::guard`]): the installation
+    /// client's guard, if it has one.
+    pub guard: Option<&'a dyn WriteGuard>,
 }
 
 /// Runs `call` through `octo` under `policy`: the first answer not retried, a 2xx as `Ok`.
@@ -94,8 +98,9 @@ pub(crate) async fn send(
     };
     let (method, accept, body, jwt) = (call.method, call.accept, call.body, call.jwt);
     let max_body = call.max_body;
+    let guard = call.guard.filter(|_| is_write(&method));
     policy
-        .run(call.what, || {
+        .run_guarded(call.what, guard, || {
             let method = method.clone();
             let uri = uri.clone();
             async move {

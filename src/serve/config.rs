@@ -17,6 +17,11 @@ use crate::sandbox::{Cidr, EngineConfig, NetworkMode, DEFAULT_MAX_DISK_BYTES};
 pub use crate::serve::setup::store::AppCredentials;
 use crate::webhook::WebhookSecrets;
 
+/// What a process's lease must hold beyond one GitHub request's bound for it to act for
+/// a run ([`Settings::lease_margin`]): the lease check's own round trip, and the moment
+/// between the check and the request leaving.
+pub const LEASE_SLACK: Duration = Duration::from_secs(2);
+
 /// Where the server config file is looked for when `KODX_CONFIG` is not set.
 pub const DEFAULT_CONFIG_PATH: &str = "config/kodx.toml";
 pub const DEFAULT_GITHUB_API_URL: &str = "https://api.github.com";
@@ -146,6 +151,16 @@ pub struct Settings {
     pub shutdown_grace_secs: u64,
     /// A run left `running` by a dead process is re-queued this many times in all.
     pub max_attempts: u32,
+    /// How long a run claimed by this process stays its own without a renewal, in seconds
+    /// (`KODX_LEASE_SECS` sets it too); renewed every third of it. With several processes
+    /// on PostgreSQL, a run whose process died or stalled is taken over once its lease ran
+    /// out. A process acts for a run only while more than [`Settings::lease_margin`] of its
+    /// lease is left, so it is at least `github_timeout_secs` + 5.
+    pub lease_secs: u64,
+    /// How long one GitHub request may take, from sending it to the last byte of the
+    /// answer, in seconds (`KODX_GITHUB_TIMEOUT_SECS` sets it too); a request that takes
+    /// longer is given up (and tried again, where that is safe).
+    pub github_timeout_secs: u64,
     /// Recent issue comments given to an `ask` run as context.
     pub context_comments: usize,
     /// The longest PR diff given to a run as context, in bytes.
@@ -224,6 +239,10 @@ impl Default for Settings {
             status_interval_secs: 10.0,
             shutdown_grace_secs: 30,
             max_attempts: 2,
+            lease_secs: crate::db::DEFAULT_LEASE.as_secs(),
+            github_timeout_secs: crate::github::RequestPolicy::default()
+                .request_timeout
+                .as_secs(),
             context_comments: 20,
             max_diff_bytes: 200_000,
             max_commit_file_bytes: 10 * 1024 * 1024,
@@ -269,6 +288,55 @@ impl Settings {
         Duration::from_secs_f64(self.status_interval_secs.max(0.0))
     }
 
+    /// How long a claim holds a run without a renewal (`lease_secs`).
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(self.lease_secs)
+    }
+
+    /// How long one GitHub request may take (`github_timeout_secs`).
+    pub fn github_timeout(&self) -> Duration {
+        Duration::from_secs(self.github_timeout_secs)
+    }
+
+    /// How much of its lease a process must have left to act for a run — a GitHub write,
+    /// a push, a model call, a command: one GitHub request's bound and [`LEASE_SLACK`]
+    /// more, so that whatever a write allowed now does, it does before the lease can run
+    /// out and another process take the run.
+    pub fn lease_margin(&self) -> Duration {
+        self.github_timeout() + LEASE_SLACK
+    }
+
+    /// The GitHub client's retry and timeout policy: each request bounded by
+    /// `github_timeout_secs`.
+    pub fn github_policy(&self) -> crate::github::RequestPolicy {
+        let default = crate::github::RequestPolicy::default();
+        crate::github::RequestPolicy {
+            connect_timeout: default.connect_timeout.min(self.github_timeout()),
+            request_timeout: self.github_timeout(),
+            ..default
+        }
+    }
+
+    /// `lease_secs` against `github_timeout_secs`: a lease must leave time to act once the
+    /// margin is set aside.
+    fn check_lease(&self, source: &str) -> Result<(), ConfigError> {
+        if !(1..=300).contains(&self.github_timeout_secs) {
+            return Err(ConfigError(format!(
+                "{source}: `github_timeout_secs` must be between 1 and 300 seconds"
+            )));
+        }
+        let least = self.github_timeout_secs + LEASE_SLACK.as_secs() + 3;
+        if !(least..=3600).contains(&self.lease_secs) {
+            return Err(ConfigError(format!(
+                "{source}: `lease_secs` must be between {least} (`github_timeout_secs` + 5: a \
+                 process acts for a run only with more than one GitHub request's time and 2 s \
+                 of its lease left) and 3600 seconds, got {}",
+                self.lease_secs
+            )));
+        }
+        Ok(())
+    }
+
     pub fn header_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.header_timeout_secs)
     }
@@ -311,6 +379,7 @@ impl Settings {
         if self.max_attempts == 0 {
             return bad("max_attempts", "must be at least 1");
         }
+        self.check_lease(source)?;
         if let Some(b) = self.monthly_budget_usd {
             if !(b.is_finite() && b > 0.0) {
                 return bad("monthly_budget_usd", "must be a positive amount in USD");
@@ -623,6 +692,22 @@ fn base_config(get: &dyn Fn(&str) -> Option<String>) -> Result<(SetupConfig, boo
                 ))
             })?;
     }
+    let seconds = |name: &str, v: String| -> Result<u64, ConfigError> {
+        v.trim().parse().map_err(|_| {
+            ConfigError(format!(
+                "{name} must be a whole number of seconds, got {v:?}"
+            ))
+        })
+    };
+    if let Some(v) = get("KODX_LEASE_SECS") {
+        settings.lease_secs = seconds("KODX_LEASE_SECS", v)?;
+    }
+    if let Some(v) = get("KODX_GITHUB_TIMEOUT_SECS") {
+        settings.github_timeout_secs = seconds("KODX_GITHUB_TIMEOUT_SECS", v)?;
+    }
+    settings.check_lease(
+        "KODX_LEASE_SECS and KODX_GITHUB_TIMEOUT_SECS (or their keys in KODX_CONFIG)",
+    )?;
     if settings.repo_cache_dir.is_none() {
         settings.repo_cache_dir = Some(self::data_dir(&database_url).join("mirrors"));
     }
@@ -966,6 +1051,52 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.0.contains("port"), "{e}");
+    }
+
+    #[test]
+    fn the_lease_outlasts_a_github_request_and_the_margin() {
+        let s = Settings::default();
+        assert_eq!((s.lease_secs, s.github_timeout_secs), (60, 30));
+        assert_eq!(s.lease_margin(), Duration::from_secs(32));
+        assert_eq!(s.github_policy().request_timeout, Duration::from_secs(30));
+        let s = parse_settings("lease_secs = 10\ngithub_timeout_secs = 3\n", "kodx.toml").unwrap();
+        assert_eq!(s.lease(), Duration::from_secs(10));
+        assert_eq!(s.lease_margin(), Duration::from_secs(5));
+        let policy = s.github_policy();
+        assert_eq!(
+            (policy.request_timeout, policy.connect_timeout),
+            (Duration::from_secs(3), Duration::from_secs(3))
+        );
+        // A lease the margin would eat.
+        let e = parse_settings("lease_secs = 34\n", "kodx.toml").unwrap_err();
+        assert!(
+            e.0.contains("`lease_secs` must be between 35") && e.0.contains("got 34"),
+            "{e}"
+        );
+        let e = parse_settings("github_timeout_secs = 0\n", "kodx.toml").unwrap_err();
+        assert!(e.0.contains("github_timeout_secs"), "{e}");
+        // The environment sets both, and they are checked together.
+        let c = ServeConfig::from_lookup(lookup(&without_config(&[
+            ("KODX_LEASE_SECS", "10"),
+            ("KODX_GITHUB_TIMEOUT_SECS", "3"),
+        ])))
+        .unwrap();
+        assert_eq!(
+            (c.settings.lease_secs, c.settings.github_timeout_secs),
+            (10, 3)
+        );
+        let e = ServeConfig::from_lookup(lookup(&without_config(&[("KODX_LEASE_SECS", "10")])))
+            .unwrap_err();
+        assert!(
+            e.0.contains("KODX_LEASE_SECS") && e.0.contains("between 35"),
+            "{e}"
+        );
+        let e = ServeConfig::from_lookup(lookup(&without_config(&[("KODX_LEASE_SECS", "1m")])))
+            .unwrap_err();
+        assert!(
+            e.0.contains("KODX_LEASE_SECS must be a whole number"),
+            "{e}"
+        );
     }
 
     #[test]

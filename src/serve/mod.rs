@@ -226,16 +226,20 @@ async fn start(
     metrics: Arc<metrics::Metrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Running> {
-    let db = Db::open(&config.database_url).await.with_context(|| {
-        format!(
-            "DATABASE_URL={}",
-            crate::db::shown_url(&config.database_url)
-        )
-    })?;
-    let app = GitHubApp::new(
+    let db = Db::open(&config.database_url)
+        .await
+        .with_context(|| {
+            format!(
+                "DATABASE_URL={}",
+                crate::db::shown_url(&config.database_url)
+            )
+        })?
+        .with_lease(config.settings.lease());
+    let app = GitHubApp::with_policy(
         &config.github_api_url,
         config.app_id,
         config.private_key.expose_secret(),
+        config.settings.github_policy(),
     )
     .context("the GitHub App's key (PRIVATE_KEY / PRIVATE_KEY_PATH)")?;
     let instance = db.instance_id().await.with_context(|| {

@@ -966,6 +966,68 @@ async fn on_postgres_recovery_takes_back_only_expired_leases() {
     raw.close().await;
 }
 
+/// The lease a claim, a renewal and a check give is the length the process was set up with
+/// (`lease_secs`): a process with a one-second lease loses its run a second after its last
+/// renewal, by the database's clock, while one with the default keeps it.
+#[tokio::test]
+async fn on_postgres_a_lease_lasts_as_long_as_its_process_set_it() {
+    let Some(admin) = kodx::db::test_databases::postgres_admin_url() else {
+        eprintln!(
+            "SKIPPED on_postgres_a_lease_lasts_as_long_as_its_process_set_it: KODX_SKIP_POSTGRES=1"
+        );
+        return;
+    };
+    let url = kodx::db::test_databases::fresh_postgres_database(&admin).await;
+    let short = Db::open(&url)
+        .await
+        .unwrap()
+        .with_lease(Duration::from_secs(1));
+    let long = Db::open(&url).await.unwrap();
+    assert_eq!(short.lease(), Duration::from_secs(1));
+    assert_eq!(long.lease(), kodx::db::DEFAULT_LEASE);
+    for (n, db) in [(1, &short), (2, &long)] {
+        db.accept(
+            &delivery(&format!("lease-length-{n}")),
+            Some(&new_run("code", n)),
+        )
+        .await
+        .unwrap();
+    }
+    let a = short
+        .claim_run("process-a")
+        .await
+        .unwrap()
+        .expect("claimed");
+    let b = long.claim_run("process-b").await.unwrap().expect("claimed");
+    let expires = |id: String| {
+        let url = url.clone();
+        async move {
+            let raw = sqlx::PgPool::connect(&url).await.unwrap();
+            let at: i64 = sqlx::query_scalar("SELECT lease_expires_at FROM runs WHERE id = $1")
+                .bind(id)
+                .fetch_one(&raw)
+                .await
+                .unwrap();
+            raw.close().await;
+            at - kodx::db::now_ms()
+        }
+    };
+    let left = expires(a.id.clone()).await;
+    assert!((0..=1_000).contains(&left), "{left} ms");
+    let left = expires(b.id.clone()).await;
+    assert!((58_000..=60_000).contains(&left), "{left} ms");
+    // A check extends by the same length.
+    assert!(short.hold_lease(&a.id, &a.lease().unwrap()).await.unwrap());
+    assert!(long.hold_lease(&b.id, &b.lease().unwrap()).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let recovered = long.recover("process-c", 3).await.unwrap();
+    let ids: Vec<&str> = recovered.iter().map(|r| r.run.id.as_str()).collect();
+    assert_eq!(ids, [a.id.as_str()]);
+    assert!(!short.hold_lease(&a.id, &a.lease().unwrap()).await.unwrap());
+    assert_eq!(short.renew_leases("process-a").await.unwrap(), 0);
+    assert_eq!(long.renew_leases("process-b").await.unwrap(), 1);
+}
+
 /// On PostgreSQL a process listening hears of a queued run and of a cancel another process
 /// recorded, and finds the cancel request on its own running run.
 #[tokio::test]

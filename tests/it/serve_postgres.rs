@@ -9,6 +9,13 @@ use kodx::db::test_databases;
 use kodx::db::RunStatus;
 use serde_json::json;
 
+/// A short lease for the tests of leases (`lease_secs`; and `github_timeout_secs`, which
+/// a lease must outlast by 5 s): a stopped or killed process's run is taken over within
+/// seconds, not a minute.
+pub(crate) const SHORT_LEASE_SECS: u64 = 10;
+pub(crate) const SHORT_LEASE: &[(&str, &str)] =
+    &[("KODX_LEASE_SECS", "10"), ("KODX_GITHUB_TIMEOUT_SECS", "3")];
+
 /// A server on a fresh PostgreSQL database; `None` when `KODX_SKIP_POSTGRES=1` asked to
 /// test SQLite only (it prints why).
 pub(crate) async fn served_on_postgres(test: &str) -> Option<Served> {
@@ -101,8 +108,11 @@ async fn ask_and_code_runs_work_on_postgres() {
 #[tokio::test]
 async fn a_killed_process_run_is_finished_by_another_after_its_lease() {
     let engine = common::require_engine!();
-    let Some(mut s) =
-        served_on_postgres("a_killed_process_run_is_finished_by_another_after_its_lease").await
+    let Some(mut s) = served_on_postgres_with(
+        "a_killed_process_run_is_finished_by_another_after_its_lease",
+        SHORT_LEASE,
+    )
+    .await
     else {
         return;
     };
@@ -122,7 +132,7 @@ async fn a_killed_process_run_is_finished_by_another_after_its_lease() {
         .await;
     let took = killed_at.elapsed();
     assert!(
-        took >= std::time::Duration::from_millis(kodx::db::LEASE_MS as u64 - 2_000),
+        took >= std::time::Duration::from_secs(SHORT_LEASE_SECS - 2),
         "taken back after {took:?}, before the lease could expire"
     );
     assert!(done.body.contains("/pull/"), "{}", done.body);
@@ -304,8 +314,11 @@ pub(crate) async fn terminate(child: &mut tokio::process::Child) {
 #[tokio::test]
 async fn a_paused_process_that_lost_its_lease_does_nothing_more() {
     let engine = common::require_engine!();
-    let Some(mut s) =
-        served_on_postgres("a_paused_process_that_lost_its_lease_does_nothing_more").await
+    let Some(mut s) = served_on_postgres_with(
+        "a_paused_process_that_lost_its_lease_does_nothing_more",
+        SHORT_LEASE,
+    )
+    .await
     else {
         return;
     };

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::serve::{text, tool, usage, REPO};
-use crate::serve_postgres::{served_on_postgres_with, terminate};
+use crate::serve_postgres::{served_on_postgres_with, terminate, SHORT_LEASE, SHORT_LEASE_SECS};
 use kodx::db::RunStatus;
 
 /// The test knob that stops the server just before it writes a run's end (after every
@@ -23,7 +23,7 @@ async fn a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing
     let engine = common::require_engine!();
     let Some(mut s) = served_on_postgres_with(
         "a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing",
-        &[(STOP_BEFORE_FINISH, "1")],
+        &[SHORT_LEASE, &[(STOP_BEFORE_FINISH, "1")]].concat(),
     )
     .await
     else {
@@ -90,12 +90,121 @@ async fn a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing
     s.finish().await;
 }
 
+/// Process A's `/kodx code` run has pushed its change and asks GitHub for the branch's
+/// pull request; GitHub holds that request, and A is stopped (`SIGSTOP`) while it waits.
+/// A's lease runs out; process B takes the run over, pushes and opens the pull request, and
+/// its status comment says it is done. Then A goes on (`SIGCONT`) and GitHub answers it: A
+/// finds B's pull request, but checks its lease before writing anything after that read,
+/// finds the run taken, and makes no write — no pull request edit, no status comment edit,
+/// no push, no reaction — however its held lookup ends.
+#[tokio::test]
+async fn a_process_resumed_in_the_middle_of_a_github_read_writes_nothing() {
+    let engine = common::require_engine!();
+    let Some(mut s) = served_on_postgres_with(
+        "a_process_resumed_in_the_middle_of_a_github_read_writes_nothing",
+        SHORT_LEASE,
+    )
+    .await
+    else {
+        return;
+    };
+    s.github.add_issue(REPO, 7, "Files", "", "carol");
+    s.model
+        .reply(tool("echo one > one.txt"), "tool_use", usage(1000, 10));
+    s.model
+        .reply(text("Wrote one.txt."), "end_turn", usage(1000, 10));
+    // The first lookup of the branch's pull request (A's) is held.
+    let lookup = s
+        .github
+        .hold_next("GET", "/repos/acme/widgets/pulls", "head=");
+    let run = s.comment(7, "alice", "/kodx code write one.txt").await;
+    lookup.arrived(Duration::from_secs(120)).await;
+    s.signal("STOP");
+
+    // B takes the run over once A's lease ran out, and delivers it.
+    s.model
+        .reply(tool("echo two > two.txt"), "tool_use", usage(1000, 10));
+    s.model
+        .reply(text("Wrote two.txt."), "end_turn", usage(1000, 10));
+    let (mut other, _) = s.spawn_another(&["--role", "worker"]).await;
+    let done = s
+        .bot_comment_where(7, "B to open the pull request", |c| {
+            c.body.contains("✅") && c.body.contains("/pull/")
+        })
+        .await;
+    let pulls = s.github.created_pulls(REPO);
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    let db = s.db().await;
+    let stored = db.get_run(&run.0).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.status, stored.attempts),
+        (RunStatus::Succeeded, 2),
+        "{stored:?}"
+    );
+    // B is gone: every GitHub and git request from here on is A's.
+    terminate(&mut other).await;
+    let github_before = s.github.requests().len();
+    let git_before = s.git.requests().len();
+    let head = s.git.branch_sha(REPO, &pulls[0].head);
+
+    s.signal("CONT");
+    lookup.release();
+    s.wait_for("A to give the run up", Duration::from_secs(60), || {
+        s.log()
+            .contains("run given up here: another process holds it now")
+    })
+    .await;
+    let after: Vec<String> = s.github.requests()[github_before..]
+        .iter()
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    let writes: Vec<&String> = after.iter().filter(|r| !r.starts_with("GET ")).collect();
+    assert!(
+        writes.is_empty(),
+        "A wrote to GitHub after it lost the run: {writes:#?}\n{}",
+        s.log()
+    );
+    let pushes: Vec<String> = s.git.requests()[git_before..]
+        .iter()
+        .filter(|r| r.method == "POST" && r.path_and_query.contains("git-receive-pack"))
+        .map(|r| r.path_and_query.clone())
+        .collect();
+    assert!(
+        pushes.is_empty(),
+        "A pushed after it lost the run: {pushes:?}"
+    );
+    assert_eq!(s.git.branch_sha(REPO, &pulls[0].head), head);
+    assert_eq!(s.github.created_pulls(REPO), pulls);
+    let status = s
+        .github
+        .comments(REPO, 7)
+        .into_iter()
+        .find(|c| c.id == done.id)
+        .expect("the status comment");
+    assert_eq!(status, done);
+    assert!(s.log().contains("lost the run's lease"), "{}", s.log());
+    let stored = db.get_run(&run.0).await.unwrap().unwrap();
+    assert_eq!(stored.status, RunStatus::Succeeded, "{stored:?}");
+    assert!(
+        stored
+            .result
+            .as_deref()
+            .unwrap_or_default()
+            .contains("Wrote two.txt."),
+        "{stored:?}"
+    );
+    db.close().await;
+    common::assert_gone(&engine, &run.container_label()).await;
+    s.reaction(&s.trigger(&run), "rocket").await;
+    s.finish().await;
+}
+
 /// libfaketime, which makes a process's clock run ahead (Debian's `faketime`).
 const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
 /// Process B's clock runs 60 s ahead (libfaketime; its monotonic clock is left alone)
-/// while process A is in the middle of a code run: by B's clock A's lease ran out 30 s
-/// ago, but leases run out by the database's clock, so B's recovery — at its start and
+/// while process A is in the middle of a code run: by B's clock A's lease (10 s) ran out
+/// 50 s ago, but leases run out by the database's clock, so B's recovery — at its start and
 /// every third of a lease — leaves the run alone.
 #[tokio::test]
 async fn a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run() {
@@ -106,7 +215,7 @@ async fn a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run() {
     );
     let Some(mut s) = served_on_postgres_with(
         "a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run",
-        &[],
+        SHORT_LEASE,
     )
     .await
     else {
@@ -134,11 +243,8 @@ async fn a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run() {
     let (mut other, _) = s
         .spawn_another_with(&["--role", "worker"], &skewed, &[])
         .await;
-    // Its recovery at start, then two more passes.
-    tokio::time::sleep(Duration::from_millis(
-        kodx::db::LEASE_MS as u64 * 2 / 3 + 3_000,
-    ))
-    .await;
+    // Its recovery at start, then two more passes (one every third of a lease).
+    tokio::time::sleep(Duration::from_secs(SHORT_LEASE_SECS * 2 / 3 + 3)).await;
     let db = s.db().await;
     let stored = db.get_run(&run.0).await.unwrap().unwrap();
     assert_eq!(

@@ -47,13 +47,14 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure>
             done.notes.push(texts::NO_THREADS_LISTED.to_string());
         }
         Ok(answers) => {
-            // Replies only while this process holds the run (else it ends here, silently).
+            // Replies only while this process holds the run (else it ends here, silently;
+            // each reply asks the fence again, through the client).
             if !cx.fence.holds().await {
                 return Ok(Ending::Work { status, done });
             }
             // A run can outlive its first token: the replies take a fresh one.
-            let gh = match cx.svc.github(cx.run).await {
-                Ok((gh, _)) => gh,
+            let gh = match cx.installation().await {
+                Ok(gh) => gh,
                 Err(_) => cx.gh.clone(),
             };
             let posted = threads::post(

@@ -162,16 +162,36 @@ pub(in crate::serve) struct RunCtx<'a> {
     pub repo: RepoName,
     /// What the run does (`continue` goes on with a code run).
     pub kind: RunKind,
-    /// A token for the work (a fresh one is taken before a push).
+    /// A token for the work, whose writes ask `fence` first (a fresh one is taken before a
+    /// push: [`RunCtx::installation`]).
     pub gh: Installation,
     pub admission: Admission,
     pub status: StatusComment,
     pub cancel: &'a CancellationToken,
-    /// The run's hold on its lease, checked before each model call, command and push.
+    /// The run's hold on its lease, checked before each model call, command, push and
+    /// GitHub write (by the run's GitHub clients themselves: [`Fence::guard`]).
     pub fence: &'a Fence,
     pub log: &'a RunLog,
     /// When the run's preparation began (the `prepare` phase of its timings).
     pub started: std::time::Instant,
+}
+
+impl RunCtx<'_> {
+    /// A fresh token for the run's repository ([`Services::installation`]), whose writes
+    /// ask the run's fence first. A stage that needs a token takes it here, never from the
+    /// App or the services directly, so no write of the run skips its lease.
+    pub async fn installation(&self) -> Result<Installation, GitHubError> {
+        let gh = self.svc.installation(self.run, &self.repo).await?;
+        Ok(self.fence.guard(&gh))
+    }
+
+    /// A token of the run's installation for `scope`, whose writes ask the run's fence
+    /// first ([`RunCtx::installation`]).
+    pub async fn installation_for(&self, scope: &TokenScope) -> Result<Installation, GitHubError> {
+        let id = self.run.request.installation_id as u64;
+        let gh = self.svc.app.installation_for(id, scope).await?;
+        Ok(self.fence.guard(&gh))
+    }
 }
 
 /// The run's repository, typed.
@@ -184,4 +204,61 @@ pub(in crate::serve) fn repo_of(run: &Run) -> anyhow::Result<RepoName> {
 /// The kind of work a run does; a control job's status comment reads as an `ask`'s.
 pub(in crate::serve) fn run_kind(run: &Run) -> RunKind {
     run.kind().run_kind().unwrap_or(RunKind::Ask)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The stages of a run take their GitHub clients from the run's context (`cx.gh`,
+    /// [`super::RunCtx::installation`]), whose writes ask the run's fence first; none takes
+    /// a token from the services or the App directly, which would write unfenced. (The
+    /// paths outside a run's lease — control jobs, refusals, a run's end once written —
+    /// live in `commands/mod.rs`, `commands/cancel.rs`, `gate.rs`, `repair.rs` and
+    /// `status.rs`, and are not scanned.)
+    #[test]
+    fn run_stages_take_github_clients_only_through_their_fence() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/serve");
+        let outside = [
+            "commands/mod.rs",
+            "commands/cancel.rs",
+            "pipeline/mod.rs",
+            "pipeline/gate.rs",
+            "pipeline/repair.rs",
+            "pipeline/status.rs",
+        ];
+        let unfenced = [
+            "svc.installation(",
+            "svc.github(",
+            "svc.app.installation_for(",
+            "svc.app.installation(",
+        ];
+        let mut dirs = vec![root.join("commands"), root.join("pipeline")];
+        let mut scanned = 0;
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let name = path
+                    .strip_prefix(&root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .to_string();
+                if !name.ends_with(".rs") || outside.contains(&name.as_str()) {
+                    continue;
+                }
+                scanned += 1;
+                let text = std::fs::read_to_string(&path).unwrap();
+                let code: String = text.split_whitespace().collect();
+                for call in unfenced {
+                    assert!(
+                        !code.contains(call),
+                        "src/serve/{name} calls `{call}`: take the token with `cx.installation()`, whose writes ask the run's fence"
+                    );
+                }
+            }
+        }
+        assert!(scanned > 10, "{scanned}");
+    }
 }

@@ -78,9 +78,13 @@ impl Services {
         }
     }
 
-    /// Replaces the status comment's header line with `note` (restarts, shutdown).
-    pub(in crate::serve) async fn edit_status(&self, run: &Run, note: &str) {
-        if let Some(status) = self.status_comment_alone(run).await {
+    /// Replaces the status comment's header line with `note` (restarts, shutdown); only
+    /// while `fence` holds, for a run this process still holds.
+    pub(in crate::serve) async fn edit_status(&self, run: &Run, note: &str, fence: Option<&Fence>) {
+        if let Some(mut status) = self.status_comment_alone(run).await {
+            if let Some(fence) = fence {
+                status = status.fenced(fence.clone());
+            }
             status.edit(&Phase::Note(note.into())).await;
         }
     }
@@ -107,7 +111,8 @@ pub(in crate::serve) struct StatusComment {
     trigger: Option<ReactionTarget>,
     /// `None` until it is posted (creating it may have failed).
     id: Option<u64>,
-    /// The run's hold on its lease: no edit once another process took the run.
+    /// The run's hold on its lease, which `gh` asks before each write: no edit once another
+    /// process took the run.
     fence: Option<Fence>,
     /// The run page's address, shown in the comment.
     link: Option<String>,
@@ -146,9 +151,12 @@ impl StatusComment {
         &self.repo
     }
 
-    /// The same comment, written with a newer token.
+    /// The same comment, written with a newer token (fenced as this one is).
     pub fn with_token(mut self, gh: Installation) -> StatusComment {
-        self.gh = gh;
+        self.gh = match &self.fence {
+            Some(fence) => fence.guard(&gh),
+            None => gh,
+        };
         self
     }
 
@@ -158,18 +166,12 @@ impl StatusComment {
         self
     }
 
-    /// Edited only while `fence` holds.
+    /// Written only while `fence` holds: its client asks the fence right before each edit,
+    /// post and reaction.
     pub fn fenced(mut self, fence: Fence) -> StatusComment {
+        self.gh = fence.guard(&self.gh);
         self.fence = Some(fence);
         self
-    }
-
-    /// Whether this process may still act for the run.
-    async fn may_act(&self) -> bool {
-        match &self.fence {
-            Some(fence) => fence.holds().await,
-            None => true,
-        }
     }
 
     fn body(&self, phase: &Phase) -> String {
@@ -190,9 +192,6 @@ impl StatusComment {
     /// goes on.
     pub async fn edit(&self, phase: &Phase) {
         let Some(id) = self.id else { return };
-        if !self.may_act().await {
-            return;
-        }
         if let Err(e) = self
             .gh
             .update_comment(&self.repo, id, &self.body(phase))
@@ -205,9 +204,6 @@ impl StatusComment {
     /// Shows the outcome (posting the comment if it never was) and reacts `rocket` or
     /// `confused` on the command.
     pub async fn finish(&self, done: &Done) {
-        if !self.may_act().await {
-            return;
-        }
         let body = self.body(&Phase::Done(Box::new(done.clone())));
         let posted = match self.id {
             Some(id) => self.gh.update_comment(&self.repo, id, &body).await,
@@ -217,8 +213,11 @@ impl StatusComment {
                 .await
                 .map(|_| ()),
         };
-        if let Err(e) = posted {
-            tracing::error!("posting the outcome failed: {e}");
+        match posted {
+            Ok(()) => {}
+            // Another process holds the run now: its outcome is that process's to post.
+            Err(GitHubError::Withheld { .. }) => return,
+            Err(e) => tracing::error!("posting the outcome failed: {e}"),
         }
         let reaction = if done.succeeded() {
             Reaction::Rocket

@@ -110,7 +110,7 @@ impl Workers {
         let leases = {
             let this = self.clone();
             tokio::spawn(async move {
-                let every = Duration::from_millis(crate::db::LEASE_MS as u64 / 3);
+                let every = this.db.lease() / 3;
                 loop {
                     tokio::time::sleep(every).await;
                     if let Err(e) = this.db.renew_leases(&this.worker_id).await {
@@ -302,6 +302,8 @@ impl Workers {
             let Ok(permit) = self.slots.clone().try_acquire_owned() else {
                 break;
             };
+            // The lease runs from no earlier than this.
+            let claimed_at = Instant::now();
             match self.db.claim_run(&self.worker_id).await {
                 Ok(Some(run)) => {
                     let this = self.clone();
@@ -309,7 +311,7 @@ impl Workers {
                     tasks.spawn(
                         &run.id.clone(),
                         async move {
-                            this.work(run).await;
+                            this.work(run, claimed_at).await;
                             drop(permit);
                             this.wake.notify_one();
                         }

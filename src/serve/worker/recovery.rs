@@ -104,7 +104,7 @@ impl Workers {
                 match r.action {
                     RecoveryAction::Requeued => {
                         tracing::warn!("run was interrupted by a restart; queued again");
-                        this.edit_status(&run, texts::QUEUED_AGAIN).await;
+                        this.edit_status(&run, texts::QUEUED_AGAIN, None).await;
                     }
                     RecoveryAction::Failed => {
                         tracing::error!("run was interrupted by restarts too often; failed");

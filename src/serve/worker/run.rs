@@ -25,12 +25,20 @@ use super::Workers;
 use anyhow::Context as _;
 
 impl Workers {
-    pub(super) async fn work(self: &Arc<Self>, run: Run) {
+    /// Runs `run`, claimed here by a claim asked at `claimed_at`.
+    pub(super) async fn work(self: &Arc<Self>, run: Run, claimed_at: Instant) {
         self.metrics.run_started();
         let started = Instant::now();
         let cancel = CancellationToken::new();
         let cancelled_by = Arc::new(Mutex::new(None));
-        let fence = Fence::new(self.db.clone(), &run, &self.worker_id, cancel.clone());
+        let fence = Fence::new(
+            self.db.clone(),
+            &run,
+            &self.worker_id,
+            cancel.clone(),
+            claimed_at,
+            self.settings.lease_margin(),
+        );
         self.running.lock().insert(
             run.id.clone(),
             RunHandle {
@@ -74,7 +82,7 @@ impl Workers {
         };
         self.running.lock().remove(&run.id);
         self.metrics.run_ended();
-        let Some((mut ended, status)) = ended else {
+        let Some((mut ended, comment)) = ended else {
             return;
         };
         if fence.is_lost() {
@@ -96,14 +104,16 @@ impl Workers {
                         tracing::warn!(
                             "run stopped by shutdown; it resumes when kodx starts again"
                         );
-                        self.edit_status(&run, texts::PAUSED_BY_RESTART).await;
+                        // Still this process's run (under its lease): the note is fenced.
+                        self.edit_status(&run, texts::PAUSED_BY_RESTART, Some(&fence))
+                            .await;
                         return;
                     }
                     None => {}
                 }
             }
         }
-        self.conclude_with(&run, ended, &log, started, status.as_ref())
+        self.conclude_with(&run, ended, &log, started, comment.as_ref())
             .await;
     }
 
@@ -163,6 +173,10 @@ impl Workers {
             return self.refused_after_wait(run, refusal);
         }
         *log.admission.lock() = Some(admission.to_json(kind, &self.settings.maxima()));
+        // From here every GitHub write of the run asks its fence first, right before it is
+        // sent: the status comment's, and those of every client the stages take
+        // (`RunCtx::installation`).
+        let status = status.fenced(fence.clone());
         let cx = RunCtx {
             svc: self,
             run,
@@ -170,7 +184,7 @@ impl Workers {
             kind,
             gh: status.gh().clone(),
             admission,
-            status: status.fenced(fence.clone()),
+            status,
             cancel,
             fence,
             log,

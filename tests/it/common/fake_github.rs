@@ -34,7 +34,9 @@
 //!   status, count)` (the next `count` requests whose path, without the API prefix, starts
 //!   with `path_prefix` get `status`), `fail_after_next(path_prefix, status)` (the next such
 //!   request is carried out, then answered `status`: a POST that GitHub performed but whose
-//!   answer was lost), `set_rate_limited(Some(reset_in) | None)` (installation
+//!   answer was lost), `hold_next(method, path, query) -> HeldRequest` (the next such
+//!   request is recorded, then held until `release()`; `arrived(timeout).await` waits for
+//!   it), `set_rate_limited(Some(reset_in) | None)` (installation
 //!   calls answer 403 with `x-ratelimit-remaining: 0` until the reset), `revoke_tokens()`.
 //! - Observations: `comments(repo, number) -> Vec<FakeComment { id, user, body, is_bot,
 //!   edits }>` (`edits`: the bodies PATCHed in, in order), `reactions() -> Vec<(target,
@@ -213,6 +215,40 @@ struct Reaction {
     created_at: String,
 }
 
+/// A request to hold (`hold_next`): held before it is carried out until released.
+struct Hold {
+    method: Method,
+    /// The path without the API prefix, exactly.
+    path: String,
+    /// Held only when the query holds this.
+    query: String,
+    arrived: tokio::sync::watch::Sender<bool>,
+    released: tokio::sync::watch::Receiver<bool>,
+}
+
+/// A request the fake holds (`hold_next`): the test learns when it arrived and says when
+/// it is carried out and answered.
+pub struct HeldRequest {
+    arrived: tokio::sync::watch::Receiver<bool>,
+    release: tokio::sync::watch::Sender<bool>,
+}
+
+impl HeldRequest {
+    /// Waits (at most `timeout`) until the request arrived and is held.
+    pub async fn arrived(&self, timeout: Duration) {
+        let mut arrived = self.arrived.clone();
+        tokio::time::timeout(timeout, arrived.wait_for(|a| *a))
+            .await
+            .expect("the held request did not arrive in time")
+            .expect("the fake GitHub is running");
+    }
+
+    /// Carries the request out and answers it (as GitHub's state is now).
+    pub fn release(&self) {
+        self.release.send_replace(true);
+    }
+}
+
 struct Failure {
     path_prefix: String,
     status: u16,
@@ -266,6 +302,7 @@ struct StateInner {
     forbidden: Vec<String>,
     token_lifetime: Duration,
     failures: Vec<Failure>,
+    holds: Vec<Hold>,
     rate_limited_until: Option<SystemTime>,
     requests: Vec<FakeRequest>,
     refused: Vec<String>,
@@ -370,6 +407,7 @@ impl FakeGitHub {
                     issued: Vec::new(),
                     token_lifetime: Duration::from_secs(3600),
                     failures: Vec::new(),
+                    holds: Vec::new(),
                     rate_limited_until: None,
                     requests: Vec::new(),
                     refused: Vec::new(),
@@ -761,6 +799,26 @@ impl FakeGitHub {
         });
     }
 
+    /// The next `method` request to `path` (without the API prefix, exactly) whose query
+    /// holds `query` is recorded, then held — neither carried out nor answered — until the
+    /// test releases it: GitHub slow to answer one request (the client waits, or gives up
+    /// after its own timeout). Other requests go on meanwhile.
+    pub fn hold_next(&self, method: &str, path: &str, query: &str) -> HeldRequest {
+        let (arrived_tx, arrived_rx) = tokio::sync::watch::channel(false);
+        let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+        self.state().holds.push(Hold {
+            method: method.parse().expect("an HTTP method"),
+            path: path.to_string(),
+            query: query.to_string(),
+            arrived: arrived_tx,
+            released: release_rx,
+        });
+        HeldRequest {
+            arrived: arrived_rx,
+            release: release_tx,
+        }
+    }
+
     /// Installation calls answer GitHub's primary rate-limit 403 until `reset_in` from now;
     /// `None` lifts it.
     pub fn set_rate_limited(&self, reset_in: Option<Duration>) {
@@ -1013,7 +1071,7 @@ async fn record(State(fake): State<FakeGitHub>, req: Request, next: Next) -> Res
             .map(str::to_string)
     };
     let what = format!("{} {path}", parts.method);
-    let (failure, failure_after) = {
+    let ((failure, failure_after), held) = {
         let mut st = fake.state();
         st.requests.push(FakeRequest {
             method: parts.method.to_string(),
@@ -1048,11 +1106,25 @@ async fn record(State(fake): State<FakeGitHub>, req: Request, next: Next) -> Res
                     f.status
                 })
         };
-        match take(false) {
+        let failures = match take(false) {
             Some(status) => (Some(status), None),
             None => (None, take(true)),
-        }
+        };
+        let query = parts.uri.query().unwrap_or("");
+        let held = st
+            .holds
+            .iter()
+            .position(|h| {
+                h.method == parts.method && h.path == inner_path && query.contains(&h.query)
+            })
+            .map(|i| st.holds.remove(i));
+        (failures, held)
     };
+    if let Some(hold) = held {
+        hold.arrived.send_replace(true);
+        let mut released = hold.released.clone();
+        let _ = released.wait_for(|r| *r).await;
+    }
     let status_error = |status: u16| {
         let message = StatusCode::from_u16(status)
             .ok()

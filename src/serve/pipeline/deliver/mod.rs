@@ -108,11 +108,7 @@ pub(in crate::serve) async fn deliver(
     }
     tracing::info!(changes = %changes.summary(), "delivering");
     // A fresh token: the run may have outlived the one it cloned with.
-    let gh = cx
-        .svc
-        .installation(cx.run, &cx.repo)
-        .await
-        .map_err(DeliveryError::Token)?;
+    let gh = cx.installation().await.map_err(DeliveryError::Token)?;
     // Work a limit cut short says so in its subject, commit and pull request.
     let texts = match change.partial {
         Some(_) => Texts {
@@ -179,9 +175,10 @@ async fn commit_and_push(
         &run.id,
     );
     let trailers = trailers(&run.request.author, run.request.author_id, &run.id);
-    if !cx.fence.holds().await {
-        return Err(DeliveryError::LeaseLost);
-    }
+    // The push asks the fence once git has read the branch's refs, right before it sends
+    // anything (from git's thread, which may block on the database).
+    let fence = cx.fence.clone();
+    let runtime = tokio::runtime::Handle::current();
     let max_file_bytes = cx.svc.settings.max_commit_file_bytes;
     let token = gh.token().expose_secret().to_string();
     let dest = change.workspace.dest.clone();
@@ -218,19 +215,24 @@ async fn commit_and_push(
         tracing::info!(sha = %commit.sha, files = commit.files_changed, "committed");
         let committed = started.elapsed();
         let started = Instant::now();
-        let pushed = |error| DeliveryError::Push {
-            branch: target.branch().to_string(),
-            error,
+        let pushed = |error| match error {
+            GitError::Withheld => DeliveryError::LeaseLost,
+            error => DeliveryError::Push {
+                branch: target.branch().to_string(),
+                error,
+            },
         };
+        let still_held = || fence.holds_blocking(&runtime);
         let sha = match &target {
             // The run's own branch: a re-run after a restart replaces what an earlier
             // attempt pushed there.
             Target::NewPull { branch, .. } => {
-                crate::git::push(&dest, &url, &token, "HEAD", branch, true).map_err(pushed)?;
+                crate::git::push_checked(&dest, &url, &token, "HEAD", branch, true, &still_held)
+                    .map_err(pushed)?;
                 commit.sha
             }
             Target::PullBranch { branch } => {
-                crate::git::push_rebasing(&dest, &url, &token, branch, 3)
+                crate::git::push_rebasing_checked(&dest, &url, &token, branch, 3, &still_held)
                     .map_err(pushed)?
                     .sha
             }
@@ -268,9 +270,8 @@ async fn open_pull(
         link.as_deref(),
         change.form.clone(),
     );
-    if !cx.fence.holds().await {
-        return Err(DeliveryError::LeaseLost);
-    }
+    // No check of the lease here: the client asks the run's fence right before each write,
+    // after this lookup however long GitHub takes to answer it.
     let existing =
         gh.find_open_pull(repo, &branch)
             .await
@@ -287,6 +288,7 @@ async fn open_pull(
         // Work that is finished now: the draft an earlier part opened becomes ready for
         // review, unless the repository wants its pull requests as drafts.
         let readiness = match updated {
+            Err(GitHubError::Withheld { .. }) => return Err(DeliveryError::LeaseLost),
             Err(e) => {
                 tracing::warn!("updating the pull request's title and body failed: {e}");
                 Readiness::Unchanged
@@ -296,6 +298,7 @@ async fn open_pull(
             Ok(_) if change.draft => Readiness::StillDraft(None),
             Ok(state) => match gh.mark_ready_for_review(&state.node_id).await {
                 Ok(()) => Readiness::Ready,
+                Err(GitHubError::Withheld { .. }) => return Err(DeliveryError::LeaseLost),
                 Err(e) => {
                     tracing::warn!("marking the pull request ready for review failed: {e}");
                     Readiness::StillDraft(Some(e.to_string()))
@@ -313,6 +316,7 @@ async fn open_pull(
     };
     match gh.create_pull(repo, &new).await {
         Ok(pr) => Ok(Delivered::Pull(pr.html_url, Readiness::Unchanged)),
+        Err(GitHubError::Withheld { .. }) => Err(DeliveryError::LeaseLost),
         Err(GitHubError::PullExists { .. }) => match gh.find_open_pull(repo, &branch).await {
             Ok(Some(pr)) => Ok(Delivered::Pull(pr.html_url, Readiness::Unchanged)),
             _ => Err(DeliveryError::PullMissing { branch }),
