@@ -166,11 +166,7 @@ async fn container_is_hardened() {
         Some(kodx::sandbox::net::SANDBOX_HELPER_DIR)
     );
     assert_eq!(mounts[0].rw, Some(false), "{mounts:?}");
-    assert_eq!(
-        mounts[0].typ,
-        Some("volume".to_string()),
-        "{mounts:?}"
-    );
+    assert_eq!(mounts[0].typ, Some("volume".to_string()), "{mounts:?}");
     assert_eq!(
         info.config.unwrap().labels.unwrap()["kodx.run"],
         spec.run_id
