@@ -2,6 +2,10 @@
 //! byte (a counting global allocator) while huge files are packed, compared and exported.
 //! One test function, so no other test's allocations are counted.
 
+#[allow(dead_code)] // the sandbox half is for tests/it
+#[path = "it/common/tar_flood.rs"]
+mod tar_flood;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::VecDeque;
 use std::fs::File;
@@ -10,6 +14,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use kodx::sandbox::archive::{self, ArchiveLimits, ChangeKind, Manifest, NewEntry};
+use tar_flood::{Flood, FLOOD_BYTES};
 
 struct Counting;
 
@@ -292,4 +297,63 @@ fn huge_files_cross_the_tar_code_in_bounded_memory() {
     );
     println!("export, 90 MB file: {} KiB held", held / 1024);
     assert!(held < BOUND, "held {held} bytes");
+
+    // A replaced helper's flood (issue 36): one extension entry that claims 1.25 GiB,
+    // through the snapshot's read site and the engine archive's. The tar crate would read
+    // its data whole into memory; the bound refuses it on its header.
+    for flood in [Flood::Pax, Flood::LongName] {
+        let what = match flood {
+            Flood::Pax => "PAX extended header",
+            Flood::LongName => "GNU long name",
+        };
+        let (tar, read) = flood.reader();
+        let mut open = |_: &str| -> kodx::sandbox::Result<Option<Box<dyn Read>>> { Ok(None) };
+        let (result, held) = peak_of(|| {
+            archive::change_set_from_snapshot(
+                tar,
+                &mut open,
+                "repo",
+                &Manifest::default(),
+                &ArchiveLimits::default(),
+            )
+        });
+        let err = result.unwrap_err().to_string();
+        let read = read.load(Ordering::Relaxed);
+        println!(
+            "snapshot, {what} of {FLOOD_BYTES} bytes: refused after {read} bytes, {} KiB held",
+            held / 1024
+        );
+        assert!(read < 1 << 20, "read {read} bytes of the flood");
+        assert!(held < BOUND, "held {held} bytes");
+        assert!(
+            err.contains(&format!("a {what} of {FLOOD_BYTES} bytes")),
+            "{err}"
+        );
+
+        let (tar, read) = flood.reader();
+        let mut tar = Some(tar);
+        let mut open = |path: &str| -> kodx::sandbox::Result<Option<Box<dyn Read>>> {
+            Ok(match path {
+                "" => Some(Box::new(tar.take().expect("read once"))),
+                _ => None,
+            })
+        };
+        let (result, held) = peak_of(|| {
+            archive::change_set_from(
+                &mut open,
+                "repo",
+                &Manifest::default(),
+                &ArchiveLimits::default(),
+            )
+        });
+        let err = result.unwrap_err().to_string();
+        let read = read.load(Ordering::Relaxed);
+        println!(
+            "change set, {what} of {FLOOD_BYTES} bytes: refused after {read} bytes, {} KiB held",
+            held / 1024
+        );
+        assert!(read < 1 << 20, "read {read} bytes of the flood");
+        assert!(held < BOUND, "held {held} bytes");
+        assert!(err.contains(what), "{err}");
+    }
 }

@@ -442,6 +442,7 @@ fn key(repo_dir: &Path, prefix: &str, limits: &ArchiveLimits) -> io::Result<Opti
         max_total_bytes,
         max_entries,
         max_name_bytes,
+        max_stream_bytes: _, // how much is read back, not what is packed
     } = limits;
     let head = format!(
         "kodx {} ready 1\0{prefix}\0{max_file_bytes} {max_total_bytes} {max_entries} {max_name_bytes}\0{commit}\0",

@@ -9,18 +9,6 @@ use crate::common;
 use crate::common::*;
 use kodx::sandbox::{Sandbox, SandboxError, ShellStatus};
 
-/// This process's peak resident memory so far (VmHWM), in bytes.
-fn peak_rss() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: usize = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmHWM in /proc/self/status");
-    kb * 1024
-}
-
 /// Far below what keeping the output would take (hundreds of MB to GB on the code before
 /// the bound), far above what the decoder's buffers and one chunk in flight need.
 const GROWTH_LIMIT: usize = 150 << 20;

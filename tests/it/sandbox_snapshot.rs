@@ -155,3 +155,66 @@ async fn without_its_marker_the_change_set_reads_the_whole_workspace() {
     );
     sb.destroy().await.unwrap();
 }
+
+/// A container that replaced kodx's helper with a program writing a tar flood as the
+/// snapshot (issue 36): a 1.25 GiB PAX header from a setup script, so the snapshot started
+/// ahead runs it, then a 1.25 GiB GNU long name from a shell, for a snapshot started when
+/// asked. Whether the flood is refused on its header or the replaced helper never runs
+/// (kodx may keep its helper out of the container's reach), kodx's memory stays flat and
+/// the change set is the run's: from the snapshot, or from the whole workspace after it.
+#[tokio::test]
+async fn a_replaced_helper_flooding_the_snapshot_leaves_memory_flat_and_the_change_set_right() {
+    use crate::common::tar_flood::Flood;
+    const GROWTH_LIMIT: usize = 150 << 20; // the flood is 1.25 GiB, read whole by the crate
+    let engine = common::require_engine!();
+    let src = tempfile::tempdir().unwrap();
+    fs::write(src.path().join("a.txt"), "a\n").unwrap();
+    fs::write(src.path().join("keep.txt"), "keep\n").unwrap();
+    let mut spec = spec("snapshot-flood");
+    spec.repo_dir = Some(src.path().to_path_buf());
+    spec.setup_script = Some(Flood::Pax.replace_helper());
+    spec.change_set_ahead = true;
+    let before = peak_rss();
+    let sb = start(&engine, &spec).await;
+    let replaced = sb
+        .feed_chars(
+            "default",
+            "echo changed > a.txt; echo new > b.txt; ls /.kodx-net.real",
+            10 * SEC,
+        )
+        .await
+        .unwrap()
+        .output;
+    println!(
+        "the helper was replaced: {}",
+        !replaced.contains("No such file")
+    );
+    let want = ["a.txt modified content=true mode=false", "b.txt added"];
+
+    let fast = sb.snapshot_change_set().await;
+    assert!(
+        fast.as_ref().is_none_or(|set| described(set) == want),
+        "{fast:?}"
+    );
+    assert_eq!(described(&sb.change_set().await.unwrap()), want);
+    let grown = peak_rss().saturating_sub(before);
+    println!("PAX flood: peak memory grew by {} MB", grown >> 20);
+    assert!(grown <= GROWTH_LIMIT, "grew by {} MB", grown >> 20);
+
+    sb.feed_chars("default", &Flood::LongName.replace_helper(), 10 * SEC)
+        .await
+        .unwrap();
+    let fast = sb.snapshot_change_set().await;
+    assert!(
+        fast.as_ref().is_none_or(|set| described(set) == want),
+        "{fast:?}"
+    );
+    assert_eq!(described(&sb.change_set().await.unwrap()), want);
+    let grown = peak_rss().saturating_sub(before);
+    println!(
+        "and the long-name flood: peak memory grew by {} MB",
+        grown >> 20
+    );
+    assert!(grown <= GROWTH_LIMIT, "grew by {} MB", grown >> 20);
+    sb.destroy().await.unwrap();
+}

@@ -432,8 +432,11 @@ impl Reader<'_> {
             ))
         };
         let tar = open(rel)?.ok_or_else(vanished)?;
-        let malformed = |e: io::Error| unsafe_archive(format!("{shown:?}: malformed tar: {e}"));
-        let mut archive = tar::Archive::new(tar);
+        let malformed = |e: io::Error| match refusal(&e) {
+            Some(why) => unsafe_archive(format!("{shown:?}: {why}")),
+            None => unsafe_archive(format!("{shown:?}: malformed tar: {e}")),
+        };
+        let mut archive = untrusted_archive(tar, self.limits.max_stream_bytes);
         let mut entry = archive
             .entries()
             .map_err(malformed)?

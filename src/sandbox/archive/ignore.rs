@@ -2,7 +2,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::io;
 
 use tar::EntryType;
 
@@ -45,12 +44,11 @@ impl Ignores {
             self.prefetched = Some(None);
             return Ok(());
         };
-        let mut archive = tar::Archive::new(tar);
-        let malformed = |e: io::Error| unsafe_archive(format!("malformed tar: {e}"));
-        let Some(entry) = archive.entries().map_err(malformed)?.next() else {
+        let mut archive = untrusted_archive(tar, limits.max_stream_bytes);
+        let Some(entry) = archive.entries().map_err(tar_error)?.next() else {
             return Ok(());
         };
-        let mut entry = entry.map_err(malformed)?;
+        let mut entry = entry.map_err(tar_error)?;
         let size = entry.size();
         let regular = matches!(
             entry.header().entry_type(),

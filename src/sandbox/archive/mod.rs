@@ -28,6 +28,7 @@ use std::path::Path;
 
 use super::{Result, SandboxError};
 
+mod bounded;
 mod changes;
 mod ignore;
 mod names;
@@ -38,6 +39,7 @@ mod tip;
 mod untrusted;
 mod write;
 
+pub use bounded::{untrusted_archive, Bounded, STREAM_HEADROOM};
 pub use changes::{
     change_set, change_set_from, change_set_from_snapshot, Change, ChangeKind, ChangeSet, Contents,
     NewEntry,
@@ -49,7 +51,7 @@ pub use pack::{
 pub use untrusted::memory_opener;
 pub use write::{extract, replace_dir, replace_dir_from, Exported};
 // Each layer sees the others' crate-private items (`use super::*`) through this.
-use {changes::*, ignore::*, names::*, pack::*, tip::*, untrusted::*, write::*};
+use {bounded::*, changes::*, ignore::*, names::*, pack::*, tip::*, untrusted::*, write::*};
 
 /// Longest entry name or symlink target accepted (Linux's PATH_MAX).
 const MAX_NAME_BYTES: usize = 4096;
@@ -85,16 +87,24 @@ pub struct ArchiveLimits {
     pub max_entries: usize,
     /// Largest sum of the entry names and symlink targets held while reading.
     pub max_name_bytes: u64,
+    /// Most bytes read from one tar stream out of the container, headers, padding and
+    /// ignored files included, beyond the bytes of the baseline's files (they were there
+    /// already). Nothing else bounds what ignored files (build output) may send: this
+    /// bounds the time a stream can take. See [`ArchiveLimits::for_disk`].
+    pub max_stream_bytes: u64,
 }
 
 impl Default for ArchiveLimits {
-    /// 100 MiB per file, 2 GiB in total, 500 000 entries, 64 MiB of names.
+    /// 100 MiB per file, 2 GiB in total, 500 000 entries, 64 MiB of names, and 16 GiB
+    /// read from one stream: a sandbox's default disk limit (10 GiB) and
+    /// [`STREAM_HEADROOM`].
     fn default() -> Self {
         ArchiveLimits {
             max_file_bytes: 100 << 20,
             max_total_bytes: 2 << 30,
             max_entries: 500_000,
             max_name_bytes: 64 << 20,
+            max_stream_bytes: (10 << 30) + STREAM_HEADROOM,
         }
     }
 }
@@ -240,6 +250,17 @@ impl Manifest {
             }
         }
         Ok(Manifest { entries })
+    }
+
+    /// The sum of the sizes of its regular files.
+    pub fn file_bytes(&self) -> u64 {
+        self.entries
+            .values()
+            .map(|e| match e {
+                ManifestEntry::File { size, .. } => *size,
+                _ => 0,
+            })
+            .fold(0, u64::saturating_add)
     }
 
     /// `(mode, size, sha256)` of the regular file at `path`.

@@ -49,7 +49,7 @@ pub(super) fn find_entry(
     path: &str,
     hops: usize,
 ) -> Option<(Header, Vec<u8>)> {
-    let mut archive = tar::Archive::new(tar);
+    let mut archive = untrusted_archive(tar, u64::MAX); // in memory already: no cap
     for entry in archive.entries().ok()? {
         let mut entry = entry.ok()?;
         if strip_root(&entry.path_bytes(), root).ok().as_deref() != Some(path) {
@@ -203,12 +203,11 @@ impl<'r> Reader<'r> {
         }
     }
 
-    /// Reads every entry of `tar`.
+    /// Reads every entry of `tar` (through [`Bounded`], capped by [`tree_cap`]).
     pub(super) fn read(&mut self, tar: impl Read) -> Result<()> {
-        let malformed = |e: io::Error| unsafe_archive(format!("malformed tar: {e}"));
-        let mut archive = tar::Archive::new(tar);
-        for entry in archive.entries().map_err(malformed)? {
-            let mut entry = entry.map_err(malformed)?;
+        let mut archive = untrusted_archive(tar, tree_cap(self.limits, self.baseline));
+        for entry in archive.entries().map_err(tar_error)? {
+            let mut entry = entry.map_err(tar_error)?;
             let kind = entry.header().entry_type();
             if kind.is_pax_global_extensions() {
                 continue; // archive-wide metadata; the tar crate does not apply it to paths

@@ -84,7 +84,7 @@ impl DockerSandbox {
             run_id: spec.run_id.clone(),
             workdir: workdir.to_string(),
             output_cap: spec.output_cap,
-            archive_limits: spec.archive_limits.clone(),
+            archive_limits: spec.archive_limits.clone().for_disk(spec.max_disk_bytes),
             baseline: Mutex::new(Manifest::default()),
             shells: Mutex::new(HashMap::new()),
             destroyed: AtomicBool::new(false),

@@ -247,7 +247,7 @@ async fn stored_manifest(docker: &Docker, id: &str) -> Option<Manifest> {
         }
     }
     let read = || -> std::result::Result<Manifest, String> {
-        let mut archive = tar::Archive::new(tar.as_slice());
+        let mut archive = archive::untrusted_archive(tar.as_slice(), max);
         let mut entry = archive
             .entries()
             .and_then(|mut e| e.next().transpose())

@@ -11,12 +11,25 @@ pub mod long_run;
 pub mod net;
 pub mod serve;
 pub mod synthetic;
+pub mod tar_flood;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use bollard::query_parameters::{ListContainersOptions, TopOptions};
 use kodx::sandbox::{DockerSandbox, Engine, SandboxSpec};
+
+/// This process's peak resident memory so far (VmHWM), in bytes.
+pub fn peak_rss() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM in /proc/self/status");
+    kb * 1024
+}
 
 /// The locally built test image (`tests/images/build.sh`).
 pub fn image() -> String {
