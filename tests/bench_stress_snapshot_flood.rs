@@ -1,13 +1,15 @@
 //! Stress figure for the snapshot's tar (issue 36, item 2): the peak memory (VmHWM) of the
-//! real `kodx serve` while a sandbox whose helper (`/.kodx-net`) was replaced sends a tar
-//! flood as the workspace's snapshot, against the target of 300 MB. Without the bound in
-//! front of the `tar` crate a 1.25 GiB PAX header took `kodx serve` to 1.3 GB.
+//! real `kodx serve` while a sandbox tries to replace kodx's helper with a program that
+//! sends a tar flood as the workspace's snapshot, against the target of 300 MB. Without the
+//! bound in front of the `tar` crate a 1.25 GiB PAX header took `kodx serve` to 1.3 GB;
+//! since the helper runs from a read-only volume the replacement fails, and the case
+//! measures the attempt (docs/benchmarks.md).
 //!
 //! cargo test --release --test bench_stress_snapshot_flood -- --ignored --nocapture
 //!
 //! A `/kodx code` run on an issue through the real `kodx serve` (this build's binary), a
 //! fake GitHub, a real git server, the scripted fake Anthropic and the real Docker engine:
-//! the repository's setup script puts a flood writer where the helper was, before the
+//! the repository's setup script tries to put a flood writer where the helper is, before the
 //! snapshot's exec is started ahead (a code run's change set comes from the snapshot; `kodx
 //! run` exports the whole workspace through the engine and never runs the helper's
 //! snapshot). The model writes one file. Two floods: a 1.25 GiB PAX header and a 1.25 GiB

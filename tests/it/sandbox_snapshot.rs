@@ -179,15 +179,19 @@ async fn a_replaced_helper_flooding_the_snapshot_leaves_memory_flat_and_the_chan
     let replaced = sb
         .feed_chars(
             "default",
-            "echo changed > a.txt; echo new > b.txt; ls /.kodx-net.real",
+            &format!(
+                "echo changed > a.txt; echo new > b.txt; cmp /tmp/.kodx-net.real {} \
+                 && echo the helper is kodx's",
+                kodx::sandbox::net::SANDBOX_HELPER_PATH
+            ),
             10 * SEC,
         )
         .await
         .unwrap()
         .output;
-    println!(
-        "the helper was replaced: {}",
-        !replaced.contains("No such file")
+    assert!(
+        replaced.contains("the helper is kodx's"),
+        "the helper on its read-only volume stays kodx's: {replaced}"
     );
     let want = ["a.txt modified content=true mode=false", "b.txt added"];
 

@@ -1,4 +1,4 @@
-//! A tar flood: what a container that replaced kodx's helper (`/.kodx-net`, root's to
+//! A tar flood: what a container that replaced kodx's helper (`/.kodx-bin/kodx-net`, now on a read-only volume; root's to
 //! write) can send as the workspace's snapshot. One extension entry whose header claims
 //! 1.25 GiB (a PAX header, or a GNU long name), then that many bytes: the `tar` crate
 //! reads such an entry's data whole into memory unless something stops it first.
@@ -59,13 +59,13 @@ impl Flood {
 
     /// A program (Python 3, in the test image) that writes the flood to its stdout when run
     /// as the helper's `snapshot` (or `snapshot-on-line`, once its line came), and runs the
-    /// real helper, kept at `/.kodx-net.real`, for everything else.
+    /// real helper, kept at `/tmp/.kodx-net.real`, for everything else.
     pub fn program(self) -> String {
         format!(
             r#"#!/usr/bin/python3
 import os, sys
 if len(sys.argv) < 2 or not sys.argv[1].startswith("snapshot"):
-    os.execv("/.kodx-net.real", ["/.kodx-net"] + sys.argv[1:])
+    os.execv("/tmp/.kodx-net.real", ["{helper}"] + sys.argv[1:])
 if sys.argv[1] == "snapshot-on-line":
     sys.stdin.readline()
 out = sys.stdout.buffer
@@ -79,20 +79,23 @@ except OSError:
     pass
 "#,
             header = hex::encode(self.header()),
+            helper = kodx::sandbox::net::SANDBOX_HELPER_PATH,
             chunks = FLOOD_BYTES >> 20,
         )
     }
 
     /// A shell command, for a setup script or a shell in the sandbox, that keeps the real
-    /// helper at `/.kodx-net.real` (once) and puts [`Flood::program`] at `/.kodx-net` (by rename:
-    /// the helper's file is busy as the container's first process). Where the helper
-    /// cannot be replaced the command does nothing and still succeeds.
+    /// helper at `/tmp/.kodx-net.real` (once) and puts [`Flood::program`] where kodx runs
+    /// its helper from (by rename beside it: the helper's file is busy as the container's
+    /// first process). The helper is on a read-only volume, so this fails and says `the
+    /// helper stays`; the command still succeeds.
     pub fn replace_helper(self) -> String {
+        let helper = kodx::sandbox::net::SANDBOX_HELPER_PATH;
         format!(
-            "(([ -e /.kodx-net.real ] || cp -p /.kodx-net /.kodx-net.real) \
-             && echo {} | base64 -d > /.kodx-net.new \
-             && chmod 755 /.kodx-net.new \
-             && mv -f /.kodx-net.new /.kodx-net) 2>/dev/null || echo 'the helper stays'",
+            "(([ -e /tmp/.kodx-net.real ] || cp -p {helper} /tmp/.kodx-net.real) \
+             && echo {} | base64 -d > {helper}.new \
+             && chmod 755 {helper}.new \
+             && mv -f {helper}.new {helper}) 2>/dev/null || echo 'the helper stays'",
             base64_of(self.program().as_bytes())
         )
     }
