@@ -586,15 +586,15 @@ async fn a_served_run_says_whether_the_setup_came_from_the_cache() {
             usage(1000, 20),
         );
         s.model
-            .answer_from_last_tool_result(|out| format!("RUNS<<{out}>>"));
+            .answer_from_last_tool_result(|out| format!("RUNS(({out}))"));
         let run = s
             .comment(issue, "alice", "/kodx ask how often did setup run?")
             .await;
         let body = s
-            .bot_comment_where(issue, "the run's end", |c| c.body.contains("RUNS<<"))
+            .bot_comment_where(issue, "the run's end", |c| c.body.contains("RUNS(("))
             .await
             .body;
-        assert!(body.contains("RUNS<<run\n[exit status: 0]>>"), "{body}");
+        assert!(body.contains("RUNS((run\n[exit status: 0]))"), "{body}");
         runs.push(run);
     }
     // Opened once the server has made its database.

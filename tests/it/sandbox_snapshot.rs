@@ -181,7 +181,7 @@ async fn a_replaced_helper_flooding_the_snapshot_leaves_memory_flat_and_the_chan
             "default",
             &format!(
                 "echo changed > a.txt; echo new > b.txt; cmp /tmp/.kodx-net.real {} \
-                 && echo the helper is kodx's",
+                 && echo the helper is the real one",
                 kodx::sandbox::net::SANDBOX_HELPER_PATH
             ),
             10 * SEC,
@@ -190,7 +190,7 @@ async fn a_replaced_helper_flooding_the_snapshot_leaves_memory_flat_and_the_chan
         .unwrap()
         .output;
     assert!(
-        replaced.contains("the helper is kodx's"),
+        replaced.contains("the helper is the real one"),
         "the helper on its read-only volume stays kodx's: {replaced}"
     );
     let want = ["a.txt modified content=true mode=false", "b.txt added"];

@@ -68,12 +68,12 @@ async fn a_run_cannot_reach_kodx_serve_on_its_host() {
     s.model
         .reply(vec![tool("t1", &probe)], "tool_use", usage(1000, 20));
     s.model
-        .answer_from_last_tool_result(|out| format!("PROBE<<{out}>>"));
+        .answer_from_last_tool_result(|out| format!("PROBE(({out}))"));
     let body = ask(&s, "/kodx ask can you reach the host?").await;
     let probe_out = body
-        .split("PROBE<<")
+        .split("PROBE((")
         .nth(1)
-        .and_then(|r| r.split(">>").next())
+        .and_then(|r| r.split("))").next())
         .unwrap_or_else(|| panic!("the answer: {body}"));
     assert!(
         !probe_out.lines().any(|l| l.starts_with("status ")),
@@ -115,7 +115,7 @@ async fn the_server_settings_win_over_the_repository() {
         usage(1000, 20),
     );
     s.model
-        .answer_from_last_tool_result(|out| format!("PROBE<<{out}>>"));
+        .answer_from_last_tool_result(|out| format!("PROBE(({out}))"));
     let body = ask(&s, "/kodx ask what network did setup have?").await;
     // During setup the allowed address answered; afterwards only loopback is left.
     assert!(body.contains("status 200"), "{body}");
