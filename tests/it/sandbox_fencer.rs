@@ -244,17 +244,7 @@ async fn udp_listener() -> (u16, tokio::task::JoinHandle<Vec<(String, String)>>)
 async fn broadcasts_from_a_sandbox_reach_neither_the_host_nor_its_neighbour() {
     let engine = common::require_engine!();
     let gateway = sandbox_gateway(&engine).await;
-    let net = engine
-        .docker()
-        .inspect_network(kodx::sandbox::net::NETWORK_NAME, None)
-        .await
-        .unwrap();
-    let subnet: kodx::sandbox::Cidr = net.ipam.unwrap().config.unwrap()[0]
-        .subnet
-        .clone()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let subnet = sandbox_subnet(&engine).await;
     let broadcast = std::net::Ipv4Addr::from(
         u32::from(subnet.addr()) | (u32::MAX >> u32::from(subnet.prefix())),
     );

@@ -18,6 +18,23 @@ pub async fn host_listener() -> (u16, tokio::task::JoinHandle<()>) {
     (port, task)
 }
 
+/// The subnet of kodx's sandbox network (made if missing).
+#[allow(dead_code)]
+pub async fn sandbox_subnet(engine: &Engine) -> kodx::sandbox::Cidr {
+    sandbox_gateway(engine).await;
+    let net = engine
+        .docker()
+        .inspect_network(kodx::sandbox::net::NETWORK_NAME, None)
+        .await
+        .unwrap();
+    net.ipam.unwrap().config.unwrap()[0]
+        .subnet
+        .clone()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// The gateway of kodx's sandbox network (made if missing): the host, as sandboxes see it.
 pub async fn sandbox_gateway(engine: &Engine) -> Ipv4Addr {
     engine
