@@ -93,8 +93,20 @@ pub const FENCER_CAPABILITIES: [&str; 3] = ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRAC
 fn is_kodx_fencer(info: &ContainerInspectResponse, image: &str) -> bool {
     let config = info.config.clone().unwrap_or_default();
     let host = info.host_config.clone().unwrap_or_default();
-    let mut caps = host.cap_add.clone().unwrap_or_default();
-    caps.sort();
+    // Engines may spell them `CAP_NET_ADMIN` or `net_admin`.
+    let plain = |caps: Option<Vec<String>>| -> Vec<String> {
+        let mut caps: Vec<String> = caps
+            .unwrap_or_default()
+            .iter()
+            .map(|c| {
+                let c = c.to_ascii_uppercase();
+                c.strip_prefix("CAP_").map(str::to_string).unwrap_or(c)
+            })
+            .collect();
+        caps.sort();
+        caps
+    };
+    let caps = plain(host.cap_add.clone());
     info.image.as_deref() == Some(image)
         && config.entrypoint.as_deref() == Some(&[IMAGE_HELPER_PATH.to_string()][..])
         && config
@@ -111,7 +123,7 @@ fn is_kodx_fencer(info: &ContainerInspectResponse, image: &str) -> bool {
             .map(String::as_str)
             == Some("NONE")
         && host.privileged != Some(true)
-        && host.cap_drop.as_deref() == Some(&["ALL".to_string()][..])
+        && plain(host.cap_drop.clone()) == ["ALL"]
         && caps == FENCER_CAPABILITIES
         && host.binds.as_ref().is_none_or(|b| b.is_empty())
         && host.mounts.as_ref().is_none_or(|m| m.is_empty())
@@ -241,5 +253,60 @@ async fn make(docker: &Docker, name: &str, image: &str) -> Result<String> {
             let _ = crate::sandbox::docker::remove(docker, &id).await;
             Err(e)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bollard::models::{ContainerConfig, HealthConfig};
+
+    fn fencer(image: &str, caps: &[&str]) -> ContainerInspectResponse {
+        ContainerInspectResponse {
+            image: Some(image.to_string()),
+            config: Some(ContainerConfig {
+                entrypoint: Some(vec![IMAGE_HELPER_PATH.to_string()]),
+                cmd: Some(vec!["hold-idle".to_string(), IDLE_SECS.to_string()]),
+                healthcheck: Some(HealthConfig {
+                    test: Some(vec!["NONE".to_string()]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            host_config: Some(HostConfig {
+                cap_drop: Some(vec!["ALL".to_string()]),
+                cap_add: Some(caps.iter().map(|c| c.to_string()).collect()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_fencer_of_kodx_image_with_its_capabilities_is_kodx_s() {
+        let ours = fencer("sha256:kodx", &FENCER_CAPABILITIES);
+        assert!(is_kodx_fencer(&ours, "sha256:kodx"));
+        // However the engine spells the capabilities.
+        let spelled = fencer(
+            "sha256:kodx",
+            &["CAP_SYS_PTRACE", "cap_net_admin", "SYS_ADMIN"],
+        );
+        assert!(is_kodx_fencer(&spelled, "sha256:kodx"));
+        // Another image, one more capability, a healthcheck, another command: not kodx's.
+        assert!(!is_kodx_fencer(&ours, "sha256:repository"));
+        let more = fencer(
+            "sha256:kodx",
+            &["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE", "SYS_CHROOT"],
+        );
+        assert!(!is_kodx_fencer(&more, "sha256:kodx"));
+        let mut checked = ours.clone();
+        checked.config.as_mut().unwrap().healthcheck = Some(HealthConfig {
+            test: Some(vec!["CMD-SHELL".to_string(), "true".to_string()]),
+            ..Default::default()
+        });
+        assert!(!is_kodx_fencer(&checked, "sha256:kodx"));
+        let mut other = ours;
+        other.config.as_mut().unwrap().cmd = Some(vec!["sleep".to_string()]);
+        assert!(!is_kodx_fencer(&other, "sha256:kodx"));
     }
 }
