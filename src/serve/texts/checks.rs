@@ -194,6 +194,8 @@ mod tests {
                 "error: boom".into()
             },
             omitted_bytes: 0,
+            annotations: Vec::new(),
+            edited: Vec::new(),
         }
     }
 

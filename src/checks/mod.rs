@@ -16,6 +16,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::sandbox::Sandbox;
 
+pub mod annotate;
+
+pub use annotate::{Annotation, Level};
+
 /// Checks a repository may declare.
 pub const MAX_CHECKS: usize = 20;
 /// A check's timeout unless it says otherwise.
@@ -111,6 +115,15 @@ pub struct CheckResult {
     /// Bytes of output not kept.
     #[serde(default)]
     pub omitted_bytes: u64,
+    /// Problems read from a red check's output (file, line, level, message), for the
+    /// Check Run's annotations ([`annotate`]): repository paths only, bounded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub annotations: Vec<Annotation>,
+    /// Files this check depends on that the change set edits (SPEC §12: `.github/`, the
+    /// `checks_guard:` globs, files of the starting commit its command names), sorted: a
+    /// pass over them is shown as such, never plainly green.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub edited: Vec<String>,
 }
 
 impl CheckResult {
@@ -211,6 +224,8 @@ pub async fn run_checks(
             duration_ms: 0,
             output: String::new(),
             omitted_bytes: 0,
+            annotations: Vec::new(),
+            edited: Vec::new(),
         };
         let left = deadline.saturating_duration_since(started);
         if left.is_zero() {
@@ -336,6 +351,8 @@ mod tests {
             duration_ms: 5,
             output: String::new(),
             omitted_bytes: 0,
+            annotations: Vec::new(),
+            edited: Vec::new(),
         };
         assert_eq!(all_passed(&[]), None);
         assert_eq!(all_passed(&[r(1, false), r(2, true)]), Some(true));
