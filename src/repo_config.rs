@@ -45,6 +45,9 @@ pub struct RepoConfig {
     pub checks: Vec<CheckSpec>,
     /// Passes the model gets to fix red checks (`None`: the default, 2).
     pub check_repair: Option<u32>,
+    /// Globs of the files the checks depend on, besides `.github/` and the files their
+    /// commands name (SPEC §12; `None`: [`crate::checks::guard::DEFAULT_GUARD`]).
+    pub checks_guard: Option<Vec<String>>,
     /// Repair runs a pull request kodx opened gets when its CI fails (`None`: 0, off).
     pub ci_repair: Option<u32>,
     /// `reviews.resolve`: which threads `/kodx address-reviews` resolves.
@@ -312,6 +315,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "pr",
     "checks",
     "check_repair",
+    "checks_guard",
     "ci_repair",
     "reviews",
     "triggers",
@@ -323,7 +327,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr, checks, check_repair, ci_repair, reviews, triggers)"
+    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr, checks, check_repair, checks_guard, ci_repair, reviews, triggers)"
 )]
 struct RawRepoConfig {
     image: Option<Text>,
@@ -338,6 +342,7 @@ struct RawRepoConfig {
     pr: Option<RawPr>,
     checks: Option<Checks>,
     check_repair: Option<Repairs>,
+    checks_guard: Option<GuardGlobs>,
     ci_repair: Option<Repairs>,
     reviews: Option<RawReviews>,
     triggers: Option<RawTriggers>,
@@ -470,6 +475,36 @@ impl<'de> Deserialize<'de> for Checks {
     }
 }
 
+/// `checks_guard`: at most [`MAX_GUARD_GLOBS`] globs relative to the repository's root.
+///
+/// [`MAX_GUARD_GLOBS`]: crate::checks::guard::MAX_GUARD_GLOBS
+struct GuardGlobs(Vec<String>);
+
+/// One `checks_guard` glob.
+struct GuardGlob(String);
+
+impl<'de> Deserialize<'de> for GuardGlob {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrVisitor("a glob such as tests/**", |s| {
+            crate::checks::guard::glob(s).map(|_| GuardGlob(s.trim().to_string()))
+        }))
+    }
+}
+
+impl<'de> Deserialize<'de> for GuardGlobs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use crate::checks::guard::MAX_GUARD_GLOBS;
+        let list: Vec<GuardGlob> = Vec::deserialize(deserializer)?;
+        if list.len() > MAX_GUARD_GLOBS {
+            return Err(serde::de::Error::custom(format!(
+                "must list at most {MAX_GUARD_GLOBS} globs, got {}",
+                list.len()
+            )));
+        }
+        Ok(GuardGlobs(list.into_iter().map(|g| g.0).collect()))
+    }
+}
+
 /// `check_repair`: a whole number of passes, 0 (report only) or more.
 struct Repairs(u32);
 
@@ -515,6 +550,7 @@ impl RawRepoConfig {
             pr,
             checks: self.checks.map(|c| c.0).unwrap_or_default(),
             check_repair: self.check_repair.map(|r| r.0),
+            checks_guard: self.checks_guard.map(|g| g.0),
             ci_repair: self.ci_repair.map(|r| r.0),
             resolve_threads: self.reviews.and_then(|r| r.resolve).unwrap_or_default(),
             trigger_label: self.triggers.and_then(|t| t.label).map(|l| l.0),
@@ -816,6 +852,7 @@ pr: { draft: false, branch_prefix: kodx/ }
                 },
                 checks: Vec::new(),
                 check_repair: None,
+                checks_guard: None,
                 ci_repair: None,
                 resolve_threads: ResolveThreads::None,
                 trigger_label: None,
@@ -913,7 +950,7 @@ pr: { draft: false, branch_prefix: kodx/ }
         );
         assert!(
             shown.contains(
-                "ask_permission, pr, checks, check_repair, ci_repair, reviews, triggers)"
+                "ask_permission, pr, checks, check_repair, checks_guard, ci_repair, reviews, triggers)"
             ),
             "{shown}"
         );
@@ -1158,6 +1195,24 @@ pr: { draft: false, branch_prefix: kodx/ }
         for bad in ["pr: { template: '' }\n", "pr: { template: a/b.md }\n"] {
             let e = RepoConfig::parse(bad).unwrap_err().to_string();
             assert!(e.contains("pr.template"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn checks_guard_lists_globs_and_refuses_bad_ones_with_their_line() {
+        let c = RepoConfig::parse("checks_guard: [\"tests/**\", \"**/*.snap\"]\n").unwrap();
+        assert_eq!(
+            c.checks_guard,
+            Some(vec!["tests/**".to_string(), "**/*.snap".to_string()])
+        );
+        assert_eq!(RepoConfig::default().checks_guard, None);
+        for (bad, says) in [
+            ("checks_guard: [\"/etc/**\"]\n", "relative"),
+            ("checks_guard: [\"a[b\"]\n", "valid glob"),
+            ("checks_guard: tests\n", "sequence"),
+        ] {
+            let e = RepoConfig::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("checks_guard") && e.contains(says), "{bad}: {e}");
         }
     }
 

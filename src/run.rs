@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use kodx::checks::verify::{FreshSandboxes, Verifier};
 use kodx::agent::{Agent, Outcome, Progress, Record, StopReason};
 use kodx::cost::{format_usd, Pricing};
 use kodx::model::{Provider, Usage};
@@ -312,14 +313,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
+    // The checks run apart from the agent (SPEC §12): the first sandbox for them is made
+    // while the agent works.
+    let verifier = (!config.checks.is_empty()).then(|| FreshSandboxes::new(engine.clone(), &spec));
     let agent = Agent {
         provider: provider.as_ref(),
         sandbox: &sandbox,
+        verifier: verifier.as_ref().map(|v| v as &dyn Verifier),
         config,
         cancel: CancellationToken::new(),
     };
     let messages = resumed.unwrap_or_else(|| vec![kodx::model::Message::user_text(&prompt)]);
     let (outcome, write_error) = run_agent(&agent, messages, &mut out, transcript.as_mut()).await;
+    drop(agent);
+    if let Some(verifier) = verifier {
+        verifier.close().await;
+    }
     // What the user asked to be written (the transcript, the export) but was not: the run
     // may have ended its turn, but the exit code must not say all went well.
     let mut output_failed = false;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::checks::verify::Verifier;
 use crate::checks::{CheckResult, CheckSpec};
 use crate::cost::Price;
 use crate::model::{Provider, Usage};
@@ -73,6 +74,8 @@ pub struct AgentConfig {
     pub checks: Vec<CheckSpec>,
     /// How many times the model is given failing checks to repair.
     pub check_repair: u32,
+    /// The files the checks depend on, besides `.github/` and those their commands name.
+    pub checks_guard: crate::checks::guard::Guard,
 }
 
 impl AgentConfig {
@@ -91,6 +94,7 @@ impl AgentConfig {
             context_tokens: 150_000,
             checks: Vec::new(),
             check_repair: crate::checks::DEFAULT_CHECK_REPAIR,
+            checks_guard: Default::default(),
         }
     }
 }
@@ -130,6 +134,9 @@ pub struct Progress {
 pub struct Agent<'a> {
     pub provider: &'a dyn Provider,
     pub sandbox: &'a dyn Sandbox,
+    /// Where the repository's checks run, apart from `sandbox` (SPEC §12). Without one, a
+    /// run with checks reports them not run: they never run in the agent's sandbox.
+    pub verifier: Option<&'a dyn Verifier>,
     pub config: AgentConfig,
     pub cancel: CancellationToken,
 }

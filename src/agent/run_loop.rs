@@ -269,15 +269,28 @@ impl Agent<'_> {
         let deadline = run.deadline.into_std();
         let results = {
             let run = &*run;
-            crate::checks::run_checks(self.sandbox, &cfg.checks, attempt, deadline, |r| {
+            let mut each = |r: &CheckResult| {
                 progress(&run.progress(step, format!("check {}: {}", r.name, r.verdict())));
-                transcript(&Record::Check {
-                    step,
-                    result: r.clone(),
-                });
-            })
-            .await
+            };
+            tokio::select! {
+                r = crate::checks::verify::run_apart(
+                    self.verifier,
+                    self.sandbox,
+                    &cfg.checks,
+                    &cfg.checks_guard,
+                    attempt,
+                    deadline,
+                    &mut each,
+                ) => r,
+                _ = self.cancel.cancelled() => return ControlFlow::Break(Ended(StopReason::Cancelled, None)),
+            }
         };
+        for r in &results {
+            transcript(&Record::Check {
+                step,
+                result: r.clone(),
+            });
+        }
         run.acted_since_check = false;
         let red = results.iter().any(|r| !r.passed);
         let repair = red
@@ -291,6 +304,9 @@ impl Agent<'_> {
             return ControlFlow::Break(ended);
         };
         run.repairs += 1;
+        if let Some(v) = self.verifier {
+            v.another();
+        }
         match run.messages.last_mut() {
             Some(last) if last.role == Role::User => {
                 last.content.push(Block::Text { text: report })
@@ -351,6 +367,9 @@ impl Agent<'_> {
             return ControlFlow::Break(Ended(StopReason::EndTurn, None));
         }
         run.acted_since_check = true;
+        if let Some(v) = self.verifier {
+            v.work_changed();
+        }
         let results = self
             .run_tools(run, step, calls, progress, transcript)
             .await?;

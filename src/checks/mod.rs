@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 use crate::sandbox::Sandbox;
 
 pub mod annotate;
+pub mod guard;
+pub mod verify;
 
 pub use annotate::{Annotation, Level};
 

@@ -44,6 +44,7 @@ async fn run(
     let agent = Agent {
         provider: &client,
         sandbox: sb,
+        verifier: None,
         config: cfg,
         cancel,
     };
@@ -331,6 +332,7 @@ async fn the_loop_works_the_same_over_an_openai_compatible_server() {
     let agent = Agent {
         provider: &client,
         sandbox: &sb,
+        verifier: None,
         config: cfg,
         cancel: CancellationToken::new(),
     };

@@ -224,6 +224,7 @@ async fn run_counted(
     let agent = Agent {
         provider: &model,
         sandbox: &ChattySandbox,
+        verifier: None,
         config: cfg,
         cancel: CancellationToken::new(),
     };

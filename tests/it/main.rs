@@ -46,6 +46,7 @@ mod serve_ask;
 mod serve_cache;
 mod serve_cache_rebase;
 mod serve_checks;
+mod serve_verify;
 mod serve_code;
 mod serve_context;
 mod serve_continue;

@@ -165,6 +165,7 @@ async fn an_agent_run_past_the_disk_limit_ends_as_an_error_naming_it() {
     let agent = Agent {
         provider: &client,
         sandbox: &sb,
+        verifier: None,
         config: cfg,
         cancel: CancellationToken::new(),
     };

@@ -200,32 +200,7 @@ impl ChangeSet {
     /// run before anything is changed; only an I/O error (e.g. a path to be replaced by a
     /// file is a non-empty directory) can stop the work halfway.
     pub fn apply(&self, dest: &Path) -> Result<()> {
-        let mut written = BTreeSet::new();
-        let mut deleted = BTreeSet::new();
-        for change in &self.changes {
-            let path = change.path.as_str();
-            let refuse = |why: String| unsafe_archive(format!("change to {path:?}: {why}"));
-            check_rel(path).map_err(refuse)?;
-            if is_git(path) {
-                return Err(refuse("paths inside .git are never applied".into()));
-            }
-            match &change.kind {
-                ChangeKind::Deleted => deleted.insert(path),
-                ChangeKind::Added(new) | ChangeKind::Modified { new, .. } => {
-                    if let NewEntry::Symlink { target } = new {
-                        check_link(path, target, &|_| None).map_err(refuse)?;
-                    }
-                    written.insert(path)
-                }
-            };
-        }
-        for path in &written {
-            if let Some(ancestor) = ancestors(path).find(|a| written.contains(a)) {
-                return Err(unsafe_archive(format!(
-                    "change to {path:?}: {ancestor:?} is written as a file or symlink by the same change set"
-                )));
-            }
-        }
+        let (_, deleted) = self.validated()?;
         for change in &self.changes {
             checked_path(dest, &change.path, Walk::Precheck { deleted: &deleted })?;
         }
@@ -282,6 +257,93 @@ impl ChangeSet {
             }
         }
         Ok(())
+    }
+}
+
+impl ChangeSet {
+    /// The paths written (added, modified) and deleted, once every change passed the rules
+    /// [`ChangeSet::apply`] holds them to: relative, no `.`/`..`, not in the top-level
+    /// ".git", symlink targets relative and inside the tree, no path written below another
+    /// written as a file or symlink.
+    pub(super) fn validated(&self) -> Result<(BTreeSet<&str>, BTreeSet<&str>)> {
+        let mut written = BTreeSet::new();
+        let mut deleted = BTreeSet::new();
+        for change in &self.changes {
+            let path = change.path.as_str();
+            let refuse = |why: String| unsafe_archive(format!("change to {path:?}: {why}"));
+            check_rel(path).map_err(refuse)?;
+            if is_git(path) {
+                return Err(refuse("paths inside .git are never applied".into()));
+            }
+            match &change.kind {
+                ChangeKind::Deleted => deleted.insert(path),
+                ChangeKind::Added(new) | ChangeKind::Modified { new, .. } => {
+                    if let NewEntry::Symlink { target } = new {
+                        check_link(path, target, &|_| None).map_err(refuse)?;
+                    }
+                    written.insert(path)
+                }
+            };
+        }
+        for path in &written {
+            if let Some(ancestor) = ancestors(path).find(|a| written.contains(a)) {
+                return Err(unsafe_archive(format!(
+                    "change to {path:?}: {ancestor:?} is written as a file or symlink by the same change set"
+                )));
+            }
+        }
+        Ok((written, deleted))
+    }
+
+    /// The deleted paths, once every change passed the rules of [`ChangeSet::apply`].
+    pub fn checked_deletions(&self) -> Result<Vec<String>> {
+        let (_, deleted) = self.validated()?;
+        Ok(deleted.into_iter().map(str::to_string).collect())
+    }
+
+    /// The change set as a tar for another copy of the same tree (the checks' sandbox, SPEC
+    /// §12): its added and modified files (permission bits kept, owner root) and symlinks,
+    /// paths relative to the tree's top, after the rules of [`ChangeSet::apply`]. Returns
+    /// the deleted paths, which a tar cannot say: the caller removes them first. Contents
+    /// are streamed, never read whole.
+    pub fn pack_written_to<W: Write>(&self, out: W) -> Result<Vec<String>> {
+        let (_, deleted) = self.validated()?;
+        let mtime = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut packer = super::pack::Packer {
+            builder: tar::Builder::new(out),
+            manifest: Manifest::default(),
+            prefix: "",
+            have: None,
+            skipped: Default::default(),
+        };
+        for change in &self.changes {
+            let (ChangeKind::Added(new) | ChangeKind::Modified { new, .. }) = &change.kind else {
+                continue;
+            };
+            let path = change.path.as_str();
+            let packing = |e: io::Error| SandboxError::io(format!("packing {path}"), e);
+            match new {
+                NewEntry::File { mode, contents } => {
+                    let data = contents
+                        .reader()
+                        .map_err(|e| SandboxError::io("reading spooled contents", e))?;
+                    let mut h =
+                        super::pack::header(tar::EntryType::Regular, mode & 0o777, mtime, contents.len());
+                    packer
+                        .builder
+                        .append_data(&mut h, path, data)
+                        .map_err(packing)?;
+                }
+                NewEntry::Symlink { target } => packer
+                    .append_symlink(path, target, 0o777, mtime)
+                    .map_err(packing)?,
+            }
+        }
+        let finished = packer.builder.into_inner().and_then(|mut out| out.flush());
+        finished.map_err(|e| SandboxError::io("packing the change set", e))?;
+        Ok(deleted.into_iter().map(str::to_string).collect())
     }
 }
 

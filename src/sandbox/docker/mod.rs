@@ -11,6 +11,7 @@
 //! process's identity — is [`crate::sandbox::owner`], shared with the network fence and the
 //! setup cache.
 
+mod apply;
 mod cleanup;
 mod derived;
 mod engine;

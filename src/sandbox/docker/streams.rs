@@ -204,6 +204,46 @@ impl Write for Pipe {
     }
 }
 
+/// Runs `write` on a blocking thread with a writer whose chunks come out of the returned
+/// receiver as they are written (a few in flight at most), e.g. into an upload.
+pub(super) fn piped<T: Send + 'static>(
+    write: impl FnOnce(&mut dyn Write) -> Result<T> + Send + 'static,
+) -> (
+    tokio::task::JoinHandle<Result<T>>,
+    tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(PIPE_CHUNKS);
+    let task = tokio::task::spawn_blocking(move || {
+        let mut pipe = Pipe {
+            tx,
+            buf: BytesMut::new(),
+            waited: Duration::ZERO,
+        };
+        write(&mut pipe)
+    });
+    (task, rx)
+}
+
+/// Uploads the tar coming out of `body` at `path` in container `id`.
+pub(super) async fn upload_stream(
+    docker: &Docker,
+    id: &str,
+    path: &str,
+    body: tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
+) -> Result<()> {
+    let chunks = futures_util::stream::unfold(body, |mut rx| async move {
+        rx.recv().await.map(|chunk| (chunk, rx))
+    });
+    docker
+        .upload_to_container(
+            id,
+            Some(upload_options(path)),
+            bollard::body_try_stream(chunks),
+        )
+        .await
+        .map_err(|e| SandboxError::docker(format!("copying files to {path} in the container"), e))
+}
+
 /// Opens tar streams of the workspace, or of one path in it, for the archive code on a
 /// blocking thread ([`archive::Open`]): the download runs on the runtime, and its chunks
 /// come through a bounded channel.

@@ -12,7 +12,7 @@ use crate::serve::texts::status::Done;
 pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure> {
     let plan = cx.plan().await?;
     let messages = vec![Message::user_text(&plan.prompt)];
-    let (workspace, sandbox, outcome) = match execute(cx, &plan, messages).await?.ran() {
+    let (workspace, sandbox, outcome, _) = match execute(cx, &plan, messages).await?.ran() {
         Ok(ran) => ran,
         Err(ending) => return Ok(ending),
     };

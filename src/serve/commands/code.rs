@@ -38,7 +38,7 @@ pub(in crate::serve) async fn deliver_work(
     messages: Vec<Message>,
     earlier: Option<Earlier>,
 ) -> Result<Ending, RunFailure> {
-    let (workspace, sandbox, outcome) = match execute(cx, plan, messages).await?.ran() {
+    let (workspace, sandbox, outcome, verified) = match execute(cx, plan, messages).await?.ran() {
         Ok(ran) => ran,
         Err(ending) => return Ok(ending),
     };
@@ -55,7 +55,11 @@ pub(in crate::serve) async fn deliver_work(
         .ok_or_else(|| anyhow::anyhow!("a code run was planned without a target"))?;
     let changes = if deliverable {
         let started = Instant::now();
-        let changes = sandbox.change_set().await;
+        // What the last checks judged, when nothing changed after them; else read now.
+        let changes = match verified {
+            Some(verified) => Ok(verified),
+            None => sandbox.change_set().await,
+        };
         cx.log.timings.add("export", started.elapsed());
         Some(changes)
     } else {
@@ -68,6 +72,9 @@ pub(in crate::serve) async fn deliver_work(
     if red {
         done.notes
             .push(checks::red_note(&done.outcome.checks, on_red, new_pull));
+    }
+    if let Some(note) = checks::edited_note(&done.outcome.checks) {
+        done.notes.push(note);
     }
     let mut readiness = Readiness::Unchanged;
     done.text = done.outcome.last_message.clone();
@@ -105,7 +112,7 @@ pub(in crate::serve) async fn deliver_work(
                             .repo_context
                             .as_ref()
                             .is_some_and(|c| c.template.is_some()),
-                        checks_passed: crate::checks::all_passed(&done.outcome.checks)
+                        checks_passed: checks::plainly_green(&done.outcome.checks)
                             == Some(true),
                         extra,
                     },

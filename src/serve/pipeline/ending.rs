@@ -80,6 +80,11 @@ impl RunLog {
             .as_ref()
             .map(|p| (p.name.clone(), p.lost().clone()))
     }
+
+    /// The engine the run's container is on (`None`: no container).
+    pub fn engine(&self) -> Option<crate::sandbox::Engine> {
+        self.placement.lock().as_ref().map(|p| p.engine.clone())
+    }
 }
 
 /// How long each phase of a run took (stored with its result, logged, and read by

@@ -14,7 +14,10 @@ use crate::agent::{Agent, Outcome, Progress, Record, StopReason};
 use crate::db::{Db, DbError, Run, RunStatus};
 use crate::model::{Message, Provider, ProviderError, Request, Response};
 use crate::program::Plan;
-use crate::sandbox::{ChangeSet, DockerSandbox, Exported, FeedOutput, Sandbox, SandboxError};
+use crate::checks::verify::{FreshSandboxes, Verifier};
+use crate::sandbox::{
+    ChangeSet, DockerSandbox, Exported, FeedOutput, Sandbox, SandboxError, SandboxSpec,
+};
 use crate::serve::metrics::Metrics;
 use crate::serve::pipeline::plan::RunPlan;
 use crate::serve::pipeline::workspace::{CloneOf, Workspace};
@@ -31,13 +34,17 @@ pub(in crate::serve) enum Executed {
         workspace: Workspace,
         sandbox: DockerSandbox,
         outcome: Outcome,
+        /// The change set the last checks ran on, when the agent did nothing after them:
+        /// the one to deliver.
+        verified: Option<ChangeSet>,
     },
     /// The run ended before the agent: cancelled, or the repository's setup failed.
     Over(Ending),
 }
 
-/// What a run that got as far as its agent has: its clone, its container, its outcome.
-pub(in crate::serve) type Ran = (Workspace, DockerSandbox, Outcome);
+/// What a run that got as far as its agent has: its clone, its container, its outcome,
+/// and the change set its last checks judged (when nothing changed after them).
+pub(in crate::serve) type Ran = (Workspace, DockerSandbox, Outcome, Option<ChangeSet>);
 
 impl Executed {
     /// The agent's run, or the ending of a run that stopped before it. (Once per run:
@@ -49,7 +56,8 @@ impl Executed {
                 workspace,
                 sandbox,
                 outcome,
-            } => Ok((workspace, sandbox, outcome)),
+                verified,
+            } => Ok((workspace, sandbox, outcome, verified)),
             Executed::Over(ending) => Err(ending),
         }
     }
@@ -101,9 +109,16 @@ pub(in crate::serve) async fn execute(
     if cancel.is_cancelled() {
         return Ok(Executed::Over(cancelled_early(run_plan)));
     }
-    let sandbox = match container(svc, run, fence, run_plan, &workspace, cancel, log).await? {
+    let spec = sandbox_spec(run_plan, &workspace);
+    let sandbox = match container(svc, run, fence, run_plan, &spec, cancel, log).await? {
         Ok(sandbox) => sandbox,
         Err(over) => return Ok(Executed::Over(over)),
+    };
+    // The checks run apart from the agent (SPEC §12), in sandboxes made on the same engine
+    // as the run's, the first while the agent works.
+    let verifier = match (plan.agent.checks.is_empty(), log.engine()) {
+        (false, Some(engine)) => Some(FreshSandboxes::new(engine, &spec)),
+        _ => None,
     };
 
     // The agent, with the status comment following its progress. If the engine stops
@@ -149,6 +164,7 @@ pub(in crate::serve) async fn execute(
     let agent = Agent {
         provider: &provider,
         sandbox: &fenced,
+        verifier: verifier.as_ref().map(|v| v as &dyn Verifier),
         config: plan.agent.clone(),
         cancel: cancel.clone(),
     };
@@ -194,15 +210,31 @@ pub(in crate::serve) async fn execute(
             done,
         }));
     }
+    let verified = verifier.as_ref().and_then(|v| v.take_verified());
+    if let Some(verifier) = verifier {
+        verifier.close().await;
+    }
     Ok(Executed::Ran {
         workspace,
         sandbox,
         outcome,
+        verified,
     })
 }
 
 /// How long a refill waits after the run that took a warm sandbox has started.
 const REFILL_DELAY: Duration = Duration::from_millis(1500);
+
+/// The run's sandbox spec, with its clone.
+fn sandbox_spec(run_plan: &RunPlan, workspace: &Workspace) -> SandboxSpec {
+    let mut spec = run_plan.plan.sandbox.clone();
+    spec.repo_dir = Some(workspace.dest.clone());
+    spec.repo_source = workspace.source;
+    spec.ready = workspace.ready.clone();
+    // A code run ends with its change set: the snapshot's exec starts ahead.
+    spec.change_set_ahead = run_plan.target.is_some();
+    spec
+}
 
 /// The run's container with the clone in it and the setup run. `Ok(Err(_))`: the run
 /// is over (cancelled while it started, or the repository's setup failed).
@@ -211,16 +243,10 @@ async fn container(
     run: &Run,
     fence: &Fence,
     run_plan: &RunPlan,
-    workspace: &Workspace,
+    spec: &SandboxSpec,
     cancel: &CancellationToken,
     log: &RunLog,
 ) -> Result<Result<DockerSandbox, Ending>, RunFailure> {
-    let mut spec = run_plan.plan.sandbox.clone();
-    spec.repo_dir = Some(workspace.dest.clone());
-    spec.repo_source = workspace.source;
-    spec.ready = workspace.ready.clone();
-    // A code run ends with its change set: the snapshot's exec starts ahead.
-    spec.change_set_ahead = run_plan.target.is_some();
     let started = Instant::now();
     // An engine that fails while the container starts counts a missed answer and the run
     // is placed again (two in a row take an engine out, so this ends).
@@ -252,7 +278,7 @@ async fn container(
         let warm = placement.warm();
         let sandbox = tokio::select! {
             s = engine.start_from(
-                &spec,
+                spec,
                 warm.map(|w| w as &dyn crate::sandbox::WarmSource),
                 |line| tracing::info!("{line}"),
             ) => s,

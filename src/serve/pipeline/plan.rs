@@ -79,6 +79,10 @@ pub(in crate::serve) fn prepare(
     if kind == RunKind::Code {
         plan.agent.checks = config.checks.clone();
         plan.agent.check_repair = config.check_repair(settings.max_check_repair);
+        if let Some(globs) = &config.checks_guard {
+            // Checked when the file was read; a guard that cannot be built keeps the default.
+            plan.agent.checks_guard = crate::checks::guard::Guard::new(globs).unwrap_or_default();
+        }
     }
     let default_checkout = if request.is_pull_request {
         // The PR head from the base repository (refs/pull/N/head): a fork is never cloned

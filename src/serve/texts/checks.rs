@@ -35,19 +35,77 @@ pub fn checks_table(results: &[CheckResult]) -> String {
     };
     let mut out = String::from("| check | result | duration | attempt |\n|---|---|--:|---|\n");
     for r in &last {
-        let icon = if r.passed { "✅" } else { "❌" };
+        let (icon, verdict) = match (r.passed, r.edited.is_empty()) {
+            (true, true) => ("✅", r.verdict()),
+            // Never plainly green over edited tests.
+            (true, false) => ("⚠️", format!("passed over edited tests: {}", files(&r.edited))),
+            (false, true) => ("❌", r.verdict()),
+            (false, false) => ("❌", format!("{}; edits {}", r.verdict(), files(&r.edited))),
+        };
         let attempt = match passed_since(results, &r.name) {
             Some(k) => format!("passed in {k} of {attempts}"),
             None => format!("red after {attempts}"),
         };
         out.push_str(&format!(
-            "| {} | {icon} {} | {} | {attempt} |\n",
+            "| {} | {icon} {verdict} | {} | {attempt} |\n",
             neutral::words(&r.name),
-            r.verdict(),
             short_duration(r),
         ));
     }
     out
+}
+
+/// `a`, `b` and 3 more: the first few of `paths`, each as code.
+fn files(paths: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut out = paths
+        .iter()
+        .take(SHOWN)
+        .map(|p| neutral::code(p))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if paths.len() > SHOWN {
+        out.push_str(&format!(" and {} more", paths.len() - SHOWN));
+    }
+    out
+}
+
+/// Whether the last attempt's checks all passed with none over edited tests: what kodx
+/// vouches for (`None`: no checks ran).
+pub fn plainly_green(results: &[CheckResult]) -> Option<bool> {
+    let last = latest(results);
+    (!last.is_empty()).then(|| last.iter().all(|r| r.passed && r.edited.is_empty()))
+}
+
+/// The edited files the last attempt's checks depend on, sorted and unique.
+fn edited_files(results: &[CheckResult]) -> Vec<String> {
+    let mut all: Vec<String> = latest(results)
+        .iter()
+        .flat_map(|r| r.edited.iter().cloned())
+        .collect();
+    all.sort();
+    all.dedup();
+    all
+}
+
+/// The note when the change edits files the checks depend on (SPEC §12), for the status
+/// comment and the pull request body; `None` when it edits none.
+pub fn edited_note(results: &[CheckResult]) -> Option<String> {
+    let edited = edited_files(results);
+    if edited.is_empty() {
+        return None;
+    }
+    let green = crate::checks::all_passed(results) == Some(true);
+    let lead = if green {
+        "⚠️ **The checks passed over edited tests.**"
+    } else {
+        "⚠️ **The change edits what the checks depend on.**"
+    };
+    Some(format!(
+        "{lead} This change edits {}, which the checks depend on: a pass proves less than \
+         usual. Review those edits first.\n\n",
+        files(&edited)
+    ))
 }
 
 /// `0.4s`, `12.0s`, then `1m 12s`.
@@ -67,7 +125,7 @@ pub fn section(results: &[CheckResult]) -> String {
         return String::new();
     }
     format!(
-        "**Checks** (run by kodx in the run's container):\n\n{}\n",
+        "**Checks** (run by kodx in a fresh sandbox holding only the change):\n\n{}\n",
         checks_table(results)
     )
 }
@@ -127,13 +185,27 @@ pub fn check_run(
 ) -> (String, String, String, String) {
     let last = latest(results);
     let red = last.iter().filter(|r| !r.passed).count();
-    let conclusion = if red == 0 { "success" } else { "failure" };
-    let title = if red == 0 {
-        format!("{} of {} checks passed", last.len(), last.len())
-    } else {
-        format!("{red} of {} checks failed", last.len())
+    let over_edited = last.iter().filter(|r| r.passed && !r.edited.is_empty()).count();
+    // Green over edited tests is neutral: not a failure, never plainly green.
+    let conclusion = match (red, over_edited) {
+        (0, 0) => "success",
+        (0, _) => "neutral",
+        _ => "failure",
+    };
+    let title = match (red, over_edited) {
+        (0, 0) => format!("{} of {} checks passed", last.len(), last.len()),
+        (0, n) => format!(
+            "{} of {} checks passed, {n} over edited tests",
+            last.len(),
+            last.len()
+        ),
+        _ => format!("{red} of {} checks failed", last.len()),
     };
     let mut summary = checks_table(results);
+    if let Some(note) = edited_note(results) {
+        summary.push('\n');
+        summary.push_str(&note);
+    }
     if let Some(link) = run_link {
         summary.push_str(&format!("\nThe run's steps: {link}\n"));
     }
@@ -150,12 +222,18 @@ pub fn check_run(
             }
         };
         text.push_str(&format!(
-            "### {} — {}\n\n{}\n\n{}\n",
+            "### {} — {}\n\n{}\n\n",
             neutral::words(&r.name),
             r.verdict(),
             neutral::code(&r.run),
-            neutral::block(&output)
         ));
+        if !r.edited.is_empty() {
+            text.push_str(&format!(
+                "Edited files this check depends on: {}\n\n",
+                files(&r.edited)
+            ));
+        }
+        text.push_str(&format!("{}\n", neutral::block(&output)));
     }
     (conclusion.into(), title, summary, text)
 }
@@ -197,6 +275,41 @@ mod tests {
             annotations: Vec::new(),
             edited: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_pass_over_edited_tests_is_never_plainly_green() {
+        let mut tests = r("tests", 1, true);
+        tests.edited = vec!["tests/run.sh".into(), "tests/x_test.py".into()];
+        let mut lint = r("lint", 1, false);
+        lint.edited = vec![".github/workflows/ci.yml".into()];
+        let results = [tests.clone(), r("build", 1, true)];
+        let table = checks_table(&results);
+        assert!(
+            table.contains("| tests | ⚠️ passed over edited tests: `tests/run.sh`, `tests/x_test.py` |"),
+            "{table}"
+        );
+        assert!(table.contains("| build | ✅ passed |"), "{table}");
+        assert_eq!(plainly_green(&results), Some(false));
+        assert_eq!(plainly_green(&[r("build", 1, true)]), Some(true));
+        let (conclusion, title, summary, text) = check_run(&results, None);
+        assert_eq!(conclusion, "neutral");
+        assert_eq!(title, "2 of 2 checks passed, 1 over edited tests");
+        assert!(summary.contains("The checks passed over edited tests"), "{summary}");
+        assert!(
+            text.contains("Edited files this check depends on: `tests/run.sh`"),
+            "{text}"
+        );
+        let note = edited_note(&results).unwrap();
+        assert!(note.contains("`tests/run.sh`, `tests/x_test.py`"), "{note}");
+        // Red stays red, and says what it edits.
+        let red = [tests, lint];
+        assert_eq!(check_run(&red, None).0, "failure");
+        assert!(checks_table(&red).contains("| lint | ❌ failed (exit 2); edits `.github/workflows/ci.yml` |"));
+        assert!(edited_note(&red).unwrap().contains("edits what the checks depend on"));
+        assert_eq!(edited_note(&[r("build", 1, true)]), None);
+        let many: Vec<String> = (0..8).map(|i| format!("tests/t{i}.py")).collect();
+        assert!(files(&many).ends_with("`tests/t4.py` and 3 more"), "{}", files(&many));
     }
 
     #[test]

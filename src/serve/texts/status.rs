@@ -235,6 +235,14 @@ fn header(phase: &Phase) -> String {
                 "⚠️ checks failing — nothing pushed".into()
             }
         }
+        // Green, but over edited tests: never plainly green.
+        Phase::Done(done)
+            if done.succeeded()
+                && (done.pr_url.is_some() || done.pushed.is_some())
+                && super::checks::plainly_green(&done.outcome.checks) == Some(false) =>
+        {
+            "⚠️ done — checks passed over edited tests".into()
+        }
         Phase::Done(done) if done.succeeded() => match done.kind {
             RunKind::Ask => "✅ answered".into(),
             RunKind::Code if done.pr_url.is_some() || done.pushed.is_some() => "✅ done".into(),

@@ -323,6 +323,22 @@ impl GitServer {
         out.status.success().then_some(out.stdout)
     }
 
+    /// The paths the commit `rev` changes against its first parent, sorted.
+    pub fn changed_files(&self, repo: &str, rev: &str) -> Vec<String> {
+        let out = self.git(
+            &self.bare_path(repo),
+            &["diff", "--name-only", "-z", &format!("{rev}^"), rev],
+        );
+        let mut paths: Vec<String> = out
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|p| !p.is_empty())
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        paths.sort();
+        paths
+    }
+
     /// `(mode, path)` of every file at `rev`, e.g. `(0o100755, "run.sh")`.
     pub fn ls_tree(&self, repo: &str, rev: &str) -> Vec<(u32, String)> {
         let out = self.git(&self.bare_path(repo), &["ls-tree", "-r", "-z", rev]);
