@@ -55,6 +55,9 @@ pub struct FreshSandboxes {
     /// The change set of the last checkout, while the agent has not acted since: what
     /// the checks judged is what is delivered.
     verified: Mutex<Option<ChangeSet>>,
+    /// What each checkout added before the checks could start: the change set read, the
+    /// sandbox waited for, the change written into it.
+    overheads: Mutex<Vec<std::time::Duration>>,
 }
 
 impl FreshSandboxes {
@@ -70,6 +73,7 @@ impl FreshSandboxes {
             next: Mutex::new(None),
             made: AtomicU32::new(0),
             verified: Mutex::new(None),
+            overheads: Mutex::new(Vec::new()),
         };
         verifier.prepare();
         verifier
@@ -80,6 +84,11 @@ impl FreshSandboxes {
     /// changed the workspace since).
     pub fn take_verified(&self) -> Option<ChangeSet> {
         self.verified.lock().take()
+    }
+
+    /// What each checkout so far added before its checks could start.
+    pub fn overheads(&self) -> Vec<std::time::Duration> {
+        self.overheads.lock().clone()
     }
 
     /// Removes the checks' sandbox made ahead, if any (one still being made is stopped).
@@ -140,18 +149,22 @@ impl Drop for FreshSandboxes {
 impl Verifier for FreshSandboxes {
     async fn checkout(&self, work: &dyn Sandbox) -> Result<Checkout> {
         *self.verified.lock() = None;
+        let begun = Instant::now();
         let (changes, sandbox) = tokio::join!(work.change_set(), self.sandbox());
         let (changes, sandbox) = (changes?, sandbox?);
         let started = Instant::now();
+        let waited = started - begun;
         if let Err(e) = sandbox.apply_changes(&changes).await {
             let _ = sandbox.destroy().await;
             return Err(e);
         }
         tracing::info!(
-            took_ms = started.elapsed().as_millis() as u64,
+            change_set_and_sandbox_ms = waited.as_millis() as u64,
+            write_ms = started.elapsed().as_millis() as u64,
             changes = %changes.summary(),
             "wrote the change set into the checks' sandbox"
         );
+        self.overheads.lock().push(begun.elapsed());
         let files = sandbox.files_with(&changes);
         let edited = super::guard::edited_paths(&changes);
         *self.verified.lock() = Some(changes);

@@ -212,6 +212,9 @@ pub(in crate::serve) async fn execute(
     }
     let verified = verifier.as_ref().and_then(|v| v.take_verified());
     if let Some(verifier) = verifier {
+        // What verification added before the checks, all passes together.
+        let overhead = verifier.overheads().into_iter().sum();
+        timings.add("verifier", overhead);
         verifier.close().await;
     }
     Ok(Executed::Ran {
