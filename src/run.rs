@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use kodx::checks::verify::{FreshSandboxes, Verifier};
 use kodx::agent::{Agent, Outcome, Progress, Record, StopReason};
+use kodx::checks::verify::{FreshSandboxes, Verifier};
 use kodx::cost::{format_usd, Pricing};
 use kodx::model::{Provider, Usage};
 use kodx::program::{self, Defaults, DotKodxConfig, Overrides, Plan, Program};

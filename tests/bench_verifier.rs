@@ -39,7 +39,10 @@ fn tree(dir: &Path, files: usize) {
     for i in 0..files {
         let path = dir.join(format!("src/d{}/e{}/f{i}.rs", i % 40, i % 7));
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        let body = format!("// file {i}\n{}", "fn x() { let y = 1; }\n".repeat(1 + i % 200));
+        let body = format!(
+            "// file {i}\n{}",
+            "fn x() { let y = 1; }\n".repeat(1 + i % 200)
+        );
         std::fs::write(path, body).unwrap();
     }
     std::fs::write(dir.join(".gitignore"), "target/\n").unwrap();
@@ -47,7 +50,10 @@ fn tree(dir: &Path, files: usize) {
 
 /// Overhead of each pass, in ms: `ahead` waits for the checks' sandbox to be made first.
 async fn passes(engine: &Engine, spec: &SandboxSpec, n: usize, ahead: bool) -> Vec<f64> {
-    let work = engine.start(spec).await.expect("the agent's sandbox starts");
+    let work = engine
+        .start(spec)
+        .await
+        .expect("the agent's sandbox starts");
     let mut out = Vec::new();
     for pass in 0..n {
         let verifier = FreshSandboxes::new(engine.clone(), spec);
@@ -56,7 +62,9 @@ async fn passes(engine: &Engine, spec: &SandboxSpec, n: usize, ahead: bool) -> V
             "echo '// pass {pass}' >> src/d1/e1/f1.rs && echo {pass} > NEW-{pass}.md && rm -f src/d2/e2/f{}.rs && mkdir -p target && echo x > target/ignored",
             2 + 40 * 7 * pass
         );
-        let done = work.feed_chars("default", &edit, Duration::from_secs(30)).await;
+        let done = work
+            .feed_chars("default", &edit, Duration::from_secs(30))
+            .await;
         assert!(done.is_ok(), "{done:?}");
         if ahead {
             // As long as a model's turn takes, at the least.
@@ -67,7 +75,11 @@ async fn passes(engine: &Engine, spec: &SandboxSpec, n: usize, ahead: bool) -> V
         out.push(started.elapsed().as_secs_f64() * 1000.0);
         let seen = checkout
             .sandbox
-            .run_to_end(&format!("test -f NEW-{pass}.md && test ! -e target/ignored"), Duration::from_secs(30), 1024)
+            .run_to_end(
+                &format!("test -f NEW-{pass}.md && test ! -e target/ignored"),
+                Duration::from_secs(30),
+                1024,
+            )
             .await
             .unwrap();
         assert_eq!(seen.exit_code, Some(0), "{seen:?}");
@@ -87,7 +99,10 @@ async fn verifier_overhead_per_pass() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
     println!("checks apart from the agent: overhead per pass before the checks start (medians of {n}), real engine {}:", engine.host());
-    for (label, files) in [("small repository (3 files)", 3), ("cargo-sized repository (3,270 files)", 3270)] {
+    for (label, files) in [
+        ("small repository (3 files)", 3),
+        ("cargo-sized repository (3,270 files)", 3270),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         tree(dir.path(), files);
         let mut spec = common::spec("bench-verifier");

@@ -213,11 +213,16 @@ mod tests {
             paths(&["Makefile", "conf/x.toml", "tools/lint.sh"])
         );
         assert_eq!(
-            g.edited_for(&check("pytest src/other.py::test_a src/main.py:12"), &edited),
+            g.edited_for(
+                &check("pytest src/other.py::test_a src/main.py:12"),
+                &edited
+            ),
             paths(&["src/main.py", "src/other.py"])
         );
         // A directory named is not a file named; flags are not paths.
-        assert!(g.edited_for(&check("pytest src --src=x"), &edited).is_empty());
+        assert!(g
+            .edited_for(&check("pytest src --src=x"), &edited)
+            .is_empty());
     }
 
     #[test]
@@ -228,9 +233,15 @@ mod tests {
             g.edited_for(&check("true"), &edited),
             paths(&["checks/a.sh", "x.snap"])
         );
-        assert!(Guard::new(&paths(&["/abs/**"])).unwrap_err().contains("relative"));
-        assert!(Guard::new(&paths(&["../up"])).unwrap_err().contains("relative"));
-        assert!(Guard::new(&paths(&["a[b"])).unwrap_err().contains("valid glob"));
+        assert!(Guard::new(&paths(&["/abs/**"]))
+            .unwrap_err()
+            .contains("relative"));
+        assert!(Guard::new(&paths(&["../up"]))
+            .unwrap_err()
+            .contains("relative"));
+        assert!(Guard::new(&paths(&["a[b"]))
+            .unwrap_err()
+            .contains("valid glob"));
         assert!(Guard::new(&paths(&[" "])).unwrap_err().contains("empty"));
         let many: Vec<String> = (0..51).map(|i| format!("d{i}/**")).collect();
         assert!(Guard::new(&many).unwrap_err().contains("at most 50"));

@@ -1,6 +1,7 @@
 //! The repository's own checks (SPEC §11): commands declared in `.github/kodx.yml`
-//! (`checks:`) or given to `kodx run` (`--check name=cmd`), run by kodx itself in the run's
-//! sandbox after the model ends its turn, never by the model's goodwill alone.
+//! (`checks:`) or given to `kodx run` (`--check name=cmd`), run by kodx itself after the
+//! model ends its turn, never by the model's goodwill alone, and never in the agent's own
+//! sandbox: in one made for them with exactly the change set ([`verify`], SPEC §12).
 //!
 //! Each check runs as its own process in the container ([`Sandbox::run_to_end`]: an engine
 //! exec of `bash -c` in the repository's directory with stdin from `/dev/null`), never
@@ -166,8 +167,11 @@ pub fn all_passed(results: &[CheckResult]) -> Option<bool> {
 pub fn told(checks: &[CheckSpec]) -> String {
     let mut out = String::from(
         "This repository declares checks. When you end your turn, kodx runs each of them in \
-         your container, in a fresh shell in the repository's directory; if one fails you get \
-         its output and another turn to fix it. Run them yourself while you work:\n\n",
+         a fresh sandbox made like yours, holding the repository with exactly your changes \
+         to its files (what git would commit; ignored files are not carried over) — not in \
+         your container: what you install, start or change outside the repository there \
+         does not reach them. If one fails you get its output and another turn to fix it. \
+         Run them yourself while you work:\n\n",
     );
     for c in checks {
         out.push_str(&format!(

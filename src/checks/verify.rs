@@ -303,7 +303,12 @@ mod tests {
             message: "m".into(),
             title: None,
         };
-        let mut list = vec![a("src/main.rs"), a("foo_test.go"), a("util.go"), a("gone.rs")];
+        let mut list = vec![
+            a("src/main.rs"),
+            a("foo_test.go"),
+            a("util.go"),
+            a("gone.rs"),
+        ];
         in_tree(&mut list, &files);
         let paths: Vec<&str> = list.iter().map(|a| a.path.as_str()).collect();
         assert_eq!(paths, ["src/main.rs", "pkg/a/foo_test.go"]);

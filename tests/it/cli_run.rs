@@ -716,3 +716,65 @@ async fn checks_run_after_the_turn_and_a_red_one_is_repaired() {
         "{stderr}"
     );
 }
+
+/// `kodx run --check` runs the checks apart from the agent too (SPEC §12): a `grep`
+/// shadowed and a file planted in `/tmp` in the agent's sandbox reach no check.
+#[tokio::test]
+async fn checks_run_apart_from_what_the_agent_did_to_its_sandbox() {
+    let _engine = common::require_engine!();
+    let fake = FakeAnthropic::start(KEY).await;
+    fake.reply(
+        vec![tool(
+            "t1",
+            json!({"chars": "printf '#!/bin/sh\\nexit 0\\n' > /usr/local/bin/grep && chmod +x /usr/local/bin/grep && touch /tmp/ok && echo edited >> README"}),
+        )],
+        "tool_use",
+        usage(1000, 10),
+    );
+    fake.reply(
+        vec![json!({"type": "text", "text": "Both pass here."})],
+        "end_turn",
+        usage(1100, 10),
+    );
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::write(repo.path().join("README"), "x\n").unwrap();
+    let output = kodx(&fake)
+        .args(["run", "code", "-p", "fix it", "--json", "--quiet"])
+        .args(["--check-repair", "0"])
+        .args(["--check", "grep=grep -q fixed README"])
+        .args(["--check", "tmp=test -f /tmp/ok"])
+        .args(["--check", "edit=grep -q edited README"])
+        .arg("--repo-dir")
+        .arg(repo.path())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "red checks fail the run: {stderr}"
+    );
+    let result: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let passed: Vec<(String, bool)> = result["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["passed"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    // The change itself (README edited) is what the checks see.
+    assert_eq!(
+        passed,
+        [
+            ("grep".to_string(), false),
+            ("tmp".to_string(), false),
+            ("edit".to_string(), true)
+        ],
+        "{result}"
+    );
+}

@@ -60,13 +60,18 @@ async fn an_agent_that_tampers_with_its_own_container_cannot_turn_a_red_check_gr
         "echo '# touched' >> src/main.py",
     ];
     for (i, t) in tampers.iter().enumerate() {
-        s.model.reply(tool(t), "tool_use", usage(1000 + i as u64, 10));
+        s.model
+            .reply(tool(t), "tool_use", usage(1000 + i as u64, 10));
     }
     s.model
         .reply(text("All checks pass here."), "end_turn", usage(2000, 10));
     s.comment(7, "alice", "/kodx code fix main").await;
     let status = s.finished_status(7).await;
-    assert!(status.contains("### ⚠️ done — checks failing"), "{status}\n{}", s.log());
+    assert!(
+        status.contains("### ⚠️ done — checks failing"),
+        "{status}\n{}",
+        s.log()
+    );
     for name in ["grep", "login", "daemon", "ignored", "tmp"] {
         assert!(
             status.contains(&format!("| {name} | ❌ failed (exit 1)")),
@@ -107,13 +112,21 @@ async fn the_checks_see_exactly_the_change_set_that_is_delivered() {
     s.model.reply(text("Fixed."), "end_turn", usage(1100, 10));
     s.comment(7, "alice", "/kodx code fix main").await;
     let status = s.finished_status(7).await;
-    assert!(status.contains("| change | ✅ passed"), "{status}\n{}", s.log());
+    assert!(
+        status.contains("| change | ✅ passed"),
+        "{status}\n{}",
+        s.log()
+    );
     assert!(status.contains("✅ done"), "{status}");
     let pulls = s.github.created_pulls(REPO);
     assert_eq!(pulls.len(), 1);
     assert!(!pulls[0].draft);
     let files = s.git.changed_files(REPO, &pulls[0].head);
-    assert_eq!(files, ["link", "old.txt", "run.sh", "src/main.py"], "{files:?}");
+    assert_eq!(
+        files,
+        ["link", "old.txt", "run.sh", "src/main.py"],
+        "{files:?}"
+    );
     assert_eq!(s.github.check_runs()[0].body["conclusion"], "success");
     s.finish().await;
 }
@@ -154,7 +167,9 @@ async fn a_pass_over_edited_tests_is_called_out_everywhere() {
             "{text}"
         );
         assert!(
-            text.contains("**The checks passed over edited tests.** This change edits `tests/run.sh`"),
+            text.contains(
+                "**The checks passed over edited tests.** This change edits `tests/run.sh`"
+            ),
             "{text}"
         );
     }
@@ -162,7 +177,10 @@ async fn a_pass_over_edited_tests_is_called_out_everywhere() {
     assert_eq!(runs.len(), 1);
     let cr = &runs[0].body;
     assert_eq!(cr["conclusion"], "neutral");
-    assert_eq!(cr["output"]["title"], "2 of 2 checks passed, 2 over edited tests");
+    assert_eq!(
+        cr["output"]["title"],
+        "2 of 2 checks passed, 2 over edited tests"
+    );
     assert!(cr["output"]["text"]
         .as_str()
         .unwrap()

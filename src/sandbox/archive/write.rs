@@ -329,8 +329,12 @@ impl ChangeSet {
                     let data = contents
                         .reader()
                         .map_err(|e| SandboxError::io("reading spooled contents", e))?;
-                    let mut h =
-                        super::pack::header(tar::EntryType::Regular, mode & 0o777, mtime, contents.len());
+                    let mut h = super::pack::header(
+                        tar::EntryType::Regular,
+                        mode & 0o777,
+                        mtime,
+                        contents.len(),
+                    );
                     packer
                         .builder
                         .append_data(&mut h, path, data)

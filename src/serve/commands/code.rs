@@ -112,8 +112,7 @@ pub(in crate::serve) async fn deliver_work(
                             .repo_context
                             .as_ref()
                             .is_some_and(|c| c.template.is_some()),
-                        checks_passed: checks::plainly_green(&done.outcome.checks)
-                            == Some(true),
+                        checks_passed: checks::plainly_green(&done.outcome.checks) == Some(true),
                         extra,
                     },
                 };

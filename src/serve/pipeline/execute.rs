@@ -11,10 +11,10 @@ use tokio_util::sync::CancellationToken;
 use super::ending::zero_outcome;
 use super::{Ending, Fence, RunCtx, RunFailure, RunLog, Services, StatusComment};
 use crate::agent::{Agent, Outcome, Progress, Record, StopReason};
+use crate::checks::verify::{FreshSandboxes, Verifier};
 use crate::db::{Db, DbError, Run, RunStatus};
 use crate::model::{Message, Provider, ProviderError, Request, Response};
 use crate::program::Plan;
-use crate::checks::verify::{FreshSandboxes, Verifier};
 use crate::sandbox::{
     ChangeSet, DockerSandbox, Exported, FeedOutput, Sandbox, SandboxError, SandboxSpec,
 };

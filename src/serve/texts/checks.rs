@@ -38,7 +38,10 @@ pub fn checks_table(results: &[CheckResult]) -> String {
         let (icon, verdict) = match (r.passed, r.edited.is_empty()) {
             (true, true) => ("✅", r.verdict()),
             // Never plainly green over edited tests.
-            (true, false) => ("⚠️", format!("passed over edited tests: {}", files(&r.edited))),
+            (true, false) => (
+                "⚠️",
+                format!("passed over edited tests: {}", files(&r.edited)),
+            ),
             (false, true) => ("❌", r.verdict()),
             (false, false) => ("❌", format!("{}; edits {}", r.verdict(), files(&r.edited))),
         };
@@ -185,7 +188,10 @@ pub fn check_run(
 ) -> (String, String, String, String) {
     let last = latest(results);
     let red = last.iter().filter(|r| !r.passed).count();
-    let over_edited = last.iter().filter(|r| r.passed && !r.edited.is_empty()).count();
+    let over_edited = last
+        .iter()
+        .filter(|r| r.passed && !r.edited.is_empty())
+        .count();
     // Green over edited tests is neutral: not a failure, never plainly green.
     let conclusion = match (red, over_edited) {
         (0, 0) => "success",
@@ -286,7 +292,9 @@ mod tests {
         let results = [tests.clone(), r("build", 1, true)];
         let table = checks_table(&results);
         assert!(
-            table.contains("| tests | ⚠️ passed over edited tests: `tests/run.sh`, `tests/x_test.py` |"),
+            table.contains(
+                "| tests | ⚠️ passed over edited tests: `tests/run.sh`, `tests/x_test.py` |"
+            ),
             "{table}"
         );
         assert!(table.contains("| build | ✅ passed |"), "{table}");
@@ -295,7 +303,10 @@ mod tests {
         let (conclusion, title, summary, text) = check_run(&results, None);
         assert_eq!(conclusion, "neutral");
         assert_eq!(title, "2 of 2 checks passed, 1 over edited tests");
-        assert!(summary.contains("The checks passed over edited tests"), "{summary}");
+        assert!(
+            summary.contains("The checks passed over edited tests"),
+            "{summary}"
+        );
         assert!(
             text.contains("Edited files this check depends on: `tests/run.sh`"),
             "{text}"
@@ -305,11 +316,18 @@ mod tests {
         // Red stays red, and says what it edits.
         let red = [tests, lint];
         assert_eq!(check_run(&red, None).0, "failure");
-        assert!(checks_table(&red).contains("| lint | ❌ failed (exit 2); edits `.github/workflows/ci.yml` |"));
-        assert!(edited_note(&red).unwrap().contains("edits what the checks depend on"));
+        assert!(checks_table(&red)
+            .contains("| lint | ❌ failed (exit 2); edits `.github/workflows/ci.yml` |"));
+        assert!(edited_note(&red)
+            .unwrap()
+            .contains("edits what the checks depend on"));
         assert_eq!(edited_note(&[r("build", 1, true)]), None);
         let many: Vec<String> = (0..8).map(|i| format!("tests/t{i}.py")).collect();
-        assert!(files(&many).ends_with("`tests/t4.py` and 3 more"), "{}", files(&many));
+        assert!(
+            files(&many).ends_with("`tests/t4.py` and 3 more"),
+            "{}",
+            files(&many)
+        );
     }
 
     #[test]
