@@ -139,17 +139,8 @@ pub(in crate::serve) async fn execute(
     };
     let (records_tx, records_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     // A new conversation (a continuation's already holds what it was given).
-    if let Some(context) = run_plan
-        .repo_context
-        .as_ref()
-        .filter(|_| messages.len() == 1)
-    {
-        let record = Record::Context {
-            context: serde_json::to_value(context).unwrap_or_default(),
-        };
-        if let Ok(line) = serde_json::to_string(&record) {
-            let _ = records_tx.send(line);
-        }
+    if messages.len() == 1 {
+        send_context(run_plan, &records_tx);
     }
     let writer = tokio::spawn(write_transcript(
         svc.db.clone(),
@@ -210,19 +201,39 @@ pub(in crate::serve) async fn execute(
             done,
         }));
     }
-    let verified = verifier.as_ref().and_then(|v| v.take_verified());
-    if let Some(verifier) = verifier {
-        // What verification added before the checks, all passes together.
-        let overhead = verifier.overheads().into_iter().sum();
-        timings.add("verifier", overhead);
-        verifier.close().await;
-    }
+    let verified = close_verifier(verifier, timings).await;
     Ok(Executed::Ran {
         workspace,
         sandbox,
         outcome,
         verified,
     })
+}
+
+/// The repository context given to a new conversation, as the transcript's first record.
+fn send_context(run_plan: &RunPlan, records: &tokio::sync::mpsc::UnboundedSender<String>) {
+    let Some(context) = run_plan.repo_context.as_ref() else {
+        return;
+    };
+    let record = Record::Context {
+        context: serde_json::to_value(context).unwrap_or_default(),
+    };
+    if let Ok(line) = serde_json::to_string(&record) {
+        let _ = records.send(line);
+    }
+}
+
+/// Ends the checks' sandboxes: the change set the last checks judged (when nothing
+/// changed after them), and what verification added, all passes together, in `timings`.
+async fn close_verifier(
+    verifier: Option<FreshSandboxes>,
+    timings: &super::Timings,
+) -> Option<ChangeSet> {
+    let verifier = verifier?;
+    let verified = verifier.take_verified();
+    timings.add("verifier", verifier.overheads().into_iter().sum());
+    verifier.close().await;
+    verified
 }
 
 /// How long a refill waits after the run that took a warm sandbox has started.
