@@ -67,6 +67,7 @@ impl FreshSandboxes {
         let mut spec = spec.clone();
         // Nothing is taken out of a checks' sandbox: no snapshot ahead.
         spec.change_set_ahead = false;
+        spec.checks_of = Some(spec.run_id.clone());
         let verifier = FreshSandboxes {
             engine,
             spec,
@@ -91,15 +92,35 @@ impl FreshSandboxes {
         self.overheads.lock().clone()
     }
 
-    /// Removes the checks' sandbox made ahead, if any (one still being made is stopped).
+    /// Removes the checks' sandbox made ahead, if any. One still being made is stopped,
+    /// and whatever container its start left is removed by its label, now and once more a
+    /// moment later (a creation the engine was already doing when it was stopped).
     pub async fn close(self) {
         let Some(task) = self.next.lock().take() else {
             return;
         };
+        let finished = task.is_finished();
         task.abort();
         if let Ok(Ok(sandbox)) = task.await {
             let _ = sandbox.destroy().await;
         }
+        if finished {
+            return;
+        }
+        let (engine, run) = (self.engine.clone(), self.spec.run_id.clone());
+        let sweep = move || {
+            let (engine, run) = (engine.clone(), run.clone());
+            async move {
+                if let Err(e) = engine.remove_checks_of(&run).await {
+                    tracing::warn!("removing the checks' sandboxes of {run} failed: {e}");
+                }
+            }
+        };
+        sweep().await;
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            sweep().await;
+        });
     }
 
     /// Starts making the next checks' sandbox in the background, unless one is on its way.

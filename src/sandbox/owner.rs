@@ -29,6 +29,10 @@ pub const WARM_LABEL: &str = "kodx.warm";
 /// Names of warm sandboxes no run has claimed start with it (after the engine's `/`).
 pub const WARM_NAME_PREFIX: &str = "kodx-warm-";
 
+/// On a sandbox made for a run's checks (SPEC §12): the run's id. Not a run of its own:
+/// an engine's count of running sandboxes leaves it out, and the run's removal takes it.
+pub const CHECKS_OF_LABEL: &str = "kodx.checks-of";
+
 /// This process's owner id ([`OWNER_LABEL`]): 16 random hex digits, drawn once.
 pub fn owner_id() -> &'static str {
     static OWNER: OnceLock<String> = OnceLock::new();

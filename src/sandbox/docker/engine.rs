@@ -15,8 +15,8 @@ use super::cleanup::remove;
 use crate::sandbox::engines::{EngineConfig, EnvEngine};
 use crate::sandbox::net::{self, NETWORK_NAME};
 use crate::sandbox::owner::{
-    owner_id, process_alive, process_identity, INSTANCE_LABEL, OWNER_LABEL, PROCESS_LABEL,
-    RUN_LABEL, WARM_LABEL, WARM_NAME_PREFIX,
+    owner_id, process_alive, process_identity, CHECKS_OF_LABEL, INSTANCE_LABEL, OWNER_LABEL,
+    PROCESS_LABEL, RUN_LABEL, WARM_LABEL, WARM_NAME_PREFIX,
 };
 use crate::sandbox::setup_cache;
 use crate::sandbox::{Result, SandboxError};
@@ -322,19 +322,37 @@ impl Engine {
     ) -> Result<usize> {
         let me = owner_id();
         self.sweep_labelled(&format!("{OWNER_LABEL}={me}"), |labels| {
-            labels.get(RUN_LABEL).is_some_and(|run| live.contains(run))
+            // A live run's checks' sandbox is the run's.
+            [RUN_LABEL, CHECKS_OF_LABEL]
+                .iter()
+                .any(|l| labels.get(*l).is_some_and(|run| live.contains(run)))
+        })
+        .await
+    }
+
+    /// Removes the sandboxes made for the checks of run `run_id`
+    /// ([`CHECKS_OF_LABEL`]). Returns how many were removed.
+    pub async fn remove_checks_of(&self, run_id: &str) -> Result<usize> {
+        self.sweep_labelled(&format!("{CHECKS_OF_LABEL}={run_id}"), |labels| {
+            labels.get(CHECKS_OF_LABEL).map(String::as_str) != Some(run_id)
         })
         .await
     }
 
     /// Sandboxes running on this engine now, made by any kodx process (its running
-    /// [`RUN_LABEL`] containers), not counting warm sandboxes no run has claimed.
+    /// [`RUN_LABEL`] containers), not counting warm sandboxes no run has claimed, nor the
+    /// sandboxes of a run's checks (part of their run).
     pub async fn running_sandboxes(&self) -> Result<usize> {
         Ok(self
             .labelled(RUN_LABEL, false)
             .await?
             .iter()
             .filter(|c| !is_unclaimed_warm(c))
+            .filter(|c| {
+                c.labels
+                    .as_ref()
+                    .is_none_or(|l| !l.contains_key(CHECKS_OF_LABEL))
+            })
             .count())
     }
 
@@ -380,7 +398,9 @@ impl Engine {
                 labels.get(RUN_LABEL).map(String::as_str) != Some(run_id)
             })
             .await?;
-        Ok(by_label + claimed)
+        // The sandboxes of its checks.
+        let checks = self.remove_checks_of(run_id).await?;
+        Ok(by_label + claimed + checks)
     }
 }
 

@@ -25,7 +25,7 @@ use super::streams::{upload, upload_options, PackTask};
 use super::warm::{Shape, WarmSandbox, WarmSource};
 use crate::sandbox::archive::{self, Manifest};
 use crate::sandbox::net::{self, NETWORK_NAME};
-use crate::sandbox::owner::{run_labels, RUN_LABEL, WARM_LABEL};
+use crate::sandbox::owner::{run_labels, CHECKS_OF_LABEL, RUN_LABEL, WARM_LABEL};
 use crate::sandbox::setup_cache::{SetupCacheUse, SetupReport};
 use crate::sandbox::shell::Spawned;
 use crate::sandbox::{Result, Sandbox, SandboxError};
@@ -108,7 +108,10 @@ impl Engine {
             None => {
                 progress("creating container");
                 let name = format!("kodx-{}", spec.run_id);
-                let labels = run_labels(&spec.run_id, self.instance.as_deref());
+                let mut labels = run_labels(&spec.run_id, self.instance.as_deref());
+                if let Some(run) = &spec.checks_of {
+                    labels.insert(CHECKS_OF_LABEL.to_string(), run.clone());
+                }
                 let made = match self.make_container(&shape, &name, labels.clone()).await {
                     Ok(made) => made,
                     // The cached image was evicted by another process since the lookup:

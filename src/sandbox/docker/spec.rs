@@ -115,6 +115,8 @@ pub struct SandboxSpec {
     /// The run ends with a change set (a code run): the snapshot's exec is started as soon
     /// as the sandbox is ready, so it is off the run's path at the end.
     pub change_set_ahead: bool,
+    /// The sandbox runs the checks of this run ([`crate::sandbox::owner::CHECKS_OF_LABEL`]).
+    pub checks_of: Option<String>,
 }
 
 impl SandboxSpec {
@@ -138,6 +140,7 @@ impl SandboxSpec {
             output_cap: DEFAULT_OUTPUT_CAP,
             archive_limits: ArchiveLimits::default(),
             change_set_ahead: false,
+            checks_of: None,
         }
     }
 }
