@@ -94,6 +94,13 @@ async fn passes(engine: &Engine, spec: &SandboxSpec, n: usize, ahead: bool) -> V
 #[ignore]
 async fn verifier_overhead_per_pass() {
     let engine = common::require_engine!();
+    // KODX_BENCH_LOG=1: each pass's parts (the change set and the sandbox, the write).
+    if std::env::var_os("KODX_BENCH_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("kodx::checks=info")
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let n: usize = std::env::var("KODX_BENCH_PASSES")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -295,10 +295,18 @@ impl ChangeSet {
         Ok((written, deleted))
     }
 
-    /// The deleted paths, once every change passed the rules of [`ChangeSet::apply`].
-    pub fn checked_deletions(&self) -> Result<Vec<String>> {
-        let (_, deleted) = self.validated()?;
-        Ok(deleted.into_iter().map(str::to_string).collect())
+    /// The deleted paths, once every change passed the rules of [`ChangeSet::apply`], and
+    /// whether they can be removed while the rest is written: no written path is one of
+    /// them, or above or below one (a directory that became a file, or the reverse).
+    pub fn checked_deletions(&self) -> Result<(Vec<String>, bool)> {
+        let (written, deleted) = self.validated()?;
+        let apart = deleted
+            .iter()
+            .all(|d| !written.contains(d) && !ancestors(d).any(|a| written.contains(a)))
+            && written
+                .iter()
+                .all(|w| !ancestors(w).any(|a| deleted.contains(a)));
+        Ok((deleted.into_iter().map(str::to_string).collect(), apart))
     }
 
     /// The change set as a tar for another copy of the same tree (the checks' sandbox, SPEC
@@ -631,6 +639,44 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, SandboxError::InvalidInput(_)), "{err}");
+    }
+
+    #[test]
+    fn deletions_run_beside_the_writes_only_when_no_path_depends_on_another() {
+        let set = |changes: &[(&str, bool)]| ChangeSet {
+            changes: changes
+                .iter()
+                .map(|(path, deleted)| Change {
+                    path: path.to_string(),
+                    kind: if *deleted {
+                        ChangeKind::Deleted
+                    } else {
+                        ChangeKind::Added(NewEntry::File {
+                            mode: 0o644,
+                            contents: Contents::from(b"x".as_slice()),
+                        })
+                    },
+                })
+                .collect(),
+        };
+        let (deleted, apart) = set(&[("a/x", true), ("b/y", false)])
+            .checked_deletions()
+            .unwrap();
+        assert_eq!((deleted, apart), (vec!["a/x".to_string()], true));
+        // A directory become a file, and a file become a directory.
+        assert!(
+            !set(&[("d/x", true), ("d", false)])
+                .checked_deletions()
+                .unwrap()
+                .1
+        );
+        assert!(
+            !set(&[("f", true), ("f/inner", false)])
+                .checked_deletions()
+                .unwrap()
+                .1
+        );
+        assert!(set(&[("../x", true)]).checked_deletions().is_err());
     }
 
     #[test]

@@ -34,9 +34,28 @@ impl DockerSandbox {
             return Ok(());
         }
         // Validated (the same rules as applying it on the host) before anything is done.
-        let deleted = changes.checked_deletions()?;
-        for batch in batches(&deleted) {
-            self.remove_paths(batch).await?;
+        let (deleted, apart) = changes.checked_deletions()?;
+        let remove = async {
+            for batch in batches(&deleted) {
+                self.remove_paths(batch).await?;
+            }
+            Ok(())
+        };
+        // Removed first when a written path depends on it (a directory become a file);
+        // else both at once.
+        if apart {
+            let (removed, written) = tokio::join!(remove, self.write_changes(changes));
+            removed.and(written)
+        } else {
+            remove.await?;
+            self.write_changes(changes).await
+        }
+    }
+
+    /// Uploads the added and modified files and symlinks of `changes` as one tar.
+    async fn write_changes(&self, changes: &ChangeSet) -> Result<()> {
+        if changes.added().chain(changes.modified()).next().is_none() {
+            return Ok(());
         }
         let owned = changes.clone();
         let (task, body) = piped(move |out| owned.pack_written_to(out).map(|_| ()));
