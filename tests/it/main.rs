@@ -42,6 +42,7 @@ mod sandbox_setup;
 mod sandbox_setup_cache;
 mod sandbox_shells;
 mod sandbox_snapshot;
+mod serve_annotations;
 mod serve_ask;
 mod serve_cache;
 mod serve_cache_rebase;
