@@ -9,7 +9,8 @@
 //!   `path:line:col: message` (go vet, go build);
 //! - rustc and cargo (and ruff's full format): `error[E0308]: message`, `warning: message`
 //!   (or `F401 message`) followed within a few lines by `--> path:line:col`; a panic,
-//!   `thread 'name' panicked at path:line:col:` with the message on the lines below;
+//!   `thread 'name' panicked at path:line:col:` with the message on the lines below
+//!   (indented too, as cargo nextest shows a test's output);
 //! - pytest: `path:line: ExceptionType` (the long traceback's last line) with the `E   `
 //!   lines above it; when that place is outside the repository, or with `--tb=short`
 //!   (frames `path:line: in name`), the innermost frame inside it;

@@ -67,8 +67,9 @@ struct Detail {
 }
 
 enum DetailKind {
-    /// A Rust panic's message: the lines up to a blank one or a `note:`.
-    Panic,
+    /// A Rust panic's message: the lines up to a blank one or a `note:`, less the panic
+    /// line's own indent.
+    Panic { indent: usize },
     /// A Go test's message: the lines indented deeper than its first; then it goes to the
     /// test's annotations (`None`: out at once, the test failed already).
     Go { indent: usize, test: Option<String> },
@@ -159,20 +160,27 @@ impl Parser {
             }
             return;
         }
-        if indent > 0 {
-            self.go_line(trimmed, indent);
-        } else if let Some(header) = header(line) {
-            self.header = Some(header);
-        } else if line.starts_with("thread '") {
-            self.panic(line);
-        } else if let Some(place) = place(line) {
-            self.place(&place);
+        if indent > 0 && self.go_line(trimmed, indent) {
+            return;
+        }
+        if indent == 0 {
+            if let Some(header) = header(line) {
+                self.header = Some(header);
+                return;
+            }
+        }
+        // Indented too: a test runner may indent what the tests print (cargo nextest).
+        if trimmed.starts_with("thread '") {
+            self.panic(trimmed, indent);
+        } else if let Some(place) = place(trimmed) {
+            self.place(&place, indent == 0);
         }
     }
 
-    /// A line that starts with a place: gcc-style, flake8/ruff, eslint, go vet, pytest.
-    fn place(&mut self, p: &Place<'_>) {
-        if p.path.ends_with(".py") && p.column.is_none() {
+    /// A line that starts with a place: gcc-style, flake8/ruff, eslint, go vet, and pytest
+    /// (only at the start of a line: `top`).
+    fn place(&mut self, p: &Place<'_>, top: bool) {
+        if top && p.path.ends_with(".py") && p.column.is_none() {
             if p.rest.is_empty() || p.rest.starts_with("in ") {
                 if let Some(path) = self.repo(p.path) {
                     self.pytest.frame = Some((path, p.line));
@@ -208,7 +216,7 @@ impl Parser {
 
     /// `thread 'name' panicked at path:line:col:` (the message below) or, before Rust
     /// 1.73, `thread 'name' panicked at 'message', path:line:col`.
-    fn panic(&mut self, line: &str) {
+    fn panic(&mut self, line: &str, indent: usize) {
         let Some((name, rest)) = line["thread '".len()..].split_once('\'') else {
             return;
         };
@@ -232,17 +240,18 @@ impl Parser {
         self.detail = Some(Detail {
             annotation: annotation(&p, Level::Failure, "", Some(name)),
             lines: Vec::new(),
-            kind: DetailKind::Panic,
+            kind: DetailKind::Panic { indent },
         });
     }
 
-    /// An indented `file.go:line: message` of a Go test.
-    fn go_line(&mut self, trimmed: &str, indent: usize) {
+    /// An indented `file.go:line: message`: a Go test's (read as such only after a Go test
+    /// marker). Whether the line was one.
+    fn go_line(&mut self, trimmed: &str, indent: usize) -> bool {
         let Some(p) = place(trimmed).filter(|p| go_place(p)) else {
-            return;
+            return false;
         };
         let Some(test) = self.go.current.clone() else {
-            return;
+            return true;
         };
         let failed = self.go.failed;
         self.detail = Some(Detail {
@@ -253,6 +262,7 @@ impl Parser {
                 test: (!failed).then_some(test),
             },
         });
+        true
     }
 
     /// `=== RUN   TestX`, `--- FAIL: TestX (0.00s)`, `--- PASS: …`, `FAIL`, `ok  pkg`.
@@ -367,7 +377,7 @@ impl Parser {
             }
         }
         match kind {
-            DetailKind::Panic if annotation.message.is_empty() => {
+            DetailKind::Panic { .. } if annotation.message.is_empty() => {
                 annotation.message = "panicked".into();
                 self.push_annotation(annotation);
             }
@@ -430,11 +440,11 @@ impl Detail {
         }
         let trimmed = line.trim_start();
         let taken = match &self.kind {
-            DetailKind::Panic => {
-                !line.is_empty()
+            DetailKind::Panic { .. } => {
+                !trimmed.is_empty()
                     && !["note: ", "stack backtrace:", "thread '", "---- "]
                         .iter()
-                        .any(|p| line.starts_with(p))
+                        .any(|p| trimmed.starts_with(p))
             }
             DetailKind::Go { indent, .. } => {
                 line.len() - trimmed.len() > *indent
@@ -445,7 +455,10 @@ impl Detail {
         };
         if taken {
             let kept = match self.kind {
-                DetailKind::Panic => line,
+                DetailKind::Panic { indent } => {
+                    let own = (line.len() - trimmed.len()).min(indent);
+                    &line[own..]
+                }
                 DetailKind::Go { .. } => trimmed,
             };
             self.lines

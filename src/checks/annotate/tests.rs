@@ -539,6 +539,13 @@ In file included from src/a.c:2:
 src/a.c:0:1: error: line zero
 src/a.c:99999999999:1: error: a line too long
 src/a.c:3:1: error:
+        thread 'tests::indented' (7) panicked at src/lib.rs:4:5:
+        assertion failed: ok
+          detail
+        note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace
+    src/b.c:2:3: error: indented by a runner
+    x_test.go:3: error: no Go test said it failed
+    tests/test_y.py:5: AssertionError
 ";
     assert_parsed(
         output,
@@ -560,6 +567,18 @@ src/a.c:3:1: error:
             a("lib.c", 9, None, Failure, "x.h: No such file or directory"),
             a("lib.c", 10, Some(1), Notice, "expanded from here"),
             a("tests/test_x.py", 12, None, Failure, "AssertionError"),
+            // As cargo nextest shows a test's output: indented.
+            titled(
+                a(
+                    "src/lib.rs",
+                    4,
+                    Some(5),
+                    Failure,
+                    "assertion failed: ok\n  detail",
+                ),
+                "tests::indented",
+            ),
+            a("src/b.c", 2, Some(3), Failure, "indented by a runner"),
         ],
     );
 }
