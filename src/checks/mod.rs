@@ -249,6 +249,10 @@ pub async fn run_checks(
                     result.exit_code = done.exit_code;
                     result.timed_out = done.timed_out;
                     result.passed = done.exit_code == Some(0);
+                    if !result.passed {
+                        result.annotations =
+                            annotate::for_check(&done.output, sandbox.workdir(), &spec.name);
+                    }
                 }
                 Err(e) => result.output = format!("[kodx could not run the check: {e}]"),
             }

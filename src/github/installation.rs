@@ -15,8 +15,8 @@ use super::guard::WriteGuard;
 use super::policy::{Raw, RequestPolicy};
 use super::transport::{self, Auth, Call, JSON};
 use super::types::{
-    CommentInfo, CommentRef, IssueInfo, NewCheckRun, NewPull, Permission, PullInfo, PullRef,
-    PullState, Reaction, ReactionTarget, RepoName, Tree,
+    CommentInfo, CommentRef, IssueInfo, NewPull, Permission, PullInfo, PullRef, PullState,
+    Reaction, ReactionTarget, RepoName, Tree,
 };
 use super::util::{base64_decode, encode_path, encode_segment};
 use super::wire;
@@ -265,50 +265,6 @@ impl Installation {
         };
         let raw = transport::send(&self.inner.octo, &self.inner.policy, call).await?;
         Ok((raw.body.to_vec(), raw.cut))
-    }
-
-    /// Creates a completed Check Run on a commit (SPEC §11); returns its page. Over-long
-    /// `summary` and `text` are cut to GitHub's 65,535 characters.
-    pub async fn create_check_run(
-        &self,
-        repo: &RepoName,
-        run: &NewCheckRun,
-    ) -> Result<String, GitHubError> {
-        const MAX: usize = 65_535;
-        let cut = |t: &str| -> String {
-            if t.chars().count() <= MAX {
-                return t.to_string();
-            }
-            let mut out: String = t.chars().take(MAX - 20).collect();
-            out.push_str("\n[… cut by kodx]");
-            out
-        };
-        let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
-        let mut body = json!({
-            "name": run.name,
-            "head_sha": run.head_sha,
-            "status": "completed",
-            "conclusion": run.conclusion,
-            "completed_at": now,
-            "output": {
-                "title": run.title,
-                "summary": cut(&run.summary),
-                "text": cut(&run.text),
-            },
-        });
-        if let Some(url) = &run.details_url {
-            body["details_url"] = url.as_str().into();
-        }
-        if let Some(id) = &run.external_id {
-            body["external_id"] = id.as_str().into();
-        }
-        let path = format!("{}/check-runs", repo_path(repo));
-        let what = format!("POST {path}");
-        let raw = self
-            .request(http::Method::POST, &path, None, JSON, Some(&body))
-            .await?;
-        let v = raw.json(&what)?;
-        Ok(v["html_url"].as_str().unwrap_or_default().to_string())
     }
 
     /// An issue (or a pull request seen as an issue).
@@ -676,9 +632,9 @@ impl Installation {
         raw.json(&format!("GET {path}"))
     }
 
-    /// One call under the retry policy. `path` starts with `/` and is relative to the API
-    /// base; `query` is already encoded.
-    async fn request(
+    /// One call under the retry policy, through the write guard when it writes. `path`
+    /// starts with `/` and is relative to the API base; `query` is already encoded.
+    pub(super) async fn request(
         &self,
         method: http::Method,
         path: &str,
@@ -729,7 +685,7 @@ pub(crate) fn graphql_url(api_url: &str) -> String {
     }
 }
 
-fn repo_path(repo: &RepoName) -> String {
+pub(super) fn repo_path(repo: &RepoName) -> String {
     // RepoName only holds URL-safe characters.
     format!("/repos/{}/{}", repo.owner, repo.name)
 }

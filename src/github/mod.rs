@@ -16,6 +16,7 @@
 //!   [`SecretString`](secrecy::SecretString) (no `Display`, `Debug` prints `[REDACTED]`,
 //!   zeroed on drop).
 
+mod check_runs;
 mod ci;
 mod error;
 mod graphql;
@@ -37,6 +38,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use octocrab::Octocrab;
 
+pub use check_runs::ANNOTATIONS_PER_REQUEST;
 pub use ci::{CiLimits, CiState, FailedCheck};
 pub use error::GitHubError;
 pub use graphql::{ReviewThread, ReviewThreads, ThreadComment};
@@ -45,9 +47,9 @@ pub use installation::Installation;
 pub use manifest::{convert_manifest, ConvertedApp};
 pub use policy::RequestPolicy;
 pub use types::{
-    noreply_email, Access, AppInfo, BotIdentity, CommentInfo, CommentRef, IssueInfo, NewCheckRun,
-    NewPull, Permission, PullBase, PullHead, PullInfo, PullRef, PullRepo, PullState, Reaction,
-    ReactionTarget, RepoName, RepoNameError, TokenScope, Tree, TreeEntry,
+    noreply_email, Access, AppInfo, BotIdentity, CommentInfo, CommentRef, CreatedCheckRun,
+    IssueInfo, NewCheckRun, NewPull, Permission, PullBase, PullHead, PullInfo, PullRef, PullRepo,
+    PullState, Reaction, ReactionTarget, RepoName, RepoNameError, TokenScope, Tree, TreeEntry,
 };
 
 use policy::Raw;

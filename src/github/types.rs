@@ -6,6 +6,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::error::GitHubError;
+use crate::checks::Annotation;
 
 /// `owner/name` of a repository.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -377,6 +378,18 @@ pub struct NewCheckRun {
     pub text: String,
     pub details_url: Option<String>,
     pub external_id: Option<String>,
+    /// Annotations sent with the run, at most
+    /// [`ANNOTATIONS_PER_REQUEST`](super::ANNOTATIONS_PER_REQUEST) (GitHub's limit per
+    /// request); more go in updates
+    /// ([`Installation::add_check_run_annotations`](super::Installation::add_check_run_annotations)).
+    pub annotations: Vec<Annotation>,
+}
+
+/// A Check Run GitHub created: its id (what updates name) and its page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedCheckRun {
+    pub id: u64,
+    pub html_url: String,
 }
 
 /// A commit's tree as [`Installation::tree`](super::Installation::tree) lists it.

@@ -8,7 +8,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::types::{
-    CommentInfo, CommentRef, IssueInfo, PullBase, PullHead, PullInfo, PullRef, PullRepo, PullState,
+    CommentInfo, CommentRef, CreatedCheckRun, IssueInfo, PullBase, PullHead, PullInfo, PullRef,
+    PullRepo, PullState,
 };
 use super::{GitHubError, RepoName};
 
@@ -153,6 +154,23 @@ impl From<Created> for CommentRef {
         CommentRef {
             id: c.id,
             html_url: c.html_url,
+        }
+    }
+}
+
+/// A Check Run GitHub created (`checks/create`'s answer).
+#[derive(Deserialize)]
+pub(super) struct CheckRunCreated {
+    id: u64,
+    #[serde(default)]
+    html_url: Option<String>,
+}
+
+impl From<CheckRunCreated> for CreatedCheckRun {
+    fn from(c: CheckRunCreated) -> CreatedCheckRun {
+        CreatedCheckRun {
+            id: c.id,
+            html_url: c.html_url.unwrap_or_default(),
         }
     }
 }

@@ -116,6 +116,7 @@ async fn kodxs_own_suite_and_check_runs_are_ignored() {
             text: String::new(),
             details_url: None,
             external_id: None,
+            annotations: Vec::new(),
         },
     )
     .await

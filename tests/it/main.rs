@@ -43,6 +43,7 @@ mod sandbox_setup_cache;
 mod sandbox_shells;
 mod sandbox_snapshot;
 mod sandbox_verify;
+mod serve_annotations;
 mod serve_ask;
 mod serve_cache;
 mod serve_cache_rebase;

@@ -259,6 +259,21 @@ pub fn check_run_failed(error: &str, permission: bool) -> String {
     }
 }
 
+/// The Check Run's note when the red checks' output told of more problems than the `kept`
+/// annotations it carries: `left_out` more were read, and with `more` a check's output went
+/// on past what was read of it.
+pub fn annotations_left_out(kept: usize, left_out: usize, more: bool) -> String {
+    let rest = match (left_out, more) {
+        (0, _) => "more".to_string(),
+        (n, false) => format!("{n} more"),
+        (n, true) => format!("at least {n} more"),
+    };
+    format!(
+        "\nkodx annotated {kept} problems read from the red checks' output, as many as it adds \
+         to a Check Run; the output tells of {rest}, not annotated.\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,6 +368,11 @@ mod tests {
         );
         assert!(summary.contains("| lint | ✅ passed") && summary.contains("https://k/runs/1"));
         assert!(text.contains("### tests — failed (exit 2)") && text.contains("error: boom"));
+        insta::assert_snapshot!(annotations_left_out(200, 51, false), @r"
+        kodx annotated 200 problems read from the red checks' output, as many as it adds to a Check Run; the output tells of 51 more, not annotated.
+        ");
+        assert!(annotations_left_out(200, 0, true).contains("tells of more, not"));
+        assert!(annotations_left_out(200, 3, true).contains("tells of at least 3 more"));
     }
 
     #[test]

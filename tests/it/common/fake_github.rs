@@ -1002,6 +1002,10 @@ fn api_routes() -> Router<FakeGitHub> {
             post(checks_api::create_check_run),
         )
         .route(
+            "/repos/{owner}/{repo}/check-runs/{id}",
+            axum::routing::patch(checks_api::update_check_run),
+        )
+        .route(
             "/repos/{owner}/{repo}/commits/{sha}/check-runs",
             get(ci_api::list_check_runs),
         )

@@ -1,0 +1,4 @@
+pub fn helper() -> i32 {
+    let never_read = 5;
+    1
+}

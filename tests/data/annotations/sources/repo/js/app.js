@@ -1,0 +1,5 @@
+const unused = 1;
+console.log(undefinedName);
+function f(a) {
+  return a == null;
+}
