@@ -4,8 +4,8 @@
 //! description.
 //!
 //! - a red check's problems in the repository become the Check Run's annotations, and those
-//!   about paths elsewhere (system headers, dependencies, `<stdin>`, `..`) do not; a green
-//!   check's output gives none;
+//!   about paths elsewhere (system headers, dependencies, `<stdin>`, `..`, a file the tree
+//!   does not hold) do not; a green check's output gives none;
 //! - annotations go 50 to a request: the create carries the first 50 and updates the rest;
 //! - a Check Run carries at most 200 (one check's 300, or two checks' 150 each), and its
 //!   summary says there were more;
@@ -16,10 +16,28 @@ use serde_json::{json, Value};
 use crate::common;
 use crate::common::serve::{text, tool, usage, Served, REPO};
 
-/// `.github/kodx.yml` (and `files`) on `main`, as the base of the next run.
+/// `.github/kodx.yml` (and `files`) on `main`, as the base of the next run, with the
+/// source files the checks' output names: only files of the tree the checks ran on are
+/// annotated.
 fn config(s: &Served, yaml: &str, files: &[(&str, &[u8])]) {
+    let mut sources: Vec<String> = (1..=300).map(|i| format!("src/f{i}.c")).collect();
+    sources.extend(
+        [
+            "src/widget.c",
+            "src/widget.h",
+            "src/lib.rs",
+            "one.c",
+            "two.c",
+        ]
+        .map(String::from),
+    );
     let mut all: Vec<(&str, &[u8], u32)> = vec![(".github/kodx.yml", yaml.as_bytes(), 0o644)];
     all.extend(files.iter().map(|(p, b)| (*p, *b, 0o644)));
+    all.extend(
+        sources
+            .iter()
+            .map(|p| (p.as_str(), b"int x;\n".as_slice(), 0o644)),
+    );
     s.git.commit_on_branch(REPO, "main", &all, "checks");
 }
 
@@ -61,6 +79,7 @@ src/widget.c:3:5: error: 'x' undeclared (first use in this function)
 ../outside.c:1:1: error: outside the repository
 /root/.cargo/registry/src/index.crates.io-0/serde-1.0.0/src/lib.rs:1:1: error: a dependency
 <stdin>:1:1: error: standard input
+src/generated.c:2:2: error: a file the tree the checks ran on does not hold
 ./src/lib.rs:1:20: note: defined here
 ";
 

@@ -36,8 +36,21 @@ pub fn for_check(output: &str, workdir: &str, name: &str) -> Vec<Annotation> {
         a.title
             .get_or_insert_with(|| bounded(name, MAX_TITLE_CHARS));
     }
+    // Kept with the check's result (its transcript record): bounded in bytes too.
+    let mut bytes = 0;
+    let keep = annotations
+        .iter()
+        .take_while(|a| {
+            bytes += a.path.len() + a.message.len() + a.title.as_ref().map_or(0, String::len) + 64;
+            bytes <= MAX_CHECK_ANNOTATION_BYTES
+        })
+        .count();
+    annotations.truncate(keep);
     annotations
 }
+
+/// The most bytes of annotations one check's result keeps (paths, messages, titles).
+pub const MAX_CHECK_ANNOTATION_BYTES: usize = 32 * 1024;
 
 /// What `Parser::line` keeps between lines.
 struct Parser {

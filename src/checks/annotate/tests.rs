@@ -596,6 +596,20 @@ fn messages_and_titles_are_bounded_and_duplicates_dropped() {
     let named = for_check("a.c:1:1: error: x\na.c:2:1: error[E1]: y\n", REPO, "build");
     let titles: Vec<_> = named.iter().map(|a| a.title.as_deref()).collect();
     assert_eq!(titles, [Some("build"), Some("E1")]);
+    // 200 annotations of long messages: the check's result keeps what fits its bytes.
+    let many: String = (1..=200)
+        .map(|i| format!("src/f{i}.c:{i}:1: error: {}\n", "m".repeat(900)))
+        .collect();
+    let kept = for_check(&many, REPO, "build");
+    assert!(kept.len() < 40 && kept.len() > 20, "{}", kept.len());
+    let bytes: usize = kept
+        .iter()
+        .map(|a| a.path.len() + a.message.len() + 69)
+        .sum();
+    assert!(
+        bytes <= super::parser::MAX_CHECK_ANNOTATION_BYTES,
+        "{bytes}"
+    );
 }
 
 #[test]
