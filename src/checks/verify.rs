@@ -58,7 +58,13 @@ pub struct FreshSandboxes {
     /// What each checkout added before the checks could start: the change set read, the
     /// sandbox waited for, the change written into it.
     overheads: Mutex<Vec<std::time::Duration>>,
+    /// Told when the checks want their sandbox now: a start waiting to be made goes.
+    hurry: std::sync::Arc<tokio::sync::Notify>,
 }
+
+/// How long after the run's own sandbox is ready the first checks' sandbox is begun: not
+/// while the run's first steps want the engine and the CPUs (as the warm pool's refill).
+const FIRST_AFTER: std::time::Duration = std::time::Duration::from_millis(1500);
 
 impl FreshSandboxes {
     /// Verifies on `engine` with sandboxes made as `spec` (the run's, with its repository)
@@ -75,8 +81,9 @@ impl FreshSandboxes {
             made: AtomicU32::new(0),
             verified: Mutex::new(None),
             overheads: Mutex::new(Vec::new()),
+            hurry: Default::default(),
         };
-        verifier.prepare();
+        verifier.prepare(FIRST_AFTER);
         verifier
     }
 
@@ -124,7 +131,7 @@ impl FreshSandboxes {
     }
 
     /// Starts making the next checks' sandbox in the background, unless one is on its way.
-    fn prepare(&self) {
+    fn prepare(&self, after: std::time::Duration) {
         let mut next = self.next.lock();
         if next.is_some() {
             return;
@@ -133,7 +140,14 @@ impl FreshSandboxes {
         let mut spec = self.spec.clone();
         spec.run_id = verifier_id(&self.spec.run_id, n);
         let engine = self.engine.clone();
+        let hurry = self.hurry.clone();
         *next = Some(tokio::spawn(async move {
+            // Not while the run's first steps want the engine and the CPUs, unless the
+            // checks want it now.
+            tokio::select! {
+                () = tokio::time::sleep(after) => {}
+                () = hurry.notified() => {}
+            }
             let started = Instant::now();
             let made = engine.start(&spec).await;
             tracing::info!(
@@ -147,7 +161,8 @@ impl FreshSandboxes {
 
     /// The sandbox made ahead, or a new one now.
     async fn sandbox(&self) -> Result<DockerSandbox> {
-        self.prepare();
+        self.prepare(std::time::Duration::ZERO);
+        self.hurry.notify_one();
         let task = self.next.lock().take().expect("prepared above");
         task.await.map_err(|e| {
             crate::sandbox::SandboxError::InvalidInput(format!(
@@ -197,7 +212,7 @@ impl Verifier for FreshSandboxes {
     }
 
     fn another(&self) {
-        self.prepare();
+        self.prepare(std::time::Duration::ZERO);
     }
 
     fn work_changed(&self) {
