@@ -23,10 +23,12 @@
  *   'Z' the batch is over (INDEX: COUNT)
  * A check is `bash -c COMMAND` (bash from $PATH) in DIR, stdin /dev/null, stdout and stderr
  * one pipe that only this program reads, in a session and process group of its own, under
- * min(TIMEOUT_MS, what is left of WITHIN_MS). When it ends, what is left of its process
- * group is killed; when it times out, its group and every process the checks left that
- * came to this program (a child subreaper: orphans of the checks are adopted by it, not by
- * the container's init) are. Nothing a check does reaches this program's stdout: its fds
+ * min(TIMEOUT_MS, what is left of WITHIN_MS). When it ends or times out, its process
+ * group is killed, and so is every process it left that escaped the group: this program
+ * is a child subreaper, so the orphans of a check come to it (not to the container's
+ * init), and it kills its children until none is left. Processes started before the
+ * runner (the setup script's services) are not its children and stay. Nothing a check
+ * does reaches this program's stdout: its fds
  * are close-on-exec, the check's 0, 1 and 2 are /dev/null and its pipe, and the rest are
  * closed before bash runs. A malformed batch: exit 2.
  */
@@ -185,7 +187,7 @@ static long ck_parent(const char *pid) {
     return v;
 }
 
-/* Kills every child of this program (a timed-out check's leader, the orphans the checks
+/* Kills every child of this program (a timed-out check's leader, the orphans a check
  * left, which came to it as their subreaper) and reaps them, round after round as their
  * own children come to it, until none is left or 5 s passed. */
 static void ck_kill_children(void) {
@@ -301,8 +303,10 @@ static void ck_run(u32 i, const char *cmd, long deadline, char **envp) {
         long st = ck_reap(pid);
         if (st >= 0 && !exited) {
             exited = 1, status = st;
-            /* What it left in its group goes with it (it would hold the pipe open). */
+            /* What it left goes with it: in its group, or escaped from it (orphans come to
+             * this program). Nothing of it may touch the next check, or hold its pipe. */
             sys6(SYS_kill, -pid, SIGKILL_, 0, 0, 0, 0);
+            ck_kill_children();
             until = mono_ms() + CK_GRACE_MS;
         }
         if (exited && !open) break;
