@@ -417,6 +417,7 @@ fn plan_run(
         );
     }
     plan.agent.checks = args.check.clone();
+    plan.sandbox.checks_ahead = !plan.agent.checks.is_empty();
     plan.agent.check_repair = args.check_repair;
     let cost_limit = plan.agent.cost_limit;
     if !(cost_limit.is_finite() && cost_limit > 0.0) {

@@ -414,7 +414,12 @@ impl Engine {
         // (non-dumpable) as it starts, and no process of the repository's may run before
         // it has (the setup script and the shells wait for this join), so none could reach
         // its stdout, where it reports the checks (`runner`).
-        let runner = Runner::start(&self.docker, &sandbox.id);
+        let runner = async {
+            match spec.checks_ahead {
+                true => Runner::start(&self.docker, &sandbox.id).await,
+                false => None,
+            }
+        };
         let (prepared, early, runner) = tokio::join!(
             async {
                 tokio::try_join!(

@@ -115,6 +115,10 @@ pub struct SandboxSpec {
     /// The run ends with a change set (a code run): the snapshot's exec is started as soon
     /// as the sandbox is ready, so it is off the run's path at the end.
     pub change_set_ahead: bool,
+    /// The run has checks: kodx's check runner is started while the sandbox is prepared,
+    /// so that each attempt's checks go through it (`docker/runner.rs`); without it they
+    /// run one engine exec each. Costs the runner's start (an engine exec, beside the copy-in).
+    pub checks_ahead: bool,
 }
 
 impl SandboxSpec {
@@ -138,6 +142,7 @@ impl SandboxSpec {
             output_cap: DEFAULT_OUTPUT_CAP,
             archive_limits: ArchiveLimits::default(),
             change_set_ahead: false,
+            checks_ahead: false,
         }
     }
 }

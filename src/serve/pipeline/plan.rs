@@ -78,6 +78,7 @@ pub(in crate::serve) fn prepare(
     // The base's checks judge a code run's work (SPEC §11); an `ask` changes nothing.
     if kind == RunKind::Code {
         plan.agent.checks = config.checks.clone();
+        plan.sandbox.checks_ahead = !plan.agent.checks.is_empty();
         plan.agent.check_repair = config.check_repair(settings.max_check_repair);
     }
     let default_checkout = if request.is_pull_request {
