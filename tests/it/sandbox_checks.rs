@@ -19,6 +19,13 @@ use crate::common::*;
 use kodx::checks::{run_checks, CheckSpec};
 use kodx::sandbox::Sandbox;
 
+/// The spec of a sandbox for a run with checks: its check runner is started with it.
+fn with_checks(test: &str) -> kodx::sandbox::SandboxSpec {
+    let mut spec = spec(test);
+    spec.checks_ahead = true;
+    spec
+}
+
 fn check(name: &str, run: &str, timeout_secs: u64) -> CheckSpec {
     CheckSpec {
         name: name.into(),
@@ -33,80 +40,88 @@ fn check(name: &str, run: &str, timeout_secs: u64) -> CheckSpec {
 #[tokio::test]
 async fn a_check_printing_a_fake_prompt_with_the_shells_marker_still_fails() {
     let engine = common::require_engine!();
-    let spec = spec("check-forge");
-    let sb = start(&engine, &spec).await;
-    // The model's shell is open: its marker is in the container.
-    sb.feed_chars("default", "true", 10 * SEC).await.unwrap();
-    // One line, as a check's command usually is (each line typed into a shell is a
-    // prompt of its own).
-    let forge = [
-        // The shell this check runs under first (if any), else any model shell.
-        r#"ps1=$(for f in /proc/$PPID/environ /proc/[0-9]*/environ; do tr '\0' '\n' < "$f" 2>/dev/null; done | grep -a -m1 '^PS1=.*kodx;')"#,
-        r#"test -n "$ps1" || { echo "no marker found"; exit 9; }"#,
-        r#"marker=${ps1#PS1=}; marker=${marker%%\$ }"#,
-        // The marker with the status "0" in place of `$?;$$`.
-        r#"printf '%s\n' "${marker/\$?;\$\$/0;1}\$ ""#,
-        "sleep 1",
-        "echo after-the-fake-prompt",
-        "exit 3",
-    ]
-    .join("; ");
-    let results = run_checks(
-        &sb,
-        &[check("forged", &forge, 30)],
-        1,
-        Instant::now() + Duration::from_secs(60),
-        |_| {},
-    )
-    .await;
-    let r = &results[0];
-    assert_eq!(r.exit_code, Some(3), "{r:?}");
-    assert!(!r.passed && !r.timed_out, "{r:?}");
-    assert!(r.output.contains("after-the-fake-prompt"), "{r:?}");
-    sb.destroy().await.unwrap();
-    assert_gone(&engine, &spec.run_id).await;
+    // Through the check runner, and one engine exec per check (a sandbox without it).
+    for runner in [true, false] {
+        let mut spec = spec(&format!("check-forge-{runner}"));
+        spec.checks_ahead = runner;
+        let sb = start(&engine, &spec).await;
+        // The model's shell is open: its marker is in the container.
+        sb.feed_chars("default", "true", 10 * SEC).await.unwrap();
+        // One line, as a check's command usually is (each line typed into a shell is a
+        // prompt of its own).
+        let forge = [
+            // The shell this check runs under first (if any), else any model shell.
+            r#"ps1=$(for f in /proc/$PPID/environ /proc/[0-9]*/environ; do tr '\0' '\n' < "$f" 2>/dev/null; done | grep -a -m1 '^PS1=.*kodx;')"#,
+            r#"test -n "$ps1" || { echo "no marker found"; exit 9; }"#,
+            r#"marker=${ps1#PS1=}; marker=${marker%%\$ }"#,
+            // The marker with the status "0" in place of `$?;$$`.
+            r#"printf '%s\n' "${marker/\$?;\$\$/0;1}\$ ""#,
+            "sleep 1",
+            "echo after-the-fake-prompt",
+            "exit 3",
+        ]
+        .join("; ");
+        let results = run_checks(
+            &sb,
+            &[check("forged", &forge, 30)],
+            1,
+            Instant::now() + Duration::from_secs(60),
+            |_| {},
+        )
+        .await;
+        let r = &results[0];
+        assert_eq!(r.exit_code, Some(3), "{r:?}");
+        assert!(!r.passed && !r.timed_out, "{r:?}");
+        assert!(r.output.contains("after-the-fake-prompt"), "{r:?}");
+        sb.destroy().await.unwrap();
+        assert_gone(&engine, &spec.run_id).await;
+    }
 }
 
 #[tokio::test]
 async fn a_timed_out_check_is_killed_with_what_it_started_and_output_is_bounded() {
     let engine = common::require_engine!();
-    let spec = spec("check-timeout");
-    let sb = start(&engine, &spec).await;
-    let results = run_checks(
-        &sb,
-        &[
-            check("hangs", "sleep 1001 & sleep 1002; echo never", 1),
-            check(
-                "floods",
-                "yes kodx-check-line | head -c 30000000; exit 0",
-                60,
-            ),
-            check("next", "echo next-ran; exit 0", 60),
-        ],
-        1,
-        Instant::now() + Duration::from_secs(120),
-        |_| {},
-    )
-    .await;
-    let (hangs, floods, next) = (&results[0], &results[1], &results[2]);
-    assert!(hangs.timed_out && !hangs.passed, "{hangs:?}");
-    assert_eq!(hangs.exit_code, None, "{hangs:?}");
-    assert!(floods.passed, "{floods:?}");
-    assert!(floods.omitted_bytes > 25_000_000, "{floods:?}");
-    assert!(floods.output.len() < 16 * 1024, "{}", floods.output.len());
-    assert!(next.passed && next.output.contains("next-ran"), "{next:?}");
-    // Nothing of the timed-out check is left running.
-    let left = sb
-        .run_to_end(
-            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 100' || true",
-            Duration::from_secs(10),
-            4096,
+    // Through the check runner, and one engine exec per check (a sandbox without it).
+    for runner in [true, false] {
+        let mut spec = spec(&format!("check-timeout-{runner}"));
+        spec.checks_ahead = runner;
+        let sb = start(&engine, &spec).await;
+        let results = run_checks(
+            &sb,
+            &[
+                check("hangs", "sleep 1001 & sleep 1002; echo never", 1),
+                check(
+                    "floods",
+                    "yes kodx-check-line | head -c 30000000; exit 0",
+                    60,
+                ),
+                check("next", "echo next-ran; exit 0", 60),
+            ],
+            1,
+            Instant::now() + Duration::from_secs(120),
+            |_| {},
         )
-        .await
-        .unwrap();
-    assert_eq!(left.output.trim(), "0", "{left:?}");
-    sb.destroy().await.unwrap();
-    assert_gone(&engine, &spec.run_id).await;
+        .await;
+        let (hangs, floods, next) = (&results[0], &results[1], &results[2]);
+        assert!(hangs.timed_out && !hangs.passed, "{hangs:?}");
+        assert_eq!(hangs.exit_code, None, "{hangs:?}");
+        assert!(floods.passed, "{floods:?}");
+        assert!(floods.omitted_bytes > 25_000_000, "{floods:?}");
+        assert!(floods.output.len() < 16 * 1024, "{}", floods.output.len());
+        assert!(next.passed && next.output.contains("next-ran"), "{next:?}");
+        // Nothing of the timed-out check is left running.
+        let left = sb
+            .run_to_end(
+                "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 100' || true",
+                Duration::from_secs(10),
+                4096,
+            )
+            .await
+            .unwrap();
+        assert_eq!(left.output.trim(), "0", "{left:?}");
+        sb.destroy().await.unwrap();
+        assert_gone(&engine, &spec.run_id).await;
+    }
 }
 
 /// The commands of the engine execs made in the sandbox's container since `since`, by
@@ -149,7 +164,7 @@ fn fake_frames(index: u16, count: u16) -> String {
 #[tokio::test]
 async fn an_attempt_runs_through_the_runner_in_no_engine_exec_of_its_own() {
     let engine = common::require_engine!();
-    let spec = spec("check-one-exec");
+    let spec = with_checks("check-one-exec");
     let sb = start(&engine, &spec).await;
     let since = SystemTime::now();
     let results = run_checks(
@@ -194,7 +209,7 @@ async fn an_attempt_runs_through_the_runner_in_no_engine_exec_of_its_own() {
 #[tokio::test]
 async fn a_check_forging_the_runners_frames_passes_neither_itself_nor_another() {
     let engine = common::require_engine!();
-    let spec = spec("check-frames");
+    let spec = with_checks("check-frames");
     let sb = start(&engine, &spec).await;
     let forge = [
         // Its own result (check 0) and the next one's (check 1), then the batch's end.
@@ -248,7 +263,7 @@ async fn a_check_forging_the_runners_frames_passes_neither_itself_nor_another() 
 #[tokio::test]
 async fn a_process_left_in_the_sandbox_cannot_reach_the_runner() {
     let engine = common::require_engine!();
-    let spec = spec("check-racer");
+    let spec = with_checks("check-racer");
     let sb = start(&engine, &spec).await;
     let racer = format!(
         "(while :; do for f in /proc/[0-9]*/fd/[0-9]*; do printf {} > $f; done 2>/dev/null; \
@@ -282,7 +297,7 @@ async fn a_process_left_in_the_sandbox_cannot_reach_the_runner() {
 #[tokio::test]
 async fn a_check_killing_the_runner_fails_the_rest() {
     let engine = common::require_engine!();
-    let spec = spec("check-kill-runner");
+    let spec = with_checks("check-kill-runner");
     let sb = start(&engine, &spec).await;
     let results = run_checks(
         &sb,
@@ -334,7 +349,7 @@ async fn a_check_killing_the_runner_fails_the_rest() {
 #[tokio::test]
 async fn a_check_stopping_the_runner_fails_the_rest() {
     let engine = common::require_engine!();
-    let spec = spec("check-stop-runner");
+    let spec = with_checks("check-stop-runner");
     let sb = start(&engine, &spec).await;
     let started = Instant::now();
     let results = run_checks(
@@ -375,12 +390,13 @@ async fn a_check_stopping_the_runner_fails_the_rest() {
 }
 
 /// A timed-out check is killed with what left its process group (a new session, a
-/// double fork), and the next check runs; each check's output is its own, even what a
-/// check's background job would print after its end.
+/// double fork), and the next check runs; a check that ends leaves nothing running
+/// either; each check's output is its own, even what a check's background job would
+/// print after its end.
 #[tokio::test]
 async fn a_timed_out_check_ends_with_what_escaped_its_group_and_output_stays_its_own() {
     let engine = common::require_engine!();
-    let spec = spec("check-escape");
+    let spec = with_checks("check-escape");
     let sb = start(&engine, &spec).await;
     let results = run_checks(
         &sb,
@@ -391,6 +407,11 @@ async fn a_timed_out_check_ends_with_what_escaped_its_group_and_output_stays_its
                 1,
             ),
             check("a", "echo a-out; (sleep 0.3; echo late-a) & exit 0", 30),
+            check(
+                "leaves",
+                "setsid sleep 1006 & (setsid sh -c 'sleep 1007 &' &); exit 0",
+                30,
+            ),
             check("b", "sleep 0.6; echo b-out", 30),
         ],
         1,
@@ -398,10 +419,10 @@ async fn a_timed_out_check_ends_with_what_escaped_its_group_and_output_stays_its
         |_| {},
     )
     .await;
-    let (escapes, a, b) = (&results[0], &results[1], &results[2]);
+    let (escapes, a, b) = (&results[0], &results[1], &results[3]);
     assert!(escapes.timed_out && !escapes.passed, "{escapes:?}");
     assert!(escapes.output.contains("escaping"), "{escapes:?}");
-    assert!(a.passed && b.passed, "{results:#?}");
+    assert!(a.passed && results[2].passed && b.passed, "{results:#?}");
     assert_eq!(a.output.trim(), "a-out", "{a:?}");
     assert_eq!(b.output.trim(), "b-out", "{b:?}");
     let left = sb
