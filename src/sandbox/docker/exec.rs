@@ -4,6 +4,10 @@
 //! container prints, so anything running there can print a fake one. Here the exit code
 //! is the engine's (`inspect_exec`), which nothing inside the container can forge, and the
 //! output is only ever output.
+//!
+//! An attempt's checks go to the sandbox's check runner as one batch when it has one
+//! ([`super::runner`], whose reports are as unforgeable); else, or once it is lost, each
+//! is an engine exec of its own, as here.
 
 use std::time::{Duration, Instant};
 
@@ -155,8 +159,9 @@ impl DockerSandbox {
                 Outcome::Done => return Ok(()),
                 Outcome::Refused(why) => {
                     tracing::warn!(
-                            "the check runner {why}: it is dropped, and each check runs as an engine exec of its own"
-                        );
+                        "the check runner {why}: it is dropped, and each check runs as an \
+                         engine exec of its own"
+                    );
                     *slot = None;
                     self.kill_groups(&[pid]).await;
                 }
@@ -167,7 +172,7 @@ impl DockerSandbox {
                 } => {
                     tracing::warn!(
                         "the check runner {why} during the checks: the rest do not pass, and \
-                             later checks run as engine execs of their own"
+                         later checks run as engine execs of their own"
                     );
                     *slot = None;
                     let mut pids = vec![pid];
