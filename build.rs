@@ -14,6 +14,8 @@ fn main() {
 fn build_net_helper() {
     let src = "native/kodx-net.c";
     println!("cargo:rerun-if-changed={src}");
+    // Included by kodx-net.c: the checks' mode.
+    println!("cargo:rerun-if-changed=native/kodx-checks.c");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("kodx-net");
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();

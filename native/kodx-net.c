@@ -41,6 +41,10 @@
  *       place. kodx starts a shell's engine exec this way while the sandbox is still being
  *       fenced and filled (or before the model asks for one), and types the line when the
  *       shell may run: nothing of the image runs before that.
+ *   kodx-net checks
+ *       The repository's checks, batch after batch from stdin, each check's output and
+ *       end as frames on stdout that nothing in the sandbox can write or read (it is
+ *       non-dumpable): see kodx-checks.c.
  *   kodx-net snapshot MARKER ROOT
  *       Writes ROOT (a directory) to stdout as a tar, its entries named as the engine's
  *       own archive of ROOT names them (ROOT's last component first), for kodx's change
@@ -1558,11 +1562,13 @@ static void snapshot(const char *marker, const char *root) {
     sys6(SYS_exit_group, 0, 0, 0, 0, 0, 0);
 }
 
+#include "kodx-checks.c"
+
 void cmain(long *sp) {
     long argc = sp[0];
     char **argv = (char **)(sp + 1);
     static const char usage[] =
-        "usage: kodx-net hold | hold-idle SECS | gate | snapshot[-on-line] MARKER ROOT | addrs | "
+        "usage: kodx-net hold | hold-idle SECS | gate | checks | snapshot[-on-line] MARKER ROOT | addrs | "
         "routes SPEC... | "
         "fence PID SPEC... | plug PID BRIDGE NET/PREFIX GATEWAY FIRST COUNT DNS SPEC... | unplug PID";
     if (argc < 2) die(usage, 0, 2);
@@ -1573,6 +1579,10 @@ void cmain(long *sp) {
     if (streq(argv[1], "gate")) {
         if (argc != 2) die(usage, 0, 2);
         gate(argv + argc + 1);
+    }
+    if (streq(argv[1], "checks")) {
+        if (argc != 2) die(usage, 0, 2);
+        checks(argv + argc + 1);
     }
     if (streq(argv[1], "snapshot") || streq(argv[1], "snapshot-on-line")) {
         if (argc != 4) die(usage, 0, 2);

@@ -3,19 +3,22 @@
 //! model ends its turn, never by the model's goodwill alone, and never in the agent's own
 //! sandbox: in one made for them with exactly the change set ([`verify`], SPEC §12).
 //!
-//! Each check runs as its own process in the container ([`Sandbox::run_to_end`]: an engine
-//! exec of `bash -c` in the repository's directory with stdin from `/dev/null`), never
-//! typed into a shell: its exit code is the engine's, which nothing in the sandbox can
-//! forge (a shell's prompt, and the status in it, is text anything there can print). Each
-//! runs under its timeout and what is left of the run's wall clock; a check that times
-//! out is killed with its process group. Output is read through a bounded decoder (a check
-//! printing gigabytes costs its cap, not kodx's memory).
+//! Each check runs as its own process in the container (`bash -c` in the repository's
+//! directory with stdin from `/dev/null`), never typed into a shell: a shell's prompt, and
+//! the status in it, is text anything there can print. All the checks of an attempt go to
+//! the sandbox at once ([`Sandbox::run_all`]): the Docker sandbox runs them through kodx's
+//! own check runner, one engine exec started before anything of the repository ran, whose
+//! reports nothing in the sandbox can reach (`src/sandbox/docker/runner.rs`); without it,
+//! each check is an engine exec of its own whose exit code is the engine's. Each runs under
+//! its timeout and what is left of the run's wall clock; a check that times out is killed
+//! with its process group. Output is read through a bounded decoder (a check printing
+//! gigabytes costs its cap, not kodx's memory).
 
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::sandbox::Sandbox;
+use crate::sandbox::{Ran, Sandbox, SandboxError};
 
 pub mod annotate;
 pub mod guard;
@@ -217,51 +220,83 @@ pub async fn run_checks(
     deadline: Instant,
     mut each: impl FnMut(&CheckResult),
 ) -> Vec<CheckResult> {
+    let commands: Vec<(String, Duration)> = checks
+        .iter()
+        .map(|c| (c.run.clone(), Duration::from_secs(c.timeout_secs)))
+        .collect();
+    let within = deadline.saturating_duration_since(Instant::now());
+    let (reports, mut ran) = tokio::sync::mpsc::unbounded_channel();
     let mut results = Vec::with_capacity(checks.len());
-    for spec in checks {
-        let started = Instant::now();
-        let mut result = CheckResult {
-            name: spec.name.clone(),
-            run: spec.run.clone(),
-            attempt,
-            passed: false,
-            exit_code: None,
-            timed_out: false,
-            duration_ms: 0,
-            output: String::new(),
-            omitted_bytes: 0,
-            annotations: Vec::new(),
-            edited: Vec::new(),
-        };
-        let left = deadline.saturating_duration_since(started);
-        if left.is_zero() {
-            result.timed_out = true;
-            result.output = "[not run: the run's time limit was reached]".into();
-        } else {
-            let timeout = Duration::from_secs(spec.timeout_secs).min(left);
-            match sandbox
-                .run_to_end(&spec.run, timeout, CHECK_OUTPUT_CAP)
-                .await
-            {
-                Ok(done) => {
-                    result.omitted_bytes = done.omitted_bytes;
-                    result.output = tail(&done.output);
-                    result.exit_code = done.exit_code;
-                    result.timed_out = done.timed_out;
-                    result.passed = done.exit_code == Some(0);
-                    if !result.passed {
-                        result.annotations =
-                            annotate::for_check(&done.output, sandbox.workdir(), &spec.name);
-                    }
-                }
-                Err(e) => result.output = format!("[kodx could not run the check: {e}]"),
-            }
+    let mut since = Instant::now();
+    // Each check's result as it ends, while the sandbox runs the others.
+    let hear = async {
+        while let Some(ran) = ran.recv().await {
+            let Some(spec) = checks.get(results.len()) else {
+                break;
+            };
+            let result = check_result(spec, attempt, ran, since.elapsed(), sandbox.workdir());
+            since = Instant::now();
+            each(&result);
+            results.push(result);
         }
-        result.duration_ms = started.elapsed().as_millis() as u64;
+    };
+    let all = sandbox.run_all(&commands, within, CHECK_OUTPUT_CAP, reports);
+    let (outcome, ()) = tokio::join!(all, hear);
+    // A check the sandbox did not report did not pass.
+    let why = match outcome {
+        Err(e) => e.to_string(),
+        Ok(()) => "the sandbox did not report it".to_string(),
+    };
+    for spec in &checks[results.len()..] {
+        let lost = Ran::Failed(SandboxError::InvalidInput(why.clone()));
+        let result = check_result(spec, attempt, lost, Duration::ZERO, sandbox.workdir());
         each(&result);
         results.push(result);
     }
     results
+}
+
+/// What check `spec` did in attempt `attempt`, as the sandbox reported it (`ran`), `took`
+/// after the previous one.
+fn check_result(
+    spec: &CheckSpec,
+    attempt: u32,
+    ran: Ran,
+    took: Duration,
+    workdir: &str,
+) -> CheckResult {
+    let mut result = CheckResult {
+        name: spec.name.clone(),
+        run: spec.run.clone(),
+        attempt,
+        passed: false,
+        exit_code: None,
+        timed_out: false,
+        duration_ms: 0,
+        output: String::new(),
+        omitted_bytes: 0,
+        annotations: Vec::new(),
+        edited: Vec::new(),
+    };
+    match ran {
+        Ran::NotStarted => {
+            result.timed_out = true;
+            result.output = "[not run: the run's time limit was reached]".into();
+        }
+        Ran::Done(done) => {
+            result.omitted_bytes = done.omitted_bytes;
+            result.output = tail(&done.output);
+            result.exit_code = done.exit_code;
+            result.timed_out = done.timed_out;
+            result.passed = done.exit_code == Some(0);
+            if !result.passed {
+                result.annotations = annotate::for_check(&done.output, workdir, &spec.name);
+            }
+        }
+        Ran::Failed(e) => result.output = format!("[kodx could not run the check: {e}]"),
+    }
+    result.duration_ms = took.as_millis() as u64;
+    result
 }
 
 /// The last [`TAIL_BYTES`] of `output`, after up to [`ERROR_LINES_BYTES`] of the lines

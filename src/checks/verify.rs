@@ -74,6 +74,8 @@ impl FreshSandboxes {
         // Nothing is taken out of a checks' sandbox: no snapshot ahead.
         spec.change_set_ahead = false;
         spec.checks_of = Some(spec.run_id.clone());
+        // The check runner, started before anything of the repository runs there.
+        spec.checks_ahead = true;
         let verifier = FreshSandboxes {
             engine,
             spec,

@@ -49,6 +49,21 @@ pub struct Finished {
     pub timed_out: bool,
 }
 
+/// How one command of [`Sandbox::run_all`] went.
+#[derive(Debug)]
+pub enum Ran {
+    /// It ran: to its end, to its timeout, or until kodx lost it (then without an exit
+    /// code, never a pass).
+    Done(Finished),
+    /// What was left of `within` was spent before its turn: it did not start.
+    NotStarted,
+    /// kodx could not run it.
+    Failed(SandboxError),
+}
+
+/// Where [`Sandbox::run_all`] reports each command as it ends, in order.
+pub type Reports = tokio::sync::mpsc::UnboundedSender<Ran>;
+
 /// A run's workspace with named shells, as the model's two tools see it.
 #[async_trait]
 pub trait Sandbox: Send + Sync {
@@ -73,6 +88,23 @@ pub trait Sandbox: Send + Sync {
         ))
     }
 
+    /// Runs `commands` (each with its timeout) one after another as [`Sandbox::run_to_end`]
+    /// runs one, each bounded by its timeout and by what is left of `within`; a command
+    /// whose turn comes after `within` is not started. Each one's outcome goes to
+    /// `reports` as it ends, one per command, in order; one that is never reported (the
+    /// batch ended early, or `Err`) did not pass. Output: each command's own, bounded by
+    /// `cap` as `run_to_end` bounds it. The default runs them one `run_to_end` each.
+    async fn run_all(
+        &self,
+        commands: &[(String, Duration)],
+        within: Duration,
+        cap: usize,
+        reports: Reports,
+    ) -> Result<()> {
+        run_one_by_one(self, commands, within, cap, &reports).await;
+        Ok(())
+    }
+
     /// Writes the whole final workspace to `dest`, replacing what was there. Files the
     /// repository ignores that are over a size limit are left out and listed.
     async fn export_workspace(&self, dest: &Path) -> Result<Exported>;
@@ -92,4 +124,27 @@ pub trait Sandbox: Send + Sync {
 
     /// Removes the sandbox at once. Idempotent.
     async fn destroy(&self) -> Result<()>;
+}
+
+/// [`Sandbox::run_all`] as one [`Sandbox::run_to_end`] per command.
+pub async fn run_one_by_one<S: Sandbox + ?Sized>(
+    sandbox: &S,
+    commands: &[(String, Duration)],
+    within: Duration,
+    cap: usize,
+    reports: &Reports,
+) {
+    let end = std::time::Instant::now() + within;
+    for (command, timeout) in commands {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        let ran = if left.is_zero() {
+            Ran::NotStarted
+        } else {
+            match sandbox.run_to_end(command, (*timeout).min(left), cap).await {
+                Ok(done) => Ran::Done(done),
+                Err(e) => Ran::Failed(e),
+            }
+        };
+        let _ = reports.send(ran);
+    }
 }

@@ -4,15 +4,20 @@
 //! container prints, so anything running there can print a fake one. Here the exit code
 //! is the engine's (`inspect_exec`), which nothing inside the container can forge, and the
 //! output is only ever output.
+//!
+//! An attempt's checks go to the sandbox's check runner as one batch when it has one
+//! ([`super::runner`], whose reports are as unforgeable); else, or once it is lost, each
+//! is an engine exec of its own, as here.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use futures_util::StreamExt as _;
 
+use super::runner::{bounded, Outcome, CHECK_ENV};
 use super::sandbox::DockerSandbox;
 use crate::sandbox::term;
-use crate::sandbox::{Finished, Result, SandboxError};
+use crate::sandbox::{run_one_by_one, Finished, Ran, Reports, Result, SandboxError};
 
 /// The wrapper: its pid on stderr (before anything of the command runs, so the command
 /// cannot write there: its stderr is stdout), then the command under bash with no stdin.
@@ -34,12 +39,7 @@ impl DockerSandbox {
                 &self.id,
                 CreateExecOptions {
                     cmd: Some(vec!["/bin/sh", "-c", WRAPPER, "kodx-check", command]),
-                    env: Some(vec![
-                        "TERM=dumb",
-                        "PAGER=cat",
-                        "GIT_PAGER=cat",
-                        "DEBIAN_FRONTEND=noninteractive",
-                    ]),
+                    env: Some(CHECK_ENV.to_vec()),
                     working_dir: Some(self.workdir.as_str()),
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
@@ -77,12 +77,10 @@ impl DockerSandbox {
         let finished = tokio::time::timeout(timeout, collect).await.is_ok();
         if !finished {
             if let Ok(pid) = pid.trim().parse::<u32>() {
-                self.kill_group(pid).await;
+                self.kill_groups(&[pid]).await;
             }
         }
-        let (pending, _) = printed.take();
-        let (text, omitted_bytes) =
-            term::cap_middle(&pending.text, pending.omitted, pending.cut_at, cap);
+        let (text, omitted_bytes) = bounded(printed, cap);
         let exit_code = if finished {
             let inspected = self
                 .docker
@@ -101,16 +99,21 @@ impl DockerSandbox {
         };
         Ok(Finished {
             output: text,
-            omitted_bytes: omitted_bytes as u64,
+            omitted_bytes,
             exit_code,
             timed_out: !finished,
         })
     }
 
-    /// Kills process group `pid` (a timed-out check and what it started).
-    async fn kill_group(&self, pid: u32) {
+    /// Kills each process group in `pids` and its leader (a timed-out check and what it
+    /// started, a lost check runner).
+    pub(super) async fn kill_groups(&self, pids: &[u32]) {
         // `-KILL -PID` (no `--`): the form dash, bash and busybox all take for a group.
-        let kill = format!("kill -KILL -{pid} 2>/dev/null; kill -KILL {pid} 2>/dev/null; true");
+        let kill: String = pids
+            .iter()
+            .map(|pid| format!("kill -KILL -{pid} 2>/dev/null; kill -KILL {pid} 2>/dev/null; "))
+            .chain(["true".to_string()])
+            .collect();
         let Ok(exec) = self
             .docker
             .create_exec(
@@ -134,5 +137,58 @@ impl DockerSandbox {
             })
             .await;
         }
+    }
+
+    /// [`Sandbox::run_all`](crate::sandbox::Sandbox::run_all): through the runner when the
+    /// sandbox has one; else (or when it does not take the batch) one engine exec each.
+    pub(super) async fn run_batch(
+        &self,
+        commands: &[(String, Duration)],
+        within: Duration,
+        cap: usize,
+        reports: Reports,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let mut slot = self.runner.lock().await;
+        if let Some(runner) = slot.as_mut() {
+            let outcome = runner
+                .run(&self.workdir, commands, within, cap, &reports)
+                .await;
+            let pid = runner.pid;
+            match outcome {
+                Outcome::Done => return Ok(()),
+                Outcome::Refused(why) => {
+                    tracing::warn!(
+                        "the check runner {why}: it is dropped, and each check runs as an \
+                         engine exec of its own"
+                    );
+                    *slot = None;
+                    self.kill_groups(&[pid]).await;
+                }
+                Outcome::Lost {
+                    reported,
+                    running,
+                    why,
+                } => {
+                    tracing::warn!(
+                        "the check runner {why} during the checks: the rest do not pass, and \
+                         later checks run as engine execs of their own"
+                    );
+                    *slot = None;
+                    let mut pids = vec![pid];
+                    pids.extend(running);
+                    self.kill_groups(&pids).await;
+                    for _ in reported..commands.len() {
+                        let _ = reports.send(Ran::Failed(SandboxError::InvalidInput(format!(
+                            "kodx's check runner {why} before this check"
+                        ))));
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        let within = within.saturating_sub(started.elapsed());
+        run_one_by_one(self, commands, within, cap, &reports).await;
+        Ok(())
     }
 }

@@ -4,7 +4,9 @@
 //! One file per job: `spec` (what a run asks of its sandbox), `engine` (the connection,
 //! images and the sweeps of orphaned containers), `provision` (making and preparing a
 //! sandbox's container), `derived` (the image a sandbox is made from, kodx's files in),
-//! `setup` (the setup script and the setup cache's part in it),
+//! `setup` (the setup script and the setup cache's part in it), `exec` (a command run to
+//! its end as an engine exec of its own), `runner` and `frames` (the check runner: every
+//! check of an attempt through one exec, and its wire format),
 //! `streams` (the tar streams in and out), `sandbox` (one run's container and its shells),
 //! `spare` (a sandbox's next shell, started ahead), `warm` (containers made ahead of runs)
 //! and `cleanup` (removal on every path). Who owns a container — its labels and this
@@ -16,7 +18,9 @@ mod cleanup;
 mod derived;
 mod engine;
 mod exec;
+mod frames;
 mod provision;
+mod runner;
 mod sandbox;
 mod setup;
 mod snapshot;

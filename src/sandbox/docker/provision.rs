@@ -17,6 +17,7 @@ use bollard::Docker;
 use super::cleanup::{creation_gate, register_live, remove};
 use super::derived::{kodx_files, SandboxImage};
 use super::engine::Engine;
+use super::runner::Runner;
 use super::sandbox::{DiskGuard, DockerSandbox};
 use super::setup::CachePlan;
 use super::spare::spawn_ahead;
@@ -412,16 +413,34 @@ impl Engine {
                 }
             }
         };
-        let (prepared, early) = tokio::join!(
+        // The check runner too: it makes itself untouchable by the sandbox's processes
+        // (non-dumpable) as it starts, and no process of the repository's may run before
+        // it has (the setup script and the shells wait for this join), so none could reach
+        // its stdout, where it reports the checks (`runner`).
+        let runner = async {
+            match spec.checks_ahead {
+                true => Runner::start(&self.docker, &sandbox.id).await,
+                false => None,
+            }
+        };
+        let (prepared, early, runner) = tokio::join!(
             async {
                 tokio::try_join!(
                     raise_fence(&self.docker, &sandbox.id, fencing),
                     self.copy_in(sandbox, spec, hit, pack, progress)
                 )
             },
-            early
+            early,
+            runner
         );
         let ((), cleaned) = prepared?;
+        match runner {
+            Some(Ok(runner)) => *sandbox.runner.lock().await = Some(runner),
+            Some(Err(e)) => tracing::warn!(
+                "the check runner did not start ({e}); each check will run as an engine exec of its own"
+            ),
+            None => {}
+        }
         let report = match (&spec.setup_script, cache) {
             (Some(_), Some(_)) if hit => SetupReport {
                 cache: SetupCacheUse::Hit,

@@ -14,13 +14,14 @@ use bollard::query_parameters::{InspectContainerOptions, KillContainerOptions};
 use bollard::Docker;
 
 use super::cleanup::{remove, remove_blocking};
+use super::runner::Runner;
 use super::spare::{open_or_start, SpareShell, FIRST_SPARE_AFTER};
 use super::spec::SandboxSpec;
 use super::streams::Opener;
 use crate::sandbox::archive::{self, ArchiveLimits, ChangeSet, Exported, Manifest};
 use crate::sandbox::setup_cache::SetupReport;
 use crate::sandbox::shell::{FeedOutput, Shell, Spawned};
-use crate::sandbox::{Finished, Result, Sandbox, SandboxError};
+use crate::sandbox::{Finished, Reports, Result, Sandbox, SandboxError};
 
 /// How a sandbox's disk use is bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +65,9 @@ pub struct DockerSandbox {
     /// The snapshot's exec, started ahead and waiting for its line.
     pub(super) snapshotter:
         Mutex<Option<tokio::task::JoinHandle<Result<super::snapshot::Started>>>>,
+    /// The check runner, started before anything of the repository ran; `None` without
+    /// it (or once it was lost): then each check is an engine exec of its own.
+    pub(super) runner: tokio::sync::Mutex<Option<Runner>>,
 }
 
 /// Most shells one sandbox keeps at once.
@@ -96,6 +100,7 @@ impl DockerSandbox {
             snapshot_ready: AtomicBool::new(false),
             change_set_ahead: spec.change_set_ahead,
             snapshotter: Mutex::new(None),
+            runner: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -318,6 +323,16 @@ impl Sandbox for DockerSandbox {
 
     async fn run_to_end(&self, command: &str, timeout: Duration, cap: usize) -> Result<Finished> {
         self.exec_to_end(command, timeout, cap).await
+    }
+
+    async fn run_all(
+        &self,
+        commands: &[(String, Duration)],
+        within: Duration,
+        cap: usize,
+        reports: Reports,
+    ) -> Result<()> {
+        self.run_batch(commands, within, cap, reports).await
     }
 
     async fn export_workspace(&self, dest: &Path) -> Result<Exported> {

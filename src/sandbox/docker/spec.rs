@@ -117,6 +117,11 @@ pub struct SandboxSpec {
     pub change_set_ahead: bool,
     /// The sandbox runs the checks of this run ([`crate::sandbox::owner::CHECKS_OF_LABEL`]).
     pub checks_of: Option<String>,
+    /// The sandbox runs checks (a checks' sandbox, [`crate::checks::verify`]): kodx's check
+    /// runner is started while the sandbox is prepared, so that each attempt's checks go
+    /// through it (`docker/runner.rs`); without it they run one engine exec each. Costs the
+    /// runner's start (an engine exec, beside the copy-in).
+    pub checks_ahead: bool,
 }
 
 impl SandboxSpec {
@@ -141,6 +146,7 @@ impl SandboxSpec {
             archive_limits: ArchiveLimits::default(),
             change_set_ahead: false,
             checks_of: None,
+            checks_ahead: false,
         }
     }
 }

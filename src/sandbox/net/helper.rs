@@ -1,7 +1,7 @@
 //! The network helper: a tiny static program (`native/kodx-net.c`, built by build.rs and
 //! embedded here), shipped to the engine in kodx's own image ([`super::image`]). Each
 //! sandbox runs it from a read-only volume: it is the sandbox's main process (`hold`), the
-//! shells started ahead (`gate`) and the snapshot. The engine's fencer runs it to plug and
+//! shells started ahead (`gate`), the check runner (`checks`) and the snapshot. The engine's fencer runs it to plug and
 //! fence sandboxes ([`exec_in`]); where there is no fencer, short-lived containers of
 //! kodx's image run it, removed on every path.
 
@@ -88,6 +88,12 @@ pub fn hold_command() -> Vec<String> {
 /// the line that runs the shell; `None` when this kodx was built without the helper.
 pub fn gate_command() -> Option<Vec<String>> {
     (!HELPER.is_empty()).then(|| vec![SANDBOX_HELPER_PATH.to_string(), "gate".to_string()])
+}
+
+/// The command of the check runner (the helper's `checks`, see
+/// `crate::sandbox::docker`'s `runner`); `None` without the helper.
+pub fn checks_command() -> Option<Vec<String>> {
+    (!HELPER.is_empty()).then(|| vec![SANDBOX_HELPER_PATH.to_string(), "checks".to_string()])
 }
 
 /// The command that writes `root` as a tar for the change set (the helper's `snapshot`),

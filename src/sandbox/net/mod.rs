@@ -42,7 +42,8 @@ mod policy;
 pub use fence::{fencer_ready, plugs, refuse_fencer, unplug, Fencing, FALLBACK_RESOLVERS};
 pub use fencer::{fencer_name, FENCER_CAPABILITIES, FENCER_PREFIX, IDLE_SECS as FENCER_IDLE_SECS};
 pub use helper::{
-    check_arch, gate_command, has_helper, hold_command, host_addresses, snapshot_command,
+    check_arch, checks_command, gate_command, has_helper, hold_command, host_addresses,
+    snapshot_command,
 };
 pub use image::{
     helper_image_name, helper_mount, helper_volume, no_healthcheck, remove_old_helpers,

@@ -488,6 +488,17 @@ impl Sandbox for Fenced<'_> {
         self.inner.run_to_end(command, timeout, cap).await
     }
 
+    async fn run_all(
+        &self,
+        commands: &[(String, std::time::Duration)],
+        within: std::time::Duration,
+        cap: usize,
+        reports: crate::sandbox::Reports,
+    ) -> crate::sandbox::Result<()> {
+        self.check().await?;
+        self.inner.run_all(commands, within, cap, reports).await
+    }
+
     async fn export_workspace(&self, dest: &std::path::Path) -> crate::sandbox::Result<Exported> {
         self.check().await?;
         self.inner.export_workspace(dest).await
