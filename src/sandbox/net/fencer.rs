@@ -146,12 +146,17 @@ async fn running(docker: &Docker, name: &str, image: &str) -> Result<Option<Stri
                     "a container named as kodx's network fencer is not kodx's: removing it"
                 );
                 let id = info.id.unwrap_or_else(|| name.to_string());
-                crate::sandbox::docker::remove(docker, &id).await.map_err(|e| {
-                    SandboxError::NetworkFence(format!(
-                        "the container {name} is not kodx's network fencer and could not be                          removed ({e}); remove it (`docker rm -f {name}`)"
-                    ))
-                })?;
-                return Ok(None);
+                match crate::sandbox::docker::remove(docker, &id).await {
+                    Ok(()) => return Ok(None),
+                    // Another process is removing it: wait for it to be gone.
+                    Err(e) if e.to_string().contains("already in progress") => {}
+                    Err(e) => {
+                        return Err(SandboxError::NetworkFence(format!(
+                            "the container {name} is not kodx's network fencer and could not be \
+                             removed ({e}); remove it (`docker rm -f {name}`)"
+                        )))
+                    }
+                }
             }
             Ok(info) => {
                 let state = info.state.unwrap_or_default();
