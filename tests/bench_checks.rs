@@ -113,19 +113,32 @@ async fn checks_overhead() {
     );
 }
 
-/// Webhook → pull request opened for one `/kodx code` on issue `number`, in ms.
-async fn code_once(s: &Served, number: u64) -> f64 {
+/// Webhook → pull request opened for one `/kodx code` on issue `number`, and its
+/// `verifier` phase (what the checks' own sandbox added), in ms.
+async fn code_once(s: &Served, number: u64) -> (f64, f64) {
     s.model
         .reply(tool("echo x >> bench.txt"), "tool_use", usage(1000, 10));
     s.model.reply(text("Done."), "end_turn", usage(1000, 10));
     let before = s.github.created_pulls(REPO).len();
     let started = Instant::now();
-    s.comment(number, "alice", "/kodx code bench").await;
+    let run = s.comment(number, "alice", "/kodx code bench").await;
     s.until("the pull request", || {
         (s.github.created_pulls(REPO).len() > before).then_some(())
     })
     .await;
-    started.elapsed().as_secs_f64() * 1000.0
+    let took = started.elapsed().as_secs_f64() * 1000.0;
+    let db = s.db().await;
+    let verifier = loop {
+        let r = db.get_run(&run.0).await.unwrap().unwrap();
+        if r.status.is_final() {
+            let result: serde_json::Value =
+                serde_json::from_str(r.result.as_deref().unwrap_or("{}")).unwrap();
+            break result["timings_ms"]["verifier"].as_f64().unwrap_or(0.0);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    db.close().await;
+    (took, verifier)
 }
 
 #[tokio::test]
@@ -139,6 +152,7 @@ async fn three_checks_end_to_end() {
     let s = Served::with_workers().await;
     let mut without = Vec::new();
     let mut with = Vec::new();
+    let mut verifiers = Vec::new();
     // Every issue first: the pull requests are numbered after them.
     let mut number = 100;
     for n in 101..=100 + 2 * runs as u64 {
@@ -152,7 +166,7 @@ async fn three_checks_end_to_end() {
             "no checks",
         );
         number += 1;
-        without.push(code_once(&s, number).await);
+        without.push(code_once(&s, number).await.0);
         s.git.commit_on_branch(
             REPO,
             "main",
@@ -164,20 +178,26 @@ async fn three_checks_end_to_end() {
             "three checks",
         );
         number += 1;
-        with.push(code_once(&s, number).await);
+        let (took, verifier) = code_once(&s, number).await;
+        with.push(took);
+        verifiers.push(verifier);
     }
     // The Check Run follows the pull request.
     s.until("a Check Run per run with checks", || {
         (s.github.check_runs().len() == runs).then_some(())
     })
     .await;
-    let (a, b) = (median(without), median(with));
+    let (a, b, v) = (median(without), median(with), median(verifiers));
+    let per_check = (b - a - v) / 3.0;
     println!("webhook → pull request, {runs} runs each (medians), test repository:");
     println!("  without checks: {a:.0} ms");
+    println!("  with three checks: {b:.0} ms (+{:.0} ms)", b - a);
     println!(
-        "  with three checks: {b:.0} ms (+{:.0} ms, {:.1} ms per check, Check Run included)  [target ≤ 50 ms per check: {}]",
-        b - a,
-        (b - a) / 3.0,
-        verdict((b - a) / 3.0, 50.0)
+        "    of which the checks' own sandbox: {v:.0} ms (made on demand: the scripted model ends its turn at once; bench_verifier measures it made ahead)  [target ≤ 1000 ms: {}]",
+        verdict(v, 1000.0)
+    );
+    println!(
+        "    the rest, per check: {per_check:.1} ms (Check Run included)  [target ≤ 50 ms per check: {}]",
+        verdict(per_check, 50.0)
     );
 }
