@@ -214,3 +214,34 @@ async fn a_replaced_helper_flooding_the_snapshot_leaves_memory_flat_and_the_chan
     }
     sb.destroy().await.unwrap();
 }
+
+/// The snapshot started ahead waits while the model works; its stdout is the change set
+/// kodx checks and commits. Nothing in the sandbox can open it through `/proc`: a process
+/// there writing a forged tar into it is refused, and the change set stays the workspace's.
+#[tokio::test]
+async fn nothing_in_the_sandbox_can_write_into_the_snapshot_started_ahead() {
+    let engine = common::require_engine!();
+    let repo = repository();
+    let mut spec = common::spec("snapshot-forge");
+    spec.repo_dir = Some(repo.path().to_path_buf());
+    spec.change_set_ahead = true;
+    let sb = start(&engine, &spec).await;
+    // (The snapshot's exec starts just after the first shell: looked for a while.)
+    let forge = concat!(
+        "echo changed > d0/f0.txt; found=0; opened=0; ",
+        "for i in $(seq 50); do for p in /proc/[0-9]*; do ",
+        "  tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q snapshot-on-line || continue; found=1; ",
+        "  for fd in 1 2; do echo forged-tar > $p/fd/$fd 2>/dev/null && opened=1; done; ",
+        "done; [ $found = 1 ] && break; sleep 0.1; done; echo found=$found opened=$opened"
+    );
+    let out = sb.feed_chars("default", forge, 30 * SEC).await.unwrap();
+    assert!(out.output.contains("found=1 opened=0"), "{out:?}");
+    let set = sb.change_set().await.unwrap();
+    assert_eq!(
+        described(&set),
+        ["d0/f0.txt modified content=true mode=false"],
+        "{set:?}"
+    );
+    sb.destroy().await.unwrap();
+    assert_gone(&engine, &spec.run_id).await;
+}
