@@ -133,6 +133,24 @@ pub struct CheckResult {
 }
 
 impl CheckResult {
+    /// Check `spec` in attempt `attempt`, not passed, with `output` (filled in by whoever
+    /// ran it, or saying why it did not run).
+    pub fn red(spec: &CheckSpec, attempt: u32, output: String) -> CheckResult {
+        CheckResult {
+            name: spec.name.clone(),
+            run: spec.run.clone(),
+            attempt,
+            passed: false,
+            exit_code: None,
+            timed_out: false,
+            duration_ms: 0,
+            output,
+            omitted_bytes: 0,
+            annotations: Vec::new(),
+            edited: Vec::new(),
+        }
+    }
+
     pub fn duration(&self) -> Duration {
         Duration::from_millis(self.duration_ms)
     }
@@ -265,19 +283,7 @@ fn check_result(
     took: Duration,
     workdir: &str,
 ) -> CheckResult {
-    let mut result = CheckResult {
-        name: spec.name.clone(),
-        run: spec.run.clone(),
-        attempt,
-        passed: false,
-        exit_code: None,
-        timed_out: false,
-        duration_ms: 0,
-        output: String::new(),
-        omitted_bytes: 0,
-        annotations: Vec::new(),
-        edited: Vec::new(),
-    };
+    let mut result = CheckResult::red(spec, attempt, String::new());
     match ran {
         Ran::NotStarted => {
             result.timed_out = true;

@@ -273,19 +273,7 @@ fn not_run(
     checks
         .iter()
         .map(|spec| {
-            let r = CheckResult {
-                name: spec.name.clone(),
-                run: spec.run.clone(),
-                attempt,
-                passed: false,
-                exit_code: None,
-                timed_out: false,
-                duration_ms: 0,
-                output: why.to_string(),
-                omitted_bytes: 0,
-                annotations: Vec::new(),
-                edited: Vec::new(),
-            };
+            let r = CheckResult::red(spec, attempt, why.to_string());
             each(&r);
             r
         })

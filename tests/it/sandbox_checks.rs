@@ -223,9 +223,10 @@ async fn a_check_forging_the_runners_frames_passes_neither_itself_nor_another() 
         ),
         "if : 3</proc/$PPID/fd/1; then echo PARENT-READ; else echo PARENT-READ-DENIED; fi"
             .to_string(),
-        // Anything else it can open for writing.
+        // Any other pipe it can open for writing (not files: `>` would truncate them).
         format!(
             "for f in /proc/[0-9]*/fd/*; do case $f in /proc/$$/*|/proc/self/*) continue;; esac; \
+             case $(readlink $f 2>/dev/null) in pipe:*) ;; *) continue;; esac; \
              {{ printf {} > $f && echo \"reached $f\"; }} 2>/dev/null; done",
             fake_frames(0, 3)
         ),
@@ -265,8 +266,11 @@ async fn a_process_left_in_the_sandbox_cannot_reach_the_runner() {
     let engine = common::require_engine!();
     let spec = with_checks("check-racer");
     let sb = start(&engine, &spec).await;
+    // Into every pipe it can open (the runner's stdout is one): not into files, which
+    // `>` would truncate (the shared libraries a process has open among them).
     let racer = format!(
-        "(while :; do for f in /proc/[0-9]*/fd/[0-9]*; do printf {} > $f; done 2>/dev/null; \
+        "(while :; do for f in /proc/[0-9]*/fd/[0-9]*; do \
+         case $(readlink $f) in pipe:*) printf {} > $f;; esac; done 2>/dev/null; \
          done) >/dev/null 2>&1 & echo racer-started",
         fake_frames(0, 2)
     );

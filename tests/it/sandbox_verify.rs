@@ -10,6 +10,18 @@ use crate::common::*;
 use kodx::checks::verify::{FreshSandboxes, Verifier};
 use kodx::sandbox::Sandbox;
 
+/// Waits (10 s at most) until a checks' sandbox of run `run_id` exists; its label.
+async fn checks_sandbox_made(engine: &kodx::sandbox::Engine, run_id: &str) -> String {
+    let label = format!("kodx.checks-of={run_id}");
+    for _ in 0..200 {
+        if !common::containers_labelled(engine, &label).await.is_empty() {
+            return label;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no checks' sandbox of {run_id} after 10 s");
+}
+
 #[tokio::test]
 async fn a_checks_sandbox_holds_the_starting_tree_and_exactly_the_change_set() {
     let engine = common::require_engine!();
@@ -88,19 +100,7 @@ async fn a_checks_sandbox_holds_the_starting_tree_and_exactly_the_change_set() {
 
     // A repair pass: the next checks' sandbox is made ahead, and the run's removal takes it.
     verifier.another();
-    let checks_label = format!("kodx.checks-of={}", spec.run_id);
-    for _ in 0..200 {
-        if !common::containers_labelled(&engine, &checks_label)
-            .await
-            .is_empty()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(!common::containers_labelled(&engine, &checks_label)
-        .await
-        .is_empty());
+    let checks_label = checks_sandbox_made(&engine, &spec.run_id).await;
     verifier.close().await;
     assert!(common::containers_labelled(&engine, &checks_label)
         .await
@@ -114,19 +114,7 @@ async fn removing_a_run_removes_its_checks_sandboxes() {
     let engine = common::require_engine!();
     let spec = common::spec("verify-removal");
     let verifier = FreshSandboxes::new(engine.clone(), &spec);
-    let checks_label = format!("kodx.checks-of={}", spec.run_id);
-    for _ in 0..200 {
-        if !common::containers_labelled(&engine, &checks_label)
-            .await
-            .is_empty()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(!common::containers_labelled(&engine, &checks_label)
-        .await
-        .is_empty());
+    let checks_label = checks_sandbox_made(&engine, &spec.run_id).await;
     let removed = engine.remove_run_containers(&spec.run_id).await.unwrap();
     assert_eq!(removed, 1);
     assert!(common::containers_labelled(&engine, &checks_label)
