@@ -22,6 +22,18 @@ async fn checks_sandbox_made(engine: &kodx::sandbox::Engine, run_id: &str) -> St
     panic!("no checks' sandbox of {run_id} after 10 s");
 }
 
+/// Waits (10 s at most: a creation the engine was doing when its start was stopped is
+/// swept 3 s later) until no container carries `label`.
+async fn checks_sandboxes_gone(engine: &kodx::sandbox::Engine, label: &str) {
+    for _ in 0..200 {
+        if common::containers_labelled(engine, label).await.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("a container labelled {label} was left behind");
+}
+
 #[tokio::test]
 async fn a_checks_sandbox_holds_the_starting_tree_and_exactly_the_change_set() {
     let engine = common::require_engine!();
@@ -102,9 +114,7 @@ async fn a_checks_sandbox_holds_the_starting_tree_and_exactly_the_change_set() {
     verifier.another();
     let checks_label = checks_sandbox_made(&engine, &spec.run_id).await;
     verifier.close().await;
-    assert!(common::containers_labelled(&engine, &checks_label)
-        .await
-        .is_empty());
+    checks_sandboxes_gone(&engine, &checks_label).await;
     work.destroy().await.unwrap();
     assert_gone(&engine, &spec.run_id).await;
 }
@@ -115,10 +125,9 @@ async fn removing_a_run_removes_its_checks_sandboxes() {
     let spec = common::spec("verify-removal");
     let verifier = FreshSandboxes::new(engine.clone(), &spec);
     let checks_label = checks_sandbox_made(&engine, &spec.run_id).await;
+    // Removed while it starts: the start fails, and nothing of it stays.
     let removed = engine.remove_run_containers(&spec.run_id).await.unwrap();
-    assert_eq!(removed, 1);
-    assert!(common::containers_labelled(&engine, &checks_label)
-        .await
-        .is_empty());
+    assert!(removed >= 1, "{removed}");
     verifier.close().await;
+    checks_sandboxes_gone(&engine, &checks_label).await;
 }
