@@ -4,16 +4,7 @@
 use super::{Level, MAX_PATH_BYTES};
 
 /// The start of `s`, at most `max` bytes, on a character boundary.
-pub(super) fn head(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
+pub(super) use crate::ci_log::cut_str as head;
 
 /// `line` without escape sequences (CSI such as colours, OSC such as hyperlinks and
 /// titles, two-character escapes) or control characters but tabs, into `out`. Text after a
