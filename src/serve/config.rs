@@ -161,6 +161,12 @@ pub struct Settings {
     /// answer, in seconds (`KODX_GITHUB_TIMEOUT_SECS` sets it too); a request that takes
     /// longer is given up (and tried again, where that is safe).
     pub github_timeout_secs: u64,
+    /// Tests of leases only (`KODX_TEST_LEASE_MS`; no config key): a lease this many
+    /// milliseconds long, replacing `lease_secs`, with the GitHub request bound and the
+    /// slack scaled down with it (3/10 and 1/5 of it, the proportions of a 10 s lease with
+    /// a 3 s bound), so a taken-over run is taken over within a second or two.
+    #[serde(skip)]
+    pub test_lease_ms: Option<u64>,
     /// Recent issue comments given to an `ask` run as context.
     pub context_comments: usize,
     /// The longest PR diff given to a run as context, in bytes.
@@ -243,6 +249,7 @@ impl Default for Settings {
             github_timeout_secs: crate::github::RequestPolicy::default()
                 .request_timeout
                 .as_secs(),
+            test_lease_ms: None,
             context_comments: 20,
             max_diff_bytes: 200_000,
             max_commit_file_bytes: 10 * 1024 * 1024,
@@ -290,12 +297,18 @@ impl Settings {
 
     /// How long a claim holds a run without a renewal (`lease_secs`).
     pub fn lease(&self) -> Duration {
-        Duration::from_secs(self.lease_secs)
+        match self.test_lease_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None => Duration::from_secs(self.lease_secs),
+        }
     }
 
     /// How long one GitHub request may take (`github_timeout_secs`).
     pub fn github_timeout(&self) -> Duration {
-        Duration::from_secs(self.github_timeout_secs)
+        match self.test_lease_ms {
+            Some(ms) => Duration::from_millis(ms * 3 / 10),
+            None => Duration::from_secs(self.github_timeout_secs),
+        }
     }
 
     /// How much of its lease a process must have left to act for a run — a GitHub write,
@@ -303,7 +316,10 @@ impl Settings {
     /// more, so that whatever a write allowed now does, it does before the lease can run
     /// out and another process take the run.
     pub fn lease_margin(&self) -> Duration {
-        self.github_timeout() + LEASE_SLACK
+        match self.test_lease_ms {
+            Some(ms) => self.github_timeout() + Duration::from_millis(ms / 5),
+            None => self.github_timeout() + LEASE_SLACK,
+        }
     }
 
     /// The GitHub client's retry and timeout policy: each request bounded by
@@ -705,6 +721,18 @@ fn base_config(get: &dyn Fn(&str) -> Option<String>) -> Result<(SetupConfig, boo
     if let Some(v) = get("KODX_GITHUB_TIMEOUT_SECS") {
         settings.github_timeout_secs = seconds("KODX_GITHUB_TIMEOUT_SECS", v)?;
     }
+    if let Some(v) = get("KODX_TEST_LEASE_MS") {
+        let ms = v
+            .trim()
+            .parse()
+            .ok()
+            .filter(|ms| (500..=60_000).contains(ms));
+        settings.test_lease_ms = Some(ms.ok_or_else(|| {
+            ConfigError(format!(
+                "KODX_TEST_LEASE_MS must be 500 to 60000, got {v:?}"
+            ))
+        })?);
+    }
     settings.check_lease(
         "KODX_LEASE_SECS and KODX_GITHUB_TIMEOUT_SECS (or their keys in KODX_CONFIG)",
     )?;
@@ -1095,6 +1123,27 @@ mod tests {
             .unwrap_err();
         assert!(
             e.0.contains("KODX_LEASE_SECS must be a whole number"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_test_lease_in_milliseconds_scales_the_github_bound_and_the_margin_with_it() {
+        let c =
+            ServeConfig::from_lookup(lookup(&without_config(&[("KODX_TEST_LEASE_MS", "2000")])))
+                .unwrap();
+        let s = &c.settings;
+        assert_eq!(s.lease(), Duration::from_millis(2000));
+        assert_eq!(s.github_timeout(), Duration::from_millis(600));
+        assert_eq!(
+            s.github_policy().request_timeout,
+            Duration::from_millis(600)
+        );
+        assert_eq!(s.lease_margin(), Duration::from_millis(1000));
+        let e = ServeConfig::from_lookup(lookup(&without_config(&[("KODX_TEST_LEASE_MS", "10")])))
+            .unwrap_err();
+        assert!(
+            e.0.contains("KODX_TEST_LEASE_MS must be 500 to 60000"),
             "{e}"
         );
     }

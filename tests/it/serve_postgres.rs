@@ -9,12 +9,11 @@ use kodx::db::test_databases;
 use kodx::db::RunStatus;
 use serde_json::json;
 
-/// A short lease for the tests of leases (`lease_secs`; and `github_timeout_secs`, which
-/// a lease must outlast by 5 s): a stopped or killed process's run is taken over within
-/// seconds, not a minute.
-pub(crate) const SHORT_LEASE_SECS: u64 = 10;
-pub(crate) const SHORT_LEASE: &[(&str, &str)] =
-    &[("KODX_LEASE_SECS", "10"), ("KODX_GITHUB_TIMEOUT_SECS", "3")];
+/// A short lease for the tests of leases (`KODX_TEST_LEASE_MS`, which scales the GitHub
+/// request bound and the margin with it): a stopped or killed process's run is taken over
+/// within two seconds, not a minute.
+pub(crate) const SHORT_LEASE_MS: u64 = 2000;
+pub(crate) const SHORT_LEASE: &[(&str, &str)] = &[("KODX_TEST_LEASE_MS", "2000")];
 
 /// A server on a fresh PostgreSQL database; `None` when `KODX_SKIP_POSTGRES=1` asked to
 /// test SQLite only (it prints why).
@@ -132,7 +131,7 @@ async fn a_killed_process_run_is_finished_by_another_after_its_lease() {
         .await;
     let took = killed_at.elapsed();
     assert!(
-        took >= std::time::Duration::from_secs(SHORT_LEASE_SECS - 2),
+        took >= std::time::Duration::from_millis(SHORT_LEASE_MS * 4 / 5),
         "taken back after {took:?}, before the lease could expire"
     );
     assert!(done.body.contains("/pull/"), "{}", done.body);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::serve::{text, tool, usage, REPO};
-use crate::serve_postgres::{served_on_postgres_with, terminate, SHORT_LEASE, SHORT_LEASE_SECS};
+use crate::serve_postgres::{served_on_postgres_with, terminate, SHORT_LEASE};
 use kodx::db::RunStatus;
 
 /// The test knob that stops the server just before it writes a run's end (after every
@@ -16,8 +16,9 @@ const STOP_BEFORE_FINISH: &str = "KODX_TEST_STOP_BEFORE_FINISH";
 
 /// Process A finishes an ask's work and is stopped (`SIGSTOP`) right before it writes the
 /// run's end — past every check of its lease. Its lease runs out; process B takes the run
-/// over and is in the middle of it when A goes on (`SIGCONT`): A's end changes no row and
-/// posts nothing (its answer never shows), and B's result stands.
+/// over and is in the middle of it (a model call the test holds) when A goes on
+/// (`SIGCONT`): A's end changes no row and posts nothing (its answer never shows), and B's
+/// result stands.
 #[tokio::test]
 async fn a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing() {
     let engine = common::require_engine!();
@@ -41,8 +42,10 @@ async fn a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing
     .await;
 
     // B: a worker without the knob. It takes the run over once A's lease ran out, and is in
-    // its first command when A goes on.
-    s.model.reply(tool("sleep 15"), "tool_use", usage(1000, 10));
+    // its first model call (held until A gave the run up) when A goes on.
+    let b_goes_on = s
+        .model
+        .reply_held(tool("true"), "tool_use", usage(1000, 10));
     s.model
         .reply(text("The answer from B."), "end_turn", usage(1000, 10));
     let (mut other, _) = s
@@ -66,6 +69,7 @@ async fn a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing
         "A ended B's run: {stored:?}"
     );
     assert_eq!(stored.attempts, 2, "{stored:?}");
+    b_goes_on.send_replace(true);
 
     // B ends the run; nothing A had was ever shown or stored.
     let done = s
@@ -203,8 +207,8 @@ async fn a_process_resumed_in_the_middle_of_a_github_read_writes_nothing() {
 const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
 /// Process B's clock runs 60 s ahead (libfaketime; its monotonic clock is left alone)
-/// while process A is in the middle of a code run: by B's clock A's lease (10 s) ran out
-/// 50 s ago, but leases run out by the database's clock, so B's recovery — at its start and
+/// while process A is in the middle of a code run: by B's clock A's lease (2 s) ran out
+/// 58 s ago, but leases run out by the database's clock, so B's recovery — at its start and
 /// every third of a lease — leaves the run alone.
 #[tokio::test]
 async fn a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run() {
@@ -243,8 +247,17 @@ async fn a_process_whose_clock_runs_a_minute_ahead_takes_no_live_run() {
     let (mut other, _) = s
         .spawn_another_with(&["--role", "worker"], &skewed, &[])
         .await;
-    // Its recovery at start, then two more passes (one every third of a lease).
-    tokio::time::sleep(Duration::from_secs(SHORT_LEASE_SECS * 2 / 3 + 3)).await;
+    // Its recovery at start, then two more passes (one every third of a lease), each a
+    // debug line of B's (its worker id holds its pid).
+    let b = format!("-{}-", other.id().expect("B runs"));
+    s.wait_for("B's third recovery pass", Duration::from_secs(60), || {
+        s.log()
+            .lines()
+            .filter(|l| l.contains("looked for runs whose lease ran out") && l.contains(&b))
+            .count()
+            >= 3
+    })
+    .await;
     let db = s.db().await;
     let stored = db.get_run(&run.0).await.unwrap().unwrap();
     assert_eq!(

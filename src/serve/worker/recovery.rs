@@ -90,7 +90,11 @@ impl Workers {
             .recover(&self.worker_id, i64::from(self.settings.max_attempts))
             .await
         {
-            Ok(r) => r,
+            Ok(r) => {
+                // What the tests of leases wait on (a pass per third of a lease).
+                tracing::debug!(worker = %self.worker_id, taken = r.len(), "looked for runs whose lease ran out");
+                r
+            }
             Err(e) => {
                 tracing::error!("recovering runs failed: {e}");
                 return;

@@ -22,6 +22,11 @@ pub enum Scripted {
     /// 200 with the body this function makes from the request (e.g. an answer quoting the
     /// last tool result, which only the container could have produced).
     Dynamic(Box<dyn Fn(&Value) -> Value + Send>),
+    /// This reply, sent once the test releases it ([`FakeAnthropic::reply_held`]).
+    Held {
+        reply: Value,
+        release: tokio::sync::watch::Receiver<bool>,
+    },
     /// An error status with an optional `retry-after` (seconds).
     Error {
         status: u16,
@@ -80,16 +85,24 @@ impl FakeAnthropic {
 
     /// A reply with text and/or tool calls, and the usage to bill.
     pub fn reply(&self, content: Vec<Value>, stop_reason: &str, usage: Value) {
-        self.push(Scripted::Reply(json!({
-            "id": format!("msg_{}", rand::random::<u32>()),
-            "type": "message",
-            "role": "assistant",
-            "model": "claude-sonnet-4-5-20250929",
-            "content": content,
-            "stop_reason": stop_reason,
-            "stop_sequence": null,
-            "usage": usage,
-        })));
+        self.push(Scripted::Reply(message(content, stop_reason, usage)));
+    }
+
+    /// [`reply`](Self::reply), held when its request arrives until the returned sender
+    /// sends `true`: the run is then in the middle of a model call for as long as the test
+    /// needs, with no fixed wait.
+    pub fn reply_held(
+        &self,
+        content: Vec<Value>,
+        stop_reason: &str,
+        usage: Value,
+    ) -> tokio::sync::watch::Sender<bool> {
+        let (release, held) = tokio::sync::watch::channel(false);
+        self.push(Scripted::Held {
+            reply: message(content, stop_reason, usage),
+            release: held,
+        });
+        release
     }
 
     /// An `end_turn` reply whose text is `make(text of the last tool_result)`.
@@ -153,6 +166,20 @@ fn api_error(status: StatusCode, kind: &str, message: &str) -> Response {
         .into_response()
 }
 
+/// A Messages API reply with `content`, `stop_reason` and `usage`.
+fn message(content: Vec<Value>, stop_reason: &str, usage: Value) -> Value {
+    json!({
+        "id": format!("msg_{}", rand::random::<u32>()),
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5-20250929",
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": null,
+        "usage": usage,
+    })
+}
+
 async fn handle(State(fake): State<FakeAnthropic>, headers: HeaderMap, body: Bytes) -> Response {
     if headers.get("x-api-key").and_then(|v| v.to_str().ok()) != Some(fake.key.as_str()) {
         return api_error(
@@ -184,6 +211,15 @@ async fn handle(State(fake): State<FakeAnthropic>, headers: HeaderMap, body: Byt
             make(&body).to_string(),
         )
             .into_response(),
+        Some(Scripted::Held { reply, mut release }) => {
+            let _ = release.wait_for(|r| *r).await;
+            (
+                StatusCode::OK,
+                [("content-type", "application/json")],
+                reply.to_string(),
+            )
+                .into_response()
+        }
         Some(Scripted::Reply(v)) => (
             StatusCode::OK,
             [("content-type", "application/json")],
