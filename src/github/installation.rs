@@ -10,6 +10,7 @@ use octocrab::Octocrab;
 use secrecy::SecretString;
 use serde_json::{json, Value};
 
+use super::clock::Clock;
 use super::error::GitHubError;
 use super::guard::WriteGuard;
 use super::policy::{Raw, RequestPolicy};
@@ -44,6 +45,8 @@ struct Inner {
     id: u64,
     token: SecretString,
     expires_at: SystemTime,
+    /// What [`Installation::valid_for`] reads the time from (the App's clock).
+    clock: Clock,
     octo: Octocrab,
     policy: RequestPolicy,
     /// GitHub's GraphQL endpoint beside the REST API ([`graphql_url`]).
@@ -69,6 +72,7 @@ impl Installation {
         token: SecretString,
         expires_at: SystemTime,
         policy: RequestPolicy,
+        clock: Clock,
     ) -> Result<Installation, GitHubError> {
         let octo = transport::client(api_url, &policy, Auth::Installation(token.clone()))?;
         Ok(Installation {
@@ -76,6 +80,7 @@ impl Installation {
                 id,
                 token,
                 expires_at,
+                clock,
                 octo,
                 policy,
                 graphql: graphql_url(api_url),
@@ -111,7 +116,7 @@ impl Installation {
 
     /// Whether the token is good for at least `margin` more.
     pub fn valid_for(&self, margin: Duration) -> bool {
-        SystemTime::now() + margin < self.inner.expires_at
+        self.inner.clock.now() + margin < self.inner.expires_at
     }
 
     // ---------------------------------------------------------------------------------
@@ -801,6 +806,7 @@ mod tests {
             SecretString::from(token),
             SystemTime::now() + Duration::from_secs(3600),
             RequestPolicy::default(),
+            Clock::default(),
         )
         .unwrap();
         let shown = format!("{inst:?}");

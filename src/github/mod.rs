@@ -18,6 +18,7 @@
 
 mod check_runs;
 mod ci;
+mod clock;
 mod error;
 mod graphql;
 mod guard;
@@ -40,6 +41,7 @@ use octocrab::Octocrab;
 
 pub use check_runs::ANNOTATIONS_PER_REQUEST;
 pub use ci::{CiLimits, CiState, FailedCheck};
+pub use clock::Clock;
 pub use error::GitHubError;
 pub use graphql::{ReviewThread, ReviewThreads, ThreadComment};
 pub use guard::WriteGuard;
@@ -88,6 +90,8 @@ struct AppInner {
     installations: Mutex<HashMap<CacheKey, Slot>>,
     /// The bot account once looked up; its lock is held during the lookup.
     bot: tokio::sync::Mutex<Option<BotIdentity>>,
+    /// What the cached tokens' expiry is read against ([`GitHubApp::clock`]).
+    clock: Clock,
 }
 
 impl fmt::Debug for GitHubApp {
@@ -140,6 +144,7 @@ impl GitHubApp {
                 policy,
                 installations: Mutex::new(HashMap::new()),
                 bot: tokio::sync::Mutex::new(None),
+                clock: Clock::default(),
             }),
         };
         // A key that decodes but cannot sign fails here, not at the first webhook.
@@ -149,6 +154,12 @@ impl GitHubApp {
 
     pub fn app_id(&self) -> u64 {
         self.inner.app_id
+    }
+
+    /// The clock its tokens' expiry is read against: a test advances it to bring a cached
+    /// token within [`TOKEN_REFRESH_MARGIN`] of its end.
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
     }
 
     pub fn api_url(&self) -> &str {
@@ -308,6 +319,7 @@ impl GitHubApp {
             token.into(),
             expires_at,
             self.inner.policy.clone(),
+            self.inner.clock.clone(),
         )
     }
 

@@ -267,7 +267,8 @@ async fn token_is_refreshed_when_near_expiry() {
         again.token().expose_secret(),
         "still outside the margin: reused"
     );
-    tokio::time::sleep(Duration::from_millis(3500)).await;
+    // The App's clock, not the test, moves past the three seconds.
+    app.clock().advance(Duration::from_millis(3500));
     let fresh = app.installation(INST).await.unwrap();
     assert_ne!(
         first.token().expose_secret(),
