@@ -20,5 +20,5 @@ if [ "${KODX_BENCH_ENGINE:-}" = journaled ]; then
   export DOCKER_HOST="unix://$socket"
   echo "sandboxes on the journaled-ext4 engine: $DOCKER_HOST"
 fi
-cargo test --release --test bench_checks -- --ignored --nocapture --test-threads 1
-exec cargo test --release --test bench_verifier -- --ignored --nocapture --test-threads 1
+cargo test --release --test bench -- --ignored --nocapture --test-threads 1 checks::
+exec cargo test --release --test bench -- --ignored --nocapture --test-threads 1 verifier::

@@ -8,4 +8,4 @@
 #   KODX_BENCH_RUNS=9 bash bench/follow-up.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec cargo test --release --test bench_follow_up -- --ignored --nocapture --test-threads 1
+exec cargo test --release --test bench -- --ignored --nocapture --test-threads 1 follow_up::

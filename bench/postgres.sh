@@ -19,4 +19,4 @@ if [ -z "${KODX_TEST_POSTGRES_URL:-}" ]; then
   KODX_TEST_POSTGRES_URL=$(bash tests/postgres/start.sh)
   export KODX_TEST_POSTGRES_URL
 fi
-exec cargo test --release --test bench_postgres -- --ignored --nocapture --test-threads 1
+exec cargo test --release --test bench -- --ignored --nocapture --test-threads 1 postgres::

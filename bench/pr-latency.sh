@@ -22,4 +22,4 @@ if [ "${KODX_BENCH_ENGINE:-}" = journaled ]; then
   export DOCKER_HOST="unix://$socket"
   echo "sandboxes on the journaled-ext4 engine: $DOCKER_HOST"
 fi
-exec cargo test --release --test bench_pr -- --ignored --nocapture --test-threads 1
+exec cargo test --release --test bench -- --ignored --nocapture --test-threads 1 pr::

@@ -8,4 +8,4 @@
 #   KODX_BENCH_FILES=500 KODX_BENCH_COMMITS=2000 bash bench/repo-cache.sh   # a quick look
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec cargo test --release --test bench_stress_repo_cache -- --ignored --nocapture --test-threads 1
+exec cargo test --release --test bench -- --ignored --nocapture --test-threads 1 stress_repo_cache::

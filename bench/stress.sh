@@ -33,16 +33,16 @@ cd "$(dirname "$0")/.."
 cases=("$@")
 [ ${#cases[@]} -gt 0 ] || cases=(term tar snapshot_flood webhook transcripts sandbox_network proxy)
 for c in "${cases[@]}"; do
-    [ -f "tests/bench_stress_$c.rs" ] || { echo "bench/stress.sh: no stress case '$c'" >&2; exit 2; }
+    [ -f "tests/bench/stress_$c.rs" ] || { echo "bench/stress.sh: no stress case '$c'" >&2; exit 2; }
 done
 
-cargo build --release --quiet --bin kodx $(printf -- '--test bench_stress_%s ' "${cases[@]}")
+cargo build --release --quiet --bin kodx --test bench
 
 failed=()
 for c in "${cases[@]}"; do
     echo
     echo "=== $c ==="
-    if ! cargo test --release --quiet --test "bench_stress_$c" -- --ignored --nocapture --test-threads 1; then
+    if ! cargo test --release --quiet --test bench -- --ignored --nocapture --test-threads 1 "stress_$c::"; then
         failed+=("$c")
     fi
 done

@@ -3,8 +3,8 @@
 //! name is `<module>::<function>`, e.g. `cargo nextest run -E 'test(/^serve_code::/)'` or
 //! `cargo test --test it serve_code::`.
 //!
-//! Kept apart as their own binaries: the benchmarks and stress figures (`tests/bench_*.rs`,
-//! ignored, run by `bench/*.sh`) and `tests/tar_memory.rs`, whose counting global allocator
+//! Kept apart as their own binaries: the benchmarks and stress figures (`tests/bench/`, one
+//! binary of ignored tests, run by `bench/*.sh`) and `tests/tar_memory.rs`, whose counting global allocator
 //! must count its one test and nothing else.
 
 mod common;

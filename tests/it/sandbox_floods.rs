@@ -1,7 +1,7 @@
 //! Hostile output against the real Docker engine: escape floods and lines without end, from
 //! a shell and from the setup script. The output is capped with an exact note, and kodx's
 //! memory does not grow with what was printed (the sandbox runs in this test's process; the
-//! figures themselves are in tests/bench_stress_term.rs).
+//! figures themselves are in tests/bench/stress_term.rs).
 
 use std::time::Duration;
 

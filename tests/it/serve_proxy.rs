@@ -277,7 +277,7 @@ async fn an_endless_line_from_the_channel_is_skipped_in_bounded_memory() {
 }
 
 /// The figure of issue 26 (3) for `bash bench/stress.sh proxy`: 30 s of the endless line
-/// (`tests/bench_stress_proxy.rs` runs it on the release build).
+/// (`tests/bench/stress_proxy.rs` runs it on the release build).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a figure: bash bench/stress.sh proxy"]
 async fn endless_line_figures() {

@@ -225,7 +225,7 @@ async fn a_connection_flood_past_the_descriptor_limit_does_not_starve_the_endpoi
     for _ in 0..400 {
         idle.push(TcpStream::connect(addr(&s)).await.unwrap());
     }
-    // The flood is in; the endpoint still answers (how fast: bench_stress_webhook.rs).
+    // The flood is in; the endpoint still answers (how fast: tests/bench/stress_webhook.rs).
     let (status, _) = tokio::time::timeout(Duration::from_secs(10), s.get("/healthz"))
         .await
         .expect("/healthz answers during the flood");

@@ -7,24 +7,14 @@
 //! `/kodx ask` latency from the model's last answer to the posted answer, and each figure
 //! against the issue's target.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
+use crate::stats::{env_usize, median};
 use common::fake_anthropic::Scripted;
-use common::serve::{bot_comments, delivery_id, issue_comment, IssueComment, Served, REPO};
+use common::serve::{bot_comments, delivery_id, issue_comment, usage, IssueComment, Served, REPO};
 use serde_json::{json, Value};
-
-fn usage() -> Value {
-    json!({"input_tokens": 1000, "output_tokens": 10,
-           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
 
 /// One `/kodx code` run measured from outside and by its own timings.
 struct Measured {
@@ -76,12 +66,12 @@ async fn code_once(s: &Served, db: &kodx::db::Db, number: u64) -> Measured {
                     "input": {"chars": format!("echo {number} > bench-{number}.txt")}}),
         ],
         "tool_use",
-        usage(),
+        usage(1000, 10),
     );
     s.model.reply(
         vec![json!({"type": "text", "text": "Wrote the file."})],
         "end_turn",
-        usage(),
+        usage(1000, 10),
     );
     let before = s.github.created_pulls(REPO).len();
     let calls_before = s.model.requests().len();
@@ -327,7 +317,7 @@ async fn ask_latency(s: &Served, runs: usize, first_issue: u64) -> (Vec<f64>, Ve
                         "input": {"chars": "ls | head -3"}}),
             ],
             "tool_use",
-            usage(),
+            usage(1000, 10),
         );
         let answered = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
         let mark = answered.clone();
@@ -341,7 +331,7 @@ async fn ask_latency(s: &Served, runs: usize, first_issue: u64) -> (Vec<f64>, Ve
                     "type": "message", "role": "assistant",
                     "model": "claude-sonnet-4-5-20250929",
                     "content": [{"type": "text", "text": text}],
-                    "stop_reason": "end_turn", "stop_sequence": null, "usage": usage(),
+                    "stop_reason": "end_turn", "stop_sequence": null, "usage": usage(1000, 10),
                 })
             })));
         let sent = Instant::now();
@@ -422,13 +412,6 @@ fn figure(results: &mut Vec<bool>, name: &str, ms: f64, target_ms: f64) {
         "  {name:<48} {ms:>9.0} ms  target <= {target_ms:.0} ms: {}",
         if ok { "ok" } else { "MISSED" }
     );
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(default)
 }
 
 #[tokio::test]

@@ -4,10 +4,7 @@
 //! (VmHWM) under 100 MB, `/healthz` within 2 s throughout; then the next delivery on the
 //! same connection is taken. The case is `tests/it/serve_proxy.rs`'s, run longer.
 //!
-//!     cargo test --release --test bench_stress_proxy -- --ignored --nocapture
+//!     cargo test --release --test bench -- --ignored --nocapture stress_proxy::
 
-#[path = "it/common/mod.rs"]
-mod common;
-
-#[path = "it/serve_proxy.rs"]
+#[path = "../it/serve_proxy.rs"]
 mod serve_proxy;

@@ -5,7 +5,7 @@
 //! since the helper runs from a read-only volume the replacement fails, and the case
 //! measures the attempt (docs/benchmarks.md).
 //!
-//! cargo test --release --test bench_stress_snapshot_flood -- --ignored --nocapture
+//! cargo test --release --test bench -- --ignored --nocapture stress_snapshot_flood::
 //!
 //! A `/kodx code` run on an issue through the real `kodx serve` (this build's binary), a
 //! fake GitHub, a real git server, the scripted fake Anthropic and the real Docker engine:
@@ -17,22 +17,15 @@
 //! refused snapshot is replaced by the whole workspace read back), or end with a clear
 //! error; it must not take kodx's memory with it.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Instant;
 
+use crate::stats::vm_hwm_kb;
 use common::serve::{text, tool, usage, Served, REPO};
 use common::tar_flood::{Flood, FLOOD_BYTES};
 
 const TARGET_MB: u64 = 300;
-
-/// VmHWM of `pid` in kB, while it exists.
-fn vm_hwm_kb(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
 
 /// One code run with `flood` as the snapshot; prints its figures, true when within target.
 async fn case(flood: Flood, name: &str) -> bool {
@@ -104,7 +97,7 @@ async fn case(flood: Flood, name: &str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "stress figure: cargo test --release --test bench_stress_snapshot_flood -- --ignored --nocapture"]
+#[ignore = "stress figure: cargo test --release --test bench -- --ignored --nocapture stress_snapshot_flood::"]
 async fn stress_snapshot_flood() {
     let _engine = common::require_engine!();
     println!("\nkodx binary: {}", env!("CARGO_BIN_EXE_kodx"));

@@ -1,7 +1,7 @@
 //! Stress figures of the webhook endpoint under senders without the secret (issue 9).
 //! Ignored by default; run it with
 //!
-//!     cargo test --release --test bench_stress_webhook -- --ignored --nocapture
+//!     cargo test --release --test bench -- --ignored --nocapture stress_webhook::
 //!
 //! It starts the real `kodx serve --no-workers` (the binary of this build, or `KODX_STRESS_BIN`,
 //! e.g. an older build to compare), a fresh one for each attack:
@@ -19,8 +19,7 @@
 //! VmRSS from /proc/<pid>/status; target <= 300 MB). Each figure is printed against its
 //! target; the test fails when one is missed. `KODX_STRESS_ONLY=a` (or `b`, `c`) runs one.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -434,7 +433,7 @@ async fn idle_connections(report: &mut Report) {
                 .args([
                     "--ignored",
                     "--exact",
-                    "attacker_child",
+                    "stress_webhook::attacker_child",
                     "--nocapture",
                     "--test-threads=1",
                 ])
@@ -623,7 +622,7 @@ fn raise_fd_limit() -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "stress figures: cargo test --release --test bench_stress_webhook -- --ignored --nocapture"]
+#[ignore = "stress figures: cargo test --release --test bench -- --ignored --nocapture stress_webhook::"]
 async fn webhook_endpoint_under_unsigned_load() {
     if std::env::var_os("KODX_STRESS_ATTACK").is_some() {
         return;

@@ -12,27 +12,14 @@
 //! - **on demand**: the agent ended its turn before the checks' sandbox was made (a run
 //!   whose agent answers at once), so the pass also waits for the whole sandbox.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::stats::{median, verdict};
 use kodx::checks::verify::{FreshSandboxes, Verifier};
 use kodx::sandbox::{Engine, Sandbox as _, SandboxSpec};
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-fn verdict(ms: f64, target: f64) -> &'static str {
-    if ms <= target {
-        "ok"
-    } else {
-        "MISSED"
-    }
-}
 
 /// A work tree of `files` files of a few KiB in nested directories.
 fn tree(dir: &Path, files: usize) {

@@ -1,7 +1,7 @@
 //! What the network fence and the disk watchdog cost a sandbox's start, against the real
 //! Docker engine. Not a timed test: run it by hand and read the figures.
 //!
-//! cargo test --release --test bench_stress_sandbox_network -- --ignored --nocapture
+//! cargo test --release --test bench -- --ignored --nocapture stress_sandbox_network::
 //!
 //! Starts alternate between a fenced sandbox (the default: plugged into the kodx-sandbox
 //! network by the fencer, routes added by the same exec), one plugged in with everything
@@ -9,8 +9,7 @@
 //! the difference of the first two medians is the routes' cost, of the last two the
 //! network's.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

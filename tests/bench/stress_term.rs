@@ -3,20 +3,21 @@
 //! the real Docker engine, samples the kodx process's VmHWM from /proc every 20 ms until it
 //! exits, and prints each case's peak against the target with the run's outcome:
 //!
-//!     cargo test --release --test bench_stress_term -- --ignored --nocapture
+//!     cargo test --release --test bench -- --ignored --nocapture stress_term::
 //!
 //! `KODX_STRESS_BIN=/path/to/kodx` measures another build of kodx (e.g. one from before the
 //! terminal decoder was bounded) with the same cases.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::stats::vm_hwm_kb;
 use common::fake_anthropic::FakeAnthropic;
+use common::serve::usage;
 use serde_json::{json, Value};
 
 const KEY: &str = "sk-ant-stress-0123456789";
@@ -26,11 +27,6 @@ const TARGET_MB: u64 = 200;
 const PROGRAM: &str = "model:\n  name: claude-sonnet-4-20250514\n  provider: anthropic\n\
                        limits:\n  command_timeout: 600\n\
                        prompt:\n  system: Stress test.\n";
-
-fn usage() -> Value {
-    json!({"input_tokens": 1000, "output_tokens": 10,
-           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
-}
 
 fn flood(escapes: usize) -> String {
     "\x1b[99999999C".repeat(escapes)
@@ -52,15 +48,6 @@ struct Measured {
     last_tool_result: String,
 }
 
-fn vm_hwm_kb(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-}
-
 async fn run(bin: &str, case: &Case) -> Measured {
     let fake = FakeAnthropic::start(KEY).await;
     for (i, chars) in case.steps.iter().enumerate() {
@@ -70,13 +57,13 @@ async fn run(bin: &str, case: &Case) -> Measured {
                         "input": {"chars": chars, "yield_time_ms": 600_000}}),
             ],
             "tool_use",
-            usage(),
+            usage(1000, 10),
         );
     }
     fake.reply(
         vec![json!({"type": "text", "text": "Done."})],
         "end_turn",
-        usage(),
+        usage(1000, 10),
     );
     let dir = tempfile::tempdir().unwrap();
     let repo = dir.path().join("repo");
@@ -168,7 +155,7 @@ fn cut(text: &str) -> Option<(usize, usize)> {
 }
 
 #[tokio::test]
-#[ignore = "stress: cargo test --release --test bench_stress_term -- --ignored --nocapture"]
+#[ignore = "stress: cargo test --release --test bench -- --ignored --nocapture stress_term::"]
 async fn memory_stays_bounded_under_hostile_output() {
     let Some(_engine) = common::engine().await else {
         panic!("the stress test needs the Docker engine and the test images");

@@ -8,11 +8,11 @@
 //! - `/kodx ask` runs finished per minute with 1, 2 and 3 worker processes against a model
 //!   that answers at once (real containers).
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
+use crate::stats::env_usize;
 use common::serve::{delivery_id, issue_comment, IssueComment, Options, Served, REPO};
 use kodx::db::test_databases;
 use serde_json::{json, Value};
@@ -25,13 +25,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 async fn postgres_url() -> String {

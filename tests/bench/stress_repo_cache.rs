@@ -11,18 +11,16 @@
 //! Each figure is the median of `KODX_BENCH_RUNS` (default 3) and is printed against its
 //! target. `KODX_BENCH_FILES` / `KODX_BENCH_COMMITS` shrink the repository for a quick look.
 //!
-//! cargo test --release --test bench_stress_repo_cache -- --ignored --nocapture
+//! cargo test --release --test bench -- --ignored --nocapture stress_repo_cache::
 //! (or bash bench/repo-cache.sh)
 
-#[path = "it/common/git_server.rs"]
-mod git_server;
-#[path = "it/common/synthetic.rs"]
-mod synthetic;
+use crate::common::{git_server, synthetic};
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::stats::{env_usize, median_duration as median};
 use git_server::{accept_tokens, GitServer};
 use kodx::git::{self, Checkout};
 use kodx::repo_cache::{RepoCache, RepoKey};
@@ -30,13 +28,6 @@ use kodx::sandbox::archive::{self, ArchiveLimits};
 
 const TOKEN: &str = "ghs_BenchInstallationToken0123456789abcd";
 const REPO: &str = "bench/cargo";
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Makes the bare repository `REPO` on the server with the synthetic history.
 fn make_repo(srv: &GitServer, files: usize, commits: usize) -> String {
@@ -77,11 +68,6 @@ fn own_bytes(dir: &Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 fn secs(d: Duration) -> String {
@@ -130,7 +116,7 @@ fn vm_hwm_mb() -> u64 {
 }
 
 #[test]
-#[ignore = "benchmark: cargo test --release --test bench_stress_repo_cache -- --ignored --nocapture"]
+#[ignore = "benchmark: cargo test --release --test bench -- --ignored --nocapture stress_repo_cache::"]
 fn repo_cache_figures() {
     let files = env_usize("KODX_BENCH_FILES", 3_000);
     let commits = env_usize("KODX_BENCH_COMMITS", 20_000);

@@ -2,34 +2,24 @@
 //! `kodx run` process while huge files cross the container boundary, against the target
 //! of 200 MB. Against the scripted fake Anthropic and the real Docker engine.
 //!
-//! cargo test --release --test bench_stress_tar -- --ignored --nocapture
+//! cargo test --release --test bench -- --ignored --nocapture stress_tar::
 //!
 //! `KODX_STRESS_BIN=/path/to/kodx` measures another build (e.g. the original code).
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::stats::vm_hwm_kb;
 use common::fake_anthropic::FakeAnthropic;
+use common::serve::usage;
 use common::*;
-use serde_json::{json, Value};
+use serde_json::json;
 
 const KEY: &str = "sk-ant-stress-0123456789";
 const TARGET_MB: u64 = 200;
-
-fn usage(i: u64, o: u64) -> Value {
-    json!({"input_tokens": i, "output_tokens": o, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
-}
-
-/// VmHWM of `pid` in kB, while it exists.
-fn vm_hwm_kb(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
 
 struct Outcome {
     peak_mb: u64,
@@ -131,7 +121,7 @@ fn report(case: &str, o: &Outcome, refusal: Option<&str>) -> bool {
 }
 
 #[tokio::test]
-#[ignore = "stress figures: cargo test --release --test bench_stress_tar -- --ignored --nocapture"]
+#[ignore = "stress figures: cargo test --release --test bench -- --ignored --nocapture stress_tar::"]
 async fn stress_workspace_tars() {
     let _engine = common::require_engine!();
     let mut missed = Vec::new();

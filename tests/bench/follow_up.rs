@@ -14,8 +14,7 @@
 //! Each prints the median and the slowest of `KODX_BENCH_RUNS` rounds (default 3), with the
 //! GitHub requests (REST and GraphQL) and the model calls the run made.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -13,32 +13,14 @@
 //!    opened, on the test repository with three checks declared, beside the same run
 //!    without checks (medians), and the difference per check.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
+use crate::stats::{median, p95, verdict};
 use common::serve::{text, tool, usage, Served, REPO};
 use kodx::checks::{run_checks, CheckSpec};
 use kodx::sandbox::Sandbox as _;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-fn p95(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[((v.len() as f64 * 0.95).ceil() as usize).saturating_sub(1)]
-}
-
-fn verdict(ms: f64, target: f64) -> &'static str {
-    if ms <= target {
-        "ok"
-    } else {
-        "MISSED"
-    }
-}
 
 fn trivial(n: usize) -> Vec<CheckSpec> {
     (0..n)
@@ -193,7 +175,7 @@ async fn three_checks_end_to_end() {
     println!("  without checks: {a:.0} ms");
     println!("  with three checks: {b:.0} ms (+{:.0} ms)", b - a);
     println!(
-        "    of which the checks' own sandbox: {v:.0} ms (made on demand: the scripted model ends its turn at once; bench_verifier measures it made ahead)  [target ≤ 1000 ms: {}]",
+        "    of which the checks' own sandbox: {v:.0} ms (made on demand: the scripted model ends its turn at once; the verifier benchmark measures it made ahead)  [target ≤ 1000 ms: {}]",
         verdict(v, 1000.0)
     );
     println!(

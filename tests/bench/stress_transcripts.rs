@@ -1,6 +1,6 @@
 //! Stress figure (ignored by default): how a run's transcript grows with its length.
 //!
-//! `cargo test --release --test bench_stress_transcripts -- --ignored --nocapture` (the
+//! `cargo test --release --test bench -- --ignored --nocapture stress_transcripts::` (the
 //! figures are byte counts: a debug build gives the same)
 //!
 //! Runs the real `kodx run --transcript` against a scripted model for 6, 25 and 50 steps,
@@ -13,8 +13,7 @@
 //! For comparison it prints what the earlier format (every request stored whole) would
 //! have written for the same run, computed from the replayed requests.
 
-#[path = "it/common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 
