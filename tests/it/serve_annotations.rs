@@ -93,12 +93,32 @@ async fn a_red_checks_repository_problems_become_the_check_runs_annotations() {
         &[("problems.txt", PROBLEMS.as_bytes())],
     );
     let status = run(&mut s, 7).await;
-    assert!(
-        status.contains("| build | ❌ failed (exit 1)"),
-        "{status}\n{}",
-        s.log()
-    );
-    assert!(status.contains("| green | ✅ passed"), "{status}");
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ⚠️ done — checks failing
+
+    > /kodx code change it
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    **Checks** (run by kodx in a fresh sandbox holding only the change):
+
+    | check | result | duration | attempt |
+    |---|---|--:|---|
+    | build | ❌ failed (exit 1) | [duration] | red after 1 |
+    | lint | ❌ failed (exit 1) | [duration] | red after 1 |
+    | green | ✅ passed | [duration] | passed in 1 of 1 |
+
+    **Checks still failing:** `build`, `lint`; the pull request was opened anyway (`pr.on_red: open`).
+
+    Done.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
+    "#));
 
     let runs = s.github.check_runs();
     assert_eq!(runs.len(), 1, "{runs:#?}");
@@ -149,11 +169,30 @@ async fn annotations_go_fifty_to_a_request_and_two_hundred_to_a_check_run() {
     // 120: the create carries 50, then two updates 50 and 20.
     config(&s, &many(120), &[]);
     let status = run(&mut s, 7).await;
-    assert!(
-        status.contains("| many | ❌ failed (exit 1)"),
-        "{status}\n{}",
-        s.log()
-    );
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ⚠️ done — checks failing
+
+    > /kodx code change it
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    **Checks** (run by kodx in a fresh sandbox holding only the change):
+
+    | check | result | duration | attempt |
+    |---|---|--:|---|
+    | many | ❌ failed (exit 1) | [duration] | red after 1 |
+
+    **Checks still failing:** `many`; the pull request was opened anyway (`pr.on_red: open`).
+
+    Done.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
+    "#));
     let runs = s.github.check_runs();
     assert_eq!(runs.len(), 1, "{runs:#?}");
     let cr = &runs[0];
@@ -216,10 +255,16 @@ async fn annotations_go_fifty_to_a_request_and_two_hundred_to_a_check_run() {
     );
     assert_eq!(all[199]["message"], "two 50");
     let summary = cr.body["output"]["summary"].as_str().unwrap();
-    assert!(
-        summary.contains("the output tells of 100 more, not annotated."),
-        "{summary}"
-    );
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(summary, @"
+    | check | result | duration | attempt |
+    |---|---|--:|---|
+    | one | ❌ failed (exit 1) | [duration] | red after 1 |
+    | two | ❌ failed (exit 1) | [duration] | red after 1 |
+
+    The run's steps: https://kodx.example.com/runs/[hex]?token=[hex]
+
+    kodx annotated 200 problems read from the red checks' output, as many as it adds to a Check Run; the output tells of 100 more, not annotated.
+    "));
     assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
 
     // An update GitHub refuses is logged; the rest are not sent, and the run is not failed.
@@ -230,7 +275,30 @@ async fn annotations_go_fifty_to_a_request_and_two_hundred_to_a_check_run() {
     let runs = s.github.check_runs();
     assert_eq!(runs.len(), 4, "{runs:#?}");
     assert_eq!(runs[3].annotation_batches(), [50]);
-    assert!(status.contains("| many | ❌ failed (exit 1)"), "{status}");
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ⚠️ done — checks failing
+
+    > /kodx code change it
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/11
+
+    **Checks** (run by kodx in a fresh sandbox holding only the change):
+
+    | check | result | duration | attempt |
+    |---|---|--:|---|
+    | many | ❌ failed (exit 1) | [duration] | red after 1 |
+
+    **Checks still failing:** `many`; the pull request was opened anyway (`pr.on_red: open`).
+
+    Done.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
+    "#));
     assert!(!status.contains("could not add"), "{status}");
     assert!(
         s.log()

@@ -10,21 +10,6 @@ fn tool(id: &str, input: Value) -> Value {
     json!({"type": "tool_use", "id": id, "name": "feed_chars", "input": input})
 }
 
-/// Snapshot settings for a bot comment: what changes from run to run is filtered out
-/// (the run id, the values in `vary`, ports, durations). Costs stay: the fake model's usage is
-/// scripted.
-fn settings(run: &str, vary: &[(&str, &str)]) -> insta::Settings {
-    let mut settings = insta::Settings::clone_current();
-    settings.add_filter(run, "[run]");
-    settings.add_filter(r"<code>[0-9a-f]{8,}</code>", "<code>[run]</code>");
-    for (value, name) in vary {
-        settings.add_filter(value, *name);
-    }
-    settings.add_filter(r"\b\d+(\.\d+)? ?(ms|s|min)\b", "[duration]");
-    settings.add_filter(r"127\.0\.0\.1:\d+", "127.0.0.1:[port]");
-    settings
-}
-
 async fn transcript(s: &Served, run_id: &str) -> Vec<String> {
     common::db::transcript(&s.dir.path().join("kodx.db"), run_id).await
 }
@@ -80,7 +65,8 @@ async fn ask_on_an_issue_answers_from_the_container() {
     );
     // The cost summary against the repository's limit.
     assert!(text.contains("of $0.50"), "{text}");
-    settings(&run, &[(&nonce, "[nonce]")]).bind(|| insta::assert_snapshot!("ask_answered", text));
+    common::serve::redactions(&[&run], &[(&nonce, "[nonce]")])
+        .bind(|| insta::assert_snapshot!("ask_answered", text));
     // It went through the phases: created as queued, then setting up, then done.
     let all: Vec<&String> = status_comment.edits.iter().collect();
     assert!(all.iter().any(|b| b.contains("setting up")), "{all:#?}");
@@ -211,7 +197,7 @@ async fn a_commenter_without_permission_gets_one_comment_and_no_run() {
         "a refused command gets no reaction, only the comment"
     );
     insta::assert_snapshot!("refused_read_permission", refusal.body);
-    assert!(refusal.body.contains("@mallory"), "{}", refusal.body);
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(refusal.body, @"@mallory `/kodx ask` can only be run by people with write, maintain or admin access to this repository; your permission here is `read`."));
     assert!(s.model.requests().is_empty(), "no model call");
     assert!(s.git.requests().is_empty(), "no clone");
     // The permission came from the collaborator-permission API.
@@ -237,7 +223,16 @@ async fn read_permission_may_ask_when_the_repository_allows_it() {
     let run = s.comment(7, "rita", "/kodx ask hi").await;
     // Acknowledged: eyes and a queued status comment (the run itself needs Docker).
     let status = s.next_bot_comment(7).await;
-    assert!(status.body.contains("<!-- kodx:"), "{}", status.body);
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(status.body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ⏳ queued
+
+    > /kodx ask hi
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     assert!(!status.body.contains("can only be run by"));
     s.reaction(&s.trigger(&run), "eyes").await;
     // The run itself completes (and removes its container) when Docker is here.
@@ -260,7 +255,8 @@ async fn an_invalid_repository_config_is_named_with_file_and_line() {
     let run = s.comment(7, "alice", "/kodx ask hi").await;
     let text = s.next_bot_comment(7).await.body;
     assert!(text.contains("line 2"), "{text}");
-    settings(&run, &[]).bind(|| insta::assert_snapshot!("invalid_repository_config", text));
+    common::serve::redactions(&[&run], &[])
+        .bind(|| insta::assert_snapshot!("invalid_repository_config", text));
     s.reaction(&s.trigger(&run), "confused").await;
     s.finish().await;
     assert!(s.model.requests().is_empty());

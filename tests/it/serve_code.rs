@@ -28,17 +28,6 @@ async fn wait_done(s: &Served, number: u64) -> String {
     .body
 }
 
-/// Snapshot settings for what kodx wrote about a run: its id (and the short form in branch
-/// names), ports and durations are filtered out; costs stay (the fake model's usage is scripted).
-fn settings(run: &str) -> insta::Settings {
-    let mut settings = insta::Settings::clone_current();
-    settings.add_filter(run, "[run]");
-    settings.add_filter(&run[..8], "[run8]");
-    settings.add_filter(r"\b\d+(\.\d+)? ?(ms|s|min)\b", "[duration]");
-    settings.add_filter(r"127\.0\.0\.1:\d+", "127.0.0.1:[port]");
-    settings
-}
-
 fn git_log(s: &Served, rev: &str) -> String {
     let out = s.git.git(
         &s.git.bare_path(REPO),
@@ -81,7 +70,26 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     );
     let (run_id, trigger) = ask_code(&s, 7, false, "add hello.txt and tidy up").await;
     let body = wait_done(&s, 7).await;
-    assert!(body.contains("✅ done"), "{body}\n{}", s.log());
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx code add hello.txt and tidy up
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @​octocat!
+
+    C​loses #99
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
 
     // The pull request.
     let pulls = s.github.created_pulls(REPO);
@@ -91,20 +99,36 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     assert_eq!(pr.head, branch);
     assert_eq!(pr.base, "main");
     assert_eq!(pr.title, "add hello.txt and tidy up");
-    assert!(pr.body.contains("Closes #7"), "{}", pr.body);
-    assert!(pr.body.contains("Added hello.txt"), "{}", pr.body);
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(pr.body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @​octocat!
+
+    C​loses #99
+
+    Closes #7
+
+    Requested by @alice with `/kodx code`.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
+
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     assert!(
         pr.body.contains(&run_id) && pr.body.contains("of $2.00"),
         "{}",
         pr.body
     );
     assert!(!pr.draft);
-    settings(&run_id).bind(|| {
+    common::serve::redactions(&[&run_id], &[]).bind(|| {
         insta::assert_snapshot!("code_pull_request_body", pr.body);
         insta::assert_snapshot!("code_status_done", body);
     });
     assert!(body.contains(&format!("pull/{}", pr.number)), "{body}");
-    assert!(body.contains("Added hello.txt"), "{body}");
 
     // The model's words mention, hide and close nothing: not in the comment, the pull
     // request or the commit; kodx's own `Closes #7` stays.
@@ -124,7 +148,25 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
         kodx::serve::texts::status::find_run_id(&body).as_deref(),
         Some(run_id.as_str())
     );
-    assert!(pr.body.contains("\nCloses #7\n"), "{}", pr.body);
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(pr.body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @​octocat!
+
+    C​loses #99
+
+    Closes #7
+
+    Requested by @alice with `/kodx code`.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
+
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
 
     // The branch on the git server holds exactly the change.
     let tree = s.git.ls_tree(REPO, &format!("refs/heads/{branch}"));
@@ -239,11 +281,24 @@ async fn code_on_a_same_repo_pull_request_pushes_onto_its_branch() {
         .reply(text("feature.txt is now v2."), "end_turn", usage(1100, 10));
     let (_run_id, _) = ask_code(&s, 8, true, "bump feature.txt to v2").await;
     let body = wait_done(&s, 8).await;
-    assert!(
-        body.contains("✅ done") && body.contains("**Pushed:** commit"),
-        "{body}\n{}",
-        s.log()
-    );
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx code bump feature.txt to v2
+
+    **Pushed:** commit `[hex]` to `feature`.
+
+    feature.txt is now v2.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     let new = s.git.branch_sha(REPO, "feature").unwrap();
     assert_ne!(new, head);
     assert_eq!(
@@ -305,7 +360,24 @@ async fn code_on_a_fork_pull_request_opens_a_new_one_and_leaves_the_fork_alone()
         .reply(text("Appended to fork.txt."), "end_turn", usage(1100, 10));
     let (run_id, _) = ask_code(&s, 9, true, "append fixed to fork.txt").await;
     let body = wait_done(&s, 9).await;
-    assert!(body.contains("✅ done"), "{body}\n{}", s.log());
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx code append fixed to fork.txt
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/10
+
+    Appended to fork.txt.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     let pulls = s.github.created_pulls(REPO);
     assert_eq!(pulls.len(), 1, "{pulls:#?}");
     let branch = format!("kodx/pr-9-{}", &run_id[..8]);
@@ -349,11 +421,24 @@ async fn a_run_without_changes_says_so_with_the_last_message() {
     );
     let _ = ask_code(&s, 7, false, "fix the README if needed").await;
     let body = wait_done(&s, 7).await;
-    assert!(body.contains("✅ done — no changes"), "{body}");
-    assert!(
-        body.contains("No changes were made") && body.contains("already right"),
-        "{body}"
-    );
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done — no changes
+
+    > /kodx code fix the README if needed
+
+    No changes were made to the repository.
+
+    The README is already right; nothing to change.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 1,100 | 10 | 0 | 0 | $0.0035 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     assert!(s.github.created_pulls(REPO).is_empty());
     let branches = s
         .git
@@ -376,8 +461,24 @@ async fn the_cost_limit_of_the_repository_config_ends_the_run() {
         .reply(text("never reached"), "end_turn", usage(10, 1));
     let _ = ask_code(&s, 7, false, "do a lot").await;
     let body = wait_done(&s, 7).await;
-    assert!(body.contains("cost limit"), "{body}");
-    assert!(body.contains("of $0.01"), "{body}");
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ❌ stopped — cost limit reached
+
+    > /kodx code do a lot
+
+    ```text
+    cost limit reached: $0.0000 spent of the $0.0100 limit, and the next model call could cost up to $0.0545; the last call asked for a summary
+    ```
+
+    Nothing was pushed, so there is nothing to continue: raise the limit in `.github/kodx.yml` and run `/kodx code` again.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 1 | 2,000 | 1,000 | 0 | 0 | $0.0210 of $0.0100 | [duration] | `cost_limit_exceeded` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#));
     assert!(
         s.github.created_pulls(REPO).is_empty(),
         "a run that changed nothing pushes nothing"
@@ -403,7 +504,32 @@ async fn a_run_stopped_by_its_step_limit_opens_a_draft_pull_request_of_its_work(
     );
     let _ = ask_code(&s, 7, false, "do a lot").await;
     let body = wait_done(&s, 7).await;
-    assert!(body.contains("step limit"), "{body}");
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ❌ stopped — step limit reached
+
+    > /kodx code do a lot
+
+    ```text
+    the run made its 2 model calls (max_iterations); the last one asked for a summary
+    ```
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    It holds the work done so far, marked incomplete. To go on from here, comment `/kodx continue` where it was asked (the repository's limits again), `/kodx continue $2` (a cost limit of $2) or `/kodx continue 20 steps` (a step limit of 20); or finish it by hand.
+
+    <details><summary>The agent's last message</summary>
+
+    Wrote x.txt; y.txt is left.
+
+    </details>
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#));
     // The second and last call had no tools and asked for the summary.
     let requests = s.model.requests();
     assert_eq!(requests.len(), 2);
@@ -416,19 +542,55 @@ async fn a_run_stopped_by_its_step_limit_opens_a_draft_pull_request_of_its_work(
     let pr = &pulls[0];
     assert!(pr.draft, "{pr:?}");
     assert!(pr.title.starts_with("[incomplete] do a lot"), "{pr:?}");
-    assert!(pr.body.contains("**Incomplete:**"), "{pr:?}");
-    assert!(
-        pr.body.contains("y.txt is left") && pr.body.contains("Closes #7"),
-        "{pr:?}"
-    );
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(pr.body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    **Incomplete:** the run stopped before it finished (the run made its 2 model calls (max_iterations); the last one asked for a summary). This is what it did so far. To go on from here, comment `/kodx continue` where it was asked (the repository's limits again), `/kodx continue $2` (a cost limit of $2) or `/kodx continue 20 steps` (a step limit of 20); or finish it by hand.
+
+    Wrote x.txt; y.txt is left.
+
+    Closes #7
+
+    Requested by @alice with `/kodx code`.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#));
     assert_eq!(
         s.git
             .file_at(REPO, &format!("refs/heads/{}", pr.head), "x.txt")
             .as_deref(),
         Some(&b"x\n"[..])
     );
-    assert!(body.contains("**Pull request:**"), "{body}");
-    assert!(body.contains("marked incomplete"), "{body}");
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ❌ stopped — step limit reached
+
+    > /kodx code do a lot
+
+    ```text
+    the run made its 2 model calls (max_iterations); the last one asked for a summary
+    ```
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    It holds the work done so far, marked incomplete. To go on from here, comment `/kodx continue` where it was asked (the repository's limits again), `/kodx continue $2` (a cost limit of $2) or `/kodx continue 20 steps` (a step limit of 20); or finish it by hand.
+
+    <details><summary>The agent's last message</summary>
+
+    Wrote x.txt; y.txt is left.
+
+    </details>
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#));
     s.finish().await;
 }
 
@@ -448,7 +610,30 @@ async fn a_run_stopped_by_its_limit_pushes_nothing_when_the_repository_says_disc
         .reply(text("Wrote x.txt."), "end_turn", usage(2100, 20));
     let _ = ask_code(&s, 7, false, "do a lot").await;
     let body = wait_done(&s, 7).await;
-    assert!(body.contains("step limit"), "{body}");
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ❌ stopped — step limit reached
+
+    > /kodx code do a lot
+
+    ```text
+    the run made its 2 model calls (max_iterations); the last one asked for a summary
+    ```
+
+    Nothing was pushed, so there is nothing to continue: raise the limit in `.github/kodx.yml` and run `/kodx code` again.
+
+    <details><summary>The agent's last message</summary>
+
+    Wrote x.txt.
+
+    </details>
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#));
     assert!(
         s.github.created_pulls(REPO).is_empty(),
         "on_limit: discard pushes nothing"
@@ -469,11 +654,25 @@ async fn a_failing_setup_script_is_reported_with_its_exit_code() {
     );
     let _ = ask_code(&s, 7, false, "anything").await;
     let body = wait_done(&s, 7).await;
-    assert!(body.contains("setup script failed"), "{body}");
-    assert!(
-        body.contains("3") && body.contains("installing deps"),
-        "{body}"
-    );
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ❌ setup script failed
+
+    > /kodx code anything
+
+    ```text
+    setup script failed with exit code 3; last lines of its output:
+    installing deps
+    ```
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 0 | 0 | 0 | 0 | 0 | $0.0000 of $2.00 | [duration] | `setup_failed` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     assert!(
         s.model.requests().is_empty(),
         "no model call after a failed setup"
@@ -506,7 +705,24 @@ async fn kill_9_mid_code_run_then_restart_opens_one_pull_request() {
         .reply(text("Wrote one.txt."), "end_turn", usage(1000, 10));
     s.restart().await;
     let body = wait_done(&s, 7).await;
-    assert!(body.contains("✅ done"), "{body}\n{}", s.log());
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx code write one.txt
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    Wrote one.txt.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     let pulls = s.github.created_pulls(REPO);
     assert_eq!(pulls.len(), 1, "{pulls:#?}");
     assert_eq!(pulls[0].head, format!("kodx/issue-7-{}", &run_id[..8]));
@@ -539,9 +755,28 @@ async fn a_push_github_refuses_is_explained_in_the_comment() {
         .reply(text("Added a CI workflow."), "end_turn", usage(1000, 10));
     let _ = ask_code(&s, 7, false, "add CI").await;
     let body = wait_done(&s, 7).await;
-    assert!(body.contains("❌"), "{body}");
-    assert!(body.contains("workflows"), "{body}");
-    assert!(body.contains("permission"), "{body}");
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ❌ failed
+
+    > /kodx code add CI
+
+    ```text
+    GitHub refused the push to `kodx/issue-7-[hex]`: the App is not allowed to change files under .github/workflows/, such as `.github/workflows/ci.yml` (it lacks the workflows permission); grant the App the workflows permission, or ask for a change that leaves .github/workflows/ alone (GitHub said: refs/heads/kodx/issue-7-[hex]: pre-receive hook declined; the server said: refusing to allow a GitHub App to create or update workflow `.github/workflows/ci.yml` without `workflows` permission)
+    ```
+
+    <details><summary>The agent's last message</summary>
+
+    Added a CI workflow.
+
+    </details>
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#));
     assert!(s.github.created_pulls(REPO).is_empty());
     s.finish().await;
 }
@@ -565,8 +800,28 @@ async fn a_file_over_the_size_limit_refuses_the_commit() {
         .reply(text("Wrote big.bin."), "end_turn", usage(1000, 10));
     let _ = ask_code(&s, 7, false, "write a big file").await;
     let body = wait_done(&s, 7).await;
-    assert!(body.contains("❌") && body.contains("big.bin"), "{body}");
-    assert!(body.contains("1000"), "the limit is named: {body}");
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ❌ failed
+
+    > /kodx code write a big file
+
+    ```text
+    The change could not be committed: the change to `big.bin` is 5000 bytes, over the limit of 1000 bytes for a changed file; nothing was committed
+    ```
+
+    <details><summary>The agent's last message</summary>
+
+    Wrote big.bin.
+
+    </details>
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#));
     assert!(s.github.created_pulls(REPO).is_empty());
     s.finish().await;
 }
@@ -600,7 +855,24 @@ async fn ignored_build_output_over_the_limits_does_not_fail_the_run() {
     );
     let (run_id, _) = ask_code(&s, 7, false, "build and say hello").await;
     let body = wait_done(&s, 7).await;
-    assert!(body.contains("✅ done"), "{body}\n{}", s.log());
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx code build and say hello
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    Built it and wrote hello.txt.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     let branch = format!("kodx/issue-7-{}", &run_id[..8]);
     let tree = s.git.ls_tree(REPO, &format!("refs/heads/{branch}"));
     let mut paths: Vec<&str> = tree.iter().map(|(_, p)| p.as_str()).collect();
@@ -631,11 +903,26 @@ async fn a_spent_monthly_budget_refuses_new_runs() {
         .reply(text("never reached"), "end_turn", usage(10, 1));
     let _ = ask_code(&s, 7, false, "first").await;
     let body = wait_done(&s, 7).await;
-    assert!(
-        body.contains("of $0.10"),
-        "the run's limit is what is left of the budget: {body}"
-    );
-    assert!(body.contains("cost limit"), "{body}");
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ❌ stopped — cost limit reached
+
+    > /kodx code first
+
+    ```text
+    cost limit reached: $0.0915 spent of the $0.1000 limit, and the next model call could cost up to $0.1220
+    ```
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    It holds the work done so far, marked incomplete. To go on from here, comment `/kodx continue` where it was asked (the repository's limits again), `/kodx continue $2` (a cost limit of $2) or `/kodx continue 20 steps` (a step limit of 20); or finish it by hand.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 1 | 30,000 | 100 | 0 | 0 | $0.0915 of $0.1000 | [duration] | `cost_limit_exceeded` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#));
     // Now the month's budget is spent: the next command is refused before anything runs.
     let calls = s.model.requests().len();
     let _ = ask_code(&s, 7, false, "second").await;

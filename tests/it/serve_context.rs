@@ -74,7 +74,29 @@ async fn agents_md_is_given_fenced_and_clean_and_the_template_shapes_the_body() 
     );
     let run = s.comment(7, "alice", "/kodx code add hi.txt").await;
     let status = s.finished_status(7).await;
-    assert!(status.contains("✅ done"), "{status}\n{}", s.log());
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx code add hi.txt
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    ## What changed
+
+    Added `hi.txt`.
+
+    ## Checklist
+
+    - [x] All tests pass
+    - [x] Docs updated
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
+    "#));
 
     // The first request: the instructions fenced, below kodx's rules, hidden text gone.
     let prompt = first_prompt(&s);
@@ -196,7 +218,22 @@ async fn code_with_base_works_from_that_branch_and_opens_the_pull_request_into_i
     s.comment(7, "alice", "/kodx code --base release-1 record the version")
         .await;
     let status = s.finished_status(7).await;
-    assert!(status.contains("✅ done"), "{status}\n{}", s.log());
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx code --base release-1 record the version
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    Recorded the version.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
+    "#));
     let prompt = first_prompt(&s);
     assert!(prompt.contains("RELEASE RULES: backports only"), "{prompt}");
     assert!(!prompt.contains("MAIN RULES"), "{prompt}");
@@ -221,7 +258,6 @@ async fn code_with_base_works_from_that_branch_and_opens_the_pull_request_into_i
         "cut from release-1's tip"
     );
     assert_eq!(s.git.file_at(REPO, &pr.head, "seen.txt").unwrap(), b"1.0\n");
-    assert!(status.contains("--base release-1"), "{status}");
 
     // An unknown branch and a tag are refused by name; nothing runs.
     let calls = s.model.requests().len();
@@ -304,12 +340,20 @@ async fn a_pull_requests_own_rule_edits_change_nothing_about_its_run() {
     let answer = s
         .bot_comment_where(8, "the answer", |c| c.body.contains("answered"))
         .await;
-    assert!(
-        answer.body.contains("The rules say BASE."),
-        "{}\n{}",
-        answer.body,
-        s.log()
-    );
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(answer.body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ answered
+
+    > /kodx ask what do the rules say?
+
+    The rules say BASE.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $1.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
+    "#));
     let prompt = first_prompt(&s);
     assert!(prompt.contains("BASE RULES"), "{prompt}");
     assert!(

@@ -92,10 +92,45 @@ async fn a_label_starts_work_and_another_label_does_nothing() {
         .reply(text("Added hello.txt."), "end_turn", usage(1100, 10));
     label_by_alice(&s, "kodx").await;
     let done = s.finished_status(7).await;
-    assert!(done.contains("✅ done"), "{done}\n{}", s.log());
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(done, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx code Add a greeting file
+    > 
+    > Please add hello.txt saying hi.
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    Added hello.txt.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     let pulls = s.github.created_pulls(REPO);
     assert_eq!(pulls.len(), 1, "{pulls:#?}");
-    assert!(pulls[0].body.contains("Closes #7"), "{}", pulls[0].body);
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(pulls[0].body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    Added hello.txt.
+
+    Closes #7
+
+    Requested by @alice with `/kodx code`.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     let first = first_user_text(&s, 0);
     assert!(first.contains("Add a greeting file"), "{first}");
     assert!(first.contains("@alice"), "the labeller asked: {first}");
@@ -150,7 +185,30 @@ async fn address_reviews_answers_every_thread_in_one_run() {
     s.comment(40, "alice", "/kodx address-reviews keep it small")
         .await;
     let status = s.finished_status(40).await;
-    assert!(status.contains("✅ done"), "{status}\n{}", s.log());
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx address-reviews keep it small
+
+    **Pushed:** commit `[hex]` to `feature`.
+
+    **Review threads:** replied in 3 (2 fixed, 0 declined, 1 question); resolved 1.
+
+    GitHub did not let kodx resolve 1 fixed thread; kodx replied only.
+
+    Left out of the run's `kodx-threads` list: entry 4: no thread `PRRT_doesnotexist` was given.
+
+    Renamed the flag and documented it.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     // One run: two model calls, and the threads were in its first message, cleaned.
     assert_eq!(s.model.requests().len(), 2);
     let first = first_user_text(&s, 0);
@@ -187,30 +245,54 @@ async fn address_reviews_answers_every_thread_in_one_run() {
     let short = &tip[..7];
     let r = s.github.thread(&rename);
     assert_eq!(r.replies.len(), 1, "{r:?}");
-    assert!(r.replies[0].contains("Renamed the value to LOUD."), "{r:?}");
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(r.replies[0], @"
+    Renamed the value to LOUD.
+
+    <sub>kodx · fixed in [hex] · run `[hex]`</sub>
+    ")
+    });
     assert!(r.replies[0].contains(&format!("fixed in {short}")), "{r:?}");
     assert!(r.resolved);
     let w = s.github.thread(&why);
     assert_eq!(w.replies.len(), 1);
-    assert!(
-        w.replies[0].contains("@\u{200B}erin"),
-        "mentions are defused: {w:?}"
-    );
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(w.replies[0], @"
+    Would an enum with one variant help, @​erin?
+
+    <sub>kodx · question · pushed [hex] · run `[hex]`</sub>
+    ")
+    });
     assert!(!w.resolved, "a question stays open");
     let l = s.github.thread(&locked);
     assert_eq!(l.replies.len(), 1);
     assert!(!l.resolved, "GitHub did not let kodx resolve it");
     assert!(s.github.thread(&done_already).replies.is_empty());
     // The status comment says what happened, without the list itself.
-    assert!(
-        status.contains("replied in 3 (2 fixed, 0 declined, 1 question); resolved 1"),
-        "{status}"
-    );
-    assert!(
-        status.contains("did not let kodx resolve 1 fixed thread"),
-        "{status}"
-    );
-    assert!(status.contains("PRRT_doesnotexist"), "{status}");
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx address-reviews keep it small
+
+    **Pushed:** commit `[hex]` to `feature`.
+
+    **Review threads:** replied in 3 (2 fixed, 0 declined, 1 question); resolved 1.
+
+    GitHub did not let kodx resolve 1 fixed thread; kodx replied only.
+
+    Left out of the run's `kodx-threads` list: entry 4: no thread `PRRT_doesnotexist` was given.
+
+    Renamed the flag and documented it.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     assert!(!status.contains("```kodx-threads"), "{status}");
     assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
     s.finish().await;
@@ -222,17 +304,28 @@ async fn address_reviews_without_threads_or_on_an_issue_runs_nothing() {
     feature_pull(&s, 40);
     s.comment(40, "alice", "/kodx address-reviews").await;
     let status = s.finished_status(40).await;
-    assert!(status.contains("no unresolved review threads"), "{status}");
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ❌ failed
+
+    > /kodx address-reviews 
+
+    ```text
+    This pull request has no unresolved review threads, so there is nothing for `/kodx address-reviews` to address. Nothing was run or charged.
+    ```
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    |  | 0 | 0 | 0 | 0 | 0 | $0.0000 of $0.0000 | [duration] | `error` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#));
     s.github.add_issue(REPO, 7, "An issue", "", "carol");
     s.comment(7, "alice", "/kodx address-reviews").await;
     let answer = s
         .bot_comment_where(7, "the refusal", |c| c.body.contains("address-reviews"))
         .await;
-    assert!(
-        answer.body.contains("write it on the pull request"),
-        "{}",
-        answer.body
-    );
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(answer.body, @"@alice kodx did not start: `/kodx address-reviews` answers the review threads of a pull request; write it on the pull request (or in a review)."));
     assert!(s.model.requests().is_empty());
     s.finish().await;
 }
@@ -334,9 +427,24 @@ async fn red_ci_on_kodx_pull_request_gets_exactly_one_repair() {
     reasons.sort();
     assert_eq!(reasons, ["dismissed", "end_turn"], "{}", s.log());
     let status = s.finished_status(pr.number).await;
-    assert!(status.contains("✅ done"), "{status}");
-    assert!(status.contains("CI repair of"), "{status}");
-    assert!(status.contains("$0."), "the cost is reported: {status}");
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > CI repair of [hex]
+
+    **Pushed:** commit `[hex]` to `kodx/issue-7-[hex]`.
+
+    The test expects two: a.txt now says two.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 4,100 | 20 | 0 | 0 | $0.0126 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     let report = first_user_text(&s, 2);
     assert!(
         report.contains(&format!("CI failed on pull request #{}", pr.number)),
@@ -404,11 +512,12 @@ async fn red_ci_on_kodx_pull_request_gets_exactly_one_repair() {
         .filter(|c| c.body.contains("kodx stops repairing"))
         .collect();
     assert_eq!(stopped.len(), 1, "{stopped:#?}");
-    assert!(
-        stopped[0].body.contains("`ci_repair: 1`"),
-        "{}",
-        stopped[0].body
-    );
+    common::serve::redactions(&[], &[])
+        .bind(|| insta::assert_snapshot!(stopped[0].body, @"
+        CI still fails on [hex] (`test`), and kodx stops repairing: it already made its one repair run here (`ci_repair: 1`). Fix it by hand, or ask again with `/kodx code <what to do>`, which starts the repair count over.
+
+        <sub>kodx run <code>[run]</code></sub>
+        "));
     assert_eq!(s.model.requests().len(), 4, "nothing ran a second time");
     assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
     s.finish().await;
@@ -456,12 +565,11 @@ async fn a_repeated_failure_or_someone_elses_push_stops_repairing() {
             c.body.contains("kodx stops repairing")
         })
         .await;
-    assert!(note.body.contains("repeats unchanged"), "{}", note.body);
-    assert!(
-        note.body.contains("tests::counts ... FAILED"),
-        "{}",
-        note.body
-    );
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(note.body, @"
+    CI still fails on [hex] (`test`), and kodx stops repairing: the failure repeats unchanged after its last repair (first error: `test tests::counts ... FAILED`). Fix it by hand, or ask again with `/kodx code <what to do>`, which starts the repair count over.
+
+    <sub>kodx run <code>[run]</code></sub>
+    "));
 
     // A maintainer pushes by hand and CI fails differently: not kodx's commit, nothing.
     let theirs = s

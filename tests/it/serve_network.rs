@@ -118,8 +118,24 @@ async fn the_server_settings_win_over_the_repository() {
         .answer_from_last_tool_result(|out| format!("PROBE(({out}))"));
     let body = ask(&s, "/kodx ask what network did setup have?").await;
     // During setup the allowed address answered; afterwards only loopback is left.
-    assert!(body.contains("status 200"), "{body}");
-    assert!(body.contains("interfaces: lo\n"), "{body}");
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ answered
+
+    > /kodx ask what network did setup have?
+
+    PROBE((status 200
+    interfaces: lo
+    [exit status: 0]))
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,200 | 60 | 0 | 0 | $0.0075 of $1.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · setup ran in [duration] (not cached yet)</sub>
+    "#)
+    });
     s.finish().await;
 }
 
@@ -139,10 +155,22 @@ async fn a_run_writing_past_the_servers_max_disk_bytes_fails_with_the_reason() {
         .answer_from_last_tool_result(|out| format!("never: {out}"));
     let started = std::time::Instant::now();
     let body = ask(&s, "/kodx ask fill the disk").await;
-    assert!(
-        body.contains("max_disk_bytes") && body.contains("16.0 MiB"),
-        "{body}"
-    );
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ❌ failed
+
+    > /kodx ask fill the disk
+
+    ```text
+    the sandbox wrote 200.0 MiB to its disk, over its limit of 16.0 MiB (max_disk_bytes), and was stopped
+    ```
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 1 | 1,000 | 20 | 0 | 0 | $0.0033 of $1.00 | [duration] | `error` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#));
     assert!(!body.contains("never:"), "{body}");
     assert!(
         started.elapsed() < Duration::from_secs(60),

@@ -101,11 +101,27 @@ async fn hostile_thread_ids_and_statuses_post_nothing_live() {
     );
     s.comment(40, "alice", "/kodx address-reviews").await;
     let status = s.finished_status(40).await;
-    assert!(status.contains("replied in 1"), "{status}\n{}", s.log());
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done — no changes
+
+    > /kodx address-reviews 
+
+    No changes were made to the repository.
+
+    **Review threads:** replied in 1 (0 fixed, 0 declined, 1 question).
+
+    Left out of the run's `kodx-threads` list: entry 2: no thread ``PRRT_id` @org/team [PRRT_id](https://evil.example/PRRT_id) <https://evil.example`` was given; entry 3: unknown variant \`fixed\` @​org/team \[fixed\](https:​//evil.example/fixed) \<https:​//evil.example/a\> \`\` @​org/team https:​//evil.example/b www​.evil.example !\[i\](https:​//evil.example/i.png) \<img src=https:​//evil.example/x\> @​org/team \`\`\`\`, expected one of \`fixed\`, \`declined\`, \`question\`.
+
+    Asked about the name.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#));
     // Both hostile entries were left out and said so, inert.
-    assert!(status.contains("Left out of the run's"), "{status}");
-    assert!(status.contains("PRRT_id"), "{status}");
-    assert!(status.contains("unknown variant"), "{status}");
     assert_nothing_live("the status comment", &status);
     let replies = s.github.thread(&known).replies;
     assert_eq!(replies.len(), 1, "{replies:?}");
@@ -156,11 +172,12 @@ async fn hostile_ci_check_names_post_nothing_live() {
             c.body.contains("kodx stops repairing")
         })
         .await;
-    assert!(note.body.contains("repeats unchanged"), "{}", note.body);
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(note.body, @"
+    CI still fails on [hex] (```checkname` @org/team [checkname](https://evil.example/checkname) <https://evil.example/a> `` @org/team https://evil.example/b www.evil.example ![i](https://evil.example/i.png) <img src=https://evil.e…```), and kodx stops repairing: the failure repeats unchanged after its last repair (first error: ```errline` @org/team [errline](https://evil.example/errline) <https://evil.example/a> `` @org/team https://evil.example/b www.evil.example ![i](https://evil.example/i.png) <img src=https://evil.example…```). Fix it by hand, or ask again with `/kodx code <what to do>`, which starts the repair count over.
+
+    <sub>kodx run <code>[run]</code></sub>
+    "));
     // The name and the first error are there, shown as text.
-    assert!(note.body.contains("checkname"), "{}", note.body);
-    assert!(note.body.contains("errline"), "{}", note.body);
-    assert!(note.body.contains("org/team"), "{}", note.body);
     assert_nothing_live("the note that repairing stopped", &note.body);
     s.finish().await;
 }

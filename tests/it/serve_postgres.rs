@@ -63,7 +63,23 @@ async fn ask_and_code_runs_work_on_postgres() {
     let answered = s
         .bot_comment_where(7, "the answer", |c| c.body.contains("The readme says"))
         .await;
-    assert!(answered.body.contains("# widgets"), "{}", answered.body);
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(answered.body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ answered
+
+    > /kodx ask what is this?
+
+    The readme says: # widgets
+    [exit status: 0]
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 3,200 | 60 | 0 | 0 | $0.0105 of $1.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     s.reaction(&s.trigger(&ask), "rocket").await;
 
     // A code run on the same issue: a pull request with the change.
@@ -134,7 +150,24 @@ async fn a_killed_process_run_is_finished_by_another_after_its_lease() {
         took >= std::time::Duration::from_millis(SHORT_LEASE_MS * 4 / 5),
         "taken back after {took:?}, before the lease could expire"
     );
-    assert!(done.body.contains("/pull/"), "{}", done.body);
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(done.body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx code write one.txt
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    Wrote one.txt.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     // The one status comment said the run was taken up again.
     assert!(
         done.edits.iter().any(|e| e.contains("queued again")),
@@ -173,7 +206,24 @@ async fn a_cancel_recorded_by_another_process_stops_the_run() {
             c.body.contains("Cancelled by @bob")
         })
         .await;
-    assert!(done.body.contains("cancel"), "{}", done.body);
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(done.body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ❌ cancelled
+
+    > /kodx code write one.txt
+
+    ```text
+    Cancelled by @bob.
+    ```
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $2.00 | [duration] | `cancelled` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     let db = s.db().await;
     let stored = db.get_run(&run.0).await.unwrap().unwrap();
     assert_eq!(stored.status, RunStatus::Cancelled, "{stored:?}");
@@ -271,7 +321,22 @@ async fn an_intake_process_queues_and_a_worker_process_runs() {
     let answered = s
         .bot_comment_where(7, "the answer", |c| c.body.contains("It makes widgets."))
         .await;
-    assert!(answered.body.contains("answered"), "{}", answered.body);
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(answered.body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ answered
+
+    > /kodx ask what is this?
+
+    It makes widgets.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $1.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     s.reaction(&s.trigger(&run), "rocket").await;
     // The worker takes no webhooks, and says where they go.
     let refused = reqwest::Client::new()
@@ -336,7 +401,24 @@ async fn a_paused_process_that_lost_its_lease_does_nothing_more() {
             c.body.contains("✅")
         })
         .await;
-    assert!(done.body.contains("/pull/"), "{}", done.body);
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(done.body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx code write one.txt
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    Wrote one.txt.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     let calls = s.model.requests().len();
     assert_eq!(calls, 3, "one call by the paused process, two by the other");
 

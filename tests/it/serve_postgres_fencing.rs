@@ -86,7 +86,22 @@ async fn a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing
     let result = stored.result.as_deref().unwrap_or_default();
     assert!(result.contains("The answer from B."), "{result}");
     assert!(!result.contains("The answer from A."), "{result}");
-    assert!(done.body.contains("answered"), "{}", done.body);
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(done.body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ answered
+
+    > /kodx ask what is this?
+
+    The answer from B.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $1.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code></sub>
+    "#)
+    });
     db.close().await;
     terminate(&mut other).await;
     common::assert_gone(&engine, &run.container_label()).await;

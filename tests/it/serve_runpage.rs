@@ -55,7 +55,20 @@ async fn a_finished_runs_page_shows_its_steps_and_only_to_its_token() {
     let status = s
         .bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
         .await;
-    assert!(status.body.contains("watch the run"), "{}", status.body);
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status.body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ answered
+
+    > /kodx ask are the notes ok?
+
+    The notes are fine.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 4,100 | 30 | 0 | 0 | $0.0128 of $1.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
+    "#));
     let page_path = linked_page(&status.body);
     assert!(
         page_path.starts_with(&format!("/runs/{}?token=", run.0)),

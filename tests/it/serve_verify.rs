@@ -67,11 +67,36 @@ async fn an_agent_that_tampers_with_its_own_container_cannot_turn_a_red_check_gr
         .reply(text("All checks pass here."), "end_turn", usage(2000, 10));
     s.comment(7, "alice", "/kodx code fix main").await;
     let status = s.finished_status(7).await;
-    assert!(
-        status.contains("### ⚠️ done — checks failing"),
-        "{status}\n{}",
-        s.log()
-    );
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ⚠️ done — checks failing
+
+    > /kodx code fix main
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    **Checks** (run by kodx in a fresh sandbox holding only the change):
+
+    | check | result | duration | attempt |
+    |---|---|--:|---|
+    | grep | ❌ failed (exit 1); edits `src/main.py` | [duration] | red after 1 |
+    | login | ❌ failed (exit 1); edits `src/main.py` | [duration] | red after 1 |
+    | daemon | ❌ failed (exit 1) | [duration] | red after 1 |
+    | ignored | ❌ failed (exit 1) | [duration] | red after 1 |
+    | tmp | ❌ failed (exit 1) | [duration] | red after 1 |
+
+    **Checks still failing:** `grep`, `login`, `daemon`, `ignored`, `tmp`; the pull request is a draft until they pass (`pr.on_red: draft`).
+
+    ⚠️ **The change edits what the checks depend on.** This change edits `src/main.py`, which the checks depend on: a pass proves less than usual. Review those edits first.
+
+    All checks pass here.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 6 | 7,010 | 60 | 0 | 0 | $0.0219 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
+    "#));
     for name in ["grep", "login", "daemon", "ignored", "tmp"] {
         assert!(
             status.contains(&format!("| {name} | ❌ failed (exit 1)")),
@@ -112,12 +137,28 @@ async fn the_checks_see_exactly_the_change_set_that_is_delivered() {
     s.model.reply(text("Fixed."), "end_turn", usage(1100, 10));
     s.comment(7, "alice", "/kodx code fix main").await;
     let status = s.finished_status(7).await;
-    assert!(
-        status.contains("| change | ✅ passed"),
-        "{status}\n{}",
-        s.log()
-    );
-    assert!(status.contains("✅ done"), "{status}");
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ✅ done
+
+    > /kodx code fix main
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    **Checks** (run by kodx in a fresh sandbox holding only the change):
+
+    | check | result | duration | attempt |
+    |---|---|--:|---|
+    | change | ✅ passed | [duration] | passed in 1 of 1 |
+
+    Fixed.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
+    "#));
     let pulls = s.github.created_pulls(REPO);
     assert_eq!(pulls.len(), 1);
     assert!(!pulls[0].draft);
@@ -149,11 +190,31 @@ async fn a_pass_over_edited_tests_is_called_out_everywhere() {
     s.model.reply(text("Fixed."), "end_turn", usage(1100, 10));
     s.comment(7, "alice", "/kodx code fix main").await;
     let status = s.finished_status(7).await;
-    assert!(
-        status.contains("⚠️ done — checks passed over edited tests"),
-        "{status}\n{}",
-        s.log()
-    );
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    ### ⚠️ done — checks passed over edited tests
+
+    > /kodx code fix main
+
+    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+    **Checks** (run by kodx in a fresh sandbox holding only the change):
+
+    | check | result | duration | attempt |
+    |---|---|--:|---|
+    | tests | ⚠️ passed over edited tests: `tests/run.sh` | [duration] | passed in 1 of 1 |
+    | main | ⚠️ passed over edited tests: `tests/run.sh` | [duration] | passed in 1 of 1 |
+
+    ⚠️ **The checks passed over edited tests.** This change edits `tests/run.sh`, which the checks depend on: a pass proves less than usual. Review those edits first.
+
+    Fixed.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
+    "#));
     let pulls = s.github.created_pulls(REPO);
     assert_eq!(pulls.len(), 1);
     for text in [&pulls[0].body, &status] {

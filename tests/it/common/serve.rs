@@ -980,6 +980,42 @@ pub fn text(t: &str) -> Vec<Value> {
 }
 
 /// A Messages API `usage` block.
+/// Snapshot settings for what kodx wrote (bot comments, pull request bodies): what changes
+/// from run to run is filtered out — the ids in `runs` (`[run]`, and their 8-character
+/// form in branch names `[run8]`), the values in `vary` (replaced by their names), other
+/// run ids and commit hashes (`[hex]`), durations, ports, temporary paths and times. Costs
+/// stay: the fake model's usage is scripted.
+pub fn redactions(runs: &[&str], vary: &[(&str, &str)]) -> insta::Settings {
+    let mut settings = insta::Settings::clone_current();
+    for run in runs {
+        settings.add_filter(&regex_escape(run), "[run]");
+        settings.add_filter(&regex_escape(&run[..8.min(run.len())]), "[run8]");
+    }
+    settings.add_filter(r"<code>[0-9a-f]{8,}</code>", "<code>[run]</code>");
+    for (value, name) in vary {
+        settings.add_filter(&regex_escape(value), *name);
+    }
+    settings.add_filter(r"\b[0-9a-f]{7,40}\b", "[hex]");
+    settings.add_filter(
+        r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?Z?",
+        "[time]",
+    );
+    settings.add_filter(r"\b\d+(\.\d+)? ?(ms|s|min)\b", "[duration]");
+    settings.add_filter(r"127\.0\.0\.1:\d+", "127.0.0.1:[port]");
+    settings.add_filter(r"/tmp/[^\s)`'\x22]+", "[tmp]");
+    settings
+}
+
+/// `text` as a regular expression that matches only itself.
+fn regex_escape(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let special = "\\.+*?()|[]{}^$".contains(c);
+            special.then_some('\\').into_iter().chain([c])
+        })
+        .collect()
+}
+
 pub fn usage(input: u64, output: u64) -> Value {
     json!({"input_tokens": input, "output_tokens": output,
            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
