@@ -183,7 +183,7 @@ async fn bench_postgres_queue() {
         s.next_bot_comment(1).await;
     }
     db.close().await;
-    terminate(&mut worker).await;
+    common::serve::terminate(&mut worker, Duration::from_secs(60)).await;
     s.finish().await;
 
     // Runs per minute with 1, 2 and 3 worker processes.
@@ -249,20 +249,8 @@ async fn runs_per_minute(workers: usize, asks: usize) -> f64 {
     }
     db.close().await;
     for mut c in children {
-        terminate(&mut c).await;
+        common::serve::terminate(&mut c, Duration::from_secs(60)).await;
     }
     s.finish().await;
     asks as f64 / took.as_secs_f64() * 60.0
-}
-
-/// SIGTERM, then wait: a graceful stop.
-async fn terminate(child: &mut tokio::process::Child) {
-    let pid = child.id().expect("running") as i32;
-    // SAFETY: kill(2) with a pid this test spawned and has not reaped.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .expect("stops within 60 s")
-        .unwrap();
-    assert!(status.success(), "{status:?}");
 }

@@ -1,24 +1,15 @@
 //! `kodx run --network` and `--network-allow`: the real binary, a fake Anthropic API, the
 //! real sandbox and a listener on the host.
 
-use std::process::Stdio;
-
 use crate::common;
 use crate::common::fake_anthropic::FakeAnthropic;
 use crate::common::net::*;
-use crate::common::*;
 use serde_json::{json, Value};
 
 const KEY: &str = "sk-ant-cli-net-0123456789";
 
 fn kodx(fake: &FakeAnthropic) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"));
-    cmd.env("ANTHROPIC_BASE_URL", &fake.url)
-        .env("ANTHROPIC_API_KEY", KEY)
-        .env("KODX_IMAGE", image())
-        .env_remove("KODX_PRICING")
-        .stdin(Stdio::null());
-    cmd
+    common::kodx_command(fake, KEY)
 }
 
 #[tokio::test]

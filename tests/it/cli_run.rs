@@ -4,28 +4,15 @@ use std::path::Path;
 use std::process::Stdio;
 
 use crate::common;
-use crate::common::fake_anthropic::FakeAnthropic;
+use crate::common::fake_anthropic::{tool_use as tool, FakeAnthropic};
+use crate::common::serve::usage;
 use crate::common::*;
 use serde_json::{json, Value};
 
 const KEY: &str = "sk-ant-cli-test-0123456789";
 
 fn kodx(fake: &FakeAnthropic) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"));
-    cmd.env("ANTHROPIC_BASE_URL", &fake.url)
-        .env("ANTHROPIC_API_KEY", KEY)
-        .env("KODX_IMAGE", image())
-        .env_remove("KODX_PRICING")
-        .stdin(Stdio::null());
-    cmd
-}
-
-fn tool(id: &str, input: Value) -> Value {
-    json!({"type": "tool_use", "id": id, "name": "feed_chars", "input": input})
-}
-
-fn usage(i: u64, o: u64) -> Value {
-    json!({"input_tokens": i, "output_tokens": o, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+    common::kodx_command(fake, KEY)
 }
 
 #[tokio::test]

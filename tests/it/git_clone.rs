@@ -1,26 +1,14 @@
 //! kodx::git against a real smart-HTTP server (`git http-backend` behind basic auth).
 
-use crate::common::git_server;
+use crate::common::{contains, git_server};
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use git_server::{accept_tokens, basic_auth, GitServer};
+use git_server::{basic_auth, GitServer};
 use kodx::git::{self, Checkout, GitError};
 
 const TOKEN: &str = "ghs_TestInstallationToken0123456789abcd";
-
-/// A server that accepts [`TOKEN`], or `None` (loudly) without a `git` CLI outside CI.
-fn server() -> Option<GitServer> {
-    if git_server::git_available() {
-        return Some(GitServer::start(accept_tokens(&[TOKEN])));
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("CI=true but the git CLI (with http-backend) is missing");
-    }
-    eprintln!("\n*** SKIPPED: no git CLI to run git http-backend; install git ***\n");
-    None
-}
 
 const README: &[u8] = b"# Widgets\n";
 const RUN_SH: &[u8] = b"#!/bin/sh\necho hi\n";
@@ -61,10 +49,6 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
-}
-
 /// Fails if the token, or the basic-auth header made of it, is in any file under `dir`.
 fn assert_no_token_in_files(dir: &Path) {
     let header = basic_auth("x-access-token", TOKEN);
@@ -81,22 +65,6 @@ fn assert_no_token_in_files(dir: &Path) {
     }
 }
 
-/// Fails if any request carried credentials the server refused, or a token in its URL.
-fn assert_requests_clean(srv: &GitServer) {
-    let requests = srv.requests();
-    assert!(!requests.is_empty());
-    for r in &requests {
-        assert!(!r.path_and_query.contains(TOKEN), "token in URL: {r:?}");
-        if r.username.is_some() {
-            assert!(r.auth_ok, "refused credentials: {r:?}");
-            assert!(r.status < 400, "request failed: {r:?}");
-        } else {
-            // Only git's first, anonymous probe goes without credentials.
-            assert_eq!(r.status, 401, "{r:?}");
-        }
-    }
-}
-
 fn local_git(srv: &GitServer, dir: &Path, args: &[&str]) -> String {
     let out = srv.git(dir, args);
     String::from_utf8(out.stdout).unwrap().trim().to_string()
@@ -104,7 +72,9 @@ fn local_git(srv: &GitServer, dir: &Path, args: &[&str]) -> String {
 
 #[test]
 fn clones_the_default_branch_with_modes_and_a_clean_config() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     let (_tmp, dest) = new_dest();
 
@@ -165,7 +135,7 @@ fn clones_the_default_branch_with_modes_and_a_clean_config() {
     assert!(!config.contains('@'), "credentials in config: {config}");
 
     assert_no_token_in_files(&dest);
-    assert_requests_clean(&srv);
+    git_server::assert_requests_clean(&srv, TOKEN);
     // The credentials went with the clone's requests, not just a probe.
     let authed = srv.requests().iter().filter(|r| r.auth_ok).count();
     assert!(authed >= 2, "{:?}", srv.requests());
@@ -173,7 +143,9 @@ fn clones_the_default_branch_with_modes_and_a_clean_config() {
 
 #[test]
 fn a_refused_token_is_an_auth_error_at_once() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     let (_tmp, dest) = new_dest();
     let wrong = "ghs_WrongToken";
@@ -204,7 +176,9 @@ fn a_refused_token_is_an_auth_error_at_once() {
 
 #[test]
 fn a_refused_token_on_push_is_an_auth_error() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     let (_tmp, dest) = new_dest();
     git::clone(&url, TOKEN, &dest, &Checkout::DefaultBranch, None).unwrap();
@@ -218,7 +192,9 @@ fn a_refused_token_on_push_is_an_auth_error() {
 
 #[test]
 fn the_token_is_never_written_or_put_in_a_url() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     srv.create_pull_ref("acme/widgets", 4, &[("pr.txt", b"pr", 0o644)]);
     let (_tmp, dest) = new_dest();
@@ -232,7 +208,7 @@ fn the_token_is_never_written_or_put_in_a_url() {
     git::push(&dest, &url, TOKEN, "HEAD", "kodx/leak-check", false).unwrap();
 
     assert_no_token_in_files(&dest);
-    assert_requests_clean(&srv);
+    git_server::assert_requests_clean(&srv, TOKEN);
     let pushes = srv
         .requests()
         .iter()
@@ -243,7 +219,9 @@ fn the_token_is_never_written_or_put_in_a_url() {
 
 #[test]
 fn urls_with_credentials_or_other_schemes_are_refused_before_any_request() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     widgets(&srv);
     let addr = srv.url().trim_start_matches("http://").to_string();
     let (_tmp, dest) = new_dest();
@@ -268,7 +246,9 @@ fn urls_with_credentials_or_other_schemes_are_refused_before_any_request() {
 
 #[test]
 fn checks_out_a_named_branch() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     let sha = srv.commit_on_branch(
         "acme/widgets",
@@ -292,12 +272,14 @@ fn checks_out_a_named_branch() {
         "refs/heads/feature/x"
     );
     assert_eq!(local_git(&srv, &dest, &["status", "--porcelain"]), "");
-    assert_requests_clean(&srv);
+    git_server::assert_requests_clean(&srv, TOKEN);
 }
 
 #[test]
 fn a_missing_branch_pull_or_repository_is_named() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
 
     let (_t1, d1) = new_dest();
@@ -319,7 +301,7 @@ fn a_missing_branch_pull_or_repository_is_named() {
     assert_requests_clean_except_404(&srv);
 }
 
-/// Like [`assert_requests_clean`] but allowing 404s for the missing repository.
+/// Like [`git_server::assert_requests_clean`] but allowing 404s for the missing repository.
 fn assert_requests_clean_except_404(srv: &GitServer) {
     for r in srv.requests() {
         assert!(!r.path_and_query.contains(TOKEN));
@@ -332,7 +314,9 @@ fn assert_requests_clean_except_404(srv: &GitServer) {
 
 #[test]
 fn a_pull_head_clone_checks_out_the_pull_request_commit() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     let pr_sha = srv.create_pull_ref(
         "acme/widgets",
@@ -355,12 +339,14 @@ fn a_pull_head_clone_checks_out_the_pull_request_commit() {
     // The pull request's parent, main, came along (depth 10 covers it).
     let main = srv.branch_sha("acme/widgets", "main").unwrap();
     assert_eq!(local_git(&srv, &dest, &["rev-parse", "HEAD^"]), main);
-    assert_requests_clean(&srv);
+    git_server::assert_requests_clean(&srv, TOKEN);
 }
 
 #[test]
 fn a_shallow_clone_has_depth_commits() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     for i in 0..3 {
         let name = format!("f{i}.txt");
@@ -403,7 +389,9 @@ fn a_shallow_clone_has_depth_commits() {
 
 #[test]
 fn pushes_a_new_commit_to_a_new_branch() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     let (_tmp, dest) = new_dest();
     git::clone(&url, TOKEN, &dest, &Checkout::DefaultBranch, None).unwrap();
@@ -446,12 +434,14 @@ fn pushes_a_new_commit_to_a_new_branch() {
         srv.branch_sha("acme/widgets", "kodx/issue-1-ab12"),
         Some(local)
     );
-    assert_requests_clean(&srv);
+    git_server::assert_requests_clean(&srv, TOKEN);
 }
 
 #[test]
 fn pushes_from_a_shallow_clone() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     srv.commit_on_branch("acme/widgets", "main", &[("a.txt", b"a", 0o644)], "A");
     srv.commit_on_branch("acme/widgets", "main", &[("b.txt", b"b", 0o644)], "B");
@@ -467,12 +457,14 @@ fn pushes_from_a_shallow_clone() {
     assert_eq!(srv.branch_sha("acme/widgets", "kodx/shallow"), Some(local));
     assert_eq!(srv.commit_count("acme/widgets", "kodx/shallow"), 4);
     srv.git(&srv.bare_path("acme/widgets"), &["fsck", "--strict"]);
-    assert_requests_clean(&srv);
+    git_server::assert_requests_clean(&srv, TOKEN);
 }
 
 #[test]
 fn a_non_fast_forward_push_is_rejected_unless_forced() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     let (_tmp, dest) = new_dest();
     git::clone(&url, TOKEN, &dest, &Checkout::DefaultBranch, None).unwrap();
@@ -503,7 +495,9 @@ fn a_non_fast_forward_push_is_rejected_unless_forced() {
 
 #[test]
 fn a_ref_the_server_refuses_is_reported_with_its_reason() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     srv.set_config("acme/widgets", "receive.denyNonFastForwards", "true");
     let (_tmp, dest) = new_dest();
@@ -526,7 +520,9 @@ fn a_ref_the_server_refuses_is_reported_with_its_reason() {
 
 #[test]
 fn fetch_brings_a_pull_ref_into_an_existing_clone_without_touching_config() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     let (_tmp, dest) = new_dest();
     git::clone(&url, TOKEN, &dest, &Checkout::DefaultBranch, None).unwrap();
@@ -547,7 +543,9 @@ fn fetch_brings_a_pull_ref_into_an_existing_clone_without_touching_config() {
 
 #[test]
 fn an_unreachable_server_is_a_network_error() {
-    let Some(_srv) = server() else { return };
+    let Some(_srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
@@ -565,7 +563,9 @@ fn an_unreachable_server_is_a_network_error() {
 
 #[test]
 fn a_gzip_encoded_upload_pack_request_is_served() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     // Many branches make git's want list big enough (> 1 KiB) to be gzipped.
     for i in 0..40 {
@@ -635,7 +635,9 @@ fn raw_request(srv: &GitServer, auth: Option<&str>) -> String {
 
 #[test]
 fn the_server_demands_the_right_basic_credentials() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     widgets(&srv);
     let wrong_user = basic_auth("someone", TOKEN);
     let wrong_token = basic_auth("x-access-token", "ghs_nope");

@@ -4,7 +4,8 @@
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::common::git_server::{self, accept_tokens, basic_auth, GitServer};
+use crate::common::contains;
+use crate::common::git_server::{self, basic_auth, GitServer};
 use kodx::git::{self, Checkout, CommitRequest, Committed, GitError, Identity, PushOutcome};
 
 const TOKEN: &str = "ghs_CommitTestToken7f3a9c0123456789";
@@ -12,18 +13,6 @@ const REPO: &str = "acme/widgets";
 const BOT: &str = "kodx[bot]";
 const BOT_EMAIL: &str = "123+kodx[bot]@users.noreply.github.com";
 const COAUTHOR: &str = "alice <1005+alice@users.noreply.github.com>";
-
-/// A server that accepts [`TOKEN`], or `None` (loudly) without a `git` CLI outside CI.
-fn server() -> Option<GitServer> {
-    if git_server::git_available() {
-        return Some(GitServer::start(accept_tokens(&[TOKEN])));
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("CI=true but the git CLI (with http-backend) is missing");
-    }
-    eprintln!("\n*** SKIPPED: no git CLI to run git http-backend; install git ***\n");
-    None
-}
 
 const BIG: [u8; 4096] = [b'x'; 4096];
 
@@ -139,10 +128,6 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
-}
-
 /// Fails if the token, or the basic-auth header made of it, is in any file under `.git`.
 fn assert_no_token_under_git(dest: &Path) {
     let header = basic_auth("x-access-token", TOKEN);
@@ -159,23 +144,11 @@ fn assert_no_token_under_git(dest: &Path) {
     }
 }
 
-/// Fails if any request carried credentials the server refused or failed.
-fn assert_requests_clean(srv: &GitServer) {
-    let requests = srv.requests();
-    assert!(!requests.is_empty());
-    for r in &requests {
-        assert!(!r.path_and_query.contains(TOKEN), "token in URL: {r:?}");
-        if r.username.is_some() {
-            assert!(r.auth_ok && r.status < 400, "{r:?}");
-        } else {
-            assert_eq!(r.status, 401, "{r:?}");
-        }
-    }
-}
-
 #[test]
 fn commits_exactly_the_work_tree_changes_and_pushes_them() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let (_tmp, dest, url) = clone(&srv);
     let main = srv.branch_sha(REPO, "main").unwrap();
 
@@ -307,12 +280,14 @@ fn commits_exactly_the_work_tree_changes_and_pushes_them() {
     );
     srv.git(&srv.bare_path(REPO), &["fsck", "--strict"]);
     assert_no_token_under_git(&dest);
-    assert_requests_clean(&srv);
+    git_server::assert_requests_clean(&srv, TOKEN);
 }
 
 #[test]
 fn nothing_to_commit_is_none() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let (_tmp, dest, _url) = clone(&srv);
     let head = local_git(&srv, &dest, &["rev-parse", "HEAD"]);
     let trailers = trailers("run-1");
@@ -350,7 +325,9 @@ fn nothing_to_commit_is_none() {
 
 #[test]
 fn a_too_large_changed_file_refuses_the_commit() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let (_tmp, dest, _url) = clone(&srv);
     let head = local_git(&srv, &dest, &["rev-parse", "HEAD"]);
     let trailers = trailers("run-2");
@@ -421,7 +398,9 @@ fn clone_and_commit(
 
 #[test]
 fn push_rebasing_without_a_race_pushes_as_is() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let (_tmp, dest, url, committed) = clone_and_commit(&srv, "new.txt", b"new\n");
 
     let outcome = git::push_rebasing(&dest, &url, TOKEN, "main", 3).unwrap();
@@ -437,12 +416,14 @@ fn push_rebasing_without_a_race_pushes_as_is() {
     // Pushing again is a no-op.
     let again = git::push_rebasing(&dest, &url, TOKEN, "main", 3).unwrap();
     assert_eq!(again, outcome);
-    assert_requests_clean(&srv);
+    git_server::assert_requests_clean(&srv, TOKEN);
 }
 
 #[test]
 fn push_rebasing_rebases_onto_a_branch_that_moved() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let (_tmp, dest, url, committed) = clone_and_commit(&srv, "ours.txt", b"ours\n");
     let base = local_git(&srv, &dest, &["rev-parse", "HEAD^"]);
     let theirs = srv.commit_on_branch(
@@ -489,12 +470,14 @@ fn push_rebasing_rebases_onto_a_branch_that_moved() {
     assert_eq!(local_git(&srv, &dest, &["status", "--porcelain"]), "");
     srv.git(&srv.bare_path(REPO), &["fsck", "--strict"]);
     assert_no_token_under_git(&dest);
-    assert_requests_clean(&srv);
+    git_server::assert_requests_clean(&srv, TOKEN);
 }
 
 #[test]
 fn push_rebasing_from_a_shallow_clone() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let url = widgets(&srv);
     srv.commit_on_branch(REPO, "main", &[("a.txt", b"a", 0o644)], "A");
     let tmp = tempfile::tempdir().unwrap();
@@ -519,7 +502,9 @@ fn push_rebasing_from_a_shallow_clone() {
 
 #[test]
 fn a_conflicting_remote_change_is_a_conflict_and_nothing_is_pushed() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let (_tmp, dest, url, committed) = clone_and_commit(&srv, "README.md", b"# Widgets, by kodx\n");
     let theirs = srv.commit_on_branch(
         REPO,
@@ -556,7 +541,9 @@ fn a_conflicting_remote_change_is_a_conflict_and_nothing_is_pushed() {
 
 #[test]
 fn a_branch_that_keeps_moving_is_given_up_without_forcing() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let (_tmp, dest, url, _committed) = clone_and_commit(&srv, "ours.txt", b"ours\n");
     let theirs = srv.commit_on_branch(REPO, "main", &[("theirs.txt", b"t", 0o644)], "Theirs");
 
@@ -575,7 +562,9 @@ fn a_branch_that_keeps_moving_is_given_up_without_forcing() {
 
 #[test]
 fn a_branch_moved_during_the_push_is_fetched_rebased_and_pushed_again() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let (_tmp, dest, url, _committed) = clone_and_commit(&srv, "ours.txt", b"ours\n");
     // Between the advertisement and the update, someone else's commit lands (once): the
     // hook adds it outside the push's quarantine, so the server's ref update fails.
@@ -611,7 +600,9 @@ fn a_branch_moved_during_the_push_is_fetched_rebased_and_pushed_again() {
 
 #[test]
 fn a_push_the_server_refuses_carries_its_reason() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let (_tmp, dest, url) = clone(&srv);
     let before = srv.branch_sha(REPO, "main");
     write(&dest, ".github/workflows/ci.yml", b"on: push\n", 0o644);
@@ -658,12 +649,14 @@ fn a_push_the_server_refuses_carries_its_reason() {
     crate::common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(explained, @"the push was refused because the branch is protected (it may require pull requests, reviews or status checks, or forbid pushes by apps); allow the App to push to it, or ask kodx to work on another branch (GitHub said: refs/heads/main: pre-receive hook declined; the server said: error: GH006: Protected branch update failed for refs/heads/main. error: Changes must be made through a pull request.)"));
     assert_eq!(srv.branch_sha(REPO, "main"), before);
     assert_no_token_under_git(&dest);
-    assert_requests_clean(&srv);
+    git_server::assert_requests_clean(&srv, TOKEN);
 }
 
 #[test]
 fn a_refused_token_on_push_rebasing_is_an_auth_error() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let (_tmp, dest, url, _committed) = clone_and_commit(&srv, "x.txt", b"x");
     let before = srv.branch_sha(REPO, "main");
     let err = git::push_rebasing(&dest, &url, "ghs_wrong", "main", 3).unwrap_err();
@@ -674,7 +667,9 @@ fn a_refused_token_on_push_rebasing_is_an_auth_error() {
 
 #[test]
 fn embedded_repositories_stay_out() {
-    let Some(srv) = server() else { return };
+    let Some(srv) = git_server::start_or_skip(TOKEN) else {
+        return;
+    };
     let (_tmp, dest, _url) = clone(&srv);
     // A dependency the agent cloned, and a directory that merely looks like one.
     std::fs::create_dir_all(dest.join("vendor/lib")).unwrap();

@@ -2,7 +2,7 @@
 //! auth): mirrors, incremental refreshes, clones from the mirror, eviction, concurrent runs,
 //! and a fetch killed (SIGKILL, in a child process) midway.
 
-use crate::common::git_server;
+use crate::common::{contains, git_server};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -66,10 +66,6 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
-}
-
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Fails if the token (plain or as a basic-auth header) is in any file under `dir`, or

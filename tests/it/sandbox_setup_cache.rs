@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::common;
+use crate::common::fake_anthropic::feed_chars as tool;
 use crate::common::*;
 use bollard::query_parameters::{ListImagesOptions, RemoveImageOptions};
 use kodx::sandbox::setup_cache::{KEY_LABEL, SCOPE_LABEL};
@@ -556,10 +557,6 @@ async fn bench_setup_cache_second_run_ready() {
         second.as_secs_f64() * 1000.0,
         if ok { "ok" } else { "MISSED" }
     );
-}
-
-fn tool(id: &str, chars: &str) -> serde_json::Value {
-    serde_json::json!({"type": "tool_use", "id": id, "name": "feed_chars", "input": {"chars": chars}})
 }
 
 /// Through `kodx serve`: the repository's setup script runs on the first run only; each

@@ -3,12 +3,9 @@
 //! scripted fake Anthropic, a real SQLite file and the real Docker engine.
 
 use crate::common;
+use crate::common::fake_anthropic::tool_use as tool;
 use crate::common::serve::{bot_comments, delivery_id, usage, BranchPull, Served, REPO};
-use serde_json::{json, Value};
-
-fn tool(id: &str, input: Value) -> Value {
-    json!({"type": "tool_use", "id": id, "name": "feed_chars", "input": input})
-}
+use serde_json::json;
 
 async fn transcript(s: &Served, run_id: &str) -> Vec<String> {
     common::db::transcript(&s.dir.path().join("kodx.db"), run_id).await
@@ -64,25 +61,22 @@ async fn ask_on_an_issue_answers_from_the_container() {
         "{text}"
     );
     // The cost summary against the repository's limit.
-    common::serve::redactions(&[], &[]).bind(|| {
-        insta::assert_snapshot!(text, @r#"
-    <!-- kodx:{"run":"[hex]","v":1} -->
-    ### ✅ answered
-
-    > /kodx ask what do the notes say?
-
-    The notes say: notes-[hex]
-    [exit status: 0]
-
-    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
-    |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 3,200 | 60 | 0 | 0 | $0.0105 of $0.5000 | [duration] | `end_turn` |
-
-    <sub>kodx run <code>[run]</code></sub>
-    "#)
-    });
     common::serve::redactions(&[&run], &[(&nonce, "[nonce]")])
-        .bind(|| insta::assert_snapshot!("ask_answered", text));
+        .bind(|| insta::assert_snapshot!(text, @r#"
+        <!-- kodx:{"run":"[run]","v":1} -->
+        ### ✅ answered
+
+        > /kodx ask what do the notes say?
+
+        The notes say: [nonce]
+        [exit status: 0]
+
+        | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+        |---|--:|--:|--:|--:|--:|--:|--:|---|
+        | claude-sonnet-4-5 | 2 | 3,200 | 60 | 0 | 0 | $0.0105 of $0.5000 | [duration] | `end_turn` |
+
+        <sub>kodx run <code>[run]</code></sub>
+        "#));
     // It went through the phases: created as queued, then setting up, then done.
     let all: Vec<&String> = status_comment.edits.iter().collect();
     assert!(all.iter().any(|b| b.contains("setting up")), "{all:#?}");
@@ -200,7 +194,6 @@ async fn a_commenter_without_permission_gets_one_comment_and_no_run() {
         Vec::<String>::new(),
         "a refused command gets no reaction, only the comment"
     );
-    insta::assert_snapshot!("refused_read_permission", refusal.body);
     common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(refusal.body, @"@mallory `/kodx ask` can only be run by people with write, maintain or admin access to this repository; your permission here is `read`."));
     assert!(s.model.requests().is_empty(), "no model call");
     assert!(s.git.requests().is_empty(), "no clone");
@@ -258,7 +251,7 @@ async fn an_invalid_repository_config_is_named_with_file_and_line() {
     );
     let run = s.comment(7, "alice", "/kodx ask hi").await;
     let text = s.next_bot_comment(7).await.body;
-    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(text, @r#"
+    common::serve::redactions(&[&run], &[]).bind(|| insta::assert_snapshot!(text, @r#"
     kodx cannot run because the repository's configuration is invalid:
 
     ```text
@@ -269,8 +262,6 @@ async fn an_invalid_repository_config_is_named_with_file_and_line() {
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
-    common::serve::redactions(&[&run], &[])
-        .bind(|| insta::assert_snapshot!("invalid_repository_config", text));
     s.reaction(&s.trigger(&run), "confused").await;
     s.finish().await;
     assert!(s.model.requests().is_empty());
@@ -298,18 +289,15 @@ async fn help_empty_and_over_long_requests_are_answered_with_a_comment() {
 
     The command must start a line, outside code blocks and quotes; everything after it is the request. Limits and the model are set in `.github/kodx.yml`; kodx follows the repository's `AGENTS.md` and pull request template, read from the branch the work targets. With `ci_repair`, kodx repairs red CI on the pull requests it opened; with `triggers.label`, labelling an issue starts `/kodx code`.
     "));
-    insta::assert_snapshot!("help_unknown_command", text);
 
     s.comment(7, "alice", "/kodx ask").await;
     let text = s.next_bot_comment(7).await.body;
     common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(text, @"@alice kodx did not start: `/kodx ask` needs a request."));
-    insta::assert_snapshot!("refused_empty_request", text);
 
     let long = format!("/kodx code {}", "x".repeat(70_000));
     s.comment(7, "alice", &long).await;
     let text = s.next_bot_comment(7).await.body;
     common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(text, @"@alice kodx did not start: the request is 70000 bytes long; the limit is 65536 bytes."));
-    insta::assert_snapshot!("refused_long_request", text);
     s.finish().await;
     assert!(s.model.requests().is_empty());
 }

@@ -70,26 +70,6 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     );
     let (run_id, trigger) = ask_code(&s, 7, false, "add hello.txt and tidy up").await;
     let body = wait_done(&s, 7).await;
-    common::serve::redactions(&[], &[]).bind(|| {
-        insta::assert_snapshot!(body, @r#"
-    <!-- kodx:{"run":"[hex]","v":1} -->
-    ### ✅ done
-
-    > /kodx code add hello.txt and tidy up
-
-    **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
-
-    Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @​octocat!
-
-    C​loses #99
-
-    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
-    |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
-
-    <sub>kodx run <code>[run]</code></sub>
-    "#)
-    });
 
     // The pull request.
     let pulls = s.github.created_pulls(REPO);
@@ -99,25 +79,6 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     assert_eq!(pr.head, branch);
     assert_eq!(pr.base, "main");
     assert_eq!(pr.title, "add hello.txt and tidy up");
-    common::serve::redactions(&[], &[]).bind(|| {
-        insta::assert_snapshot!(pr.body, @r#"
-    <!-- kodx:{"run":"[hex]","v":1} -->
-    Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @​octocat!
-
-    C​loses #99
-
-    Closes #7
-
-    Requested by @alice with `/kodx code`.
-
-    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
-    |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
-
-
-    <sub>kodx run <code>[run]</code></sub>
-    "#)
-    });
     assert!(
         pr.body.contains(&run_id) && pr.body.contains("of $2.00"),
         "{}",
@@ -125,8 +86,41 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     );
     assert!(!pr.draft);
     common::serve::redactions(&[&run_id], &[]).bind(|| {
-        insta::assert_snapshot!("code_pull_request_body", pr.body);
-        insta::assert_snapshot!("code_status_done", body);
+        insta::assert_snapshot!(pr.body, @r#"
+        <!-- kodx:{"run":"[run]","v":1} -->
+        Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @​octocat!
+
+        C​loses #99
+
+        Closes #7
+
+        Requested by @alice with `/kodx code`.
+
+        | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+        |---|--:|--:|--:|--:|--:|--:|--:|---|
+        | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
+
+
+        <sub>kodx run <code>[run]</code></sub>
+        "#);
+        insta::assert_snapshot!(body, @r#"
+        <!-- kodx:{"run":"[run]","v":1} -->
+        ### ✅ done
+
+        > /kodx code add hello.txt and tidy up
+
+        **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
+
+        Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @​octocat!
+
+        C​loses #99
+
+        | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+        |---|--:|--:|--:|--:|--:|--:|--:|---|
+        | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
+
+        <sub>kodx run <code>[run]</code></sub>
+        "#);
     });
     assert!(body.contains(&format!("pull/{}", pr.number)), "{body}");
 

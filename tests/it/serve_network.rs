@@ -5,12 +5,8 @@
 use std::time::Duration;
 
 use crate::common;
+use crate::common::fake_anthropic::feed_chars as tool;
 use crate::common::serve::{usage, Options, Served, REPO};
-use serde_json::{json, Value};
-
-fn tool(id: &str, chars: &str) -> Value {
-    json!({"type": "tool_use", "id": id, "name": "feed_chars", "input": {"chars": chars}})
-}
 
 /// kodx serve listening on every address of the host, as in production.
 async fn served(settings: String) -> Served {

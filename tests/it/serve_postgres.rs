@@ -359,16 +359,9 @@ async fn an_intake_process_queues_and_a_worker_process_runs() {
     s.finish().await;
 }
 
-/// SIGTERM, then wait: a graceful stop.
+/// [`common::serve::terminate`] within 30 s.
 pub(crate) async fn terminate(child: &mut tokio::process::Child) {
-    let pid = child.id().expect("running") as i32;
-    // SAFETY: kill(2) with a pid this test spawned and has not reaped.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let status = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait())
-        .await
-        .expect("stops within 30 s")
-        .unwrap();
-    assert!(status.success(), "{status:?}");
+    common::serve::terminate(child, std::time::Duration::from_secs(30)).await;
 }
 
 /// Fencing: the process running a code run is paused (SIGSTOP) past its lease; another

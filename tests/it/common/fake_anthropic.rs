@@ -166,6 +166,16 @@ fn api_error(status: StatusCode, kind: &str, message: &str) -> Response {
         .into_response()
 }
 
+/// A `tool_use` block of the `feed_chars` tool with this `input`.
+pub fn tool_use(id: &str, input: Value) -> Value {
+    json!({"type": "tool_use", "id": id, "name": "feed_chars", "input": input})
+}
+
+/// A `tool_use` block that types `chars` into the shell.
+pub fn feed_chars(id: &str, chars: &str) -> Value {
+    tool_use(id, json!({"chars": chars}))
+}
+
 /// A Messages API reply with `content`, `stop_reason` and `usage`.
 fn message(content: Vec<Value>, stop_reason: &str, usage: Value) -> Value {
     json!({

@@ -641,3 +641,31 @@ pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.decode(text).ok()
 }
+
+/// A server that accepts `token`, or `None` (loudly) without a `git` CLI outside CI.
+pub fn start_or_skip(token: &str) -> Option<GitServer> {
+    if git_available() {
+        return Some(GitServer::start(accept_tokens(&[token])));
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("CI=true but the git CLI (with http-backend) is missing");
+    }
+    eprintln!("\n*** SKIPPED: no git CLI to run git http-backend; install git ***\n");
+    None
+}
+
+/// Fails if any request put `token` in its URL, or carried credentials the server refused
+/// or failed; only git's first, anonymous probe goes without credentials (a 401).
+pub fn assert_requests_clean(srv: &GitServer, token: &str) {
+    let requests = srv.requests();
+    assert!(!requests.is_empty());
+    for r in &requests {
+        assert!(!r.path_and_query.contains(token), "token in URL: {r:?}");
+        if r.username.is_some() {
+            assert!(r.auth_ok, "refused credentials: {r:?}");
+            assert!(r.status < 400, "request failed: {r:?}");
+        } else {
+            assert_eq!(r.status, 401, "{r:?}");
+        }
+    }
+}

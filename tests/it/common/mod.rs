@@ -31,6 +31,23 @@ pub fn peak_rss() -> usize {
     kb * 1024
 }
 
+/// Whether `needle` stands anywhere in `hay`.
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// `kodx` (the CLI) against the fake Anthropic at `fake` with API key `key`, on the test
+/// image, with the built-in prices and no stdin.
+pub fn kodx_command(fake: &fake_anthropic::FakeAnthropic, key: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"));
+    cmd.env("ANTHROPIC_BASE_URL", &fake.url)
+        .env("ANTHROPIC_API_KEY", key)
+        .env("KODX_IMAGE", image())
+        .env_remove("KODX_PRICING")
+        .stdin(std::process::Stdio::null());
+    cmd
+}
+
 /// The locally built test image (`tests/images/build.sh`).
 pub fn image() -> String {
     std::env::var("KODX_TEST_IMAGE").unwrap_or_else(|_| "kodx-test:bookworm".to_string())

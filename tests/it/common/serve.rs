@@ -980,6 +980,19 @@ pub fn text(t: &str) -> Vec<Value> {
 }
 
 /// A Messages API `usage` block.
+/// SIGTERM to another `kodx serve` process the test started; it must exit cleanly within
+/// `within`.
+pub async fn terminate(child: &mut tokio::process::Child, within: Duration) {
+    let pid = child.id().expect("running") as i32;
+    // SAFETY: kill(2) with a pid this test spawned and has not reaped.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = tokio::time::timeout(within, child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("stops within {within:?}"))
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
 /// Snapshot settings for what kodx wrote (bot comments, pull request bodies): what changes
 /// from run to run is filtered out — the ids in `runs` (`[run]`, and their 8-character
 /// form in branch names `[run8]`), the values in `vary` (replaced by their names), other
