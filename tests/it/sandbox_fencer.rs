@@ -310,9 +310,10 @@ async fn broadcasts_from_a_sandbox_reach_neither_the_host_nor_its_neighbour() {
         ["control", "control-end"],
         "nothing from the sandbox reached the host ({got:?}); the sandbox said {out:?}"
     );
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The neighbour's listener ends on its own (its 5 s timeout, or a datagram): `wait` in
+    // the shell that started it returns then.
     let heard = neighbour
-        .feed_chars("default", "cat /tmp/neighbour.txt", 10 * SEC)
+        .feed_chars("default", "wait; cat /tmp/neighbour.txt", 10 * SEC)
         .await
         .unwrap();
     assert!(
