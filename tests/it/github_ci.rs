@@ -305,10 +305,26 @@ async fn an_actions_job_log_comes_through_the_redirect_without_the_token() {
     assert_eq!(fake.blob_requests(), 1);
     assert_eq!(fake.log_bytes_served(), log.len() as u64);
     let report = st.report(48 * 1024);
-    assert!(
-        report.contains("```text\n##[group]Run cargo test\n"),
-        "{report}"
-    );
+    crate::common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(report, @"
+    ## CI failures
+
+    1 failed, 0 passed.
+
+    ### `test (ubuntu-latest)` — failure (github-actions)
+    Details: http://127.0.0.1:[port]/acme/widgets/actions/runs/[hex]/job/[hex]
+    First error: error[E0308]: mismatched types
+
+    Log excerpt (5 lines, 340 bytes):
+    ```text
+    ##[group]Run cargo test
+       Compiling widgets v0.1.0
+    error[E0308]: mismatched types
+     --> src/lib.rs:3:5
+    ##[error]Process completed with exit code 101.
+    ```
+    ")
+    });
     assert_clean(&fake);
 }
 
@@ -398,10 +414,33 @@ async fn only_the_first_failures_are_detailed() {
     assert_eq!(detailed, [true, true, false, false, false]);
     assert_eq!(fake.blob_requests(), 2);
     let report = st.report(48 * 1024);
-    assert!(
-        report.contains("Also failed (not detailed): `job 2`, `job 3`, `job 4`"),
-        "{report}"
-    );
+    crate::common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(report, @"
+    ## CI failures
+
+    5 failed, 0 passed.
+
+    ### `job 0` — failure (github-actions)
+    Details: http://127.0.0.1:[port]/acme/widgets/actions/runs/[hex]/job/[hex]
+    First error: error: job 0 broke
+
+    Log excerpt (1 lines, 19 bytes):
+    ```text
+    error: job 0 broke
+    ```
+
+    ### `job 1` — failure (github-actions)
+    Details: http://127.0.0.1:[port]/acme/widgets/actions/runs/[hex]/job/[hex]
+    First error: error: job 1 broke
+
+    Log excerpt (1 lines, 19 bytes):
+    ```text
+    error: job 1 broke
+    ```
+
+    Also failed (not detailed): `job 2`, `job 3`, `job 4`
+    ")
+    });
     assert_clean(&fake);
 }
 

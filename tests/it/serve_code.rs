@@ -88,9 +88,9 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     common::serve::redactions(&[&run_id], &[]).bind(|| {
         insta::assert_snapshot!(pr.body, @r#"
         <!-- kodx:{"run":"[run]","v":1} -->
-        Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @​octocat!
+        Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @[zwsp]octocat!
 
-        C​loses #99
+        C[zwsp]loses #99
 
         Closes #7
 
@@ -111,9 +111,9 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
 
         **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
 
-        Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @​octocat!
+        Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @[zwsp]octocat!
 
-        C​loses #99
+        C[zwsp]loses #99
 
         | model | API calls | input | output | cache write | cache read | cost | duration | stop |
         |---|--:|--:|--:|--:|--:|--:|--:|---|
@@ -145,9 +145,9 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     common::serve::redactions(&[], &[]).bind(|| {
         insta::assert_snapshot!(pr.body, @r#"
     <!-- kodx:{"run":"[hex]","v":1} -->
-    Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @​octocat!
+    Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @[zwsp]octocat!
 
-    C​loses #99
+    C[zwsp]loses #99
 
     Closes #7
 

@@ -111,7 +111,7 @@ async fn hostile_thread_ids_and_statuses_post_nothing_live() {
 
     **Review threads:** replied in 1 (0 fixed, 0 declined, 1 question).
 
-    Left out of the run's `kodx-threads` list: entry 2: no thread ``PRRT_id` @org/team [PRRT_id](https://evil.example/PRRT_id) <https://evil.example`` was given; entry 3: unknown variant \`fixed\` @​org/team \[fixed\](https:​//evil.example/fixed) \<https:​//evil.example/a\> \`\` @​org/team https:​//evil.example/b www​.evil.example !\[i\](https:​//evil.example/i.png) \<img src=https:​//evil.example/x\> @​org/team \`\`\`\`, expected one of \`fixed\`, \`declined\`, \`question\`.
+    Left out of the run's `kodx-threads` list: entry 2: no thread ``PRRT_id` @org/team [PRRT_id](https://evil.example/PRRT_id) <https://evil.example`` was given; entry 3: unknown variant \`fixed\` @[zwsp]org/team \[fixed\](https:[zwsp]//evil.example/fixed) \<https:[zwsp]//evil.example/a\> \`\` @[zwsp]org/team https:[zwsp]//evil.example/b www[zwsp].evil.example !\[i\](https:[zwsp]//evil.example/i.png) \<img src=https:[zwsp]//evil.example/x\> @[zwsp]org/team \`\`\`\`, expected one of \`fixed\`, \`declined\`, \`question\`.
 
     Asked about the name.
 
