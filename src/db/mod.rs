@@ -36,6 +36,7 @@ mod notify;
 mod open;
 mod pulls;
 mod queue;
+mod result;
 mod spend;
 #[doc(hidden)]
 pub mod test_databases;
@@ -56,6 +57,7 @@ pub use notify::{Notifications, Wakeup};
 pub use open::{shown_url, DEFAULT_DATABASE_URL};
 pub use pulls::{Repair, RepairTaken};
 pub use queue::DEFAULT_LEASE;
+pub use result::{AdmissionRecord, Continues, RunResult};
 pub use spend::to_micros;
 
 /// What went wrong with the database. Messages name the path or setting to fix; they never

@@ -39,7 +39,9 @@ use crate::cost::Pricing;
 use crate::db::Db;
 use crate::github::GitHubApp;
 use config::{ServeConfig, Startup};
-use worker::{Engines, EnvProviders, ProviderFactory, Workers};
+use pipeline::engines::{EngineStatus, Engines};
+use pipeline::resources::{EnvProviders, ProviderFactory};
+use worker::Workers;
 
 /// How `serve` runs beyond its configuration.
 #[derive(Clone)]
@@ -73,7 +75,7 @@ impl intake::http::HealthCheck for Engines {
         self.ping().await
     }
 
-    fn engines(&self) -> Vec<worker::EngineStatus> {
+    fn engines(&self) -> Vec<EngineStatus> {
         self.statuses()
     }
 }

@@ -3,12 +3,14 @@
 //! outcome, a limit, a failure, a refusal, a panicked task.
 
 use parking_lot::Mutex;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::agent::{Outcome, StopReason};
-use crate::db::{EndReason, Finish, Holder, Run, RunStatus};
+use crate::db::{AdmissionRecord, Continues, EndReason, Finish, Holder, Run, RunResult, RunStatus};
+use crate::redact::redact;
 use crate::serve::texts;
-use crate::serve::texts::status::{self as comment, Done};
+use crate::serve::texts::status::Done;
 
 use crate::model::Usage;
 
@@ -55,17 +57,15 @@ impl From<Refusal> for RunFailure {
 #[derive(Default)]
 pub(in crate::serve) struct RunLog {
     pub timings: Timings,
-    /// The admission it ran under ([`super::gate::Admission::to_json`]).
-    pub admission: Mutex<Option<serde_json::Value>>,
+    /// The admission it ran under ([`super::gate::Admission::record`]).
+    pub admission: Mutex<Option<AdmissionRecord>>,
     /// How the container's setup went (`None`: no container).
     pub setup: Mutex<Option<crate::sandbox::SetupReport>>,
     /// The branch a code run pushed its change to (what `/kodx continue` goes on from).
     pub branch: Mutex<Option<String>>,
-    /// The commit a code run pushed (its checks are reported on it).
-    pub commit: Mutex<Option<String>>,
     /// For `/kodx continue`: the run it went on with, the first request and what the
     /// parts before cost.
-    pub continues: Mutex<Option<serde_json::Value>>,
+    pub continues: Mutex<Option<Continues>>,
     /// The Docker engine the run's container is on; given back when the run is over.
     pub placement: Mutex<Option<super::Placement>>,
     /// The run's container was a warm sandbox (counted as in use while the run goes on).
@@ -97,14 +97,13 @@ impl Timings {
         self.0.lock().push((phase, took));
     }
 
-    pub fn to_json(&self) -> serde_json::Value {
+    /// Each phase's milliseconds (a phase timed twice keeps its last).
+    pub fn millis(&self) -> BTreeMap<String, u64> {
         let phases = self.0.lock();
-        serde_json::Value::Object(
-            phases
-                .iter()
-                .map(|(k, d)| (k.to_string(), serde_json::json!(d.as_millis() as u64)))
-                .collect(),
-        )
+        phases
+            .iter()
+            .map(|(k, d)| (k.to_string(), d.as_millis() as u64))
+            .collect()
     }
 }
 
@@ -134,8 +133,11 @@ impl Services {
         let (status, done) = match ended {
             Ok(Ending::Work { status, done }) => (status, done),
             Ok(Ending::Answered(reason)) => {
-                let result = serde_json::json!({ "refused": reason.as_str() });
-                self.finish_quietly(run, RunStatus::Succeeded, reason, result)
+                let result = RunResult {
+                    refused: Some(reason.as_str().to_string()),
+                    ..RunResult::default()
+                };
+                self.finish_quietly(run, RunStatus::Succeeded, reason, &result)
                     .await;
                 return;
             }
@@ -155,7 +157,7 @@ impl Services {
                         run,
                         RunStatus::Failed,
                         EndReason::InternalError,
-                        serde_json::json!({ "error": format!("{e:#}") }),
+                        &failed_result(&e),
                     )
                     .await;
                 if !ended_here {
@@ -172,7 +174,7 @@ impl Services {
                     run,
                     RunStatus::Failed,
                     EndReason::InternalError,
-                    serde_json::json!({ "error": format!("{e:#}") }),
+                    &failed_result(&e),
                 )
                 .await;
                 return;
@@ -196,19 +198,20 @@ impl Services {
             cache_read_tokens: o.usage.cache_read_tokens as i64,
             cache_write_tokens: o.usage.cache_write_tokens as i64,
             api_calls: i64::from(o.api_calls),
-            result: serde_json::json!({
-                "last_message": comment::redact(&o.last_message),
-                "detail": done.failure.as_deref().or(o.detail.as_deref()).map(comment::redact),
-                "model": o.model,
-                "timings_ms": log.timings.to_json(),
-                "admission": log.admission.lock().clone(),
-                "setup_cache": log.setup.lock().map(|s| s.cache.as_str()),
-                "branch": log.branch.lock().clone(),
-                "continues": log.continues.lock().clone(),
-                "engine": log.placed_on().map(|(name, _)| name),
-                "warm_start": log.warm.lock().is_some(),
-            })
-            .to_string(),
+            result: RunResult {
+                last_message: redact(&o.last_message),
+                detail: done.failure.as_deref().or(o.detail.as_deref()).map(redact),
+                model: o.model.clone(),
+                timings_ms: log.timings.millis(),
+                admission: log.admission.lock().clone(),
+                setup_cache: log.setup.lock().map(|s| s.cache.as_str().to_string()),
+                branch: log.branch.lock().clone(),
+                continues: log.continues.lock().clone(),
+                engine: log.placed_on().map(|(name, _)| name),
+                warm_start: log.warm.lock().is_some(),
+                ..RunResult::default()
+            }
+            .to_text(),
             pr_url: done.pr_url.clone(),
         };
         stop_before_finish_for_tests();
@@ -234,7 +237,7 @@ impl Services {
             stop_reason = o.stop_reason.as_str(),
             cost_usd = o.usd_cost,
             api_calls = o.api_calls,
-            timings_ms = %log.timings.to_json(),
+            timings_ms = %serde_json::to_string(&log.timings.millis()).unwrap_or_default(),
             warm_start = log.warm.lock().is_some(),
             "run finished"
         );
@@ -253,7 +256,7 @@ impl Services {
         run: &Run,
         status: RunStatus,
         reason: EndReason,
-        result: serde_json::Value,
+        result: &RunResult,
     ) -> bool {
         let fin = Finish::without_calls(status, reason.clone(), result);
         match self.db.finish(&run.id, &self.holder(run), &fin).await {
@@ -306,6 +309,14 @@ fn stop_before_finish_for_tests() {
 pub(in crate::serve) struct Panicked {
     pub run_id: String,
     pub message: String,
+}
+
+/// The stored result of a run kodx failed.
+fn failed_result(e: &anyhow::Error) -> RunResult {
+    RunResult {
+        error: Some(format!("{e:#}")),
+        ..RunResult::default()
+    }
 }
 
 /// The outcome of a run that ended without a model call.

@@ -216,7 +216,7 @@ fn send_context(run_plan: &RunPlan, records: &tokio::sync::mpsc::UnboundedSender
         return;
     };
     let record = Record::Context {
-        context: serde_json::to_value(context).unwrap_or_default(),
+        context: context.clone(),
     };
     if let Ok(line) = serde_json::to_string(&record) {
         let _ = records.send(line);

@@ -3,7 +3,7 @@
 //! posts anything. The outcome is an [`Admission`] that travels into the run's handler, or a
 //! typed [`Refusal`]: one short comment and a finished run.
 
-use serde_json::json;
+use crate::db::{AdmissionRecord, RunResult};
 
 use crate::db::{Run, RunStatus};
 use crate::github::{Installation, Permission, Reaction, RepoName};
@@ -105,13 +105,13 @@ impl Admission {
     }
 
     /// What is stored with the run's result: the admitted limits.
-    pub fn to_json(&self, kind: RunKind, maxima: &ServerMaxima) -> serde_json::Value {
-        json!({
-            "permission": self.permission.map(Permission::as_str),
-            "cost_limit": self.cost_limit(kind, maxima),
-            "max_iterations": self.max_iterations(maxima),
-            "budget_left": self.budget.map(|b| b.left()),
-        })
+    pub fn record(&self, kind: RunKind, maxima: &ServerMaxima) -> AdmissionRecord {
+        AdmissionRecord {
+            permission: self.permission.map(|p| p.as_str().to_string()),
+            cost_limit: self.cost_limit(kind, maxima),
+            max_iterations: self.max_iterations(maxima),
+            budget_left: self.budget.map(|b| b.left()),
+        }
     }
 }
 
@@ -193,26 +193,46 @@ impl Refusal {
     }
 
     /// What is stored as the run's result.
-    pub fn to_json(&self) -> serde_json::Value {
-        let reason = self.end_reason();
-        let reason = reason.as_str();
+    pub fn result(&self) -> RunResult {
+        let refused = RunResult {
+            refused: Some(self.end_reason().as_str().to_string()),
+            ..RunResult::default()
+        };
         match self {
-            Refusal::ConfigUnreadable(e) | Refusal::PermissionUnknown(e) => {
-                json!({ "refused": reason, "error": e })
-            }
-            Refusal::NotPermitted { needed, has } => {
-                json!({ "refused": reason, "needed": needed.as_str(), "has": has.as_str() })
-            }
-            Refusal::BudgetSpent(b) => {
-                json!({ "refused": reason, "budget": b.budget, "spent": b.spent })
-            }
-            Refusal::InvalidConfig(e) => json!({ "refused": reason, "error": e.to_string() }),
-            Refusal::BadRequest(why) => json!({ "refused": reason, "error": why }),
-            Refusal::CannotContinue(why) => {
-                json!({ "refused": reason, "error": why.to_string() })
-            }
-            Refusal::UnknownBase(branch) => json!({ "refused": reason, "base": branch }),
-            Refusal::Dismissed(why) => json!({ "dismissed": why }),
+            Refusal::ConfigUnreadable(e) | Refusal::PermissionUnknown(e) => RunResult {
+                error: Some(e.clone()),
+                ..refused
+            },
+            Refusal::NotPermitted { needed, has } => RunResult {
+                needed: Some(needed.as_str().to_string()),
+                has: Some(has.as_str().to_string()),
+                ..refused
+            },
+            Refusal::BudgetSpent(b) => RunResult {
+                budget: Some(b.budget),
+                spent: Some(b.spent),
+                ..refused
+            },
+            Refusal::InvalidConfig(e) => RunResult {
+                error: Some(e.to_string()),
+                ..refused
+            },
+            Refusal::BadRequest(why) => RunResult {
+                error: Some(why.clone()),
+                ..refused
+            },
+            Refusal::CannotContinue(why) => RunResult {
+                error: Some(why.to_string()),
+                ..refused
+            },
+            Refusal::UnknownBase(branch) => RunResult {
+                base: Some(branch.clone()),
+                ..refused
+            },
+            Refusal::Dismissed(why) => RunResult {
+                dismissed: Some(why.clone()),
+                ..RunResult::default()
+            },
         }
     }
 
@@ -473,7 +493,7 @@ impl Services {
             _ => RunStatus::Failed,
         };
         if !self
-            .finish_quietly(run, status, refusal.end_reason(), refusal.to_json())
+            .finish_quietly(run, status, refusal.end_reason(), &refusal.result())
             .await
         {
             return;
@@ -530,7 +550,7 @@ impl Services {
             run,
             RunStatus::Failed,
             refusal.end_reason(),
-            refusal.to_json(),
+            &refusal.result(),
         )
         .await;
     }
@@ -553,6 +573,7 @@ fn month_start_ms(now_ms: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn month_start() {
@@ -595,7 +616,7 @@ mod tests {
         );
         assert_eq!(b.cost_limit(RunKind::Code, &maxima), 0.75);
         assert_eq!(
-            b.to_json(RunKind::Code, &maxima),
+            serde_json::to_value(b.record(RunKind::Code, &maxima)).unwrap(),
             json!({"permission": "write", "cost_limit": 0.75, "max_iterations": 40, "budget_left": 0.75})
         );
     }
@@ -629,7 +650,7 @@ mod tests {
         };
         assert_eq!(r.end_reason().as_str(), "not_permitted");
         assert_eq!(
-            r.to_json(),
+            serde_json::to_value(r.result()).unwrap(),
             json!({"refused": "not_permitted", "needed": "write", "has": "read"})
         );
         let r = Refusal::BudgetSpent(Budget {

@@ -32,6 +32,7 @@ pub(in crate::serve) mod resources;
 pub(in crate::serve) mod status;
 pub(in crate::serve) mod threads;
 pub(in crate::serve) mod warm;
+pub(in crate::serve) mod work;
 pub(in crate::serve) mod workspace;
 
 use parking_lot::Mutex;
@@ -48,10 +49,10 @@ use crate::serve::config::Settings;
 use crate::serve::metrics::Metrics;
 
 pub(in crate::serve) use ending::{Ending, RunFailure, RunLog, Timings};
-pub use engines::{EngineStatus, Engines, NoEngine, Placement, WarmSettings};
+pub use engines::{Engines, Placement, WarmSettings};
 pub(in crate::serve) use fence::Fence;
 pub(in crate::serve) use gate::Admission;
-pub use resources::{EnvProviders, ProviderFactory};
+pub use resources::ProviderFactory;
 pub(in crate::serve) use status::StatusComment;
 
 /// What every run of this process uses: the database, GitHub, the engines, the settings,

@@ -17,7 +17,7 @@ use crate::sandbox::SetupCacheSpec;
 use crate::serve::config::Settings;
 use crate::serve::pipeline::context::RunContext;
 use crate::serve::pipeline::deliver::{self, Target};
-use crate::serve::pipeline::repo_context::RepoContext;
+use crate::transcript::context::RepoContext;
 use crate::serve::texts;
 use crate::serve::texts::status::RunKind;
 

@@ -10,7 +10,7 @@
 //! in any process, make at most one repair run. When the limit or a repeated failure stops
 //! repairing, kodx says so once on the pull request.
 
-use crate::db::{RepairTaken, Run};
+use crate::db::{RepairTaken, Run, RunResult};
 use crate::github::{CiLimits, CiState, Installation, RepoName, TokenScope};
 use crate::repo_config::RepoConfig;
 use crate::serve::texts::{self, RepairStop};
@@ -199,11 +199,7 @@ impl Services {
     async fn report(&self, state: &CiState, made_by: &str) -> String {
         let mut report = state.report(MAX_REPORT_BYTES);
         let summary = match self.db.get_run(made_by).await {
-            Ok(Some(r)) => r
-                .result
-                .as_deref()
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
-                .and_then(|v| v["last_message"].as_str().map(str::to_string)),
+            Ok(Some(r)) => Some(RunResult::parse(r.result.as_deref()).last_message),
             _ => None,
         };
         if let Some(summary) = summary.filter(|s| !s.trim().is_empty()) {

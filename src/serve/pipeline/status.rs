@@ -30,7 +30,7 @@ impl Services {
             .iter()
             .rev()
             .find(|c| {
-                c.author_is_bot && comment::find_run_id(&c.body).as_deref() == Some(run.id.as_str())
+                c.author_is_bot && crate::serve::texts::markup::find_run_id(&c.body).as_deref() == Some(run.id.as_str())
             })
             .map(|c| c.id)
     }

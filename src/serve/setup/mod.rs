@@ -27,7 +27,7 @@ use serde::Deserialize;
 use crate::db::Db;
 use crate::github::{convert_manifest, GitHubApp};
 use crate::serve::config::{CredentialSource, ServeConfig, SetupConfig};
-use crate::serve::worker::Engines;
+use crate::serve::pipeline::engines::Engines;
 use manifest::Owner;
 use store::SavedApp;
 

@@ -30,7 +30,8 @@ use crate::serve::pipeline::ending::Panicked;
 use crate::serve::pipeline::{Fence, RunFailure, RunLog, Services};
 use tasks::Tasks;
 
-pub use crate::serve::pipeline::{EngineStatus, Engines, EnvProviders, NoEngine, ProviderFactory};
+use crate::serve::pipeline::engines::Engines;
+use crate::serve::pipeline::resources::ProviderFactory;
 
 /// The queue's side of this process: what it claims, when, and how many at once. What the
 /// runs use is in its [`Services`] (reached through `Deref`).

@@ -172,7 +172,7 @@ impl Workers {
         {
             return self.refused_after_wait(run, refusal);
         }
-        *log.admission.lock() = Some(admission.to_json(kind, &self.settings.maxima()));
+        *log.admission.lock() = Some(admission.record(kind, &self.settings.maxima()));
         // From here every GitHub write of the run asks its fence first, right before it is
         // sent: the status comment's, and those of every client the stages take
         // (`RunCtx::installation`).

@@ -5,7 +5,7 @@
 
 mod words;
 
-pub use words::*;
+pub use words::{branch_name, Target};
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,24 @@ pub(in crate::serve) enum Delivered {
         branch: String,
     },
     Nothing,
+}
+
+/// What delivering a change came to: the commit pushed, when one was (also when opening
+/// its pull request failed after the push: its checks are still reported on it), and where
+/// the change went.
+pub(in crate::serve) struct Shipped {
+    pub commit: Option<String>,
+    pub delivered: Result<Delivered, DeliveryError>,
+}
+
+impl Shipped {
+    /// Nothing pushed: the delivery failed before.
+    pub fn failed(error: DeliveryError) -> Shipped {
+        Shipped {
+            commit: None,
+            delivered: Err(error),
+        }
+    }
 }
 
 /// Why a change could not be delivered; its `Display` is the sentence the status comment
@@ -102,6 +120,19 @@ pub(in crate::serve) async fn deliver(
     change: Change<'_>,
     changes: ChangeSet,
     done: &Done,
+) -> Shipped {
+    let mut commit = None;
+    let delivered = push_and_open(cx, change, changes, done, &mut commit).await;
+    Shipped { commit, delivered }
+}
+
+/// [`deliver`]; `commit`: the commit pushed, set as soon as it is.
+async fn push_and_open(
+    cx: &RunCtx<'_>,
+    change: Change<'_>,
+    changes: ChangeSet,
+    done: &Done,
+    commit: &mut Option<String>,
 ) -> Result<Delivered, DeliveryError> {
     if changes.is_empty() {
         return Ok(Delivered::Nothing);
@@ -131,7 +162,7 @@ pub(in crate::serve) async fn deliver(
     };
     cx.log.timings.add("commit", pushed.committed);
     cx.log.timings.add("push", pushed.pushed);
-    *cx.log.commit.lock() = Some(pushed.sha.clone());
+    *commit = Some(pushed.sha.clone());
     let branch = change.target.branch().to_string();
     let Target::NewPull { base, .. } = change.target else {
         return Ok(Delivered::Pushed {
