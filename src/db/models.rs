@@ -8,7 +8,7 @@ use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::FromRow;
 
-use super::DbError;
+use super::error::DbError;
 use crate::agent::StopReason;
 use crate::job::RunRequest;
 

@@ -152,11 +152,17 @@ mod tests {
         // Written again, it says the same (the `null`s left out).
         let again: serde_json::Value = serde_json::from_str(&work.to_text()).unwrap();
         let mut expected = rows[0].clone();
-        expected.as_object_mut().unwrap().retain(|_, v| !v.is_null());
+        expected
+            .as_object_mut()
+            .unwrap()
+            .retain(|_, v| !v.is_null());
         assert_eq!(again, expected);
 
         let stopped = RunResult::parse(Some(&rows[1].to_string()));
-        assert_eq!(stopped.detail.as_deref(), Some("the step limit (40) was reached"));
+        assert_eq!(
+            stopped.detail.as_deref(),
+            Some("the step limit (40) was reached")
+        );
         assert_eq!(stopped.branch, None);
         assert_eq!(stopped.continues, None);
         assert_eq!(stopped.admission.unwrap().budget_left, Some(7.5));
@@ -165,7 +171,10 @@ mod tests {
         let old = RunResult::parse(Some(&rows[2].to_string()));
         assert_eq!(old.branch.as_deref(), Some("kodx/7-abc"));
         assert_eq!(old.last_message, "done");
-        assert_eq!((old.engine, old.warm_start, old.admission), (None, false, None));
+        assert_eq!(
+            (old.engine, old.warm_start, old.admission),
+            (None, false, None)
+        );
 
         let refused = RunResult::parse(Some(&rows[3].to_string()));
         assert_eq!(refused.refused.as_deref(), Some("not_permitted"));

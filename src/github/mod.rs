@@ -53,8 +53,8 @@ pub use types::{
 };
 
 use policy::Raw;
-use transport::{Auth, Call, JSON};
 pub use transport::USER_AGENT;
+use transport::{Auth, Call, JSON};
 
 /// A cached installation token is replaced once it has less than this left.
 pub const TOKEN_REFRESH_MARGIN: Duration = Duration::from_secs(5 * 60);

@@ -204,7 +204,7 @@ struct Activator {
 
 #[async_trait::async_trait]
 impl setup::Activate for Activator {
-    async fn activate(&self, config: ServeConfig) -> anyhow::Result<Vec<setup::CheckLine>> {
+    async fn activate(&self, config: ServeConfig) -> anyhow::Result<Vec<setup::page::CheckLine>> {
         let mut options = self.options.lock().await;
         let Some(opts) = options.clone() else {
             anyhow::bail!("this server already has a GitHub App");
@@ -340,6 +340,7 @@ async fn start(
     if let Some(pages) = pages {
         if let Some(public_url) = &config.public_url {
             let _ = workers
+                .svc
                 .run_links
                 .set((public_url.clone(), pages.key().clone()));
         }

@@ -51,8 +51,8 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure>
         }
         Ok(answers) => {
             // Replies only while this process holds the run (else it ends here, silently;
-            // each reply asks the fence again, through the client).
-            if !cx.fence.holds().await {
+            // each reply asks the lease again, through the client).
+            if !cx.lease.holds().await {
                 return Ok(Ending::Work { status, done });
             }
             // A run can outlive its first token: the replies take a fresh one.

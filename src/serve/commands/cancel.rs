@@ -6,6 +6,7 @@ use crate::agent::StopReason;
 use crate::db::EndReason;
 use crate::db::Run;
 use crate::github::{Installation, Reaction, RepoName};
+use crate::serve::pipeline::{ending, status};
 use crate::serve::pipeline::{Ending, RunFailure, Services};
 use crate::serve::texts;
 
@@ -34,12 +35,12 @@ pub(in crate::serve) async fn run(
             }
         } else {
             svc.forget_ack(&t.run.id);
-            let done = svc.failed_done(
+            let done = ending::failed_done(
                 &t.run,
                 StopReason::Cancelled,
                 texts::cancelled_before_it_started(&job.request.author),
             );
-            svc.post_done(&t.run, &done).await;
+            status::post_done(svc, &t.run, &done).await;
         }
     }
     if touched.is_empty() {
@@ -51,7 +52,7 @@ pub(in crate::serve) async fn run(
             tracing::warn!("answering the cancel failed: {e}");
         }
     } else {
-        svc.react(gh, repo, job, Reaction::PlusOne).await;
+        status::react(gh, repo, job, Reaction::PlusOne).await;
     }
     Ok(Ending::Answered(EndReason::Cancel))
 }

@@ -19,6 +19,7 @@ use anyhow::Context as _;
 use crate::db::{EndReason, Run};
 use crate::job::Job;
 use crate::repo_config::AskPermission;
+use crate::serve::pipeline::ending;
 use crate::serve::pipeline::gate::{needed_permission, Refusal};
 use crate::serve::pipeline::{Ending, RunCtx, RunFailure, Services};
 use crate::serve::texts;
@@ -41,8 +42,7 @@ pub(in crate::serve) async fn work(cx: &RunCtx<'_>) -> Result<Ending, RunFailure
 /// how it ended.
 pub(in crate::serve) async fn control(svc: &Services, job: Run) {
     let ended = answer(svc, &job).await;
-    svc.conclude(&job, ended, &Default::default(), Instant::now())
-        .await;
+    ending::conclude(svc, &job, ended, &Default::default(), Instant::now()).await;
 }
 
 async fn answer(svc: &Services, job: &Run) -> Result<Ending, RunFailure> {

@@ -54,7 +54,7 @@ pub(in crate::serve) async fn report_checks(
         external_id: Some(cx.run.id.clone()),
         annotations,
     };
-    // Only while this process holds the run (the client asks the fence; else it ends
+    // Only while this process holds the run (the client asks the lease; else it ends
     // here, silently).
     let created = match gh.create_check_run(&cx.repo, &run).await {
         Ok(created) => created,

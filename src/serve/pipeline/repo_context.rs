@@ -15,9 +15,9 @@
 
 use super::context::{fenced, reveal_hidden, strip_hidden};
 use super::gate::Base;
-use crate::transcript::context::{Instructions, RepoContext, Template};
 use super::RunCtx;
 use crate::github::{Installation, RepoName, Tree, TreeEntry};
+use crate::transcript::context::{Instructions, RepoContext, Template};
 
 /// The most of an instructions file given to the model, in bytes.
 pub(in crate::serve) const MAX_INSTRUCTIONS_BYTES: usize = 32 * 1024;

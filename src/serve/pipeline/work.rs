@@ -245,7 +245,7 @@ async fn record_pull_commit(cx: &RunCtx<'_>, commit: Option<&str>, pr_url: Optio
             pull,
             sha,
             &cx.run.id,
-            cx.fence.lease(),
+            cx.lease.lease(),
             request.job.kind().as_str(),
             opened,
         )

@@ -8,8 +8,8 @@ use maud::{html, Markup, PreEscaped};
 
 use crate::db::Run;
 use crate::model::Block;
-use crate::serve::setup::page::layout;
 use crate::redact::redact;
+use crate::serve::setup::page::layout;
 use crate::serve::texts::markup;
 use crate::transcript::context::RepoContext;
 use crate::transcript::Record;

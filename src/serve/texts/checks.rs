@@ -306,7 +306,10 @@ mod tests {
         );
         assert!(table.contains("| build | ✅ passed |"), "{table}");
         assert_eq!(Verdict::of(&results).plainly_green(), Some(false));
-        assert_eq!(Verdict::of(&[r("build", 1, true)]).plainly_green(), Some(true));
+        assert_eq!(
+            Verdict::of(&[r("build", 1, true)]).plainly_green(),
+            Some(true)
+        );
         let (conclusion, title, summary, text) = check_run(&results, Verdict::of(&results), None);
         assert_eq!(conclusion, "neutral");
         assert_eq!(title, "2 of 2 checks passed, 1 over edited tests");
@@ -328,7 +331,10 @@ mod tests {
         assert!(edited_note(&red, Verdict::of(&red))
             .unwrap()
             .contains("edits what the checks depend on"));
-        assert_eq!(edited_note(&[r("build", 1, true)], Verdict::default()), None);
+        assert_eq!(
+            edited_note(&[r("build", 1, true)], Verdict::default()),
+            None
+        );
         let many: Vec<String> = (0..8).map(|i| format!("tests/t{i}.py")).collect();
         assert!(
             files(&many).ends_with("`tests/t4.py` and 3 more"),
@@ -353,7 +359,8 @@ mod tests {
             "{table}"
         );
         assert!(red_note(&red, OnRed::Draft, true).contains("`tests`; the pull request is a draft"));
-        let (conclusion, title, summary, text) = check_run(&red, Verdict::of(&red), Some("https://k/runs/1"));
+        let (conclusion, title, summary, text) =
+            check_run(&red, Verdict::of(&red), Some("https://k/runs/1"));
         assert_eq!(
             (conclusion.as_str(), title.as_str()),
             ("failure", "1 of 2 checks failed")

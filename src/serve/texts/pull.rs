@@ -3,8 +3,6 @@
 
 use crate::neutral;
 
-
-
 /// What a pull request's body says of the issue or pull request it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mention {
@@ -300,7 +298,10 @@ mod tests {
         let b = pull_body(summary, issue, "alice", "cost", "r1", None, Form::default());
         assert!(b.contains("\nCloses #7\n"), "kodx's own line stays: {b}");
         assert!(b.contains("Requested by @alice"), "{b}");
-        assert_eq!(crate::serve::texts::markup::find_run_id(&b).as_deref(), Some("r1"));
+        assert_eq!(
+            crate::serve::texts::markup::find_run_id(&b).as_deref(),
+            Some("r1")
+        );
         assert_eq!(commit_subject("fix #12 crash"), "f\u{200B}ix #12 crash");
     }
 

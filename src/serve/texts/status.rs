@@ -177,9 +177,7 @@ fn header(phase: &Phase) -> String {
             format_usd(*limit)
         ),
         // The agent finished, but the repository's checks stayed red.
-        Phase::Done(done)
-            if done.succeeded() && done.verdict.is_red() =>
-        {
+        Phase::Done(done) if done.succeeded() && done.verdict.is_red() => {
             if done.pr_url.is_some() || done.pushed.is_some() {
                 "⚠️ done — checks failing".into()
             } else {
@@ -340,10 +338,10 @@ pub fn cost_summary(outcome: &Outcome) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-    use crate::serve::texts::markup::{find_run_id, GITHUB_COMMENT_LIMIT, METADATA_CLOSE};
-    use crate::neutral::METADATA_OPEN;
     use crate::model::Usage;
+    use crate::neutral::METADATA_OPEN;
+    use crate::serve::texts::markup::{find_run_id, GITHUB_COMMENT_LIMIT, METADATA_CLOSE};
+    use std::time::Duration;
 
     fn outcome(reason: StopReason, last: &str) -> Outcome {
         Outcome {

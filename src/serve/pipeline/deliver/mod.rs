@@ -206,9 +206,9 @@ async fn commit_and_push(
         &run.id,
     );
     let trailers = trailers(&run.request.author, run.request.author_id, &run.id);
-    // The push asks the fence once git has read the branch's refs, right before it sends
+    // The push asks the lease once git has read the branch's refs, right before it sends
     // anything (from git's thread, which may block on the database).
-    let fence = cx.fence.clone();
+    let lease = cx.lease.clone();
     let runtime = tokio::runtime::Handle::current();
     let max_file_bytes = cx.svc.settings.max_commit_file_bytes;
     let token = gh.token().expose_secret().to_string();
@@ -253,7 +253,7 @@ async fn commit_and_push(
                 error,
             },
         };
-        let still_held = || fence.holds_blocking(&runtime);
+        let still_held = || lease.holds_blocking(&runtime);
         let sha = match &target {
             // The run's own branch: a re-run after a restart replaces what an earlier
             // attempt pushed there.
@@ -301,7 +301,7 @@ async fn open_pull(
         link.as_deref(),
         change.form.clone(),
     );
-    // No check of the lease here: the client asks the run's fence right before each write,
+    // No check of the lease here: the client asks the run's lease right before each write,
     // after this lookup however long GitHub takes to answer it.
     let existing =
         gh.find_open_pull(repo, &branch)
