@@ -7,9 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::agent::{Outcome, StopReason};
-use crate::db::{AdmissionRecord, Continues, EndReason, Finish, Holder, Run, RunResult, RunStatus};
-use crate::github::{Installation, Reaction, RepoName};
-use crate::job::JobKind;
+use crate::db::{AdmissionRecord, Continues, EndReason, Finish, Run, RunResult, RunStatus};
 use crate::redact::redact;
 use crate::serve::texts;
 use crate::serve::texts::status::Done;
@@ -17,7 +15,7 @@ use crate::serve::texts::status::Done;
 use crate::model::Usage;
 
 use super::gate::Refusal;
-use super::status;
+use super::{finish, gate, status};
 use super::{run_kind, Services, StatusComment};
 
 /// How a job's work ended, before it is written down. (One per job, moved once: its size
@@ -139,11 +137,11 @@ pub(in crate::serve) async fn conclude_with(
                 refused: Some(reason.as_str().to_string()),
                 ..RunResult::default()
             };
-            finish_quietly(svc, run, RunStatus::Succeeded, reason, &result).await;
+            finish::finish_quietly(svc, run, RunStatus::Succeeded, reason, &result).await;
             return;
         }
         Err(RunFailure::Refused(refusal)) => {
-            refuse(svc, run, &refusal).await;
+            gate::refuse(svc, run, &refusal).await;
             return;
         }
         Err(RunFailure::User(text)) => {
@@ -152,7 +150,7 @@ pub(in crate::serve) async fn conclude_with(
         Err(RunFailure::Internal(e)) if e.downcast_ref::<Panicked>().is_some() => {
             // Nothing else would ever finish the run of a task that panicked (the
             // worker logged it).
-            let ended_here = finish_quietly(
+            let ended_here = finish::finish_quietly(
                 svc,
                 run,
                 RunStatus::Failed,
@@ -170,7 +168,7 @@ pub(in crate::serve) async fn conclude_with(
         }
         Err(RunFailure::Internal(e)) if !run.is_work() => {
             tracing::error!("{e:#}");
-            finish_quietly(
+            finish::finish_quietly(
                 svc,
                 run,
                 RunStatus::Failed,
@@ -213,7 +211,11 @@ pub(in crate::serve) async fn conclude_with(
         pr_url: done.pr_url.clone(),
     };
     stop_before_finish_for_tests();
-    match svc.db.finish(&run.id, &holder(svc, run), &fin).await {
+    match svc
+        .db
+        .finish(&run.id, &finish::holder(svc, run), &fin)
+        .await
+    {
         Ok(true) => {}
         Ok(false) => {
             // Ended already, or another process holds it now (this one was paused or
@@ -246,118 +248,11 @@ pub(in crate::serve) async fn conclude_with(
     }
 }
 
-/// Records a run that ended without a model call: its row and its metrics. Whether
-/// the end is this process's to say (`false`: the run had ended, or another process
-/// holds it now; nothing was written and nothing should be posted).
-pub(in crate::serve) async fn finish_quietly(
-    svc: &Services,
-    run: &Run,
-    status: RunStatus,
-    reason: EndReason,
-    result: &RunResult,
-) -> bool {
-    let fin = Finish::without_calls(status, reason.clone(), result);
-    match svc.db.finish(&run.id, &holder(svc, run), &fin).await {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::warn!("the run's end was not recorded here: it ended already, or another process holds it now");
-            return false;
-        }
-        Err(e) => tracing::error!("recording the end of the run failed: {e}"),
-    }
-    svc.metrics
-        .run_finished(run.kind().as_str(), reason.as_str(), 0.0, Duration::ZERO);
-    true
-}
-
-/// Who ends `run` here: the claim that `run` (as this process read it) shows this
-/// process running it under, else this process as a run waits.
-fn holder(svc: &Services, run: &Run) -> Holder {
-    Holder::of(run, &svc.worker_id)
-}
-
 /// A run's end without a model call, with `failure` as what the status comment says.
 pub(in crate::serve) fn failed_done(run: &Run, reason: StopReason, failure: String) -> Done {
     let mut done = Done::new(run_kind(run), zero_outcome(reason, 0.0, String::new()));
     done.failure = Some(failure);
     done
-}
-
-/// Says why the run was refused and finishes it as failed: a person not permitted gets
-/// one short comment; a request that cannot be read, one short comment and `confused`;
-/// the others, the status comment (or a new one) and `confused`.
-pub(in crate::serve) async fn refuse(svc: &Services, run: &Run, refusal: &Refusal) {
-    // Recorded before it is posted: whoever reads the refusal and sends the next
-    // command (a `/kodx continue` right after) finds this run ended.
-    let status = match refusal {
-        Refusal::Dismissed(_) => RunStatus::Succeeded,
-        _ => RunStatus::Failed,
-    };
-    if !finish_quietly(svc, run, status, refusal.end_reason(), &refusal.result()).await {
-        return;
-    }
-    if let Refusal::Dismissed(why) = refusal {
-        tracing::info!("dismissed: {why}");
-        return;
-    }
-    match svc.github(run).await {
-        Ok((gh, repo)) => post_refusal(svc, &gh, &repo, run, refusal).await,
-        Err(e) => tracing::error!("the refusal was not posted: {e:#}"),
-    }
-}
-
-async fn post_refusal(
-    svc: &Services,
-    gh: &Installation,
-    repo: &RepoName,
-    run: &Run,
-    refusal: &Refusal,
-) {
-    let text = refusal.message(run);
-    match refusal {
-        // Nothing anybody asked for: nothing is said.
-        Refusal::Dismissed(_) => return,
-        // Help is for everyone who can read; nobody else is answered at all.
-        Refusal::NotPermitted { .. } if run.kind() == JobKind::Help => return,
-        // One short answer to the person, who may not see more.
-        Refusal::NotPermitted { .. } | Refusal::BadRequest(_) => {
-            if let Err(e) = gh
-                .create_comment(repo, run.request.issue_number as u64, &text)
-                .await
-            {
-                tracing::warn!("posting the refusal failed: {e}");
-            }
-        }
-        _ => {
-            let body = texts::with_run_id(&text, &run.id);
-            let body = match run.status_comment_id {
-                Some(id) => match gh.update_comment(repo, id as u64, &body).await {
-                    Ok(()) => None,
-                    Err(_) => Some(body),
-                },
-                None => Some(body),
-            };
-            if let Some(body) = body {
-                if let Err(e) = gh
-                    .create_comment(repo, run.request.issue_number as u64, &body)
-                    .await
-                {
-                    tracing::warn!("posting the refusal failed: {e}");
-                }
-            }
-        }
-    }
-    if !matches!(refusal, Refusal::NotPermitted { .. }) {
-        status::react(gh, repo, run, Reaction::Confused).await;
-    }
-    finish_quietly(
-        svc,
-        run,
-        RunStatus::Failed,
-        refusal.end_reason(),
-        &refusal.result(),
-    )
-    .await;
 }
 
 /// Tests only: with `KODX_TEST_STOP_BEFORE_FINISH=1` the process stops itself (`SIGSTOP`)

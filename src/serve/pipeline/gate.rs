@@ -5,14 +5,14 @@
 
 use crate::db::{AdmissionRecord, RunResult};
 
-use crate::db::Run;
-use crate::github::{Installation, Permission, RepoName};
+use crate::db::{Run, RunStatus};
+use crate::github::{Installation, Permission, Reaction, RepoName};
 use crate::job::{Job, JobKind};
 use crate::repo_config::{AskPermission, RepoConfig, RepoConfigError, RunKind, ServerMaxima};
 use crate::serve::texts;
 
-use super::repair;
 use super::Services;
+use super::{finish, repair, status};
 use crate::db::EndReason;
 
 /// Runs are capped at what is left of the monthly budget, so spend approaches it without
@@ -476,6 +476,83 @@ async fn budget(svc: &Services, run: &Run) -> Option<Budget> {
         }
     };
     Some(Budget { budget, spent })
+}
+
+/// Says why the run was refused and finishes it as failed: a person not permitted gets
+/// one short comment; a request that cannot be read, one short comment and `confused`;
+/// the others, the status comment (or a new one) and `confused`.
+pub(in crate::serve) async fn refuse(svc: &Services, run: &Run, refusal: &Refusal) {
+    // Recorded before it is posted: whoever reads the refusal and sends the next
+    // command (a `/kodx continue` right after) finds this run ended.
+    let status = match refusal {
+        Refusal::Dismissed(_) => RunStatus::Succeeded,
+        _ => RunStatus::Failed,
+    };
+    if !finish::finish_quietly(svc, run, status, refusal.end_reason(), &refusal.result()).await {
+        return;
+    }
+    if let Refusal::Dismissed(why) = refusal {
+        tracing::info!("dismissed: {why}");
+        return;
+    }
+    match svc.github(run).await {
+        Ok((gh, repo)) => post_refusal(svc, &gh, &repo, run, refusal).await,
+        Err(e) => tracing::error!("the refusal was not posted: {e:#}"),
+    }
+}
+
+async fn post_refusal(
+    svc: &Services,
+    gh: &Installation,
+    repo: &RepoName,
+    run: &Run,
+    refusal: &Refusal,
+) {
+    let text = refusal.message(run);
+    match refusal {
+        // Nothing anybody asked for: nothing is said.
+        Refusal::Dismissed(_) => return,
+        // Help is for everyone who can read; nobody else is answered at all.
+        Refusal::NotPermitted { .. } if run.kind() == JobKind::Help => return,
+        // One short answer to the person, who may not see more.
+        Refusal::NotPermitted { .. } | Refusal::BadRequest(_) => {
+            if let Err(e) = gh
+                .create_comment(repo, run.request.issue_number as u64, &text)
+                .await
+            {
+                tracing::warn!("posting the refusal failed: {e}");
+            }
+        }
+        _ => {
+            let body = texts::with_run_id(&text, &run.id);
+            let body = match run.status_comment_id {
+                Some(id) => match gh.update_comment(repo, id as u64, &body).await {
+                    Ok(()) => None,
+                    Err(_) => Some(body),
+                },
+                None => Some(body),
+            };
+            if let Some(body) = body {
+                if let Err(e) = gh
+                    .create_comment(repo, run.request.issue_number as u64, &body)
+                    .await
+                {
+                    tracing::warn!("posting the refusal failed: {e}");
+                }
+            }
+        }
+    }
+    if !matches!(refusal, Refusal::NotPermitted { .. }) {
+        status::react(gh, repo, run, Reaction::Confused).await;
+    }
+    finish::finish_quietly(
+        svc,
+        run,
+        RunStatus::Failed,
+        refusal.end_reason(),
+        &refusal.result(),
+    )
+    .await;
 }
 
 /// The first millisecond of the current month (UTC) for `now_ms`.

@@ -17,7 +17,8 @@
 //! - [`work`]: execute and deliver, the stage every code-like command ends in (each
 //!   command fills a [`work::Delivery`]);
 //! - [`status`]: the run's status comment;
-//! - [`ending`]: how the run ended, written down once ([`ending::conclude`]);
+//! - [`ending`]: how the run ended, written down once ([`ending::conclude`]), its row
+//!   through [`finish`];
 //! - [`engines`], [`lease`], [`resources`]: the Docker engines, the run's hold on its
 //!   lease, and the model clients.
 
@@ -27,6 +28,7 @@ pub(in crate::serve) mod deliver;
 pub(in crate::serve) mod ending;
 pub(in crate::serve) mod engines;
 pub(in crate::serve) mod execute;
+pub(in crate::serve) mod finish;
 pub(in crate::serve) mod gate;
 pub(in crate::serve) mod lease;
 pub(in crate::serve) mod plan;
