@@ -59,3 +59,47 @@ pub struct Template {
     pub text: String,
     pub cut: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transcript::Record;
+
+    /// A `context` record as kodx wrote it when the record held untyped JSON (the context's
+    /// keys sorted), and one with only its branch, read back as before; written again, it
+    /// says the same.
+    #[test]
+    fn earlier_context_records_read_the_same() {
+        let line = r#"{"type":"context","context":{"branch":"main","commit":"0123456789abcdef0123","instructions":{"bytes":14,"cut":false,"path":"docs/AGENTS.md","text":"Run make test.","via":"AGENTS.md"},"nested":["web/AGENTS.md"],"nested_more":2,"notes":["CLAUDE.md was not read: AGENTS.md is used"],"template":{"cut":false,"path":".github/pull_request_template.md","text":"Why this change:"}}}"#;
+        let Record::Context { context } = serde_json::from_str(line).unwrap() else {
+            panic!("not a context record")
+        };
+        assert_eq!(context.branch, "main");
+        assert_eq!(context.commit.as_deref(), Some("0123456789abcdef0123"));
+        let i = context.instructions.as_ref().unwrap();
+        assert_eq!(
+            (i.path.as_str(), i.via.as_deref(), i.bytes, i.cut),
+            ("docs/AGENTS.md", Some("AGENTS.md"), 14, false)
+        );
+        assert_eq!(context.nested, ["web/AGENTS.md"]);
+        assert_eq!(context.nested_more, 2);
+        assert_eq!(context.template.as_ref().unwrap().text, "Why this change:");
+        assert_eq!(context.notes.len(), 1);
+        // Keys in the struct's order now, not sorted as the untyped value had them.
+        let again = serde_json::to_string(&Record::Context { context }).unwrap();
+        let value = |l: &str| serde_json::from_str::<serde_json::Value>(l).unwrap();
+        assert_eq!(value(&again), value(line));
+
+        let bare = r#"{"type":"context","context":{"branch":"dev"}}"#;
+        let Record::Context { context } = serde_json::from_str(bare).unwrap() else {
+            panic!("not a context record")
+        };
+        assert_eq!(
+            context,
+            RepoContext {
+                branch: "dev".into(),
+                ..RepoContext::default()
+            }
+        );
+    }
+}
