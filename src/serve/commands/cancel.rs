@@ -6,8 +6,7 @@ use crate::agent::StopReason;
 use crate::db::EndReason;
 use crate::db::Run;
 use crate::github::{Installation, Reaction, RepoName};
-use crate::serve::pipeline::{ending, status};
-use crate::serve::pipeline::{Ending, RunFailure, Services};
+use crate::serve::pipeline::{ending, status, Ending, RunFailure, Services};
 use crate::serve::texts;
 
 /// Runs `/kodx cancel`: the queued runs end at once, its running runs (here, or

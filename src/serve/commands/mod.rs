@@ -19,9 +19,8 @@ use anyhow::Context as _;
 use crate::db::{EndReason, Run};
 use crate::job::Job;
 use crate::repo_config::AskPermission;
-use crate::serve::pipeline::ending;
 use crate::serve::pipeline::gate::{needed_permission, Refusal};
-use crate::serve::pipeline::{Ending, RunCtx, RunFailure, Services};
+use crate::serve::pipeline::{ending, Ending, RunCtx, RunFailure, Services};
 use crate::serve::texts;
 
 /// Runs an `ask`, `code` or `continue` run with its context, to its ending.

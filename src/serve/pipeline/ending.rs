@@ -15,8 +15,7 @@ use crate::serve::texts::status::Done;
 use crate::model::Usage;
 
 use super::gate::Refusal;
-use super::{finish, gate, status};
-use super::{run_kind, Services, StatusComment};
+use super::{finish, gate, run_kind, status, Services, StatusComment};
 
 /// How a job's work ended, before it is written down. (One per job, moved once: its size
 /// does not matter.)

@@ -9,7 +9,7 @@ use secrecy::ExposeSecret;
 use tokio_util::sync::CancellationToken;
 
 use super::ending::zero_outcome;
-use super::{Ending, Lease, RunCtx, RunFailure, RunLog, Services};
+use super::{status, workspace, Ending, Lease, RunCtx, RunFailure, RunLog, Services};
 use crate::agent::{Agent, Outcome, Progress, Record, StopReason};
 use crate::checks::verify::{FreshSandboxes, Verifier};
 use crate::db::{Db, DbError, Run, RunStatus};
@@ -24,7 +24,6 @@ use crate::serve::pipeline::workspace::{CloneOf, Workspace};
 use crate::serve::texts;
 use crate::serve::texts::status::Done;
 
-use super::{status, workspace};
 use anyhow::Context as _;
 
 /// How far an execution got. (One per run, moved once: its size does not matter.)

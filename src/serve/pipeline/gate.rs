@@ -11,8 +11,7 @@ use crate::job::{Job, JobKind};
 use crate::repo_config::{AskPermission, RepoConfig, RepoConfigError, RunKind, ServerMaxima};
 use crate::serve::texts;
 
-use super::Services;
-use super::{finish, repair, status};
+use super::{finish, repair, status, Services};
 use crate::db::EndReason;
 
 /// Runs are capped at what is left of the monthly budget, so spend approaches it without

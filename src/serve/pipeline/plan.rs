@@ -6,8 +6,7 @@
 use std::time::Duration;
 
 use super::gate::Admission;
-use super::status;
-use super::{RunCtx, RunFailure};
+use super::{status, RunCtx, RunFailure};
 use crate::cost::Pricing;
 use crate::git::Checkout;
 use crate::github::PullInfo;

@@ -9,11 +9,12 @@ use crate::github::Reaction;
 use crate::job::Job;
 use crate::serve::commands::continue_run;
 use crate::serve::pipeline::gate::{CannotContinue, Refusal};
-use crate::serve::pipeline::{repo_of, Acked, RunFailure, RunLog, StatusComment};
+use crate::serve::pipeline::{
+    ending, gate, repo_of, status, Acked, RunFailure, RunLog, StatusComment,
+};
 use crate::serve::texts::status::Phase;
 
 use super::Workers;
-use crate::serve::pipeline::{ending, gate, status};
 
 /// How long a run claimed here waits for the process acknowledging it to post its status
 /// comment before taking that process to be gone.

@@ -27,10 +27,9 @@ use crate::github::GitHubApp;
 use crate::serve::config::Settings;
 use crate::serve::metrics::Metrics;
 use crate::serve::pipeline::ending::Panicked;
-use crate::serve::pipeline::{Lease, RunFailure, RunLog, Services};
+use crate::serve::pipeline::{ending, Lease, RunFailure, RunLog, Services};
 use tasks::Tasks;
 
-use crate::serve::pipeline::ending;
 use crate::serve::pipeline::engines::Engines;
 use crate::serve::pipeline::resources::ProviderFactory;
 

@@ -17,12 +17,12 @@ use crate::repo_config::RepoConfig;
 use crate::serve::commands;
 use crate::serve::pipeline::gate::{Admission, Refusal};
 use crate::serve::pipeline::{
-    repo_of, run_kind, Acked, Ending, Lease, RunCtx, RunFailure, RunHandle, RunLog, StatusComment,
+    ending, gate, repo_of, run_kind, status, Acked, Ending, Lease, RunCtx, RunFailure, RunHandle,
+    RunLog, StatusComment,
 };
 use crate::serve::texts;
 
 use super::Workers;
-use crate::serve::pipeline::{ending, gate, status};
 use anyhow::Context as _;
 
 impl Workers {
