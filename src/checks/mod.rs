@@ -178,6 +178,49 @@ pub fn latest(results: &[CheckResult]) -> Vec<&CheckResult> {
     results.iter().filter(|r| r.attempt == last).collect()
 }
 
+/// What the last attempt's checks came to: worked out once when a run's checks are over,
+/// and handed to everything that says it (the status comment, the pull request body, the
+/// `kodx` Check Run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Verdict {
+    /// How many checks the last attempt ran (none: no checks ran).
+    pub ran: usize,
+    /// How many of them failed.
+    pub red: usize,
+    /// How many passed over files the change edited that they depend on.
+    pub over_edited: usize,
+}
+
+impl Verdict {
+    pub fn of(results: &[CheckResult]) -> Verdict {
+        let last = latest(results);
+        Verdict {
+            ran: last.len(),
+            red: last.iter().filter(|r| !r.passed).count(),
+            over_edited: last
+                .iter()
+                .filter(|r| r.passed && !r.edited.is_empty())
+                .count(),
+        }
+    }
+
+    /// Whether every check passed (`None`: no checks ran).
+    pub fn all_passed(&self) -> Option<bool> {
+        (self.ran > 0).then_some(self.red == 0)
+    }
+
+    /// Some check failed.
+    pub fn is_red(&self) -> bool {
+        self.all_passed() == Some(false)
+    }
+
+    /// Whether every check passed with none over edited files: what kodx vouches for
+    /// (`None`: no checks ran). A pass over edited tests is never plainly green.
+    pub fn plainly_green(&self) -> Option<bool> {
+        (self.ran > 0).then_some(self.red == 0 && self.over_edited == 0)
+    }
+}
+
 /// Whether every check of the last attempt passed (`None`: no checks ran).
 pub fn all_passed(results: &[CheckResult]) -> Option<bool> {
     let latest = latest(results);
@@ -409,5 +452,16 @@ mod tests {
         assert_eq!(all_passed(&[r(1, false), r(2, true)]), Some(true));
         assert_eq!(all_passed(&[r(1, true), r(2, false)]), Some(false));
         assert_eq!(r(1, false).verdict(), "failed (exit 1)");
+        // The verdict says the same of the last attempt, once.
+        assert_eq!(Verdict::of(&[]).all_passed(), None);
+        assert_eq!(Verdict::of(&[]).plainly_green(), None);
+        let red = Verdict::of(&[r(1, true), r(2, false), r(2, true)]);
+        assert_eq!((red.ran, red.red, red.is_red()), (2, 1, true));
+        let mut edited = r(2, true);
+        edited.edited = vec!["tests/a.rs".into()];
+        let over = Verdict::of(&[r(1, false), edited, r(2, true)]);
+        assert_eq!(over.all_passed(), Some(true));
+        assert_eq!(over.plainly_green(), Some(false));
+        assert_eq!(Verdict::of(&[r(1, true)]).plainly_green(), Some(true));
     }
 }

@@ -3,6 +3,7 @@
 
 use sqlx::Row;
 
+use super::accept::AcceptJob;
 use super::models::{Accepted, InstallationRecord, NewDelivery, NewRun};
 use super::{now_ms, Db, DbError};
 use crate::job::{RunRequest, TriggerKind};
@@ -90,13 +91,6 @@ impl Db {
         .bind(installation_id)
         .fetch_optional(p).await)?)
     }
-}
-
-/// One delivery waiting for the writer.
-pub(super) struct AcceptJob {
-    delivery: NewDelivery,
-    run: Option<NewRun>,
-    reply: tokio::sync::oneshot::Sender<Result<Accepted, DbError>>,
 }
 
 /// The most deliveries committed in one transaction.

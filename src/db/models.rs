@@ -8,7 +8,7 @@ use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::FromRow;
 
-use super::DbError;
+use super::error::DbError;
 use crate::agent::StopReason;
 use crate::job::RunRequest;
 
@@ -403,7 +403,7 @@ impl Finish {
     pub fn without_calls(
         status: RunStatus,
         stop_reason: impl Into<EndReason>,
-        result: serde_json::Value,
+        result: &super::result::RunResult,
     ) -> Finish {
         Finish {
             status,
@@ -414,7 +414,7 @@ impl Finish {
             cache_read_tokens: 0,
             cache_write_tokens: 0,
             api_calls: 0,
-            result: result.to_string(),
+            result: result.to_text(),
             pr_url: None,
         }
     }
@@ -558,14 +558,14 @@ mod tests {
 
     #[test]
     fn finish_takes_words_or_types() {
-        let json = serde_json::json!({});
-        let by_word = Finish::without_calls(RunStatus::Failed, "budget_exceeded", json.clone());
-        let typed =
-            Finish::without_calls(RunStatus::Failed, EndReason::BudgetExceeded, json.clone());
+        let json = crate::db::RunResult::default();
+        let by_word = Finish::without_calls(RunStatus::Failed, "budget_exceeded", &json);
+        let typed = Finish::without_calls(RunStatus::Failed, EndReason::BudgetExceeded, &json);
         assert_eq!(by_word, typed);
         assert_eq!(by_word.stop_reason, "budget_exceeded");
         assert_eq!(by_word.stop_reason, EndReason::BudgetExceeded);
-        let agent = Finish::without_calls(RunStatus::Failed, StopReason::SetupFailed, json);
+        let agent = Finish::without_calls(RunStatus::Failed, StopReason::SetupFailed, &json);
+        assert_eq!(agent.result, "{}");
         assert_eq!(agent.stop_reason, "setup_failed");
     }
 

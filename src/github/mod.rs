@@ -55,10 +55,9 @@ pub use types::{
 };
 
 use policy::Raw;
+pub use transport::USER_AGENT;
 use transport::{Auth, Call, JSON};
 
-/// Sent as `User-Agent` on every request (GitHub requires one).
-pub const USER_AGENT: &str = "kodx";
 /// A cached installation token is replaced once it has less than this left.
 pub const TOKEN_REFRESH_MARGIN: Duration = Duration::from_secs(5 * 60);
 /// Past this many cached tokens, the ones that expired and are not being minted are dropped.

@@ -21,6 +21,9 @@ use super::error::GitHubError;
 use super::guard::{is_write, WriteGuard};
 use super::policy::{Raw, RequestPolicy};
 
+/// Sent as `User-Agent` on every request (GitHub requires one).
+pub const USER_AGENT: &str = "kodx";
+
 /// The `Accept` of JSON answers.
 pub(crate) const JSON: &str = "application/vnd.github+json";
 
@@ -60,7 +63,7 @@ pub(crate) fn client(
         .set_connect_timeout(Some(policy.connect_timeout))
         .set_read_timeout(Some(policy.request_timeout))
         .set_write_timeout(Some(policy.request_timeout))
-        .add_header(http::header::USER_AGENT, super::USER_AGENT.to_string())
+        .add_header(http::header::USER_AGENT, USER_AGENT.to_string())
         .build()
         .map_err(config)
 }

@@ -7,11 +7,12 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::error::GitHubError;
+use super::types::RepoName;
 use super::types::{
     CommentInfo, CommentRef, CreatedCheckRun, IssueInfo, PullBase, PullHead, PullInfo, PullRef,
     PullRepo, PullState,
 };
-use super::{GitHubError, RepoName};
 
 /// Reads `v` (the answer to `what`) as `T`.
 pub(super) fn decode<T: DeserializeOwned>(v: &Value, what: &str) -> Result<T, GitHubError> {

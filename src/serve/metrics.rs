@@ -187,7 +187,7 @@ impl Metrics {
     }
 
     /// One engine's gauges (set when `/metrics` is read).
-    pub fn engine(&self, e: &crate::serve::worker::EngineStatus) {
+    pub fn engine(&self, e: &crate::serve::pipeline::engines::EngineStatus) {
         let (name, up, runs, capacity) = (&e.name, e.up, e.runs, e.max_runs);
         let labels = EngineLabels {
             engine: name.to_string(),

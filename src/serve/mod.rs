@@ -39,7 +39,9 @@ use crate::cost::Pricing;
 use crate::db::Db;
 use crate::github::GitHubApp;
 use config::{ServeConfig, Startup};
-use worker::{Engines, EnvProviders, ProviderFactory, Workers};
+use pipeline::engines::{EngineStatus, Engines};
+use pipeline::resources::{EnvProviders, ProviderFactory};
+use worker::Workers;
 
 /// How `serve` runs beyond its configuration.
 #[derive(Clone)]
@@ -73,7 +75,7 @@ impl intake::http::HealthCheck for Engines {
         self.ping().await
     }
 
-    fn engines(&self) -> Vec<worker::EngineStatus> {
+    fn engines(&self) -> Vec<EngineStatus> {
         self.statuses()
     }
 }
@@ -202,7 +204,7 @@ struct Activator {
 
 #[async_trait::async_trait]
 impl setup::Activate for Activator {
-    async fn activate(&self, config: ServeConfig) -> anyhow::Result<Vec<setup::CheckLine>> {
+    async fn activate(&self, config: ServeConfig) -> anyhow::Result<Vec<setup::page::CheckLine>> {
         let mut options = self.options.lock().await;
         let Some(opts) = options.clone() else {
             anyhow::bail!("this server already has a GitHub App");
@@ -338,6 +340,7 @@ async fn start(
     if let Some(pages) = pages {
         if let Some(public_url) = &config.public_url {
             let _ = workers
+                .svc
                 .run_links
                 .set((public_url.clone(), pages.key().clone()));
         }

@@ -41,6 +41,7 @@ use serde_json::Value;
 
 use crate::model::{Block, Message, Request, Response, Role, ToolSpec};
 
+pub mod context;
 mod resume;
 
 pub(crate) use resume::append_note;
@@ -98,7 +99,7 @@ pub enum Record {
     /// `AGENTS.md` paths, pull request template, and what was left out), written before the
     /// first request.
     Context {
-        context: Value,
+        context: context::RepoContext,
     },
     /// One check kodx ran after the model ended its turn.
     Check {

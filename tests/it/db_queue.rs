@@ -830,7 +830,8 @@ async fn finishing_stores_each_stop_reason_as_its_word() {
                 Accepted::Queued { run_id } => run_id,
                 other => panic!("{other:?}"),
             };
-            let fin = Finish::without_calls(RunStatus::Failed, *word, serde_json::json!({}));
+            let fin =
+                Finish::without_calls(RunStatus::Failed, *word, &kodx::db::RunResult::default());
             assert!(db
                 .finish(&run_id, &Holder::Waiting("w".into()), &fin)
                 .await

@@ -139,7 +139,7 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
         assert!(!text.contains("\"run\":\"x\""), "{what}: {text}");
     }
     assert_eq!(
-        kodx::serve::texts::status::find_run_id(&body).as_deref(),
+        kodx::serve::texts::markup::find_run_id(&body).as_deref(),
         Some(run_id.as_str())
     );
     common::serve::redactions(&[], &[]).bind(|| {

@@ -3,9 +3,10 @@
 //! listed, naming the pushed commit, and resolves the fixed ones when the repository says
 //! `reviews.resolve: fixed`.
 
+use crate::job::Job;
 use crate::model::Message;
-use crate::serve::commands::code::deliver_work;
 use crate::serve::pipeline::threads;
+use crate::serve::pipeline::work::{execute_and_deliver, Delivery};
 use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
 use crate::serve::texts;
 
@@ -29,7 +30,13 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure>
     };
     let plan = cx.plan_with(Some(threads::follow_up(&found, &bot))).await?;
     let messages = vec![Message::user_text(&plan.prompt)];
-    let ending = deliver_work(cx, &plan, messages, None).await?;
+    // The list is for kodx (the status comment's text keeps it for the replies); the
+    // commit, the pull request and the stored result get the summary without it.
+    let delivery = Delivery {
+        summary: threads::without_list,
+        ..Delivery::of(request(&cx.run.request.job))
+    };
+    let ending = execute_and_deliver(cx, &plan, messages, delivery).await?;
     let Ending::Work { status, mut done } = ending else {
         return Ok(ending);
     };
@@ -37,19 +44,15 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure>
     let message = std::mem::take(&mut done.text);
     done.text = threads::without_list(&message);
     // Replies go out whether or not anything was pushed, naming the commit when one was.
-    let commit = done
-        .pushed
-        .as_ref()
-        .map(|(sha, _)| sha.clone())
-        .or_else(|| cx.log.commit.lock().clone());
+    let commit = done.commit.clone();
     match threads::read_answers(&message, &known) {
         Ok(answers) if answers.answers.is_empty() && answers.ignored.is_empty() => {
             done.notes.push(texts::NO_THREADS_LISTED.to_string());
         }
         Ok(answers) => {
             // Replies only while this process holds the run (else it ends here, silently;
-            // each reply asks the fence again, through the client).
-            if !cx.fence.holds().await {
+            // each reply asks the lease again, through the client).
+            if !cx.lease.holds().await {
                 return Ok(Ending::Work { status, done });
             }
             // A run can outlive its first token: the replies take a fresh one.
@@ -71,4 +74,16 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure>
         Err(why) => done.notes.push(texts::threads_list_unreadable(&why)),
     }
     Ok(Ending::Work { status, done })
+}
+
+/// What the commit and the pull request say was asked: what the run does, with the
+/// maintainer's words.
+fn request(job: &Job) -> String {
+    match job {
+        Job::AddressReviews { words } if words.trim().is_empty() => {
+            "Address the review threads".to_string()
+        }
+        Job::AddressReviews { words } => format!("Address the review threads: {words}"),
+        other => other.argument().into_owned(),
+    }
 }

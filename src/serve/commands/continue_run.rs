@@ -5,37 +5,24 @@
 //!
 //! [`choose`] picks the run to continue from the finished code runs, [`limits`]
 //! works out the extra budget, [`resumption`] reads the transcript; [`run`] checks all that
-//! before anything shows, then goes on as a code run ([`super::code::deliver_work`]).
+//! before anything shows, then goes on as a code run
+//! ([`execute_and_deliver`](crate::serve::pipeline::work::execute_and_deliver)).
 
 use crate::agent::StopReason;
 use crate::command::More;
-use crate::db::{Db, EndReason, Run};
+use crate::db::{Continues, Db, EndReason, Run, RunResult};
 use crate::git::Checkout;
 use crate::model::Message;
 use crate::repo_config::{RunKind, ServerMaxima};
 use crate::serve::pipeline::deliver::Target;
 use crate::serve::pipeline::gate::{Admission, CannotContinue, Refusal};
 use crate::serve::pipeline::plan::RunPlan;
+use crate::serve::pipeline::work::{execute_and_deliver, Delivery, Earlier};
 use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
 use crate::transcript::{ResumeError, Resumer};
 
 /// How many of the latest finished code runs are looked at.
 const LOOK_BACK: i64 = 20;
-
-/// The stopped run a `/kodx continue` goes on with.
-#[derive(Debug, Clone, PartialEq)]
-pub(in crate::serve) struct Earlier {
-    pub id: String,
-    /// The request of the first `/kodx code` of the chain (a continue of a continue goes
-    /// back to it): the pull request's title and commit subjects say it.
-    pub request: String,
-    /// The branch the stopped run pushed its work to.
-    pub branch: String,
-    /// What the stopped run (and the parts before it) cost, USD.
-    pub cost: f64,
-    /// The stopped run's status comment, which the continuation goes on in.
-    pub status_comment_id: Option<i64>,
-}
 
 /// Picks the run to continue from the finished `code` and `continue` runs, newest
 /// first: the newest one the agent ran in (runs refused before they started are skipped)
@@ -50,11 +37,7 @@ pub(in crate::serve) fn choose(runs: &[Run]) -> Result<Earlier, CannotContinue> 
     let Some(EndReason::Agent(reason)) = last.stop_reason.clone() else {
         unreachable!("found by its agent stop reason")
     };
-    let result: serde_json::Value = last
-        .result
-        .as_deref()
-        .and_then(|r| serde_json::from_str(r).ok())
-        .unwrap_or_default();
+    let result = RunResult::parse(last.result.as_deref());
     match reason {
         StopReason::CostLimitExceeded | StopReason::MaxIterations | StopReason::Timeout => {}
         StopReason::EndTurn => {
@@ -69,20 +52,19 @@ pub(in crate::serve) fn choose(runs: &[Run]) -> Result<Earlier, CannotContinue> 
             })
         }
     }
-    let Some(branch) = result["branch"].as_str().filter(|b| !b.is_empty()) else {
+    let Some(branch) = result.branch.filter(|b| !b.is_empty()) else {
         return Err(CannotContinue::NothingPushed {
             id: last.id.clone(),
         });
     };
-    let request = match result["continues"]["request"].as_str() {
-        Some(r) => r.to_string(),
-        None => last.request.job.argument().into_owned(),
+    let (request, before) = match result.continues {
+        Some(c) => (c.request, c.cost_usd),
+        None => (last.request.job.argument().into_owned(), 0.0),
     };
-    let before = result["continues"]["cost_usd"].as_f64().unwrap_or(0.0);
     Ok(Earlier {
         id: last.id.clone(),
         request,
-        branch: branch.to_string(),
+        branch,
         cost: before + last.cost_usd.unwrap_or(0.0),
         status_comment_id: last.status_comment_id,
     })
@@ -152,14 +134,19 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>, more: More) -> Result<Ending,
         .map_err(Refusal::CannotContinue)?;
     let Resumption { earlier, messages } = resumption;
     *cx.log.branch.lock() = Some(earlier.branch.clone());
-    *cx.log.continues.lock() = Some(serde_json::json!({
-        "run": earlier.id,
-        "request": earlier.request,
-        "cost_usd": earlier.cost,
-    }));
+    *cx.log.continues.lock() = Some(Continues {
+        run: earlier.id.clone(),
+        request: earlier.request.clone(),
+        cost_usd: earlier.cost,
+    });
     let mut plan = cx.plan().await?;
     resume_plan(&mut plan, &earlier, cost, steps);
-    super::code::deliver_work(cx, &plan, messages, Some(earlier)).await
+    // Its commit and pull request say the request it continues.
+    let delivery = Delivery {
+        continues: Some(earlier.clone()),
+        ..Delivery::of(earlier.request)
+    };
+    execute_and_deliver(cx, &plan, messages, delivery).await
 }
 
 /// The status comment of the stopped run `run` (a `/kodx continue`) would go on with,

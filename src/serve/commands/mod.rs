@@ -20,7 +20,7 @@ use crate::db::{EndReason, Run};
 use crate::job::Job;
 use crate::repo_config::AskPermission;
 use crate::serve::pipeline::gate::{needed_permission, Refusal};
-use crate::serve::pipeline::{Ending, RunCtx, RunFailure, Services};
+use crate::serve::pipeline::{ending, Ending, RunCtx, RunFailure, Services};
 use crate::serve::texts;
 
 /// Runs an `ask`, `code` or `continue` run with its context, to its ending.
@@ -41,8 +41,7 @@ pub(in crate::serve) async fn work(cx: &RunCtx<'_>) -> Result<Ending, RunFailure
 /// how it ended.
 pub(in crate::serve) async fn control(svc: &Services, job: Run) {
     let ended = answer(svc, &job).await;
-    svc.conclude(&job, ended, &Default::default(), Instant::now())
-        .await;
+    ending::conclude(svc, &job, ended, &Default::default(), Instant::now()).await;
 }
 
 async fn answer(svc: &Services, job: &Run) -> Result<Ending, RunFailure> {

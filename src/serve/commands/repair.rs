@@ -3,9 +3,10 @@
 //! ([`crate::serve::pipeline::repair`]); the run is an ordinary code run on the pull
 //! request's branch, with its status comment, budget and cost.
 
+use crate::job::Job;
 use crate::model::Message;
-use crate::serve::commands::code::deliver_work;
 use crate::serve::pipeline::repair::follow_up;
+use crate::serve::pipeline::work::{execute_and_deliver, Delivery};
 use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
 
 /// Runs a repair: the stored failure report, one run, its commit on the pull request.
@@ -19,5 +20,17 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure>
         .ok_or_else(|| anyhow::anyhow!("the repair run has no failure report"))?;
     let plan = cx.plan_with(Some(follow_up(&report))).await?;
     let messages = vec![Message::user_text(&plan.prompt)];
-    deliver_work(cx, &plan, messages, None).await
+    let delivery = Delivery::of(request(&cx.run.request.job));
+    execute_and_deliver(cx, &plan, messages, delivery).await
+}
+
+/// What the commit and the pull request say was asked: what a repair does.
+fn request(job: &Job) -> String {
+    match job {
+        Job::Repair { commit } => format!(
+            "Repair the failing CI of {}",
+            commit.get(..7).unwrap_or(commit)
+        ),
+        other => other.argument().into_owned(),
+    }
 }

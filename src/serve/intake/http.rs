@@ -53,7 +53,7 @@ pub trait HealthCheck: Send + Sync {
     async fn docker(&self) -> Result<(), String>;
 
     /// Each engine as last checked.
-    fn engines(&self) -> Vec<crate::serve::worker::EngineStatus> {
+    fn engines(&self) -> Vec<crate::serve::pipeline::engines::EngineStatus> {
         Vec::new()
     }
 }

@@ -11,7 +11,7 @@
 
 use std::collections::HashSet;
 
-use crate::checks::{annotate, latest, Annotation, CheckResult};
+use crate::checks::{annotate, latest, Annotation, CheckResult, Verdict};
 use crate::github::{GitHubError, NewCheckRun, TokenScope, ANNOTATIONS_PER_REQUEST};
 use crate::serve::texts::checks::{
     annotations_left_out, check_run, check_run_failed, CHECK_RUN_NAME,
@@ -27,9 +27,10 @@ pub(in crate::serve) async fn report_checks(
     cx: &RunCtx<'_>,
     sha: &str,
     results: &[CheckResult],
+    verdict: Verdict,
 ) -> Result<(), String> {
     let link = cx.svc.run_link(&cx.run.id);
-    let (conclusion, title, mut summary, text) = check_run(results, link.as_deref());
+    let (conclusion, title, mut summary, text) = check_run(results, verdict, link.as_deref());
     let (mut annotations, left_out, more) = annotations(results);
     if left_out > 0 || more {
         summary.push_str(&annotations_left_out(annotations.len(), left_out, more));
@@ -53,7 +54,7 @@ pub(in crate::serve) async fn report_checks(
         external_id: Some(cx.run.id.clone()),
         annotations,
     };
-    // Only while this process holds the run (the client asks the fence; else it ends
+    // Only while this process holds the run (the client asks the lease; else it ends
     // here, silently).
     let created = match gh.create_check_run(&cx.repo, &run).await {
         Ok(created) => created,

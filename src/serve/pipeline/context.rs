@@ -39,7 +39,7 @@ pub struct RunContext {
     /// For an issue's code run with `--base`: the branch checked out.
     pub base: Option<String>,
     /// The repository's instructions and nested `AGENTS.md` list, rendered and fenced
-    /// ([`super::repo_context::RepoContext::instructions_text`]); empty when there are none.
+    /// ([`RepoContext::instructions_text`](crate::transcript::context::RepoContext::instructions_text)); empty when there are none.
     pub instructions: String,
     /// The pull request template part of a code run's message; empty without one.
     pub template: String,

@@ -1,19 +1,21 @@
-//! How a run ended, typed, and the one place that writes it down: [`Services::conclude`]
+//! How a run ended, typed, and the one place that writes it down: [`conclude`]
 //! records the run's row, its metrics and its comment for every ending — the agent's
 //! outcome, a limit, a failure, a refusal, a panicked task.
 
 use parking_lot::Mutex;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::agent::{Outcome, StopReason};
-use crate::db::{EndReason, Finish, Holder, Run, RunStatus};
+use crate::db::{AdmissionRecord, Continues, EndReason, Finish, Run, RunResult, RunStatus};
+use crate::redact::redact;
 use crate::serve::texts;
-use crate::serve::texts::status::{self as comment, Done};
+use crate::serve::texts::status::Done;
 
 use crate::model::Usage;
 
 use super::gate::Refusal;
-use super::{run_kind, Services, StatusComment};
+use super::{finish, gate, run_kind, status, Services, StatusComment};
 
 /// How a job's work ended, before it is written down. (One per job, moved once: its size
 /// does not matter.)
@@ -55,17 +57,15 @@ impl From<Refusal> for RunFailure {
 #[derive(Default)]
 pub(in crate::serve) struct RunLog {
     pub timings: Timings,
-    /// The admission it ran under ([`super::gate::Admission::to_json`]).
-    pub admission: Mutex<Option<serde_json::Value>>,
+    /// The admission it ran under ([`super::gate::Admission::record`]).
+    pub admission: Mutex<Option<AdmissionRecord>>,
     /// How the container's setup went (`None`: no container).
     pub setup: Mutex<Option<crate::sandbox::SetupReport>>,
     /// The branch a code run pushed its change to (what `/kodx continue` goes on from).
     pub branch: Mutex<Option<String>>,
-    /// The commit a code run pushed (its checks are reported on it).
-    pub commit: Mutex<Option<String>>,
     /// For `/kodx continue`: the run it went on with, the first request and what the
     /// parts before cost.
-    pub continues: Mutex<Option<serde_json::Value>>,
+    pub continues: Mutex<Option<Continues>>,
     /// The Docker engine the run's container is on; given back when the run is over.
     pub placement: Mutex<Option<super::Placement>>,
     /// The run's container was a warm sandbox (counted as in use while the run goes on).
@@ -97,195 +97,161 @@ impl Timings {
         self.0.lock().push((phase, took));
     }
 
-    pub fn to_json(&self) -> serde_json::Value {
+    /// Each phase's milliseconds (a phase timed twice keeps its last).
+    pub fn millis(&self) -> BTreeMap<String, u64> {
         let phases = self.0.lock();
-        serde_json::Value::Object(
-            phases
-                .iter()
-                .map(|(k, d)| (k.to_string(), serde_json::json!(d.as_millis() as u64)))
-                .collect(),
-        )
+        phases
+            .iter()
+            .map(|(k, d)| (k.to_string(), d.as_millis() as u64))
+            .collect()
     }
 }
 
-impl Services {
-    /// Writes down how `run` ended — its row, its metrics, its comment and reaction — for
-    /// every ending. `started`: when its work began (for the duration metric).
-    pub(in crate::serve) async fn conclude(
-        &self,
-        run: &Run,
-        ended: Result<Ending, RunFailure>,
-        log: &RunLog,
-        started: Instant,
-    ) {
-        self.conclude_with(run, ended, log, started, None).await
-    }
+/// Writes down how `run` ended — its row, its metrics, its comment and reaction — for
+/// every ending. `started`: when its work began (for the duration metric).
+pub(in crate::serve) async fn conclude(
+    svc: &Services,
+    run: &Run,
+    ended: Result<Ending, RunFailure>,
+    log: &RunLog,
+    started: Instant,
+) {
+    conclude_with(svc, run, ended, log, started, None).await
+}
 
-    /// [`Services::conclude`], with the run's own status comment when it has one (a run
-    /// that got its context), so the final edit needs no token of its own.
-    pub(in crate::serve) async fn conclude_with(
-        &self,
-        run: &Run,
-        ended: Result<Ending, RunFailure>,
-        log: &RunLog,
-        started: Instant,
-        comment: Option<&StatusComment>,
-    ) {
-        let (status, done) = match ended {
-            Ok(Ending::Work { status, done }) => (status, done),
-            Ok(Ending::Answered(reason)) => {
-                let result = serde_json::json!({ "refused": reason.as_str() });
-                self.finish_quietly(run, RunStatus::Succeeded, reason, result)
-                    .await;
-                return;
-            }
-            Err(RunFailure::Refused(refusal)) => {
-                self.refuse(run, &refusal).await;
-                return;
-            }
-            Err(RunFailure::User(text)) => (
+/// [`conclude`], with the run's own status comment when it has one (a run
+/// that got its context), so the final edit needs no token of its own.
+pub(in crate::serve) async fn conclude_with(
+    svc: &Services,
+    run: &Run,
+    ended: Result<Ending, RunFailure>,
+    log: &RunLog,
+    started: Instant,
+    comment: Option<&StatusComment>,
+) {
+    let (status, done) = match ended {
+        Ok(Ending::Work { status, done }) => (status, done),
+        Ok(Ending::Answered(reason)) => {
+            let result = RunResult {
+                refused: Some(reason.as_str().to_string()),
+                ..RunResult::default()
+            };
+            finish::finish_quietly(svc, run, RunStatus::Succeeded, reason, &result).await;
+            return;
+        }
+        Err(RunFailure::Refused(refusal)) => {
+            gate::refuse(svc, run, &refusal).await;
+            return;
+        }
+        Err(RunFailure::User(text)) => {
+            (RunStatus::Failed, failed_done(run, StopReason::Error, text))
+        }
+        Err(RunFailure::Internal(e)) if e.downcast_ref::<Panicked>().is_some() => {
+            // Nothing else would ever finish the run of a task that panicked (the
+            // worker logged it).
+            let ended_here = finish::finish_quietly(
+                svc,
+                run,
                 RunStatus::Failed,
-                self.failed_done(run, StopReason::Error, text),
-            ),
-            Err(RunFailure::Internal(e)) if e.downcast_ref::<Panicked>().is_some() => {
-                // Nothing else would ever finish the run of a task that panicked (the
-                // worker logged it).
-                let ended_here = self
-                    .finish_quietly(
-                        run,
-                        RunStatus::Failed,
-                        EndReason::InternalError,
-                        serde_json::json!({ "error": format!("{e:#}") }),
-                    )
-                    .await;
-                if !ended_here {
-                    return;
-                }
-                let text = texts::internal_error("a worker task panicked", &run.id);
-                let done = self.failed_done(run, StopReason::Error, text);
-                self.post_done(run, &done).await;
+                EndReason::InternalError,
+                &failed_result(&e),
+            )
+            .await;
+            if !ended_here {
                 return;
             }
-            Err(RunFailure::Internal(e)) if !run.is_work() => {
-                tracing::error!("{e:#}");
-                self.finish_quietly(
-                    run,
-                    RunStatus::Failed,
-                    EndReason::InternalError,
-                    serde_json::json!({ "error": format!("{e:#}") }),
-                )
-                .await;
-                return;
-            }
-            Err(RunFailure::Internal(e)) => {
-                tracing::error!("{e:#}");
-                let text = texts::internal_error(&format!("{e:#}"), &run.id);
-                (
-                    RunStatus::Failed,
-                    self.failed_done(run, StopReason::Error, text),
-                )
-            }
-        };
-        let o = &done.outcome;
-        let fin = Finish {
-            status,
-            stop_reason: EndReason::Agent(o.stop_reason),
-            cost_usd: o.usd_cost,
-            input_tokens: o.usage.input_tokens as i64,
-            output_tokens: o.usage.output_tokens as i64,
-            cache_read_tokens: o.usage.cache_read_tokens as i64,
-            cache_write_tokens: o.usage.cache_write_tokens as i64,
-            api_calls: i64::from(o.api_calls),
-            result: serde_json::json!({
-                "last_message": comment::redact(&o.last_message),
-                "detail": done.failure.as_deref().or(o.detail.as_deref()).map(comment::redact),
-                "model": o.model,
-                "timings_ms": log.timings.to_json(),
-                "admission": log.admission.lock().clone(),
-                "setup_cache": log.setup.lock().map(|s| s.cache.as_str()),
-                "branch": log.branch.lock().clone(),
-                "continues": log.continues.lock().clone(),
-                "engine": log.placed_on().map(|(name, _)| name),
-                "warm_start": log.warm.lock().is_some(),
-            })
-            .to_string(),
-            pr_url: done.pr_url.clone(),
-        };
-        stop_before_finish_for_tests();
-        match self.db.finish(&run.id, &self.holder(run), &fin).await {
-            Ok(true) => {}
-            Ok(false) => {
-                // Ended already, or another process holds it now (this one was paused or
-                // cut off past its lease): its end is that process's to write and post.
-                tracing::warn!("run given up here: another process holds it now");
-                return;
-            }
-            // The database could not say: the outcome is still shown (as before the
-            // database failed), and the run is recovered when it answers again.
-            Err(e) => tracing::error!("recording the end of the run failed: {e}"),
+            let text = texts::internal_error("a worker task panicked", &run.id);
+            let done = failed_done(run, StopReason::Error, text);
+            status::post_done(svc, run, &done).await;
+            return;
         }
-        self.metrics.run_finished(
-            run.kind().as_str(),
-            o.stop_reason.as_str(),
-            o.usd_cost,
-            started.elapsed(),
-        );
-        tracing::info!(
-            stop_reason = o.stop_reason.as_str(),
-            cost_usd = o.usd_cost,
-            api_calls = o.api_calls,
-            timings_ms = %log.timings.to_json(),
-            warm_start = log.warm.lock().is_some(),
-            "run finished"
-        );
-        // A run that outlived its token (about an hour) takes a new one for the last edit.
-        match comment.filter(|c| c.gh().valid_for(Duration::from_secs(60))) {
-            Some(comment) => comment.finish(&done).await,
-            None => self.post_done(run, &done).await,
+        Err(RunFailure::Internal(e)) if !run.is_work() => {
+            tracing::error!("{e:#}");
+            finish::finish_quietly(
+                svc,
+                run,
+                RunStatus::Failed,
+                EndReason::InternalError,
+                &failed_result(&e),
+            )
+            .await;
+            return;
         }
-    }
-
-    /// Records a run that ended without a model call: its row and its metrics. Whether
-    /// the end is this process's to say (`false`: the run had ended, or another process
-    /// holds it now; nothing was written and nothing should be posted).
-    pub(in crate::serve) async fn finish_quietly(
-        &self,
-        run: &Run,
-        status: RunStatus,
-        reason: EndReason,
-        result: serde_json::Value,
-    ) -> bool {
-        let fin = Finish::without_calls(status, reason.clone(), result);
-        match self.db.finish(&run.id, &self.holder(run), &fin).await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!("the run's end was not recorded here: it ended already, or another process holds it now");
-                return false;
-            }
-            Err(e) => tracing::error!("recording the end of the run failed: {e}"),
+        Err(RunFailure::Internal(e)) => {
+            tracing::error!("{e:#}");
+            let text = texts::internal_error(&format!("{e:#}"), &run.id);
+            (RunStatus::Failed, failed_done(run, StopReason::Error, text))
         }
-        self.metrics
-            .run_finished(run.kind().as_str(), reason.as_str(), 0.0, Duration::ZERO);
-        true
+    };
+    let o = &done.outcome;
+    let fin = Finish {
+        status,
+        stop_reason: EndReason::Agent(o.stop_reason),
+        cost_usd: o.usd_cost,
+        input_tokens: o.usage.input_tokens as i64,
+        output_tokens: o.usage.output_tokens as i64,
+        cache_read_tokens: o.usage.cache_read_tokens as i64,
+        cache_write_tokens: o.usage.cache_write_tokens as i64,
+        api_calls: i64::from(o.api_calls),
+        result: RunResult {
+            last_message: redact(&o.last_message),
+            detail: done.failure.as_deref().or(o.detail.as_deref()).map(redact),
+            model: o.model.clone(),
+            timings_ms: log.timings.millis(),
+            admission: log.admission.lock().clone(),
+            setup_cache: log.setup.lock().map(|s| s.cache.as_str().to_string()),
+            branch: log.branch.lock().clone(),
+            continues: log.continues.lock().clone(),
+            engine: log.placed_on().map(|(name, _)| name),
+            warm_start: log.warm.lock().is_some(),
+            ..RunResult::default()
+        }
+        .to_text(),
+        pr_url: done.pr_url.clone(),
+    };
+    stop_before_finish_for_tests();
+    match svc
+        .db
+        .finish(&run.id, &finish::holder(svc, run), &fin)
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            // Ended already, or another process holds it now (this one was paused or
+            // cut off past its lease): its end is that process's to write and post.
+            tracing::warn!("run given up here: another process holds it now");
+            return;
+        }
+        // The database could not say: the outcome is still shown (as before the
+        // database failed), and the run is recovered when it answers again.
+        Err(e) => tracing::error!("recording the end of the run failed: {e}"),
     }
+    svc.metrics.run_finished(
+        run.kind().as_str(),
+        o.stop_reason.as_str(),
+        o.usd_cost,
+        started.elapsed(),
+    );
+    tracing::info!(
+        stop_reason = o.stop_reason.as_str(),
+        cost_usd = o.usd_cost,
+        api_calls = o.api_calls,
+        timings_ms = %serde_json::to_string(&log.timings.millis()).unwrap_or_default(),
+        warm_start = log.warm.lock().is_some(),
+        "run finished"
+    );
+    // A run that outlived its token (about an hour) takes a new one for the last edit.
+    match comment.filter(|c| c.gh().valid_for(Duration::from_secs(60))) {
+        Some(comment) => comment.finish(&done).await,
+        None => status::post_done(svc, run, &done).await,
+    }
+}
 
-    /// Who ends `run` here: the claim that `run` (as this process read it) shows this
-    /// process running it under, else this process as a run waits.
-    fn holder(&self, run: &Run) -> Holder {
-        Holder::of(run, &self.worker_id)
-    }
-
-    /// A run's end without a model call, with `failure` as what the status comment says.
-    pub(in crate::serve) fn failed_done(
-        &self,
-        run: &Run,
-        reason: StopReason,
-        failure: String,
-    ) -> Done {
-        let mut done = Done::new(run_kind(run), zero_outcome(reason, 0.0, String::new()));
-        done.failure = Some(failure);
-        done
-    }
+/// A run's end without a model call, with `failure` as what the status comment says.
+pub(in crate::serve) fn failed_done(run: &Run, reason: StopReason, failure: String) -> Done {
+    let mut done = Done::new(run_kind(run), zero_outcome(reason, 0.0, String::new()));
+    done.failure = Some(failure);
+    done
 }
 
 /// Tests only: with `KODX_TEST_STOP_BEFORE_FINISH=1` the process stops itself (`SIGSTOP`)
@@ -306,6 +272,14 @@ fn stop_before_finish_for_tests() {
 pub(in crate::serve) struct Panicked {
     pub run_id: String,
     pub message: String,
+}
+
+/// The stored result of a run kodx failed.
+fn failed_result(e: &anyhow::Error) -> RunResult {
+    RunResult {
+        error: Some(format!("{e:#}")),
+        ..RunResult::default()
+    }
 }
 
 /// The outcome of a run that ended without a model call.

@@ -9,7 +9,7 @@ use secrecy::ExposeSecret;
 use tokio_util::sync::CancellationToken;
 
 use super::ending::zero_outcome;
-use super::{Ending, Fence, RunCtx, RunFailure, RunLog, Services, StatusComment};
+use super::{status, workspace, Ending, Lease, RunCtx, RunFailure, RunLog, Services};
 use crate::agent::{Agent, Outcome, Progress, Record, StopReason};
 use crate::checks::verify::{FreshSandboxes, Verifier};
 use crate::db::{Db, DbError, Run, RunStatus};
@@ -22,7 +22,7 @@ use crate::serve::metrics::Metrics;
 use crate::serve::pipeline::plan::RunPlan;
 use crate::serve::pipeline::workspace::{CloneOf, Workspace};
 use crate::serve::texts;
-use crate::serve::texts::status::{Done, Phase};
+use crate::serve::texts::status::Done;
 
 use anyhow::Context as _;
 
@@ -76,11 +76,11 @@ pub(in crate::serve) async fn execute(
         gh,
         status,
         cancel,
-        fence,
+        lease,
         log,
         ..
     } = cx;
-    let (run, cancel, fence, log) = (*run, *cancel, *fence, *log);
+    let (run, cancel, lease, log) = (*run, *cancel, *lease, *log);
     let timings = &log.timings;
     let plan = &run_plan.plan;
     let provider = svc
@@ -91,26 +91,26 @@ pub(in crate::serve) async fn execute(
     let provider = Timed {
         inner: provider,
         metrics: svc.metrics.clone(),
-        fence: fence.clone(),
+        lease: lease.clone(),
     };
-    let workspace = svc
-        .workspace(
-            run,
-            CloneOf {
-                url: &run.request.clone_url,
-                token: gh.token().expose_secret().to_string(),
-                checkout: &run_plan.checkout,
-                depth: run_plan.depth,
-                tip_only: run_plan.tip_only(),
-            },
-            timings,
-        )
-        .await?;
+    let workspace = workspace::workspace(
+        svc,
+        run,
+        CloneOf {
+            url: &run.request.clone_url,
+            token: gh.token().expose_secret().to_string(),
+            checkout: &run_plan.checkout,
+            depth: run_plan.depth,
+            tip_only: run_plan.tip_only(),
+        },
+        timings,
+    )
+    .await?;
     if cancel.is_cancelled() {
         return Ok(Executed::Over(cancelled_early(run_plan)));
     }
     let spec = sandbox_spec(run_plan, &workspace);
-    let sandbox = match container(svc, run, fence, run_plan, &spec, cancel, log).await? {
+    let sandbox = match container(svc, run, lease, run_plan, &spec, cancel, log).await? {
         Ok(sandbox) => sandbox,
         Err(over) => return Ok(Executed::Over(over)),
     };
@@ -131,7 +131,7 @@ pub(in crate::serve) async fn execute(
             cancel.cancel();
         })
     });
-    svc.set_phase(run, fence, "working").await;
+    status::set_phase(svc, run, lease, "working").await;
     let (progress_tx, progress_rx) = tokio::sync::watch::channel(None::<Progress>);
     let updater = {
         let (status, interval) = (status.clone(), svc.settings.status_interval());
@@ -145,12 +145,12 @@ pub(in crate::serve) async fn execute(
     let writer = tokio::spawn(write_transcript(
         svc.db.clone(),
         run.id.clone(),
-        fence.clone(),
+        lease.clone(),
         records_rx,
     ));
     let fenced = Fenced {
         inner: &sandbox,
-        fence,
+        lease,
     };
     let agent = Agent {
         provider: &provider,
@@ -216,7 +216,7 @@ fn send_context(run_plan: &RunPlan, records: &tokio::sync::mpsc::UnboundedSender
         return;
     };
     let record = Record::Context {
-        context: serde_json::to_value(context).unwrap_or_default(),
+        context: context.clone(),
     };
     if let Ok(line) = serde_json::to_string(&record) {
         let _ = records.send(line);
@@ -255,7 +255,7 @@ fn sandbox_spec(run_plan: &RunPlan, workspace: &Workspace) -> SandboxSpec {
 async fn container(
     svc: &Services,
     run: &Run,
-    fence: &Fence,
+    lease: &Lease,
     run_plan: &RunPlan,
     spec: &SandboxSpec,
     cancel: &CancellationToken,
@@ -267,7 +267,7 @@ async fn container(
     let mut failures = Vec::new();
     loop {
         let placed = tokio::select! {
-            p = svc.engine.place(&run.id, fence.lease(), &spec.image, &run.request.repo) => p,
+            p = svc.engine.place(&run.id, lease.lease(), &spec.image, &run.request.repo) => p,
             _ = cancel.cancelled() => return Ok(Err(cancelled_early(run_plan))),
         };
         let placement = match placed {
@@ -344,29 +344,6 @@ async fn container(
     }
 }
 
-impl Services {
-    /// Notes the run's phase (for `/runs` and recovery) while its lease holds it (else
-    /// the run is lost here); a failure is only logged.
-    async fn set_phase(&self, run: &Run, fence: &Fence, phase: &str) {
-        match self.db.set_phase(&run.id, fence.lease(), phase).await {
-            Ok(true) => {}
-            Ok(false) => fence.lose(),
-            Err(e) => tracing::warn!("recording the run's phase {phase:?} failed: {e}"),
-        }
-    }
-
-    /// Shows that the run is setting up, before its clone.
-    pub(in crate::serve) async fn setting_up(
-        &self,
-        run: &Run,
-        fence: &Fence,
-        status: &StatusComment,
-    ) {
-        status.edit(&Phase::SettingUp).await;
-        self.set_phase(run, fence, "setting_up").await;
-    }
-}
-
 /// A run cancelled before its agent started: nothing was spent.
 pub(in crate::serve) fn cancelled_early(run_plan: &RunPlan) -> Ending {
     Ending::Work {
@@ -391,18 +368,18 @@ fn stopped(plan: &Plan, reason: StopReason) -> Outcome {
 async fn write_transcript(
     db: Db,
     run_id: String,
-    fence: Fence,
+    lease: Lease,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<String>,
 ) {
     let mut seq = db.next_transcript_seq(&run_id).await.unwrap_or(0);
     while let Some(line) = rx.recv().await {
         match db
-            .append_transcript(&run_id, fence.lease(), seq, &line)
+            .append_transcript(&run_id, lease.lease(), seq, &line)
             .await
         {
             Ok(()) => {}
             // Another process runs it now: its transcript is that process's.
-            Err(DbError::NotHeld(_)) => fence.lose(),
+            Err(DbError::NotHeld(_)) => lease.lose(),
             Err(e) => tracing::warn!("writing the transcript failed: {e}"),
         }
         seq += 1;
@@ -413,7 +390,7 @@ async fn write_transcript(
 struct Timed {
     inner: Box<dyn Provider>,
     metrics: Arc<Metrics>,
-    fence: Fence,
+    lease: Lease,
 }
 
 #[async_trait::async_trait]
@@ -423,7 +400,7 @@ impl Provider for Timed {
     }
 
     async fn complete(&self, request: &Request) -> Result<Response, ProviderError> {
-        if !self.fence.holds().await {
+        if !self.lease.holds().await {
             return Err(lease_lost(self.inner.name()));
         }
         let started = Instant::now();
@@ -448,12 +425,12 @@ fn lease_lost(provider: &'static str) -> ProviderError {
 /// The run's container, refusing commands once the run's lease is lost.
 struct Fenced<'a> {
     inner: &'a DockerSandbox,
-    fence: &'a Fence,
+    lease: &'a Lease,
 }
 
 impl Fenced<'_> {
     async fn check(&self) -> crate::sandbox::Result<()> {
-        if self.fence.holds().await {
+        if self.lease.holds().await {
             Ok(())
         } else {
             Err(SandboxError::LeaseLost)

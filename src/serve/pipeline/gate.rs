@@ -3,7 +3,7 @@
 //! posts anything. The outcome is an [`Admission`] that travels into the run's handler, or a
 //! typed [`Refusal`]: one short comment and a finished run.
 
-use serde_json::json;
+use crate::db::{AdmissionRecord, RunResult};
 
 use crate::db::{Run, RunStatus};
 use crate::github::{Installation, Permission, Reaction, RepoName};
@@ -11,7 +11,7 @@ use crate::job::{Job, JobKind};
 use crate::repo_config::{AskPermission, RepoConfig, RepoConfigError, RunKind, ServerMaxima};
 use crate::serve::texts;
 
-use super::Services;
+use super::{finish, repair, status, Services};
 use crate::db::EndReason;
 
 /// Runs are capped at what is left of the monthly budget, so spend approaches it without
@@ -105,13 +105,13 @@ impl Admission {
     }
 
     /// What is stored with the run's result: the admitted limits.
-    pub fn to_json(&self, kind: RunKind, maxima: &ServerMaxima) -> serde_json::Value {
-        json!({
-            "permission": self.permission.map(Permission::as_str),
-            "cost_limit": self.cost_limit(kind, maxima),
-            "max_iterations": self.max_iterations(maxima),
-            "budget_left": self.budget.map(|b| b.left()),
-        })
+    pub fn record(&self, kind: RunKind, maxima: &ServerMaxima) -> AdmissionRecord {
+        AdmissionRecord {
+            permission: self.permission.map(|p| p.as_str().to_string()),
+            cost_limit: self.cost_limit(kind, maxima),
+            max_iterations: self.max_iterations(maxima),
+            budget_left: self.budget.map(|b| b.left()),
+        }
     }
 }
 
@@ -193,26 +193,46 @@ impl Refusal {
     }
 
     /// What is stored as the run's result.
-    pub fn to_json(&self) -> serde_json::Value {
-        let reason = self.end_reason();
-        let reason = reason.as_str();
+    pub fn result(&self) -> RunResult {
+        let refused = RunResult {
+            refused: Some(self.end_reason().as_str().to_string()),
+            ..RunResult::default()
+        };
         match self {
-            Refusal::ConfigUnreadable(e) | Refusal::PermissionUnknown(e) => {
-                json!({ "refused": reason, "error": e })
-            }
-            Refusal::NotPermitted { needed, has } => {
-                json!({ "refused": reason, "needed": needed.as_str(), "has": has.as_str() })
-            }
-            Refusal::BudgetSpent(b) => {
-                json!({ "refused": reason, "budget": b.budget, "spent": b.spent })
-            }
-            Refusal::InvalidConfig(e) => json!({ "refused": reason, "error": e.to_string() }),
-            Refusal::BadRequest(why) => json!({ "refused": reason, "error": why }),
-            Refusal::CannotContinue(why) => {
-                json!({ "refused": reason, "error": why.to_string() })
-            }
-            Refusal::UnknownBase(branch) => json!({ "refused": reason, "base": branch }),
-            Refusal::Dismissed(why) => json!({ "dismissed": why }),
+            Refusal::ConfigUnreadable(e) | Refusal::PermissionUnknown(e) => RunResult {
+                error: Some(e.clone()),
+                ..refused
+            },
+            Refusal::NotPermitted { needed, has } => RunResult {
+                needed: Some(needed.as_str().to_string()),
+                has: Some(has.as_str().to_string()),
+                ..refused
+            },
+            Refusal::BudgetSpent(b) => RunResult {
+                budget: Some(b.budget),
+                spent: Some(b.spent),
+                ..refused
+            },
+            Refusal::InvalidConfig(e) => RunResult {
+                error: Some(e.to_string()),
+                ..refused
+            },
+            Refusal::BadRequest(why) => RunResult {
+                error: Some(why.clone()),
+                ..refused
+            },
+            Refusal::CannotContinue(why) => RunResult {
+                error: Some(why.to_string()),
+                ..refused
+            },
+            Refusal::UnknownBase(branch) => RunResult {
+                base: Some(branch.clone()),
+                ..refused
+            },
+            Refusal::Dismissed(why) => RunResult {
+                dismissed: Some(why.clone()),
+                ..RunResult::default()
+            },
         }
     }
 
@@ -251,289 +271,287 @@ pub(super) enum PermissionCheck {
     Known(Option<Permission>),
 }
 
-impl Services {
-    /// The admission of a run about to be acknowledged: its config, who asked's
-    /// permission and the budget, each read once.
-    pub(in crate::serve) async fn admit(
-        &self,
-        gh: &Installation,
-        repo: &RepoName,
-        run: &Run,
-    ) -> Result<Admission, Refusal> {
-        self.check(gh, repo, run, PermissionCheck::Ask).await
-    }
+/// The admission of a run about to be acknowledged: its config, who asked's
+/// permission and the budget, each read once.
+pub(in crate::serve) async fn admit(
+    svc: &Services,
+    gh: &Installation,
+    repo: &RepoName,
+    run: &Run,
+) -> Result<Admission, Refusal> {
+    check(svc, gh, repo, run, PermissionCheck::Ask).await
+}
 
-    /// The admission of a run acknowledged by another process (or before a restart): its
-    /// config and budget, read here; who asked keeps the permission checked then.
-    pub(in crate::serve) async fn readmit(
-        &self,
-        gh: &Installation,
-        repo: &RepoName,
-        run: &Run,
-        permission: Option<Permission>,
-    ) -> Result<Admission, Refusal> {
-        self.check(gh, repo, run, PermissionCheck::Known(permission))
-            .await
-    }
+/// The admission of a run acknowledged by another process (or before a restart): its
+/// config and budget, read here; who asked keeps the permission checked then.
+pub(in crate::serve) async fn readmit(
+    svc: &Services,
+    gh: &Installation,
+    repo: &RepoName,
+    run: &Run,
+    permission: Option<Permission>,
+) -> Result<Admission, Refusal> {
+    check(svc, gh, repo, run, PermissionCheck::Known(permission)).await
+}
 
-    async fn check(
-        &self,
-        gh: &Installation,
-        repo: &RepoName,
-        run: &Run,
-        permission: PermissionCheck,
-    ) -> Result<Admission, Refusal> {
-        let (base, unknown_base) = self.base(gh, repo, run).await?;
-        let config = match gh
-            .file_at(repo, RepoConfig::PATH, Some(base.rules_ref()))
-            .await
-        {
-            Ok(None) => Ok(RepoConfig::default()),
-            Ok(Some(text)) => RepoConfig::parse(&text),
-            Err(e) => {
-                tracing::warn!("reading {} failed: {e}", RepoConfig::PATH);
-                return Err(Refusal::ConfigUnreadable(e.to_string()));
-            }
-        };
-        // A label that is not the repository's trigger is nobody's command.
-        if let Some(label) = run.request.trigger.label() {
-            if !config.as_ref().is_ok_and(|c| c.is_trigger_label(label)) {
-                return Err(Refusal::Dismissed(format!(
-                    "the label {label:?} is not this repository's `triggers.label`"
-                )));
-            }
+async fn check(
+    svc: &Services,
+    gh: &Installation,
+    repo: &RepoName,
+    run: &Run,
+    permission: PermissionCheck,
+) -> Result<Admission, Refusal> {
+    let (base, unknown_base) = base(gh, repo, run).await?;
+    let config = match gh
+        .file_at(repo, RepoConfig::PATH, Some(base.rules_ref()))
+        .await
+    {
+        Ok(None) => Ok(RepoConfig::default()),
+        Ok(Some(text)) => RepoConfig::parse(&text),
+        Err(e) => {
+            tracing::warn!("reading {} failed: {e}", RepoConfig::PATH);
+            return Err(Refusal::ConfigUnreadable(e.to_string()));
         }
-        let is_repair = matches!(run.request.job, Job::Repair { .. });
-        if is_repair && config.is_err() {
+    };
+    // A label that is not the repository's trigger is nobody's command.
+    if let Some(label) = run.request.trigger.label() {
+        if !config.as_ref().is_ok_and(|c| c.is_trigger_label(label)) {
             return Err(Refusal::Dismissed(format!(
-                "CI repair: `{}` is invalid",
-                RepoConfig::PATH
+                "the label {label:?} is not this repository's `triggers.label`"
             )));
         }
-        let permission = match permission {
-            PermissionCheck::Known(p) => p,
-            PermissionCheck::Ask => {
-                // An invalid config refuses; until then, its default decides who may ask.
-                let ask = config
-                    .as_ref()
-                    .map(|c| c.ask_permission)
-                    .unwrap_or_default();
-                let needed = needed_permission(run.kind(), ask);
-                let has = match gh.permission(repo, &run.request.author).await {
-                    Ok(p) => p,
-                    Err(e) => {
-                        tracing::warn!("permission check failed: {e}");
-                        return Err(Refusal::PermissionUnknown(e.to_string()));
-                    }
-                };
-                if has < needed && is_repair {
-                    return Err(Refusal::Dismissed(format!(
-                        "CI repair: @{} no longer has write permission",
-                        run.request.author
-                    )));
-                }
-                if has < needed {
-                    tracing::info!(permission = has.as_str(), "refused: not permitted");
-                    return Err(Refusal::NotPermitted { needed, has });
-                }
-                Some(has)
-            }
-        };
-        if let Some(branch) = unknown_base {
-            tracing::info!("refused: no base branch {branch:?}");
-            return Err(Refusal::UnknownBase(branch));
-        }
-        if let (Job::Repair { commit }, Ok(c)) = (&run.request.job, &config) {
-            self.admit_repair(gh, repo, run, c, commit).await?;
-        }
-        let budget = self.budget(run).await;
-        if let Some(b) = budget.filter(|b| run.is_work() && b.is_spent()) {
-            tracing::info!("refused: monthly budget spent");
-            return Err(Refusal::BudgetSpent(b));
-        }
-        let config = config.map_err(|e| {
-            tracing::info!("refused: invalid repository config");
-            Refusal::InvalidConfig(e)
-        })?;
-        Ok(Admission::new(base, config, permission, budget))
     }
-
-    /// The branch the run's work targets and its tip (SPEC §11), and the `--base` branch
-    /// that does not exist, if that is what was asked (the default branch's rules then
-    /// decide who may ask, and the run is refused after that check).
-    async fn base(
-        &self,
-        gh: &Installation,
-        repo: &RepoName,
-        run: &Run,
-    ) -> Result<(Base, Option<String>), Refusal> {
-        let request = &run.request;
-        let unreadable = |e: crate::github::GitHubError| {
-            tracing::warn!("reading the base branch failed: {e}");
-            Refusal::ConfigUnreadable(e.to_string())
-        };
-        if matches!(request.job, Job::AddressReviews { .. }) && !request.is_pull_request {
-            return Err(Refusal::BadRequest(
-                texts::ADDRESS_REVIEWS_ON_ISSUE.to_string(),
-            ));
-        }
-        let (branch, asked) = match request.job.base() {
-            Some(_) if request.is_pull_request => {
-                return Err(Refusal::BadRequest(texts::BASE_ON_PULL.to_string()))
-            }
-            Some(b) => (b.to_string(), true),
-            None if request.is_pull_request => {
-                // The base's rules judge a pull request; its head cannot change them.
-                let pr = gh
-                    .pull_request(repo, request.issue_number as u64)
-                    .await
-                    .map_err(unreadable)?;
-                (pr.base.ref_name, false)
-            }
-            None => (request.default_branch.clone(), false),
-        };
-        let commit = gh.branch_sha(repo, &branch).await.map_err(unreadable)?;
-        if asked && commit.is_none() {
-            let default = Base {
-                branch: request.default_branch.clone(),
-                commit: None,
+    let is_repair = matches!(run.request.job, Job::Repair { .. });
+    if is_repair && config.is_err() {
+        return Err(Refusal::Dismissed(format!(
+            "CI repair: `{}` is invalid",
+            RepoConfig::PATH
+        )));
+    }
+    let permission = match permission {
+        PermissionCheck::Known(p) => p,
+        PermissionCheck::Ask => {
+            // An invalid config refuses; until then, its default decides who may ask.
+            let ask = config
+                .as_ref()
+                .map(|c| c.ask_permission)
+                .unwrap_or_default();
+            let needed = needed_permission(run.kind(), ask);
+            let has = match gh.permission(repo, &run.request.author).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("permission check failed: {e}");
+                    return Err(Refusal::PermissionUnknown(e.to_string()));
+                }
             };
-            return Ok((default, Some(branch)));
-        }
-        Ok((Base { branch, commit }, None))
-    }
-
-    /// Reserves the run's cost cap against the installation's monthly budget as it starts
-    /// (atomically, across processes: [`crate::db::Db::reserve_budget`]) and caps the run
-    /// at what it got. `Some(refusal)` when less than a cent is left.
-    pub(in crate::serve) async fn reserve(
-        &self,
-        run: &Run,
-        lease: &crate::db::Lease,
-        admission: &mut Admission,
-        kind: RunKind,
-    ) -> anyhow::Result<Option<Refusal>> {
-        let Some(budget) = self.settings.monthly_budget_usd else {
-            return Ok(None);
-        };
-        let want = admission
-            .config
-            .cost_limit_for(kind, &self.settings.maxima());
-        let granted = self
-            .db
-            .reserve_budget(
-                &run.id,
-                lease,
-                run.request.installation_id,
-                month_start_ms(crate::db::now_ms()),
-                crate::db::to_micros(want),
-                crate::db::to_micros(budget),
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("reserving the run's budget failed: {e}"))?;
-        let left = granted as f64 / 1_000_000.0;
-        let b = Budget {
-            budget,
-            spent: budget - left,
-        };
-        if b.is_spent() {
-            tracing::info!("refused at start: monthly budget spent");
-            return Ok(Some(Refusal::BudgetSpent(b)));
-        }
-        admission.budget = Some(b);
-        Ok(None)
-    }
-
-    /// The installation's monthly budget and its spend this month, if the server has one.
-    async fn budget(&self, run: &Run) -> Option<Budget> {
-        let budget = self.settings.monthly_budget_usd?;
-        let since = month_start_ms(crate::db::now_ms());
-        let spent = match self
-            .db
-            .spend_since(run.request.installation_id, since)
-            .await
-        {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!("reading the month's spend failed: {e}");
-                0.0
+            if has < needed && is_repair {
+                return Err(Refusal::Dismissed(format!(
+                    "CI repair: @{} no longer has write permission",
+                    run.request.author
+                )));
             }
-        };
-        Some(Budget { budget, spent })
+            if has < needed {
+                tracing::info!(permission = has.as_str(), "refused: not permitted");
+                return Err(Refusal::NotPermitted { needed, has });
+            }
+            Some(has)
+        }
+    };
+    if let Some(branch) = unknown_base {
+        tracing::info!("refused: no base branch {branch:?}");
+        return Err(Refusal::UnknownBase(branch));
     }
-
-    /// Says why the run was refused and finishes it as failed: a person not permitted gets
-    /// one short comment; a request that cannot be read, one short comment and `confused`;
-    /// the others, the status comment (or a new one) and `confused`.
-    pub(in crate::serve) async fn refuse(&self, run: &Run, refusal: &Refusal) {
-        // Recorded before it is posted: whoever reads the refusal and sends the next
-        // command (a `/kodx continue` right after) finds this run ended.
-        let status = match refusal {
-            Refusal::Dismissed(_) => RunStatus::Succeeded,
-            _ => RunStatus::Failed,
-        };
-        if !self
-            .finish_quietly(run, status, refusal.end_reason(), refusal.to_json())
+    if let (Job::Repair { commit }, Ok(c)) = (&run.request.job, &config) {
+        repair::admit_repair(svc, gh, repo, run, c, commit)
             .await
-        {
-            return;
-        }
-        if let Refusal::Dismissed(why) = refusal {
-            tracing::info!("dismissed: {why}");
-            return;
-        }
-        match self.github(run).await {
-            Ok((gh, repo)) => self.post_refusal(&gh, &repo, run, refusal).await,
-            Err(e) => tracing::error!("the refusal was not posted: {e:#}"),
-        }
+            .map_err(Refusal::Dismissed)?;
     }
+    let budget = budget(svc, run).await;
+    if let Some(b) = budget.filter(|b| run.is_work() && b.is_spent()) {
+        tracing::info!("refused: monthly budget spent");
+        return Err(Refusal::BudgetSpent(b));
+    }
+    let config = config.map_err(|e| {
+        tracing::info!("refused: invalid repository config");
+        Refusal::InvalidConfig(e)
+    })?;
+    Ok(Admission::new(base, config, permission, budget))
+}
 
-    async fn post_refusal(&self, gh: &Installation, repo: &RepoName, run: &Run, refusal: &Refusal) {
-        let text = refusal.message(run);
-        match refusal {
-            // Nothing anybody asked for: nothing is said.
-            Refusal::Dismissed(_) => return,
-            // Help is for everyone who can read; nobody else is answered at all.
-            Refusal::NotPermitted { .. } if run.kind() == JobKind::Help => return,
-            // One short answer to the person, who may not see more.
-            Refusal::NotPermitted { .. } | Refusal::BadRequest(_) => {
+/// The branch the run's work targets and its tip (SPEC §11), and the `--base` branch
+/// that does not exist, if that is what was asked (the default branch's rules then
+/// decide who may ask, and the run is refused after that check).
+async fn base(
+    gh: &Installation,
+    repo: &RepoName,
+    run: &Run,
+) -> Result<(Base, Option<String>), Refusal> {
+    let request = &run.request;
+    let unreadable = |e: crate::github::GitHubError| {
+        tracing::warn!("reading the base branch failed: {e}");
+        Refusal::ConfigUnreadable(e.to_string())
+    };
+    if matches!(request.job, Job::AddressReviews { .. }) && !request.is_pull_request {
+        return Err(Refusal::BadRequest(
+            texts::ADDRESS_REVIEWS_ON_ISSUE.to_string(),
+        ));
+    }
+    let (branch, asked) = match request.job.base() {
+        Some(_) if request.is_pull_request => {
+            return Err(Refusal::BadRequest(texts::BASE_ON_PULL.to_string()))
+        }
+        Some(b) => (b.to_string(), true),
+        None if request.is_pull_request => {
+            // The base's rules judge a pull request; its head cannot change them.
+            let pr = gh
+                .pull_request(repo, request.issue_number as u64)
+                .await
+                .map_err(unreadable)?;
+            (pr.base.ref_name, false)
+        }
+        None => (request.default_branch.clone(), false),
+    };
+    let commit = gh.branch_sha(repo, &branch).await.map_err(unreadable)?;
+    if asked && commit.is_none() {
+        let default = Base {
+            branch: request.default_branch.clone(),
+            commit: None,
+        };
+        return Ok((default, Some(branch)));
+    }
+    Ok((Base { branch, commit }, None))
+}
+
+/// Reserves the run's cost cap against the installation's monthly budget as it starts
+/// (atomically, across processes: [`crate::db::Db::reserve_budget`]) and caps the run
+/// at what it got. `Some(refusal)` when less than a cent is left.
+pub(in crate::serve) async fn reserve(
+    svc: &Services,
+    run: &Run,
+    lease: &crate::db::Lease,
+    admission: &mut Admission,
+    kind: RunKind,
+) -> anyhow::Result<Option<Refusal>> {
+    let Some(budget) = svc.settings.monthly_budget_usd else {
+        return Ok(None);
+    };
+    let want = admission
+        .config
+        .cost_limit_for(kind, &svc.settings.maxima());
+    let granted = svc
+        .db
+        .reserve_budget(
+            &run.id,
+            lease,
+            run.request.installation_id,
+            month_start_ms(crate::db::now_ms()),
+            crate::db::to_micros(want),
+            crate::db::to_micros(budget),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("reserving the run's budget failed: {e}"))?;
+    let left = granted as f64 / 1_000_000.0;
+    let b = Budget {
+        budget,
+        spent: budget - left,
+    };
+    if b.is_spent() {
+        tracing::info!("refused at start: monthly budget spent");
+        return Ok(Some(Refusal::BudgetSpent(b)));
+    }
+    admission.budget = Some(b);
+    Ok(None)
+}
+
+/// The installation's monthly budget and its spend this month, if the server has one.
+async fn budget(svc: &Services, run: &Run) -> Option<Budget> {
+    let budget = svc.settings.monthly_budget_usd?;
+    let since = month_start_ms(crate::db::now_ms());
+    let spent = match svc.db.spend_since(run.request.installation_id, since).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("reading the month's spend failed: {e}");
+            0.0
+        }
+    };
+    Some(Budget { budget, spent })
+}
+
+/// Says why the run was refused and finishes it as failed: a person not permitted gets
+/// one short comment; a request that cannot be read, one short comment and `confused`;
+/// the others, the status comment (or a new one) and `confused`.
+pub(in crate::serve) async fn refuse(svc: &Services, run: &Run, refusal: &Refusal) {
+    // Recorded before it is posted: whoever reads the refusal and sends the next
+    // command (a `/kodx continue` right after) finds this run ended.
+    let status = match refusal {
+        Refusal::Dismissed(_) => RunStatus::Succeeded,
+        _ => RunStatus::Failed,
+    };
+    if !finish::finish_quietly(svc, run, status, refusal.end_reason(), &refusal.result()).await {
+        return;
+    }
+    if let Refusal::Dismissed(why) = refusal {
+        tracing::info!("dismissed: {why}");
+        return;
+    }
+    match svc.github(run).await {
+        Ok((gh, repo)) => post_refusal(svc, &gh, &repo, run, refusal).await,
+        Err(e) => tracing::error!("the refusal was not posted: {e:#}"),
+    }
+}
+
+async fn post_refusal(
+    svc: &Services,
+    gh: &Installation,
+    repo: &RepoName,
+    run: &Run,
+    refusal: &Refusal,
+) {
+    let text = refusal.message(run);
+    match refusal {
+        // Nothing anybody asked for: nothing is said.
+        Refusal::Dismissed(_) => return,
+        // Help is for everyone who can read; nobody else is answered at all.
+        Refusal::NotPermitted { .. } if run.kind() == JobKind::Help => return,
+        // One short answer to the person, who may not see more.
+        Refusal::NotPermitted { .. } | Refusal::BadRequest(_) => {
+            if let Err(e) = gh
+                .create_comment(repo, run.request.issue_number as u64, &text)
+                .await
+            {
+                tracing::warn!("posting the refusal failed: {e}");
+            }
+        }
+        _ => {
+            let body = texts::with_run_id(&text, &run.id);
+            let body = match run.status_comment_id {
+                Some(id) => match gh.update_comment(repo, id as u64, &body).await {
+                    Ok(()) => None,
+                    Err(_) => Some(body),
+                },
+                None => Some(body),
+            };
+            if let Some(body) = body {
                 if let Err(e) = gh
-                    .create_comment(repo, run.request.issue_number as u64, &text)
+                    .create_comment(repo, run.request.issue_number as u64, &body)
                     .await
                 {
                     tracing::warn!("posting the refusal failed: {e}");
                 }
             }
-            _ => {
-                let body = texts::with_run_id(&text, &run.id);
-                let body = match run.status_comment_id {
-                    Some(id) => match gh.update_comment(repo, id as u64, &body).await {
-                        Ok(()) => None,
-                        Err(_) => Some(body),
-                    },
-                    None => Some(body),
-                };
-                if let Some(body) = body {
-                    if let Err(e) = gh
-                        .create_comment(repo, run.request.issue_number as u64, &body)
-                        .await
-                    {
-                        tracing::warn!("posting the refusal failed: {e}");
-                    }
-                }
-            }
         }
-        if !matches!(refusal, Refusal::NotPermitted { .. }) {
-            self.react(gh, repo, run, Reaction::Confused).await;
-        }
-        self.finish_quietly(
-            run,
-            RunStatus::Failed,
-            refusal.end_reason(),
-            refusal.to_json(),
-        )
-        .await;
     }
+    if !matches!(refusal, Refusal::NotPermitted { .. }) {
+        status::react(gh, repo, run, Reaction::Confused).await;
+    }
+    finish::finish_quietly(
+        svc,
+        run,
+        RunStatus::Failed,
+        refusal.end_reason(),
+        &refusal.result(),
+    )
+    .await;
 }
 
 /// The first millisecond of the current month (UTC) for `now_ms`.
@@ -553,6 +571,7 @@ fn month_start_ms(now_ms: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn month_start() {
@@ -595,7 +614,7 @@ mod tests {
         );
         assert_eq!(b.cost_limit(RunKind::Code, &maxima), 0.75);
         assert_eq!(
-            b.to_json(RunKind::Code, &maxima),
+            serde_json::to_value(b.record(RunKind::Code, &maxima)).unwrap(),
             json!({"permission": "write", "cost_limit": 0.75, "max_iterations": 40, "budget_left": 0.75})
         );
     }
@@ -629,7 +648,7 @@ mod tests {
         };
         assert_eq!(r.end_reason().as_str(), "not_permitted");
         assert_eq!(
-            r.to_json(),
+            serde_json::to_value(r.result()).unwrap(),
             json!({"refused": "not_permitted", "needed": "write", "has": "read"})
         );
         let r = Refusal::BudgetSpent(Budget {

@@ -1,6 +1,8 @@
 //! The stages a run goes through, and what they share. Nothing here reaches back into the
 //! [worker](crate::serve::worker) or the [commands](crate::serve::commands): the worker
 //! builds a run's [`RunCtx`] once and the command's handler walks these stages with it.
+//! What a stage does for the services is a free function of its file (`ending::conclude`,
+//! `gate::admit`, `status::post_done`…), taking the [`Services`] as its first argument.
 //!
 //! - [`gate`]: admission — who asked, the repository's config, the monthly budget — and
 //!   the typed [`gate::Refusal`];
@@ -12,9 +14,12 @@
 //! - [`execute`]: the container and the agent working in it;
 //! - [`deliver`]: a code run's change committed, pushed and opened as a pull request;
 //! - [`checks`]: its checks as a `kodx` Check Run on the pushed commit;
+//! - [`work`]: execute and deliver, the stage every code-like command ends in (each
+//!   command fills a [`work::Delivery`]);
 //! - [`status`]: the run's status comment;
-//! - [`ending`]: how the run ended, written down once ([`Services::conclude`]);
-//! - [`engines`], [`fence`], [`resources`]: the Docker engines, the run's hold on its
+//! - [`ending`]: how the run ended, written down once ([`ending::conclude`]), its row
+//!   through [`finish`];
+//! - [`engines`], [`lease`], [`resources`]: the Docker engines, the run's hold on its
 //!   lease, and the model clients.
 
 pub(in crate::serve) mod checks;
@@ -23,8 +28,9 @@ pub(in crate::serve) mod deliver;
 pub(in crate::serve) mod ending;
 pub(in crate::serve) mod engines;
 pub(in crate::serve) mod execute;
-pub(in crate::serve) mod fence;
+pub(in crate::serve) mod finish;
 pub(in crate::serve) mod gate;
+pub(in crate::serve) mod lease;
 pub(in crate::serve) mod plan;
 pub(in crate::serve) mod repair;
 pub(in crate::serve) mod repo_context;
@@ -32,6 +38,7 @@ pub(in crate::serve) mod resources;
 pub(in crate::serve) mod status;
 pub(in crate::serve) mod threads;
 pub(in crate::serve) mod warm;
+pub(in crate::serve) mod work;
 pub(in crate::serve) mod workspace;
 
 use parking_lot::Mutex;
@@ -48,10 +55,10 @@ use crate::serve::config::Settings;
 use crate::serve::metrics::Metrics;
 
 pub(in crate::serve) use ending::{Ending, RunFailure, RunLog, Timings};
-pub use engines::{EngineStatus, Engines, NoEngine, Placement, WarmSettings};
-pub(in crate::serve) use fence::Fence;
+pub use engines::{Engines, Placement, WarmSettings};
 pub(in crate::serve) use gate::Admission;
-pub use resources::{EnvProviders, ProviderFactory};
+pub(in crate::serve) use lease::Lease;
+pub use resources::ProviderFactory;
 pub(in crate::serve) use status::StatusComment;
 
 /// What every run of this process uses: the database, GitHub, the engines, the settings,
@@ -98,7 +105,7 @@ pub(in crate::serve) struct RunHandle {
     /// Who cancelled it with `/kodx cancel` (none: shutdown).
     pub(in crate::serve) cancelled_by: Arc<Mutex<Option<String>>>,
     /// Its hold on the run's lease (a shared queue).
-    pub(in crate::serve) fence: Fence,
+    pub(in crate::serve) lease: Lease,
 }
 
 impl Services {
@@ -162,15 +169,15 @@ pub(in crate::serve) struct RunCtx<'a> {
     pub repo: RepoName,
     /// What the run does (`continue` goes on with a code run).
     pub kind: RunKind,
-    /// A token for the work, whose writes ask `fence` first (a fresh one is taken before a
+    /// A token for the work, whose writes ask `lease` first (a fresh one is taken before a
     /// push: [`RunCtx::installation`]).
     pub gh: Installation,
     pub admission: Admission,
     pub status: StatusComment,
     pub cancel: &'a CancellationToken,
     /// The run's hold on its lease, checked before each model call, command, push and
-    /// GitHub write (by the run's GitHub clients themselves: [`Fence::guard`]).
-    pub fence: &'a Fence,
+    /// GitHub write (by the run's GitHub clients themselves: [`Lease::guard`]).
+    pub lease: &'a Lease,
     pub log: &'a RunLog,
     /// When the run's preparation began (the `prepare` phase of its timings).
     pub started: std::time::Instant,
@@ -178,19 +185,19 @@ pub(in crate::serve) struct RunCtx<'a> {
 
 impl RunCtx<'_> {
     /// A fresh token for the run's repository ([`Services::installation`]), whose writes
-    /// ask the run's fence first. A stage that needs a token takes it here, never from the
+    /// ask the run's lease first. A stage that needs a token takes it here, never from the
     /// App or the services directly, so no write of the run skips its lease.
     pub async fn installation(&self) -> Result<Installation, GitHubError> {
         let gh = self.svc.installation(self.run, &self.repo).await?;
-        Ok(self.fence.guard(&gh))
+        Ok(self.lease.guard(&gh))
     }
 
-    /// A token of the run's installation for `scope`, whose writes ask the run's fence
+    /// A token of the run's installation for `scope`, whose writes ask the run's lease
     /// first ([`RunCtx::installation`]).
     pub async fn installation_for(&self, scope: &TokenScope) -> Result<Installation, GitHubError> {
         let id = self.run.request.installation_id as u64;
         let gh = self.svc.app.installation_for(id, scope).await?;
-        Ok(self.fence.guard(&gh))
+        Ok(self.lease.guard(&gh))
     }
 }
 
@@ -209,7 +216,7 @@ pub(in crate::serve) fn run_kind(run: &Run) -> RunKind {
 #[cfg(test)]
 mod tests {
     /// The stages of a run take their GitHub clients from the run's context (`cx.gh`,
-    /// [`super::RunCtx::installation`]), whose writes ask the run's fence first; none takes
+    /// [`super::RunCtx::installation`]), whose writes ask the run's lease first; none takes
     /// a token from the services or the App directly, which would write unfenced. (The
     /// paths outside a run's lease — control jobs, refusals, a run's end once written —
     /// live in `commands/mod.rs`, `commands/cancel.rs`, `gate.rs`, `repair.rs` and
@@ -254,7 +261,7 @@ mod tests {
                 for call in unfenced {
                     assert!(
                         !code.contains(call),
-                        "src/serve/{name} calls `{call}`: take the token with `cx.installation()`, whose writes ask the run's fence"
+                        "src/serve/{name} calls `{call}`: take the token with `cx.installation()`, whose writes ask the run's lease"
                     );
                 }
             }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::gate::Admission;
-use super::{RunCtx, RunFailure};
+use super::{status, RunCtx, RunFailure};
 use crate::cost::Pricing;
 use crate::git::Checkout;
 use crate::github::PullInfo;
@@ -17,9 +17,9 @@ use crate::sandbox::SetupCacheSpec;
 use crate::serve::config::Settings;
 use crate::serve::pipeline::context::RunContext;
 use crate::serve::pipeline::deliver::{self, Target};
-use crate::serve::pipeline::repo_context::RepoContext;
 use crate::serve::texts;
 use crate::serve::texts::status::RunKind;
+use crate::transcript::context::RepoContext;
 
 /// Everything an `ask` or `code` run needs to start.
 #[derive(Debug, Clone)]
@@ -164,9 +164,7 @@ impl RunCtx<'_> {
         follow_up: Option<super::context::FollowUp>,
     ) -> Result<RunPlan, RunFailure> {
         use anyhow::Context as _;
-        self.svc
-            .setting_up(self.run, self.fence, &self.status)
-            .await;
+        status::setting_up(self.svc, self.run, self.lease, &self.status).await;
         // The issue and the repository's own context are read side by side.
         let (issue, rules) = tokio::join!(
             self.read_issue(),

@@ -13,12 +13,11 @@
 //! read is bounded, and what could not be used is said in a note rather than failing the
 //! run (fewer instructions never widen what the model may do).
 
-use serde::Serialize;
-
 use super::context::{fenced, reveal_hidden, strip_hidden};
 use super::gate::Base;
 use super::RunCtx;
 use crate::github::{Installation, RepoName, Tree, TreeEntry};
+use crate::transcript::context::{Instructions, RepoContext, Template};
 
 /// The most of an instructions file given to the model, in bytes.
 pub(in crate::serve) const MAX_INSTRUCTIONS_BYTES: usize = 32 * 1024;
@@ -33,60 +32,9 @@ const MAX_LINK_BYTES: usize = 4096;
 pub(in crate::serve) const INSTRUCTION_FILES: [&str; 3] =
     ["AGENTS.md", "CLAUDE.md", ".github/copilot-instructions.md"];
 
-/// What the model was given about the repository, kept with the run (transcript, run page).
-#[derive(Debug, Clone, PartialEq, Default, Serialize, serde::Deserialize)]
-pub struct RepoContext {
-    /// The branch it was read from, and its commit.
-    pub branch: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub commit: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instructions: Option<Instructions>,
-    /// Nested `AGENTS.md` files, by path.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nested: Vec<String>,
-    /// How many more there are than listed.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub nested_more: usize,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template: Option<Template>,
-    /// What was found but not given, and why.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub notes: Vec<String>,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
-
-/// The repository's instructions as given to the model.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct Instructions {
-    /// The file read (a link's target when the instruction file is a link).
-    pub path: String,
-    /// The instruction file's name when it is a link to `path`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub via: Option<String>,
-    /// Cleaned of hidden text, at most [`MAX_INSTRUCTIONS_BYTES`] read.
-    pub text: String,
-    /// The file's size in bytes.
-    pub bytes: u64,
-    /// Only its first [`MAX_INSTRUCTIONS_BYTES`] were read.
-    pub cut: bool,
-}
-
-/// The pull request template the body follows.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct Template {
-    pub path: String,
-    /// Cleaned of hidden text (a template's HTML comments are guidance for people).
-    pub text: String,
-    pub cut: bool,
-}
-
 impl RepoContext {
     /// Nothing found: the branch alone.
-    pub fn empty(base: &Base) -> RepoContext {
+    pub(in crate::serve) fn empty(base: &Base) -> RepoContext {
         RepoContext {
             branch: base.branch.clone(),
             commit: base.commit.clone(),

@@ -7,94 +7,97 @@ use crate::db::Run;
 use crate::github::{GitHubError, Installation, Reaction, ReactionTarget, RepoName};
 use crate::serve::texts::status::{self as comment, Done, Phase};
 
-use super::{Fence, Services};
+use super::{Lease, Services};
 
-impl Services {
-    pub(in crate::serve) async fn find_status_comment(
-        &self,
-        gh: &Installation,
-        repo: &RepoName,
-        run: &Run,
-    ) -> Option<u64> {
-        // Only worth a listing when this run may have posted before (a restart, or a
-        // webhook handled a while ago).
-        let age = crate::db::now_ms() - run.created_at;
-        if !(run.recovered || run.attempts > 0 || age > 30_000) {
-            return None;
-        }
-        let comments = gh
-            .issue_comments(repo, run.request.issue_number as u64, 100)
-            .await
-            .ok()?;
-        comments
-            .iter()
-            .rev()
-            .find(|c| {
-                c.author_is_bot && comment::find_run_id(&c.body).as_deref() == Some(run.id.as_str())
-            })
-            .map(|c| c.id)
+pub(in crate::serve) async fn find_status_comment(
+    gh: &Installation,
+    repo: &RepoName,
+    run: &Run,
+) -> Option<u64> {
+    // Only worth a listing when this run may have posted before (a restart, or a
+    // webhook handled a while ago).
+    let age = crate::db::now_ms() - run.created_at;
+    if !(run.recovered || run.attempts > 0 || age > 30_000) {
+        return None;
     }
+    let comments = gh
+        .issue_comments(repo, run.request.issue_number as u64, 100)
+        .await
+        .ok()?;
+    comments
+        .iter()
+        .rev()
+        .find(|c| {
+            c.author_is_bot
+                && crate::serve::texts::markup::find_run_id(&c.body).as_deref()
+                    == Some(run.id.as_str())
+        })
+        .map(|c| c.id)
+}
 
-    /// The run's status comment as it stands (its id, if it has one), written with `gh`.
-    pub(in crate::serve) async fn status_comment(
-        &self,
-        gh: &Installation,
-        repo: &RepoName,
-        run: &Run,
-    ) -> StatusComment {
-        let id = self.status_comment_id(run).await;
-        StatusComment::new(gh.clone(), repo.clone(), run, id).linked(self.run_link(&run.id))
+/// The run's status comment as it stands (its id, if it has one), written with `gh`.
+pub(in crate::serve) async fn status_comment(
+    svc: &Services,
+    gh: &Installation,
+    repo: &RepoName,
+    run: &Run,
+) -> StatusComment {
+    let id = status_comment_id(svc, run).await;
+    StatusComment::new(gh.clone(), repo.clone(), run, id).linked(svc.run_link(&run.id))
+}
+
+pub(in crate::serve) async fn react(
+    gh: &Installation,
+    repo: &RepoName,
+    run: &Run,
+    reaction: Reaction,
+) {
+    add_reaction(gh, repo, run.request.trigger.reaction_target(), reaction).await;
+}
+
+pub(in crate::serve) async fn status_comment_id(svc: &Services, run: &Run) -> Option<u64> {
+    if let Some(id) = run.status_comment_id {
+        return Some(id as u64);
     }
-
-    pub(in crate::serve) async fn react(
-        &self,
-        gh: &Installation,
-        repo: &RepoName,
-        run: &Run,
-        reaction: Reaction,
-    ) {
-        react(gh, repo, run.request.trigger.reaction_target(), reaction).await;
+    match svc.db.get_run(&run.id).await {
+        Ok(Some(r)) => r.status_comment_id.map(|id| id as u64),
+        _ => None,
     }
+}
 
-    pub(in crate::serve) async fn status_comment_id(&self, run: &Run) -> Option<u64> {
-        if let Some(id) = run.status_comment_id {
-            return Some(id as u64);
-        }
-        match self.db.get_run(&run.id).await {
-            Ok(Some(r)) => r.status_comment_id.map(|id| id as u64),
-            _ => None,
-        }
-    }
-
-    /// The run's status comment with a token of its own, for the paths that hold none
-    /// (restarts, shutdown, the end of a run); `None` when GitHub cannot be asked.
-    async fn status_comment_alone(&self, run: &Run) -> Option<StatusComment> {
-        match self.github(run).await {
-            Ok((gh, repo)) => Some(self.status_comment(&gh, &repo, run).await),
-            Err(e) => {
-                tracing::warn!("GitHub is not reachable to edit the status comment: {e:#}");
-                None
-            }
+/// The run's status comment with a token of its own, for the paths that hold none
+/// (restarts, shutdown, the end of a run); `None` when GitHub cannot be asked.
+async fn status_comment_alone(svc: &Services, run: &Run) -> Option<StatusComment> {
+    match svc.github(run).await {
+        Ok((gh, repo)) => Some(status_comment(svc, &gh, &repo, run).await),
+        Err(e) => {
+            tracing::warn!("GitHub is not reachable to edit the status comment: {e:#}");
+            None
         }
     }
+}
 
-    /// Replaces the status comment's header line with `note` (restarts, shutdown); only
-    /// while `fence` holds, for a run this process still holds.
-    pub(in crate::serve) async fn edit_status(&self, run: &Run, note: &str, fence: Option<&Fence>) {
-        if let Some(mut status) = self.status_comment_alone(run).await {
-            if let Some(fence) = fence {
-                status = status.fenced(fence.clone());
-            }
-            status.edit(&Phase::Note(note.into())).await;
+/// Replaces the status comment's header line with `note` (restarts, shutdown); only
+/// while `lease` holds, for a run this process still holds.
+pub(in crate::serve) async fn edit_status(
+    svc: &Services,
+    run: &Run,
+    note: &str,
+    lease: Option<&Lease>,
+) {
+    if let Some(mut status) = status_comment_alone(svc, run).await {
+        if let Some(lease) = lease {
+            status = status.under_lease(lease.clone());
         }
+        status.edit(&Phase::Note(note.into())).await;
     }
+}
 
-    /// The final status comment and the `rocket` / `confused` reaction.
-    pub(in crate::serve) async fn post_done(&self, run: &Run, done: &Done) {
-        match self.status_comment_alone(run).await {
-            Some(status) => status.finish(done).await,
-            None => tracing::error!("GitHub unreachable; the outcome of the run was not posted"),
-        }
+/// The final status comment and the `rocket` / `confused` reaction.
+pub(in crate::serve) async fn post_done(svc: &Services, run: &Run, done: &Done) {
+    match status_comment_alone(svc, run).await {
+        Some(status) => status.finish(done).await,
+        None => tracing::error!("GitHub unreachable; the outcome of the run was not posted"),
     }
 }
 
@@ -113,7 +116,7 @@ pub(in crate::serve) struct StatusComment {
     id: Option<u64>,
     /// The run's hold on its lease, which `gh` asks before each write: no edit once another
     /// process took the run.
-    fence: Option<Fence>,
+    lease: Option<Lease>,
     /// The run page's address, shown in the comment.
     link: Option<String>,
 }
@@ -128,7 +131,7 @@ impl StatusComment {
             command: command_line(run),
             trigger: run.request.trigger.reaction_target(),
             id,
-            fence: None,
+            lease: None,
             link: None,
         }
     }
@@ -153,8 +156,8 @@ impl StatusComment {
 
     /// The same comment, written with a newer token (fenced as this one is).
     pub fn with_token(mut self, gh: Installation) -> StatusComment {
-        self.gh = match &self.fence {
-            Some(fence) => fence.guard(&gh),
+        self.gh = match &self.lease {
+            Some(lease) => lease.guard(&gh),
             None => gh,
         };
         self
@@ -166,11 +169,11 @@ impl StatusComment {
         self
     }
 
-    /// Written only while `fence` holds: its client asks the fence right before each edit,
+    /// Written only while `lease` holds: its client asks the lease right before each edit,
     /// post and reaction.
-    pub fn fenced(mut self, fence: Fence) -> StatusComment {
-        self.gh = fence.guard(&self.gh);
-        self.fence = Some(fence);
+    pub fn under_lease(mut self, lease: Lease) -> StatusComment {
+        self.gh = lease.guard(&self.gh);
+        self.lease = Some(lease);
         self
     }
 
@@ -224,7 +227,7 @@ impl StatusComment {
         } else {
             Reaction::Confused
         };
-        react(&self.gh, &self.repo, self.trigger, reaction).await;
+        add_reaction(&self.gh, &self.repo, self.trigger, reaction).await;
     }
 
     /// Shows the agent's progress at most once per `interval`, until the agent ends.
@@ -284,7 +287,7 @@ async fn throttled<F, Fut>(
 }
 
 /// Reacts on the command that started a run; a failure is logged.
-async fn react(
+async fn add_reaction(
     gh: &Installation,
     repo: &RepoName,
     target: Option<ReactionTarget>,
@@ -300,6 +303,27 @@ async fn react(
 /// The command as the status comment quotes it.
 pub(in crate::serve) fn command_line(run: &Run) -> String {
     run.request.job.command_line()
+}
+
+/// Notes the run's phase (for `/runs` and recovery) while its lease holds it (else
+/// the run is lost here); a failure is only logged.
+pub(in crate::serve) async fn set_phase(svc: &Services, run: &Run, lease: &Lease, phase: &str) {
+    match svc.db.set_phase(&run.id, lease.lease(), phase).await {
+        Ok(true) => {}
+        Ok(false) => lease.lose(),
+        Err(e) => tracing::warn!("recording the run's phase {phase:?} failed: {e}"),
+    }
+}
+
+/// Shows that the run is setting up, before its clone.
+pub(in crate::serve) async fn setting_up(
+    svc: &Services,
+    run: &Run,
+    lease: &Lease,
+    status: &StatusComment,
+) {
+    status.edit(&Phase::SettingUp).await;
+    set_phase(svc, run, lease, "setting_up").await;
 }
 
 #[cfg(test)]

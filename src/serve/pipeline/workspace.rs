@@ -47,133 +47,127 @@ pub(in crate::serve) struct CloneOf<'a> {
     pub tip_only: bool,
 }
 
-impl Services {
-    /// Clones `of` for `run` into a new private directory; the phases go into `timings`.
-    pub(in crate::serve) async fn workspace(
-        &self,
-        run: &Run,
-        of: CloneOf<'_>,
-        timings: &Timings,
-    ) -> Result<Workspace, RunFailure> {
-        let cache = self.repo_cache();
-        // Readable by this user alone: it holds a private repository. A clone from the
-        // repository cache must be on the mirrors' filesystem to hard-link their packs
-        // instead of copying them: in the temporary directory when it is there, else beside
-        // the mirrors.
-        let runs_dir = match &cache {
-            Some(cache) => Some(clones_dir(cache.root()).map_err(|e| {
-                RunFailure::User(format!(
-                    "The repository cache has no room for this run's clone: cannot create {}: {e}; check that the data volume is writable",
-                    cache.root().display()
-                ))
-            })?),
-            None => None,
-        };
-        let prefix = format!("{}{}-", self.clone_prefix(), run.id);
-        let mut builder = tempfile::Builder::new();
-        builder
-            .prefix(&prefix)
-            .permissions(std::fs::Permissions::from_mode(0o700));
-        let made = match &runs_dir {
-            Some(dir) => builder.tempdir_in(dir),
-            None => builder.tempdir(),
-        };
-        let dir = made.map_err(|e| {
-            RunFailure::Internal(anyhow::anyhow!("no temporary directory for the clone: {e}"))
-        })?;
-        let dest = dir.path().join("repo");
-        let mut ready = None;
-        let source = match cache {
-            Some(cache) => {
-                let key = RepoKey::parse(&run.request.repo).map_err(|e| {
-                    RunFailure::User(format!("The repository cache refused this run: {e}"))
-                })?;
-                if of.tip_only {
-                    ready = ready_checkouts(&cache, &key);
-                }
-                let checked = {
-                    let dest = dest.clone();
-                    let url = of.url.to_string();
-                    let checkout = of.checkout.clone();
-                    let token = of.token;
-                    let history = if of.tip_only {
-                        History::Tip
-                    } else {
-                        History::Whole
-                    };
-                    tokio::task::spawn_blocking(move || {
-                        let first = !cache.mirror_path(&key).exists();
-                        cache
-                            .checkout_for(&key, &url, &token, &checkout, history, &dest, false)
-                            .map(|c| (c, first))
-                    })
-                    .await
-                };
-                let (c, first) = match checked {
-                    Ok(Ok(checked)) => checked,
-                    Ok(Err(e)) => {
-                        return Err(RunFailure::User(texts::clone_failed(&e.to_string())))
-                    }
-                    Err(e) => return Err(clone_task_failed(e)),
-                };
-                // A first download of the whole history is a clone; later ones fetch what
-                // the mirror lacks.
-                timings.add(if first { "clone" } else { "fetch" }, c.fetch_took);
-                timings.add("checkout", c.clone_took);
-                tracing::info!(
-                    head = %c.commit,
-                    fetched = c.fetched,
-                    objects = c.received_objects,
-                    bytes = c.received_bytes,
-                    shallow = c.shallow,
-                    recovery = ?c.recovery,
-                    "checked out from the repository cache"
-                );
-                if of.tip_only {
-                    RepoSource::GitTip
+/// Clones `of` for `run` into a new private directory; the phases go into `timings`.
+pub(in crate::serve) async fn workspace(
+    svc: &Services,
+    run: &Run,
+    of: CloneOf<'_>,
+    timings: &Timings,
+) -> Result<Workspace, RunFailure> {
+    let cache = repo_cache(svc);
+    // Readable by this user alone: it holds a private repository. A clone from the
+    // repository cache must be on the mirrors' filesystem to hard-link their packs
+    // instead of copying them: in the temporary directory when it is there, else beside
+    // the mirrors.
+    let runs_dir = match &cache {
+        Some(cache) => Some(clones_dir(cache.root()).map_err(|e| {
+            RunFailure::User(format!(
+                "The repository cache has no room for this run's clone: cannot create {}: {e}; check that the data volume is writable",
+                cache.root().display()
+            ))
+        })?),
+        None => None,
+    };
+    let prefix = format!("{}{}-", svc.clone_prefix(), run.id);
+    let mut builder = tempfile::Builder::new();
+    builder
+        .prefix(&prefix)
+        .permissions(std::fs::Permissions::from_mode(0o700));
+    let made = match &runs_dir {
+        Some(dir) => builder.tempdir_in(dir),
+        None => builder.tempdir(),
+    };
+    let dir = made.map_err(|e| {
+        RunFailure::Internal(anyhow::anyhow!("no temporary directory for the clone: {e}"))
+    })?;
+    let dest = dir.path().join("repo");
+    let mut ready = None;
+    let source = match cache {
+        Some(cache) => {
+            let key = RepoKey::parse(&run.request.repo).map_err(|e| {
+                RunFailure::User(format!("The repository cache refused this run: {e}"))
+            })?;
+            if of.tip_only {
+                ready = ready_checkouts(&cache, &key);
+            }
+            let checked = {
+                let dest = dest.clone();
+                let url = of.url.to_string();
+                let checkout = of.checkout.clone();
+                let token = of.token;
+                let history = if of.tip_only {
+                    History::Tip
                 } else {
-                    RepoSource::GitHead
-                }
-            }
-            None => {
-                let started = Instant::now();
-                let cloned = {
-                    let dest = dest.clone();
-                    let url = of.url.to_string();
-                    let checkout = of.checkout.clone();
-                    let (token, depth) = (of.token, of.depth);
-                    tokio::task::spawn_blocking(move || {
-                        crate::git::clone(&url, &token, &dest, &checkout, depth)
-                    })
-                    .await
+                    History::Whole
                 };
-                match cloned {
-                    Ok(Ok(c)) => {
-                        timings.add("clone", started.elapsed());
-                        tracing::info!(head = %c.head_sha, "cloned")
-                    }
-                    Ok(Err(e)) => {
-                        return Err(RunFailure::User(texts::clone_failed(&e.to_string())))
-                    }
-                    Err(e) => return Err(clone_task_failed(e)),
-                }
-                RepoSource::Files
+                tokio::task::spawn_blocking(move || {
+                    let first = !cache.mirror_path(&key).exists();
+                    cache
+                        .checkout_for(&key, &url, &token, &checkout, history, &dest, false)
+                        .map(|c| (c, first))
+                })
+                .await
+            };
+            let (c, first) = match checked {
+                Ok(Ok(checked)) => checked,
+                Ok(Err(e)) => return Err(RunFailure::User(texts::clone_failed(&e.to_string()))),
+                Err(e) => return Err(clone_task_failed(e)),
+            };
+            // A first download of the whole history is a clone; later ones fetch what
+            // the mirror lacks.
+            timings.add(if first { "clone" } else { "fetch" }, c.fetch_took);
+            timings.add("checkout", c.clone_took);
+            tracing::info!(
+                head = %c.commit,
+                fetched = c.fetched,
+                objects = c.received_objects,
+                bytes = c.received_bytes,
+                shallow = c.shallow,
+                recovery = ?c.recovery,
+                "checked out from the repository cache"
+            );
+            if of.tip_only {
+                RepoSource::GitTip
+            } else {
+                RepoSource::GitHead
             }
-        };
-        Ok(Workspace {
-            _dir: dir,
-            dest,
-            source,
-            ready,
-        })
-    }
+        }
+        None => {
+            let started = Instant::now();
+            let cloned = {
+                let dest = dest.clone();
+                let url = of.url.to_string();
+                let checkout = of.checkout.clone();
+                let (token, depth) = (of.token, of.depth);
+                tokio::task::spawn_blocking(move || {
+                    crate::git::clone(&url, &token, &dest, &checkout, depth)
+                })
+                .await
+            };
+            match cloned {
+                Ok(Ok(c)) => {
+                    timings.add("clone", started.elapsed());
+                    tracing::info!(head = %c.head_sha, "cloned")
+                }
+                Ok(Err(e)) => return Err(RunFailure::User(texts::clone_failed(&e.to_string()))),
+                Err(e) => return Err(clone_task_failed(e)),
+            }
+            RepoSource::Files
+        }
+    };
+    Ok(Workspace {
+        _dir: dir,
+        dest,
+        source,
+        ready,
+    })
+}
 
-    /// The repository cache, unless `repo_cache_max_bytes = 0` turned it off.
-    pub(in crate::serve) fn repo_cache(&self) -> Option<RepoCache> {
-        let dir = self.settings.repo_cache_dir.as_ref()?;
-        (self.settings.repo_cache_max_bytes > 0)
-            .then(|| RepoCache::new(dir, self.settings.repo_cache_max_bytes))
-    }
+/// The repository cache, unless `repo_cache_max_bytes = 0` turned it off.
+pub(in crate::serve) fn repo_cache(svc: &Services) -> Option<RepoCache> {
+    let dir = svc.settings.repo_cache_dir.as_ref()?;
+    (svc.settings.repo_cache_max_bytes > 0)
+        .then(|| RepoCache::new(dir, svc.settings.repo_cache_max_bytes))
 }
 
 /// The repository's ready checkouts under the repository cache's directory.

@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use super::render::{render_step, starts_step, StepReader};
 use crate::db::Db;
+use crate::transcript::context::RepoContext;
 use crate::transcript::Record;
 
 /// Steps one page shows at most.
@@ -133,7 +134,7 @@ pub(super) async fn costs(
 
 /// What the run's first message carried from the repository (the transcript's `context`
 /// record, written before the first request).
-pub(super) async fn given_context(db: &Db, run_id: &str) -> Option<serde_json::Value> {
+pub(super) async fn given_context(db: &Db, run_id: &str) -> Option<RepoContext> {
     let records = db.transcript_records(run_id, 0, 4).await.ok()?;
     records
         .iter()

@@ -8,8 +8,10 @@ use maud::{html, Markup, PreEscaped};
 
 use crate::db::Run;
 use crate::model::Block;
+use crate::redact::redact;
 use crate::serve::setup::page::layout;
-use crate::serve::texts::status::{self as comment, redact};
+use crate::serve::texts::markup;
+use crate::transcript::context::RepoContext;
 use crate::transcript::Record;
 
 /// Characters of one command's output (or one text) shown at most.
@@ -183,33 +185,24 @@ pub(super) fn duration(run: &Run) -> Option<Duration> {
 
 /// The repository context card: where it was read, the instructions and the template as
 /// given, the nested `AGENTS.md` paths and what was left out.
-pub(super) fn render_context(c: &serde_json::Value) -> Markup {
-    let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
-    let commit = c["commit"]
-        .as_str()
+pub(super) fn render_context(c: &RepoContext) -> Markup {
+    let commit = c
+        .commit
+        .as_deref()
         .map(|c| c.chars().take(12).collect::<String>());
-    let nested: Vec<String> = c["nested"]
-        .as_array()
-        .map(|a| a.iter().map(s).collect())
-        .unwrap_or_default();
-    let notes: Vec<String> = c["notes"]
-        .as_array()
-        .map(|a| a.iter().map(s).collect())
-        .unwrap_or_default();
-    let i = &c["instructions"];
-    let t = &c["template"];
+    let (nested, notes) = (&c.nested, &c.notes);
     html! {
         div.card #context {
             h2 { "Repository context" }
-            p { "Read from branch " code { (shown(&s(&c["branch"]))) }
+            p { "Read from branch " code { (shown(&c.branch)) }
                 @if let Some(commit) = commit { " at " code { (commit) } } "." }
-            @if i.is_object() {
+            @if let Some(i) = &c.instructions {
                 details {
-                    summary { "Instructions given: " code { (shown(&s(&i["path"]))) }
-                        @if let Some(via) = i["via"].as_str() { " (through the link " code { (shown(via)) } ")" }
-                        " · " (i["bytes"].as_u64().unwrap_or(0)) " bytes"
-                        @if i["cut"].as_bool() == Some(true) { ", cut" } }
-                    pre.text { (shown(&s(&i["text"]))) }
+                    summary { "Instructions given: " code { (shown(&i.path)) }
+                        @if let Some(via) = &i.via { " (through the link " code { (shown(via)) } ")" }
+                        " · " (i.bytes) " bytes"
+                        @if i.cut { ", cut" } }
+                    pre.text { (shown(&i.text)) }
                 }
             } @else {
                 p.hint { "No instructions given (no AGENTS.md, CLAUDE.md or .github/copilot-instructions.md to use)." }
@@ -217,13 +210,13 @@ pub(super) fn render_context(c: &serde_json::Value) -> Markup {
             @if !nested.is_empty() {
                 p { "Nested AGENTS.md listed: " (shown(&nested.join(", "))) }
             }
-            @if t.is_object() {
+            @if let Some(t) = &c.template {
                 details {
-                    summary { "Pull request template: " code { (shown(&s(&t["path"]))) } }
-                    pre.text { (shown(&s(&t["text"]))) }
+                    summary { "Pull request template: " code { (shown(&t.path)) } }
+                    pre.text { (shown(&t.text)) }
                 }
             }
-            @for n in &notes { p.hint { (shown(n)) } }
+            @for n in notes { p.hint { (shown(n)) } }
         }
     }
 }
@@ -256,7 +249,7 @@ pub(super) struct PageParts<'a> {
     /// Where live updates start (the last step shown, which may still grow).
     pub live_from: i64,
     /// The repository context (first page only).
-    pub given: Option<&'a serde_json::Value>,
+    pub given: Option<&'a RepoContext>,
     /// While the run works: what it has cost so far, and its API calls.
     pub spent: Option<(f64, u64)>,
     pub token: &'a str,
@@ -274,7 +267,7 @@ pub(super) fn render_page(run: &Run, p: &PageParts<'_>) -> Markup {
             p {
                 "Status: " span class=(status_class(run)) { (run.status.as_str()) }
                 @if let Some(reason) = &run.stop_reason { " · stop: " code { (reason.as_str()) } }
-                @if let Some(d) = duration(run) { " · " (comment::format_duration(d)) }
+                @if let Some(d) = duration(run) { " · " (markup::format_duration(d)) }
             }
             @if let Some(cost) = run.cost_usd {
                 p { "Cost: " strong.cost { (crate::cost::format_usd(cost)) } " · " (run.api_calls) " API calls" }

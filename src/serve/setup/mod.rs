@@ -27,8 +27,9 @@ use serde::Deserialize;
 use crate::db::Db;
 use crate::github::{convert_manifest, GitHubApp};
 use crate::serve::config::{CredentialSource, ServeConfig, SetupConfig};
-use crate::serve::worker::Engines;
+use crate::serve::pipeline::engines::Engines;
 use manifest::Owner;
+use page::CheckLine;
 use store::SavedApp;
 
 /// Forms are small; a private key is ~1.7 KB.
@@ -66,13 +67,6 @@ pub fn local_url(addr: Option<SocketAddr>, token: &SetupToken) -> String {
         None => "127.0.0.1:3000".into(),
     };
     format!("http://{addr}/?token={}", token.0.expose_secret())
-}
-
-/// One line of the checks shown after setup: `ok`, `fail` or `note`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CheckLine {
-    pub tag: &'static str,
-    pub text: String,
 }
 
 /// Turns the server into normal mode with `config`; returns the checks' lines.

@@ -3,7 +3,12 @@
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
-use super::CheckLine;
+/// One line of the checks shown after setup: `ok`, `fail` or `note`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckLine {
+    pub tag: &'static str,
+    pub text: String,
+}
 
 const CSS: &str = "
 *{box-sizing:border-box}

@@ -1,12 +1,12 @@
 //! The words about a code run's checks (SPEC §11): the table in the status comment and the
 //! pull request body, what red checks made of the delivery, and the `kodx` Check Run.
 
-use crate::checks::{latest, CheckResult};
+use crate::checks::{latest, CheckResult, Verdict};
 use crate::repo_config::OnRed;
 
 use crate::neutral;
 
-use super::status::format_duration;
+use super::markup::format_duration;
 
 /// The name of kodx's Check Run.
 pub const CHECK_RUN_NAME: &str = "kodx";
@@ -73,13 +73,6 @@ fn files(paths: &[String]) -> String {
     out
 }
 
-/// Whether the last attempt's checks all passed with none over edited tests: what kodx
-/// vouches for (`None`: no checks ran).
-pub fn plainly_green(results: &[CheckResult]) -> Option<bool> {
-    let last = latest(results);
-    (!last.is_empty()).then(|| last.iter().all(|r| r.passed && r.edited.is_empty()))
-}
-
 /// The edited files the last attempt's checks depend on, sorted and unique.
 fn edited_files(results: &[CheckResult]) -> Vec<String> {
     let mut all: Vec<String> = latest(results)
@@ -93,12 +86,12 @@ fn edited_files(results: &[CheckResult]) -> Vec<String> {
 
 /// The note when the change edits files the checks depend on (SPEC §12), for the status
 /// comment and the pull request body; `None` when it edits none.
-pub fn edited_note(results: &[CheckResult]) -> Option<String> {
+pub fn edited_note(results: &[CheckResult], verdict: Verdict) -> Option<String> {
     let edited = edited_files(results);
     if edited.is_empty() {
         return None;
     }
-    let green = crate::checks::all_passed(results) == Some(true);
+    let green = verdict.all_passed() == Some(true);
     let lead = if green {
         "⚠️ **The checks passed over edited tests.**"
     } else {
@@ -184,14 +177,13 @@ pub fn rules_edited_note(paths: &[&str]) -> Option<String> {
 /// The Check Run's conclusion, title, summary and text.
 pub fn check_run(
     results: &[CheckResult],
+    verdict: Verdict,
     run_link: Option<&str>,
 ) -> (String, String, String, String) {
     let last = latest(results);
-    let red = last.iter().filter(|r| !r.passed).count();
-    let over_edited = last
-        .iter()
-        .filter(|r| r.passed && !r.edited.is_empty())
-        .count();
+    let Verdict {
+        red, over_edited, ..
+    } = verdict;
     // Green over edited tests is neutral: not a failure, never plainly green.
     let conclusion = match (red, over_edited) {
         (0, 0) => "success",
@@ -208,7 +200,7 @@ pub fn check_run(
         _ => format!("{red} of {} checks failed", last.len()),
     };
     let mut summary = checks_table(results);
-    if let Some(note) = edited_note(results) {
+    if let Some(note) = edited_note(results, verdict) {
         summary.push('\n');
         summary.push_str(&note);
     }
@@ -313,9 +305,12 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("| build | ✅ passed |"), "{table}");
-        assert_eq!(plainly_green(&results), Some(false));
-        assert_eq!(plainly_green(&[r("build", 1, true)]), Some(true));
-        let (conclusion, title, summary, text) = check_run(&results, None);
+        assert_eq!(Verdict::of(&results).plainly_green(), Some(false));
+        assert_eq!(
+            Verdict::of(&[r("build", 1, true)]).plainly_green(),
+            Some(true)
+        );
+        let (conclusion, title, summary, text) = check_run(&results, Verdict::of(&results), None);
         assert_eq!(conclusion, "neutral");
         assert_eq!(title, "2 of 2 checks passed, 1 over edited tests");
         assert!(
@@ -326,17 +321,20 @@ mod tests {
             text.contains("Edited files this check depends on: `tests/run.sh`"),
             "{text}"
         );
-        let note = edited_note(&results).unwrap();
+        let note = edited_note(&results, Verdict::of(&results)).unwrap();
         assert!(note.contains("`tests/run.sh`, `tests/x_test.py`"), "{note}");
         // Red stays red, and says what it edits.
         let red = [tests, lint];
-        assert_eq!(check_run(&red, None).0, "failure");
+        assert_eq!(check_run(&red, Verdict::of(&red), None).0, "failure");
         assert!(checks_table(&red)
             .contains("| lint | ❌ failed (exit 2); edits `.github/workflows/ci.yml` |"));
-        assert!(edited_note(&red)
+        assert!(edited_note(&red, Verdict::of(&red))
             .unwrap()
             .contains("edits what the checks depend on"));
-        assert_eq!(edited_note(&[r("build", 1, true)]), None);
+        assert_eq!(
+            edited_note(&[r("build", 1, true)], Verdict::default()),
+            None
+        );
         let many: Vec<String> = (0..8).map(|i| format!("tests/t{i}.py")).collect();
         assert!(
             files(&many).ends_with("`tests/t4.py` and 3 more"),
@@ -361,7 +359,8 @@ mod tests {
             "{table}"
         );
         assert!(red_note(&red, OnRed::Draft, true).contains("`tests`; the pull request is a draft"));
-        let (conclusion, title, summary, text) = check_run(&red, Some("https://k/runs/1"));
+        let (conclusion, title, summary, text) =
+            check_run(&red, Verdict::of(&red), Some("https://k/runs/1"));
         assert_eq!(
             (conclusion.as_str(), title.as_str()),
             ("failure", "1 of 2 checks failed")
@@ -382,7 +381,7 @@ mod tests {
         bad.run = format!("make\n\n{HOSTILE}");
         bad.output = HOSTILE.into();
         let results = [bad, r("lint", 1, true)];
-        let (_, _, summary, text) = check_run(&results, None);
+        let (_, _, summary, text) = check_run(&results, Verdict::of(&results), None);
         let workflow = format!(".github/workflows/{HOSTILE}");
         for body in [
             checks_table(&results),

@@ -10,10 +10,14 @@
 pub mod checks;
 mod follow_up;
 mod help;
+pub mod markup;
 mod pull;
 pub mod status;
 
-pub use follow_up::*;
+pub use follow_up::{
+    repair_stopped, threads_list_unreadable, threads_unreadable, RepairStop,
+    ADDRESS_REVIEWS_ON_ISSUE, NO_THREADS_LISTED, NO_UNRESOLVED_THREADS,
+};
 pub use help::help;
 pub use pull::{commit_body, commit_subject, pull_body, title_from, trailers, Form, Mention};
 

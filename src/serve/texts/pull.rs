@@ -3,8 +3,6 @@
 
 use crate::neutral;
 
-use super::status as comment;
-
 /// What a pull request's body says of the issue or pull request it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mention {
@@ -105,7 +103,7 @@ pub fn pull_body(
     form: Form,
 ) -> String {
     let mut body = String::new();
-    body.push_str(comment::metadata(run_id).as_str());
+    body.push_str(super::markup::metadata(run_id).as_str());
     body.push('\n');
     // The model's words can mention, hide or close nothing; kodx's own `Closes #N` follows.
     let summary = cut_chars(&neutral::markdown(summary.trim()), 30_000);
@@ -129,7 +127,7 @@ pub fn pull_body(
     }
     body.push_str(&format!(
         "Requested by @{} with `/kodx code`.\n\n",
-        comment::redact(author)
+        crate::redact::redact(author)
     ));
     body.push_str(cost_summary);
     let watch = link
@@ -300,7 +298,10 @@ mod tests {
         let b = pull_body(summary, issue, "alice", "cost", "r1", None, Form::default());
         assert!(b.contains("\nCloses #7\n"), "kodx's own line stays: {b}");
         assert!(b.contains("Requested by @alice"), "{b}");
-        assert_eq!(super::comment::find_run_id(&b).as_deref(), Some("r1"));
+        assert_eq!(
+            crate::serve::texts::markup::find_run_id(&b).as_deref(),
+            Some("r1")
+        );
         assert_eq!(commit_subject("fix #12 crash"), "f\u{200B}ix #12 crash");
     }
 

@@ -1,82 +1,27 @@
 //! The status comment (SPEC §5, §10): the hidden metadata line that ties a comment to its
-//! run, and the Markdown body of each phase of a run (queued, setting up, working, done)
+//! run ([`super::markup`]), and the Markdown body of each phase of a run (queued, setting up, working, done)
 //! with the cost summary. Everything in it that kodx did not write goes through
 //! [`crate::neutral`].
 //!
 //! Pure functions only: no I/O, no clock.
 
-use std::time::Duration;
-
-use serde_json::Value;
-
 use crate::agent::{Outcome, StopReason};
+use crate::checks::Verdict;
 use crate::cost::format_usd;
-use crate::neutral::{self, METADATA_OPEN};
+use crate::neutral;
 use crate::sandbox::{SetupCacheUse, SetupReport};
 
-/// GitHub rejects comment bodies longer than this many characters.
-pub const GITHUB_COMMENT_LIMIT: usize = 65_536;
-
-/// What the rendered body is kept under (in bytes, which are never fewer than characters),
-/// leaving room for slack.
-pub const BODY_LIMIT: usize = GITHUB_COMMENT_LIMIT - 1_536;
+use super::markup::{
+    cut_middle, cut_middle_bytes, escape_html, format_duration, metadata, thousands, BODY_LIMIT,
+};
 
 /// What a token is replaced with.
 pub use crate::redact::{redact, REDACTED};
 
-/// The version written into the metadata line.
-pub const METADATA_VERSION: u64 = 1;
-
-const METADATA_CLOSE: &str = " -->";
-/// The longest run id `find_run_id` accepts.
-const MAX_RUN_ID_LEN: usize = 128;
 /// The longest command line shown (characters after redaction).
 const MAX_COMMAND_CHARS: usize = 2_000;
 /// The longest failure text shown.
 const MAX_FAILURE_CHARS: usize = 8_000;
-
-// ---------------------------------------------------------------------------------------
-// Metadata
-// ---------------------------------------------------------------------------------------
-
-/// The hidden first line of every status comment: `<!-- kodx:{"run":"<id>","v":1} -->`.
-///
-/// `<` and `>` are written as `\u003c` / `\u003e`, which is still valid JSON and means the
-/// line can never contain `-->` (or any other end of an HTML comment) before its own end.
-pub fn metadata(run_id: &str) -> String {
-    let json = serde_json::json!({ "run": run_id, "v": METADATA_VERSION }).to_string();
-    let json = json.replace('<', "\\u003c").replace('>', "\\u003e");
-    format!("{METADATA_OPEN}{json}{METADATA_CLOSE}")
-}
-
-/// The run id from the first well-formed metadata line of `body`.
-///
-/// A line counts only when it starts at the beginning of a line with `<!-- kodx:`, ends with
-/// ` -->`, holds a JSON object with `"v": 1` and a non-empty string `"run"` (at most 128
-/// characters, no control characters), and has no `>` inside the JSON text (what
-/// `metadata` writes never has one). Anything else is ignored.
-pub fn find_run_id(body: &str) -> Option<String> {
-    body.lines().find_map(parse_metadata_line)
-}
-
-fn parse_metadata_line(line: &str) -> Option<String> {
-    let line = line.strip_suffix('\r').unwrap_or(line);
-    let rest = line.strip_prefix(METADATA_OPEN)?;
-    let json = rest.strip_suffix(METADATA_CLOSE)?;
-    if json.contains('>') || json.contains('<') {
-        return None;
-    }
-    let value: Value = serde_json::from_str(json).ok()?;
-    let obj = value.as_object()?;
-    if obj.get("v")?.as_u64()? != METADATA_VERSION {
-        return None;
-    }
-    let run = obj.get("run")?.as_str()?;
-    if run.is_empty() || run.chars().count() > MAX_RUN_ID_LEN || run.chars().any(char::is_control) {
-        return None;
-    }
-    Some(run.to_string())
-}
 
 // ---------------------------------------------------------------------------------------
 // The status comment
@@ -104,6 +49,8 @@ pub enum Phase {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Done {
     pub kind: RunKind,
+    /// What the last attempt's checks came to, worked out once from `outcome.checks`.
+    pub verdict: Verdict,
     pub outcome: Outcome,
     /// The answer (ask) or the summary of the change (code). When empty,
     /// `outcome.last_message` is shown.
@@ -112,6 +59,9 @@ pub struct Done {
     pub pr_url: Option<String>,
     /// A commit a code run pushed onto an existing pull request's branch: (sha, branch).
     pub pushed: Option<(String, String)>,
+    /// The commit a code run pushed, wherever it went (also when opening its pull request
+    /// failed after the push).
+    pub commit: Option<String>,
     /// What failed after the agent ended (e.g. the push), or overriding `outcome.detail`.
     pub failure: Option<String>,
     /// How the container's setup went, shown when the setup cache was on for the run.
@@ -126,10 +76,12 @@ impl Done {
     pub fn new(kind: RunKind, outcome: Outcome) -> Self {
         Done {
             kind,
+            verdict: Verdict::of(&outcome.checks),
             outcome,
             text: String::new(),
             pr_url: None,
             pushed: None,
+            commit: None,
             failure: None,
             setup: None,
             notes: Vec::new(),
@@ -225,10 +177,7 @@ fn header(phase: &Phase) -> String {
             format_usd(*limit)
         ),
         // The agent finished, but the repository's checks stayed red.
-        Phase::Done(done)
-            if done.succeeded()
-                && crate::checks::all_passed(&done.outcome.checks) == Some(false) =>
-        {
+        Phase::Done(done) if done.succeeded() && done.verdict.is_red() => {
             if done.pr_url.is_some() || done.pushed.is_some() {
                 "⚠️ done — checks failing".into()
             } else {
@@ -239,7 +188,7 @@ fn header(phase: &Phase) -> String {
         Phase::Done(done)
             if done.succeeded()
                 && (done.pr_url.is_some() || done.pushed.is_some())
-                && super::checks::plainly_green(&done.outcome.checks) == Some(false) =>
+                && done.verdict.plainly_green() == Some(false) =>
         {
             "⚠️ done — checks passed over edited tests".into()
         }
@@ -386,101 +335,13 @@ pub fn cost_summary(outcome: &Outcome) -> String {
     )
 }
 
-/// `42s`, `1m 12s`, `2h 3m 4s` (whole seconds, rounded down).
-pub fn format_duration(d: Duration) -> String {
-    let s = d.as_secs();
-    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
-    if h > 0 {
-        format!("{h}h {m}m {s}s")
-    } else if m > 0 {
-        format!("{m}m {s}s")
-    } else {
-        format!("{s}s")
-    }
-}
-
-/// `1234567` → `1,234,567`.
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-fn escape_html(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// `text` cut to at most `max` characters (plus the note), the middle left out.
-fn cut_middle(text: &str, max: usize) -> String {
-    let chars = text.chars().count();
-    if chars <= max {
-        return text.to_string();
-    }
-    let head_end = text.char_indices().nth(max / 2).map_or(text.len(), |p| p.0);
-    let tail_start = text
-        .char_indices()
-        .nth(chars - max / 2)
-        .map_or(text.len(), |p| p.0);
-    join_cut(text, head_end, tail_start)
-}
-
-/// `text` cut to at most `max` bytes including the note, the middle left out (on line
-/// boundaries when one is near).
-fn cut_middle_bytes(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    // Room for the note, whose numbers have at most 20 digits.
-    let keep = max.saturating_sub(cut_note(usize::MAX).len());
-    let mut head_end = keep / 2;
-    while !text.is_char_boundary(head_end) {
-        head_end -= 1;
-    }
-    let mut tail_start = text.len() - (keep - keep / 2);
-    while !text.is_char_boundary(tail_start) {
-        tail_start += 1;
-    }
-    const NEAR: usize = 2_000;
-    if let Some(nl) = text[..head_end].rfind('\n') {
-        if head_end - nl <= NEAR {
-            head_end = nl + 1;
-        }
-    }
-    if let Some(nl) = text[tail_start..].find('\n') {
-        if nl < NEAR && tail_start + nl + 1 < text.len() {
-            tail_start += nl + 1;
-        }
-    }
-    join_cut(text, head_end, tail_start)
-}
-
-fn join_cut(text: &str, head_end: usize, tail_start: usize) -> String {
-    let left_out = text[head_end..tail_start].chars().count();
-    let head = &text[..head_end];
-    let sep = if head.is_empty() || head.ends_with('\n') {
-        ""
-    } else {
-        "\n"
-    };
-    format!("{head}{sep}{}{}", cut_note(left_out), &text[tail_start..])
-}
-
-fn cut_note(left_out: usize) -> String {
-    format!("\n*[… {left_out} characters cut from the middle to fit a GitHub comment …]*\n\n")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::Usage;
+    use crate::neutral::METADATA_OPEN;
+    use crate::serve::texts::markup::{find_run_id, GITHUB_COMMENT_LIMIT, METADATA_CLOSE};
+    use std::time::Duration;
 
     fn outcome(reason: StopReason, last: &str) -> Outcome {
         Outcome {
@@ -505,10 +366,12 @@ mod tests {
     fn done(kind: RunKind, reason: StopReason, text: &str) -> Done {
         Done {
             kind,
+            verdict: Verdict::default(),
             outcome: outcome(reason, text),
             text: text.into(),
             pr_url: None,
             pushed: None,
+            commit: None,
             failure: None,
             setup: None,
             notes: Vec::new(),

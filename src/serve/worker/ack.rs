@@ -9,7 +9,9 @@ use crate::github::Reaction;
 use crate::job::Job;
 use crate::serve::commands::continue_run;
 use crate::serve::pipeline::gate::{CannotContinue, Refusal};
-use crate::serve::pipeline::{repo_of, Acked, RunFailure, RunLog, StatusComment};
+use crate::serve::pipeline::{
+    ending, gate, repo_of, status, Acked, RunFailure, RunLog, StatusComment,
+};
 use crate::serve::texts::status::Phase;
 
 use super::Workers;
@@ -24,7 +26,7 @@ impl Workers {
     /// for a run an earlier process acknowledged (it has a status comment).
     pub(super) async fn ensure_acknowledged(&self, run: &Run) -> Option<Acked> {
         let cell = {
-            let mut acks = self.acks.lock();
+            let mut acks = self.svc.acks.lock();
             match acks.get(&run.id) {
                 Some(cell) => cell.clone(),
                 None if run.status_comment_id.is_some() => return None,
@@ -35,7 +37,7 @@ impl Workers {
         // Only an admitted run with its status comment waits here for its slot; the others
         // are over, or are acknowledged again on the next pass.
         if !matches!(&acked, Acked::Admitted(a) if a.1.id().is_some()) {
-            self.forget_ack(&run.id);
+            self.svc.forget_ack(&run.id);
         }
         Some(acked)
     }
@@ -44,10 +46,11 @@ impl Workers {
     /// creates the status comment; or refuses it (and finishes it).
     pub(in crate::serve) async fn acknowledge(&self, run: &Run) -> Acked {
         // On a shared queue, once: the first process to take it.
-        if self.db.is_shared() {
+        if self.svc.db.is_shared() {
             match self
+                .svc
                 .db
-                .take_acknowledgement(&run.id, &self.worker_id, false)
+                .take_acknowledgement(&run.id, &self.svc.worker_id, false)
                 .await
             {
                 Ok(true) => {}
@@ -68,7 +71,7 @@ impl Workers {
     pub(in crate::serve) async fn acknowledged_elsewhere(&self, run: &Run) -> Acked {
         let deadline = Instant::now() + ACK_ELSEWHERE_WAIT;
         while Instant::now() < deadline {
-            match self.db.get_run(&run.id).await {
+            match self.svc.db.get_run(&run.id).await {
                 Ok(Some(r)) if r.status.is_final() => return Acked::Refused,
                 Ok(Some(r)) => {
                     if let Some(id) = r.status_comment_id {
@@ -82,8 +85,9 @@ impl Workers {
         }
         tracing::warn!("the process acknowledging this run did not finish; acknowledging it here");
         if let Err(e) = self
+            .svc
             .db
-            .take_acknowledgement(&run.id, &self.worker_id, true)
+            .take_acknowledgement(&run.id, &self.svc.worker_id, true)
             .await
         {
             tracing::warn!("taking the run's acknowledgement failed: {e}");
@@ -95,7 +99,8 @@ impl Workers {
         let repo = match repo_of(run) {
             Ok(repo) => repo,
             Err(e) => {
-                self.conclude(
+                ending::conclude(
+                    &self.svc,
                     run,
                     Err(RunFailure::Internal(e)),
                     &RunLog::default(),
@@ -105,7 +110,7 @@ impl Workers {
                 return Acked::Refused;
             }
         };
-        let gh = match self.installation(run, &repo).await {
+        let gh = match self.svc.installation(run, &repo).await {
             Ok(gh) => gh,
             Err(e) => {
                 tracing::warn!("GitHub is not reachable to acknowledge the run: {e}");
@@ -113,11 +118,17 @@ impl Workers {
             }
         };
         // Who may: checked before anything is posted, so a refusal is one short comment.
-        let admission = match self.admit(&gh, &repo, run).await {
+        let admission = match gate::admit(&self.svc, &gh, &repo, run).await {
             Ok(a) => a,
             Err(refusal) => {
-                self.conclude(run, Err(refusal.into()), &RunLog::default(), Instant::now())
-                    .await;
+                ending::conclude(
+                    &self.svc,
+                    run,
+                    Err(refusal.into()),
+                    &RunLog::default(),
+                    Instant::now(),
+                )
+                .await;
                 return Acked::Refused;
             }
         };
@@ -125,23 +136,29 @@ impl Workers {
         // `/kodx continue` while the run it would continue has not ended: refused at once
         // (what to continue is known only when that run stops).
         if is_continue {
-            match self.db.unfinished_code_run_before(&run.id).await {
+            match self.svc.db.unfinished_code_run_before(&run.id).await {
                 Ok(Some(id)) => {
                     let refusal = Refusal::CannotContinue(CannotContinue::StillRunning { id });
-                    self.conclude(run, Err(refusal.into()), &RunLog::default(), Instant::now())
-                        .await;
+                    ending::conclude(
+                        &self.svc,
+                        run,
+                        Err(refusal.into()),
+                        &RunLog::default(),
+                        Instant::now(),
+                    )
+                    .await;
                     return Acked::Refused;
                 }
                 Ok(None) => {}
                 Err(e) => tracing::warn!("looking for an unfinished run on the issue failed: {e}"),
             }
         }
-        self.react(&gh, &repo, run, Reaction::Eyes).await;
-        let mut status = StatusComment::new(gh, repo, run, None).linked(self.run_link(&run.id));
+        status::react(&gh, &repo, run, Reaction::Eyes).await;
+        let mut status = StatusComment::new(gh, repo, run, None).linked(self.svc.run_link(&run.id));
         // `/kodx continue` goes on in the status comment of the run it continues; a comment
         // this run posted before a crash is found by its hidden metadata.
         let existing = match is_continue {
-            true => continue_run::continued_status_comment(&self.db, run).await,
+            true => continue_run::continued_status_comment(&self.svc.db, run).await,
             false => None,
         };
         let existing = match existing {
@@ -151,9 +168,7 @@ impl Workers {
                 Some(id)
             }
             None => {
-                let found = self
-                    .find_status_comment(status.gh(), status.repo(), run)
-                    .await;
+                let found = status::find_status_comment(status.gh(), status.repo(), run).await;
                 found.inspect(|id| status.set_id(*id))
             }
         };
@@ -168,7 +183,7 @@ impl Workers {
             },
         };
         if let Some(id) = id {
-            if let Err(e) = self.db.set_status_comment(&run.id, id as i64).await {
+            if let Err(e) = self.svc.db.set_status_comment(&run.id, id as i64).await {
                 tracing::error!("storing the status comment id failed: {e}");
             }
         }

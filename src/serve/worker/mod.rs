@@ -27,27 +27,20 @@ use crate::github::GitHubApp;
 use crate::serve::config::Settings;
 use crate::serve::metrics::Metrics;
 use crate::serve::pipeline::ending::Panicked;
-use crate::serve::pipeline::{Fence, RunFailure, RunLog, Services};
+use crate::serve::pipeline::{ending, Lease, RunFailure, RunLog, Services};
 use tasks::Tasks;
 
-pub use crate::serve::pipeline::{EngineStatus, Engines, EnvProviders, NoEngine, ProviderFactory};
+use crate::serve::pipeline::engines::Engines;
+use crate::serve::pipeline::resources::ProviderFactory;
 
 /// The queue's side of this process: what it claims, when, and how many at once. What the
-/// runs use is in its [`Services`] (reached through `Deref`).
+/// runs use is in its [`Services`] (`svc`).
 pub struct Workers {
-    svc: Services,
+    pub(in crate::serve) svc: Services,
     pub wake: Arc<Notify>,
     /// Stops claiming; running runs get `shutdown_grace_secs`, then are stopped.
     pub shutdown: CancellationToken,
     slots: Arc<Semaphore>,
-}
-
-impl std::ops::Deref for Workers {
-    type Target = Services;
-
-    fn deref(&self) -> &Services {
-        &self.svc
-    }
 }
 
 impl Workers {
@@ -110,28 +103,29 @@ impl Workers {
         let leases = {
             let this = self.clone();
             tokio::spawn(async move {
-                let every = this.db.lease() / 3;
+                let every = this.svc.db.lease() / 3;
                 loop {
                     tokio::time::sleep(every).await;
-                    if let Err(e) = this.db.renew_leases(&this.worker_id).await {
+                    if let Err(e) = this.svc.db.renew_leases(&this.svc.worker_id).await {
                         tracing::warn!("renewing the leases of running runs failed: {e}");
                     }
-                    if this.db.is_shared() {
+                    if this.svc.db.is_shared() {
                         // A run another process took back stops here (after a pause past
                         // its lease, say).
-                        let fences: Vec<Fence> = this
+                        let held: Vec<Lease> = this
+                            .svc
                             .running
                             .lock()
                             .values()
-                            .map(|h| h.fence.clone())
+                            .map(|h| h.lease.clone())
                             .collect();
-                        for fence in fences {
-                            fence.holds().await;
+                        for lease in held {
+                            lease.holds().await;
                         }
                     }
-                    if this.db.is_shared() && !this.shutdown.is_cancelled() {
+                    if this.svc.db.is_shared() && !this.shutdown.is_cancelled() {
                         this.requeue_orphans().await;
-                        crate::serve::commands::cancel::apply_requests(&this).await;
+                        crate::serve::commands::cancel::apply_requests(&this.svc).await;
                         this.wake.notify_one();
                     }
                 }
@@ -155,7 +149,7 @@ impl Workers {
         }
         // Shutdown: no new work. Runs get the grace period, then are stopped; a stopped run
         // stays `running` in the database and is queued again when kodx starts.
-        let grace = Duration::from_secs(self.settings.shutdown_grace_secs);
+        let grace = Duration::from_secs(self.svc.settings.shutdown_grace_secs);
         if !tasks.is_empty() {
             tracing::info!(
                 "shutting down: waiting up to {}s for {} task(s)",
@@ -165,7 +159,7 @@ impl Workers {
         }
         let waited = tokio::time::timeout(grace, self.join_all(&mut tasks)).await;
         if waited.is_err() {
-            for handle in self.running.lock().values() {
+            for handle in self.svc.running.lock().values() {
                 handle.cancel.cancel();
             }
             self.join_all(&mut tasks).await;
@@ -186,7 +180,7 @@ impl Workers {
     async fn listen_for_wakeups(self: Arc<Self>) {
         let mut outage = false;
         loop {
-            match self.db.listen().await {
+            match self.svc.db.listen().await {
                 Ok(None) => return,
                 Ok(Some(mut notifications)) => {
                     if outage {
@@ -194,12 +188,12 @@ impl Workers {
                     }
                     // Anything queued or cancelled while not listening.
                     self.wake.notify_one();
-                    crate::serve::commands::cancel::apply_requests(&self).await;
+                    crate::serve::commands::cancel::apply_requests(&self.svc).await;
                     loop {
                         match notifications.next().await {
                             Ok(crate::db::Wakeup::Queued) => self.wake.notify_one(),
                             Ok(crate::db::Wakeup::Cancel) => {
-                                crate::serve::commands::cancel::apply_requests(&self).await
+                                crate::serve::commands::cancel::apply_requests(&self.svc).await
                             }
                             Err(e) => {
                                 tracing::warn!(
@@ -237,12 +231,12 @@ impl Workers {
     /// finish it), with a log line and the status comment saying so.
     async fn panicked(self: &Arc<Self>, p: Panicked) {
         tracing::error!(run_id = %p.run_id, "a worker task panicked: {}", p.message);
-        self.forget_ack(&p.run_id);
-        if self.running.lock().remove(&p.run_id).is_some() {
-            self.metrics.run_ended();
+        self.svc.forget_ack(&p.run_id);
+        if self.svc.running.lock().remove(&p.run_id).is_some() {
+            self.svc.metrics.run_ended();
         }
         self.wake.notify_one();
-        let run = match self.db.get_run(&p.run_id).await {
+        let run = match self.svc.db.get_run(&p.run_id).await {
             Ok(Some(run)) if !run.status.is_final() => run,
             Ok(_) => return,
             Err(e) => {
@@ -251,21 +245,27 @@ impl Workers {
             }
         };
         let failure = RunFailure::Internal(anyhow::Error::new(p));
-        self.conclude(&run, Err(failure), &RunLog::default(), Instant::now())
-            .await;
+        ending::conclude(
+            &self.svc,
+            &run,
+            Err(failure),
+            &RunLog::default(),
+            Instant::now(),
+        )
+        .await;
     }
 
     async fn dispatch(self: &Arc<Self>, tasks: &mut Tasks) {
         // Control jobs first: they are quick and a cancel must not wait for a slot.
         loop {
-            match self.db.claim_control(&self.worker_id).await {
+            match self.svc.db.claim_control(&self.svc.worker_id).await {
                 Ok(Some(job)) => {
                     let this = self.clone();
                     let span = run_span(&job);
                     let id = job.id.clone();
                     tasks.spawn(
                         &id,
-                        async move { crate::serve::commands::control(&this, job).await }
+                        async move { crate::serve::commands::control(&this.svc, job).await }
                             .instrument(span),
                     );
                 }
@@ -277,11 +277,12 @@ impl Workers {
             }
         }
         // Acknowledge queued runs (eyes, status comment) even while they wait.
-        match self.db.runs_with_status(RunStatus::Queued).await {
+        match self.svc.db.runs_with_status(RunStatus::Queued).await {
             Ok(queued) => {
-                self.metrics.set_queued(queued.len() as i64);
+                self.svc.metrics.set_queued(queued.len() as i64);
                 for run in queued.into_iter().filter(|r| r.is_work()) {
-                    if run.status_comment_id.is_some() || self.acks.lock().contains_key(&run.id) {
+                    if run.status_comment_id.is_some() || self.svc.acks.lock().contains_key(&run.id)
+                    {
                         continue;
                     }
                     let this = self.clone();
@@ -304,7 +305,7 @@ impl Workers {
             };
             // The lease runs from no earlier than this.
             let claimed_at = Instant::now();
-            match self.db.claim_run(&self.worker_id).await {
+            match self.svc.db.claim_run(&self.svc.worker_id).await {
                 Ok(Some(run)) => {
                     let this = self.clone();
                     let span = run_span(&run);

@@ -11,6 +11,7 @@ use crate::db::{EndReason, RecoveryAction};
 use crate::serve::texts;
 
 use super::{run_span, Workers};
+use crate::serve::pipeline::{ending, status, workspace};
 
 impl Workers {
     /// Runs left `running` by a dead process go back to the queue (once), and what it left
@@ -21,10 +22,9 @@ impl Workers {
     /// on this host are removed, and only runs whose lease expired are queued again
     /// ([`crate::db::Db::recover`]; the workers repeat that every third of a lease).
     pub async fn recover(self: &Arc<Self>) {
-        let shared = self.db.is_shared();
-        let prefix = self.clone_prefix();
-        let runs = self
-            .repo_cache()
+        let shared = self.svc.db.is_shared();
+        let prefix = self.svc.clone_prefix();
+        let runs = workspace::repo_cache(&self.svc)
             .map(|c| c.root().join(crate::serve::pipeline::workspace::RUNS_DIR));
         let stale = if shared {
             Ok(0)
@@ -44,7 +44,7 @@ impl Workers {
             ),
             Err(e) => tracing::warn!("could not remove old clones: {e}"),
         }
-        for (name, engine) in self.engine.answering().await {
+        for (name, engine) in self.svc.engine.answering().await {
             // Every container of this installation is an orphan now: no run has started
             // yet. Its earlier process may have had the same pid (PID 1 in a container).
             // Not on a shared queue: there they may be another process's.
@@ -86,13 +86,17 @@ impl Workers {
     /// says so in their status comments.
     pub(super) async fn requeue_orphans(self: &Arc<Self>) {
         let recovered = match self
+            .svc
             .db
-            .recover(&self.worker_id, i64::from(self.settings.max_attempts))
+            .recover(
+                &self.svc.worker_id,
+                i64::from(self.svc.settings.max_attempts),
+            )
             .await
         {
             Ok(r) => {
                 // What the tests of leases wait on (a pass per third of a lease).
-                tracing::debug!(worker = %self.worker_id, taken = r.len(), "looked for runs whose lease ran out");
+                tracing::debug!(worker = %self.svc.worker_id, taken = r.len(), "looked for runs whose lease ran out");
                 r
             }
             Err(e) => {
@@ -108,17 +112,17 @@ impl Workers {
                 match r.action {
                     RecoveryAction::Requeued => {
                         tracing::warn!("run was interrupted by a restart; queued again");
-                        this.edit_status(&run, texts::QUEUED_AGAIN, None).await;
+                        status::edit_status(&this.svc, &run, texts::QUEUED_AGAIN, None).await;
                     }
                     RecoveryAction::Failed => {
                         tracing::error!("run was interrupted by restarts too often; failed");
-                        let done = this.failed_done(
+                        let done = ending::failed_done(
                             &run,
                             StopReason::Error,
                             texts::RESTARTED_TOO_OFTEN.into(),
                         );
-                        this.post_done(&run, &done).await;
-                        this.metrics.run_finished(
+                        status::post_done(&this.svc, &run, &done).await;
+                        this.svc.metrics.run_finished(
                             run.kind().as_str(),
                             EndReason::InternalError.as_str(),
                             0.0,
@@ -134,12 +138,17 @@ impl Workers {
 
     /// Deletes the transcripts of runs finished more than `transcript_days` ago.
     pub(super) async fn prune_transcripts(&self) {
-        let age = i64::from(self.settings.transcript_days) * 86_400_000;
-        match self.db.prune_transcripts(crate::db::now_ms() - age).await {
+        let age = i64::from(self.svc.settings.transcript_days) * 86_400_000;
+        match self
+            .svc
+            .db
+            .prune_transcripts(crate::db::now_ms() - age)
+            .await
+        {
             Ok(0) => {}
             Ok(n) => tracing::info!(
                 "deleted {n} transcript record(s) of runs finished over {} days ago",
-                self.settings.transcript_days
+                self.svc.settings.transcript_days
             ),
             Err(e) => tracing::warn!("pruning old transcripts failed: {e}"),
         }

@@ -1,6 +1,6 @@
 //! A claimed `ask`, `code` or `continue` run, from its claim to its end: acknowledged (if
 //! it was not yet), its budget reserved, its [`RunCtx`] built once — the typed repository,
-//! the token, the kind, the admission, the status comment, the fence, cancellation and the
+//! the token, the kind, the admission, the status comment, the lease, cancellation and the
 //! run's log — then handed to its command ([`commands::work`]), and its ending concluded,
 //! cancellations and shutdowns included.
 
@@ -17,7 +17,8 @@ use crate::repo_config::RepoConfig;
 use crate::serve::commands;
 use crate::serve::pipeline::gate::{Admission, Refusal};
 use crate::serve::pipeline::{
-    repo_of, run_kind, Acked, Ending, Fence, RunCtx, RunFailure, RunHandle, RunLog, StatusComment,
+    ending, gate, repo_of, run_kind, status, Acked, Ending, Lease, RunCtx, RunFailure, RunHandle,
+    RunLog, StatusComment,
 };
 use crate::serve::texts;
 
@@ -27,24 +28,24 @@ use anyhow::Context as _;
 impl Workers {
     /// Runs `run`, claimed here by a claim asked at `claimed_at`.
     pub(super) async fn work(self: &Arc<Self>, run: Run, claimed_at: Instant) {
-        self.metrics.run_started();
+        self.svc.metrics.run_started();
         let started = Instant::now();
         let cancel = CancellationToken::new();
         let cancelled_by = Arc::new(Mutex::new(None));
-        let fence = Fence::new(
-            self.db.clone(),
+        let lease = Lease::new(
+            self.svc.db.clone(),
             &run,
-            &self.worker_id,
+            &self.svc.worker_id,
             cancel.clone(),
             claimed_at,
-            self.settings.lease_margin(),
+            self.svc.settings.lease_margin(),
         );
-        self.running.lock().insert(
+        self.svc.running.lock().insert(
             run.id.clone(),
             RunHandle {
                 cancel: cancel.clone(),
                 cancelled_by: cancelled_by.clone(),
-                fence: fence.clone(),
+                lease: lease.clone(),
             },
         );
         tracing::info!(attempt = run.attempts, "run started");
@@ -55,7 +56,7 @@ impl Workers {
         if matches!(acked, Some(Acked::Elsewhere)) {
             acked = Some(self.acknowledged_elsewhere(&run).await);
         }
-        self.forget_ack(&run.id);
+        self.svc.forget_ack(&run.id);
         let mut run = run;
         let admitted = match acked {
             Some(Acked::Refused) => None,
@@ -74,18 +75,18 @@ impl Workers {
             Some(admitted) => {
                 let mut status = None;
                 let ended = self
-                    .work_inner(&run, admitted, &cancel, &fence, &log, &mut status)
+                    .work_inner(&run, admitted, &cancel, &lease, &log, &mut status)
                     .await;
                 Some((ended, status))
             }
             None => None,
         };
-        self.running.lock().remove(&run.id);
-        self.metrics.run_ended();
+        self.svc.running.lock().remove(&run.id);
+        self.svc.metrics.run_ended();
         let Some((mut ended, comment)) = ended else {
             return;
         };
-        if fence.is_lost() {
+        if lease.is_lost() {
             // Another process runs it now: nothing of it is written or posted from here.
             tracing::warn!("run given up here: another process holds it now");
             return;
@@ -105,16 +106,20 @@ impl Workers {
                             "run stopped by shutdown; it resumes when kodx starts again"
                         );
                         // Still this process's run (under its lease): the note is fenced.
-                        self.edit_status(&run, texts::PAUSED_BY_RESTART, Some(&fence))
-                            .await;
+                        status::edit_status(
+                            &self.svc,
+                            &run,
+                            texts::PAUSED_BY_RESTART,
+                            Some(&lease),
+                        )
+                        .await;
                         return;
                     }
                     None => {}
                 }
             }
         }
-        self.conclude_with(&run, ended, &log, started, comment.as_ref())
-            .await;
+        ending::conclude_with(&self.svc, &run, ended, &log, started, comment.as_ref()).await;
     }
 
     /// Builds the run's context — from what acknowledging it here gave (`admitted`), or,
@@ -125,7 +130,7 @@ impl Workers {
         run: &Run,
         admitted: Option<(Admission, StatusComment)>,
         cancel: &CancellationToken,
-        fence: &Fence,
+        lease: &Lease,
         log: &RunLog,
         final_status: &mut Option<StatusComment>,
     ) -> Result<Ending, RunFailure> {
@@ -139,6 +144,7 @@ impl Workers {
             }
             Some((admission, status)) => {
                 let gh = self
+                    .svc
                     .installation(run, status.repo())
                     .await
                     .context("GitHub did not give kodx an installation token")?;
@@ -147,38 +153,38 @@ impl Workers {
             None => {
                 let repo = repo_of(run)?;
                 let gh = self
+                    .svc
                     .installation(run, &repo)
                     .await
                     .context("GitHub did not give kodx an installation token")?;
                 // Acknowledged by an earlier process: who asked keeps the permission it
                 // checked; the config and the budget are read here.
-                let admission = match self.readmit(&gh, &repo, run, None).await {
+                let admission = match gate::readmit(&self.svc, &gh, &repo, run, None).await {
                     Ok(a) => a,
                     Err(refusal) => return self.refused_after_wait(run, refusal),
                 };
-                let status = self.status_comment(&gh, &repo, run).await;
+                let status = status::status_comment(&self.svc, &gh, &repo, run).await;
                 (admission, status)
             }
         };
-        // The final edit comes after the run's row is final, when the fence no longer
+        // The final edit comes after the run's row is final, when the lease no longer
         // holds: it goes through an unfenced copy (nothing is posted for a run lost to
         // another process: `work` returns before).
         *final_status = Some(status.clone());
         // Its cost cap is reserved against the monthly budget now, so runs starting
         // together (here or in other processes) cannot spend the same dollars twice.
-        if let Some(refusal) = self
-            .reserve(run, fence.lease(), &mut admission, kind)
-            .await?
+        if let Some(refusal) =
+            gate::reserve(&self.svc, run, lease.lease(), &mut admission, kind).await?
         {
             return self.refused_after_wait(run, refusal);
         }
-        *log.admission.lock() = Some(admission.to_json(kind, &self.settings.maxima()));
-        // From here every GitHub write of the run asks its fence first, right before it is
+        *log.admission.lock() = Some(admission.record(kind, &self.svc.settings.maxima()));
+        // From here every GitHub write of the run asks its lease first, right before it is
         // sent: the status comment's, and those of every client the stages take
         // (`RunCtx::installation`).
-        let status = status.fenced(fence.clone());
+        let status = status.under_lease(lease.clone());
         let cx = RunCtx {
-            svc: self,
+            svc: &self.svc,
             run,
             repo: status.repo().clone(),
             kind,
@@ -186,7 +192,7 @@ impl Workers {
             admission,
             status,
             cancel,
-            fence,
+            lease,
             log,
             started,
         };
@@ -202,7 +208,7 @@ impl Workers {
             ))),
             Refusal::BudgetSpent(_) => Ok(Ending::Work {
                 status: RunStatus::Failed,
-                done: self.failed_done(
+                done: ending::failed_done(
                     run,
                     StopReason::CostLimitExceeded,
                     texts::BUDGET_SPENT_WHILE_WAITING.into(),

@@ -5,7 +5,7 @@
 
 mod words;
 
-pub use words::*;
+pub use words::{branch_name, Target};
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,24 @@ pub(in crate::serve) enum Delivered {
         branch: String,
     },
     Nothing,
+}
+
+/// What delivering a change came to: the commit pushed, when one was (also when opening
+/// its pull request failed after the push: its checks are still reported on it), and where
+/// the change went.
+pub(in crate::serve) struct Shipped {
+    pub commit: Option<String>,
+    pub delivered: Result<Delivered, DeliveryError>,
+}
+
+impl Shipped {
+    /// Nothing pushed: the delivery failed before.
+    pub fn failed(error: DeliveryError) -> Shipped {
+        Shipped {
+            commit: None,
+            delivered: Err(error),
+        }
+    }
 }
 
 /// Why a change could not be delivered; its `Display` is the sentence the status comment
@@ -102,6 +120,19 @@ pub(in crate::serve) async fn deliver(
     change: Change<'_>,
     changes: ChangeSet,
     done: &Done,
+) -> Shipped {
+    let mut commit = None;
+    let delivered = push_and_open(cx, change, changes, done, &mut commit).await;
+    Shipped { commit, delivered }
+}
+
+/// [`deliver`]; `commit`: the commit pushed, set as soon as it is.
+async fn push_and_open(
+    cx: &RunCtx<'_>,
+    change: Change<'_>,
+    changes: ChangeSet,
+    done: &Done,
+    commit: &mut Option<String>,
 ) -> Result<Delivered, DeliveryError> {
     if changes.is_empty() {
         return Ok(Delivered::Nothing);
@@ -131,7 +162,7 @@ pub(in crate::serve) async fn deliver(
     };
     cx.log.timings.add("commit", pushed.committed);
     cx.log.timings.add("push", pushed.pushed);
-    *cx.log.commit.lock() = Some(pushed.sha.clone());
+    *commit = Some(pushed.sha.clone());
     let branch = change.target.branch().to_string();
     let Target::NewPull { base, .. } = change.target else {
         return Ok(Delivered::Pushed {
@@ -175,9 +206,9 @@ async fn commit_and_push(
         &run.id,
     );
     let trailers = trailers(&run.request.author, run.request.author_id, &run.id);
-    // The push asks the fence once git has read the branch's refs, right before it sends
+    // The push asks the lease once git has read the branch's refs, right before it sends
     // anything (from git's thread, which may block on the database).
-    let fence = cx.fence.clone();
+    let lease = cx.lease.clone();
     let runtime = tokio::runtime::Handle::current();
     let max_file_bytes = cx.svc.settings.max_commit_file_bytes;
     let token = gh.token().expose_secret().to_string();
@@ -222,7 +253,7 @@ async fn commit_and_push(
                 error,
             },
         };
-        let still_held = || fence.holds_blocking(&runtime);
+        let still_held = || lease.holds_blocking(&runtime);
         let sha = match &target {
             // The run's own branch: a re-run after a restart replaces what an earlier
             // attempt pushed there.
@@ -270,7 +301,7 @@ async fn open_pull(
         link.as_deref(),
         change.form.clone(),
     );
-    // No check of the lease here: the client asks the run's fence right before each write,
+    // No check of the lease here: the client asks the run's lease right before each write,
     // after this lookup however long GitHub takes to answer it.
     let existing =
         gh.find_open_pull(repo, &branch)

@@ -1,19 +1,19 @@
-//! Fencing on a shared queue: a run is this process's only while the database says so.
+//! A run's lease on a shared queue: a run is this process's only while the database says so.
 //! A process paused or cut off past its lease may find, when it goes on, that another
-//! process took the run back and runs it. Every write to the run carries its [`Lease`]
+//! process took the run back and runs it. Every write to the run carries its [`db::Lease`]
 //! (worker and epoch) in its `WHERE` and changes nothing once the lease is gone, the end
-//! of the run included ([`crate::db::Db::finish`]). What no `WHERE` can fence — a model
+//! of the run included ([`crate::db::Db::finish`]). What no `WHERE` can guard — a model
 //! call, a command in the container, a push, and every GitHub write (a status-comment edit,
-//! a pull request, a Check Run, a review reply) — is preceded by the run's [`Fence`] asking
+//! a pull request, a Check Run, a review reply) — is preceded by the run's [`Lease`] asking
 //! the database whether this claim still holds the run, extending the lease when it does.
 //! Once lost, the run is cancelled here and nothing more of it happens here: no comment, no
 //! push, no end written.
 //!
 //! A check is worth something only if it comes after the last slow step the action depends
 //! on, and if the lease it confirms outlasts the action. So GitHub writes are checked by
-//! the client itself, right before each attempt ([`Fence::guard`] makes a run's clients;
+//! the client itself, right before each attempt ([`Lease::guard`] makes a run's clients;
 //! [`crate::github::WriteGuard`]); a push is checked once git has read the branch's refs
-//! ([`Fence::holds_blocking`]); and a check passes only when more than the margin — one
+//! ([`Lease::holds_blocking`]); and a check passes only when more than the margin — one
 //! GitHub request's bound and a little more ([`crate::serve::config::Settings::lease_margin`])
 //! — is left of the lease it confirmed, counted from when it was asked: a process stopped
 //! while the database answered finds, when it goes on, that its answer is too old, and
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::db::{Db, Lease, Run};
+use crate::db::{self, Db, Run};
 use crate::github::{Installation, WriteGuard};
 
 /// Answers that came too late to act on before a check gives up and takes the run as lost.
@@ -34,17 +34,17 @@ const MAX_LATE_ANSWERS: u32 = 3;
 
 /// One run's hold on its lease, shared by everything that acts for the run.
 #[derive(Clone)]
-pub(in crate::serve) struct Fence {
+pub(in crate::serve) struct Lease {
     inner: Arc<Inner>,
 }
 
 struct Inner {
     db: Db,
     run_id: String,
-    lease: Lease,
+    lease: db::Lease,
     cancel: CancellationToken,
     lost: AtomicBool,
-    /// How much of the lease must be left to act ([`Fence::new`]).
+    /// How much of the lease must be left to act ([`Lease::new`]).
     margin: Duration,
     /// Until when the lease surely holds, by this process's monotonic clock: when the
     /// check (or the claim) that last extended it was asked, plus the lease's length. The
@@ -53,8 +53,8 @@ struct Inner {
     until: Mutex<Instant>,
 }
 
-impl Fence {
-    /// The fence of `run`, claimed by `worker` with a claim asked at `claimed_at` (`run`
+impl Lease {
+    /// The lease of `run`, claimed by `worker` with a claim asked at `claimed_at` (`run`
     /// as the claim returned it); losing it cancels `cancel`. It acts only while more than
     /// `margin` of the lease is left.
     pub fn new(
@@ -64,13 +64,13 @@ impl Fence {
         cancel: CancellationToken,
         claimed_at: Instant,
         margin: Duration,
-    ) -> Fence {
+    ) -> Lease {
         let until = claimed_at + db.lease();
-        Fence {
+        Lease {
             inner: Arc::new(Inner {
                 db,
                 run_id: run.id.clone(),
-                lease: Lease {
+                lease: db::Lease {
                     worker: worker.to_string(),
                     epoch: run.attempts,
                 },
@@ -130,7 +130,7 @@ impl Fence {
     }
 
     /// [`holds`](Self::holds), from a thread outside the runtime (a push's callback) that
-    /// may block: `runtime` is the runtime the fence's database runs on.
+    /// may block: `runtime` is the runtime the lease's database runs on.
     pub fn holds_blocking(&self, runtime: &tokio::runtime::Handle) -> bool {
         runtime.block_on(self.holds())
     }
@@ -140,14 +140,14 @@ impl Fence {
         Instant::now() + self.inner.margin < until
     }
 
-    /// `gh`, whose every write asks this fence first, right before it is sent: how the
+    /// `gh`, whose every write asks this lease first, right before it is sent: how the
     /// run's stages get their GitHub clients.
     pub fn guard(&self, gh: &Installation) -> Installation {
         gh.guarded(Arc::new(self.clone()))
     }
 
-    /// The claim this fence guards: what every write for the run carries.
-    pub fn lease(&self) -> &Lease {
+    /// The claim this lease guards: what every write for the run carries.
+    pub fn lease(&self) -> &db::Lease {
         &self.inner.lease
     }
 
@@ -168,7 +168,7 @@ impl Fence {
 }
 
 #[async_trait::async_trait]
-impl WriteGuard for Fence {
+impl WriteGuard for Lease {
     async fn allows(&self) -> bool {
         self.holds().await
     }
@@ -220,10 +220,10 @@ mod tests {
         Some((db, run, asked))
     }
 
-    fn fence(db: &Db, run: &Run, asked: Instant, margin: Duration) -> (Fence, CancellationToken) {
+    fn lease(db: &Db, run: &Run, asked: Instant, margin: Duration) -> (Lease, CancellationToken) {
         let cancel = CancellationToken::new();
-        let fence = Fence::new(db.clone(), run, "process-a", cancel.clone(), asked, margin);
-        (fence, cancel)
+        let lease = Lease::new(db.clone(), run, "process-a", cancel.clone(), asked, margin);
+        (lease, cancel)
     }
 
     #[tokio::test]
@@ -232,13 +232,13 @@ mod tests {
         let Some((db, run, asked)) = claimed(test, Duration::from_secs(10)).await else {
             return;
         };
-        let (held, _) = fence(&db, &run, asked, Duration::from_secs(5));
+        let (held, _) = lease(&db, &run, asked, Duration::from_secs(5));
         assert!(held.holds().await);
         assert!(held.allows().await);
         assert!(!held.is_lost());
         // A margin the lease cannot leave: every answer is too late to act on, so the run
         // is given up rather than acted for.
-        let (late, cancel) = fence(&db, &run, asked, Duration::from_secs(10));
+        let (late, cancel) = lease(&db, &run, asked, Duration::from_secs(10));
         assert!(!late.holds().await);
         assert!(late.is_lost() && cancel.is_cancelled());
         assert!(!late.allows().await);
@@ -251,8 +251,8 @@ mod tests {
         let Some((db, run, asked)) = claimed(test, Duration::from_secs(1)).await else {
             return;
         };
-        let (fence, cancel) = fence(&db, &run, asked, Duration::from_millis(100));
-        assert!(fence.holds().await);
+        let (lease, cancel) = lease(&db, &run, asked, Duration::from_millis(100));
+        assert!(lease.holds().await);
         // Stopped past its lease: another process takes the run over.
         tokio::time::sleep(Duration::from_millis(1_200)).await;
         assert_eq!(db.recover("process-b", 3).await.unwrap().len(), 1);
@@ -260,8 +260,8 @@ mod tests {
             .await
             .unwrap()
             .expect("taken over");
-        assert!(!fence.allows().await);
-        assert!(fence.is_lost() && cancel.is_cancelled());
+        assert!(!lease.allows().await);
+        assert!(lease.is_lost() && cancel.is_cancelled());
         db.close().await;
     }
 
@@ -271,9 +271,9 @@ mod tests {
         let Some((db, run, asked)) = claimed(test, Duration::from_secs(10)).await else {
             return;
         };
-        let (fresh, _) = fence(&db, &run, asked, Duration::from_secs(5));
+        let (fresh, _) = lease(&db, &run, asked, Duration::from_secs(5));
         let old = asked - Duration::from_secs(6);
-        let (stale, cancel) = fence(&db, &run, old, Duration::from_secs(5));
+        let (stale, cancel) = lease(&db, &run, old, Duration::from_secs(5));
         db.close().await;
         // The claim's lease has 10 s left: more than the margin.
         assert!(fresh.holds().await);
