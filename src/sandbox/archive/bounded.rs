@@ -23,11 +23,14 @@ use std::io::{self, Read};
 
 use tar::{EntryType, GnuExtSparseHeader, Header};
 
-use super::{human, unsafe_archive, ArchiveLimits, Manifest};
-use crate::sandbox::SandboxError;
+use sha2::{Digest, Sha256};
+
+use super::limits::{human, unsafe_archive, ArchiveLimits, COPY_BUF, STREAM_HEADROOM};
+use super::manifest::Manifest;
+use crate::sandbox::error::SandboxError;
 
 /// Most data of one extension entry. What kodx accepts fits many times over: a PAX header
-/// with a path and a link target of [`super::MAX_NAME_BYTES`] each (the helper writes
+/// with a path and a link target of [`super::limits::MAX_NAME_BYTES`] each (the helper writes
 /// nothing else), Docker's few records (times, owner names, `security.capability`), a GNU
 /// long name. Anything larger is no tree kodx would take.
 pub(super) const MAX_EXTENSION_BYTES: u64 = 64 << 10;
@@ -404,9 +407,39 @@ impl ArchiveLimits {
     }
 }
 
-/// What a stream may carry beyond the files a sandbox wrote: the tar's headers and padding
-/// (about 1 KiB a file), for millions of files.
-pub const STREAM_HEADROOM: u64 = 6 << 30;
+/// Exactly `size` bytes of `data` into memory (`size` is small: callers check).
+pub(super) fn read_exact_vec(data: &mut dyn Read, size: u64) -> io::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    let n = data.take(size).read_to_end(&mut out)?;
+    if (n as u64) < size {
+        return Err(ends_inside());
+    }
+    Ok(out)
+}
+
+pub(super) fn ends_inside() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the archive ends inside this file",
+    )
+}
+
+/// The SHA-256 of exactly `size` bytes of `data`, read through a small buffer.
+pub(super) fn hash_exact(data: &mut dyn Read, size: u64) -> io::Result<[u8; 32]> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0; COPY_BUF];
+    let mut left = size;
+    while left > 0 {
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = data.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(ends_inside());
+        }
+        hasher.update(&buf[..n]);
+        left -= n as u64;
+    }
+    Ok(hasher.finalize().into())
+}
 
 #[cfg(test)]
 mod tests {

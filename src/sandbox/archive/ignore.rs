@@ -5,8 +5,13 @@ use std::fs;
 
 use tar::EntryType;
 
-use super::*;
-use crate::sandbox::{Result, SandboxError};
+use super::bounded::{read_exact_vec, tar_error, untrusted_archive};
+use super::limits::{
+    io_at, unsafe_archive, ArchiveLimits, Open, MAX_IGNORE_FILE, MAX_IGNORE_TOTAL,
+};
+use super::names::ancestors;
+use super::pack::sha256_of;
+use crate::sandbox::error::{Result, SandboxError};
 
 /// The ignore rules of a tree being read, as libgit2 evaluates them. The `.gitignore` files
 /// met in the stream are copied into a scratch repository (made on first use) and libgit2 is
@@ -187,8 +192,10 @@ impl Ignores {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::sandbox::archive::testutil::*;
+    use crate::sandbox::archive::{
+        change_set, change_set_from, memory_opener, pack_dir, ChangeKind, Manifest, NewEntry,
+    };
     use tempfile::TempDir;
 
     #[test]

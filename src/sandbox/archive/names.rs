@@ -2,8 +2,8 @@
 //! checks every relative path and symlink target passes, and whether a symlink, followed
 //! through the others in the tree, stays inside it.
 
-use super::*;
-use crate::sandbox::Result;
+use super::limits::{MAX_NAME_BYTES, MAX_SYMLINK_HOPS};
+use crate::sandbox::error::{Result, SandboxError};
 
 /// Turns an archive name into a path relative to `root`: refuses non-UTF-8, empty, overlong,
 /// NUL-containing and absolute names, `..` components, and names outside `root`;
@@ -126,6 +126,16 @@ pub(super) fn ancestors(rel: &str) -> impl Iterator<Item = &str> {
 
 pub(super) fn is_git(path: &str) -> bool {
     path == ".git" || path.starts_with(".git/")
+}
+
+/// Checks the root a tar stream is read under: the tree's (`""`) or a single file name.
+pub(super) fn check_root(root: &str) -> Result<()> {
+    if !root.is_empty() && (root.contains('/') || check_rel(root).is_err()) {
+        return Err(SandboxError::InvalidInput(format!(
+            "bad archive root {root:?}: it must be a single file name"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

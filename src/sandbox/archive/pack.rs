@@ -10,8 +10,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sha2::{Digest, Sha256};
 use tar::{EntryType, Header};
 
-use super::*;
-use crate::sandbox::{Result, SandboxError};
+use super::limits::{human, io_at, ArchiveLimits, MAX_NAME_BYTES};
+use super::manifest::{Manifest, ManifestEntry};
+use super::names::check_rel;
+use super::tip::TipPack;
+use crate::sandbox::error::{Result, SandboxError};
 
 /// Packs the host directory `src` into a tar written to `out`, whose entries live under
 /// `prefix/` (at the top when `prefix` is ""), with a directory entry (mode 0755) for a
@@ -773,7 +776,9 @@ pub(super) fn sha256_of(data: &[u8]) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::archive::extract;
     use crate::sandbox::archive::testutil::*;
+    use std::collections::BTreeMap;
     use tempfile::TempDir;
 
     /// The names in a tar, in order.

@@ -7,7 +7,9 @@ use std::path::Path;
 
 use tar::{EntryType, Header};
 
-use super::*;
+use super::changes::{ChangeKind, ChangeSet};
+use super::limits::ArchiveLimits;
+use super::names::is_git;
 
 #[derive(Debug, PartialEq)]
 pub(super) enum Snap {

@@ -7,11 +7,19 @@ use std::io::{self, Read};
 
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
 use tar::{EntryType, Header};
 
-use super::*;
-use crate::sandbox::{Result, SandboxError};
+use super::bounded::{hash_exact, read_exact_vec, tar_error, tree_cap, untrusted_archive};
+use super::contents::{read_contents, Contents};
+use super::disk::{checked_path, Walk};
+use super::ignore::Ignores;
+use super::limits::{
+    human, unsafe_archive, ArchiveLimits, INLINE_MAX, MAX_IGNORE_FILE, MAX_SYMLINK_HOPS,
+};
+use super::manifest::{Manifest, ManifestEntry};
+use super::names::{ancestors, check_link, check_target_syntax, is_git, strip_root};
+use super::pack::sha256_of;
+use crate::sandbox::error::{Result, SandboxError};
 
 /// An [`Open`] over a tar in memory: the whole tar, or one path of it re-packed under its
 /// bare name, as Docker answers for a single path (a hard link comes as the file it is).
@@ -699,6 +707,10 @@ impl<'r> Reader<'r> {
     }
 }
 
+/// The snapshot's entry type for a regular file whose inode has not changed since the
+/// copy-in: a header alone (`U`, one of the types POSIX leaves to implementations).
+pub(super) const AS_COPIED: u8 = b'U';
+
 /// Why a hard link was refused.
 pub(super) enum Why {
     NotEarlier,
@@ -722,40 +734,6 @@ pub(super) fn over_file_limit(size: u64, limits: &ArchiveLimits) -> String {
         limits.max_file_bytes,
         human(limits.max_file_bytes)
     )
-}
-
-/// Exactly `size` bytes of `data` into memory (`size` is small: callers check).
-pub(super) fn read_exact_vec(data: &mut dyn Read, size: u64) -> io::Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    let n = data.take(size).read_to_end(&mut out)?;
-    if (n as u64) < size {
-        return Err(ends_inside());
-    }
-    Ok(out)
-}
-
-pub(super) fn ends_inside() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::UnexpectedEof,
-        "the archive ends inside this file",
-    )
-}
-
-/// The SHA-256 of exactly `size` bytes of `data`, read through a small buffer.
-pub(super) fn hash_exact(data: &mut dyn Read, size: u64) -> io::Result<[u8; 32]> {
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0; COPY_BUF];
-    let mut left = size;
-    while left > 0 {
-        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
-        let n = data.read(&mut buf[..want])?;
-        if n == 0 {
-            return Err(ends_inside());
-        }
-        hasher.update(&buf[..n]);
-        left -= n as u64;
-    }
-    Ok(hasher.finalize().into())
 }
 
 impl Tree {
@@ -800,6 +778,7 @@ impl Tree {
 mod tests {
     use super::*;
     use crate::sandbox::archive::testutil::*;
+    use crate::sandbox::archive::{change_set, extract, pack_dir, replace_dir};
     use std::os::unix::fs::{symlink, MetadataExt};
     use tempfile::TempDir;
 

@@ -11,8 +11,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
-use super::*;
-use crate::sandbox::{Result, SandboxError};
+use super::bounded::ends_inside;
+use super::changes::{ChangeKind, ChangeSet, NewEntry};
+use super::disk::{checked_path, Walk};
+use super::ignore::Ignores;
+use super::limits::{gone, io_at, unsafe_archive, ArchiveLimits, Open, COPY_BUF};
+use super::manifest::Manifest;
+use super::names::{ancestors, check_link, check_rel, check_root, is_git};
+use super::pack::{header, Exact, Packer};
+use super::untrusted::{
+    memory_opener, over_file_limit, Data, Node, Out, Provisional, Reader, Source,
+};
+use crate::sandbox::error::{Result, SandboxError};
 
 /// What [`replace_dir_from`] wrote.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -319,7 +329,7 @@ impl ChangeSet {
         let mtime = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let mut packer = super::pack::Packer {
+        let mut packer = Packer {
             builder: tar::Builder::new(out),
             manifest: Manifest::default(),
             prefix: "",
@@ -337,12 +347,8 @@ impl ChangeSet {
                     let data = contents
                         .reader()
                         .map_err(|e| SandboxError::io("reading spooled contents", e))?;
-                    let mut h = super::pack::header(
-                        tar::EntryType::Regular,
-                        mode & 0o777,
-                        mtime,
-                        contents.len(),
-                    );
+                    let mut h =
+                        header(tar::EntryType::Regular, mode & 0o777, mtime, contents.len());
                     packer
                         .builder
                         .append_data(&mut h, path, data)
@@ -517,47 +523,6 @@ impl Reader<'_> {
     }
 }
 
-/// How [`checked_path`] treats missing parents, and parents that are not directories.
-pub(super) enum Walk<'s> {
-    /// Create missing parents.
-    Create,
-    /// Stop at a missing parent: there is nothing at the path.
-    Lookup,
-    /// Like `Lookup`, but a parent that `deleted` removes first is no obstacle.
-    Precheck { deleted: &'s BTreeSet<&'s str> },
-}
-
-/// `dest/rel`, after checking each parent below `dest` with `symlink_metadata` (never
-/// following a symlink): a symlink or other non-directory parent is refused. `None` when a
-/// parent is missing (or, in a precheck, deleted first), so nothing is at `rel`.
-pub(super) fn checked_path(dest: &Path, rel: &str, walk: Walk) -> Result<Option<PathBuf>> {
-    for parent in ancestors(rel) {
-        let path = dest.join(parent);
-        match (fs::symlink_metadata(&path), &walk) {
-            (Ok(m), _) if m.is_dir() => {}
-            (Ok(_), Walk::Precheck { deleted }) if deleted.contains(parent) => return Ok(None),
-            (Ok(m), _) => {
-                return Err(unsafe_archive(if m.file_type().is_symlink() {
-                    format!("{rel:?}: refusing to write through the symlink {parent:?}")
-                } else {
-                    format!("{rel:?}: its parent {parent:?} is not a directory")
-                }))
-            }
-            (Err(e), Walk::Create) if e.kind() == io::ErrorKind::NotFound => {
-                fs::create_dir(&path).map_err(io_at("creating directory", &path))?
-            }
-            (Err(e), _) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            (Err(e), _) => {
-                return Err(SandboxError::io(
-                    format!("inspecting {}", path.display()),
-                    e,
-                ))
-            }
-        }
-    }
-    Ok(Some(dest.join(rel)))
-}
-
 /// Creates a new file (never opening an existing path, so never following a symlink) and
 /// gives it the permission bits of `mode` (`& 0o777`: no setuid, setgid or sticky bit).
 /// `size` bytes of `data` are copied through a small buffer.
@@ -624,6 +589,7 @@ pub(super) fn remove_any(path: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::sandbox::archive::testutil::*;
+    use crate::sandbox::archive::{change_set, pack_dir, pack_file, Change, Contents};
     use tempfile::TempDir;
 
     #[test]
