@@ -493,8 +493,8 @@ impl Engine {
                 .await?;
             // Only a whole checkout, in a container nothing has run in, gets a snapshot.
             sandbox
-                .snapshot_ready
-                .store(marked.load(Ordering::Relaxed) && !hit, Ordering::Relaxed);
+                .snapshot
+                .set_ready(marked.load(Ordering::Relaxed) && !hit);
             if let Some(stored) = &stored {
                 self.delete_gone(sandbox, stored, &manifest).await?;
             }

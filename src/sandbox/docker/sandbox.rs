@@ -15,6 +15,7 @@ use bollard::Docker;
 
 use super::cleanup::{remove, remove_blocking};
 use super::runner::Runner;
+use super::snapshot::{Snapshot, Workspace};
 use super::spare::{open_or_start, SpareShell, FIRST_SPARE_AFTER};
 use super::spec::SandboxSpec;
 use super::streams::Opener;
@@ -57,14 +58,9 @@ pub struct DockerSandbox {
     pub(super) setup: Mutex<SetupReport>,
     /// Its container was made warm, ahead of the run.
     pub(super) warm_start: AtomicBool,
-    /// The whole checkout went in with the copy-in's marker after it: the change set can
-    /// come from a snapshot ([`super::snapshot`]).
-    pub(super) snapshot_ready: AtomicBool,
-    /// Start the snapshot's exec ahead ([`SandboxSpec::change_set_ahead`]).
-    pub(super) change_set_ahead: bool,
-    /// The snapshot's exec, started ahead and waiting for its line.
-    pub(super) snapshotter:
-        Mutex<Option<tokio::task::JoinHandle<Result<super::snapshot::Started>>>>,
+    /// The change set from a snapshot ([`super::snapshot`]): whether one can be taken,
+    /// and its exec started ahead.
+    pub(super) snapshot: Snapshot,
     /// The check runner, started before anything of the repository ran; `None` without
     /// it (or once it was lost): then each check is an engine exec of its own.
     pub(super) runner: tokio::sync::Mutex<Option<Runner>>,
@@ -97,9 +93,7 @@ impl DockerSandbox {
             disk_tripped: tokio::sync::watch::Sender::new(None),
             setup: Mutex::new(SetupReport::default()),
             warm_start: AtomicBool::new(false),
-            snapshot_ready: AtomicBool::new(false),
-            change_set_ahead: spec.change_set_ahead,
-            snapshotter: Mutex::new(None),
+            snapshot: Snapshot::new(spec.change_set_ahead),
             runner: tokio::sync::Mutex::new(None),
         }
     }
@@ -217,7 +211,8 @@ impl DockerSandbox {
         .await?;
         self.shells.lock().insert("default".to_string(), shell);
         self.spare.schedule(FIRST_SPARE_AFTER);
-        self.snapshot_ahead();
+        self.snapshot
+            .start_ahead(&self.docker, &self.id, &self.workdir);
         Ok(())
     }
 
@@ -254,9 +249,7 @@ impl Drop for DockerSandbox {
         if !self.destroyed.swap(true, Ordering::SeqCst) {
             self.stop_watchdog();
             self.spare.clear();
-            if let Some(task) = self.snapshotter.lock().take() {
-                task.abort();
-            }
+            self.snapshot.abort();
             self.shells.lock().clear();
             remove_blocking(&self.docker, &self.id);
         }
@@ -372,9 +365,7 @@ impl Sandbox for DockerSandbox {
         }
         self.stop_watchdog();
         self.spare.clear();
-        if let Some(task) = self.snapshotter.lock().take() {
-            task.abort();
-        }
+        self.snapshot.abort();
         self.shells.lock().clear();
         remove(&self.docker, &self.id).await
     }
@@ -383,7 +374,26 @@ impl Sandbox for DockerSandbox {
 impl DockerSandbox {
     /// Whether the change set can come from a snapshot (the copy-in left its marker).
     pub fn snapshot_ready(&self) -> bool {
-        self.snapshot_ready.load(Ordering::Relaxed)
+        self.snapshot.is_ready()
+    }
+
+    /// The change set from the helper's snapshot, when the copy-in left its marker; `None`
+    /// when there is none to take or it failed (said in the log): then read the whole
+    /// workspace.
+    pub async fn snapshot_change_set(&self) -> Option<ChangeSet> {
+        if !self.snapshot.is_ready() {
+            return None;
+        }
+        let workspace = Workspace {
+            docker: &self.docker,
+            id: &self.id,
+            workdir: &self.workdir,
+            opener: self.opener(),
+            root: self.root_name().to_string(),
+            baseline: self.baseline.lock().clone(),
+            limits: self.archive_limits.clone(),
+        };
+        self.snapshot.change_set(workspace).await
     }
 
     /// The change set from the whole workspace read back and compared with the baseline:

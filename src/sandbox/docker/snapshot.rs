@@ -8,7 +8,7 @@
 
 use parking_lot::Mutex;
 use std::io::{self, Read};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,11 +20,10 @@ use futures_util::{Stream, StreamExt as _};
 use std::pin::Pin;
 use tokio::io::{AsyncWrite, AsyncWriteExt as _};
 
-use super::sandbox::DockerSandbox;
-use super::streams::COPIED_MARKER;
-use crate::sandbox::archive::{self, ChangeSet};
+use super::streams::{Opener, COPIED_MARKER};
+use crate::sandbox::archive::{self, ArchiveLimits, ChangeSet, Manifest};
+use crate::sandbox::error::{Result, SandboxError};
 use crate::sandbox::net;
-use crate::sandbox::{Result, SandboxError};
 
 /// Longest a snapshot may take before the whole workspace is read instead.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -51,16 +50,66 @@ impl Read for Stdout {
     }
 }
 
-impl DockerSandbox {
+/// A sandbox's snapshot: whether one can be taken, and its exec when started ahead.
+pub(super) struct Snapshot {
+    /// The whole checkout went in with the copy-in's marker after it: the change set can
+    /// come from a snapshot.
+    ready: AtomicBool,
+    /// Start the snapshot's exec ahead ([`super::SandboxSpec::change_set_ahead`]).
+    ahead: bool,
+    /// The snapshot's exec, started ahead and waiting for its line.
+    task: Mutex<Option<tokio::task::JoinHandle<Result<Started>>>>,
+}
+
+/// What a snapshot is taken in and read against: the sandbox's container and workspace,
+/// and what was copied in.
+pub(super) struct Workspace<'w> {
+    pub(super) docker: &'w Docker,
+    pub(super) id: &'w str,
+    pub(super) workdir: &'w str,
+    pub(super) opener: Opener,
+    /// The workspace directory's own name (the root of its tar).
+    pub(super) root: String,
+    pub(super) baseline: Manifest,
+    pub(super) limits: ArchiveLimits,
+}
+
+impl Snapshot {
+    /// None taken yet; its exec started ahead when `ahead`.
+    pub(super) fn new(ahead: bool) -> Self {
+        Snapshot {
+            ready: AtomicBool::new(false),
+            ahead,
+            task: Mutex::new(None),
+        }
+    }
+
+    /// Whether the change set can come from a snapshot (the copy-in left its marker).
+    pub(super) fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Records whether the copy-in left its marker after a whole checkout.
+    pub(super) fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// Stops the exec started ahead, if any.
+    pub(super) fn abort(&self) {
+        if let Some(task) = self.task.lock().take() {
+            task.abort();
+        }
+    }
+
     /// The change set from the helper's snapshot, when the copy-in left its marker; `None`
     /// when there is none to take or it failed (said in the log): then read the whole
     /// workspace.
-    pub async fn snapshot_change_set(&self) -> Option<ChangeSet> {
-        if !self.snapshot_ready() {
+    pub(super) async fn change_set(&self, ws: Workspace<'_>) -> Option<ChangeSet> {
+        if !self.is_ready() {
             return None;
         }
         let started = std::time::Instant::now();
-        match tokio::time::timeout(SNAPSHOT_TIMEOUT, self.read_snapshot()).await {
+        match tokio::time::timeout(SNAPSHOT_TIMEOUT, self.read(ws)).await {
             Ok(Ok((set, times))) => {
                 tracing::info!(
                     took_ms = started.elapsed().as_millis() as u64,
@@ -87,23 +136,23 @@ impl DockerSandbox {
     /// Starts the snapshot's exec now, waiting for its line, so that the engine's part of
     /// it is done by the time the run ends; only for a run that ends with a change set,
     /// where a snapshot can be taken.
-    pub(super) fn snapshot_ahead(&self) {
-        if !self.change_set_ahead || !self.snapshot_ready() {
+    pub(super) fn start_ahead(&self, docker: &Docker, id: &str, workdir: &str) {
+        if !self.ahead || !self.is_ready() {
             return;
         }
-        let Some(command) = net::snapshot_command(COPIED_MARKER, &self.workdir, true) else {
+        let Some(command) = net::snapshot_command(COPIED_MARKER, workdir, true) else {
             return;
         };
-        let (docker, id) = (self.docker.clone(), self.id.clone());
+        let (docker, id) = (docker.clone(), id.to_string());
         let task = tokio::spawn(async move { start(&docker, &id, command, true).await });
-        if let Some(old) = self.snapshotter.lock().replace(task) {
+        if let Some(old) = self.task.lock().replace(task) {
             old.abort();
         }
     }
 
-    async fn read_snapshot(&self) -> Result<(ChangeSet, Times)> {
+    async fn read(&self, ws: Workspace<'_>) -> Result<(ChangeSet, Times)> {
         let t0 = std::time::Instant::now();
-        let ahead = self.snapshotter.lock().take();
+        let ahead = self.task.lock().take();
         let was_ahead = ahead.is_some();
         let started = match ahead {
             Some(task) => match task.await {
@@ -135,9 +184,9 @@ impl DockerSandbox {
             }
             Err(e) => {
                 tracing::debug!("the snapshot started ahead is not there ({e}); starting it now");
-                let command = net::snapshot_command(COPIED_MARKER, &self.workdir, false)
+                let command = net::snapshot_command(COPIED_MARKER, ws.workdir, false)
                     .ok_or_else(|| SandboxError::InvalidInput("no helper".into()))?;
-                start(&self.docker, &self.id, command, false).await?
+                start(ws.docker, ws.id, command, false).await?
             }
         };
         let ready_ms = t0.elapsed().as_millis() as u64;
@@ -171,10 +220,14 @@ impl DockerSandbox {
                 }
             }
         });
-        let opener = self.opener();
-        let root = self.root_name().to_string();
-        let baseline = self.baseline.lock().clone();
-        let limits = self.archive_limits.clone();
+        let Workspace {
+            docker,
+            opener,
+            root,
+            baseline,
+            limits,
+            ..
+        } = ws;
         let read = tokio::task::spawn_blocking(move || {
             let mut open = |path: &str| opener.open(path);
             let tar = Stdout {
@@ -195,7 +248,7 @@ impl DockerSandbox {
             read_ms,
         };
         // Whole only if the helper says so, by the engine's word.
-        match exit_code(&self.docker, &exec).await {
+        match exit_code(docker, &exec).await {
             Some(0) => Ok((set, times)),
             code => Err(SandboxError::InvalidInput(format!(
                 "the helper ended with {code:?}: {}",
