@@ -16,17 +16,19 @@
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
 
 use super::fencer;
-use super::helper::{exec_in, parse_addresses, Helper};
+use super::helper::{exec_in, parse_addresses, run_helper, Helper};
 use super::network::{SandboxNetwork, NETWORK_NAME};
 use super::policy::{Cidr, Fence};
-use crate::sandbox::{Result, SandboxError};
+use crate::sandbox::error::{Result, SandboxError};
 
+/// How long the engine host's addresses are reused before they are read again.
+const HOST_ADDRS_TTL: Duration = Duration::from_secs(300);
 /// How long an engine whose fencer failed gets helper containers before it is tried again.
 const FENCER_RETRY: Duration = Duration::from_secs(600);
 
@@ -127,6 +129,44 @@ async fn in_fencer(docker: &Docker, engine: &str, args: &[String]) -> Result<Str
             Ok(out) => return Ok(out),
         }
     }
+}
+
+/// The engine host's addresses, read by the engine's fencer on the host's network (or a
+/// helper container there), kept for
+/// [`HOST_ADDRS_TTL`] per engine in this process.
+pub async fn host_addresses(
+    docker: &Docker,
+    engine: &str,
+    run_id: &str,
+) -> Result<Arc<Vec<Ipv4Addr>>> {
+    type Cache = Mutex<HashMap<String, (Instant, Arc<Vec<Ipv4Addr>>)>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some((at, addrs)) = cache.lock().get(engine) {
+        if at.elapsed() < HOST_ADDRS_TTL {
+            return Ok(addrs.clone());
+        }
+    }
+    // From the engine's fencer, on the host's network (one exec); else from a helper
+    // container there.
+    let out = match in_fencer(docker, engine, &["addrs".to_string()]).await {
+        Ok(out) => out,
+        Err(e) => {
+            tracing::debug!("reading the host's addresses through the fencer failed ({e}); using a helper container");
+            run_helper(docker, run_id, "host", &[], &["addrs".to_string()])
+                .await
+                .map_err(|e| {
+                    SandboxError::NetworkFence(format!(
+                    "reading the Docker host's addresses (to keep sandboxes from reaching it) failed: {e}"
+                ))
+                })?
+        }
+    };
+    let addrs = Arc::new(parse_addresses(&out)?.v4);
+    cache
+        .lock()
+        .insert(engine.to_string(), (Instant::now(), addrs.clone()));
+    Ok(addrs)
 }
 
 /// The sandbox's init, as the engine host sees it.

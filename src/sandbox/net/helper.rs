@@ -5,11 +5,8 @@
 //! fence sandboxes ([`exec_in`]); where there is no fencer, short-lived containers of
 //! kodx's image run it, removed on every path.
 
-use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecResults};
@@ -25,8 +22,6 @@ use crate::sandbox::docker::{creation_gate, register_live, remove, remove_blocki
 use crate::sandbox::owner::run_labels;
 use crate::sandbox::{Result, SandboxError};
 
-/// How long the engine host's addresses are reused before they are read again.
-const HOST_ADDRS_TTL: Duration = Duration::from_secs(300);
 /// The longest a helper container may take, from its start to its exit.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most output a helper's answer may have.
@@ -229,53 +224,10 @@ pub fn check_arch(engine_arch: &str) -> Result<()> {
     Ok(())
 }
 
-/// The engine host's addresses, read by the engine's fencer on the host's network (or a
-/// helper container there), kept for
-/// [`HOST_ADDRS_TTL`] per engine in this process.
-pub async fn host_addresses(
-    docker: &Docker,
-    engine: &str,
-    run_id: &str,
-) -> Result<Arc<Vec<Ipv4Addr>>> {
-    type Cache = Mutex<HashMap<String, (Instant, Arc<Vec<Ipv4Addr>>)>>;
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some((at, addrs)) = cache.lock().get(engine) {
-        if at.elapsed() < HOST_ADDRS_TTL {
-            return Ok(addrs.clone());
-        }
-    }
-    // From the engine's fencer, on the host's network (one exec); else from a helper
-    // container there.
-    let by_fencer = async {
-        let fencer = super::fencer::fencer(docker, engine).await?;
-        exec_in(docker, &fencer, &["addrs".to_string()]).await
-    };
-    let out = match by_fencer.await {
-        Ok(out) => out,
-        Err(e) => {
-            tracing::debug!("reading the host's addresses through the fencer failed ({e}); using a helper container");
-            super::fencer::forget(engine);
-            run_helper(docker, run_id, "host", &[], &["addrs".to_string()])
-                .await
-                .map_err(|e| {
-                    SandboxError::NetworkFence(format!(
-                    "reading the Docker host's addresses (to keep sandboxes from reaching it) failed: {e}"
-                ))
-                })?
-        }
-    };
-    let addrs = Arc::new(parse_addresses(&out)?.v4);
-    cache
-        .lock()
-        .insert(engine.to_string(), (Instant::now(), addrs.clone()));
-    Ok(addrs)
-}
-
 /// Runs the helper with `args` in a container of kodx's image, on `network_mode`, with only
 /// the capabilities `caps`; returns what it printed. The container is removed on every
 /// path.
-async fn run_helper(
+pub(super) async fn run_helper(
     docker: &Docker,
     run_id: &str,
     network_mode: &str,

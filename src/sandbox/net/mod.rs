@@ -30,7 +30,8 @@
 //! One file per part: `policy` (IPv4 ranges, what is blocked, the plan of one sandbox's
 //! routes), `network` (the shared bridge network), `image` (kodx's own image and the
 //! helper's volume), `helper` (the helper's commands, its exec and its containers),
-//! `fencer` (the engine's fencer) and `fence` (one sandbox's fence going up).
+//! `fencer` (the engine's fencer) and `fence` (one sandbox's fence going up, and the engine
+//! host's addresses read through the fencer).
 
 mod fence;
 mod fencer;
@@ -39,11 +40,12 @@ mod image;
 mod network;
 mod policy;
 
-pub use fence::{fencer_ready, plugs, refuse_fencer, unplug, Fencing, FALLBACK_RESOLVERS};
+pub use fence::{
+    fencer_ready, host_addresses, plugs, refuse_fencer, unplug, Fencing, FALLBACK_RESOLVERS,
+};
 pub use fencer::{fencer_name, FENCER_CAPABILITIES, FENCER_PREFIX, IDLE_SECS as FENCER_IDLE_SECS};
 pub use helper::{
-    check_arch, checks_command, gate_command, has_helper, hold_command, host_addresses,
-    snapshot_command,
+    check_arch, checks_command, gate_command, has_helper, hold_command, snapshot_command,
 };
 pub use image::{
     helper_image_name, helper_mount, helper_volume, no_healthcheck, remove_old_helpers,
