@@ -1,5 +1,5 @@
 //! The ready checkout (issue 27, the warm start): the packed tar of a repository's tip, as
-//! [`RepoSource::GitTip`] copies it into a container (the tree and a tip-only `.git`),
+//! [`crate::RepoSource::GitTip`] copies it into a container (the tree and a tip-only `.git`),
 //! kept on disk with its [`Manifest`] so that the next run on the same tip streams a file
 //! instead of packing thousands of blobs again.
 //!

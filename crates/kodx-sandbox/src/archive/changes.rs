@@ -62,7 +62,7 @@ pub fn change_set(
 }
 
 /// The exact change set of the tree `open("")` gives against `baseline` (same safety rules
-/// as [`extract`]): files and symlinks only, sorted by path. A top-level ".git" and
+/// as [`extract`](super::extract)): files and symlinks only, sorted by path. A top-level ".git" and
 /// everything under it is left out on both sides, and so is every path the tree's
 /// `.gitignore` files ignore, unless the baseline had it (git keeps tracking it): those
 /// are skipped while streaming, never kept and never held to the size limits. Only added
@@ -100,7 +100,7 @@ pub fn change_set_from(
 
 /// [`change_set_from`], read from a snapshot of the tree that kodx's helper wrote in the
 /// container (`kodx-net snapshot`): the files whose inode has not changed since the copy-in
-/// come as headers alone ([`AS_COPIED`]), so only what the run touched crosses. Each
+/// come as headers alone ([`AS_COPIED`](super::untrusted::AS_COPIED)), so only what the run touched crosses. Each
 /// directory's `.gitignore` comes first in it, so the rules are known before the names they
 /// govern. An error (including a tree that would need a second reading) means: read the
 /// whole workspace instead. `open` reads single files again (large edited ones).

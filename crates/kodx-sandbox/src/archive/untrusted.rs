@@ -21,7 +21,7 @@ use super::names::{ancestors, check_link, check_target_syntax, is_git, strip_roo
 use super::pack::sha256_of;
 use crate::error::{Result, SandboxError};
 
-/// An [`Open`] over a tar in memory: the whole tar, or one path of it re-packed under its
+/// An [`Open`](super::Open) over a tar in memory: the whole tar, or one path of it re-packed under its
 /// bare name, as Docker answers for a single path (a hard link comes as the file it is).
 pub fn memory_opener<'t>(
     tar: &'t [u8],
@@ -211,7 +211,7 @@ impl<'r> Reader<'r> {
         }
     }
 
-    /// Reads every entry of `tar` (through [`Bounded`], capped by [`tree_cap`]).
+    /// Reads every entry of `tar` (through [`Bounded`](super::Bounded), capped by [`tree_cap`]).
     pub(super) fn read(&mut self, tar: impl Read) -> Result<()> {
         let mut archive = untrusted_archive(tar, tree_cap(self.limits, self.baseline));
         for entry in archive.entries().map_err(tar_error)? {

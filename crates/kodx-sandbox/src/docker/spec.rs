@@ -107,7 +107,7 @@ pub struct SandboxSpec {
     pub disk_quota: Option<bool>,
     pub limits: ResourceLimits,
     /// Keep the result of a successful setup script as a local image and start from it
-    /// when the key matches ([`setup_cache`]); `None`: off.
+    /// when the key matches ([`crate::setup_cache`]); `None`: off.
     pub setup_cache: Option<SetupCacheSpec>,
     /// Bytes of output one `feed_chars` returns at most (the middle is cut past that).
     pub output_cap: usize,
@@ -160,10 +160,10 @@ pub enum RepoSource {
     /// A git clone whose files need not be on disk (`kodx serve`'s clone from the
     /// repository cache): the tree of the commit its `HEAD` names is streamed from the git
     /// objects straight into the container, with the clone's `.git`
-    /// ([`archive::pack_checkout_to`]). The tree is written once, in the container.
+    /// ([`crate::archive::pack_checkout_to`]). The tree is written once, in the container.
     GitHead,
     /// As [`RepoSource::GitHead`], with a `.git` that holds only that commit (a shallow
-    /// repository: [`archive::pack_tip_to`]) instead of the clone's whole history: for runs
+    /// repository: [`crate::archive::pack_tip_to`]) instead of the clone's whole history: for runs
     /// that need only the tip (issues and `ask`).
     GitTip,
 }
