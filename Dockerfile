@@ -30,22 +30,25 @@ WORKDIR /build
 # Dependencies first, against an empty crate: this layer is rebuilt only when Cargo.toml or
 # Cargo.lock change, not on every source edit.
 COPY Cargo.toml Cargo.lock build.rs ./
-# build.rs compiles the sandbox network helper (a static C program without libc).
-COPY native ./native
-RUN mkdir -p src migrations \
+COPY crates/kodx-sandbox/Cargo.toml crates/kodx-sandbox/build.rs ./crates/kodx-sandbox/
+# The sandbox crate's build.rs compiles the sandbox network helper (a static C program
+# without libc).
+COPY crates/kodx-sandbox/native ./crates/kodx-sandbox/native
+RUN mkdir -p src migrations crates/kodx-sandbox/src \
  && echo 'fn main() {}' > src/main.rs \
- && touch src/lib.rs \
+ && touch src/lib.rs crates/kodx-sandbox/src/lib.rs \
  && cargo build --release --locked \
- && rm -rf src
+ && rm -rf src crates/kodx-sandbox/src
 
-# The crate itself. build.rs and `sqlx::migrate!` read migrations/; prompts/ and
+# The crates themselves. build.rs and `sqlx::migrate!` read migrations/; prompts/ and
 # config/pricing.toml are compiled in. The touch makes the sources newer than the empty
-# crate built above, so cargo rebuilds it.
+# crates built above, so cargo rebuilds them.
+COPY crates/kodx-sandbox/src ./crates/kodx-sandbox/src
 COPY src ./src
 COPY migrations ./migrations
 COPY prompts ./prompts
 COPY config ./config
-RUN touch src/main.rs src/lib.rs \
+RUN touch src/main.rs src/lib.rs crates/kodx-sandbox/src/lib.rs \
  && cargo build --release --locked \
  && install -m 0755 target/release/kodx /usr/local/bin/kodx \
  && kodx --version

@@ -1,7 +1,7 @@
 //! kodx: an LLM agent working in real shells inside a hardened Docker container.
 //!
 //! The library's face is what the `kodx` binary and the integration tests use: the sandbox
-//! engine ([`sandbox`]), the agent and its model clients ([`agent`], [`model`],
+//! engine ([`sandbox`], the `kodx-sandbox` crate), the agent and its model clients ([`agent`], [`model`],
 //! [`providers`], [`cost`], [`program`], [`transcript`]), git and GitHub ([`git`],
 //! [`github`], [`repo_cache`]), the queue ([`db`], [`job`]) and the App ([`serve`]), with
 //! the types their signatures name ([`command`], [`repo_config`], [`webhook`], [`comment`],
@@ -23,10 +23,14 @@ pub mod model;
 mod neutral;
 pub mod program;
 pub mod providers;
-pub mod redact;
 pub mod repo_cache;
 pub mod repo_config;
-pub mod sandbox;
 pub mod serve;
 pub mod transcript;
 pub mod webhook;
+
+/// The sandbox engine, its own crate (`crates/kodx-sandbox`): it names nothing of the App.
+pub use kodx_sandbox as sandbox;
+/// Redaction of token shapes, kept with the sandbox (which redacts a repository's git
+/// configuration) and shown by everything else.
+pub use kodx_sandbox::redact;

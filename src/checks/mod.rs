@@ -8,8 +8,8 @@
 //! the status in it, is text anything there can print. All the checks of an attempt go to
 //! the sandbox at once ([`Sandbox::run_all`]): the Docker sandbox runs them through kodx's
 //! own check runner, one engine exec started before anything of the repository ran, whose
-//! reports nothing in the sandbox can reach (`src/sandbox/docker/runner.rs`); without it,
-//! each check is an engine exec of its own whose exit code is the engine's. Each runs under
+//! reports nothing in the sandbox can reach (`crates/kodx-sandbox/src/docker/runner.rs`);
+//! without it, each check is an engine exec of its own whose exit code is the engine's. Each runs under
 //! its timeout and what is left of the run's wall clock; a check that times out is killed
 //! with its process group. Output is read through a bounded decoder (a check printing
 //! gigabytes costs its cap, not kodx's memory).

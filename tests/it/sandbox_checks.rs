@@ -4,8 +4,8 @@
 //! started, and output is bounded.
 //!
 //! All the checks of an attempt go through kodx's check runner, one engine exec started
-//! with the sandbox (`src/sandbox/docker/runner.rs`): an attempt makes no engine exec; a
-//! check cannot reach the runner's stdout (its frames) to forge its own or another's
+//! with the sandbox (`crates/kodx-sandbox/src/docker/runner.rs`): an attempt makes no
+//! engine exec; a check cannot reach the runner's stdout (its frames) to forge its own or another's
 //! result, nor can a process left running in the sandbox; a check that kills or stops the
 //! runner makes the rest fail, and later attempts run one engine exec per check; a
 //! timeout kills what escaped the check's process group too; each check's output is its
