@@ -45,7 +45,9 @@ async fn ask_on_an_issue_answers_from_the_container() {
         .comment(7, "alice", "/kodx ask what do the notes say?")
         .await;
     let status_comment = s
-        .bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
+        .bot_comment_where(7, "the answer", |c| {
+            c.body.lines().any(|l| l == "### ✅ answered")
+        })
         .await;
     let comments = bot_comments(&s, 7);
     assert_eq!(
@@ -161,7 +163,9 @@ async fn ask_on_a_pull_request_reads_its_head_and_diff() {
         .comment(8, "alice", "/kodx ask what is in feature.txt?")
         .await;
     let text = s
-        .bot_comment_where(8, "the answer on the PR", |c| c.body.contains("answered"))
+        .bot_comment_where(8, "the answer on the PR", |c| {
+            c.body.lines().any(|l| l == "### ✅ answered")
+        })
         .await
         .body;
     // The PR head was checked out: the answer holds its file's [nonce].
@@ -452,7 +456,9 @@ async fn the_status_comment_says_whether_the_setup_cache_served_the_run() {
         s.comment(issue, "alice", "/kodx ask how many setups ran?")
             .await;
         let body = s
-            .bot_comment_where(issue, "the answer", |c| c.body.contains("answered"))
+            .bot_comment_where(issue, "the answer", |c| {
+                c.body.lines().any(|l| l == "### ✅ answered")
+            })
             .await
             .body;
         let footer = body.lines().last().unwrap_or_default().to_string();

@@ -495,7 +495,9 @@ async fn a_pull_requests_own_rule_edits_change_nothing_about_its_run() {
         .comment(8, "alice", "/kodx ask what do the rules say?")
         .await;
     let answer = s
-        .bot_comment_where(8, "the answer", |c| c.body.contains("answered"))
+        .bot_comment_where(8, "the answer", |c| {
+            c.body.lines().any(|l| l == "### ✅ answered")
+        })
         .await;
     common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(answer.body, @r#"
     <!-- kodx:{"run":"[hex]","v":1} -->
@@ -590,8 +592,10 @@ async fn hostile_instruction_files_end_bounded_and_said() {
     s.github.add_issue(REPO, 7, "Q", "", "carol");
     s.model.reply(text("one"), "end_turn", usage(1000, 10));
     let first = s.comment(7, "alice", "/kodx ask what are the rules?").await;
-    s.bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
-        .await;
+    s.bot_comment_where(7, "the answer", |c| {
+        c.body.lines().any(|l| l == "### ✅ answered")
+    })
+    .await;
     let prompt = first_prompt(&s);
     assert!(
         prompt.contains("CLAUDE RULES") && !prompt.contains("root:"),
@@ -614,8 +618,10 @@ async fn hostile_instruction_files_end_bounded_and_said() {
     s.github.add_issue(REPO, 8, "Q", "", "carol");
     s.model.reply(text("two"), "end_turn", usage(1000, 10));
     let second = s.comment(8, "alice", "/kodx ask what are the rules?").await;
-    s.bot_comment_where(8, "the answer", |c| c.body.contains("answered"))
-        .await;
+    s.bot_comment_where(8, "the answer", |c| {
+        c.body.lines().any(|l| l == "### ✅ answered")
+    })
+    .await;
     let prompt = s.model.requests()[1].body["messages"][0]["content"].to_string();
     assert!(!prompt.contains("instructions for agents"), "{prompt}");
     assert!(!prompt.contains("curl evil"), "{prompt}");
@@ -634,8 +640,10 @@ async fn hostile_instruction_files_end_bounded_and_said() {
     s.github.add_issue(REPO, 9, "Q", "", "carol");
     s.model.reply(text("three"), "end_turn", usage(1000, 10));
     let third = s.comment(9, "alice", "/kodx ask what are the rules?").await;
-    s.bot_comment_where(9, "the answer", |c| c.body.contains("answered"))
-        .await;
+    s.bot_comment_where(9, "the answer", |c| {
+        c.body.lines().any(|l| l == "### ✅ answered")
+    })
+    .await;
     let body = &s.model.requests()[2].body;
     let prompt = body["messages"][0]["content"].to_string();
     assert!(prompt.contains("Always run the linters."), "bounded prompt");

@@ -510,7 +510,22 @@ async fn a_burst_over_three_processes_runs_each_command_once() {
     for issue in 1..=ISSUES {
         for _ in 0..PER_ISSUE {
             let help = s.next_bot_comment(issue).await;
-            assert!(help.body.contains("/kodx"), "{}", help.body);
+            insta::allow_duplicates! {
+                common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(help.body, @r"
+                **kodx** runs an AI agent in a sandboxed container on a copy of this repository.
+
+                | command | what happens | who may |
+                | --- | --- | --- |
+                | `/kodx ask <question>` | the agent reads the code and answers here | write access (or read, if the repository allows it) |
+                | `/kodx code <request>` | the agent makes the change and opens a pull request (`--base <branch>` first: from and into that branch) | write access |
+                | `/kodx continue [$N \| N steps]` | resumes the code run here that a cost, step or time limit stopped, on its branch and pull request, with the repository's limit again (or `$N` / `N steps`) | write access |
+                | `/kodx address-reviews [words]` | on a pull request: one run addresses every unresolved review thread, pushes, and replies in each | write access |
+                | `/kodx cancel` | stops the runs on this issue or pull request | write access |
+                | `/kodx help` | this message | everyone |
+
+                The command must start a line, outside code blocks and quotes; everything after it is the request. Limits and the model are set in `.github/kodx.yml`; kodx follows the repository's `AGENTS.md` and pull request template, read from the branch the work targets. With `ci_repair`, kodx repairs red CI on the pull requests it opened; with `triggers.label`, labelling an issue starts `/kodx code`.
+                "));
+            }
         }
     }
     let db = s.db().await;
@@ -584,7 +599,9 @@ async fn waiting_runs_are_acknowledged_once_across_processes() {
     let (mut b, _) = s.spawn_another(&["--role", "worker"]).await;
     for (issue, run) in (1..=RUNS).zip(&runs) {
         let done = s
-            .bot_comment_where(issue, "the answer", |c| c.body.contains("answered"))
+            .bot_comment_where(issue, "the answer", |c| {
+                c.body.lines().any(|l| l == "### ✅ answered")
+            })
             .await;
         // The same answer for each run (its id redacted).
         insta::allow_duplicates! {

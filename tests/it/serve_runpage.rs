@@ -53,7 +53,9 @@ async fn a_finished_runs_page_shows_its_steps_and_only_to_its_token() {
         .reply(text("The notes are fine."), "end_turn", usage(2100, 10));
     let run = s.comment(7, "alice", "/kodx ask are the notes ok?").await;
     let status = s
-        .bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
+        .bot_comment_where(7, "the answer", |c| {
+            c.body.lines().any(|l| l == "### ✅ answered")
+        })
         .await;
     common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status.body, @r#"
     <!-- kodx:{"run":"[hex]","v":1} -->
@@ -195,8 +197,10 @@ async fn a_live_page_gets_new_steps_and_then_the_end() {
         seen.contains("second-step"),
         "a step that came while watching: {seen}"
     );
-    s.bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
-        .await;
+    s.bot_comment_where(7, "the answer", |c| {
+        c.body.lines().any(|l| l == "### ✅ answered")
+    })
+    .await;
     let _ = run;
     s.finish().await;
 }
@@ -209,7 +213,9 @@ async fn pages_off_means_no_page_and_no_link() {
     s.model.reply(text("Yes."), "end_turn", usage(1000, 10));
     let run = s.comment(7, "alice", "/kodx ask yes?").await;
     let status = s
-        .bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
+        .bot_comment_where(7, "the answer", |c| {
+            c.body.lines().any(|l| l == "### ✅ answered")
+        })
         .await;
     assert!(!status.body.contains("/runs/"), "{}", status.body);
     let (code, _) = get(&s, &format!("/runs/{}?token=x", run.0)).await;
