@@ -79,12 +79,8 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     assert_eq!(pr.head, branch);
     assert_eq!(pr.base, "main");
     assert_eq!(pr.title, "add hello.txt and tidy up");
-    assert!(
-        pr.body.contains(&run_id) && pr.body.contains("of $2.00"),
-        "{}",
-        pr.body
-    );
     assert!(!pr.draft);
+    // The body names the run (`"run":"[run]"`) and the cost against its limit.
     common::serve::redactions(&[&run_id], &[]).bind(|| {
         insta::assert_snapshot!(pr.body, @r#"
         <!-- kodx:{"run":"[run]","v":1} -->
@@ -122,20 +118,32 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
         <sub>kodx run <code>[run]</code></sub>
         "#);
     });
-    assert!(body.contains(&format!("pull/{}", pr.number)), "{body}");
+    assert_eq!(pr.number, 8, "the pull request the comment links");
 
     // The model's words mention, hide and close nothing: not in the comment, the pull
-    // request or the commit; kodx's own `Closes #7` stays.
+    // request (both above) or the commit; kodx's own `Closes #7` stays.
     let log = git_log(&s, &branch);
+    common::serve::redactions(&[&run_id], &[]).bind(|| insta::assert_snapshot!(log, @"
+    kodx[bot] <9999+kodx[bot]@users.noreply.github.com>
+    kodx[bot]
+    add hello.txt and tidy up
+
+    Added hello.txt, made tool.sh executable, removed OLD.md and bumped widget(). Thanks @[zwsp]octocat!
+
+    C[zwsp]loses #99
+
+    Made by kodx (run [run]) for issue #7.
+
+    Co-authored-by: alice <1005+alice@users.noreply.github.com>
+    Kodx-Run: [run]
+    "));
     for (what, text) in [
         ("comment", &body),
         ("pull request", &pr.body),
         ("commit", &log),
     ] {
         assert!(!text.contains("@octocat"), "{what}: {text}");
-        assert!(text.contains("Thanks @\u{200B}octocat!"), "{what}: {text}");
         assert!(!text.contains("Closes #99"), "{what}: {text}");
-        assert!(text.contains("C\u{200B}loses #99"), "{what}: {text}");
         assert!(!text.contains("\"run\":\"x\""), "{what}: {text}");
     }
     assert_eq!(
@@ -187,16 +195,6 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
         main,
         "one commit on top of the default branch"
     );
-    assert!(
-        log.starts_with("kodx[bot] <9999+kodx[bot]@users.noreply.github.com>"),
-        "{log}"
-    );
-    assert!(log.contains("\nadd hello.txt and tidy up\n"), "{log}");
-    assert!(
-        log.contains("Co-authored-by: alice <1005+alice@users.noreply.github.com>"),
-        "{log}"
-    );
-    assert!(log.contains(&format!("Kodx-Run: {run_id}")), "{log}");
     // The main branch did not move.
     assert_eq!(s.git.branch_sha(REPO, "main").unwrap(), main);
 
@@ -304,7 +302,8 @@ async fn code_on_a_same_repo_pull_request_pushes_onto_its_branch() {
         s.git.file_at(REPO, "feature", "feature.txt").unwrap(),
         b"v2\n"
     );
-    assert!(body.contains(&new[..12]), "{body}");
+    let pushed = format!("**Pushed:** commit `{}` to `feature`.", &new[..12]);
+    assert!(body.lines().any(|l| l == pushed), "{body}");
     assert!(
         s.github.created_pulls(REPO).is_empty(),
         "no new pull request"

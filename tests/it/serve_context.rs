@@ -245,10 +245,19 @@ async fn agents_md_is_given_fenced_and_clean_and_the_template_shapes_the_body() 
     - [x] Docs updated
     "#)
     });
-    assert!(
-        kodx.contains("Closes #7") && kodx.contains(&run.0),
-        "{body}"
-    );
+    common::serve::redactions(&[&run.0], &[]).bind(|| insta::assert_snapshot!(kodx, @r#"
+
+    Closes #7
+
+    Requested by @alice with `/kodx code`.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+
+    <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[run]?token=[hex]">the run's steps</a></sub>
+    "#));
     // No `checks:`: no table, no Check Run.
     assert!(!body.contains("**Checks**") && !status.contains("**Checks**"));
     assert!(s.github.check_runs().is_empty());
@@ -264,12 +273,38 @@ async fn agents_md_is_given_fenced_and_clean_and_the_template_shapes_the_body() 
     );
     assert!(!given.to_string().contains("SYSTEM: ignore"));
     let html = s.linked_run_page(&status).await;
-    assert!(html.contains("Repository context"), "{html}");
-    assert!(
-        html.contains("Run `make check` before you finish."),
-        "{html}"
-    );
-    assert!(html.contains("crates/core/AGENTS.md"), "{html}");
+    let start = html
+        .find(r#"<div class="card" id="context">"#)
+        .expect("the card");
+    let card = &html[start..start + html[start..].find("</div>").unwrap()];
+    let mut settings = common::serve::redactions(&[], &[]);
+    settings.add_filter(r"(<(?:p|pre|details|summary)\b)", "\n$1");
+    settings.bind(|| {
+        insta::assert_snapshot!(card, @r#"
+    <div class="card" id="context"><h2>Repository context</h2>
+    <p>Read from branch <code>main</code> at <code>[run]</code>.</p>
+    <details>
+    <summary>Instructions given: <code>AGENTS.md</code> · 171 bytes</summary>
+    <pre class="text"># Working here
+
+    Run `make check` before you finish.
+
+    Keep commits small.
+    </pre></details>
+    <p>Nested AGENTS.md listed: crates/core/AGENTS.md</p>
+    <details>
+    <summary>Pull request template: <code>.github/pull_request_template.md</code></summary>
+    <pre class="text">## What changed
+
+
+
+    ## Checklist
+
+    - [ ] All tests pass
+    - [ ] Docs updated
+    </pre></details>
+    "#)
+    });
     assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
     s.finish().await;
 }
@@ -379,6 +414,7 @@ async fn code_with_base_works_from_that_branch_and_opens_the_pull_request_into_i
 
     // An unknown branch and a tag are refused by name; nothing runs.
     let calls = s.model.requests().len();
+    let mut refusals = Vec::new();
     for (issue, name) in [(20, "nope"), (21, "v1.0"), (23, release.as_str())] {
         s.github.add_issue(REPO, issue, "Another", "", "carol");
         s.comment(issue, "alice", &format!("/kodx code --base {name} fix it"))
@@ -386,13 +422,22 @@ async fn code_with_base_works_from_that_branch_and_opens_the_pull_request_into_i
         let answer = s
             .bot_comment_where(issue, "the refusal", |c| c.body.contains("did not start"))
             .await;
-        assert!(
-            answer.body.contains(&format!("has no branch `{name}`"))
-                && answer.body.contains("not a tag or a commit"),
-            "{}",
-            answer.body
-        );
+        refusals.push(answer.body);
     }
+    common::serve::redactions(&[], &[(&release, "[release]")])
+        .bind(|| insta::assert_snapshot!(refusals.join("\n---\n"), @"
+        kodx did not start: `acme/widgets` has no branch `nope`. `--base` takes the name of a branch (not a tag or a commit) to start the work from and open the pull request against; check the name and ask again.
+
+        <sub>kodx run <code>[run]</code></sub>
+        ---
+        kodx did not start: `acme/widgets` has no branch `v1.0`. `--base` takes the name of a branch (not a tag or a commit) to start the work from and open the pull request against; check the name and ask again.
+
+        <sub>kodx run <code>[run]</code></sub>
+        ---
+        kodx did not start: `acme/widgets` has no branch `[release]`. `--base` takes the name of a branch (not a tag or a commit) to start the work from and open the pull request against; check the name and ask again.
+
+        <sub>kodx run <code>[run]</code></sub>
+        "));
     // A name no branch can have is answered at once.
     s.github.add_issue(REPO, 22, "Bad", "", "carol");
     s.comment(22, "alice", "/kodx code --base a..b fix it")
@@ -400,13 +445,7 @@ async fn code_with_base_works_from_that_branch_and_opens_the_pull_request_into_i
     let answer = s
         .bot_comment_where(22, "the refusal", |c| c.body.contains("did not start"))
         .await;
-    assert!(
-        answer
-            .body
-            .contains("`a..b` cannot be the name of a branch"),
-        "{}",
-        answer.body
-    );
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(answer.body, @"@alice kodx did not start: `a..b` cannot be the name of a branch, so `--base` cannot take it."));
     assert_eq!(s.model.requests().len(), calls);
     assert_eq!(s.github.created_pulls(REPO).len(), 1);
     s.finish().await;
@@ -456,7 +495,9 @@ async fn a_pull_requests_own_rule_edits_change_nothing_about_its_run() {
         .comment(8, "alice", "/kodx ask what do the rules say?")
         .await;
     let answer = s
-        .bot_comment_where(8, "the answer", |c| c.body.contains("answered"))
+        .bot_comment_where(8, "the answer", |c| {
+            c.body.lines().any(|l| l == "### ✅ answered")
+        })
         .await;
     common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(answer.body, @r#"
     <!-- kodx:{"run":"[hex]","v":1} -->
@@ -525,14 +566,12 @@ async fn a_pull_requests_own_rule_edits_change_nothing_about_its_run() {
         .collect();
     assert!(!config_reads.is_empty());
     for r in &config_reads {
-        assert!(
-            r.query.as_deref().is_some_and(|q| q.contains(&base)),
-            "{r:?}"
-        );
+        assert_eq!(r.query, Some(format!("ref={base}")), "{r:?}");
     }
     let db = s.db().await;
     let result = db.get_run(&run.0).await.unwrap().unwrap().result.unwrap();
-    assert!(result.contains("\"max_iterations\":9"), "{result}");
+    let result: serde_json::Value = serde_json::from_str(&result).unwrap();
+    assert_eq!(result["admission"]["max_iterations"], 9, "{result}");
     s.finish().await;
 }
 
@@ -553,8 +592,10 @@ async fn hostile_instruction_files_end_bounded_and_said() {
     s.github.add_issue(REPO, 7, "Q", "", "carol");
     s.model.reply(text("one"), "end_turn", usage(1000, 10));
     let first = s.comment(7, "alice", "/kodx ask what are the rules?").await;
-    s.bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
-        .await;
+    s.bot_comment_where(7, "the answer", |c| {
+        c.body.lines().any(|l| l == "### ✅ answered")
+    })
+    .await;
     let prompt = first_prompt(&s);
     assert!(
         prompt.contains("CLAUDE RULES") && !prompt.contains("root:"),
@@ -577,8 +618,10 @@ async fn hostile_instruction_files_end_bounded_and_said() {
     s.github.add_issue(REPO, 8, "Q", "", "carol");
     s.model.reply(text("two"), "end_turn", usage(1000, 10));
     let second = s.comment(8, "alice", "/kodx ask what are the rules?").await;
-    s.bot_comment_where(8, "the answer", |c| c.body.contains("answered"))
-        .await;
+    s.bot_comment_where(8, "the answer", |c| {
+        c.body.lines().any(|l| l == "### ✅ answered")
+    })
+    .await;
     let prompt = s.model.requests()[1].body["messages"][0]["content"].to_string();
     assert!(!prompt.contains("instructions for agents"), "{prompt}");
     assert!(!prompt.contains("curl evil"), "{prompt}");
@@ -597,8 +640,10 @@ async fn hostile_instruction_files_end_bounded_and_said() {
     s.github.add_issue(REPO, 9, "Q", "", "carol");
     s.model.reply(text("three"), "end_turn", usage(1000, 10));
     let third = s.comment(9, "alice", "/kodx ask what are the rules?").await;
-    s.bot_comment_where(9, "the answer", |c| c.body.contains("answered"))
-        .await;
+    s.bot_comment_where(9, "the answer", |c| {
+        c.body.lines().any(|l| l == "### ✅ answered")
+    })
+    .await;
     let body = &s.model.requests()[2].body;
     let prompt = body["messages"][0]["content"].to_string();
     assert!(prompt.contains("Always run the linters."), "bounded prompt");

@@ -106,10 +106,9 @@ async fn ask_and_code_runs_work_on_postgres() {
         assert!(run.cost_usd.unwrap() > 0.0, "{run:?}");
     }
     let code_run = db.get_run(&code.0).await.unwrap().unwrap();
-    assert_eq!(
-        code_run.pr_url.as_deref().map(|u| u.contains("/pull/")),
-        Some(true)
-    );
+    let pr_url = code_run.pr_url.expect("the pull request is stored");
+    common::serve::redactions(&[], &[])
+        .bind(|| insta::assert_snapshot!(pr_url, @"http://127.0.0.1:[port]/acme/widgets/pull/8"));
     db.close().await;
     s.finish().await;
     // The server never logged the database password.
@@ -170,7 +169,9 @@ async fn a_killed_process_run_is_finished_by_another_after_its_lease() {
     });
     // The one status comment said the run was taken up again.
     assert!(
-        done.edits.iter().any(|e| e.contains("queued again")),
+        done.edits.iter().any(|e| e
+            .lines()
+            .any(|l| l == "### ⏳ queued again — kodx restarted while this run was working")),
         "{:#?}",
         done.edits
     );
@@ -346,7 +347,7 @@ async fn an_intake_process_queues_and_a_worker_process_runs() {
         .await
         .unwrap();
     assert_eq!(refused.status(), 404);
-    assert!(refused.text().await.unwrap().contains("--role worker"));
+    insta::assert_snapshot!(refused.text().await.unwrap(), @r#"{"error":"this kodx serve process runs with --role worker and takes no webhooks; point the GitHub App's webhook URL at a process with --role all or intake"}"#);
     // Its health endpoint answers.
     let health = reqwest::get(format!("{worker_url}/healthz")).await.unwrap();
     assert_eq!(health.status(), 200);
@@ -509,7 +510,22 @@ async fn a_burst_over_three_processes_runs_each_command_once() {
     for issue in 1..=ISSUES {
         for _ in 0..PER_ISSUE {
             let help = s.next_bot_comment(issue).await;
-            assert!(help.body.contains("/kodx"), "{}", help.body);
+            insta::allow_duplicates! {
+                common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(help.body, @r"
+                **kodx** runs an AI agent in a sandboxed container on a copy of this repository.
+
+                | command | what happens | who may |
+                | --- | --- | --- |
+                | `/kodx ask <question>` | the agent reads the code and answers here | write access (or read, if the repository allows it) |
+                | `/kodx code <request>` | the agent makes the change and opens a pull request (`--base <branch>` first: from and into that branch) | write access |
+                | `/kodx continue [$N \| N steps]` | resumes the code run here that a cost, step or time limit stopped, on its branch and pull request, with the repository's limit again (or `$N` / `N steps`) | write access |
+                | `/kodx address-reviews [words]` | on a pull request: one run addresses every unresolved review thread, pushes, and replies in each | write access |
+                | `/kodx cancel` | stops the runs on this issue or pull request | write access |
+                | `/kodx help` | this message | everyone |
+
+                The command must start a line, outside code blocks and quotes; everything after it is the request. Limits and the model are set in `.github/kodx.yml`; kodx follows the repository's `AGENTS.md` and pull request template, read from the branch the work targets. With `ci_repair`, kodx repairs red CI on the pull requests it opened; with `triggers.label`, labelling an issue starts `/kodx code`.
+                "));
+            }
         }
     }
     let db = s.db().await;
@@ -583,9 +599,28 @@ async fn waiting_runs_are_acknowledged_once_across_processes() {
     let (mut b, _) = s.spawn_another(&["--role", "worker"]).await;
     for (issue, run) in (1..=RUNS).zip(&runs) {
         let done = s
-            .bot_comment_where(issue, "the answer", |c| c.body.contains("answered"))
+            .bot_comment_where(issue, "the answer", |c| {
+                c.body.lines().any(|l| l == "### ✅ answered")
+            })
             .await;
-        assert!(done.body.contains("Rayleigh"), "{}", done.body);
+        // The same answer for each run (its id redacted).
+        insta::allow_duplicates! {
+            common::serve::redactions(&[&run.0], &[])
+                .bind(|| insta::assert_snapshot!(done.body, @r#"
+                <!-- kodx:{"run":"[run]","v":1} -->
+                ### ✅ answered
+
+                > /kodx ask why is the sky blue?
+
+                Because of Rayleigh scattering.
+
+                | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+                |---|--:|--:|--:|--:|--:|--:|--:|---|
+                | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $1.00 | [duration] | `end_turn` |
+
+                <sub>kodx run <code>[run]</code></sub>
+                "#));
+        }
         s.reaction(&s.trigger(run), "rocket").await;
     }
     terminate(&mut a).await;

@@ -53,7 +53,9 @@ async fn a_finished_runs_page_shows_its_steps_and_only_to_its_token() {
         .reply(text("The notes are fine."), "end_turn", usage(2100, 10));
     let run = s.comment(7, "alice", "/kodx ask are the notes ok?").await;
     let status = s
-        .bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
+        .bot_comment_where(7, "the answer", |c| {
+            c.body.lines().any(|l| l == "### ✅ answered")
+        })
         .await;
     common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(status.body, @r#"
     <!-- kodx:{"run":"[hex]","v":1} -->
@@ -77,16 +79,36 @@ async fn a_finished_runs_page_shows_its_steps_and_only_to_its_token() {
 
     let (code, page) = get(&s, &page_path).await;
     assert_eq!(code, 200, "{page}");
-    assert!(page.contains("are the notes ok?"), "the request: {page}");
-    assert!(page.contains("alice"), "{page}");
-    assert!(
-        page.contains("default$ echo notes-ok"),
-        "what was typed: {page}"
-    );
-    assert!(page.contains("notes-ok\n"), "what it printed: {page}");
-    assert!(page.contains("The notes are fine."), "{page}");
-    assert!(page.contains("tokens: 2000 in, 20 out"), "{page}");
-    assert!(page.contains("$0."), "the cost: {page}");
+    // Who asked what, what was typed and printed, the model's words, the tokens and cost
+    // of each step; the page's body, a line per block element.
+    let shown = &page[page.find("<h1>").expect("a heading")..page.find("</body>").unwrap()];
+    let mut settings = common::serve::redactions(&[&run.0], &[]);
+    settings.add_filter(r"(<(?:div|p|pre|h1|h2|details)\b)", "\n$1");
+    settings.bind(|| insta::assert_snapshot!(shown, @r#"
+
+    <h1>kodx run <code>[run]</code></h1>
+    <div class="card">
+    <p><strong>alice</strong> asked: <code>/kodx ask are the notes ok?</code></p>
+    <p>acme/widgets #7</p>
+    <p>Status: <span class="ok">succeeded</span> · stop: <code>end_turn</code> · [duration]</p>
+    <p>Cost: <strong class="cost">$0.0128</strong> · 2 API calls</p></div>
+    <div class="card" id="context">
+    <h2>Repository context</h2>
+    <p>Read from branch <code>main</code> at <code>[run]</code>.</p>
+    <p class="hint">No instructions given (no AGENTS.md, CLAUDE.md or .github/copilot-instructions.md to use).</p></div>
+    <div id="steps" data-events="/runs/[run]/events?token=[hex]&amp;from=6">
+    <div class="card step" data-seq="2">
+    <h2>Step 1</h2>
+    <pre class="typed">default$ echo notes-ok; echo [REDACTED]</pre>
+    <pre class="out">notes-ok
+    [REDACTED]
+    [exit status: 0]</pre>
+    <p class="hint">tokens: 2000 in, 20 out, 0 cache write, 0 cache read · $0.0063</p></div>
+    <div class="card step" data-seq="6">
+    <h2>Step 2</h2>
+    <pre class="text">The notes are fine.</pre>
+    <p class="hint">tokens: 2100 in, 10 out, 0 cache write, 0 cache read · $0.0065</p></div></div></main>
+    "#));
     assert!(
         !page.contains(SECRET_LOOKALIKE),
         "redacted as comments are: {page}"
@@ -175,8 +197,10 @@ async fn a_live_page_gets_new_steps_and_then_the_end() {
         seen.contains("second-step"),
         "a step that came while watching: {seen}"
     );
-    s.bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
-        .await;
+    s.bot_comment_where(7, "the answer", |c| {
+        c.body.lines().any(|l| l == "### ✅ answered")
+    })
+    .await;
     let _ = run;
     s.finish().await;
 }
@@ -189,7 +213,9 @@ async fn pages_off_means_no_page_and_no_link() {
     s.model.reply(text("Yes."), "end_turn", usage(1000, 10));
     let run = s.comment(7, "alice", "/kodx ask yes?").await;
     let status = s
-        .bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
+        .bot_comment_where(7, "the answer", |c| {
+            c.body.lines().any(|l| l == "### ✅ answered")
+        })
         .await;
     assert!(!status.body.contains("/runs/"), "{}", status.body);
     let (code, _) = get(&s, &format!("/runs/{}?token=x", run.0)).await;
