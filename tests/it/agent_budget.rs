@@ -325,7 +325,7 @@ async fn the_step_limit_ends_with_a_summary_call_and_a_wrap_up_note_before_it() 
         [false, false, false, false, false, false, false, false, false, true]
     );
     assert!(o.last_message.starts_with("Summary:"));
-    assert!(o.detail.unwrap().contains("summary"));
+    insta::assert_snapshot!(o.detail.unwrap(), @"the run made its 10 model calls (max_iterations); the last one asked for a summary");
 }
 
 #[tokio::test]

@@ -556,7 +556,7 @@ fn a_branch_that_keeps_moving_is_given_up_without_forcing() {
             attempts: 0
         }
     );
-    assert!(err.to_string().contains("never force-pushes"), "{err}");
+    insta::assert_snapshot!(err.to_string(), @"the branch `main` kept moving on the server: after 0 rebase(s) onto it the push was still refused as non-fast-forward; kodx never force-pushes");
     assert_eq!(srv.branch_sha(REPO, "main"), Some(theirs));
 }
 
@@ -621,7 +621,6 @@ fn a_push_the_server_refuses_carries_its_reason() {
     };
     assert!(reason.starts_with("refs/heads/main: "), "{reason}");
     crate::common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(reason, @"refs/heads/main: pre-receive hook declined; the server said: refusing to allow a GitHub App to create or update workflow `.github/workflows/ci.yml` without `workflows` permission"));
-    assert!(reason.contains(workflow), "{reason}");
     let explained = git::explain_rejection(reason);
     assert!(
         explained.starts_with("the App is not allowed to change files under .github/workflows/"),
@@ -632,7 +631,10 @@ fn a_push_the_server_refuses_carries_its_reason() {
 
     // The plain push reports the same; so does a protected-branch refusal.
     let err = git::push(&dest, &url, TOKEN, "HEAD", "main", false).unwrap_err();
-    assert!(matches!(&err, GitError::Rejected { reason } if reason.contains(workflow)));
+    assert!(
+        matches!(&err, GitError::Rejected { reason: plain } if plain == reason),
+        "{err:?}"
+    );
     install_pre_receive(
         &srv,
         "#!/bin/sh\n\

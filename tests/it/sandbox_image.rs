@@ -111,10 +111,10 @@ async fn a_sandbox_is_made_from_its_image_with_kodxs_files_in_once_and_again_whe
         config.cmd,
         Some(vec!["echo".to_string(), "base command".to_string()])
     );
-    assert!(config
-        .env
-        .unwrap_or_default()
-        .contains(&"BASE_ENV=kept".to_string()));
+    insta::assert_snapshot!(config.env.unwrap_or_default().join("\n"), @"
+    BASE_ENV=kept
+    PATH=/bin
+    ");
     let labels = config.labels.unwrap();
     assert_eq!(
         labels.get("test.base").map(String::as_str),

@@ -574,6 +574,7 @@ async fn a_served_run_says_whether_the_setup_came_from_the_cache() {
         "setup_script: |\n  echo run >> /var/tmp/setup-runs\n",
     );
     let mut runs = Vec::new();
+    let mut bodies = Vec::new();
     for issue in [7, 8] {
         s.github
             .add_issue(REPO, issue, "Setup", "Check it.", "carol");
@@ -591,9 +592,45 @@ async fn a_served_run_says_whether_the_setup_came_from_the_cache() {
             .bot_comment_where(issue, "the run's end", |c| c.body.contains("RUNS(("))
             .await
             .body;
-        assert!(body.contains("RUNS((run\n[exit status: 0]))"), "{body}");
+        bodies.push(body);
         runs.push(run);
     }
+    let ids = [runs[0].0.as_str(), runs[1].0.as_str()];
+    let settings = crate::common::serve::redactions(&ids, &[]);
+    settings.bind(|| {
+        insta::assert_snapshot!(bodies[0], @r#"
+    <!-- kodx:{"run":"[run]","v":1} -->
+    ### ✅ answered
+
+    > /kodx ask how often did setup run?
+
+    RUNS((run
+    [exit status: 0]))
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,200 | 60 | 0 | 0 | $0.0075 of $1.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · setup ran in [duration] (not cached yet)</sub>
+    "#)
+    });
+    settings.bind(|| {
+        insta::assert_snapshot!(bodies[1], @r#"
+    <!-- kodx:{"run":"[run]","v":1} -->
+    ### ✅ answered
+
+    > /kodx ask how often did setup run?
+
+    RUNS((run
+    [exit status: 0]))
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,200 | 60 | 0 | 0 | $0.0075 of $1.00 | [duration] | `end_turn` |
+
+    <sub>kodx run <code>[run]</code> · setup from the cache in [duration]</sub>
+    "#)
+    });
     // Opened once the server has made its database.
     let db = s.db().await;
     let mut results = Vec::new();

@@ -189,9 +189,10 @@ async fn a_replaced_helper_flooding_the_snapshot_leaves_memory_flat_and_the_chan
         .await
         .unwrap()
         .output;
-    assert!(
-        replaced.contains("the helper is the real one"),
-        "the helper on its read-only volume stays kodx's: {replaced}"
+    assert_eq!(
+        replaced.trim(),
+        "the helper is the real one",
+        "the helper on its read-only volume stays kodx's"
     );
     let want = ["a.txt modified content=true mode=false", "b.txt added"];
 

@@ -101,7 +101,7 @@ async fn a_checks_sandbox_holds_the_starting_tree_and_exactly_the_change_set() {
         .await
         .unwrap();
     assert_eq!(seen.exit_code, Some(0), "{seen:?}");
-    assert!(seen.output.contains("all-seen"), "{seen:?}");
+    assert_eq!(seen.output.trim(), "all-seen", "{seen:?}");
     checkout.sandbox.destroy().await.unwrap();
     // What was checked is what is delivered, while the agent does nothing more.
     let verified = verifier.take_verified().expect("the checked change set");

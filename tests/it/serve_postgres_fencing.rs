@@ -84,7 +84,8 @@ async fn a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing
     let stored = db.get_run(&run.0).await.unwrap().unwrap();
     assert_eq!(stored.status, RunStatus::Succeeded, "{stored:?}");
     let result = stored.result.as_deref().unwrap_or_default();
-    assert!(result.contains("The answer from B."), "{result}");
+    let parsed: kodx::db::RunResult = serde_json::from_str(result).unwrap();
+    assert_eq!(parsed.last_message, "The answer from B.", "{result}");
     assert!(!result.contains("The answer from A."), "{result}");
     common::serve::redactions(&[], &[]).bind(|| {
         insta::assert_snapshot!(done.body, @r#"
@@ -204,14 +205,9 @@ async fn a_process_resumed_in_the_middle_of_a_github_read_writes_nothing() {
     assert!(s.log().contains("lost the run's lease"), "{}", s.log());
     let stored = db.get_run(&run.0).await.unwrap().unwrap();
     assert_eq!(stored.status, RunStatus::Succeeded, "{stored:?}");
-    assert!(
-        stored
-            .result
-            .as_deref()
-            .unwrap_or_default()
-            .contains("Wrote two.txt."),
-        "{stored:?}"
-    );
+    let parsed: kodx::db::RunResult =
+        serde_json::from_str(stored.result.as_deref().unwrap_or_default()).unwrap();
+    assert_eq!(parsed.last_message, "Wrote two.txt.", "{stored:?}");
     db.close().await;
     common::assert_gone(&engine, &run.container_label()).await;
     s.reaction(&s.trigger(&run), "rocket").await;

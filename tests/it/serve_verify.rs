@@ -97,12 +97,6 @@ async fn an_agent_that_tampers_with_its_own_container_cannot_turn_a_red_check_gr
 
     <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
     "#));
-    for name in ["grep", "login", "daemon", "ignored", "tmp"] {
-        assert!(
-            status.contains(&format!("| {name} | ❌ failed (exit 1)")),
-            "{name}: {status}"
-        );
-    }
     let pulls = s.github.created_pulls(REPO);
     assert_eq!(pulls.len(), 1, "{pulls:#?}");
     assert!(pulls[0].draft, "red checks make a draft");
@@ -217,23 +211,32 @@ async fn a_pass_over_edited_tests_is_called_out_everywhere() {
     "#));
     let pulls = s.github.created_pulls(REPO);
     assert_eq!(pulls.len(), 1);
-    for text in [&pulls[0].body, &status] {
-        assert!(
-            text.contains("| tests | ⚠️ passed over edited tests: `tests/run.sh` |"),
-            "{text}"
-        );
-        // The globs guard every check; the files a command names guard that check.
-        assert!(
-            text.contains("| main | ⚠️ passed over edited tests: `tests/run.sh` |"),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                "**The checks passed over edited tests.** This change edits `tests/run.sh`"
-            ),
-            "{text}"
-        );
-    }
+    // The globs guard every check; the files a command names guard that check.
+    let body = &pulls[0].body;
+    common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(body, @r#"
+    <!-- kodx:{"run":"[hex]","v":1} -->
+    Fixed.
+
+    **Checks** (run by kodx in a fresh sandbox holding only the change):
+
+    | check | result | duration | attempt |
+    |---|---|--:|---|
+    | tests | ⚠️ passed over edited tests: `tests/run.sh` | [duration] | passed in 1 of 1 |
+    | main | ⚠️ passed over edited tests: `tests/run.sh` | [duration] | passed in 1 of 1 |
+
+    ⚠️ **The checks passed over edited tests.** This change edits `tests/run.sh`, which the checks depend on: a pass proves less than usual. Review those edits first.
+
+    Closes #7
+
+    Requested by @alice with `/kodx code`.
+
+    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
+    |---|--:|--:|--:|--:|--:|--:|--:|---|
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+
+
+    <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">the run's steps</a></sub>
+    "#));
     let runs = s.github.check_runs();
     assert_eq!(runs.len(), 1);
     let cr = &runs[0].body;
@@ -242,10 +245,30 @@ async fn a_pass_over_edited_tests_is_called_out_everywhere() {
         cr["output"]["title"],
         "2 of 2 checks passed, 2 over edited tests"
     );
-    assert!(cr["output"]["text"]
-        .as_str()
-        .unwrap()
-        .contains("Edited files this check depends on: `tests/run.sh`"));
+    let text = cr["output"]["text"].as_str().unwrap();
+    common::serve::redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(text, @"
+    ### tests — passed
+
+    `sh tests/run.sh`
+
+    Edited files this check depends on: `tests/run.sh`
+
+    ```text
+
+    ```
+
+    ### main — passed
+
+    `python3 -c 1 || true`
+
+    Edited files this check depends on: `tests/run.sh`
+
+    ```text
+
+    ```
+    ")
+    });
     assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
     s.finish().await;
 }
