@@ -15,7 +15,8 @@
 //! Layout: `open` turns `DATABASE_URL` into a pool and migrates it; `models` holds the
 //! rows and the types stored in them; `intake` records webhook deliveries (the group
 //! commit) and installations; `queue` claims, finishes, cancels and recovers runs;
-//! `transcripts` stores and prunes what a run did; `spend` sums what runs cost. Each
+//! `transcripts` stores and prunes what a run did; `spend` sums what runs cost;
+//! `estimate` reads what a repository's last runs of a kind cost. Each
 //! adds its methods to the one facade, [`Db`].
 
 /// Runs `$body` with `$p` bound to the pool of whichever backend `$pool` is; the body is
@@ -31,6 +32,7 @@ macro_rules! with_pool {
 
 mod accept;
 mod error;
+mod estimate;
 mod intake;
 #[macro_use]
 mod models;
@@ -51,6 +53,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use accept::AcceptJob;
 pub use error::DbError;
+pub use estimate::{Estimate, ESTIMATE_MIN_RUNS, ESTIMATE_WINDOW};
 pub use models::{
     Accepted, CancelledRun, EndReason, Finish, Holder, InstallationRecord, Lease, NewDelivery,
     NewRun, Recovered, RecoveryAction, Run, RunCounts, RunStatus,

@@ -9,6 +9,7 @@ mod common;
 mod stats;
 
 mod checks;
+mod estimate;
 mod follow_up;
 mod postgres;
 mod pr;

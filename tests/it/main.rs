@@ -51,6 +51,7 @@ mod serve_checks;
 mod serve_code;
 mod serve_context;
 mod serve_continue;
+mod serve_estimate;
 mod serve_follow_up;
 mod serve_lifecycle;
 mod serve_network;

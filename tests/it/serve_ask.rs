@@ -244,6 +244,8 @@ async fn read_permission_may_ask_when_the_repository_allows_it() {
 
     > /kodx ask hi
 
+    estimate: no history yet · cap $1.00
+
     <sub>kodx run <code>[run]</code></sub>
     "#)
     });

@@ -119,6 +119,8 @@ pub(in crate::serve) struct StatusComment {
     lease: Option<Lease>,
     /// The run page's address, shown in the comment.
     link: Option<String>,
+    /// The cost estimate line, shown until the run ends (set when it is acknowledged).
+    estimate: Option<String>,
 }
 
 impl StatusComment {
@@ -133,6 +135,7 @@ impl StatusComment {
             id,
             lease: None,
             link: None,
+            estimate: None,
         }
     }
 
@@ -169,6 +172,13 @@ impl StatusComment {
         self
     }
 
+    /// Shows the cost estimate line ([`crate::serve::texts::estimate_line`]) until the run
+    /// ends.
+    pub fn estimated(mut self, line: Option<String>) -> StatusComment {
+        self.estimate = line;
+        self
+    }
+
     /// Written only while `lease` holds: its client asks the lease right before each edit,
     /// post and reaction.
     pub fn under_lease(mut self, lease: Lease) -> StatusComment {
@@ -178,7 +188,13 @@ impl StatusComment {
     }
 
     fn body(&self, phase: &Phase) -> String {
-        comment::render_linked(&self.run_id, &self.command, phase, self.link.as_deref())
+        comment::render_linked(
+            &self.run_id,
+            &self.command,
+            phase,
+            self.link.as_deref(),
+            self.estimate.as_deref(),
+        )
     }
 
     /// Posts it, showing `phase`; returns its id.

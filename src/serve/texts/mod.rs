@@ -8,12 +8,14 @@
 //! [`crate::neutral`] where it is put in; logins are redacted.
 
 pub mod checks;
+mod estimate;
 mod follow_up;
 mod help;
 pub mod markup;
 mod pull;
 pub mod status;
 
+pub use estimate::estimate_line;
 pub use follow_up::{
     repair_stopped, threads_list_unreadable, threads_unreadable, RepairStop,
     ADDRESS_REVIEWS_ON_ISSUE, NO_THREADS_LISTED, NO_UNRESOLVED_THREADS,

@@ -99,15 +99,18 @@ impl Done {
 /// from the model, the repository or the user is redacted; the body stays under GitHub's
 /// comment limit (an over-long answer is cut in the middle, with a note).
 pub fn render(run_id: &str, command_line: &str, phase: &Phase) -> String {
-    render_linked(run_id, command_line, phase, None)
+    render_linked(run_id, command_line, phase, None, None)
 }
 
-/// [`render`], with a link to the run's page in the last line when `link` is given.
+/// [`render`], with a link to the run's page in the last line when `link` is given, and
+/// the cost estimate line (kodx's own words, [`super::estimate_line`]) under the command
+/// until the run ends.
 pub fn render_linked(
     run_id: &str,
     command_line: &str,
     phase: &Phase,
     link: Option<&str>,
+    estimate: Option<&str>,
 ) -> String {
     let mut head = String::new();
     head.push_str(&metadata(run_id));
@@ -123,6 +126,10 @@ pub fn render_linked(
         head.push('\n');
     }
     head.push('\n');
+    if let (Some(line), false) = (estimate, matches!(phase, Phase::Done(_))) {
+        head.push_str(line);
+        head.push_str("\n\n");
+    }
 
     let mut tail = String::new();
     let mut answer = String::new();
@@ -432,6 +439,7 @@ mod tests {
                 "/kodx code add a --json flag",
                 &phase,
                 Some("https://kodx.example/runs/0123456789ab?token=t"),
+                None,
             );
             insta::assert_snapshot!(format!("status_{name}"), body);
         }

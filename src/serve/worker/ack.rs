@@ -8,10 +8,11 @@ use crate::db::Run;
 use crate::github::Reaction;
 use crate::job::Job;
 use crate::serve::commands::continue_run;
-use crate::serve::pipeline::gate::{CannotContinue, Refusal};
+use crate::serve::pipeline::gate::{Admission, CannotContinue, Refusal};
 use crate::serve::pipeline::{
     ending, gate, repo_of, status, Acked, RunFailure, RunLog, StatusComment,
 };
+use crate::serve::texts;
 use crate::serve::texts::status::Phase;
 
 use super::Workers;
@@ -154,7 +155,9 @@ impl Workers {
             }
         }
         status::react(&gh, &repo, run, Reaction::Eyes).await;
-        let mut status = StatusComment::new(gh, repo, run, None).linked(self.svc.run_link(&run.id));
+        let mut status = StatusComment::new(gh, repo, run, None)
+            .linked(self.svc.run_link(&run.id))
+            .estimated(self.estimate_line(run, &admission).await);
         // `/kodx continue` goes on in the status comment of the run it continues; a comment
         // this run posted before a crash is found by its hidden metadata.
         let existing = match is_continue {
@@ -188,5 +191,25 @@ impl Workers {
             }
         }
         Acked::Admitted(Box::new((admission, status)))
+    }
+
+    /// The status comment's cost estimate line for an agent run: the repository's last
+    /// runs of the same kind beside the run's cap. `None` for a control job, or when the
+    /// database could not be read (logged; the run goes on without it).
+    async fn estimate_line(&self, run: &Run, admission: &Admission) -> Option<String> {
+        let kind = run.kind();
+        let cap = admission.cost_limit(kind.run_kind()?, &self.svc.settings.maxima());
+        match self
+            .svc
+            .db
+            .cost_estimate(&run.request.repo, kind.as_str())
+            .await
+        {
+            Ok(estimate) => Some(texts::estimate_line(estimate.as_ref(), kind, cap)),
+            Err(e) => {
+                tracing::warn!("reading the cost estimate failed: {e}");
+                None
+            }
+        }
     }
 }
