@@ -67,6 +67,19 @@ async fn finishes_after_restart(s: &mut Served, run_id: &str) {
         "{:#?}",
         comments[0].edits
     );
+    // The process that took the run over rebuilt its status comment: its edits keep the
+    // estimate line the acknowledgement showed.
+    let edits = &comments[0].edits;
+    let requeued = edits
+        .iter()
+        .position(|e| e.contains("queued again — kodx restarted"))
+        .unwrap();
+    assert!(
+        edits[requeued + 1..].iter().any(|e| e
+            .lines()
+            .any(|l| l.starts_with("estimate: no history yet · cap $"))),
+        "{edits:#?}"
+    );
     let run = run_of(s, run_id).await;
     assert_eq!(run.status, kodx::db::RunStatus::Succeeded);
     assert_eq!(run.attempts, 2);

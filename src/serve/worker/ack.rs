@@ -196,7 +196,7 @@ impl Workers {
     /// The status comment's cost estimate line for an agent run: the repository's last
     /// runs of the same kind beside the run's cap. `None` for a control job, or when the
     /// database could not be read (logged; the run goes on without it).
-    async fn estimate_line(&self, run: &Run, admission: &Admission) -> Option<String> {
+    pub(super) async fn estimate_line(&self, run: &Run, admission: &Admission) -> Option<String> {
         let kind = run.kind();
         let cap = admission.cost_limit(kind.run_kind()?, &self.svc.settings.maxima());
         match self

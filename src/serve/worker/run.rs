@@ -163,7 +163,11 @@ impl Workers {
                     Ok(a) => a,
                     Err(refusal) => return self.refused_after_wait(run, refusal),
                 };
-                let status = status::status_comment(&self.svc, &gh, &repo, run).await;
+                // The estimate line is read again: the comment is rebuilt here, and its
+                // edits would otherwise drop what the acknowledgement showed.
+                let status = status::status_comment(&self.svc, &gh, &repo, run)
+                    .await
+                    .estimated(self.estimate_line(run, &admission).await);
                 (admission, status)
             }
         };
