@@ -180,21 +180,9 @@ async fn deliveries_through_a_proxy_channel_are_verified_and_queued() {
         &sign(SECRET, body.as_bytes()),
         &body,
     );
-    let help = s.next_bot_comment(9).await;
-    crate::common::serve::redactions(&[], &[]).bind(|| insta::assert_snapshot!(help.body, @r"
-    **kodx** runs an AI agent in a sandboxed container on a copy of this repository.
-
-    | command | what happens | who may |
-    | --- | --- | --- |
-    | `/kodx ask <question>` | the agent reads the code and answers here | write access (or read, if the repository allows it) |
-    | `/kodx code <request>` | the agent makes the change and opens a pull request (`--base <branch>` first: from and into that branch) | write access |
-    | `/kodx continue [$N \| N steps]` | resumes the code run here that a cost, step or time limit stopped, on its branch and pull request, with the repository's limit again (or `$N` / `N steps`) | write access |
-    | `/kodx address-reviews [words]` | on a pull request: one run addresses every unresolved review thread, pushes, and replies in each | write access |
-    | `/kodx cancel` | stops the runs on this issue or pull request | write access |
-    | `/kodx help` | this message | everyone |
-
-    The command must start a line, outside code blocks and quotes; everything after it is the request. Limits and the model are set in `.github/kodx.yml`; kodx follows the repository's `AGENTS.md` and pull request template, read from the branch the work targets. With `ci_repair`, kodx repairs red CI on the pull requests it opened; with `triggers.label`, labelling an issue starts `/kodx code`.
-    "));
+    // The same help answer as the first delivery's (snapshotted above).
+    let again = s.next_bot_comment(9).await;
+    assert_eq!(again.body, help.body);
     // Nothing came of the refused deliveries (`finish` fails on any unread bot comment).
     s.finish().await;
 }
