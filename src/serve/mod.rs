@@ -23,6 +23,7 @@ pub mod keys;
 pub mod metrics;
 pub(crate) mod pipeline;
 pub mod runpage;
+pub mod settings;
 pub mod setup;
 pub mod texts;
 pub mod worker;
