@@ -57,6 +57,12 @@ pub enum Job {
     },
     /// `/kodx cancel`: stop the runs on this issue.
     Cancel,
+    /// `/kodx go [$N]`: start the run here that waits for confirmation, with a cap of at
+    /// most `cap` USD when given.
+    Go {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cap: Option<Usd>,
+    },
     /// `/kodx help`, or an unknown subcommand (named in the answer).
     Help { unknown: Option<String> },
     /// A command that was found but cannot run (empty or too long); the reason is the
@@ -80,6 +86,7 @@ pub enum JobKind {
     Code,
     Continue,
     Cancel,
+    Go,
     Help,
     Refuse,
     #[sqlx(rename = "address_reviews")]
@@ -96,6 +103,7 @@ impl JobKind {
             JobKind::Code => "code",
             JobKind::Continue => "continue",
             JobKind::Cancel => "cancel",
+            JobKind::Go => "go",
             JobKind::Help => "help",
             JobKind::Refuse => "refuse",
             JobKind::AddressReviews => "address_reviews",
@@ -147,7 +155,7 @@ impl JobKind {
             JobKind::Code | JobKind::Continue | JobKind::AddressReviews | JobKind::Repair => {
                 Some(RunKind::Code)
             }
-            JobKind::Cancel | JobKind::Help | JobKind::Refuse => None,
+            JobKind::Cancel | JobKind::Go | JobKind::Help | JobKind::Refuse => None,
         }
     }
 }
@@ -188,6 +196,11 @@ impl Job {
                 more: More::parse(&argument).unwrap_or(More::Default),
             },
             JobKind::Cancel => Job::Cancel,
+            // Stored as the command wrote it (``, `$2`); a row no version could write reads
+            // as no cap.
+            JobKind::Go => Job::Go {
+                cap: Usd::parse(&argument).ok(),
+            },
             JobKind::Help => Job::Help {
                 unknown: (!argument.is_empty()).then_some(argument),
             },
@@ -203,6 +216,7 @@ impl Job {
             Job::Code { .. } => JobKind::Code,
             Job::Continue { .. } => JobKind::Continue,
             Job::Cancel => JobKind::Cancel,
+            Job::Go { .. } => JobKind::Go,
             Job::Help { .. } => JobKind::Help,
             Job::Refuse { .. } => JobKind::Refuse,
             Job::AddressReviews { .. } => JobKind::AddressReviews,
@@ -219,6 +233,7 @@ impl Job {
             Job::Code { request, .. } => request.into(),
             Job::Continue { more } => more.as_argument().into(),
             Job::Cancel => "".into(),
+            Job::Go { cap } => cap.map(|c| c.to_string()).unwrap_or_default().into(),
             Job::Help { unknown } => unknown.as_deref().unwrap_or("").into(),
             Job::Refuse { reason } => reason.into(),
             Job::AddressReviews { words } => words.into(),
@@ -270,6 +285,37 @@ fn more_argument<S: serde::Serializer>(more: &More, s: S) -> Result<S::Ok, S::Er
     s.serialize_str(&more.as_argument())
 }
 
+/// An amount in US dollars as a command writes it: `$` and a positive number of at most
+/// [`More::MAX_USD`] (`$2`, `$0.50`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct Usd(pub f64);
+
+impl Eq for Usd {}
+
+impl Usd {
+    /// Reads `$N`; `Err(())` for anything else (the caller words the error).
+    pub fn parse(word: &str) -> Result<Usd, ()> {
+        let digits = word.trim().strip_prefix('$').ok_or(())?;
+        let ok = !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+            && digits.matches('.').count() <= 1;
+        if !ok {
+            return Err(());
+        }
+        match digits.parse::<f64>() {
+            Ok(usd) if usd > 0.0 && usd <= More::MAX_USD => Ok(Usd(usd)),
+            _ => Err(()),
+        }
+    }
+}
+
+impl std::fmt::Display for Usd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "${}", self.0)
+    }
+}
+
 /// What `/kodx continue` adds to the stopped run's limits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum More {
@@ -308,20 +354,7 @@ impl More {
         match words.as_slice() {
             [] => Ok(More::Default),
             [money] if money.starts_with('$') => {
-                let digits = &money[1..];
-                let ok = !digits.is_empty()
-                    && digits.bytes().all(|b| b.is_ascii_digit() || b == b'.')
-                    && digits.matches('.').count() <= 1;
-                let usd: f64 = if ok {
-                    digits.parse().map_err(|_| bad())?
-                } else {
-                    return Err(bad());
-                };
-                if usd > 0.0 && usd <= More::MAX_USD {
-                    Ok(More::Usd(usd))
-                } else {
-                    Err(bad())
-                }
+                Usd::parse(money).map(|u| More::Usd(u.0)).map_err(|_| bad())
             }
             [n, unit]
                 if unit.eq_ignore_ascii_case("steps") || unit.eq_ignore_ascii_case("step") =>
@@ -351,6 +384,9 @@ pub enum ParseError {
     /// `/kodx continue` with an argument that is neither `$N` nor `N steps`.
     #[error("`/kodx continue` takes nothing, `$N` (more budget, e.g. `$2`) or `N steps` (e.g. `20 steps`), not {}", crate::neutral::code(.found))]
     BadContinue { found: String },
+    /// `/kodx go` with an argument that is not `$N`.
+    #[error("`/kodx go` takes nothing or a lower cap as `$N` (e.g. `$1.50`), not {}", crate::neutral::code(.found))]
+    BadGo { found: String },
     /// `--base` without a branch after it.
     #[error(
         "`--base` needs the name of a branch, as in `/kodx code --base release-1 fix the crash`"
@@ -473,6 +509,16 @@ fn parse_after_prefix(text: &str) -> Result<Job, ParseError> {
         Ok(Job::Help { unknown: None })
     } else if word.eq_ignore_ascii_case("cancel") {
         Ok(Job::Cancel)
+    } else if word.eq_ignore_ascii_case("go") {
+        let line = argument.find(['\r', '\n']).unwrap_or(argument.len());
+        let words = argument[..line].trim();
+        let cap = match words {
+            "" => None,
+            money => Some(Usd::parse(money).map_err(|_| ParseError::BadGo {
+                found: money.chars().take(MAX_UNKNOWN_CHARS).collect(),
+            })?),
+        };
+        Ok(Job::Go { cap })
     } else if word.eq_ignore_ascii_case("continue") {
         let line = argument.find(['\r', '\n']).unwrap_or(argument.len());
         let more = More::parse(&argument[..line])?;
@@ -586,6 +632,35 @@ mod tests {
             ("/kodx codefoo x", help(Some("codefoo"))),
             ("/kodx code: x", help(Some("code:"))),
         ]);
+    }
+
+    #[test]
+    fn go_takes_nothing_or_a_lower_cap() {
+        let go = |cap: Option<f64>| Some(Ok(Job::Go { cap: cap.map(Usd) }));
+        let bad = |found: &str| {
+            Some(Err(ParseError::BadGo {
+                found: found.to_owned(),
+            }))
+        };
+        check(&[
+            ("/kodx go", go(None)),
+            ("/kodx GO  ", go(None)),
+            ("/kodx go\nthe estimate looks fine", go(None)),
+            ("/kodx go $1.50", go(Some(1.5))),
+            ("/kodx go  $3\r\nthanks", go(Some(3.0))),
+            ("/kodx go now", bad("now")),
+            ("/kodx go 2", bad("2")),
+            ("/kodx go $0", bad("$0")),
+            ("/kodx go $-1", bad("$-1")),
+            ("/kodx go $2 please", bad("$2 please")),
+            ("/kodx gogo", help(Some("gogo"))),
+        ]);
+        // Stored and read back as written.
+        for job in [Job::Go { cap: None }, Job::Go { cap: Some(Usd(0.75)) }] {
+            let again = Job::from_stored(job.kind(), job.stored_argument().into_owned());
+            assert_eq!(again, job);
+        }
+        assert_eq!(Job::Go { cap: Some(Usd(0.75)) }.command_line(), "/kodx go $0.75");
     }
 
     #[test]

@@ -54,6 +54,9 @@ pub struct RepoConfig {
     pub resolve_threads: ResolveThreads,
     /// `triggers.label`: the label that starts `/kodx code` on an issue.
     pub trigger_label: Option<String>,
+    /// `confirm_above_usd`: a run whose estimate (or, without history, its cap) is above
+    /// this waits for a writer's `/kodx go` (SPEC §12).
+    pub confirm_above_usd: Option<f64>,
 }
 
 /// `reviews.resolve`: `none` (reply only, the default) or `fixed` (also resolve the threads
@@ -319,6 +322,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "ci_repair",
     "reviews",
     "triggers",
+    "confirm_above_usd",
 ];
 
 // ---- the file's shape, as written; values are checked while deserializing so that
@@ -327,7 +331,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr, checks, check_repair, checks_guard, ci_repair, reviews, triggers)"
+    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr, checks, check_repair, checks_guard, ci_repair, reviews, triggers, confirm_above_usd)"
 )]
 struct RawRepoConfig {
     image: Option<Text>,
@@ -346,6 +350,7 @@ struct RawRepoConfig {
     ci_repair: Option<Repairs>,
     reviews: Option<RawReviews>,
     triggers: Option<RawTriggers>,
+    confirm_above_usd: Option<UsdOrZero>,
 }
 
 #[derive(Deserialize)]
@@ -554,6 +559,7 @@ impl RawRepoConfig {
             ci_repair: self.ci_repair.map(|r| r.0),
             resolve_threads: self.reviews.and_then(|r| r.resolve).unwrap_or_default(),
             trigger_label: self.triggers.and_then(|t| t.label).map(|l| l.0),
+            confirm_above_usd: self.confirm_above_usd.map(|u| u.0),
         }
     }
 }
@@ -610,6 +616,21 @@ impl<'de> Deserialize<'de> for Usd {
                 Ok(Usd(v))
             } else {
                 Err(format!("must be a positive amount of USD, got {v}"))
+            }
+        }))
+    }
+}
+
+/// A finite amount of USD, zero or more (`confirm_above_usd: 0` asks for every run).
+struct UsdOrZero(f64);
+
+impl<'de> Deserialize<'de> for UsdOrZero {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(NumberVisitor("an amount of USD", |v| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(UsdOrZero(v))
+            } else {
+                Err(format!("must be an amount of USD, zero or more, got {v}"))
             }
         }))
     }
@@ -856,8 +877,28 @@ pr: { draft: false, branch_prefix: kodx/ }
                 ci_repair: None,
                 resolve_threads: ResolveThreads::None,
                 trigger_label: None,
+                confirm_above_usd: None,
             }
         );
+    }
+
+    #[test]
+    fn confirmation_takes_an_amount_of_zero_or_more() {
+        for (text, want) in [
+            ("confirm_above_usd: 0.5\n", Some(0.5)),
+            ("confirm_above_usd: 2\n", Some(2.0)),
+            ("confirm_above_usd: 0\n", Some(0.0)),
+            ("model: x\n", None),
+        ] {
+            assert_eq!(RepoConfig::parse(text).unwrap().confirm_above_usd, want, "{text:?}");
+        }
+        for (text, needle) in [
+            ("confirm_above_usd: -1\n", "line 1: invalid value for \"confirm_above_usd\": must be an amount of USD, zero or more, got -1"),
+            ("confirm_above_usd: lots\n", "\"confirm_above_usd\""),
+        ] {
+            let e = RepoConfig::parse(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
     }
 
     #[test]
@@ -950,7 +991,7 @@ pr: { draft: false, branch_prefix: kodx/ }
         );
         assert!(
             shown.contains(
-                "ask_permission, pr, checks, check_repair, checks_guard, ci_repair, reviews, triggers)"
+                "ask_permission, pr, checks, check_repair, checks_guard, ci_repair, reviews, triggers, confirm_above_usd)"
             ),
             "{shown}"
         );

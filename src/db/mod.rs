@@ -36,6 +36,7 @@ mod estimate;
 mod intake;
 #[macro_use]
 mod models;
+mod hold;
 mod notify;
 mod open;
 mod pulls;

@@ -98,6 +98,10 @@ pub enum EndReason {
     /// `dismissed`: an event that was kodx's to look at turned out to need nothing (a label
     /// that is not the trigger, a CI failure that is not kodx's to repair); nothing posted.
     Dismissed,
+    /// `go`: a `/kodx go` command was carried out (or answered: nothing waited).
+    Go,
+    /// `unconfirmed`: the run waited for `/kodx go` and nobody gave it in time.
+    Unconfirmed,
     /// Any other stored word, kept as it was.
     Other(String),
 }
@@ -132,7 +136,7 @@ const fn agent_reason_index(reason: StopReason) -> usize {
 
 impl EndReason {
     /// The reasons kodx itself gives (not the agent's, not [`EndReason::Other`]).
-    pub const KODX: [EndReason; 8] = [
+    pub const KODX: [EndReason; 10] = [
         EndReason::NotPermitted,
         EndReason::Refused,
         EndReason::Help,
@@ -141,6 +145,8 @@ impl EndReason {
         EndReason::InvalidConfig,
         EndReason::BudgetExceeded,
         EndReason::Dismissed,
+        EndReason::Go,
+        EndReason::Unconfirmed,
     ];
 
     /// The stored word.
@@ -155,6 +161,8 @@ impl EndReason {
             EndReason::InvalidConfig => "invalid_config",
             EndReason::BudgetExceeded => "budget_exceeded",
             EndReason::Dismissed => "dismissed",
+            EndReason::Go => "go",
+            EndReason::Unconfirmed => "unconfirmed",
             EndReason::Other(word) => word,
         }
     }
@@ -322,9 +330,23 @@ pub struct Run {
     pub created_at: i64,
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
+    /// Waiting for a writer's `/kodx go` until then (unix milliseconds): a queued run no
+    /// worker claims, ended by whichever process sees the time pass.
+    pub held_until: Option<i64>,
+    /// Who started it with `/kodx go`.
+    pub confirmed_by: Option<String>,
+    /// The lower cap `/kodx go $N` asked for, in USD.
+    pub confirmed_cap_usd: Option<f64>,
+    /// The status comment's estimate line, as the acknowledgement made it.
+    pub estimate: Option<String>,
 }
 
 impl Run {
+    /// Waiting for `/kodx go`.
+    pub fn is_held(&self) -> bool {
+        self.held_until.is_some() && self.status == RunStatus::Queued
+    }
+
     /// True for `ask` and `code` runs, which do agent work.
     pub fn is_work(&self) -> bool {
         self.request.job.is_work()
@@ -491,7 +513,8 @@ macro_rules! run_columns {
          context, status, phase, attempts, worker, (recovered <> 0) AS recovered, \
          status_comment_id, stop_reason, \
          cost_usd, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
-         api_calls, result, pr_url, cancelled_by, created_at, started_at, finished_at"
+         api_calls, result, pr_url, cancelled_by, created_at, started_at, finished_at, \
+         held_until, confirmed_by, confirmed_cap_usd, estimate"
     };
 }
 

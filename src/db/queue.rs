@@ -14,13 +14,17 @@ pub(super) const NOTIFY_QUEUED: &str = "SELECT pg_notify('kodx', 'queued')";
 pub(super) const NOTIFY_CANCEL: &str = "SELECT pg_notify('kodx', 'cancel')";
 
 /// The agent runs a worker may start: the oldest queued one of an issue with none running.
+/// A run waiting for `/kodx go` (`held_until` set) is never one, and does not hold back the
+/// issue's later runs.
 const AGENT_RUN_CANDIDATES: &str = "q.kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair') \
+    AND q.held_until IS NULL \
     AND NOT EXISTS (SELECT 1 FROM runs r \
       WHERE r.repo = q.repo AND r.issue_number = q.issue_number \
       AND r.status = 'running' AND r.kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair')) \
     AND NOT EXISTS (SELECT 1 FROM runs o \
       WHERE o.repo = q.repo AND o.issue_number = q.issue_number \
-      AND o.status = 'queued' AND o.kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair') AND o.seq < q.seq)";
+      AND o.status = 'queued' AND o.held_until IS NULL \
+      AND o.kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair') AND o.seq < q.seq)";
 
 /// Control jobs: every kind that is not agent work.
 const CONTROL_CANDIDATES: &str =

@@ -72,6 +72,9 @@ pub struct Settings {
     /// Spend per installation per calendar month (UTC), in USD; new runs are refused once
     /// it is reached. None: no budget.
     pub monthly_budget_usd: Option<f64>,
+    /// How long a run waits for `/kodx go` (a repository's `confirm_above_usd`) before it
+    /// ends by itself, in seconds.
+    pub confirm_wait_secs: u64,
     /// The sandboxes' network: `on` (a repository may ask for the cut after setup),
     /// `setup-only` (always cut after setup), `off` (none, not even for setup).
     pub network: NetworkMode,
@@ -150,6 +153,7 @@ impl Default for Settings {
             max_diff_bytes: 200_000,
             max_commit_file_bytes: 10 * 1024 * 1024,
             monthly_budget_usd: None,
+            confirm_wait_secs: 86_400,
             network: NetworkMode::On,
             network_allow: Vec::new(),
             max_disk_bytes: DEFAULT_MAX_DISK_BYTES,
@@ -181,6 +185,11 @@ impl Settings {
     /// Whether runs may use the setup cache at all.
     pub fn setup_cache_on(&self) -> bool {
         self.setup_cache_max_images > 0 && self.setup_cache_max_bytes > 0
+    }
+
+    /// How long a run waits for `/kodx go` (`confirm_wait_secs`).
+    pub fn confirm_wait(&self) -> Duration {
+        Duration::from_secs(self.confirm_wait_secs)
     }
 
     pub fn engine_check_interval(&self) -> Duration {
@@ -296,6 +305,12 @@ impl Settings {
             if !(b.is_finite() && b > 0.0) {
                 return bad("monthly_budget_usd", "must be a positive amount in USD");
             }
+        }
+        if !(1..=30 * 86_400).contains(&self.confirm_wait_secs) {
+            return bad(
+                "confirm_wait_secs",
+                "must be between 1 and 2592000 seconds (30 days)",
+            );
         }
         if self.max_commit_file_bytes == 0 {
             return bad("max_commit_file_bytes", "must be at least 1");

@@ -242,6 +242,10 @@ mod tests {
             created_at: 0,
             started_at: None,
             finished_at: None,
+            held_until: None,
+            confirmed_by: None,
+            confirmed_cap_usd: None,
+            estimate: None,
         }
     }
 

@@ -1,7 +1,7 @@
 //! One file per command, each a plain function over what the worker built for it. The agent
 //! runs — [`ask`], [`code`] and [`continue_run`] — take the run's
 //! [`RunCtx`](crate::serve::pipeline::RunCtx) through [`work`]; the short control jobs —
-//! `help`, [`cancel`] and refusals of commands that cannot run — are answered by
+//! `help`, [`cancel`], [`go`] and refusals of commands that cannot run — are answered by
 //! [`control`] at once, without waiting for a run slot. These are the two dispatch points
 //! the worker calls; nothing here reaches back into it.
 
@@ -10,6 +10,7 @@ pub(in crate::serve) mod ask;
 pub(in crate::serve) mod cancel;
 pub(in crate::serve) mod code;
 pub(in crate::serve) mod continue_run;
+pub(in crate::serve) mod go;
 pub(in crate::serve) mod repair;
 
 use std::time::Instant;
@@ -31,7 +32,7 @@ pub(in crate::serve) async fn work(cx: &RunCtx<'_>) -> Result<Ending, RunFailure
         Job::Continue { more } => continue_run::run(cx, *more).await,
         Job::AddressReviews { .. } => address_reviews::run(cx).await,
         Job::Repair { .. } => repair::run(cx).await,
-        Job::Cancel | Job::Help { .. } | Job::Refuse { .. } => Err(RunFailure::Internal(
+        Job::Cancel | Job::Go { .. } | Job::Help { .. } | Job::Refuse { .. } => Err(RunFailure::Internal(
             anyhow::anyhow!("a {} job was claimed as a run", cx.run.kind()),
         )),
     }
@@ -67,6 +68,7 @@ async fn answer(svc: &Services, job: &Run) -> Result<Ending, RunFailure> {
             Ok(Ending::Answered(EndReason::Help))
         }
         Job::Cancel => cancel::run(svc, &gh, &repo, job).await,
+        Job::Go { cap } => go::run(svc, &gh, &repo, job, *cap).await,
         // The request could not be read (empty, too long).
         Job::Ask { .. }
         | Job::Code { .. }

@@ -73,6 +73,8 @@ pub(in crate::serve) struct Admission {
     pub permission: Option<Permission>,
     /// The monthly budget, when the server has one.
     pub budget: Option<Budget>,
+    /// The cap a writer's `/kodx go $N` asked for (USD): the run's cap is at most this.
+    pub cap_asked: Option<f64>,
 }
 
 impl Admission {
@@ -87,13 +89,25 @@ impl Admission {
             config,
             permission,
             budget,
+            cap_asked: None,
+        }
+    }
+
+    /// The admission with its cap at most `cap` (`/kodx go $N`), when given.
+    pub fn capped(self, cap: Option<f64>) -> Admission {
+        Admission {
+            cap_asked: cap,
+            ..self
         }
     }
 
     /// The cost limit of a run of `kind`: the repository's, under the server's maximum and
     /// never past what is left of the budget.
     pub fn cost_limit(&self, kind: RunKind, maxima: &ServerMaxima) -> f64 {
-        let limit = self.config.cost_limit_for(kind, maxima);
+        let mut limit = self.config.cost_limit_for(kind, maxima);
+        if let Some(cap) = self.cap_asked {
+            limit = limit.min(cap);
+        }
         match self.budget {
             Some(b) => limit.min(b.left()),
             None => limit,
@@ -584,12 +598,7 @@ mod tests {
     }
 
     fn admission(config: RepoConfig, budget: Option<Budget>) -> Admission {
-        Admission {
-            base: Base::main(),
-            config,
-            permission: Some(Permission::Write),
-            budget,
-        }
+        Admission::new(Base::main(), config, Some(Permission::Write), budget)
     }
 
     #[test]
@@ -605,6 +614,11 @@ mod tests {
         assert_eq!(a.cost_limit(RunKind::Code, &maxima), 5.0);
         assert_eq!(a.cost_limit(RunKind::Ask, &maxima), 1.0);
         assert_eq!(a.max_iterations(&maxima), 40);
+        // `/kodx go $N` lowers the cap, never raises it.
+        let go = a.clone().capped(Some(1.5));
+        assert_eq!(go.cost_limit(RunKind::Code, &maxima), 1.5);
+        assert_eq!(go.cost_limit(RunKind::Ask, &maxima), 1.0);
+        assert_eq!(a.clone().capped(Some(50.0)).cost_limit(RunKind::Code, &maxima), 5.0);
         let b = admission(
             config,
             Some(Budget {

@@ -97,6 +97,9 @@ pub(in crate::serve) enum Acked {
     Elsewhere,
     /// Another process acknowledged it: its status comment (the admission is read here).
     Posted(u64),
+    /// Admitted, but it waits for a writer's `/kodx go` (its status comment says so): back
+    /// in the queue, held, until then.
+    Held,
 }
 
 /// A run running in this process.

@@ -43,7 +43,19 @@ pub(in crate::serve) async fn status_comment(
     run: &Run,
 ) -> StatusComment {
     let id = status_comment_id(svc, run).await;
-    StatusComment::new(gh.clone(), repo.clone(), run, id).linked(svc.run_link(&run.id))
+    // The estimate line the acknowledgement stored (a run read before it was stored is
+    // read again).
+    let estimate = match (&run.estimate, run.is_work()) {
+        (Some(line), _) => Some(line.clone()),
+        (None, true) => match svc.db.get_run(&run.id).await {
+            Ok(Some(r)) => r.estimate,
+            _ => None,
+        },
+        (None, false) => None,
+    };
+    StatusComment::new(gh.clone(), repo.clone(), run, id)
+        .linked(svc.run_link(&run.id))
+        .estimated(estimate)
 }
 
 pub(in crate::serve) async fn react(

@@ -178,6 +178,16 @@ pub(super) fn status_class(run: &Run) -> &'static str {
     }
 }
 
+/// The run's status as the page says it: a queued run held for `/kodx go` is "awaiting
+/// confirmation".
+pub(super) fn status_words(run: &Run) -> &'static str {
+    if run.is_held() {
+        "awaiting confirmation"
+    } else {
+        run.status.as_str()
+    }
+}
+
 pub(super) fn duration(run: &Run) -> Option<Duration> {
     let (start, end) = (run.started_at?, run.finished_at?);
     Some(Duration::from_millis((end - start).max(0) as u64))
@@ -265,7 +275,8 @@ pub(super) fn render_page(run: &Run, p: &PageParts<'_>) -> Markup {
             p { strong { (r.author) } " asked: " code { (shown(&format!("/kodx {} {}", r.job.kind().as_str(), r.job.argument()))) } }
             p { (r.repo) " #" (r.issue_number) @if r.is_pull_request { " (pull request)" } }
             p {
-                "Status: " span class=(status_class(run)) { (run.status.as_str()) }
+                "Status: " span class=(status_class(run)) { (status_words(run)) }
+                @if let Some(by) = &run.confirmed_by { " · started by " (by) " with " code { "/kodx go" } }
                 @if let Some(reason) = &run.stop_reason { " · stop: " code { (reason.as_str()) } }
                 @if let Some(d) = duration(run) { " · " (markup::format_duration(d)) }
             }

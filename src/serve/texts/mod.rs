@@ -8,6 +8,7 @@
 //! [`crate::neutral`] where it is put in; logins are redacted.
 
 pub mod checks;
+pub mod confirm;
 mod estimate;
 mod follow_up;
 mod help;

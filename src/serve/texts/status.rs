@@ -42,6 +42,9 @@ pub enum Phase {
     },
     /// A run between attempts, e.g. "queued again — kodx restarted" (kodx's own words).
     Note(String),
+    /// A run waiting for `/kodx go`: why, and how to go on (kodx's own words,
+    /// [`super::confirm::awaiting`]).
+    Awaiting(String),
     Done(Box<Done>),
 }
 
@@ -130,6 +133,10 @@ pub fn render_linked(
         head.push_str(line);
         head.push_str("\n\n");
     }
+    if let Phase::Awaiting(why) = phase {
+        head.push_str(why);
+        head.push_str("\n\n");
+    }
 
     let mut tail = String::new();
     let mut answer = String::new();
@@ -178,6 +185,7 @@ fn header(phase: &Phase) -> String {
         Phase::Queued => "⏳ queued".into(),
         Phase::SettingUp => "⚙️ setting up the container".into(),
         Phase::Note(note) => neutral::words(note),
+        Phase::Awaiting(_) => "⏸️ awaiting confirmation".into(),
         Phase::Working { step, spent, limit } => format!(
             "🛠️ working — step {step}, {} of {}",
             format_usd(*spent),

@@ -13,6 +13,7 @@ use crate::serve::pipeline::{
     ending, gate, repo_of, status, Acked, RunFailure, RunLog, StatusComment,
 };
 use crate::serve::texts;
+use crate::serve::texts::confirm;
 use crate::serve::texts::status::Phase;
 
 use super::Workers;
@@ -74,6 +75,8 @@ impl Workers {
         while Instant::now() < deadline {
             match self.svc.db.get_run(&run.id).await {
                 Ok(Some(r)) if r.status.is_final() => return Acked::Refused,
+                // Held for `/kodx go` (the hold is written before the status comment).
+                Ok(Some(r)) if r.held_until.is_some() => return Acked::Held,
                 Ok(Some(r)) => {
                     if let Some(id) = r.status_comment_id {
                         return Acked::Posted(id as u64);
@@ -155,11 +158,53 @@ impl Workers {
             }
         }
         status::react(&gh, &repo, run, Reaction::Eyes).await;
+        let quote = self.quote(run, &admission).await;
+        let line = quote.as_ref().map(|q| q.line.clone());
         let mut status = StatusComment::new(gh, repo, run, None)
             .linked(self.svc.run_link(&run.id))
-            .estimated(self.estimate_line(run, &admission).await);
-        // `/kodx continue` goes on in the status comment of the run it continues; a comment
-        // this run posted before a crash is found by its hidden metadata.
+            .estimated(line.clone());
+        // Above the repository's `confirm_above_usd`: held, before the status comment is
+        // there (a claim elsewhere waits for it, then sees the hold).
+        let judged = quote.as_ref().and_then(|q| {
+            let threshold = admission.config.confirm_above_usd;
+            confirm::needs_confirmation(threshold, q.p90, q.cap)
+        });
+        if let (Some(judged), None) = (judged, &run.confirmed_by) {
+            let wait = self.svc.settings.confirm_wait();
+            let until = crate::db::now_ms() + wait.as_millis() as i64;
+            match self.svc.db.hold(&run.id, until, line.as_deref()).await {
+                Ok(true) => {
+                    let threshold = admission.config.confirm_above_usd.unwrap_or_default();
+                    let why = confirm::awaiting(judged, threshold, until, wait);
+                    tracing::info!(above = threshold, "run held for /kodx go");
+                    self.post_status(run, &mut status, &Phase::Awaiting(why), false)
+                        .await;
+                    return Acked::Held;
+                }
+                Ok(false) => tracing::warn!("the run to hold for confirmation was gone"),
+                Err(e) => tracing::warn!("holding the run for confirmation failed: {e}"),
+            }
+        } else if let Some(line) = &line {
+            // Kept with the run: every later edit of the comment shows it again.
+            if let Err(e) = self.svc.db.set_estimate(&run.id, line).await {
+                tracing::warn!("storing the estimate failed: {e}");
+            }
+        }
+        self.post_status(run, &mut status, &Phase::Queued, is_continue)
+            .await;
+        Acked::Admitted(Box::new((admission, status)))
+    }
+
+    /// Posts the run's first status comment in `phase` and stores its id. `/kodx continue`
+    /// goes on in the status comment of the run it continues; a comment this run posted
+    /// before a crash is found by its hidden metadata.
+    async fn post_status(
+        &self,
+        run: &Run,
+        status: &mut StatusComment,
+        phase: &Phase,
+        is_continue: bool,
+    ) {
         let existing = match is_continue {
             true => continue_run::continued_status_comment(&self.svc.db, run).await,
             false => None,
@@ -167,7 +212,7 @@ impl Workers {
         let existing = match existing {
             Some(id) => {
                 status.set_id(id);
-                status.edit(&Phase::Queued).await;
+                status.edit(phase).await;
                 Some(id)
             }
             None => {
@@ -177,7 +222,7 @@ impl Workers {
         };
         let id = match existing {
             Some(id) => Some(id),
-            None => match status.create(&Phase::Queued).await {
+            None => match status.create(phase).await {
                 Ok(id) => Some(id),
                 Err(e) => {
                     tracing::warn!("creating the status comment failed: {e}");
@@ -190,13 +235,18 @@ impl Workers {
                 tracing::error!("storing the status comment id failed: {e}");
             }
         }
-        Acked::Admitted(Box::new((admission, status)))
     }
 
     /// The status comment's cost estimate line for an agent run: the repository's last
     /// runs of the same kind beside the run's cap. `None` for a control job, or when the
     /// database could not be read (logged; the run goes on without it).
     pub(super) async fn estimate_line(&self, run: &Run, admission: &Admission) -> Option<String> {
+        self.quote(run, admission).await.map(|q| q.line)
+    }
+
+    /// The run's estimate: its line, the 90th percentile it is judged by (none without
+    /// history) and its cap.
+    async fn quote(&self, run: &Run, admission: &Admission) -> Option<Quote> {
         let kind = run.kind();
         let cap = admission.cost_limit(kind.run_kind()?, &self.svc.settings.maxima());
         match self
@@ -205,11 +255,22 @@ impl Workers {
             .cost_estimate(&run.request.repo, kind.as_str())
             .await
         {
-            Ok(estimate) => Some(texts::estimate_line(estimate.as_ref(), kind, cap)),
+            Ok(estimate) => Some(Quote {
+                line: texts::estimate_line(estimate.as_ref(), kind, cap),
+                p90: estimate.map(|e| e.p90_usd()),
+                cap,
+            }),
             Err(e) => {
                 tracing::warn!("reading the cost estimate failed: {e}");
                 None
             }
         }
     }
+}
+
+/// What a run is expected to cost, as its acknowledgement reads it.
+struct Quote {
+    line: String,
+    p90: Option<f64>,
+    cap: f64,
 }

@@ -21,6 +21,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::agent::StopReason;
 use crate::cost::Pricing;
 use crate::db::{Db, Run, RunStatus};
 use crate::github::GitHubApp;
@@ -280,7 +281,15 @@ impl Workers {
         match self.svc.db.runs_with_status(RunStatus::Queued).await {
             Ok(queued) => {
                 self.svc.metrics.set_queued(queued.len() as i64);
+                let now = crate::db::now_ms();
                 for run in queued.into_iter().filter(|r| r.is_work()) {
+                    // Waiting for `/kodx go`: ended once its time has passed.
+                    if let Some(until) = run.held_until {
+                        if until <= now {
+                            self.expire_hold(tasks, &run, now).await;
+                        }
+                        continue;
+                    }
                     if run.status_comment_id.is_some() || self.svc.acks.lock().contains_key(&run.id)
                     {
                         continue;
@@ -326,6 +335,33 @@ impl Workers {
                 }
             }
         }
+    }
+}
+
+impl Workers {
+    /// Ends a run that waited for `/kodx go` past its time, if no other process ended it
+    /// (or started it) first; its status comment says so.
+    async fn expire_hold(self: &Arc<Self>, tasks: &mut Tasks, run: &Run, now: i64) {
+        let ended = match self.svc.db.expire_hold(&run.id, now).await {
+            Ok(Some(ended)) => ended,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(run_id = %run.id, "ending a run that waited too long failed: {e}");
+                return;
+            }
+        };
+        tracing::info!(run_id = %run.id, "nobody said /kodx go in time: run ended");
+        let this = self.clone();
+        let span = run_span(&ended);
+        tasks.spawn(
+            &ended.id.clone(),
+            async move {
+                let why = crate::serve::texts::confirm::unconfirmed(this.svc.settings.confirm_wait());
+                let done = ending::failed_done(&ended, StopReason::Cancelled, why);
+                crate::serve::pipeline::status::post_done(&this.svc, &ended, &done).await;
+            }
+            .instrument(span),
+        );
     }
 }
 

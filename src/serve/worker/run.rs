@@ -59,7 +59,8 @@ impl Workers {
         self.svc.forget_ack(&run.id);
         let mut run = run;
         let admitted = match acked {
-            Some(Acked::Refused) => None,
+            // Refused (and over), or held for `/kodx go` (back in the queue).
+            Some(Acked::Refused | Acked::Held) => None,
             Some(Acked::Admitted(admitted)) => {
                 let (admission, status) = *admitted;
                 run.status_comment_id = run.status_comment_id.or(status.id().map(|id| id as i64));
@@ -136,7 +137,7 @@ impl Workers {
     ) -> Result<Ending, RunFailure> {
         let started = Instant::now();
         let kind = run_kind(run);
-        let (mut admission, status) = match admitted {
+        let (admission, status) = match admitted {
             // The token the acknowledgement used, unless the run waited long enough for it
             // to be near its end.
             Some((admission, status)) if status.gh().valid_for(TOKEN_REFRESH_MARGIN) => {
@@ -160,7 +161,7 @@ impl Workers {
                 // Acknowledged by an earlier process: who asked keeps the permission it
                 // checked; the config and the budget are read here.
                 let admission = match gate::readmit(&self.svc, &gh, &repo, run, None).await {
-                    Ok(a) => a,
+                    Ok(a) => a.capped(run.confirmed_cap_usd),
                     Err(refusal) => return self.refused_after_wait(run, refusal),
                 };
                 // The estimate line is read again: the comment is rebuilt here, and its
@@ -171,6 +172,8 @@ impl Workers {
                 (admission, status)
             }
         };
+        // `/kodx go $N`: the cap is at most what its writer asked.
+        let mut admission = admission.capped(run.confirmed_cap_usd);
         // The final edit comes after the run's row is final, when the lease no longer
         // holds: it goes through an unfenced copy (nothing is posted for a run lost to
         // another process: `work` returns before).
