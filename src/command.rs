@@ -199,7 +199,7 @@ impl Job {
             // Stored as the command wrote it (``, `$2`); a row no version could write reads
             // as no cap.
             JobKind::Go => Job::Go {
-                cap: Usd::parse(&argument).ok(),
+                cap: Usd::parse(&argument),
             },
             JobKind::Help => Job::Help {
                 unknown: (!argument.is_empty()).then_some(argument),
@@ -294,18 +294,18 @@ pub struct Usd(pub f64);
 impl Eq for Usd {}
 
 impl Usd {
-    /// Reads `$N`; `Err(())` for anything else (the caller words the error).
-    pub fn parse(word: &str) -> Result<Usd, ()> {
-        let digits = word.trim().strip_prefix('$').ok_or(())?;
+    /// Reads `$N`; `None` for anything else (the caller words the error).
+    pub fn parse(word: &str) -> Option<Usd> {
+        let digits = word.trim().strip_prefix('$')?;
         let ok = !digits.is_empty()
             && digits.bytes().all(|b| b.is_ascii_digit() || b == b'.')
             && digits.matches('.').count() <= 1;
         if !ok {
-            return Err(());
+            return None;
         }
         match digits.parse::<f64>() {
-            Ok(usd) if usd > 0.0 && usd <= More::MAX_USD => Ok(Usd(usd)),
-            _ => Err(()),
+            Ok(usd) if usd > 0.0 && usd <= More::MAX_USD => Some(Usd(usd)),
+            _ => None,
         }
     }
 }
@@ -354,7 +354,7 @@ impl More {
         match words.as_slice() {
             [] => Ok(More::Default),
             [money] if money.starts_with('$') => {
-                Usd::parse(money).map(|u| More::Usd(u.0)).map_err(|_| bad())
+                Usd::parse(money).map(|u| More::Usd(u.0)).ok_or_else(bad)
             }
             [n, unit]
                 if unit.eq_ignore_ascii_case("steps") || unit.eq_ignore_ascii_case("step") =>
@@ -514,7 +514,7 @@ fn parse_after_prefix(text: &str) -> Result<Job, ParseError> {
         let words = argument[..line].trim();
         let cap = match words {
             "" => None,
-            money => Some(Usd::parse(money).map_err(|_| ParseError::BadGo {
+            money => Some(Usd::parse(money).ok_or_else(|| ParseError::BadGo {
                 found: money.chars().take(MAX_UNKNOWN_CHARS).collect(),
             })?),
         };
@@ -656,11 +656,22 @@ mod tests {
             ("/kodx gogo", help(Some("gogo"))),
         ]);
         // Stored and read back as written.
-        for job in [Job::Go { cap: None }, Job::Go { cap: Some(Usd(0.75)) }] {
+        for job in [
+            Job::Go { cap: None },
+            Job::Go {
+                cap: Some(Usd(0.75)),
+            },
+        ] {
             let again = Job::from_stored(job.kind(), job.stored_argument().into_owned());
             assert_eq!(again, job);
         }
-        assert_eq!(Job::Go { cap: Some(Usd(0.75)) }.command_line(), "/kodx go $0.75");
+        assert_eq!(
+            Job::Go {
+                cap: Some(Usd(0.75))
+            }
+            .command_line(),
+            "/kodx go $0.75"
+        );
     }
 
     #[test]

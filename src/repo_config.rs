@@ -890,7 +890,11 @@ pr: { draft: false, branch_prefix: kodx/ }
             ("confirm_above_usd: 0\n", Some(0.0)),
             ("model: x\n", None),
         ] {
-            assert_eq!(RepoConfig::parse(text).unwrap().confirm_above_usd, want, "{text:?}");
+            assert_eq!(
+                RepoConfig::parse(text).unwrap().confirm_above_usd,
+                want,
+                "{text:?}"
+            );
         }
         for (text, needle) in [
             ("confirm_above_usd: -1\n", "line 1: invalid value for \"confirm_above_usd\": must be an amount of USD, zero or more, got -1"),

@@ -129,19 +129,34 @@ mod tests {
             assert_eq!(run.estimate.as_deref(), Some("estimate: x"));
             assert_eq!(run.phase.as_deref(), Some("awaiting confirmation"));
             // Nothing waits on another issue.
-            assert!(db.confirm_held("o/r", 3, "bob", None).await.unwrap().is_none());
-            let confirmed = db.confirm_held("o/r", 1, "bob", Some(0.5)).await.unwrap().unwrap();
+            assert!(db
+                .confirm_held("o/r", 3, "bob", None)
+                .await
+                .unwrap()
+                .is_none());
+            let confirmed = db
+                .confirm_held("o/r", 1, "bob", Some(0.5))
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!(confirmed.id, held);
             assert_eq!(confirmed.confirmed_by.as_deref(), Some("bob"));
             assert_eq!(confirmed.confirmed_cap_usd, Some(0.5));
             assert!(!confirmed.is_held());
             // Confirmed once: a second go finds nothing, and it cannot be held again.
-            assert!(db.confirm_held("o/r", 1, "bob", None).await.unwrap().is_none());
+            assert!(db
+                .confirm_held("o/r", 1, "bob", None)
+                .await
+                .unwrap()
+                .is_none());
             assert!(!db.hold(&held, i64::MAX, None).await.unwrap());
             // It starts once the issue's running run ends.
             assert!(db.claim_run("w2").await.unwrap().is_none());
             let by = db.holder_now(&later).await;
-            assert!(db.finish(&later, &by, &finish(RunStatus::Succeeded, 0.1)).await.unwrap());
+            assert!(db
+                .finish(&later, &by, &finish(RunStatus::Succeeded, 0.1))
+                .await
+                .unwrap());
             let next = db.claim_run("w2").await.unwrap().unwrap();
             assert_eq!(next.id, held);
         }
@@ -177,7 +192,11 @@ mod tests {
             assert_eq!(ended.stop_reason, Some(EndReason::Unconfirmed));
             // Ended once, by one caller.
             assert!(db.expire_hold(&id, 2_000).await.unwrap().is_none());
-            assert!(db.confirm_held("o/r", 1, "bob", None).await.unwrap().is_none());
+            assert!(db
+                .confirm_held("o/r", 1, "bob", None)
+                .await
+                .unwrap()
+                .is_none());
         }
     }
 }

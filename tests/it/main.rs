@@ -49,6 +49,7 @@ mod serve_cache;
 mod serve_cache_rebase;
 mod serve_checks;
 mod serve_code;
+mod serve_confirm;
 mod serve_context;
 mod serve_continue;
 mod serve_estimate;

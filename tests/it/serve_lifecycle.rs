@@ -114,13 +114,15 @@ async fn sigterm_mid_run_stops_it_cleanly_and_a_restart_finishes_it() {
     let body = bot_comments(&s)[0].body.clone();
     common::serve::redactions(&[], &[]).bind(|| {
         insta::assert_snapshot!(body, @r#"
-    <!-- kodx:{"run":"[hex]","v":1} -->
-    ### ⏳ paused — kodx is restarting; this run starts again when it is back
+        <!-- kodx:{"run":"[hex]","v":1} -->
+        ### ⏳ paused — kodx is restarting; this run starts again when it is back
 
-    > /kodx ask why is it slow?
+        > /kodx ask why is it slow?
 
-    <sub>kodx run <code>[run]</code></sub>
-    "#)
+        estimate: no history yet · cap $1.00
+
+        <sub>kodx run <code>[run]</code></sub>
+        "#)
     });
     // Left `running` for the next start to pick up.
     assert_eq!(

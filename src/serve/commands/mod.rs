@@ -32,9 +32,12 @@ pub(in crate::serve) async fn work(cx: &RunCtx<'_>) -> Result<Ending, RunFailure
         Job::Continue { more } => continue_run::run(cx, *more).await,
         Job::AddressReviews { .. } => address_reviews::run(cx).await,
         Job::Repair { .. } => repair::run(cx).await,
-        Job::Cancel | Job::Go { .. } | Job::Help { .. } | Job::Refuse { .. } => Err(RunFailure::Internal(
-            anyhow::anyhow!("a {} job was claimed as a run", cx.run.kind()),
-        )),
+        Job::Cancel | Job::Go { .. } | Job::Help { .. } | Job::Refuse { .. } => {
+            Err(RunFailure::Internal(anyhow::anyhow!(
+                "a {} job was claimed as a run",
+                cx.run.kind()
+            )))
+        }
     }
 }
 

@@ -618,7 +618,12 @@ mod tests {
         let go = a.clone().capped(Some(1.5));
         assert_eq!(go.cost_limit(RunKind::Code, &maxima), 1.5);
         assert_eq!(go.cost_limit(RunKind::Ask, &maxima), 1.0);
-        assert_eq!(a.clone().capped(Some(50.0)).cost_limit(RunKind::Code, &maxima), 5.0);
+        assert_eq!(
+            a.clone()
+                .capped(Some(50.0))
+                .cost_limit(RunKind::Code, &maxima),
+            5.0
+        );
         let b = admission(
             config,
             Some(Budget {

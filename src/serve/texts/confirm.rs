@@ -66,7 +66,9 @@ pub fn awaiting(judged: Judged, threshold: f64, until_ms: i64, wait: Duration) -
 pub fn started_by(who: &str, asked: Option<Usd>) -> String {
     let who = redact(who);
     match asked {
-        Some(n) => format!("⏳ queued — started by @{who} with `/kodx go {n}`: its cap is at most {n}"),
+        Some(n) => {
+            format!("⏳ queued — started by @{who} with `/kodx go {n}`: its cap is at most {n}")
+        }
         None => format!("⏳ queued — started by @{who} with `/kodx go`"),
     }
 }
@@ -118,9 +120,15 @@ mod tests {
             needs_confirmation(Some(1.0), Some(1.2), 0.5),
             Some(Judged::Percentile(1.2))
         );
-        assert_eq!(needs_confirmation(Some(1.0), None, 2.0), Some(Judged::Cap(2.0)));
+        assert_eq!(
+            needs_confirmation(Some(1.0), None, 2.0),
+            Some(Judged::Cap(2.0))
+        );
         assert_eq!(needs_confirmation(Some(2.0), None, 2.0), None);
-        assert_eq!(needs_confirmation(Some(0.0), Some(0.01), 2.0), Some(Judged::Percentile(0.01)));
+        assert_eq!(
+            needs_confirmation(Some(0.0), Some(0.01), 2.0),
+            Some(Judged::Percentile(0.01))
+        );
     }
 
     #[test]

@@ -51,6 +51,7 @@ pub fn not_permitted(author: &str, kind: JobKind, needed: Permission, has: Permi
         | JobKind::Code
         | JobKind::Continue
         | JobKind::Cancel
+        | JobKind::Go
         | JobKind::AddressReviews => {
             format!("`/kodx {}`", kind.command_word())
         }

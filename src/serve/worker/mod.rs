@@ -356,7 +356,8 @@ impl Workers {
         tasks.spawn(
             &ended.id.clone(),
             async move {
-                let why = crate::serve::texts::confirm::unconfirmed(this.svc.settings.confirm_wait());
+                let why =
+                    crate::serve::texts::confirm::unconfirmed(this.svc.settings.confirm_wait());
                 let done = ending::failed_done(&ended, StopReason::Cancelled, why);
                 crate::serve::pipeline::status::post_done(&this.svc, &ended, &done).await;
             }
