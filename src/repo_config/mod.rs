@@ -5,7 +5,13 @@
 //! the problem. Limits are clamped to the server's maxima: a repository can lower them
 //! freely and raise them only up to the maximum.
 
+mod values;
+
 use serde::Deserialize;
+use values::{
+    BranchPrefix, IntegerVisitor, Iterations, KeyFiles, StrVisitor, TemplateName, Text, Usd,
+    UsdOrZero,
+};
 
 use crate::checks::CheckSpec;
 
@@ -21,8 +27,7 @@ pub const DEFAULT_ASK_COST_LIMIT: f64 = 1.00;
 pub const DEFAULT_MAX_ITERATIONS: u32 = 50;
 /// Default prefix of the branches kodx pushes.
 pub const DEFAULT_BRANCH_PREFIX: &str = "kodx/";
-/// Longest accepted `pr.branch_prefix`.
-pub const MAX_BRANCH_PREFIX_LEN: usize = 64;
+pub use values::MAX_BRANCH_PREFIX_LEN;
 
 /// The settings of `.github/kodx.yml`. `None` means "not set here": a lower-precedence
 /// source (server config, built-in default) decides.
@@ -50,6 +55,9 @@ pub struct RepoConfig {
     pub checks_guard: Option<Vec<String>>,
     /// Repair runs a pull request kodx opened gets when its CI fails (`None`: 0, off).
     pub ci_repair: Option<u32>,
+    /// `ci_rerun: 0` turns off re-running failed GitHub Actions jobs once before a repair
+    /// (`None`: 1, on).
+    pub ci_rerun: Option<u32>,
     /// `reviews.resolve`: which threads `/kodx address-reviews` resolves.
     pub resolve_threads: ResolveThreads,
     /// `triggers.label`: the label that starts `/kodx code` on an issue.
@@ -288,6 +296,12 @@ impl RepoConfig {
         self.ci_repair.unwrap_or(0).min(max)
     }
 
+    /// Whether failed GitHub Actions jobs are re-run once before a CI repair (on unless
+    /// `ci_rerun: 0`).
+    pub fn ci_rerun(&self) -> bool {
+        self.ci_rerun != Some(0)
+    }
+
     /// Whether adding `label` to an issue starts work here (names compare as GitHub's do,
     /// without regard to case).
     pub fn is_trigger_label(&self, label: &str) -> bool {
@@ -320,6 +334,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "check_repair",
     "checks_guard",
     "ci_repair",
+    "ci_rerun",
     "reviews",
     "triggers",
     "confirm_above_usd",
@@ -331,7 +346,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr, checks, check_repair, checks_guard, ci_repair, reviews, triggers, confirm_above_usd)"
+    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr, checks, check_repair, checks_guard, ci_repair, ci_rerun, reviews, triggers, confirm_above_usd)"
 )]
 struct RawRepoConfig {
     image: Option<Text>,
@@ -348,6 +363,7 @@ struct RawRepoConfig {
     check_repair: Option<Repairs>,
     checks_guard: Option<GuardGlobs>,
     ci_repair: Option<Repairs>,
+    ci_rerun: Option<Reruns>,
     reviews: Option<RawReviews>,
     triggers: Option<RawTriggers>,
     confirm_above_usd: Option<UsdOrZero>,
@@ -525,6 +541,20 @@ impl<'de> Deserialize<'de> for Repairs {
     }
 }
 
+/// `ci_rerun`: 0 (off) or 1 (failed Actions jobs get one more try before a repair).
+struct Reruns(u32);
+
+impl<'de> Deserialize<'de> for Reruns {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(IntegerVisitor("0 or 1", |v| match v {
+            0 | 1 => Ok(Reruns(v as u32)),
+            _ => Err(format!(
+                "must be 0 (off) or 1 (re-run failed jobs once), got {v}"
+            )),
+        }))
+    }
+}
+
 impl RawRepoConfig {
     fn into_config(self) -> RepoConfig {
         let cost_limit = self
@@ -557,6 +587,7 @@ impl RawRepoConfig {
             check_repair: self.check_repair.map(|r| r.0),
             checks_guard: self.checks_guard.map(|g| g.0),
             ci_repair: self.ci_repair.map(|r| r.0),
+            ci_rerun: self.ci_rerun.map(|r| r.0),
             resolve_threads: self.reviews.and_then(|r| r.resolve).unwrap_or_default(),
             trigger_label: self.triggers.and_then(|t| t.label).map(|l| l.0),
             confirm_above_usd: self.confirm_above_usd.map(|u| u.0),
@@ -568,89 +599,6 @@ impl RawRepoConfig {
 // serde_norway attaches the value's own key path and line to the error.
 
 /// A string that was written as one: `image: 5` is refused rather than read as "5".
-struct Text(String);
-
-impl<'de> Deserialize<'de> for Text {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(StrVisitor("a string", |s| Ok(Text(s.to_string()))))
-    }
-}
-
-/// `setup_cache_key_files`: at most [`MAX_KEY_PATTERNS`] relative paths or patterns.
-///
-/// [`MAX_KEY_PATTERNS`]: crate::sandbox::setup_cache::MAX_KEY_PATTERNS
-struct KeyFiles(Vec<String>);
-
-/// One `setup_cache_key_files` entry.
-struct KeyFile(String);
-
-impl<'de> Deserialize<'de> for KeyFile {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(StrVisitor("a path relative to the repository root", |s| {
-            crate::sandbox::setup_cache::check_pattern(s).map(|()| KeyFile(s.to_string()))
-        }))
-    }
-}
-
-impl<'de> Deserialize<'de> for KeyFiles {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        use crate::sandbox::setup_cache::MAX_KEY_PATTERNS;
-        let list: Vec<KeyFile> = Vec::deserialize(deserializer)?;
-        if list.len() > MAX_KEY_PATTERNS {
-            return Err(serde::de::Error::custom(format!(
-                "must list at most {MAX_KEY_PATTERNS} paths, got {}",
-                list.len()
-            )));
-        }
-        Ok(KeyFiles(list.into_iter().map(|k| k.0).collect()))
-    }
-}
-
-/// A positive, finite amount of USD.
-struct Usd(f64);
-
-impl<'de> Deserialize<'de> for Usd {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(NumberVisitor("a positive amount of USD", |v| {
-            if v.is_finite() && v > 0.0 {
-                Ok(Usd(v))
-            } else {
-                Err(format!("must be a positive amount of USD, got {v}"))
-            }
-        }))
-    }
-}
-
-/// A finite amount of USD, zero or more (`confirm_above_usd: 0` asks for every run).
-struct UsdOrZero(f64);
-
-impl<'de> Deserialize<'de> for UsdOrZero {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(NumberVisitor("an amount of USD", |v| {
-            if v.is_finite() && v >= 0.0 {
-                Ok(UsdOrZero(v))
-            } else {
-                Err(format!("must be an amount of USD, zero or more, got {v}"))
-            }
-        }))
-    }
-}
-
-/// An iteration count of at least 1.
-struct Iterations(u32);
-
-impl<'de> Deserialize<'de> for Iterations {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(IntegerVisitor("a whole number of at least 1", |v| {
-            match u32::try_from(v) {
-                Ok(n) if n >= 1 => Ok(Iterations(n)),
-                _ if v < 1 => Err(format!("must be at least 1, got {v}")),
-                _ => Err(format!("must be at most {}, got {v}", u32::MAX)),
-            }
-        }))
-    }
-}
-
 impl<'de> Deserialize<'de> for AskPermission {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_any(StrVisitor("\"write\" or \"read\"", |s| match s {
@@ -662,116 +610,6 @@ impl<'de> Deserialize<'de> for AskPermission {
             )),
         }))
     }
-}
-
-/// The name of a pull request template: a file name in `PULL_REQUEST_TEMPLATE/`, with or
-/// without its extension.
-struct TemplateName(String);
-
-impl<'de> Deserialize<'de> for TemplateName {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(StrVisitor(
-            "the name of a file in PULL_REQUEST_TEMPLATE/, such as bugfix",
-            |s| {
-                let bad = |why: &str| Err(format!("{why}, got \"{}\"", s.escape_default()));
-                if s.trim().is_empty() {
-                    bad("must not be empty")
-                } else if s.chars().count() > 100 {
-                    bad("must be at most 100 characters")
-                } else if s.contains(['/', '\\']) || s.chars().any(char::is_control) {
-                    bad("must be a file name, without a directory")
-                } else {
-                    Ok(TemplateName(s.trim().to_string()))
-                }
-            },
-        ))
-    }
-}
-
-/// A prefix of a git branch name.
-struct BranchPrefix(String);
-
-impl<'de> Deserialize<'de> for BranchPrefix {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(StrVisitor("a branch name prefix such as kodx/", |s| {
-            check_branch_prefix(s).map(|()| BranchPrefix(s.to_string()))
-        }))
-    }
-}
-
-/// Accepts any number, checked by the function.
-struct NumberVisitor<T>(&'static str, fn(f64) -> Result<T, String>);
-
-impl<T> serde::de::Visitor<'_> for NumberVisitor<T> {
-    type Value = T;
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0)
-    }
-    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<T, E> {
-        (self.1)(v).map_err(E::custom)
-    }
-    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<T, E> {
-        self.visit_f64(v as f64)
-    }
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<T, E> {
-        self.visit_f64(v as f64)
-    }
-}
-
-/// Accepts any integer, checked by the function.
-struct IntegerVisitor<T>(&'static str, fn(i128) -> Result<T, String>);
-
-impl<T> serde::de::Visitor<'_> for IntegerVisitor<T> {
-    type Value = T;
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0)
-    }
-    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<T, E> {
-        (self.1)(v.into()).map_err(E::custom)
-    }
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<T, E> {
-        (self.1)(v.into()).map_err(E::custom)
-    }
-}
-
-/// Accepts a string, checked by the function.
-struct StrVisitor<T>(&'static str, fn(&str) -> Result<T, String>);
-
-impl<T> serde::de::Visitor<'_> for StrVisitor<T> {
-    type Value = T;
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0)
-    }
-    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
-        (self.1)(v).map_err(E::custom)
-    }
-}
-
-/// A prefix that stays a valid git ref component start: non-empty, at most 64 characters,
-/// no whitespace or control characters, no `..`, no leading `/` or `-`, none of `~^:?*[\`.
-fn check_branch_prefix(s: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("{why}, got \"{}\"", s.escape_default()));
-    if s.is_empty() {
-        return Err("must not be empty".to_string());
-    }
-    if s.chars().count() > MAX_BRANCH_PREFIX_LEN {
-        return bad(&format!(
-            "must be at most {MAX_BRANCH_PREFIX_LEN} characters"
-        ));
-    }
-    if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return bad("must not contain spaces or control characters");
-    }
-    if s.contains("..") {
-        return bad("must not contain \"..\"");
-    }
-    if s.starts_with('/') || s.starts_with('-') {
-        return bad("must not start with \"/\" or \"-\"");
-    }
-    if let Some(c) = s.chars().find(|c| "~^:?*[\\".contains(*c)) {
-        return bad(&format!("must not contain '{c}'"));
-    }
-    Ok(())
 }
 
 // ---- turning serde_norway's errors (with serde_path_to_error's key path) into RepoConfigError ----
@@ -875,6 +713,7 @@ pr: { draft: false, branch_prefix: kodx/ }
                 check_repair: None,
                 checks_guard: None,
                 ci_repair: None,
+                ci_rerun: None,
                 resolve_threads: ResolveThreads::None,
                 trigger_label: None,
                 confirm_above_usd: None,
@@ -914,6 +753,9 @@ pr: { draft: false, branch_prefix: kodx/ }
         assert_eq!(c.ci_repair(5), 2);
         assert_eq!(c.ci_repair(1), 1);
         assert_eq!(RepoConfig::default().ci_repair(5), 0);
+        assert!(RepoConfig::default().ci_rerun());
+        assert!(!RepoConfig::parse("ci_rerun: 0\n").unwrap().ci_rerun());
+        assert!(RepoConfig::parse("ci_rerun: 1\n").unwrap().ci_rerun());
         assert_eq!(c.resolve_threads, ResolveThreads::Fixed);
         assert!(c.is_trigger_label("kodx"));
         assert!(!c.is_trigger_label("bug"));
@@ -932,6 +774,7 @@ pr: { draft: false, branch_prefix: kodx/ }
                 "unknown key \"triggers.labels\"",
             ),
             ("ci_repair: -2\n", "\"ci_repair\": must be 0 or more"),
+            ("ci_rerun: 2\n", "\"ci_rerun\": must be 0 (off) or 1"),
         ] {
             let e = RepoConfig::parse(text).unwrap_err().to_string();
             assert!(e.contains(needle), "{text:?}: {e}");
@@ -995,7 +838,7 @@ pr: { draft: false, branch_prefix: kodx/ }
         );
         assert!(
             shown.contains(
-                "ask_permission, pr, checks, check_repair, checks_guard, ci_repair, reviews, triggers, confirm_above_usd)"
+                "ask_permission, pr, checks, check_repair, checks_guard, ci_repair, ci_rerun, reviews, triggers, confirm_above_usd)"
             ),
             "{shown}"
         );
