@@ -41,6 +41,7 @@ mod notify;
 mod open;
 mod pulls;
 mod queue;
+mod reruns;
 mod result;
 mod spend;
 #[doc(hidden)]
@@ -63,6 +64,7 @@ pub use notify::{Notifications, Wakeup};
 pub use open::{shown_url, DEFAULT_DATABASE_URL};
 pub use pulls::{Repair, RepairTaken};
 pub use queue::DEFAULT_LEASE;
+pub use reruns::Rerun;
 pub use result::{AdmissionRecord, Continues, RunResult};
 pub use spend::to_micros;
 

@@ -96,6 +96,8 @@ pub struct FailedCheck {
     pub conclusion: String,
     /// The App's slug (`github-actions`), or `commit status`.
     pub app: String,
+    /// The GitHub Actions job it is (its check run id), for a re-run.
+    pub job_id: Option<u64>,
     pub details_url: Option<String>,
     pub title: Option<String>,
     /// The output's summary and text (cut), or a status's description.
@@ -563,6 +565,7 @@ fn failed_run(run: Run, app: String, conclusion: String) -> FailedRun {
         id: run.id,
         annotations: output.annotations_count,
         check: FailedCheck {
+            job_id: (app == ACTIONS).then_some(run.id),
             name: run.name,
             conclusion,
             app,
@@ -586,6 +589,7 @@ fn failed_status(status: Status) -> FailedCheck {
         first_error: summary.clone(),
         conclusion: status.state,
         app: "commit status".into(),
+        job_id: None,
         details_url: status.target_url,
         title: None,
         summary,
@@ -781,6 +785,7 @@ mod tests {
             name: name.into(),
             conclusion: "failure".into(),
             app: ACTIONS.into(),
+            job_id: Some(2),
             details_url: Some("https://github.com/o/r/actions/runs/1/job/2".into()),
             title: Some("tests".into()),
             summary: "2 tests failed".into(),

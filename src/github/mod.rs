@@ -16,6 +16,7 @@
 //!   [`SecretString`](secrecy::SecretString) (no `Display`, `Debug` prints `[REDACTED]`,
 //!   zeroed on drop).
 
+mod actions;
 mod check_runs;
 mod ci;
 mod clock;

@@ -136,6 +136,14 @@ impl TokenScope {
         }
     }
 
+    /// [`TokenScope::ci`] with GitHub Actions write: re-running failed jobs before a repair.
+    pub fn ci_rerun(repo: &RepoName) -> TokenScope {
+        TokenScope {
+            actions: Some(Access::Write),
+            ..TokenScope::ci(repo, true)
+        }
+    }
+
     /// `/kodx code`: pushing a branch and opening or updating a pull request too.
     pub fn write(repo: &RepoName) -> TokenScope {
         TokenScope {
