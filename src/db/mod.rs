@@ -67,7 +67,7 @@ pub use queue::DEFAULT_LEASE;
 pub use result::{AdmissionRecord, Continues, RunResult};
 pub use spend::to_micros;
 pub use usage::{
-    micros_to_usd, month_start_ms, MonthSpend, Usage, UsageBy, UsageRow, DAY_MS,
+    micros_to_usd, month_start_ms, parse_since, MonthSpend, Usage, UsageBy, UsageRow, DAY_MS,
 };
 
 /// The connection pool of the backend `DATABASE_URL` names.

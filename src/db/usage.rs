@@ -79,6 +79,61 @@ impl UsageRow {
     pub fn median_usd(&self) -> Option<f64> {
         self.median_micros.map(micros_to_usd)
     }
+
+    /// The success rate as shown: `75%` (rounded to the whole percent), `—` without runs.
+    pub fn success_text(&self) -> String {
+        match self.success_rate() {
+            Some(rate) => format!("{:.0}%", rate * 100.0),
+            None => "—".into(),
+        }
+    }
+
+    /// The median as shown (`crate::cost::format_usd`), `—` without one.
+    pub fn median_text(&self) -> String {
+        self.median_usd()
+            .map_or_else(|| "—".into(), crate::cost::format_usd)
+    }
+}
+
+impl MonthSpend {
+    /// Who it is: `acme (installation 77)`, or `installation 77` when its account is
+    /// unknown.
+    pub fn name(&self) -> String {
+        match &self.account {
+            Some(account) => format!("{account} (installation {})", self.installation_id),
+            None => format!("installation {}", self.installation_id),
+        }
+    }
+
+    /// What is left of a monthly budget of `budget_usd`, in micro-dollars, never below 0.
+    pub fn left_micros(&self, budget_usd: f64) -> i64 {
+        (super::to_micros(budget_usd) - self.spend_micros).max(0)
+    }
+}
+
+/// The start of the period `since` names, in unix milliseconds, at `now_ms`: `30d` (days),
+/// `12h` (hours), or a UTC date `2026-11-01`. An error says what to give.
+pub fn parse_since(since: &str, now_ms: i64) -> Result<i64, String> {
+    const SAY: &str = "say e.g. 30d (days), 12h (hours) or 2026-11-01 (a UTC date)";
+    let s = since.trim();
+    if let Ok(date) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        let at = date.and_time(NaiveTime::MIN).and_utc().timestamp_millis();
+        if at > now_ms {
+            return Err(format!("{s} is in the future: {SAY}"));
+        }
+        return Ok(at);
+    }
+    let unit = match s.chars().last() {
+        Some('d') => DAY_MS,
+        Some('h') => DAY_MS / 24,
+        _ => return Err(format!("{since:?} is not a period: {SAY}")),
+    };
+    let n: i64 = s[..s.len() - 1]
+        .parse()
+        .ok()
+        .filter(|n| (1..=100 * 366).contains(n))
+        .ok_or_else(|| format!("{since:?} is not a period: {SAY}"))?;
+    Ok(now_ms.saturating_sub(n.saturating_mul(unit)))
 }
 
 /// What a period's finished runs cost.
@@ -285,6 +340,18 @@ mod tests {
         // 2024-03-01T00:00:00Z is its own month start; a leap February before it.
         assert_eq!(month_start_ms(1_709_251_200_000), 1_709_251_200_000);
         assert_eq!(month_start_ms(1_709_251_199_999), 1_706_745_600_000);
+    }
+
+    #[test]
+    fn periods() {
+        let now = 1_795_341_600_000; // 2026-11-22T10:00:00Z
+        assert_eq!(parse_since("30d", now), Ok(now - 30 * DAY_MS));
+        assert_eq!(parse_since(" 12h ", now), Ok(now - 12 * 3_600_000));
+        assert_eq!(parse_since("2026-11-01", now), Ok(1_793_491_200_000));
+        for bad in ["", "d", "0d", "-3d", "3w", "thirty", "2026-13-01", "2026-12-01"] {
+            let e = parse_since(bad, now).unwrap_err();
+            assert!(e.contains("say e.g. 30d"), "{bad:?}: {e}");
+        }
     }
 
     /// Queues and finishes a run of `kind` in `repo` asked by `author`.
