@@ -35,8 +35,8 @@ enum Command {
     /// Measure the engine and print figures (median and p95).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// Print a link to the operator's list of runs and /healthz's details (expires;
-    /// --rotate ends every earlier one).
+    /// Print links to the operator's list of runs, /healthz's details and /usage
+    /// (they expire; --rotate ends every earlier one).
     OperatorLink(operator_link::OperatorLinkArgs),
     /// What finished runs cost: spend, runs, success rate and median per repository,
     /// person or command, and the monthly budget left (also at /usage).

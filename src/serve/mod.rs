@@ -265,7 +265,8 @@ async fn start(
                     config.data_dir.display()
                 )
                 },
-            )?,
+            )?
+            .with_budget(config.settings.monthly_budget_usd),
         ),
         false => None,
     };
