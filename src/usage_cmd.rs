@@ -106,8 +106,10 @@ fn sqlite_file(url: &str) -> Option<String> {
 
 /// A time as the CLI shows it: `2026-11-22 10:00 UTC`.
 fn utc(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map_or_else(|| ms.to_string(), |t| t.format("%Y-%m-%d %H:%M UTC").to_string())
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(
+        || ms.to_string(),
+        |t| t.format("%Y-%m-%d %H:%M UTC").to_string(),
+    )
 }
 
 /// A string kodx did not choose (a login) made safe for a terminal: control characters
@@ -203,7 +205,8 @@ fn csv(usage: &Usage, by: UsageBy) -> String {
             csv_field(&r.key),
             r.runs,
             r.succeeded,
-            r.success_rate().map_or(String::new(), |s| format!("{s:.4}")),
+            r.success_rate()
+                .map_or(String::new(), |s| format!("{s:.4}")),
             dollars(r.spend_micros),
             r.median_micros.map_or(String::new(), dollars),
         );
@@ -250,7 +253,10 @@ mod tests {
             sqlite_file("sqlite://data/kodx.db").as_deref(),
             Some("data/kodx.db")
         );
-        assert_eq!(sqlite_file("sqlite:///a/k.db?mode=rwc").as_deref(), Some("/a/k.db"));
+        assert_eq!(
+            sqlite_file("sqlite:///a/k.db?mode=rwc").as_deref(),
+            Some("/a/k.db")
+        );
         assert_eq!(sqlite_file("sqlite::memory:"), None);
         assert_eq!(sqlite_file("postgres://u@h/db"), None);
     }

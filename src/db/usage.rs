@@ -348,7 +348,16 @@ mod tests {
         assert_eq!(parse_since("30d", now), Ok(now - 30 * DAY_MS));
         assert_eq!(parse_since(" 12h ", now), Ok(now - 12 * 3_600_000));
         assert_eq!(parse_since("2026-11-01", now), Ok(1_793_491_200_000));
-        for bad in ["", "d", "0d", "-3d", "3w", "thirty", "2026-13-01", "2026-12-01"] {
+        for bad in [
+            "",
+            "d",
+            "0d",
+            "-3d",
+            "3w",
+            "thirty",
+            "2026-13-01",
+            "2026-12-01",
+        ] {
             let e = parse_since(bad, now).unwrap_err();
             assert!(e.contains("say e.g. 30d"), "{bad:?}: {e}");
         }
@@ -387,8 +396,20 @@ mod tests {
             ran(&db, n, w, ended(RunStatus::Succeeded, 0.30, 2)).await;
             ran(&db, n, w, ended(RunStatus::Failed, 0.20, 1)).await;
             ran(&db, n, w, ended(RunStatus::Failed, 0.0, 0)).await;
-            ran(&db, n, ("ask", "octo/widgets", "bob"), ended(RunStatus::Cancelled, 0.05, 1)).await;
-            ran(&db, n, ("ask", "octo/gears", "bob"), ended(RunStatus::Succeeded, 1.25, 4)).await;
+            ran(
+                &db,
+                n,
+                ("ask", "octo/widgets", "bob"),
+                ended(RunStatus::Cancelled, 0.05, 1),
+            )
+            .await;
+            ran(
+                &db,
+                n,
+                ("ask", "octo/gears", "bob"),
+                ended(RunStatus::Succeeded, 1.25, 4),
+            )
+            .await;
             // Not ended: not counted.
             queue(&db, "u-queued", &new_run("code", "octo/gears", 99)).await;
 
@@ -416,12 +437,20 @@ mod tests {
             assert_eq!(u.days, vec![(today, 1_900_000)], "{db:?}");
 
             let by_user = db.usage(start, UsageBy::User).await.unwrap();
-            let keys: Vec<_> = by_user.rows.iter().map(|r| (r.key.as_str(), r.runs)).collect();
+            let keys: Vec<_> = by_user
+                .rows
+                .iter()
+                .map(|r| (r.key.as_str(), r.runs))
+                .collect();
             assert_eq!(keys, vec![("bob", 2), ("alice", 4)], "{db:?}");
             // Of bob's, only the $1.25 one made a call and ended so.
             assert_eq!(by_user.rows[0].median_micros, Some(1_250_000));
             let by_kind = db.usage(start, UsageBy::Kind).await.unwrap();
-            let keys: Vec<_> = by_kind.rows.iter().map(|r| (r.key.as_str(), r.spend_micros)).collect();
+            let keys: Vec<_> = by_kind
+                .rows
+                .iter()
+                .map(|r| (r.key.as_str(), r.spend_micros))
+                .collect();
             assert_eq!(keys, vec![("ask", 1_300_000), ("code", 600_000)], "{db:?}");
 
             // A later start leaves them out.

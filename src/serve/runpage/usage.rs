@@ -100,7 +100,8 @@ struct View<'a> {
     now: i64,
 }
 
-const CSS: &str = "table.usage{width:100%;border-collapse:collapse;font-variant-numeric:tabular-nums}\
+const CSS: &str =
+    "table.usage{width:100%;border-collapse:collapse;font-variant-numeric:tabular-nums}\
 table.usage th,table.usage td{padding:.3rem .4rem;border-bottom:1px solid #eef0f3;text-align:right}\
 table.usage th:first-child,table.usage td:first-child{text-align:left;overflow-wrap:anywhere}\
 table.usage tfoot td{font-weight:700;border-bottom:0}\
