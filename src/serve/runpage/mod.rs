@@ -131,7 +131,7 @@ pub fn routes(pages: Arc<RunPages>) -> Router {
         .route("/runs", get(list))
         .route("/runs/{id}", get(page))
         .route("/runs/{id}/events", get(events))
-        .route("/usage", get(usage::usage))
+        .route("/usage", get(usage_page))
         .with_state(pages)
         .layer(axum::middleware::map_response(|r: Response| async move {
             (page_headers(CSP), r).into_response()
@@ -369,4 +369,16 @@ async fn list(State(pages): State<Arc<RunPages>>, Query(q): Query<TokenQuery>) -
         }
     };
     Html(layout("Runs", body).into_string()).into_response()
+}
+
+async fn usage_page(
+    State(pages): State<Arc<RunPages>>,
+    Query(q): Query<usage::UsageQuery>,
+) -> Response {
+    if !pages.operator.allows(q.token.as_deref()) {
+        return not_found();
+    }
+    // An operator's view reads every run of the period: two at once at most.
+    let _render = pages.renders.acquire().await;
+    usage::page(&pages.db, pages.monthly_budget, &q).await
 }

@@ -7,17 +7,13 @@
 //! the period is at most [`MAX_DAYS`] days, so a view costs a bounded page whatever the
 //! database holds; two are rendered at once at most.
 
-use std::sync::Arc;
-
-use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use maud::{html, Markup, PreEscaped};
 use serde::Deserialize;
 
-use super::{not_found, RunPages};
 use crate::cost::format_usd;
-use crate::db::{micros_to_usd, month_start_ms, now_ms, MonthSpend, Usage, UsageBy, DAY_MS};
+use crate::db::{micros_to_usd, month_start_ms, now_ms, Db, MonthSpend, Usage, UsageBy, DAY_MS};
 use crate::serve::setup::page::layout;
 
 /// Groups (and installations under the budget) shown at most, as many as `/runs` shows runs.
@@ -30,7 +26,7 @@ const CHART_H: i64 = 120;
 
 #[derive(Deserialize)]
 pub(super) struct UsageQuery {
-    token: Option<String>,
+    pub(super) token: Option<String>,
     since: Option<String>,
     by: Option<String>,
 }
@@ -39,13 +35,9 @@ fn bad_request(why: String) -> Response {
     (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response()
 }
 
-pub(super) async fn usage(
-    State(pages): State<Arc<RunPages>>,
-    Query(q): Query<UsageQuery>,
-) -> Response {
-    if !pages.operator.allows(q.token.as_deref()) {
-        return not_found();
-    }
+/// The page `q` asks for (its token already checked), read from `db`, with the monthly
+/// budget `monthly_budget`.
+pub(super) async fn page(db: &Db, monthly_budget: Option<f64>, q: &UsageQuery) -> Response {
     let now = now_ms();
     let since_text = q.since.as_deref().unwrap_or("30d").trim();
     let since = match crate::db::parse_since(since_text, now) {
@@ -57,12 +49,11 @@ pub(super) async fn usage(
     let Some(by) = UsageBy::parse(by_text) else {
         return bad_request("by: say repo, user or kind".into());
     };
-    let _render = pages.renders.acquire().await;
     let month = month_start_ms(now);
     let read = async {
-        let usage = pages.db.usage(since, by).await?;
-        let spent = match pages.monthly_budget {
-            Some(_) => pages.db.month_spend(month).await?,
+        let usage = db.usage(since, by).await?;
+        let spent = match monthly_budget {
+            Some(_) => db.month_spend(month).await?,
             None => Vec::new(),
         };
         Ok::<_, crate::db::DbError>((usage, spent))
@@ -86,7 +77,7 @@ pub(super) async fn usage(
         (heading(&view))
         div.card { (chart(&usage, since, now)) }
         div.card { (table(&usage, by)) }
-        (budget(pages.monthly_budget, month, &spent))
+        (budget(monthly_budget, month, &spent))
     };
     Html(layout("Usage", body).into_string()).into_response()
 }
