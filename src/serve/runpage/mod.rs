@@ -76,6 +76,9 @@ pub struct RunPages {
     renders: Semaphore,
     /// The server's monthly budget per installation (`/usage` shows what is left).
     monthly_budget: Option<f64>,
+    /// `/usage` views read at once (each reads every run of its period: apart from
+    /// `renders`, so run pages never wait for one).
+    usage_reads: Semaphore,
 }
 
 impl RunPages {
@@ -90,6 +93,7 @@ impl RunPages {
             cache: PageCache::new(cache::CACHE_BYTES),
             renders: Semaphore::new(RENDERS_AT_ONCE),
             monthly_budget: None,
+            usage_reads: Semaphore::new(1),
         })
     }
 
@@ -378,7 +382,6 @@ async fn usage_page(
     if !pages.operator.allows(q.token.as_deref()) {
         return not_found();
     }
-    // An operator's view reads every run of the period: two at once at most.
-    let _render = pages.renders.acquire().await;
+    let _read = pages.usage_reads.acquire().await;
     usage::page(&pages.db, pages.monthly_budget, &q).await
 }
