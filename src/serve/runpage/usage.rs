@@ -77,7 +77,7 @@ pub(super) async fn page(db: &Db, monthly_budget: Option<f64>, q: &UsageQuery) -
     let body = html! {
         (heading(&view))
         div.card { (chart(&usage, since, now)) }
-        div.card { (table(&usage, by)) }
+        div.card.wide { (table(&usage, by)) }
         (budget(monthly_budget, month, &spent))
     };
     Html(layout("Usage", body).into_string()).into_response()
@@ -93,12 +93,14 @@ struct View<'a> {
 }
 
 const CSS: &str =
-    "table.usage{width:100%;border-collapse:collapse;font-variant-numeric:tabular-nums}\
-table.usage th,table.usage td{padding:.3rem .4rem;border-bottom:1px solid #eef0f3;text-align:right}\
-table.usage th:first-child,table.usage td:first-child{text-align:left;overflow-wrap:anywhere}\
+    "div.wide{overflow-x:auto}\
+table.usage{width:100%;border-collapse:collapse;font-variant-numeric:tabular-nums}\
+table.usage th,table.usage td{padding:.3rem .35rem;border-bottom:1px solid #eef0f3;text-align:right;white-space:nowrap}\
+table.usage th:first-child,table.usage td:first-child{text-align:left;white-space:normal;overflow-wrap:break-word}\
 table.usage tfoot td{font-weight:700;border-bottom:0}\
 svg.chart{display:block;width:100%;height:auto}\
-nav.views a{margin-right:.6rem}";
+nav.views a{margin-right:.6rem}\
+@media(max-width:30rem){table.usage{font-size:.8rem}table.usage th,table.usage td{padding:.25rem .2rem}}";
 
 fn heading(v: &View<'_>) -> Markup {
     let link = |since: &str, by: UsageBy| {
@@ -156,12 +158,12 @@ fn chart(usage: &Usage, since: i64, now: i64) -> Markup {
             (x, h, label)
         })
         .collect();
-    let label_y = CHART_H + 14;
+    let label_y = CHART_H + 16;
     html! {
         h2 { "Spend per day (UTC)" }
         @if bars.is_empty() { p.hint { "Nothing spent in this period." } }
         svg.chart xmlns="http://www.w3.org/2000/svg" role="img"
-            viewBox={ "0 0 " (CHART_W) " " (CHART_H + 18) }
+            viewBox={ "0 0 " (CHART_W) " " (CHART_H + 20) }
             aria-label="Spend per day" {
             line x1="0" y1=(CHART_H) x2=(CHART_W) y2=(CHART_H) stroke="#b8c0cc" {}
             @for (x, h, label) in &bars {
@@ -169,8 +171,8 @@ fn chart(usage: &Usage, since: i64, now: i64) -> Markup {
                     width=(format!("{:.2}", (slot * 0.8).max(0.5))) height=(format!("{h:.2}"))
                     fill="#1f6feb" { title { (label) } }
             }
-            text x="0" y=(label_y) font-size="11" fill="#57606a" { (day(first * DAY_MS)) }
-            text x=(CHART_W) y=(label_y) font-size="11" fill="#57606a" text-anchor="end" {
+            text x="0" y=(label_y) font-size="14" fill="#57606a" { (day(first * DAY_MS)) }
+            text x=(CHART_W) y=(label_y) font-size="14" fill="#57606a" text-anchor="end" {
                 (day(now)) " · top " (format_usd(micros_to_usd(top)))
             }
         }
