@@ -2,7 +2,8 @@
 //! timings and cost, and each step of the agent (the model's text, each command typed with
 //! what it printed, the step's tokens and cost) — live while it runs (server-sent events at
 //! `/runs/{id}/events`, a few lines of inline JS). `GET /runs?token=…` is the operator's
-//! list of recent runs; `GET /usage?token=…` what finished runs cost ([`usage`]). Server-rendered with maud, no external assets.
+//! list of recent runs; `GET /usage?token=…` what finished runs cost ([`usage`]).
+//! Server-rendered with maud, no external assets.
 //!
 //! Access: each run's link carries a token, an HMAC-SHA256 of the run id under a server key
 //! (32 random bytes in `<KODX_DATA_DIR>/run-pages.key`, mode 0600, made on first start); the
@@ -128,8 +129,8 @@ struct PageQuery {
     from: Option<i64>,
 }
 
-/// The routes (`/runs`, `/runs/{id}`, `/runs/{id}/events`, `/usage`), every answer with the pages'
-/// headers.
+/// The routes (`/runs`, `/runs/{id}`, `/runs/{id}/events`, `/usage`), every answer with
+/// the pages' headers.
 pub fn routes(pages: Arc<RunPages>) -> Router {
     Router::new()
         .route("/runs", get(list))
