@@ -248,6 +248,46 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_period_and_an_unknown_installation() {
+        let none = UsageRow {
+            key: "total".into(),
+            runs: 0,
+            succeeded: 0,
+            spend_micros: 0,
+            median_micros: None,
+        };
+        let usage = Usage {
+            rows: Vec::new(),
+            total: none,
+            days: Vec::new(),
+        };
+        insta::assert_snapshot!(table(&usage, UsageBy::User), @"
+        user   runs  success    spend  median
+        (no runs)
+        -------------------------------------
+        total     0        —  $0.0000       —
+        ");
+        assert_eq!(
+            csv(&usage, UsageBy::Kind),
+            "kind,runs,succeeded,success_rate,spend_usd,median_usd\r\n"
+        );
+        let spent = [MonthSpend {
+            installation_id: 9,
+            account: Some("evil\u{1b}[2J".into()),
+            spend_micros: 12_500_000,
+        }];
+        insta::assert_snapshot!(budget(Some(10.0), 0, &spent), @"
+        Monthly budget: $10.00 per installation; this month (since 1970-01-01 00:00 UTC):
+          evil�[2J (installation 9): $12.50 spent, $0.0000 left
+        ");
+        insta::assert_snapshot!(budget(Some(10.0), 0, &[]), @"
+        Monthly budget: $10.00 per installation; this month (since 1970-01-01 00:00 UTC):
+          nothing spent yet: $10.00 left
+        ");
+        insta::assert_snapshot!(budget(None, 0, &[]), @"No monthly budget (the server setting monthly_budget_usd).");
+    }
+
+    #[test]
     fn sqlite_files() {
         assert_eq!(
             sqlite_file("sqlite://data/kodx.db").as_deref(),
