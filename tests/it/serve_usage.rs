@@ -66,7 +66,13 @@ const RUNS: [(&str, &str, &str, RunStatus, f64, i64, i64); 6] = [
 
 /// A server (no workers: nothing else touches the runs) with a $10 monthly budget.
 pub async fn served() -> Served {
+    served_on(None).await
+}
+
+/// [`served`] on the database `database_url` (default: a SQLite file).
+async fn served_on(database_url: Option<String>) -> Served {
     Served::start(Options {
+        database_url,
         settings: Some(
             "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nmonthly_budget_usd = 10\n",
         ),
@@ -104,7 +110,7 @@ pub async fn spend(s: &Served) -> Vec<(f64, i64)> {
             .await
             .unwrap());
         let at = (now - days_ago * DAY_MS).max(month_start_ms(now));
-        set_created_at(s, &id, at).await;
+        set_created_at(&db, s, &id, at).await;
         made.push((cost, at));
     }
     made
@@ -145,17 +151,31 @@ async fn queue(db: &Db, n: i64, repo: &str, author: &str, kind: &str) -> String 
     }
 }
 
-/// Moves a run's creation time (production never does).
-async fn set_created_at(s: &Served, id: &str, at: i64) {
-    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(s.dir.path().join("kodx.db"));
-    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-    sqlx::query("UPDATE runs SET created_at = $1 WHERE id = $2")
-        .bind(at)
-        .bind(id)
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
+/// Moves a run's creation time (production never does), on whichever backend `db` is.
+async fn set_created_at(db: &Db, s: &Served, id: &str, at: i64) {
+    const SQL: &str = "UPDATE runs SET created_at = $1 WHERE id = $2";
+    if format!("{db:?}").contains("sqlite") {
+        let options =
+            sqlx::sqlite::SqliteConnectOptions::new().filename(s.dir.path().join("kodx.db"));
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        sqlx::query(SQL)
+            .bind(at)
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    } else {
+        let url = s.kodx_env("DATABASE_URL");
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        sqlx::query(SQL)
+            .bind(at)
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    }
 }
 
 /// `text` read as RFC 4180 CSV: quoted fields may hold commas, doubled quotes and line ends.
@@ -347,5 +367,46 @@ async fn the_usage_page_opens_only_with_the_operator_token_and_shows_the_same_fi
         list_page.contains(&format!("href=\"/usage?token={token}\"")),
         "{list_page}"
     );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn kodx_usage_reads_postgresql_the_same() {
+    let Some(admin) = kodx::db::test_databases::postgres_admin_url() else {
+        eprintln!("SKIPPED: KODX_SKIP_POSTGRES=1");
+        return;
+    };
+    let url = kodx::db::test_databases::fresh_postgres_database(&admin).await;
+    let mut s = served_on(Some(url)).await;
+    let made = spend(&s).await;
+    let (out, err, code) = s.kodx_cli(&["usage", "--csv"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    insta::assert_snapshot!(out.replace("\r\n", "\n"), @"
+    repo,runs,succeeded,success_rate,spend_usd,median_usd
+    acme/gears,3,2,0.6667,3.845600,1.500000
+    acme/widgets,3,2,0.6667,1.070100,0.123400
+    ");
+    let cents: f64 = read_csv(&out)[1..]
+        .iter()
+        .map(|r| r[4].parse::<f64>().unwrap())
+        .sum();
+    assert_eq!((cents * 100.0).round() as i64, stored_total_cents(&made));
+    let (out, err, code) = s.kodx_cli(&["usage", "--by", "kind"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    redactions(&[], &[]).bind(|| {
+        insta::assert_snapshot!(out, @"
+    Runs that ended, created since [time] UTC (30d), by kind:
+
+    kind   runs  success    spend   median
+    code      4      50%    $4.03  $0.1234
+    ask       1     100%  $0.8900  $0.8900
+    help      1     100%  $0.0000        —
+    --------------------------------------
+    total     6      67%    $4.92  $0.1234
+
+    Monthly budget: $10.00 per installation; this month (since [time] UTC):
+      installation 77: $4.92 spent, $5.08 left
+    ")
+    });
     s.finish().await;
 }

@@ -472,6 +472,15 @@ impl Served {
         )
     }
 
+    /// The value of `name` in the server's environment (e.g. `DATABASE_URL`).
+    pub fn kodx_env(&self, name: &str) -> String {
+        self.env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("{name} is not set"))
+    }
+
     /// Runs the real `kodx ARGS` with this server's environment and directory (its
     /// `DATABASE_URL`, `KODX_CONFIG`, `KODX_DATA_DIR`): its output, its error output and
     /// its exit code.
