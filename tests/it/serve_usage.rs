@@ -1,8 +1,9 @@
 //! Usage (SPEC §12, "Quote and confirmation"; issue 41 item 3) against the real binary:
 //! runs with known stored costs are written to the database `kodx serve` uses; the real
 //! `kodx usage` prints their sums to the cent (as a table, as CSV read back, by person),
-//! refuses a period it cannot read with exit code 2; `/usage` answers only the operator's
-//! token, with the same figures. The page in a real browser: `tests/it/browser.rs`.
+//! refuses a period it cannot read with exit code 2, and reads PostgreSQL as it reads
+//! SQLite; `/usage` answers only the operator's token, with the same figures. The page in a
+//! real browser: `tests/it/browser.rs`.
 
 use kodx::db::{
     month_start_ms, now_ms, Accepted, Db, Finish, Holder, NewDelivery, NewRun, RunStatus, DAY_MS,
