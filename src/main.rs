@@ -11,6 +11,7 @@ mod doctor;
 mod operator_link;
 mod run;
 mod serve_cmd;
+mod usage_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -34,9 +35,12 @@ enum Command {
     /// Measure the engine and print figures (median and p95).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// Print a link to the operator's list of runs and /healthz's details (expires;
-    /// --rotate ends every earlier one).
+    /// Print links to the operator's list of runs, /healthz's details and /usage
+    /// (they expire; --rotate ends every earlier one).
     OperatorLink(operator_link::OperatorLinkArgs),
+    /// What finished runs cost: spend, runs, success rate and median per repository,
+    /// person or command, and the monthly budget left (also at /usage).
+    Usage(usage_cmd::UsageArgs),
 }
 
 fn init_tracing(default: &str) {
@@ -92,6 +96,7 @@ async fn main() -> ExitCode {
         Command::Doctor(args) => doctor::run(args).await,
         Command::Bench(cmd) => bench::run(cmd).await,
         Command::OperatorLink(args) => operator_link::run(args),
+        Command::Usage(args) => usage_cmd::run(args).await,
         Command::Serve(_) => unreachable!("handled above"),
     };
     if interrupted.load(Ordering::SeqCst) {

@@ -1,5 +1,5 @@
-//! `kodx operator-link`: prints a link to the operator's list of runs (`/runs`) and to
-//! `/healthz`'s details, valid for a while (24 h unless `--valid` says otherwise, at most
+//! `kodx operator-link`: prints a link to the operator's list of runs (`/runs`), to
+//! `/healthz`'s details and to what runs cost (`/usage`, as `kodx usage` prints it), valid for a while (24 h unless `--valid` says otherwise, at most
 //! 30 days), made with the operator key in `KODX_DATA_DIR`. `--rotate` first replaces
 //! that key: every operator link made before stops working, in every running process,
 //! without a restart. Run pages' links are not touched.
@@ -60,10 +60,12 @@ pub fn run(args: OperatorLinkArgs) -> anyhow::Result<ExitCode> {
         Some(base) => {
             println!("{base}/runs?token={token}");
             println!("{base}/healthz?token={token}");
+            println!("{base}/usage?token={token}");
         }
         None => {
             println!("/runs?token={token}");
             println!("/healthz?token={token}");
+            println!("/usage?token={token}");
         }
     }
     eprintln!(

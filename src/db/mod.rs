@@ -16,8 +16,8 @@
 //! rows and the types stored in them; `intake` records webhook deliveries (the group
 //! commit) and installations; `queue` claims, finishes, cancels and recovers runs;
 //! `transcripts` stores and prunes what a run did; `spend` sums what runs cost;
-//! `estimate` reads what a repository's last runs of a kind cost. Each
-//! adds its methods to the one facade, [`Db`].
+//! `estimate` reads what a repository's last runs of a kind cost; `usage` what finished
+//! runs cost per repository, person, kind and day. Each adds its methods to the one facade, [`Db`].
 
 /// Runs `$body` with `$p` bound to the pool of whichever backend `$pool` is; the body is
 /// compiled once per backend, so the same SQL and code serve SQLite and PostgreSQL.
@@ -43,12 +43,14 @@ mod pulls;
 mod queue;
 mod reruns;
 mod result;
+#[macro_use]
 mod spend;
 #[doc(hidden)]
 pub mod test_databases;
 #[cfg(test)]
 mod test_support;
 mod transcripts;
+mod usage;
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -67,6 +69,9 @@ pub use queue::DEFAULT_LEASE;
 pub use reruns::Rerun;
 pub use result::{AdmissionRecord, Continues, RunResult};
 pub use spend::to_micros;
+pub use usage::{
+    micros_to_usd, month_start_ms, parse_since, MonthSpend, Usage, UsageBy, UsageRow, DAY_MS,
+};
 
 /// The connection pool of the backend `DATABASE_URL` names.
 #[derive(Clone)]

@@ -259,14 +259,14 @@ async fn start(
     })?);
     let pages = match config.settings.run_pages {
         true => Some(
-            runpage::RunPages::open(&config.data_dir, db.clone(), operator.clone()).with_context(
-                || {
+            runpage::RunPages::open(&config.data_dir, db.clone(), operator.clone())
+                .with_context(|| {
                     format!(
                     "the run pages' key in KODX_DATA_DIR={} (set run_pages = false to do without)",
                     config.data_dir.display()
                 )
-                },
-            )?,
+                })?
+                .with_budget(config.settings.monthly_budget_usd),
         ),
         false => None,
     };

@@ -36,7 +36,7 @@ const FILL_RUNS: &str =
        (i * 7919 % 2000000) / 1000000.0, i * 7919 % 2000000, i, i, i \
      FROM n";
 
-async fn fill(db_url: &str, runs: i64) {
+pub(crate) async fn fill(db_url: &str, runs: i64) {
     macro_rules! fill_on {
         ($pool:expr) => {{
             let pool = $pool;

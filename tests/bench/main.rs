@@ -21,4 +21,5 @@ mod stress_tar;
 mod stress_term;
 mod stress_transcripts;
 mod stress_webhook;
+mod usage;
 mod verifier;

@@ -2,8 +2,9 @@
 //! (`chromedriver`, via fantoccini), headless. 1: the setup page, from the form to the
 //! created App (the fake GitHub's web side of the manifest flow), then a webhook signed
 //! with the new secret is taken without a restart. 2: a live run page gets a new step
-//! without a reload; a wrong token shows nothing. Screenshots of both pages at phone and
-//! desktop widths go to `docs/screenshots/`.
+//! without a reload; a wrong token shows nothing. 3: `/usage` draws a bar per day with
+//! spend and totals as `kodx usage` does. Screenshots of the pages at phone and desktop
+//! widths go to `docs/screenshots/`.
 //!
 //! Without chromium these tests fail, saying what to install, unless
 //! `KODX_SKIP_BROWSER=1` (never under `CI=true`).
@@ -261,5 +262,71 @@ async fn a_live_run_page_shows_a_new_step_without_a_reload() {
     s.bot_comment_where(7, "the answer", |c| c.body.contains("answered"))
         .await;
     let _ = run;
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usage_page_draws_spend_per_day_and_totals_as_the_cli_does() {
+    let Some((c, _driver)) =
+        browser("the_usage_page_draws_spend_per_day_and_totals_as_the_cli_does").await
+    else {
+        return;
+    };
+    let mut s = crate::serve_usage::served().await;
+    let made = crate::serve_usage::spend(&s).await;
+    let link = crate::serve_usage::usage_link(&s).await;
+    c.goto(&format!("{}{link}", s.url)).await.unwrap();
+    let text = page_text(&c).await;
+    assert!(text.contains("Spend per day (UTC)"), "{text}");
+    // One bar per UTC day on which something was spent, each drawn with a height.
+    let days: std::collections::BTreeSet<i64> = made
+        .iter()
+        .filter(|(cost, _)| *cost > 0.0)
+        .map(|(_, at)| at.div_euclid(kodx::db::DAY_MS))
+        .collect();
+    let bars = c
+        .execute(
+            "return Array.from(document.querySelectorAll('svg.chart rect'))\
+               .map(r => r.getBoundingClientRect().height);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let heights: Vec<f64> = serde_json::from_value(bars).unwrap();
+    assert_eq!(
+        heights.len(),
+        days.len(),
+        "bars {heights:?} for days {days:?}"
+    );
+    assert!(heights.iter().all(|h| *h > 0.0), "{heights:?}");
+    // The page's own style applied under its CSP, and it runs no script.
+    let styled = c
+        .execute(
+            "return [getComputedStyle(document.querySelector('table.usage')).borderCollapse, \
+               document.scripts.length];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(styled, json!(["collapse", 0]));
+    // The table's total is the CLI's.
+    let total = c
+        .find(Locator::Css("#total td:nth-child(4)"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (out, err, code) = s.kodx_cli(&["usage"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let cli_total = out
+        .lines()
+        .find(|l| l.starts_with("total "))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .expect("a total line");
+    assert_eq!((total.as_str(), cli_total), ("$4.92", "$4.92"), "{out}");
+    screenshot(&c, "usage-desktop", 1280, 900).await;
+    screenshot(&c, "usage-phone", 390, 844).await;
+    c.close().await.unwrap();
     s.finish().await;
 }

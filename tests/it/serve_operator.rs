@@ -27,9 +27,10 @@ async fn links(s: &Served, args: &[&str]) -> (String, String) {
                 .to_string()
         })
         .collect();
-    assert_eq!(paths.len(), 2, "{out}");
+    assert_eq!(paths.len(), 3, "{out}");
     assert!(paths[0].starts_with("/runs?token="), "{out}");
     assert!(paths[1].starts_with("/healthz?token="), "{out}");
+    assert_eq!(paths[2], paths[0].replace("/runs?", "/usage?"), "{out}");
     assert!(err.contains("valid until"), "{err}");
     (paths[0].clone(), paths[1].clone())
 }

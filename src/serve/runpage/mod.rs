@@ -2,7 +2,8 @@
 //! timings and cost, and each step of the agent (the model's text, each command typed with
 //! what it printed, the step's tokens and cost) — live while it runs (server-sent events at
 //! `/runs/{id}/events`, a few lines of inline JS). `GET /runs?token=…` is the operator's
-//! list of recent runs. Server-rendered with maud, no external assets.
+//! list of recent runs; `GET /usage?token=…` what finished runs cost ([`usage`]).
+//! Server-rendered with maud, no external assets.
 //!
 //! Access: each run's link carries a token, an HMAC-SHA256 of the run id under a server key
 //! (32 random bytes in `<KODX_DATA_DIR>/run-pages.key`, mode 0600, made on first start); the
@@ -46,6 +47,7 @@ mod key;
 mod limits;
 mod read;
 mod render;
+mod usage;
 
 pub use key::RunKey;
 pub use render::MAX_OUTPUT_CHARS;
@@ -73,6 +75,11 @@ pub struct RunPages {
     viewers: Arc<Viewers>,
     cache: PageCache,
     renders: Semaphore,
+    /// The server's monthly budget per installation (`/usage` shows what is left).
+    monthly_budget: Option<f64>,
+    /// `/usage` views read at once (each reads every run of its period: apart from
+    /// `renders`, so run pages never wait for one).
+    usage_reads: Semaphore,
 }
 
 impl RunPages {
@@ -86,7 +93,15 @@ impl RunPages {
             viewers: Default::default(),
             cache: PageCache::new(cache::CACHE_BYTES),
             renders: Semaphore::new(RENDERS_AT_ONCE),
+            monthly_budget: None,
+            usage_reads: Semaphore::new(1),
         })
+    }
+
+    /// The same pages, `/usage` showing the monthly budget `budget` (per installation).
+    pub fn with_budget(mut self, budget: Option<f64>) -> RunPages {
+        self.monthly_budget = budget;
+        self
     }
 
     pub fn key(&self) -> &RunKey {
@@ -114,13 +129,14 @@ struct PageQuery {
     from: Option<i64>,
 }
 
-/// The routes (`/runs`, `/runs/{id}`, `/runs/{id}/events`), every answer with the pages'
-/// headers.
+/// The routes (`/runs`, `/runs/{id}`, `/runs/{id}/events`, `/usage`), every answer with
+/// the pages' headers.
 pub fn routes(pages: Arc<RunPages>) -> Router {
     Router::new()
         .route("/runs", get(list))
         .route("/runs/{id}", get(page))
         .route("/runs/{id}/events", get(events))
+        .route("/usage", get(usage_page))
         .with_state(pages)
         .layer(axum::middleware::map_response(|r: Response| async move {
             (page_headers(CSP), r).into_response()
@@ -341,6 +357,7 @@ async fn list(State(pages): State<Arc<RunPages>>, Query(q): Query<TokenQuery>) -
     let runs = pages.db.recent_runs(100).await.unwrap_or_default();
     let body = html! {
         h1 { "Recent runs" }
+        p.hint { a href={ "/usage?token=" (q.token.as_deref().unwrap_or("")) } { "Usage: spend per repository, person and day" } }
         div.card {
             @if runs.is_empty() { p.hint { "No runs yet." } }
             ul.checks {
@@ -357,4 +374,15 @@ async fn list(State(pages): State<Arc<RunPages>>, Query(q): Query<TokenQuery>) -
         }
     };
     Html(layout("Runs", body).into_string()).into_response()
+}
+
+async fn usage_page(
+    State(pages): State<Arc<RunPages>>,
+    Query(q): Query<usage::UsageQuery>,
+) -> Response {
+    if !pages.operator.allows(q.token.as_deref()) {
+        return not_found();
+    }
+    let _read = pages.usage_reads.acquire().await;
+    usage::page(&pages.db, pages.monthly_budget, &q).await
 }

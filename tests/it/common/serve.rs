@@ -472,6 +472,34 @@ impl Served {
         )
     }
 
+    /// The value of `name` in the server's environment (e.g. `DATABASE_URL`).
+    pub fn kodx_env(&self, name: &str) -> String {
+        self.env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("{name} is not set"))
+    }
+
+    /// Runs the real `kodx ARGS` with this server's environment and directory (its
+    /// `DATABASE_URL`, `KODX_CONFIG`, `KODX_DATA_DIR`): its output, its error output and
+    /// its exit code.
+    pub async fn kodx_cli(&self, args: &[&str]) -> (String, String, Option<i32>) {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kodx"))
+            .args(args)
+            .env_remove("PRIVATE_KEY")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .current_dir(self.dir.path())
+            .output()
+            .await
+            .expect("kodx runs");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            out.status.code(),
+        )
+    }
+
     /// The path and query of a fresh operator link to `/healthz`'s details (`kodx
     /// operator-link`'s second line, less the public URL).
     pub async fn operator_health_path(&self) -> String {
