@@ -458,7 +458,7 @@ pub(in crate::serve) async fn reserve(
             &run.id,
             lease,
             run.request.installation_id,
-            month_start_ms(crate::db::now_ms()),
+            crate::db::month_start_ms(crate::db::now_ms()),
             crate::db::to_micros(want),
             crate::db::to_micros(budget),
         )
@@ -480,7 +480,7 @@ pub(in crate::serve) async fn reserve(
 /// The installation's monthly budget and its spend this month, if the server has one.
 async fn budget(svc: &Services, run: &Run) -> Option<Budget> {
     let budget = svc.settings.monthly_budget_usd?;
-    let since = month_start_ms(crate::db::now_ms());
+    let since = crate::db::month_start_ms(crate::db::now_ms());
     let spent = match svc.db.spend_since(run.request.installation_id, since).await {
         Ok(s) => s,
         Err(e) => {
@@ -568,34 +568,10 @@ async fn post_refusal(
     .await;
 }
 
-/// The first millisecond of the current month (UTC) for `now_ms`.
-fn month_start_ms(now_ms: i64) -> i64 {
-    use chrono::{DateTime, Datelike, NaiveTime};
-    // Out of chrono's range (±262,000 years) only for a clock that is badly wrong.
-    let Some(now) = DateTime::from_timestamp_millis(now_ms) else {
-        return now_ms;
-    };
-    let first = now
-        .date_naive()
-        .with_day(1)
-        .expect("every month has a first day");
-    first.and_time(NaiveTime::MIN).and_utc().timestamp_millis()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn month_start() {
-        // 2026-11-22T10:00:00Z → 2026-11-01T00:00:00Z
-        assert_eq!(month_start_ms(1_795_341_600_000), 1_793_491_200_000);
-        // 2024-03-01T00:00:00Z is its own month start; a leap February before it.
-        assert_eq!(month_start_ms(1_709_251_200_000), 1_709_251_200_000);
-        assert_eq!(month_start_ms(1_709_251_199_999), 1_706_745_600_000);
-        assert_eq!(month_start_ms(0), 0);
-    }
 
     fn admission(config: RepoConfig, budget: Option<Budget>) -> Admission {
         Admission::new(Base::main(), config, Some(Permission::Write), budget)
