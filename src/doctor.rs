@@ -44,7 +44,11 @@ const REQUIRED_EVENTS: [&str; 3] = ["issue_comment", "issues", "pull_request_rev
 /// what it gives.
 const OPTIONAL_PERMISSIONS: [(&str, &str, &str); 3] = [
     ("checks", "write", "the `kodx` Check Run; CI repair"),
-    ("actions", "read", "job logs in CI repair reports"),
+    (
+        "actions",
+        "write",
+        "job logs in CI repair reports; failed jobs re-run before a repair",
+    ),
     ("statuses", "read", "commit statuses in CI repair"),
 ];
 

@@ -10,7 +10,7 @@ use super::{now_ms, Db, DbError};
 pub struct Rerun {
     /// The ids of the failed jobs that were re-run.
     pub jobs: Vec<u64>,
-    /// The App may not re-run jobs: repaired as before.
+    /// Not re-run (the App may not, or GitHub did not take it): repaired as before.
     pub refused: bool,
     /// The repair run that took it.
     pub run_id: String,
@@ -76,6 +76,27 @@ impl Db {
         Ok(changed == 1 && earlier == 1)
     }
 
+    /// Records that GitHub did not take the re-run of `commit_sha` for a reason other than
+    /// a permission (repaired as before, nothing said).
+    pub async fn give_up_rerun(
+        &self,
+        repo: &str,
+        pull: i64,
+        commit_sha: &str,
+    ) -> Result<(), DbError> {
+        with_pool!(&self.pool, p => sqlx::query(
+            "UPDATE ci_reruns SET outcome = 'failed' \
+             WHERE repo = $1 AND pull = $2 AND commit_sha = $3 AND outcome = 'rerun'",
+        )
+        .bind(repo)
+        .bind(pull)
+        .bind(commit_sha)
+        .execute(p)
+        .await
+        .map(|_| ()))?;
+        Ok(())
+    }
+
     /// What was re-run of `commit_sha`'s failed jobs, if anything was.
     pub async fn rerun_of(
         &self,
@@ -93,7 +114,7 @@ impl Db {
         .fetch_optional(p).await)?;
         Ok(row.map(|(jobs, outcome, run_id)| Rerun {
             jobs: jobs.split(',').filter_map(|j| j.parse().ok()).collect(),
-            refused: outcome == "refused",
+            refused: outcome != "rerun",
             run_id,
         }))
     }
@@ -131,6 +152,10 @@ mod tests {
                 "said once per pull request"
             );
             assert!(db.refuse_rerun(r, 10, &c1).await.unwrap());
+            let c3 = "c".repeat(40);
+            assert!(db.take_rerun(r, 12, &c3, "run5", &[16]).await.unwrap());
+            db.give_up_rerun(r, 12, &c3).await.unwrap();
+            assert!(db.rerun_of(r, 12, &c3).await.unwrap().unwrap().refused);
         }
     }
 }

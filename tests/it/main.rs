@@ -61,6 +61,7 @@ mod serve_operator;
 mod serve_postgres;
 mod serve_postgres_fencing;
 mod serve_proxy;
+mod serve_rerun;
 mod serve_runpage;
 mod serve_runpage_limits;
 mod serve_runs;

@@ -341,7 +341,7 @@ async fn address_reviews_without_threads_or_on_an_issue_runs_nothing() {
 async fn red_ci_on_kodx_pull_request_gets_exactly_one_repair() {
     let _engine = common::require_engine!();
     let mut s = Served::with_workers().await;
-    let pr = kodx_pull(&s, "ci_repair: 1\n", "Added a.txt saying one.").await;
+    let pr = kodx_pull(&s, "ci_repair: 1\nci_rerun: 0\n", "Added a.txt saying one.").await;
     let head = s.git.branch_sha(REPO, &pr.head).unwrap();
     let gh = &s.github;
 
@@ -527,7 +527,7 @@ async fn red_ci_on_kodx_pull_request_gets_exactly_one_repair() {
 async fn a_repeated_failure_or_someone_elses_push_stops_repairing() {
     let _engine = common::require_engine!();
     let mut s = Served::with_workers().await;
-    let pr = kodx_pull(&s, "ci_repair: 3\n", "Added a.txt.").await;
+    let pr = kodx_pull(&s, "ci_repair: 3\nci_rerun: 0\n", "Added a.txt.").await;
     let gh = &s.github;
     let fail = |sha: &str, suite: u64| {
         gh.check_suite_completed_payload(

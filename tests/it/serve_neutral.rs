@@ -133,7 +133,7 @@ async fn hostile_thread_ids_and_statuses_post_nothing_live() {
 async fn hostile_ci_check_names_post_nothing_live() {
     let _engine = common::require_engine!();
     let mut s = Served::with_workers().await;
-    let pr = kodx_pull(&s, "ci_repair: 3\n", "Added a.txt.").await;
+    let pr = kodx_pull(&s, "ci_repair: 3\nci_rerun: 0\n", "Added a.txt.").await;
     let gh = &s.github;
     // A check whose name and title (its first error: no log, no annotation) are hostile.
     let red = || {

@@ -8,6 +8,7 @@ use crate::model::Message;
 use crate::serve::pipeline::repair::follow_up;
 use crate::serve::pipeline::work::{execute_and_deliver, Delivery};
 use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
+use crate::serve::texts;
 
 /// Runs a repair: the stored failure report, one run, its commit on the pull request.
 pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure> {
@@ -20,7 +21,11 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure>
         .ok_or_else(|| anyhow::anyhow!("the repair run has no failure report"))?;
     let plan = cx.plan_with(Some(follow_up(&report))).await?;
     let messages = vec![Message::user_text(&plan.prompt)];
-    let delivery = Delivery::of(request(&cx.run.request.job));
+    let delivery = Delivery {
+        // A failure that survived a re-run of the failed jobs: the report starts with it.
+        note: texts::rerun::note_of(&report).map(str::to_string),
+        ..Delivery::of(request(&cx.run.request.job))
+    };
     execute_and_deliver(cx, &plan, messages, delivery).await
 }
 

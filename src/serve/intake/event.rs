@@ -216,6 +216,37 @@ struct CiRun<'a> {
     /// The App a check suite belongs to.
     #[serde(default)]
     app: Option<AppRef>,
+    /// When the check suite last changed: each completion of a suite whose jobs were
+    /// re-run has its own.
+    #[serde(borrow, default)]
+    updated_at: Option<Cow<'a, str>>,
+    /// Which attempt of a workflow run completed (re-runs count up).
+    #[serde(default)]
+    run_attempt: Option<i64>,
+}
+
+impl CiRun<'_> {
+    /// The trigger id of this completion. A suite or workflow run completes again after
+    /// its failed jobs are re-run (the same id), and that completion must be read; a body
+    /// replayed under a new delivery id must not be. So a completion is its id with its
+    /// attempt (`workflow_run`) or its last change (`check_suite`): a positive number
+    /// drawn from the three, the same for the same completion.
+    fn completion_id(&self) -> i64 {
+        if self.updated_at.is_none() && self.run_attempt.is_none() {
+            return self.id;
+        }
+        use sha2::Digest;
+        let key = format!(
+            "{}:{}:{}",
+            self.id,
+            self.run_attempt.unwrap_or(0),
+            self.updated_at.as_deref().unwrap_or("")
+        );
+        let digest = sha2::Sha256::digest(key.as_bytes());
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&digest[..8]);
+        (u64::from_be_bytes(bytes) >> 1) as i64
+    }
 }
 
 #[derive(Deserialize)]
@@ -527,11 +558,11 @@ fn ci(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
     if pulls.is_empty() {
         return ignore("the commit is on no pull request of this repository");
     }
+    let id = p.check_suite.completion_id();
     let sha = p.check_suite.head_sha;
     if sha.len() != 40 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(BadRequest(format!("`{event}.head_sha` is not a commit id")));
     }
-    let id = p.check_suite.id;
     let app_id = p.check_suite.app.as_ref().map(|a| a.id);
     Ok(Triage::Ci {
         app_id,
@@ -788,6 +819,20 @@ mod tests {
             "repository": {"full_name": "o/r", "clone_url": "u", "default_branch": "main"},
             "installation": {"id": 5}
         });
+        // Completed again after a re-run (a later `updated_at`): another trigger; the same
+        // completion replayed: the same one.
+        let trigger = |updated: &str| {
+            let mut again = suite.clone();
+            again["check_suite"]["updated_at"] = json!(updated);
+            match triage("check_suite", again.to_string().as_bytes()).unwrap() {
+                Triage::Ci { request, .. } => request.trigger,
+                _ => panic!(),
+            }
+        };
+        let first = trigger("2026-11-29T00:01:00Z");
+        assert_eq!(first, trigger("2026-11-29T00:01:00Z"));
+        assert_ne!(first, trigger("2026-11-29T00:07:00Z"));
+        assert!(matches!(first, Trigger::CheckSuite(id) if id > 0 && id != 41));
         match triage("check_suite", suite.to_string().as_bytes()).unwrap() {
             Triage::Ci {
                 request,

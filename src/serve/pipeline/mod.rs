@@ -34,6 +34,7 @@ pub(in crate::serve) mod lease;
 pub(in crate::serve) mod plan;
 pub(in crate::serve) mod repair;
 pub(in crate::serve) mod repo_context;
+pub(in crate::serve) mod rerun;
 pub(in crate::serve) mod resources;
 pub(in crate::serve) mod status;
 pub(in crate::serve) mod threads;
@@ -222,8 +223,8 @@ mod tests {
     /// [`super::RunCtx::installation`]), whose writes ask the run's lease first; none takes
     /// a token from the services or the App directly, which would write unfenced. (The
     /// paths outside a run's lease — control jobs, refusals, a run's end once written —
-    /// live in `commands/mod.rs`, `commands/cancel.rs`, `gate.rs`, `repair.rs` and
-    /// `status.rs`, and are not scanned.)
+    /// live in `commands/mod.rs`, `commands/cancel.rs`, `gate.rs`, `repair.rs` (with
+    /// `rerun.rs`, part of a repair's admission) and `status.rs`, and are not scanned.)
     #[test]
     fn run_stages_take_github_clients_only_through_their_fence() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/serve");
@@ -233,6 +234,7 @@ mod tests {
             "pipeline/mod.rs",
             "pipeline/gate.rs",
             "pipeline/repair.rs",
+            "pipeline/rerun.rs",
             "pipeline/status.rs",
         ];
         let unfenced = [

@@ -112,7 +112,14 @@ pub(super) async fn admit_repair(
     if let Some(stop) = stop {
         return Err(stop_repairing(svc, gh, repo, run, commit, &state, &signature, &stop).await);
     }
-    let report = report(svc, &state, &made_by).await;
+    // Failed Actions jobs get one more try first (`ci_rerun`).
+    let rerun = super::rerun::before_repair(svc, gh, repo, run, config, commit, &state)
+        .await
+        .map_err(dismissed)?;
+    let mut report = report(svc, &state, &made_by).await;
+    if let Some(note) = rerun {
+        report = format!("{note}\n\n{report}");
+    }
     match db
         .take_repair(name, pull, commit, &run.id, &signature, true, &report)
         .await

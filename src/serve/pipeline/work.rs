@@ -36,6 +36,9 @@ pub(in crate::serve) struct Delivery {
     pub summary: fn(&str) -> String,
     /// The stopped run a `/kodx continue` goes on with.
     pub continues: Option<Earlier>,
+    /// A sentence about how the run came to be, shown under its result (a repair whose
+    /// failure survived a re-run of the failed jobs).
+    pub note: Option<String>,
 }
 
 impl Delivery {
@@ -45,6 +48,7 @@ impl Delivery {
             request: request.into(),
             summary: |message| message.to_string(),
             continues: None,
+            note: None,
         }
     }
 }
@@ -102,6 +106,9 @@ pub(in crate::serve) async fn execute_and_deliver(
     // The container goes while the change is delivered (it is not needed any more).
     let teardown = tokio::spawn(async move { sandbox.destroy().await });
     let new_pull = matches!(target, Target::NewPull { .. });
+    if let Some(note) = &delivery.note {
+        done.notes.push(format!("{note}\n\n"));
+    }
     if red {
         done.notes
             .push(checks::red_note(&done.outcome.checks, on_red, new_pull));

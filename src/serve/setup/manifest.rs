@@ -20,10 +20,11 @@ pub const PERMISSIONS: [(&str, &str); 4] = [
 
 /// What the App asks for besides, and works without: `checks: write` puts a `kodx` Check
 /// Run on the commits kodx pushes (without it, the status comment says so once); `actions`
-/// and `statuses` read let CI repair read why CI failed (SPEC §11).
+/// and `statuses` read let CI repair read why CI failed (SPEC §11), and `actions: write`
+/// re-runs failed jobs once before a repair is paid for (SPEC §12).
 pub const OPTIONAL_PERMISSIONS: [(&str, &str); 3] = [
     ("checks", "write"),
-    ("actions", "read"),
+    ("actions", "write"),
     ("statuses", "read"),
 ];
 
@@ -288,7 +289,7 @@ mod tests {
         assert_eq!(m["public"], false);
         assert_eq!(
             m["default_permissions"],
-            json!({"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read", "checks": "write", "actions": "read", "statuses": "read"})
+            json!({"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read", "checks": "write", "actions": "write", "statuses": "read"})
         );
         assert_eq!(
             m["default_events"],

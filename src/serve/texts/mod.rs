@@ -14,6 +14,7 @@ mod follow_up;
 mod help;
 pub mod markup;
 mod pull;
+pub mod rerun;
 pub mod status;
 
 pub use estimate::estimate_line;

@@ -316,6 +316,7 @@ struct StateInner {
     check_runs: Vec<FakeCheckRun>,
     /// `withhold_checks_permission`: the App was not granted `checks`.
     no_checks: bool,
+    actions_read_only: bool,
     /// Check suites, runs, statuses and job logs (`fake_github_ci.rs`).
     ci: ci_api::CiStore,
     bot_user_id: Option<u64>,
@@ -418,6 +419,7 @@ impl FakeGitHub {
                     git_dir: None,
                     check_runs: Vec::new(),
                     no_checks: false,
+                    actions_read_only: false,
                     ci: Default::default(),
                     bot_user_id: None,
                     users: BTreeMap::new(),
@@ -677,6 +679,12 @@ impl FakeGitHub {
     /// refused (422), as GitHub refuses it.
     pub fn withhold_checks_permission(&self) {
         self.state().no_checks = true;
+    }
+
+    /// The installation was granted GitHub Actions read only (as before Actions write was
+    /// asked for): a token asking for `actions: write` is refused (422).
+    pub fn grant_actions_read_only(&self) {
+        self.state().actions_read_only = true;
     }
 
     /// The tip of `branch` of the repository `key` (lower-case `owner/name`): from the
@@ -1025,6 +1033,14 @@ fn api_routes() -> Router<FakeGitHub> {
             "/repos/{owner}/{repo}/actions/jobs/{id}/logs",
             get(ci_api::job_logs),
         )
+        .route(
+            "/repos/{owner}/{repo}/actions/jobs/{id}",
+            get(ci_api::get_job),
+        )
+        .route(
+            "/repos/{owner}/{repo}/actions/runs/{id}/rerun-failed-jobs",
+            post(ci_api::rerun_failed_jobs),
+        )
         .route("/repos/{owner}/{repo}/issues/{number}", get(get_issue))
         .route(
             "/repos/{owner}/{repo}/issues/{number}/comments",
@@ -1352,7 +1368,7 @@ const APP_PERMISSIONS: [(&str, &str); 7] = [
     ("pull_requests", "write"),
     ("metadata", "read"),
     ("checks", "write"),
-    ("actions", "read"),
+    ("actions", "write"),
     ("statuses", "read"),
 ];
 
@@ -1692,7 +1708,7 @@ async fn get_app(State(fake): State<FakeGitHub>, req: Req) -> Response {
             "html_url": format!("{}/apps/{slug}", fake.inner.root),
             "created_at": "2024-01-01T00:00:00Z",
             "updated_at": "2024-01-01T00:00:00Z",
-            "permissions": {"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read", "checks": "write", "actions": "read", "statuses": "read"},
+            "permissions": {"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read", "checks": "write", "actions": if st.actions_read_only { "read" } else { "write" }, "statuses": "read"},
             "events": ["issue_comment", "issues", "pull_request_review_comment", "pull_request", "pull_request_review", "check_suite", "workflow_run"],
             "installations_count": st.installations.len(),
         }),
@@ -1785,10 +1801,14 @@ async fn create_access_token(
         }
     };
     let no_checks = st.no_checks;
+    let actions_read_only = st.actions_read_only;
     let app: BTreeMap<String, String> = APP_PERMISSIONS
         .iter()
         .filter(|(k, _)| !(no_checks && *k == "checks"))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .map(|(k, v)| match (*k, actions_read_only) {
+            ("actions", true) => (k.to_string(), "read".to_string()),
+            _ => (k.to_string(), v.to_string()),
+        })
         .collect();
     let mut permissions = match &asked_perms {
         None => app.clone(),

@@ -214,10 +214,27 @@ pub(super) struct CiStore {
     served: Arc<AtomicU64>,
     blob_requests: usize,
     blob_with_auth: usize,
+    /// Workflow runs re-run through `rerun-failed-jobs`, in order.
+    reruns: Vec<u64>,
+    /// The second each suite last completed in its payloads.
+    completions: HashMap<u64, u64>,
 }
 
 fn now() -> String {
     iso8601(SystemTime::now())
+}
+
+/// When suite `suite` last completed, as its `check_suite.completed` payload says: now,
+/// but never the same second twice for one suite (GitHub's times are in seconds, and a
+/// suite whose jobs were re-run completes again, with a later time).
+fn completed_at(st: &mut StateInner, suite: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let last = st.ci.completions.entry(suite).or_insert(0);
+    *last = (*last + 1).max(now);
+    iso8601(std::time::UNIX_EPOCH + std::time::Duration::from_secs(*last))
 }
 
 impl FakeGitHub {
@@ -369,7 +386,7 @@ impl FakeGitHub {
                 "pull_requests": pull_requests,
                 "app": app_json(self, &st.slug, app_slug),
                 "created_at": now(),
-                "updated_at": now(),
+                "updated_at": completed_at(&mut st, suite_id),
                 "rerequestable": true,
                 "runs_rerequestable": true,
                 "latest_check_runs_count": 1,
@@ -426,7 +443,7 @@ impl FakeGitHub {
                 "path": ".github/workflows/ci.yml",
                 "display_title": name,
                 "run_number": 36,
-                "run_attempt": 1,
+                "run_attempt": 1 + st.ci.reruns.iter().filter(|r| **r == suite_id).count(),
                 "event": "pull_request",
                 "status": "completed",
                 "conclusion": conclusion,
@@ -1131,4 +1148,159 @@ fn generated_body(lines: u64, errors_at: Vec<u64>, served: Arc<AtomicU64>) -> Bo
         },
     );
     Body::from_stream(stream)
+}
+
+// -------------------------------------------------------------------------------------
+// GitHub Actions jobs and re-runs (`@octokit/openapi`: `job`, `actions/re-run-workflow-
+// failed-jobs`). A GitHub Actions suite is its workflow run: its id is the run's id, each
+// of its check runs a job of it (the ids are the same).
+// -------------------------------------------------------------------------------------
+
+const ACTIONS_WRITE: Need = &[("actions", "write")];
+
+impl FakeGitHub {
+    /// The workflow runs whose failed jobs `rerun-failed-jobs` started again, in order.
+    pub fn reruns(&self) -> Vec<u64> {
+        self.state().ci.reruns.clone()
+    }
+}
+
+/// `GET /repos/{owner}/{repo}/actions/jobs/{job_id}`: one job (`actions: read`).
+pub(super) async fn get_job(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, id)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match readable(&fake, &req, &owner, &repo, ACTIONS_READ) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let Ok(id) = id.parse::<u64>() else {
+        return refuse(&fake, &req, 404, "Not Found", "job id");
+    };
+    let st = fake.state();
+    let Some(run) = st.ci.runs.get(&id) else {
+        return gh_error(404, "Not Found");
+    };
+    let Some(suite) = st
+        .ci
+        .suites
+        .iter()
+        .find(|s| s.id == run.suite && s.key == key && s.app_slug == ACTIONS_SLUG)
+    else {
+        return gh_error(404, "Not Found");
+    };
+    let full_name = st.repos[&key].full_name.clone();
+    let api = format!("{}/repos/{full_name}", fake.url());
+    let html = format!("{}/{full_name}", fake.root());
+    let s = &run.spec;
+    json_response(
+        200,
+        json!({
+            "id": id,
+            "run_id": suite.id,
+            "run_url": format!("{api}/actions/runs/{}", suite.id),
+            "run_attempt": 1 + st.ci.reruns.iter().filter(|r| **r == suite.id).count(),
+            "node_id": format!("CR_{id}"),
+            "head_sha": suite.sha,
+            "url": format!("{api}/actions/jobs/{id}"),
+            "html_url": format!("{html}/actions/runs/{}/job/{id}", suite.id),
+            "status": s.status,
+            "conclusion": s.conclusion,
+            "created_at": run.started_at,
+            "started_at": run.started_at,
+            "completed_at": run.completed_at,
+            "name": s.name,
+            "steps": [],
+            "check_run_url": format!("{api}/check-runs/{id}"),
+            "labels": ["ubuntu-latest"],
+            "runner_id": 1,
+            "runner_name": "GitHub Actions 1",
+            "runner_group_id": 2,
+            "runner_group_name": "GitHub Actions",
+            "workflow_name": "CI",
+            "head_branch": "main",
+        }),
+    )
+}
+
+/// `POST /repos/{owner}/{repo}/actions/runs/{run_id}/rerun-failed-jobs` (`actions:
+/// write`): `201 {}`. Each failed job of the run is replaced in its suite by a new job (a
+/// new id, `queued`), so the suite is `in_progress` again; a test completes the new jobs
+/// with `complete_check_run`. A run with no failed job is refused as GitHub does (403).
+pub(super) async fn rerun_failed_jobs(
+    State(fake): State<FakeGitHub>,
+    Path((owner, repo, id)): Path<(String, String, String)>,
+    req: Req,
+) -> Response {
+    let key = match auth_installation(&fake, &req, &owner, &repo, ACTIONS_WRITE) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    if !req.body.is_empty() {
+        let body: Result<Value, _> = serde_json::from_slice(&req.body);
+        let ok = match &body {
+            Ok(Value::Null) => true,
+            Ok(Value::Object(o)) => o
+                .iter()
+                .all(|(k, v)| k == "enable_debug_logging" && v.is_boolean()),
+            _ => false,
+        };
+        if !ok {
+            return refuse(&fake, &req, 422, "Invalid request.", "body");
+        }
+    }
+    let Ok(id) = id.parse::<u64>() else {
+        return refuse(&fake, &req, 404, "Not Found", "run id");
+    };
+    let mut st = fake.state();
+    let Some(index) = st
+        .ci
+        .suites
+        .iter()
+        .position(|s| s.id == id && s.key == key && s.app_slug == ACTIONS_SLUG)
+    else {
+        return gh_error(404, "Not Found");
+    };
+    let failing = ["failure", "timed_out", "startup_failure", "cancelled"];
+    let old = st.ci.suites[index].runs.clone();
+    let mut runs = Vec::new();
+    let mut rerun = 0;
+    for job in old {
+        let spec = st.ci.runs[&job].spec.clone();
+        if spec.status != "completed"
+            || !spec
+                .conclusion
+                .as_deref()
+                .is_some_and(|c| failing.contains(&c))
+        {
+            runs.push(job);
+            continue;
+        }
+        let new = st.next_id();
+        st.ci.runs.insert(
+            new,
+            RunRec {
+                suite: id,
+                spec: FakeCheckRunSpec {
+                    status: "queued".into(),
+                    conclusion: None,
+                    ..spec
+                },
+                started_at: now(),
+                completed_at: None,
+            },
+        );
+        runs.push(new);
+        rerun += 1;
+    }
+    if rerun == 0 {
+        return gh_error(403, "This workflow run cannot be retried");
+    }
+    let suite = &mut st.ci.suites[index];
+    suite.runs = runs;
+    suite.status = "queued".into();
+    suite.conclusion = None;
+    st.ci.reruns.push(id);
+    json_response(201, json!({}))
 }

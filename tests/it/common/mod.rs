@@ -9,6 +9,7 @@ pub mod follow_up;
 pub mod git_server;
 pub mod long_run;
 pub mod net;
+pub mod openapi;
 pub mod serve;
 pub mod synthetic;
 pub mod tar_flood;
