@@ -36,6 +36,32 @@ fn git_log(s: &Served, rev: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// The cost table's duration cell, `6.8s (agent 0.2s)` or `1m 2s (agent 40.1s)`, as
+/// seconds: the run's wall time and the agent's share.
+fn wall_and_agent(body: &str) -> (f64, f64) {
+    let row = body
+        .lines()
+        .find(|l| l.starts_with("| claude-"))
+        .unwrap_or_else(|| panic!("no cost table in\n{body}"));
+    let cell = row.split(" | ").nth(7).unwrap();
+    let (wall, agent) = cell.split_once(" (agent ").unwrap();
+    let secs = |t: &str| -> f64 {
+        t.trim_end_matches(')')
+            .split(' ')
+            .map(|part| {
+                let (n, unit) = part.split_at(part.len() - 1);
+                let n: f64 = n.parse().unwrap_or_else(|_| panic!("{cell}"));
+                n * match unit {
+                    "h" => 3600.0,
+                    "m" => 60.0,
+                    _ => 1.0,
+                }
+            })
+            .sum()
+    };
+    (secs(wall), secs(agent))
+}
+
 #[tokio::test]
 async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     let engine = common::require_engine!();
@@ -94,7 +120,7 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
 
         | model | API calls | input | output | cache write | cache read | cost | duration | stop |
         |---|--:|--:|--:|--:|--:|--:|--:|---|
-        | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
+        | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
 
         <sub>kodx run <code>[run]</code></sub>
@@ -113,12 +139,18 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
 
         | model | API calls | input | output | cache write | cache read | cost | duration | stop |
         |---|--:|--:|--:|--:|--:|--:|--:|---|
-        | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
+        | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
         <sub>kodx run <code>[run]</code></sub>
         "#);
     });
     assert_eq!(pr.number, 8, "the pull request the comment links");
+    // The duration is the run's wall time from acknowledgement to delivery, the agent's
+    // share beside it: the clone, the container and the push took time too.
+    for shown in [&pr.body, &body] {
+        let (wall, agent) = wall_and_agent(shown);
+        assert!(wall > 0.0 && wall >= agent, "{wall}s (agent {agent}s) in\n{shown}");
+    }
 
     // The model's words mention, hide and close nothing: not in the comment, the pull
     // request (both above) or the commit; kodx's own `Closes #7` stays.
@@ -163,7 +195,7 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
 
     <sub>kodx run <code>[run]</code></sub>
@@ -286,7 +318,7 @@ async fn code_on_a_same_repo_pull_request_pushes_onto_its_branch() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -366,7 +398,7 @@ async fn code_on_a_fork_pull_request_opens_a_new_one_and_leaves_the_fork_alone()
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -427,7 +459,7 @@ async fn a_run_without_changes_says_so_with_the_last_message() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 1,100 | 10 | 0 | 0 | $0.0035 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 1,100 | 10 | 0 | 0 | $0.0035 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -468,7 +500,7 @@ async fn the_cost_limit_of_the_repository_config_ends_the_run() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 1 | 2,000 | 1,000 | 0 | 0 | $0.0210 of $0.0100 | [duration] | `cost_limit_exceeded` |
+    | claude-sonnet-4-5 | 1 | 2,000 | 1,000 | 0 | 0 | $0.0210 of $0.0100 | [duration] (agent [duration]) | `cost_limit_exceeded` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -519,7 +551,7 @@ async fn a_run_stopped_by_its_step_limit_opens_a_draft_pull_request_of_its_work(
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] (agent [duration]) | `max_iterations` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -547,7 +579,7 @@ async fn a_run_stopped_by_its_step_limit_opens_a_draft_pull_request_of_its_work(
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] (agent [duration]) | `max_iterations` |
 
 
     <sub>kodx run <code>[run]</code></sub>
@@ -580,7 +612,7 @@ async fn a_run_stopped_by_its_step_limit_opens_a_draft_pull_request_of_its_work(
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] (agent [duration]) | `max_iterations` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -623,7 +655,7 @@ async fn a_run_stopped_by_its_limit_pushes_nothing_when_the_repository_says_disc
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] (agent [duration]) | `max_iterations` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -661,7 +693,7 @@ async fn a_failing_setup_script_is_reported_with_its_exit_code() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 0 | 0 | 0 | 0 | 0 | $0.0000 of $2.00 | [duration] | `setup_failed` |
+    | claude-sonnet-4-5 | 0 | 0 | 0 | 0 | 0 | $0.0000 of $2.00 | [duration] (agent [duration]) | `setup_failed` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -711,7 +743,7 @@ async fn kill_9_mid_code_run_then_restart_opens_one_pull_request() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -766,7 +798,7 @@ async fn a_push_github_refuses_is_explained_in_the_comment() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -811,7 +843,7 @@ async fn a_file_over_the_size_limit_refuses_the_commit() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -861,7 +893,7 @@ async fn ignored_build_output_over_the_limits_does_not_fail_the_run() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -912,7 +944,7 @@ async fn a_spent_monthly_budget_refuses_new_runs() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 1 | 30,000 | 100 | 0 | 0 | $0.0915 of $0.1000 | [duration] | `cost_limit_exceeded` |
+    | claude-sonnet-4-5 | 1 | 30,000 | 100 | 0 | 0 | $0.0915 of $0.1000 | [duration] (agent [duration]) | `cost_limit_exceeded` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));

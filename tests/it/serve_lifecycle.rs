@@ -175,7 +175,7 @@ async fn kodx_cancel_stops_the_running_run_and_says_who() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $1.00 | [duration] | `cancelled` |
+    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $1.00 | [duration] (agent [duration]) | `cancelled` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
