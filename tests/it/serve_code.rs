@@ -493,7 +493,7 @@ async fn the_cost_limit_of_the_repository_config_ends_the_run() {
     > /kodx code do a lot
 
     ```text
-    cost limit reached: $0.0000 spent of the $0.0100 limit, and the next model call could cost up to $0.0545; the last call asked for a summary
+    cost limit reached: $0.0000 spent of the $0.0100 limit, and the next model call could cost up to $0.0541; the last call asked for a summary
     ```
 
     Nothing was pushed, so there is nothing to continue: raise the limit in `.github/kodx.yml` and run `/kodx code` again.
@@ -935,7 +935,7 @@ async fn a_spent_monthly_budget_refuses_new_runs() {
     > /kodx code first
 
     ```text
-    cost limit reached: $0.0915 spent of the $0.1000 limit, and the next model call could cost up to $0.1220
+    cost limit reached: $0.0915 spent of the $0.1000 limit, and the next model call could cost up to $0.1026
     ```
 
     **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8

@@ -262,7 +262,7 @@ async fn continue_is_refused_when_the_monthly_budget_is_spent() {
     > /kodx code first
 
     ```text
-    cost limit reached: $0.0915 spent of the $0.1000 limit, and the next model call could cost up to $0.1220
+    cost limit reached: $0.0915 spent of the $0.1000 limit, and the next model call could cost up to $0.1026
     ```
 
     **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
