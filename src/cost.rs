@@ -1126,18 +1126,22 @@ mod tests {
             spent: 0.0,
             largest_share: 0.0,
         };
-        let bill = |budget: &mut Budget, prompt: u64, out: u32, summary: bool, run: &mut SummaryRun| {
-            let (worst, billed) = if summary {
-                let frame = FRAME.min(prompt);
-                let worst = budget.answer_only(FRAME).worst_case(prompt, out);
-                (worst, usage(prompt - frame, out as u64, frame, 0))
-            } else {
-                (budget.worst_case(prompt, out), usage(0, out as u64, prompt, 0))
+        let bill =
+            |budget: &mut Budget, prompt: u64, out: u32, summary: bool, run: &mut SummaryRun| {
+                let (worst, billed) = if summary {
+                    let frame = FRAME.min(prompt);
+                    let worst = budget.answer_only(FRAME).worst_case(prompt, out);
+                    (worst, usage(prompt - frame, out as u64, frame, 0))
+                } else {
+                    (
+                        budget.worst_case(prompt, out),
+                        usage(0, out as u64, prompt, 0),
+                    )
+                };
+                run.largest_share = run.largest_share.max(worst / limit);
+                let cost = budget.record(&billed);
+                assert!((cost - worst).abs() < 1e-12);
             };
-            run.largest_share = run.largest_share.max(worst / limit);
-            let cost = budget.record(&billed);
-            assert!((cost - worst).abs() < 1e-12);
-        };
         for _ in 0..1000 {
             let planning = budget.keeping_summary(skeleton + last_answer, FRAME, MIN_SUMMARY);
             let mut planned = planning.plan_call(prompt, 8192, 512);

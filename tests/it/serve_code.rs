@@ -149,7 +149,10 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
     // share beside it: the clone, the container and the push took time too.
     for shown in [&pr.body, &body] {
         let (wall, agent) = wall_and_agent(shown);
-        assert!(wall > 0.0 && wall >= agent, "{wall}s (agent {agent}s) in\n{shown}");
+        assert!(
+            wall > 0.0 && wall >= agent,
+            "{wall}s (agent {agent}s) in\n{shown}"
+        );
     }
 
     // The model's words mention, hide and close nothing: not in the comment, the pull

@@ -242,17 +242,11 @@ pub(in crate::serve) async fn conclude_with(
     );
     // A run that outlived its token (about an hour) takes a new one for the last edit.
     let mut done = done;
-    done.wall = Some(since_acknowledged(run));
+    done.wall = Some(run.since_acknowledged(crate::db::now_ms()));
     match comment.filter(|c| c.gh().valid_for(Duration::from_secs(60))) {
         Some(comment) => comment.finish(&done).await,
         None => status::post_done(svc, run, &done).await,
     }
-}
-
-/// How long ago the run was acknowledged: its stored `created_at` (written as the webhook
-/// was taken in), so a run taken over after a restart still counts from then.
-pub(in crate::serve) fn since_acknowledged(run: &Run) -> Duration {
-    Duration::from_millis((crate::db::now_ms() - run.created_at).max(0) as u64)
 }
 
 /// A run's end without a model call, with `failure` as what the status comment says.

@@ -274,4 +274,3 @@ pub async fn run(setting: Setting, max_iterations: u32) -> (Outcome, Vec<Call>) 
     let calls = model.calls.lock().unwrap().clone();
     (outcome, calls)
 }
-
