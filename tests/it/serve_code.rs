@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::fake_github::{FakeBase, FakeHead};
-use crate::common::serve::{bot_comments, text, tool, usage, BranchPull, Options, Served, REPO};
+use crate::common::serve::{
+    bot_comments, text, tool, usage, wall_and_agent, BranchPull, Options, Served, REPO,
+};
 
 const LONG: Duration = Duration::from_secs(120);
 
@@ -34,32 +36,6 @@ fn git_log(s: &Served, rev: &str) -> String {
         &["log", "-1", "--format=%an <%ae>%n%cn%n%B", rev],
     );
     String::from_utf8(out.stdout).unwrap()
-}
-
-/// The cost table's duration cell, `6.8s (agent 0.2s)` or `1m 2s (agent 40.1s)`, as
-/// seconds: the run's wall time and the agent's share.
-fn wall_and_agent(body: &str) -> (f64, f64) {
-    let row = body
-        .lines()
-        .find(|l| l.starts_with("| claude-"))
-        .unwrap_or_else(|| panic!("no cost table in\n{body}"));
-    let cell = row.split(" | ").nth(7).unwrap();
-    let (wall, agent) = cell.split_once(" (agent ").unwrap();
-    let secs = |t: &str| -> f64 {
-        t.trim_end_matches(')')
-            .split(' ')
-            .map(|part| {
-                let (n, unit) = part.split_at(part.len() - 1);
-                let n: f64 = n.parse().unwrap_or_else(|_| panic!("{cell}"));
-                n * match unit {
-                    "h" => 3600.0,
-                    "m" => 60.0,
-                    _ => 1.0,
-                }
-            })
-            .sum()
-    };
-    (secs(wall), secs(agent))
 }
 
 #[tokio::test]
