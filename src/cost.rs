@@ -320,7 +320,8 @@ impl Budget {
 
     /// Before a call: the largest `max_tokens` that keeps the worst case of this call within
     /// the limit, given an upper bound of the prompt tokens it will send
-    /// (`prompt_tokens_upper`, all of it possibly billed at the dearest prompt price).
+    /// (`prompt_tokens_upper`, all of it possibly billed at the dearest prompt price, but
+    /// for a budget made by [`Budget::answer_only`]).
     ///
     /// Returns `Ok(wanted)` when the full `wanted` fits, `Ok(lower)` when only a lower value
     /// fits but it is still `>= min_useful`, else `Err(CostLimitReached)` whose `needed` is
