@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What one follow-up run of the pull request's life (SPEC §11) costs: a CI repair run
-# (webhook → repaired, pushed, reported) and a `/kodx address-reviews` run with three
+# (webhook → repaired, pushed, reported), the re-run path (webhook → failed Actions jobs
+# re-run, no model call; then their second failure → repaired) and a `/kodx address-reviews` run with three
 # threads (comment → pushed, replied, resolved), through the real `kodx serve` against the
 # fake GitHub and a scripted model: median and slowest wall time, and the GitHub requests
 # (REST and GraphQL) and model calls of one run.

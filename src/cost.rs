@@ -58,6 +58,12 @@ impl Price {
         self.input.max(self.cache_write).max(self.cache_read)
     }
 
+    /// The dearest price of a prompt token that cannot be written to the cache (one after
+    /// the request's last cache breakpoint): uncached or read, never written.
+    pub fn prompt_unwritten(&self) -> f64 {
+        self.input.max(self.cache_read)
+    }
+
     fn check(&self) -> Result<(), String> {
         for (key, value) in [
             ("input", self.input),
@@ -210,6 +216,10 @@ pub struct Budget {
     limit_usd: f64,
     spent_usd: f64,
     price: Price,
+    /// How many of a call's prompt tokens may be written to the cache (billed at the
+    /// dearest prompt price); the others at most at [`Price::prompt_unwritten`]. All of
+    /// them, except for a call asking only for the summary ([`Budget::answer_only`]).
+    writable: u64,
 }
 
 impl Budget {
@@ -220,6 +230,7 @@ impl Budget {
             limit_usd,
             spent_usd: 0.0,
             price,
+            writable: u64::MAX,
         }
     }
 
@@ -258,17 +269,46 @@ impl Budget {
     /// (`summary_prompt` tokens in, `summary_tokens` out) is set aside. The reserve is
     /// therefore as small as it can be for the call's `max_tokens`, and kept whatever its
     /// share of the limit: a call that does not fit with it leaves room for the summary.
-    pub fn keeping_summary(&self, summary_prompt: u64, summary_tokens: u32) -> Budget {
-        let mut planned = self.reserving(self.worst_case(summary_prompt, summary_tokens));
-        planned.price.output += self.price.prompt_worst();
+    ///
+    /// The summary request caches nothing new (no later call would read it: the Anthropic
+    /// provider sends it without a breakpoint on its messages), so only its first
+    /// `frame_upper` tokens — tools and system prompt, up to their breakpoint — can be
+    /// billed as cache writes; its messages, this call's answer among them, are billed at
+    /// most at the input price ([`Budget::answer_only`]).
+    pub fn keeping_summary(
+        &self,
+        summary_prompt: u64,
+        frame_upper: u64,
+        summary_tokens: u32,
+    ) -> Budget {
+        let summary = self.answer_only(frame_upper);
+        let mut planned = self.reserving(summary.worst_case(summary_prompt, summary_tokens));
+        planned.price.output += self.price.prompt_unwritten();
         planned
+    }
+
+    /// This budget for a call asking only for the summary, whose prompt tokens past its
+    /// first `frame_upper` (an upper bound of the tools and system prompt) cannot be
+    /// written to the cache: they are planned at [`Price::prompt_unwritten`].
+    pub fn answer_only(&self, frame_upper: u64) -> Budget {
+        Budget {
+            writable: frame_upper,
+            ..self.clone()
+        }
+    }
+
+    /// The worst-case cost of the prompt of a call sending at most `prompt_tokens_upper`
+    /// prompt tokens, in millionths of a dollar (prices are per million tokens).
+    fn prompt_worst_micro(&self, prompt_tokens_upper: u64) -> f64 {
+        let written = prompt_tokens_upper.min(self.writable);
+        written as f64 * self.price.prompt_worst()
+            + (prompt_tokens_upper - written) as f64 * self.price.prompt_unwritten()
     }
 
     /// The worst-case cost of a call sending at most `prompt_tokens_upper` prompt tokens and
     /// generating at most `max_tokens`.
     pub fn worst_case(&self, prompt_tokens_upper: u64, max_tokens: u32) -> f64 {
-        (prompt_tokens_upper as f64 * self.price.prompt_worst()
-            + max_tokens as f64 * self.price.output)
+        (self.prompt_worst_micro(prompt_tokens_upper) + max_tokens as f64 * self.price.output)
             / MILLION
     }
 
@@ -280,7 +320,8 @@ impl Budget {
 
     /// Before a call: the largest `max_tokens` that keeps the worst case of this call within
     /// the limit, given an upper bound of the prompt tokens it will send
-    /// (`prompt_tokens_upper`, all of it possibly billed at the dearest prompt price).
+    /// (`prompt_tokens_upper`, all of it possibly billed at the dearest prompt price, but
+    /// for a budget made by [`Budget::answer_only`]).
     ///
     /// Returns `Ok(wanted)` when the full `wanted` fits, `Ok(lower)` when only a lower value
     /// fits but it is still `>= min_useful`, else `Err(CostLimitReached)` whose `needed` is
@@ -302,7 +343,7 @@ impl Budget {
         let room = self.limit_usd
             - safety_margin(self.limit_usd)
             - self.spent_usd
-            - prompt_tokens_upper as f64 * self.price.prompt_worst() / MILLION;
+            - self.prompt_worst_micro(prompt_tokens_upper) / MILLION;
         let mut n: u32 = if per_output_token > 0.0 && room > 0.0 {
             // `as` saturates; NaN becomes 0.
             (room / per_output_token).floor().min(wanted as f64) as u32
@@ -378,13 +419,21 @@ pub fn token_upper_bound(text: &str) -> u64 {
 /// definition and every block of every message (tool calls and their inputs as compact
 /// JSON), each with [`token_upper_bound`], plus [`REQUEST_OVERHEAD_TOKENS`].
 pub fn request_token_upper_bound(request: &Request) -> u64 {
+    frame_token_upper_bound(request) + messages_token_upper_bound(&request.messages)
+}
+
+/// An upper bound of the prompt tokens up to a request's first cache breakpoint: the
+/// system prompt and the tool definitions, each with [`token_upper_bound`], plus
+/// [`REQUEST_OVERHEAD_TOKENS`] (the tool-use preamble): [`request_token_upper_bound`]
+/// without the messages.
+pub fn frame_token_upper_bound(request: &Request) -> u64 {
     let mut total = REQUEST_OVERHEAD_TOKENS + token_upper_bound(&request.system);
     for tool in &request.tools {
         total += token_upper_bound(&tool.name)
             + token_upper_bound(&tool.description)
             + json_len(&tool.input_schema);
     }
-    total + messages_token_upper_bound(&request.messages)
+    total
 }
 
 fn json_len(v: &serde_json::Value) -> u64 {
@@ -1060,7 +1109,10 @@ mod tests {
     /// with tools planned in [`Budget::keeping_summary`], and when one no longer fits, one
     /// last call asking only for the summary, planned in the whole budget. The summary's
     /// prompt is `skeleton` (the shortest request: old results elided) plus the last
-    /// call's whole answer; the working prompt grows by each answer and `growth`.
+    /// call's whole answer; the working prompt grows by each answer and `growth`. Calls
+    /// with tools are billed as all written to the cache; the summary has its first
+    /// [`FRAME`] tokens written and the rest billed at the input price (it has no
+    /// breakpoint on its messages).
     fn run_keeping_summary(
         limit: f64,
         first_prompt: u64,
@@ -1075,14 +1127,24 @@ mod tests {
             spent: 0.0,
             largest_share: 0.0,
         };
-        let bill = |budget: &mut Budget, prompt: u64, out: u32, run: &mut SummaryRun| {
-            let worst = budget.worst_case(prompt, out);
-            run.largest_share = run.largest_share.max(worst / limit);
-            let cost = budget.record(&usage(0, out as u64, prompt, 0));
-            assert!((cost - worst).abs() < 1e-12);
-        };
+        let bill =
+            |budget: &mut Budget, prompt: u64, out: u32, summary: bool, run: &mut SummaryRun| {
+                let (worst, billed) = if summary {
+                    let frame = FRAME.min(prompt);
+                    let worst = budget.answer_only(FRAME).worst_case(prompt, out);
+                    (worst, usage(prompt - frame, out as u64, frame, 0))
+                } else {
+                    (
+                        budget.worst_case(prompt, out),
+                        usage(0, out as u64, prompt, 0),
+                    )
+                };
+                run.largest_share = run.largest_share.max(worst / limit);
+                let cost = budget.record(&billed);
+                assert!((cost - worst).abs() < 1e-12);
+            };
         for _ in 0..1000 {
-            let planning = budget.keeping_summary(skeleton + last_answer, MIN_SUMMARY);
+            let planning = budget.keeping_summary(skeleton + last_answer, FRAME, MIN_SUMMARY);
             let mut planned = planning.plan_call(prompt, 8192, 512);
             // The loop's first call, when it does not fit beside the reserve, is made in the
             // whole budget.
@@ -1091,15 +1153,16 @@ mod tests {
             }
             match planned {
                 Ok(n) => {
-                    bill(&mut budget, prompt, n, &mut run);
+                    bill(&mut budget, prompt, n, false, &mut run);
                     run.calls.push(false);
                     last_answer = n as u64;
                     prompt += n as u64 + growth;
                 }
                 Err(_) => {
                     let summary_prompt = skeleton + last_answer;
-                    if let Ok(n) = budget.plan_call(summary_prompt, MIN_SUMMARY, MIN_SUMMARY) {
-                        bill(&mut budget, summary_prompt, n, &mut run);
+                    let summary = budget.answer_only(FRAME);
+                    if let Ok(n) = summary.plan_call(summary_prompt, MIN_SUMMARY, MIN_SUMMARY) {
+                        bill(&mut budget, summary_prompt, n, true, &mut run);
                         run.calls.push(true);
                     }
                     break;
@@ -1112,6 +1175,8 @@ mod tests {
     }
 
     const MIN_SUMMARY: u32 = 256;
+    /// The tokens of tools and system prompt, up to the summary request's only breakpoint.
+    const FRAME: u64 = 2_000;
 
     #[test]
     fn calls_over_a_tenth_of_the_cap_still_end_with_a_summary_call() {
@@ -1132,7 +1197,10 @@ mod tests {
         }
         // A cap that pays for a summary but not for a call with tools: the one call is the
         // summary.
-        let tight = Budget::new(1.0, sonnet()).worst_case(6_000, MIN_SUMMARY) + 0.01;
+        let tight = Budget::new(1.0, sonnet())
+            .answer_only(FRAME)
+            .worst_case(6_000, MIN_SUMMARY)
+            + 0.01;
         let run = run_keeping_summary(tight, 20_000, 6_000, 3_000);
         assert_eq!(run.calls, vec![true]);
         // One that pays for a first call with tools but not beside the reserve: that call is
@@ -1147,13 +1215,18 @@ mod tests {
     #[test]
     fn the_summary_reserve_grows_with_the_call_and_no_more() {
         let budget = Budget::new(1.0, sonnet());
-        let planning = budget.keeping_summary(6_000, MIN_SUMMARY);
+        let planning = budget.keeping_summary(6_000, FRAME, MIN_SUMMARY);
         let n = planning.plan_call(20_000, 100_000, 512).unwrap();
-        // The call and the summary after it (its prompt holding the call's whole answer)
-        // fit the limit together, to the token: one more output token would not.
+        // The call and the summary after it (its prompt holding the call's whole answer,
+        // billed past the frame at the input price) fit the limit together, to the token:
+        // one more output token would not.
+        let summary = budget.answer_only(FRAME);
         let together = |n: u32| {
-            budget.worst_case(20_000, n) + budget.worst_case(6_000 + n as u64, MIN_SUMMARY)
+            budget.worst_case(20_000, n) + summary.worst_case(6_000 + n as u64, MIN_SUMMARY)
         };
+        // The summary's messages are planned at the input price, its frame at the write one.
+        let expected = (FRAME as f64 * 3.75 + 4_000.0 * 3.0 + 256.0 * 15.0) / 1e6;
+        assert!((summary.worst_case(6_000, MIN_SUMMARY) - expected).abs() < 1e-12);
         assert!(together(n) + safety_margin(1.0) <= 1.0);
         assert!(together(n + 2) > 1.0 - safety_margin(1.0));
     }

@@ -420,8 +420,12 @@ impl Agent<'_> {
         let min_summary = cfg.max_tokens.min(MIN_SUMMARY_TOKENS);
         // A call with tools leaves room for a last call asking for the summary, always: the
         // run never ends right after a tool call while the limit could pay for a summary.
-        let keeping = |prompt: u64| run.budget.keeping_summary(prompt, min_summary);
-        let (mut planning, mut reserved_for) = (run.budget.clone(), u64::MAX);
+        // A call asking only for the summary writes nothing to the cache past the tools and
+        // system prompt: its messages are planned at most at the input price.
+        let frame = crate::cost::frame_token_upper_bound(request);
+        let summary_budget = run.budget.answer_only(frame);
+        let keeping = |prompt: u64| run.budget.keeping_summary(prompt, frame, min_summary);
+        let (mut planning, mut reserved_for) = (summary_budget.clone(), u64::MAX);
         if !request.answer_only {
             reserved_for = self
                 .summary_prompt(request, &run.ledger, &run.counts, false)
@@ -471,7 +475,7 @@ impl Agent<'_> {
                 match self
                     .plan(
                         &mut last,
-                        &run.budget,
+                        &summary_budget,
                         &run.ledger,
                         &mut run.counts,
                         min_summary,

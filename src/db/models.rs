@@ -347,6 +347,13 @@ impl Run {
         self.held_until.is_some() && self.status == RunStatus::Queued
     }
 
+    /// How long before `now_ms` (unix milliseconds) the run was acknowledged: from its
+    /// stored `created_at` (written when the webhook that asked for it was taken in), so a
+    /// run taken over after a restart still counts from then.
+    pub fn since_acknowledged(&self, now_ms: i64) -> std::time::Duration {
+        std::time::Duration::from_millis((now_ms - self.created_at).max(0) as u64)
+    }
+
     /// True for `ask` and `code` runs, which do agent work.
     pub fn is_work(&self) -> bool {
         self.request.job.is_work()

@@ -59,6 +59,11 @@ impl AnthropicClient {
 
 /// The request body, with cache breakpoints on the system prompt (which caches the tools
 /// too: they come first in the prefix) and on the last block of the conversation.
+///
+/// A request asking only for the summary (`answer_only`, the run's last call) has no
+/// breakpoint on its messages: no later call would read them, and without one they are
+/// billed at most at the input price, never as cache writes (docs/cost.md, *The summary
+/// reserve*, plans them so).
 pub fn request_body(req: &Request) -> Value {
     let messages: Vec<Value> = req.messages.iter().map(message_json).collect();
     let mut messages = messages;
@@ -66,6 +71,7 @@ pub fn request_body(req: &Request) -> Value {
         .last_mut()
         .and_then(|m| m["content"].as_array_mut())
         .and_then(|c| c.last_mut())
+        .filter(|_| !req.answer_only)
     {
         last["cache_control"] = json!({"type": "ephemeral"});
     }
@@ -348,6 +354,17 @@ mod tests {
             .is_none());
         assert_eq!(b["tools"][0]["input_schema"]["type"], "object");
         assert!((b["temperature"].as_f64().unwrap() - 0.2).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_summary_call_keeps_the_frame_breakpoint_and_writes_no_messages() {
+        let mut req = request();
+        req.answer_only = true;
+        let b = request_body(&req);
+        assert_eq!(b["tool_choice"]["type"], "none");
+        assert_eq!(b["system"][0]["cache_control"]["type"], "ephemeral");
+        let text = b["messages"].to_string();
+        assert!(!text.contains("cache_control"), "{text}");
     }
 
     #[test]

@@ -7,7 +7,11 @@
 //!    `check_suite.completed` delivery to the repair's finished status comment (admission
 //!    with the CI reads and the job log through its redirect, the container, the model, the
 //!    push).
-//! 2. **`/kodx address-reviews`**: three unresolved threads; from the comment to the
+//!    With `ci_rerun: 0`: the repair alone.
+//! 2. **Re-run first** (`ci_rerun`, on by default): the same failure; from the delivery to
+//!    GitHub's `rerun-failed-jobs` answered (no model call) — then the re-run fails too, and
+//!    from that completion's delivery to the repair's finished status comment.
+//! 3. **`/kodx address-reviews`**: three unresolved threads; from the comment to the
 //!    finished status comment (the threads read over GraphQL, the run, the push, three
 //!    replies and two resolves).
 //!
@@ -66,7 +70,7 @@ fn print(what: &str, rounds: &[Round]) {
 
 async fn repair_round() -> Round {
     let mut s = Served::with_workers().await;
-    let pr = kodx_pull(&s, "ci_repair: 1\n", "Added a.txt.").await;
+    let pr = kodx_pull(&s, "ci_repair: 1\nci_rerun: 0\n", "Added a.txt.").await;
     let head = s.git.branch_sha(REPO, &pr.head).unwrap();
     let suite = red_actions_suite(&s, &head);
     s.model
@@ -98,6 +102,69 @@ async fn repair_round() -> Round {
         graphql,
         model,
     }
+}
+
+/// The re-run path: (failure → jobs re-run, failed again → repaired and reported).
+async fn rerun_rounds() -> (Round, Round) {
+    let mut s = Served::with_workers().await;
+    let pr = kodx_pull(&s, "ci_repair: 1\n", "Added a.txt.").await;
+    let head = s.git.branch_sha(REPO, &pr.head).unwrap();
+    let suite = red_actions_suite(&s, &head);
+    let completed = |s: &Served| {
+        s.github.check_suite_completed_payload(
+            REPO,
+            INSTALLATION,
+            suite,
+            ACTIONS_SLUG,
+            &head,
+            &pr.head,
+            "failure",
+            &[pr.number],
+        )
+    };
+    let payload = completed(&s);
+    let (before, calls) = (s.github.requests().len(), s.model.requests().len());
+    let started = Instant::now();
+    let run = ci_event(&s, "check_suite", &payload).await.unwrap();
+    s.until("the failed jobs re-run", || {
+        (!s.github.reruns().is_empty()).then_some(())
+    })
+    .await;
+    let took = started.elapsed();
+    assert_eq!(ended(&s, &run).await, "dismissed", "{}", s.log());
+    let (rest, graphql) = requests_since(&s, before);
+    let rerun = Round {
+        took,
+        rest,
+        graphql,
+        model: s.model.requests().len() - calls,
+    };
+    // The re-run fails too: now the repair.
+    s.github
+        .complete_check_run(s.github.suite_runs(suite)[0], "failure");
+    s.model
+        .reply(tool("echo two > a.txt"), "tool_use", usage(2000, 10));
+    s.model
+        .reply(text("Fixed a.txt."), "end_turn", usage(2100, 10));
+    let payload = completed(&s);
+    let (before, calls) = (s.github.requests().len(), s.model.requests().len());
+    let started = Instant::now();
+    let run = ci_event(&s, "check_suite", &payload).await.unwrap();
+    assert_eq!(ended(&s, &run).await, "end_turn", "{}", s.log());
+    s.finished_status(pr.number).await;
+    let took = started.elapsed();
+    let (rest, graphql) = requests_since(&s, before);
+    let model = s.model.requests().len() - calls;
+    s.finish().await;
+    (
+        rerun,
+        Round {
+            took,
+            rest,
+            graphql,
+            model,
+        },
+    )
 }
 
 async fn address_reviews_round() -> Round {
@@ -156,6 +223,14 @@ async fn follow_up_runs() {
         repairs.push(repair_round().await);
     }
     print("CI repair (webhook → done)", &repairs);
+    let (mut reruns, mut after) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let (rerun, repair) = rerun_rounds().await;
+        reruns.push(rerun);
+        after.push(repair);
+    }
+    print("re-run (webhook → jobs re-run)", &reruns);
+    print("repair after re-run (webhook → done)", &after);
     let mut reviews = Vec::new();
     for _ in 0..n {
         reviews.push(address_reviews_round().await);

@@ -8,6 +8,7 @@
 mod common;
 mod stats;
 
+mod cap;
 mod checks;
 mod estimate;
 mod follow_up;

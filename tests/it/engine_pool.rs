@@ -356,7 +356,7 @@ async fn an_engine_that_stops_answering_ends_its_run_clearly_and_the_next_runs_g
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $2.00 | [duration] | `error` |
+    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $2.00 | [duration] (agent [duration]) | `error` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));

@@ -11,6 +11,7 @@ mod common;
 
 mod agent;
 mod agent_budget;
+mod agent_cache;
 mod browser;
 mod cli_network;
 mod cli_run;

@@ -70,7 +70,7 @@ async fn ask_on_an_issue_answers_from_the_container() {
 
         | model | API calls | input | output | cache write | cache read | cost | duration | stop |
         |---|--:|--:|--:|--:|--:|--:|--:|---|
-        | claude-sonnet-4-5 | 2 | 3,200 | 60 | 0 | 0 | $0.0105 of $0.5000 | [duration] | `end_turn` |
+        | claude-sonnet-4-5 | 2 | 3,200 | 60 | 0 | 0 | $0.0105 of $0.5000 | [duration] (agent [duration]) | `end_turn` |
 
         <sub>kodx run <code>[run]</code></sub>
         "#));
@@ -181,7 +181,7 @@ async fn ask_on_a_pull_request_reads_its_head_and_diff() {
 
         | model | API calls | input | output | cache write | cache read | cost | duration | stop |
         |---|--:|--:|--:|--:|--:|--:|--:|---|
-        | claude-sonnet-4-5 | 2 | 2,700 | 55 | 0 | 0 | $0.0089 of $1.00 | [duration] | `end_turn` |
+        | claude-sonnet-4-5 | 2 | 2,700 | 55 | 0 | 0 | $0.0089 of $1.00 | [duration] (agent [duration]) | `end_turn` |
 
         <sub>kodx run <code>[run]</code></sub>
         "#)

@@ -78,7 +78,7 @@ async fn a_red_check_is_repaired_and_the_pull_request_and_check_run_show_it_gree
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 4 | 4,600 | 40 | 0 | 0 | $0.0144 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 4 | 4,600 | 40 | 0 | 0 | $0.0144 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
     "#));
@@ -113,7 +113,7 @@ async fn a_red_check_is_repaired_and_the_pull_request_and_check_run_show_it_gree
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 4 | 4,600 | 40 | 0 | 0 | $0.0144 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 4 | 4,600 | 40 | 0 | 0 | $0.0144 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
 
     <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">the run's steps</a></sub>
@@ -226,7 +226,7 @@ async fn red_checks_make_a_draft_and_the_agent_cannot_drop_them() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 3 | 3,300 | 30 | 0 | 0 | $0.0104 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 3 | 3,300 | 30 | 0 | 0 | $0.0104 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
     "#));
@@ -256,7 +256,7 @@ async fn red_checks_make_a_draft_and_the_agent_cannot_drop_them() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 3 | 3,300 | 30 | 0 | 0 | $0.0104 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 3 | 3,300 | 30 | 0 | 0 | $0.0104 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
 
     <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">the run's steps</a></sub>
@@ -311,7 +311,7 @@ async fn floods_timeouts_and_leftover_processes_end_bounded() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
     "#));
@@ -369,7 +369,7 @@ async fn without_the_checks_permission_the_run_goes_on_and_discard_pushes_nothin
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
     "#));
@@ -412,7 +412,7 @@ async fn without_the_checks_permission_the_run_goes_on_and_discard_pushes_nothin
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
     "#));

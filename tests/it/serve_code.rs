@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::fake_github::{FakeBase, FakeHead};
-use crate::common::serve::{bot_comments, text, tool, usage, BranchPull, Options, Served, REPO};
+use crate::common::serve::{
+    bot_comments, text, tool, usage, wall_and_agent, BranchPull, Options, Served, REPO,
+};
 
 const LONG: Duration = Duration::from_secs(120);
 
@@ -94,7 +96,7 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
 
         | model | API calls | input | output | cache write | cache read | cost | duration | stop |
         |---|--:|--:|--:|--:|--:|--:|--:|---|
-        | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
+        | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
 
         <sub>kodx run <code>[run]</code></sub>
@@ -113,12 +115,21 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
 
         | model | API calls | input | output | cache write | cache read | cost | duration | stop |
         |---|--:|--:|--:|--:|--:|--:|--:|---|
-        | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
+        | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
         <sub>kodx run <code>[run]</code></sub>
         "#);
     });
     assert_eq!(pr.number, 8, "the pull request the comment links");
+    // The duration is the run's wall time from acknowledgement to delivery, the agent's
+    // share beside it: the clone, the container and the push took time too.
+    for shown in [&pr.body, &body] {
+        let (wall, agent) = wall_and_agent(shown);
+        assert!(
+            wall > 0.0 && wall >= agent,
+            "{wall}s (agent {agent}s) in\n{shown}"
+        );
+    }
 
     // The model's words mention, hide and close nothing: not in the comment, the pull
     // request (both above) or the commit; kodx's own `Closes #7` stays.
@@ -163,7 +174,7 @@ async fn code_on_an_issue_opens_a_pull_request_with_exactly_the_change() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 3 | 6,300 | 75 | 0 | 0 | $0.0200 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
 
     <sub>kodx run <code>[run]</code></sub>
@@ -286,7 +297,7 @@ async fn code_on_a_same_repo_pull_request_pushes_onto_its_branch() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -366,7 +377,7 @@ async fn code_on_a_fork_pull_request_opens_a_new_one_and_leaves_the_fork_alone()
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,100 | 20 | 0 | 0 | $0.0066 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -427,7 +438,7 @@ async fn a_run_without_changes_says_so_with_the_last_message() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 1,100 | 10 | 0 | 0 | $0.0035 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 1,100 | 10 | 0 | 0 | $0.0035 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -461,14 +472,14 @@ async fn the_cost_limit_of_the_repository_config_ends_the_run() {
     > /kodx code do a lot
 
     ```text
-    cost limit reached: $0.0000 spent of the $0.0100 limit, and the next model call could cost up to $0.0545; the last call asked for a summary
+    cost limit reached: $0.0000 spent of the $0.0100 limit, and the next model call could cost up to $0.0541; the last call asked for a summary
     ```
 
     Nothing was pushed, so there is nothing to continue: raise the limit in `.github/kodx.yml` and run `/kodx code` again.
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 1 | 2,000 | 1,000 | 0 | 0 | $0.0210 of $0.0100 | [duration] | `cost_limit_exceeded` |
+    | claude-sonnet-4-5 | 1 | 2,000 | 1,000 | 0 | 0 | $0.0210 of $0.0100 | [duration] (agent [duration]) | `cost_limit_exceeded` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -519,7 +530,7 @@ async fn a_run_stopped_by_its_step_limit_opens_a_draft_pull_request_of_its_work(
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] (agent [duration]) | `max_iterations` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -547,7 +558,7 @@ async fn a_run_stopped_by_its_step_limit_opens_a_draft_pull_request_of_its_work(
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] (agent [duration]) | `max_iterations` |
 
 
     <sub>kodx run <code>[run]</code></sub>
@@ -580,7 +591,7 @@ async fn a_run_stopped_by_its_step_limit_opens_a_draft_pull_request_of_its_work(
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] (agent [duration]) | `max_iterations` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -623,7 +634,7 @@ async fn a_run_stopped_by_its_limit_pushes_nothing_when_the_repository_says_disc
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] (agent [duration]) | `max_iterations` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -661,7 +672,7 @@ async fn a_failing_setup_script_is_reported_with_its_exit_code() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 0 | 0 | 0 | 0 | 0 | $0.0000 of $2.00 | [duration] | `setup_failed` |
+    | claude-sonnet-4-5 | 0 | 0 | 0 | 0 | 0 | $0.0000 of $2.00 | [duration] (agent [duration]) | `setup_failed` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -711,7 +722,7 @@ async fn kill_9_mid_code_run_then_restart_opens_one_pull_request() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -766,7 +777,7 @@ async fn a_push_github_refuses_is_explained_in_the_comment() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -811,7 +822,7 @@ async fn a_file_over_the_size_limit_refuses_the_commit() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -861,7 +872,7 @@ async fn ignored_build_output_over_the_limits_does_not_fail_the_run() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -903,7 +914,7 @@ async fn a_spent_monthly_budget_refuses_new_runs() {
     > /kodx code first
 
     ```text
-    cost limit reached: $0.0915 spent of the $0.1000 limit, and the next model call could cost up to $0.1220
+    cost limit reached: $0.0915 spent of the $0.1000 limit, and the next model call could cost up to $0.1026
     ```
 
     **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
@@ -912,7 +923,7 @@ async fn a_spent_monthly_budget_refuses_new_runs() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 1 | 30,000 | 100 | 0 | 0 | $0.0915 of $0.1000 | [duration] | `cost_limit_exceeded` |
+    | claude-sonnet-4-5 | 1 | 30,000 | 100 | 0 | 0 | $0.0915 of $0.1000 | [duration] (agent [duration]) | `cost_limit_exceeded` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));

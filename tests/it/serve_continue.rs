@@ -79,7 +79,7 @@ async fn continue_finishes_a_stopped_run_as_one_pull_request() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] | `max_iterations` |
+    | claude-sonnet-4-5 | 2 | 4,100 | 120 | 0 | 0 | $0.0141 of $2.00 | [duration] (agent [duration]) | `max_iterations` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -126,7 +126,7 @@ async fn continue_finishes_a_stopped_run_as_one_pull_request() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 5,100 | 120 | 0 | 0 | $0.0171 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 5,100 | 120 | 0 | 0 | $0.0171 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -173,7 +173,7 @@ async fn continue_finishes_a_stopped_run_as_one_pull_request() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 5,100 | 120 | 0 | 0 | $0.0171 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 5,100 | 120 | 0 | 0 | $0.0171 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));
@@ -262,7 +262,7 @@ async fn continue_is_refused_when_the_monthly_budget_is_spent() {
     > /kodx code first
 
     ```text
-    cost limit reached: $0.0915 spent of the $0.1000 limit, and the next model call could cost up to $0.1220
+    cost limit reached: $0.0915 spent of the $0.1000 limit, and the next model call could cost up to $0.1026
     ```
 
     **Pull request:** http://127.0.0.1:[port]/acme/widgets/pull/8
@@ -271,7 +271,7 @@ async fn continue_is_refused_when_the_monthly_budget_is_spent() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 1 | 30,000 | 100 | 0 | 0 | $0.0915 of $0.1000 | [duration] | `cost_limit_exceeded` |
+    | claude-sonnet-4-5 | 1 | 30,000 | 100 | 0 | 0 | $0.0915 of $0.1000 | [duration] (agent [duration]) | `cost_limit_exceeded` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));

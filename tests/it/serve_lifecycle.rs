@@ -52,12 +52,22 @@ async fn finishes_after_restart(s: &mut Served, run_id: &str) {
         "end_turn",
         usage(1000, 10),
     );
+    // How long ago the run was acknowledged, as the restart begins.
+    let before_restart = kodx::db::now_ms() - run_of(s, run_id).await.created_at;
     s.restart().await;
     s.bot_comment_where(7, "the answer after the restart", |c| {
         c.body.contains("Finished after the restart.")
     })
     .await;
     let comments = bot_comments(s);
+    // The wall time counts from the acknowledgement, before the restart, not from when this
+    // process took the run over (shown rounded down: to 0.1 s below 10 s, else to 1 s).
+    let (wall, agent) = crate::common::serve::wall_and_agent(&comments[0].body);
+    let rounding = if wall < 10.0 { 0.1 } else { 1.0 };
+    assert!(
+        wall + rounding >= before_restart as f64 / 1000.0 && wall >= agent,
+        "{wall}s (agent {agent}s), {before_restart} ms before the restart"
+    );
     assert_eq!(comments.len(), 1, "the same status comment: {comments:#?}");
     assert!(
         comments[0]
@@ -177,7 +187,7 @@ async fn kodx_cancel_stops_the_running_run_and_says_who() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $1.00 | [duration] | `cancelled` |
+    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $1.00 | [duration] (agent [duration]) | `cancelled` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)

@@ -127,7 +127,7 @@ async fn the_server_settings_win_over_the_repository() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,200 | 60 | 0 | 0 | $0.0075 of $1.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,200 | 60 | 0 | 0 | $0.0075 of $1.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code> · setup ran in [duration] (not cached yet)</sub>
     "#)
@@ -163,7 +163,7 @@ async fn a_run_writing_past_the_servers_max_disk_bytes_fails_with_the_reason() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 1 | 1,000 | 20 | 0 | 0 | $0.0033 of $1.00 | [duration] | `error` |
+    | claude-sonnet-4-5 | 1 | 1,000 | 20 | 0 | 0 | $0.0033 of $1.00 | [duration] (agent [duration]) | `error` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#));

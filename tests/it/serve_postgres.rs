@@ -75,7 +75,7 @@ async fn ask_and_code_runs_work_on_postgres() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 3,200 | 60 | 0 | 0 | $0.0105 of $1.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 3,200 | 60 | 0 | 0 | $0.0105 of $1.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -162,7 +162,7 @@ async fn a_killed_process_run_is_finished_by_another_after_its_lease() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -220,7 +220,7 @@ async fn a_cancel_recorded_by_another_process_stops_the_run() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $2.00 | [duration] | `cancelled` |
+    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $2.00 | [duration] (agent [duration]) | `cancelled` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -333,7 +333,7 @@ async fn an_intake_process_queues_and_a_worker_process_runs() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $1.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $1.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -408,7 +408,7 @@ async fn a_paused_process_that_lost_its_lease_does_nothing_more() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)
@@ -616,7 +616,7 @@ async fn waiting_runs_are_acknowledged_once_across_processes() {
 
                 | model | API calls | input | output | cache write | cache read | cost | duration | stop |
                 |---|--:|--:|--:|--:|--:|--:|--:|---|
-                | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $1.00 | [duration] | `end_turn` |
+                | claude-sonnet-4-5 | 1 | 1,000 | 10 | 0 | 0 | $0.0032 of $1.00 | [duration] (agent [duration]) | `end_turn` |
 
                 <sub>kodx run <code>[run]</code></sub>
                 "#));

@@ -98,7 +98,7 @@ async fn a_process_resumed_after_its_run_was_taken_over_writes_and_posts_nothing
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $1.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 2,000 | 20 | 0 | 0 | $0.0063 of $1.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code></sub>
     "#)

@@ -67,7 +67,7 @@ async fn a_finished_runs_page_shows_its_steps_and_only_to_its_token() {
 
     | model | API calls | input | output | cache write | cache read | cost | duration | stop |
     |---|--:|--:|--:|--:|--:|--:|--:|---|
-    | claude-sonnet-4-5 | 2 | 4,100 | 30 | 0 | 0 | $0.0128 of $1.00 | [duration] | `end_turn` |
+    | claude-sonnet-4-5 | 2 | 4,100 | 30 | 0 | 0 | $0.0128 of $1.00 | [duration] (agent [duration]) | `end_turn` |
 
     <sub>kodx run <code>[run]</code> · <a href="https://kodx.example.com/runs/[hex]?token=[hex]">watch the run</a></sub>
     "#));
@@ -90,7 +90,7 @@ async fn a_finished_runs_page_shows_its_steps_and_only_to_its_token() {
     <div class="card">
     <p><strong>alice</strong> asked: <code>/kodx ask are the notes ok?</code></p>
     <p>acme/widgets #7</p>
-    <p>Status: <span class="ok">succeeded</span> · stop: <code>end_turn</code> · [duration]</p>
+    <p>Status: <span class="ok">succeeded</span> · stop: <code>end_turn</code> · [duration] (agent [duration])</p>
     <p>Cost: <strong class="cost">$0.0128</strong> · 2 API calls</p></div>
     <div class="card" id="context">
     <h2>Repository context</h2>

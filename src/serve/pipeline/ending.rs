@@ -241,6 +241,8 @@ pub(in crate::serve) async fn conclude_with(
         "run finished"
     );
     // A run that outlived its token (about an hour) takes a new one for the last edit.
+    let mut done = done;
+    done.wall = Some(run.since_acknowledged(crate::db::now_ms()));
     match comment.filter(|c| c.gh().valid_for(Duration::from_secs(60))) {
         Some(comment) => comment.finish(&done).await,
         None => status::post_done(svc, run, &done).await,

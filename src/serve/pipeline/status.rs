@@ -107,8 +107,11 @@ pub(in crate::serve) async fn edit_status(
 
 /// The final status comment and the `rocket` / `confused` reaction.
 pub(in crate::serve) async fn post_done(svc: &Services, run: &Run, done: &Done) {
+    let mut done = done.clone();
+    done.wall
+        .get_or_insert_with(|| run.since_acknowledged(crate::db::now_ms()));
     match status_comment_alone(svc, run).await {
-        Some(status) => status.finish(done).await,
+        Some(status) => status.finish(&done).await,
         None => tracing::error!("GitHub unreachable; the outcome of the run was not posted"),
     }
 }

@@ -40,7 +40,6 @@ use crate::db::{Db, Run};
 use crate::serve::intake::listen::ConnectionHandle;
 use crate::serve::keys::OperatorKey;
 use crate::serve::setup::page::{layout, page_headers};
-use crate::serve::texts::markup;
 
 mod cache;
 mod key;
@@ -367,7 +366,7 @@ async fn list(State(pages): State<Arc<RunPages>>, Query(q): Query<TokenQuery>) -
                         " " (r.request.repo) "#" (r.request.issue_number) " · " (r.kind().as_str())
                         " · " span class=(status_class(r)) { (r.status.as_str()) }
                         @if let Some(cost) = r.cost_usd { " · " (crate::cost::format_usd(cost)) }
-                        @if let Some(d) = duration(r) { " · " (markup::format_duration(d)) }
+                        @if let Some(d) = duration(r) { " · " (d) }
                     }
                 }
             }

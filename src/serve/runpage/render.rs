@@ -188,9 +188,16 @@ pub(super) fn status_words(run: &Run) -> &'static str {
     }
 }
 
-pub(super) fn duration(run: &Run) -> Option<Duration> {
-    let (start, end) = (run.started_at?, run.finished_at?);
-    Some(Duration::from_millis((end - start).max(0) as u64))
+/// A finished run's wall time, from its acknowledgement (`created_at`) to its end, with the
+/// agent's share beside it when the run recorded one: `6.8s (agent 0.2s)`.
+pub(super) fn duration(run: &Run) -> Option<String> {
+    let end = run.finished_at?;
+    let wall = Duration::from_millis((end - run.created_at).max(0) as u64);
+    let result = crate::db::RunResult::parse(run.result.as_deref());
+    Some(match result.timings_ms.get("agent") {
+        Some(&agent) => markup::format_wall(wall, Duration::from_millis(agent)),
+        None => markup::format_seconds(wall),
+    })
 }
 
 /// The repository context card: where it was read, the instructions and the template as
@@ -278,7 +285,7 @@ pub(super) fn render_page(run: &Run, p: &PageParts<'_>) -> Markup {
                 "Status: " span class=(status_class(run)) { (status_words(run)) }
                 @if let Some(by) = &run.confirmed_by { " · started by " (by) " with " code { "/kodx go" } }
                 @if let Some(reason) = &run.stop_reason { " · stop: " code { (reason.as_str()) } }
-                @if let Some(d) = duration(run) { " · " (markup::format_duration(d)) }
+                @if let Some(d) = duration(run) { " · " (d) }
             }
             @if let Some(cost) = run.cost_usd {
                 p { "Cost: " strong.cost { (crate::cost::format_usd(cost)) } " · " (run.api_calls) " API calls" }

@@ -65,6 +65,27 @@ fn parse_metadata_line(line: &str) -> Option<String> {
     Some(run.to_string())
 }
 
+/// `0.4s`, `6.8s` below ten seconds (one decimal, rounded down), else as
+/// [`format_duration`]: `42s`, `1m 12s`.
+pub fn format_seconds(d: Duration) -> String {
+    if d < Duration::from_secs(10) {
+        format!("{}.{}s", d.as_secs(), d.subsec_millis() / 100)
+    } else {
+        format_duration(d)
+    }
+}
+
+/// A run's wall time with the agent's share beside it: `6.8s (agent 0.2s)`. The wall time
+/// is shown at least as long as the agent's share (two clocks: a stored timestamp and the
+/// agent's own).
+pub fn format_wall(wall: Duration, agent: Duration) -> String {
+    format!(
+        "{} (agent {})",
+        format_seconds(wall.max(agent)),
+        format_seconds(agent)
+    )
+}
+
 /// `42s`, `1m 12s`, `2h 3m 4s` (whole seconds, rounded down).
 pub fn format_duration(d: Duration) -> String {
     let s = d.as_secs();

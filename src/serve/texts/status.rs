@@ -12,7 +12,8 @@ use crate::neutral;
 use crate::sandbox::{SetupCacheUse, SetupReport};
 
 use super::markup::{
-    cut_middle, cut_middle_bytes, escape_html, format_duration, metadata, thousands, BODY_LIMIT,
+    cut_middle, cut_middle_bytes, escape_html, format_duration, format_seconds, format_wall,
+    metadata, thousands, BODY_LIMIT,
 };
 
 /// What a token is replaced with.
@@ -72,6 +73,9 @@ pub struct Done {
     /// Sentences about the delivery shown under the result (red checks, a Check Run that
     /// could not be created), each ending in a blank line.
     pub notes: Vec<String>,
+    /// The run's wall time from its acknowledgement to its delivery (set as it is
+    /// delivered); the cost summary shows it with the agent's share beside it.
+    pub wall: Option<std::time::Duration>,
 }
 
 impl Done {
@@ -88,6 +92,7 @@ impl Done {
             failure: None,
             setup: None,
             notes: Vec::new(),
+            wall: None,
         }
     }
 
@@ -142,7 +147,7 @@ pub fn render_linked(
     let mut answer = String::new();
     if let Phase::Done(done) = phase {
         answer = done_body(done, &mut head, &mut tail);
-        tail.push_str(&cost_summary(&done.outcome));
+        tail.push_str(&cost_summary(&done.outcome, done.wall));
         tail.push('\n');
     }
     let setup = match phase {
@@ -331,7 +336,10 @@ fn setup_note(setup: &SetupReport) -> Option<String> {
     }
 }
 
-pub fn cost_summary(outcome: &Outcome) -> String {
+/// The cost table. Its duration is the run's `wall` time from acknowledgement to delivery
+/// with the agent's share (`outcome.duration`) beside it, or the agent's alone when the
+/// wall time is not known.
+pub fn cost_summary(outcome: &Outcome, wall: Option<std::time::Duration>) -> String {
     let u = &outcome.usage;
     format!(
         "| model | API calls | input | output | cache write | cache read | cost | duration | stop |\n\
@@ -345,7 +353,10 @@ pub fn cost_summary(outcome: &Outcome) -> String {
         thousands(u.cache_read_tokens),
         format_usd(outcome.usd_cost),
         format_usd(outcome.cost_limit),
-        format_duration(outcome.duration),
+        match wall {
+            Some(wall) => format_wall(wall, outcome.duration),
+            None => format!("agent {}", format_seconds(outcome.duration)),
+        },
         outcome.stop_reason.as_str(),
     )
 }
@@ -390,6 +401,7 @@ mod tests {
             failure: None,
             setup: None,
             notes: Vec::new(),
+            wall: Some(Duration::from_secs(80)),
         }
     }
 
@@ -652,7 +664,7 @@ mod tests {
     fn assert_cost_summary(body: &str, reason: &str) {
         for piece in [
             "| model | API calls | input | output | cache write | cache read | cost | duration | stop |",
-            "| claude-sonnet-4-5 | 7 | 12,345 | 678 | 1,000 | 2,000,000 | $0.0234 of $2.00 | 1m 12s |",
+            "| claude-sonnet-4-5 | 7 | 12,345 | 678 | 1,000 | 2,000,000 | $0.0234 of $2.00 | 1m 20s (agent 1m 12s) |",
             &format!("`{reason}`"),
         ] {
             assert!(body.contains(piece), "missing {piece:?} in\n{body}");
@@ -772,6 +784,21 @@ mod tests {
     #[test]
     fn durations_and_numbers() {
         assert_eq!(format_duration(Duration::from_millis(400)), "0s");
+        // A run's wall time and the agent's share: one decimal below ten seconds.
+        assert_eq!(
+            format_wall(Duration::from_millis(6_850), Duration::from_millis(240)),
+            "6.8s (agent 0.2s)"
+        );
+        assert_eq!(
+            format_wall(Duration::from_secs(75), Duration::from_millis(9_990)),
+            "1m 15s (agent 9.9s)"
+        );
+        // Clocks that disagree never show the whole shorter than its part.
+        assert_eq!(
+            format_wall(Duration::from_millis(100), Duration::from_millis(300)),
+            "0.3s (agent 0.3s)"
+        );
+        assert_eq!(format_seconds(Duration::from_secs(10)), "10s");
         assert_eq!(format_duration(Duration::from_secs(42)), "42s");
         assert_eq!(format_duration(Duration::from_secs(72)), "1m 12s");
         assert_eq!(format_duration(Duration::from_secs(7384)), "2h 3m 4s");

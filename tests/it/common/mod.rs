@@ -1,6 +1,7 @@
 //! Shared helpers for the tests that run against the real Docker engine.
 #![allow(dead_code)]
 
+pub mod billing;
 pub mod db;
 pub mod fake_anthropic;
 pub mod fake_github;

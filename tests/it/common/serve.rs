@@ -1061,6 +1061,32 @@ fn regex_escape(text: &str) -> String {
         .collect()
 }
 
+/// The cost table's duration cell, `6.8s (agent 0.2s)` or `1m 2s (agent 40.1s)`, as
+/// seconds: the run's wall time and the agent's share.
+pub fn wall_and_agent(body: &str) -> (f64, f64) {
+    let row = body
+        .lines()
+        .find(|l| l.starts_with("| claude-"))
+        .unwrap_or_else(|| panic!("no cost table in\n{body}"));
+    let cell = row.split(" | ").nth(7).unwrap();
+    let (wall, agent) = cell.split_once(" (agent ").unwrap();
+    let secs = |t: &str| -> f64 {
+        t.trim_end_matches(')')
+            .split(' ')
+            .map(|part| {
+                let (n, unit) = part.split_at(part.len() - 1);
+                let n: f64 = n.parse().unwrap_or_else(|_| panic!("{cell}"));
+                n * match unit {
+                    "h" => 3600.0,
+                    "m" => 60.0,
+                    _ => 1.0,
+                }
+            })
+            .sum()
+    };
+    (secs(wall), secs(agent))
+}
+
 pub fn usage(input: u64, output: u64) -> Value {
     json!({"input_tokens": input, "output_tokens": output,
            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})

@@ -290,7 +290,10 @@ async fn open_pull(
 ) -> Result<Delivered, DeliveryError> {
     let (repo, run, partial) = (&cx.repo, cx.run, change.partial);
     let branch = change.target.branch().to_string();
-    let cost = comment::cost_summary(&done.outcome);
+    let cost = comment::cost_summary(
+        &done.outcome,
+        Some(run.since_acknowledged(crate::db::now_ms())),
+    );
     let link = cx.svc.run_link(&run.id);
     let pull_body = pull_body(
         &texts.summary,
