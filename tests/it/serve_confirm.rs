@@ -182,9 +182,7 @@ async fn a_waiting_run_ends_by_itself_and_a_late_go_finds_nothing() {
         Nobody started it with `/kodx go` within 2 seconds, so it ended without starting; nothing was spent. Run the command again to ask anew.
         ```
 
-        | model | API calls | input | output | cache write | cache read | cost | duration | stop |
-        |---|--:|--:|--:|--:|--:|--:|--:|---|
-        |  | 0 | 0 | 0 | 0 | 0 | $0.0000 of $0.0000 | [duration] | `cancelled` |
+        Nothing was spent: no model was called.
 
         <sub>kodx run <code>[run]</code></sub>
         "#)

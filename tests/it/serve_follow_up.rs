@@ -321,9 +321,7 @@ async fn address_reviews_without_threads_or_on_an_issue_runs_nothing() {
     This pull request has no unresolved review threads, so there is nothing for `/kodx address-reviews` to address. Nothing was run or charged.
     ```
 
-    | model | API calls | input | output | cache write | cache read | cost | duration | stop |
-    |---|--:|--:|--:|--:|--:|--:|--:|---|
-    |  | 0 | 0 | 0 | 0 | 0 | $0.0000 of $0.0000 | [duration] (agent [duration]) | `error` |
+    Nothing was spent: no model was called.
 
     <sub>kodx run <code>[run]</code></sub>
     "#));

@@ -161,7 +161,7 @@ async fn a_failure_that_survives_the_rerun_is_repaired_and_says_so() {
 
         | model | API calls | input | output | cache write | cache read | cost | duration | stop |
         |---|--:|--:|--:|--:|--:|--:|--:|---|
-        | claude-sonnet-4-5 | 2 | 4,100 | 20 | 0 | 0 | $0.0126 of $2.00 | [duration] | `end_turn` |
+        | claude-sonnet-4-5 | 2 | 4,100 | 20 | 0 | 0 | $0.0126 of $2.00 | [duration] (agent [duration]) | `end_turn` |
 
         <sub>kodx run <code>[run]</code></sub>
         "#);

@@ -340,6 +340,11 @@ fn setup_note(setup: &SetupReport) -> Option<String> {
 /// with the agent's share (`outcome.duration`) beside it, or the agent's alone when the
 /// wall time is not known.
 pub fn cost_summary(outcome: &Outcome, wall: Option<std::time::Duration>) -> String {
+    // A run that ended before any model was chosen or called (refused after it waited,
+    // cancelled or expired before it started): no table of zeros.
+    if outcome.api_calls == 0 && outcome.model.is_empty() && outcome.usd_cost == 0.0 {
+        return "Nothing was spent: no model was called.\n".into();
+    }
     let u = &outcome.usage;
     format!(
         "| model | API calls | input | output | cache write | cache read | cost | duration | stop |\n\
