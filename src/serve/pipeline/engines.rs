@@ -437,11 +437,18 @@ impl Engines {
     /// An engine answers again: what this process left there for runs that are over goes,
     /// and dead processes' containers too; then it takes runs again.
     async fn came_back(&self, m: &Member, engine: &Engine) {
-        // Its warm sandboxes may be gone with it: made again.
-        m.warm.clear().await;
+        // Its warm sandboxes may be gone with it: made again, after the sweeps (which would
+        // remove one being made, before its plug).
         let live = m.state.lock().placed.clone();
-        let own = engine.sweep_own_except(&live).await;
-        let dead = engine.sweep_dead_owners().await;
+        let (own, dead) = m
+            .warm
+            .still_while(async {
+                (
+                    engine.sweep_own_except(&live).await,
+                    engine.sweep_dead_owners().await,
+                )
+            })
+            .await;
         let removed = own.as_ref().map_or(0, |n| *n) + dead.as_ref().map_or(0, |n| *n);
         if let Err(e) = own.and(dead) {
             tracing::warn!(engine = %m.name, "could not sweep the engine's old containers: {e}");

@@ -25,6 +25,8 @@ use crate::sandbox::{Engine, Shape, WarmSandbox, WarmSource};
 
 /// How long a shape whose making failed is not tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(60);
+/// How long [`WarmPool::still_while`] waits for a warm sandbox being made.
+const STILL_WAIT: Duration = Duration::from_secs(30);
 
 /// One engine's warm sandboxes.
 pub struct WarmPool {
@@ -137,6 +139,7 @@ impl WarmPool {
         let Ok(_filling) = self.filling.try_lock() else {
             return;
         };
+        let mut retried: Option<Shape> = None;
         loop {
             if self.closed.load(Ordering::SeqCst) {
                 return;
@@ -185,6 +188,13 @@ impl WarmPool {
                 continue;
             }
             match engine.make_warm(&shape).await {
+                // The first failure of a shape is tried again at once, quietly: a sandbox
+                // can be removed by hand (or by the engine) between its start and its
+                // plug, and the helper then finds no process to plug (`errno 2`).
+                Err(e) if retried.as_ref() != Some(&shape) => {
+                    tracing::debug!(engine = %self.engine, image = %shape.image, "making a warm sandbox failed, trying again: {e}");
+                    retried = Some(shape);
+                }
                 Ok(w) => {
                     self.made.fetch_add(1, Ordering::Relaxed);
                     if self.closed.load(Ordering::SeqCst) {
@@ -209,6 +219,20 @@ impl WarmPool {
         for w in all {
             w.remove().await;
         }
+    }
+
+    /// Runs `f` with the pool still and empty: waits (up to 30 s) for a warm sandbox being
+    /// made, removes every warm sandbox, and makes none until `f` is done. For the sweeps
+    /// after an engine outage, which remove every container of this process that no run
+    /// owns: a warm sandbox being made meanwhile was one of them, removed between its start
+    /// and its plug (the helper's "opening a namespace of the sandbox: errno 2").
+    pub async fn still_while<F: std::future::Future>(&self, f: F) -> F::Output {
+        let filling = tokio::time::timeout(STILL_WAIT, self.filling.lock()).await;
+        if filling.is_err() {
+            tracing::warn!(engine = %self.engine, "a warm sandbox is still being made after {}s; sweeping all the same", STILL_WAIT.as_secs());
+        }
+        self.clear().await;
+        f.await
     }
 
     /// Removes every warm sandbox and makes no more: at shutdown.
@@ -239,6 +263,25 @@ mod tests {
         let mut spec = SandboxSpec::new("r", image);
         spec.repo_dir = Some(".".into());
         Shape::of(&spec, image)
+    }
+
+    /// The sweeps after an engine outage wait for a warm sandbox being made (a fill holds
+    /// `filling`), and no fill starts while they run: the sandbox cannot be swept between
+    /// its start and its plug.
+    #[tokio::test]
+    async fn the_sweeps_after_an_outage_wait_for_a_warm_sandbox_being_made() {
+        let pool = Arc::new(WarmPool::new("e", 1, Duration::from_secs(60), None));
+        let making = pool.filling.lock().await;
+        let p = pool.clone();
+        let sweep =
+            tokio::spawn(
+                async move { p.still_while(async { p.filling.try_lock().is_err() }).await },
+            );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!sweep.is_finished(), "the sweep waits for the fill");
+        drop(making);
+        assert!(sweep.await.unwrap(), "no fill while the sweep runs");
+        assert!(pool.filling.try_lock().is_ok(), "fills go on after it");
     }
 
     #[test]
