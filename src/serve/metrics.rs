@@ -1,5 +1,6 @@
 //! `GET /metrics` (SPEC §10): Prometheus text of webhooks, runs by outcome, active runs,
-//! spend, model latency and run duration.
+//! spend, model latency and run duration, warm starts, and the time from a webhook to its
+//! run's first model call.
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -33,6 +34,21 @@ struct ModelLabels {
     model: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WarmLabels {
+    engine: String,
+    /// `hit`: the run took a warm sandbox; `miss`: it started its own.
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuantileLabels {
+    quantile: &'static str,
+}
+
+/// First model calls kept for the quantile gauges (the newest ones).
+const RECENT_FIRST_CALLS: usize = 512;
+
 /// The server's metrics; cheap to update from any task.
 pub struct Metrics {
     registry: Registry,
@@ -48,6 +64,12 @@ pub struct Metrics {
     engine_capacity: Family<EngineLabels, Gauge>,
     engine_warm: Family<EngineLabels, Gauge>,
     engine_warm_in_use: Family<EngineLabels, Gauge>,
+    warm_starts: Family<WarmLabels, Counter>,
+    warm_hit_ratio: Family<EngineLabels, Gauge<f64, AtomicU64>>,
+    first_call: Histogram,
+    first_call_quantiles: Family<QuantileLabels, Gauge<f64, AtomicU64>>,
+    /// The newest first-call latencies, in seconds, for the quantile gauges.
+    first_calls: parking_lot::Mutex<std::collections::VecDeque<f64>>,
     /// HTTP connections (see `listen`).
     pub connections: crate::serve::intake::listen::ConnectionMetrics,
     /// Bytes of webhook bodies held before their signature is verified.
@@ -134,6 +156,30 @@ impl Metrics {
             "Warm sandboxes (started, fenced, empty) waiting on the Docker engine for a run",
             engine_warm.clone(),
         );
+        let warm_starts = Family::<WarmLabels, Counter>::default();
+        registry.register(
+            "warm_starts",
+            "Runs that started their sandbox on an engine keeping warm sandboxes, by whether they took one (hit) or started their own (miss)",
+            warm_starts.clone(),
+        );
+        let warm_hit_ratio = Family::<EngineLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "warm_hit_ratio",
+            "Share of the runs started on the engine since kodx started that took a warm sandbox",
+            warm_hit_ratio.clone(),
+        );
+        let first_call = Histogram::new(exponential_buckets(0.025, 2.0, 14));
+        registry.register(
+            "first_model_call_seconds",
+            "Time from a webhook taken in to its run's first model call (first attempts, not held for /kodx go)",
+            first_call.clone(),
+        );
+        let first_call_quantiles = Family::<QuantileLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "first_model_call_recent_seconds",
+            "Quantiles (0.5, 0.95) of the time from a webhook to its run's first model call, over the newest 512 runs",
+            first_call_quantiles.clone(),
+        );
         let engine_warm_in_use = Family::<EngineLabels, Gauge>::default();
         registry.register(
             "engine_warm_sandboxes_in_use",
@@ -183,6 +229,11 @@ impl Metrics {
             engine_capacity,
             engine_warm,
             engine_warm_in_use,
+            warm_starts,
+            warm_hit_ratio,
+            first_call,
+            first_call_quantiles,
+            first_calls: Default::default(),
         }
     }
 
@@ -250,8 +301,63 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// A run started its sandbox on `engine`, whose pool keeps warm sandboxes: `hit` when
+    /// it took one.
+    pub fn warm_start(&self, engine: &str, hit: bool) {
+        let result = if hit { "hit" } else { "miss" };
+        self.warm_starts
+            .get_or_create(&WarmLabels {
+                engine: engine.to_string(),
+                result,
+            })
+            .inc();
+        let count = |result| {
+            self.warm_starts
+                .get_or_create(&WarmLabels {
+                    engine: engine.to_string(),
+                    result,
+                })
+                .get() as f64
+        };
+        let (hits, misses) = (count("hit"), count("miss"));
+        self.warm_hit_ratio
+            .get_or_create(&EngineLabels {
+                engine: engine.to_string(),
+            })
+            .set(hits / (hits + misses));
+    }
+
+    /// A run's first model call began `since_webhook` after the webhook that asked for it
+    /// was taken in.
+    pub fn first_model_call(&self, since_webhook: Duration) {
+        let secs = since_webhook.as_secs_f64();
+        self.first_call.observe(secs);
+        let mut recent = self.first_calls.lock();
+        if recent.len() == RECENT_FIRST_CALLS {
+            recent.pop_front();
+        }
+        recent.push_back(secs);
+    }
+
+    /// The quantile gauges of the newest first calls (nearest rank), set as `/metrics` is
+    /// read.
+    fn update_quantiles(&self) {
+        let mut recent: Vec<f64> = self.first_calls.lock().iter().copied().collect();
+        if recent.is_empty() {
+            return;
+        }
+        recent.sort_by(f64::total_cmp);
+        for (label, p) in [("0.5", 50), ("0.95", 95)] {
+            let rank = (p * recent.len()).div_ceil(100).max(1);
+            self.first_call_quantiles
+                .get_or_create(&QuantileLabels { quantile: label })
+                .set(recent[rank - 1]);
+        }
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
+        self.update_quantiles();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
@@ -284,5 +390,34 @@ mod tests {
         assert!(text
             .contains("kodx_model_request_duration_seconds_count{model=\"claude-sonnet-4-5\"} 1"));
         assert!(text.contains("kodx_run_duration_seconds_count 1"));
+    }
+
+    #[test]
+    fn warm_hits_and_the_first_call_quantiles() {
+        let m = Metrics::new();
+        for hit in [true, true, true, false] {
+            m.warm_start("local", hit);
+        }
+        for ms in 1..=100 {
+            m.first_model_call(Duration::from_millis(10 * ms));
+        }
+        let text = m.render();
+        for line in [
+            "kodx_warm_starts_total{engine=\"local\",result=\"hit\"} 3",
+            "kodx_warm_starts_total{engine=\"local\",result=\"miss\"} 1",
+            "kodx_warm_hit_ratio{engine=\"local\"} 0.75",
+            "kodx_first_model_call_seconds_count 100",
+            "kodx_first_model_call_recent_seconds{quantile=\"0.5\"} 0.5",
+            "kodx_first_model_call_recent_seconds{quantile=\"0.95\"} 0.95",
+        ] {
+            assert!(text.contains(line), "{line}\n{text}");
+        }
+        // Only the newest 512 count for the quantiles.
+        for _ in 0..512 {
+            m.first_model_call(Duration::from_secs(2));
+        }
+        assert!(m
+            .render()
+            .contains("kodx_first_model_call_recent_seconds{quantile=\"0.5\"} 2.0"));
     }
 }

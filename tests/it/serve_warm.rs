@@ -199,6 +199,19 @@ async fn a_warm_sandbox_goes_to_one_run_fenced_and_empty_and_is_made_again() {
             .any(|l| l == "kodx_engine_warm_sandboxes_in_use{engine=\"local\"} 0"),
         "{metrics}"
     );
+    // Two runs, both took a warm sandbox; each run's first model call was timed from its
+    // webhook.
+    for line in [
+        "kodx_warm_starts_total{engine=\"local\",result=\"hit\"} 2",
+        "kodx_warm_hit_ratio{engine=\"local\"} 1.0",
+        "kodx_first_model_call_seconds_count 2",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
+    }
+    assert!(
+        metrics.contains("kodx_first_model_call_recent_seconds{quantile=\"0.95\"}"),
+        "{metrics}"
+    );
     one_warm(&s, &[&first, &second]).await;
     // Shutdown removes it: `finish` finds no container of this installation left.
     s.finish().await;

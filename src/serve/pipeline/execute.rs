@@ -88,10 +88,14 @@ pub(in crate::serve) async fn execute(
         .make(plan.program.model.provider)
         .map_err(anyhow::Error::msg)
         .context("the model API is not configured on this server")?;
+    // The time from the webhook to the first model call, of a run's first attempt that
+    // did not wait for `/kodx go` (the others measure a restart or a person).
+    let since_webhook = (run.attempts == 1 && run.confirmed_by.is_none()).then_some(run.created_at);
     let provider = Timed {
         inner: provider,
         metrics: svc.metrics.clone(),
         lease: lease.clone(),
+        since_webhook: parking_lot::Mutex::new(since_webhook),
     };
     let workspace = workspace::workspace(
         svc,
@@ -304,6 +308,9 @@ async fn container(
         placement.refill_after(REFILL_DELAY);
         return match sandbox {
             Ok(s) => {
+                if warm.is_some() {
+                    svc.metrics.warm_start(&placement.name, s.warm_start());
+                }
                 if s.warm_start() {
                     *log.warm.lock() = warm.map(|w| w.in_use_guard());
                 }
@@ -391,6 +398,8 @@ struct Timed {
     inner: Box<dyn Provider>,
     metrics: Arc<Metrics>,
     lease: Lease,
+    /// When the run's webhook was taken in (unix milliseconds), until its first call.
+    since_webhook: parking_lot::Mutex<Option<i64>>,
 }
 
 #[async_trait::async_trait]
@@ -402,6 +411,11 @@ impl Provider for Timed {
     async fn complete(&self, request: &Request) -> Result<Response, ProviderError> {
         if !self.lease.holds().await {
             return Err(lease_lost(self.inner.name()));
+        }
+        if let Some(at) = self.since_webhook.lock().take() {
+            let ms = (crate::db::now_ms() - at).max(0) as u64;
+            self.metrics
+                .first_model_call(std::time::Duration::from_millis(ms));
         }
         let started = Instant::now();
         let r = self.inner.complete(request).await;
