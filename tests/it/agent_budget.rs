@@ -9,22 +9,19 @@
 //!
 //!     cargo test --release --test it agent_budget:: -- --ignored --nocapture
 
-use std::path::Path;
 use std::sync::Mutex;
-use std::time::Duration;
 
+use crate::common::billing::ChattySandbox;
 use async_trait::async_trait;
 use kodx::agent::{Agent, AgentConfig, Outcome, StopReason};
 use kodx::cost::Pricing;
 use kodx::model::{Block, ModelStop, Provider, ProviderError, Request, Response, Usage};
-use kodx::sandbox::{ChangeSet, Exported, FeedOutput, Sandbox, ShellStatus};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 /// Bytes per token of the simulated tokenizer (English text and code run at about 4).
 const BYTES_PER_TOKEN: usize = 4;
-/// Tool output per call: ~3,000 tokens.
-const OUTPUT_BYTES: usize = 12_000;
+/// Tool output per call: ~3,000 tokens (the 12 KB `ChattySandbox` prints).
 const OUTPUT_TOKENS: u64 = 400;
 
 /// A model that always asks for another command (or, when it may not call a tool, answers
@@ -153,50 +150,6 @@ impl Provider for LoopModel {
             usage,
             model: request.model.clone(),
         })
-    }
-}
-
-/// A workspace whose every command prints 12 KB of text, at once.
-struct ChattySandbox;
-
-#[async_trait]
-impl Sandbox for ChattySandbox {
-    async fn create_new_shell(&self, name: &str) -> kodx::sandbox::Result<String> {
-        Ok(format!("shell {name} started"))
-    }
-
-    async fn feed_chars(
-        &self,
-        name: &str,
-        chars: &str,
-        _yield_time: Duration,
-    ) -> kodx::sandbox::Result<FeedOutput> {
-        let line = format!("{chars}: the quick brown fox jumps over the lazy dog 0123456789\n");
-        let output: String = line.repeat(OUTPUT_BYTES / line.len() + 1)[..OUTPUT_BYTES].into();
-        Ok(FeedOutput {
-            shell: name.into(),
-            output,
-            status: ShellStatus::Ready { exit_code: Some(0) },
-            omitted_bytes: 0,
-            untyped_bytes: 0,
-            elapsed: Duration::ZERO,
-        })
-    }
-
-    async fn export_workspace(&self, _dest: &Path) -> kodx::sandbox::Result<Exported> {
-        Ok(Exported::default())
-    }
-
-    async fn change_set(&self) -> kodx::sandbox::Result<ChangeSet> {
-        Ok(ChangeSet::default())
-    }
-
-    fn workdir(&self) -> &str {
-        "/workspace"
-    }
-
-    async fn destroy(&self) -> kodx::sandbox::Result<()> {
-        Ok(())
     }
 }
 

@@ -211,7 +211,7 @@ impl Provider for CapModel {
 }
 
 /// A workspace whose every command prints 12 KB of text, at once.
-struct ChattySandbox;
+pub struct ChattySandbox;
 
 #[async_trait]
 impl Sandbox for ChattySandbox {
