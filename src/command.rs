@@ -63,6 +63,8 @@ pub enum Job {
         #[serde(skip_serializing_if = "Option::is_none")]
         cap: Option<Usd>,
     },
+    /// `/kodx update`: on a pull request kodx opened, merge its base into its branch.
+    Update,
     /// `/kodx help`, or an unknown subcommand (named in the answer).
     Help { unknown: Option<String> },
     /// A command that was found but cannot run (empty or too long); the reason is the
@@ -87,6 +89,7 @@ pub enum JobKind {
     Continue,
     Cancel,
     Go,
+    Update,
     Help,
     Refuse,
     #[sqlx(rename = "address_reviews")]
@@ -104,6 +107,7 @@ impl JobKind {
             JobKind::Continue => "continue",
             JobKind::Cancel => "cancel",
             JobKind::Go => "go",
+            JobKind::Update => "update",
             JobKind::Help => "help",
             JobKind::Refuse => "refuse",
             JobKind::AddressReviews => "address_reviews",
@@ -155,7 +159,9 @@ impl JobKind {
             JobKind::Code | JobKind::Continue | JobKind::AddressReviews | JobKind::Repair => {
                 Some(RunKind::Code)
             }
-            JobKind::Cancel | JobKind::Go | JobKind::Help | JobKind::Refuse => None,
+            JobKind::Cancel | JobKind::Go | JobKind::Update | JobKind::Help | JobKind::Refuse => {
+                None
+            }
         }
     }
 }
@@ -198,6 +204,7 @@ impl Job {
             JobKind::Cancel => Job::Cancel,
             // Stored as the command wrote it (``, `$2`); a row no version could write reads
             // as no cap.
+            JobKind::Update => Job::Update,
             JobKind::Go => Job::Go {
                 cap: Usd::parse(&argument),
             },
@@ -217,6 +224,7 @@ impl Job {
             Job::Continue { .. } => JobKind::Continue,
             Job::Cancel => JobKind::Cancel,
             Job::Go { .. } => JobKind::Go,
+            Job::Update => JobKind::Update,
             Job::Help { .. } => JobKind::Help,
             Job::Refuse { .. } => JobKind::Refuse,
             Job::AddressReviews { .. } => JobKind::AddressReviews,
@@ -234,6 +242,7 @@ impl Job {
             Job::Continue { more } => more.as_argument().into(),
             Job::Cancel => "".into(),
             Job::Go { cap } => cap.map(|c| c.to_string()).unwrap_or_default().into(),
+            Job::Update => "".into(),
             Job::Help { unknown } => unknown.as_deref().unwrap_or("").into(),
             Job::Refuse { reason } => reason.into(),
             Job::AddressReviews { words } => words.into(),
@@ -509,6 +518,8 @@ fn parse_after_prefix(text: &str) -> Result<Job, ParseError> {
         Ok(Job::Help { unknown: None })
     } else if word.eq_ignore_ascii_case("cancel") {
         Ok(Job::Cancel)
+    } else if word.eq_ignore_ascii_case("update") {
+        Ok(Job::Update)
     } else if word.eq_ignore_ascii_case("go") {
         let line = argument.find(['\r', '\n']).unwrap_or(argument.len());
         let words = argument[..line].trim();
@@ -654,6 +665,8 @@ mod tests {
             ("/kodx go $-1", bad("$-1")),
             ("/kodx go $2 please", bad("$2 please")),
             ("/kodx gogo", help(Some("gogo"))),
+            ("/kodx update", Some(Ok(Job::Update))),
+            ("/kodx UPDATE please", Some(Ok(Job::Update))),
         ]);
         // Stored and read back as written.
         for job in [

@@ -100,6 +100,8 @@ pub enum EndReason {
     Dismissed,
     /// `go`: a `/kodx go` command was carried out (or answered: nothing waited).
     Go,
+    /// `update`: a `/kodx update` command was carried out (or answered).
+    Update,
     /// `unconfirmed`: the run waited for `/kodx go` and nobody gave it in time.
     Unconfirmed,
     /// Any other stored word, kept as it was.
@@ -136,7 +138,7 @@ const fn agent_reason_index(reason: StopReason) -> usize {
 
 impl EndReason {
     /// The reasons kodx itself gives (not the agent's, not [`EndReason::Other`]).
-    pub const KODX: [EndReason; 10] = [
+    pub const KODX: [EndReason; 11] = [
         EndReason::NotPermitted,
         EndReason::Refused,
         EndReason::Help,
@@ -146,6 +148,7 @@ impl EndReason {
         EndReason::BudgetExceeded,
         EndReason::Dismissed,
         EndReason::Go,
+        EndReason::Update,
         EndReason::Unconfirmed,
     ];
 
@@ -162,6 +165,7 @@ impl EndReason {
             EndReason::BudgetExceeded => "budget_exceeded",
             EndReason::Dismissed => "dismissed",
             EndReason::Go => "go",
+            EndReason::Update => "update",
             EndReason::Unconfirmed => "unconfirmed",
             EndReason::Other(word) => word,
         }

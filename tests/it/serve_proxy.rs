@@ -130,6 +130,7 @@ async fn deliveries_through_a_proxy_channel_are_verified_and_queued() {
     | `/kodx continue [$N \| N steps]` | resumes the code run here that a cost, step or time limit stopped, on its branch and pull request, with the repository's limit again (or `$N` / `N steps`) | write access |
     | `/kodx address-reviews [words]` | on a pull request: one run addresses every unresolved review thread, pushes, and replies in each | write access |
     | `/kodx cancel` | stops the runs on this issue or pull request | write access |
+    | `/kodx update` | on a pull request kodx opened: merges its base branch into it with a merge commit (no model) | write access |
     | `/kodx go [$N]` | starts the run here that waits for a go-ahead (`confirm_above_usd`), with a cap of at most `$N` if given | write access |
     | `/kodx help` | this message | everyone |
 
@@ -362,6 +363,7 @@ async fn endless_line(flood_for: Duration) {
     | `/kodx continue [$N \| N steps]` | resumes the code run here that a cost, step or time limit stopped, on its branch and pull request, with the repository's limit again (or `$N` / `N steps`) | write access |
     | `/kodx address-reviews [words]` | on a pull request: one run addresses every unresolved review thread, pushes, and replies in each | write access |
     | `/kodx cancel` | stops the runs on this issue or pull request | write access |
+    | `/kodx update` | on a pull request kodx opened: merges its base branch into it with a merge commit (no model) | write access |
     | `/kodx go [$N]` | starts the run here that waits for a go-ahead (`confirm_above_usd`), with a cap of at most `$N` if given | write access |
     | `/kodx help` | this message | everyone |
 

@@ -12,6 +12,7 @@ pub(in crate::serve) mod code;
 pub(in crate::serve) mod continue_run;
 pub(in crate::serve) mod go;
 pub(in crate::serve) mod repair;
+pub(in crate::serve) mod update;
 
 use std::time::Instant;
 
@@ -32,7 +33,7 @@ pub(in crate::serve) async fn work(cx: &RunCtx<'_>) -> Result<Ending, RunFailure
         Job::Continue { more } => continue_run::run(cx, *more).await,
         Job::AddressReviews { .. } => address_reviews::run(cx).await,
         Job::Repair { .. } => repair::run(cx).await,
-        Job::Cancel | Job::Go { .. } | Job::Help { .. } | Job::Refuse { .. } => {
+        Job::Cancel | Job::Go { .. } | Job::Update | Job::Help { .. } | Job::Refuse { .. } => {
             Err(RunFailure::Internal(anyhow::anyhow!(
                 "a {} job was claimed as a run",
                 cx.run.kind()
@@ -72,6 +73,7 @@ async fn answer(svc: &Services, job: &Run) -> Result<Ending, RunFailure> {
         }
         Job::Cancel => cancel::run(svc, &gh, &repo, job).await,
         Job::Go { cap } => go::run(svc, &gh, &repo, job, *cap).await,
+        Job::Update => update::run(svc, &gh, &repo, job).await,
         // The request could not be read (empty, too long).
         Job::Ask { .. }
         | Job::Code { .. }

@@ -223,7 +223,8 @@ mod tests {
     /// [`super::RunCtx::installation`]), whose writes ask the run's lease first; none takes
     /// a token from the services or the App directly, which would write unfenced. (The
     /// paths outside a run's lease — control jobs, refusals, a run's end once written —
-    /// live in `commands/mod.rs`, `commands/cancel.rs`, `gate.rs`, `repair.rs` (with
+    /// live in `commands/mod.rs`, `commands/cancel.rs`, `commands/update.rs` (a control
+    /// job), `gate.rs`, `repair.rs` (with
     /// `rerun.rs`, part of a repair's admission) and `status.rs`, and are not scanned.)
     #[test]
     fn run_stages_take_github_clients_only_through_their_fence() {
@@ -231,6 +232,7 @@ mod tests {
         let outside = [
             "commands/mod.rs",
             "commands/cancel.rs",
+            "commands/update.rs",
             "pipeline/mod.rs",
             "pipeline/gate.rs",
             "pipeline/repair.rs",

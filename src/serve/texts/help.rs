@@ -20,6 +20,7 @@ pub fn help(unknown: &str) -> String {
          | `/kodx continue [$N \\| N steps]` | resumes the code run here that a cost, step or time limit stopped, on its branch and pull request, with the repository's limit again (or `$N` / `N steps`) | write access |\n\
          | `/kodx address-reviews [words]` | on a pull request: one run addresses every unresolved review thread, pushes, and replies in each | write access |\n\
          | `/kodx cancel` | stops the runs on this issue or pull request | write access |\n\
+         | `/kodx update` | on a pull request kodx opened: merges its base branch into it with a merge commit (no model) | write access |\n\
          | `/kodx go [$N]` | starts the run here that waits for a go-ahead (`confirm_above_usd`), with a cap of at most `$N` if given | write access |\n\
          | `/kodx help` | this message | everyone |\n\n\
          The command must start a line, outside code blocks and quotes; everything after it is the request. \

@@ -16,6 +16,7 @@ pub mod markup;
 mod pull;
 pub mod rerun;
 pub mod status;
+pub mod update;
 
 pub use estimate::estimate_line;
 pub use follow_up::{
@@ -53,6 +54,7 @@ pub fn not_permitted(author: &str, kind: JobKind, needed: Permission, has: Permi
         | JobKind::Continue
         | JobKind::Cancel
         | JobKind::Go
+        | JobKind::Update
         | JobKind::AddressReviews => {
             format!("`/kodx {}`", kind.command_word())
         }

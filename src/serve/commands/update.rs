@@ -1,0 +1,142 @@
+//! `/kodx update` on a pull request kodx opened (SPEC §12, "Mergeable pull requests"): its
+//! base branch merged into its branch with a merge commit (first parent the branch's head,
+//! second the base's tip), made with git2 on the host and pushed, without the model.
+//!
+//! kodx leaves the branch alone when it is in a fork (not kodx's to push), when its head
+//! is a commit kodx did not make (someone else pushed), and when the merge conflicts: the
+//! answer names the files (a run that resolves them is not built yet).
+
+use anyhow::Context as _;
+use secrecy::ExposeSecret as _;
+
+use crate::db::{EndReason, Run};
+use crate::git::{merge_base_into, Identity, MergeRequest, Merged};
+use crate::github::{Installation, Reaction, RepoName, TokenScope};
+use crate::serve::pipeline::{status, Ending, RunFailure, Services};
+use crate::serve::texts::update as says;
+
+pub(in crate::serve) async fn run(
+    svc: &Services,
+    gh: &Installation,
+    repo: &RepoName,
+    job: &Run,
+) -> Result<Ending, RunFailure> {
+    let r = &job.request;
+    let answer = |body: String| async move {
+        if let Err(e) = gh.create_comment(repo, r.issue_number as u64, &body).await {
+            tracing::warn!("answering /kodx update failed: {e}");
+        }
+    };
+    let refuse = |why: &str| says::refused(&r.author, why);
+    if !r.is_pull_request {
+        answer(refuse(
+            "`/kodx update` works on a pull request kodx opened, not on an issue",
+        ))
+        .await;
+        return Ok(Ending::Answered(EndReason::Update));
+    }
+    let pull = r.issue_number;
+    let pr = gh
+        .pull_request(repo, pull as u64)
+        .await
+        .context("reading the pull request failed")?;
+    let why = if pr.state != "open" {
+        Some("it is not open".to_string())
+    } else if pr.is_fork {
+        Some("its branch is in a fork, which is not kodx's to push to".to_string())
+    } else {
+        match svc.db.kodx_commit_run(&r.repo, pull, &pr.head.sha).await {
+            Ok(Some(_)) => None,
+            Ok(None) => Some(
+                "its branch's head is not a commit kodx made (someone else pushed to it, or \
+                 kodx did not open it), and kodx leaves such a branch alone"
+                    .to_string(),
+            ),
+            Err(e) => return Err(anyhow::anyhow!("reading kodx's commits failed: {e}").into()),
+        }
+    };
+    if let Some(why) = why {
+        answer(refuse(&why)).await;
+        return Ok(Ending::Answered(EndReason::Update));
+    }
+    let lease = job
+        .lease()
+        .ok_or_else(|| anyhow::anyhow!("the update job is not running under a claim"))?;
+    let bot = svc
+        .app
+        .bot_identity(gh)
+        .await
+        .context("reading kodx's own identity failed")?;
+    let writer = svc
+        .app
+        .installation_for(r.installation_id as u64, &TokenScope::write(repo))
+        .await
+        .context("GitHub did not give kodx a token that may push")?;
+    let (branch, base) = (pr.head.ref_name.clone(), pr.base.ref_name.clone());
+    let message = format!(
+        "Merge branch '{base}' into {branch}\n\nRequested by @{} with `/kodx update` on #{pull}.",
+        r.author
+    );
+    let (url, token, head) = (
+        r.clone_url.clone(),
+        writer.token().expose_secret().to_string(),
+        pr.head.sha.clone(),
+    );
+    let author = Identity {
+        name: bot.login.clone(),
+        email: bot.noreply_email.clone(),
+    };
+    let (b, base_name) = (branch.clone(), base.clone());
+    let merged = tokio::task::spawn_blocking(move || {
+        let dir = tempfile::Builder::new().prefix("kodx-update-").tempdir()?;
+        let dest = dir.path().join("repo");
+        let req = MergeRequest {
+            url: &url,
+            token: &token,
+            branch: &b,
+            head: &head,
+            base: &base_name,
+            author,
+            message: &message,
+        };
+        let merged = merge_base_into(&dest, &req)?;
+        if let Merged::Committed { .. } = &merged {
+            crate::git::push(&dest, &url, &token, "HEAD", &b, false)?;
+        }
+        anyhow::Ok(merged)
+    })
+    .await
+    .context("the merge task failed")?;
+    let merged = match merged {
+        Ok(m) => m,
+        Err(e) => {
+            answer(refuse(&format!("merging `{base}` failed: {e:#}"))).await;
+            return Ok(Ending::Answered(EndReason::Update));
+        }
+    };
+    match merged {
+        Merged::UpToDate { .. } => answer(says::up_to_date(&r.author, &branch, &base)).await,
+        Merged::Conflicts { paths, .. } => answer(says::conflicts(&r.author, &base, &paths)).await,
+        Merged::Committed {
+            sha,
+            base: base_sha,
+        } => {
+            // kodx's commit: CI repair and the next update recognise the branch as kodx's.
+            if let Err(e) = svc
+                .db
+                .record_pull_commit(&r.repo, pull, &sha, &job.id, &lease, "update", false)
+                .await
+            {
+                tracing::warn!("recording the merge commit failed: {e}");
+            }
+            tracing::info!(%sha, "merged the base into the pull request's branch");
+            status::react(gh, repo, job, Reaction::PlusOne).await;
+            answer(crate::serve::texts::with_run_id(
+                &says::merged(&base, &base_sha, &branch, &sha),
+                &job.id,
+            ))
+            .await;
+        }
+    }
+    Ok(Ending::Answered(EndReason::Update))
+}
