@@ -87,20 +87,26 @@ async fn repair_round() -> Round {
         "failure",
         &[pr.number],
     );
+    let round = repaired(&s, &payload, pr.number).await;
+    s.finish().await;
+    round
+}
+
+/// Delivers the CI `payload` that starts a repair of pull request `pull` and times it to
+/// the repair's finished status comment, with the requests and model calls it made.
+async fn repaired(s: &Served, payload: &serde_json::Value, pull: u64) -> Round {
     let (before, calls) = (s.github.requests().len(), s.model.requests().len());
     let started = Instant::now();
-    let run = ci_event(&s, "check_suite", &payload).await.unwrap();
-    assert_eq!(ended(&s, &run).await, "end_turn", "{}", s.log());
-    s.finished_status(pr.number).await;
+    let run = ci_event(s, "check_suite", payload).await.unwrap();
+    assert_eq!(ended(s, &run).await, "end_turn", "{}", s.log());
+    s.finished_status(pull).await;
     let took = started.elapsed();
-    let (rest, graphql) = requests_since(&s, before);
-    let model = s.model.requests().len() - calls;
-    s.finish().await;
+    let (rest, graphql) = requests_since(s, before);
     Round {
         took,
         rest,
         graphql,
-        model,
+        model: s.model.requests().len() - calls,
     }
 }
 
@@ -147,24 +153,9 @@ async fn rerun_rounds() -> (Round, Round) {
     s.model
         .reply(text("Fixed a.txt."), "end_turn", usage(2100, 10));
     let payload = completed(&s);
-    let (before, calls) = (s.github.requests().len(), s.model.requests().len());
-    let started = Instant::now();
-    let run = ci_event(&s, "check_suite", &payload).await.unwrap();
-    assert_eq!(ended(&s, &run).await, "end_turn", "{}", s.log());
-    s.finished_status(pr.number).await;
-    let took = started.elapsed();
-    let (rest, graphql) = requests_since(&s, before);
-    let model = s.model.requests().len() - calls;
+    let round = repaired(&s, &payload, pr.number).await;
     s.finish().await;
-    (
-        rerun,
-        Round {
-            took,
-            rest,
-            graphql,
-            model,
-        },
-    )
+    (rerun, round)
 }
 
 async fn address_reviews_round() -> Round {

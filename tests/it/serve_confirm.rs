@@ -52,6 +52,21 @@ async fn held(s: &Served, run: &str) -> kodx::db::Run {
     }
 }
 
+/// `confirm_above_usd: threshold` on `main`, then `/kodx ask what is this?` on issue #7 by
+/// alice, up to its status comment saying it waits; the run.
+async fn ask_held(s: &Served, threshold: &str) -> common::serve::RunId {
+    s.github.set_file(
+        REPO,
+        ".github/kodx.yml",
+        &format!("confirm_above_usd: {threshold}\n"),
+    );
+    s.github.add_issue(REPO, 7, "Question", "", "carol");
+    let run = s.comment(7, "alice", "/kodx ask what is this?").await;
+    s.bot_comment_where(7, "the run held", |c| c.body.contains(AWAITING))
+        .await;
+    run
+}
+
 #[tokio::test]
 async fn a_run_above_the_threshold_waits_for_a_writers_go_with_a_lower_cap() {
     let _engine = common::require_engine!();
@@ -131,12 +146,7 @@ async fn a_run_above_the_threshold_waits_for_a_writers_go_with_a_lower_cap() {
 async fn a_waiting_run_survives_a_restart_and_starts_on_go() {
     let _engine = common::require_engine!();
     let mut s = served(3_600).await;
-    s.github
-        .set_file(REPO, ".github/kodx.yml", "confirm_above_usd: 0\n");
-    s.github.add_issue(REPO, 7, "Question", "", "carol");
-    let run = s.comment(7, "alice", "/kodx ask what is this?").await;
-    s.bot_comment_where(7, "the run held", |c| c.body.contains(AWAITING))
-        .await;
+    let run = ask_held(&s, "0").await;
     held(&s, &run).await;
     s.terminate().await;
     s.restart().await;
@@ -160,12 +170,7 @@ async fn a_waiting_run_survives_a_restart_and_starts_on_go() {
 async fn a_waiting_run_ends_by_itself_and_a_late_go_finds_nothing() {
     let _engine = common::require_engine!();
     let mut s = served(2).await;
-    s.github
-        .set_file(REPO, ".github/kodx.yml", "confirm_above_usd: 0.5\n");
-    s.github.add_issue(REPO, 7, "Question", "", "carol");
-    let run = s.comment(7, "alice", "/kodx ask what is this?").await;
-    s.bot_comment_where(7, "the run held", |c| c.body.contains(AWAITING))
-        .await;
+    let run = ask_held(&s, "0.5").await;
     let ended = s
         .bot_comment_where(7, "the run ended unconfirmed", |c| {
             c.body.contains("Nobody started it")
@@ -205,12 +210,7 @@ async fn a_waiting_run_ends_by_itself_and_a_late_go_finds_nothing() {
 async fn cancel_drops_a_waiting_run() {
     let _engine = common::require_engine!();
     let mut s = served(3_600).await;
-    s.github
-        .set_file(REPO, ".github/kodx.yml", "confirm_above_usd: 0.5\n");
-    s.github.add_issue(REPO, 7, "Question", "", "carol");
-    let run = s.comment(7, "alice", "/kodx ask what is this?").await;
-    s.bot_comment_where(7, "the run held", |c| c.body.contains(AWAITING))
-        .await;
+    let run = ask_held(&s, "0.5").await;
     let cancel = s.comment(7, "alice", "/kodx cancel").await;
     s.reaction(&s.trigger(&cancel), "+1").await;
     s.bot_comment_where(7, "the run cancelled", |c| {
@@ -244,12 +244,7 @@ async fn a_go_taken_by_another_process_starts_the_run_on_postgres() {
         ..Options::default()
     })
     .await;
-    s.github
-        .set_file(REPO, ".github/kodx.yml", "confirm_above_usd: 0.5\n");
-    s.github.add_issue(REPO, 7, "Question", "", "carol");
-    let run = s.comment(7, "alice", "/kodx ask what is this?").await;
-    s.bot_comment_where(7, "the run held", |c| c.body.contains(AWAITING))
-        .await;
+    let run = ask_held(&s, "0.5").await;
     held(&s, &run).await;
     let (mut other, other_url) = s.spawn_another(&["--role", "all"]).await;
     s.model.reply(
