@@ -77,6 +77,11 @@ pub enum Job {
     /// A repair run kodx starts itself when CI fails on the head `commit` of a pull request
     /// it opened (`ci_repair`, SPEC §11). Never written in a comment.
     Repair { commit: String },
+    /// A merge run kodx starts itself on a pull request it opened whose base moved on and
+    /// now conflicts with it (SPEC §12, "Mergeable pull requests"): after a push to the
+    /// base with `pr.keep_mergeable` (`asked: false`), or when `/kodx update` found
+    /// conflicts (`asked: true`). `base` is the base's tip then. Never written in a comment.
+    Merge { base: String, asked: bool },
 }
 
 /// The stored tag of a [`Job`] (the `kind` column).
@@ -96,6 +101,7 @@ pub enum JobKind {
     #[serde(rename = "address_reviews")]
     AddressReviews,
     Repair,
+    Merge,
 }
 
 impl JobKind {
@@ -112,6 +118,7 @@ impl JobKind {
             JobKind::Refuse => "refuse",
             JobKind::AddressReviews => "address_reviews",
             JobKind::Repair => "repair",
+            JobKind::Merge => "merge",
         }
     }
 
@@ -156,9 +163,11 @@ impl JobKind {
         match self {
             JobKind::Ask => Some(RunKind::Ask),
             // Only code runs are continued (an answer is asked for again).
-            JobKind::Code | JobKind::Continue | JobKind::AddressReviews | JobKind::Repair => {
-                Some(RunKind::Code)
-            }
+            JobKind::Code
+            | JobKind::Continue
+            | JobKind::AddressReviews
+            | JobKind::Repair
+            | JobKind::Merge => Some(RunKind::Code),
             JobKind::Cancel | JobKind::Go | JobKind::Update | JobKind::Help | JobKind::Refuse => {
                 None
             }
@@ -214,6 +223,17 @@ impl Job {
             JobKind::Refuse => Job::Refuse { reason: argument },
             JobKind::AddressReviews => Job::AddressReviews { words: argument },
             JobKind::Repair => Job::Repair { commit: argument },
+            // `update <sha>` or `push <sha>`.
+            JobKind::Merge => match argument.split_once(' ') {
+                Some((how, base)) => Job::Merge {
+                    base: base.to_string(),
+                    asked: how == "update",
+                },
+                None => Job::Merge {
+                    base: argument,
+                    asked: false,
+                },
+            },
         }
     }
 
@@ -229,6 +249,7 @@ impl Job {
             Job::Refuse { .. } => JobKind::Refuse,
             Job::AddressReviews { .. } => JobKind::AddressReviews,
             Job::Repair { .. } => JobKind::Repair,
+            Job::Merge { .. } => JobKind::Merge,
         }
     }
 
@@ -247,6 +268,9 @@ impl Job {
             Job::Refuse { reason } => reason.into(),
             Job::AddressReviews { words } => words.into(),
             Job::Repair { commit } => commit.into(),
+            Job::Merge { base, asked } => {
+                format!("{} {base}", if *asked { "update" } else { "push" }).into()
+            }
         }
     }
 
@@ -281,6 +305,15 @@ impl Job {
             Job::Repair { commit } => {
                 format!("CI repair of {}", commit.get(..7).unwrap_or(commit))
             }
+            Job::Merge { base, asked } => format!(
+                "merge of the base ({}){}",
+                base.get(..7).unwrap_or(base),
+                if *asked {
+                    ", asked with /kodx update"
+                } else {
+                    " after a push to it"
+                }
+            ),
             _ => format!(
                 "/kodx {} {}",
                 self.kind().command_word(),

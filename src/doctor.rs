@@ -53,10 +53,11 @@ const OPTIONAL_PERMISSIONS: [(&str, &str, &str); 3] = [
 ];
 
 /// The events of the pull request's life, and what each gives.
-const OPTIONAL_EVENTS: [(&str, &str); 3] = [
+const OPTIONAL_EVENTS: [(&str, &str); 4] = [
     ("pull_request_review", "commands in a review's body"),
     ("check_suite", "CI repair"),
     ("workflow_run", "CI repair"),
+    ("push", "keeping kodx's pull requests mergeable"),
 ];
 
 /// Variables whose presence means "this machine is meant to run `kodx serve`".

@@ -24,6 +24,7 @@ pub enum TriggerKind {
     Label,
     CheckSuite,
     WorkflowRun,
+    Merge,
 }
 
 impl TriggerKind {
@@ -36,6 +37,7 @@ impl TriggerKind {
             TriggerKind::Label => "label",
             TriggerKind::CheckSuite => "check_suite",
             TriggerKind::WorkflowRun => "workflow_run",
+            TriggerKind::Merge => "merge",
         }
     }
 }
@@ -63,6 +65,10 @@ pub enum Trigger {
     CheckSuite(i64),
     /// A completed GitHub Actions workflow run on a pull request kodx opened, by its id.
     WorkflowRun(i64),
+    /// A merge run kodx starts on a pull request it opened (a push to its base, or
+    /// `/kodx update` finding conflicts), by a key of the pull request and the two tips:
+    /// the same merge asked twice is one run.
+    Merge(i64),
 }
 
 /// A review comment's file, line and diff hunk.
@@ -104,6 +110,7 @@ impl Trigger {
             Trigger::Label { .. } => TriggerKind::Label,
             Trigger::CheckSuite(_) => TriggerKind::CheckSuite,
             Trigger::WorkflowRun(_) => TriggerKind::WorkflowRun,
+            Trigger::Merge(_) => TriggerKind::Merge,
         }
     }
 
@@ -115,7 +122,8 @@ impl Trigger {
             | Trigger::IssueBody(id)
             | Trigger::Review(id)
             | Trigger::CheckSuite(id)
-            | Trigger::WorkflowRun(id) => *id,
+            | Trigger::WorkflowRun(id)
+            | Trigger::Merge(id) => *id,
             Trigger::ReviewComment { id, .. } => *id,
             Trigger::Label { key, .. } => *key,
         }
@@ -145,7 +153,10 @@ impl Trigger {
             Trigger::IssueBody(number) | Trigger::Label { issue: number, .. } => {
                 Some(ReactionTarget::Issue(*number as u64))
             }
-            Trigger::Review(_) | Trigger::CheckSuite(_) | Trigger::WorkflowRun(_) => None,
+            Trigger::Review(_)
+            | Trigger::CheckSuite(_)
+            | Trigger::WorkflowRun(_)
+            | Trigger::Merge(_) => None,
         }
     }
 
@@ -156,6 +167,7 @@ impl Trigger {
             TriggerKind::Review => Trigger::Review(id),
             TriggerKind::CheckSuite => Trigger::CheckSuite(id),
             TriggerKind::WorkflowRun => Trigger::WorkflowRun(id),
+            TriggerKind::Merge => Trigger::Merge(id),
             TriggerKind::Label => {
                 let c = context.unwrap_or_default();
                 Trigger::Label {
@@ -282,6 +294,19 @@ where
                 context,
             ),
         })
+    }
+}
+
+impl Trigger {
+    /// The trigger of a merge of base tip `base` into pull request `pull` at head `head`: a
+    /// key of the three (the first 8 bytes of their SHA-256, positive), so the same merge
+    /// asked twice (a redelivered push, a second `/kodx update`) is one run.
+    pub fn merge(pull: i64, head: &str, base: &str) -> Trigger {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(format!("{pull}\n{head}\n{base}").as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Trigger::Merge((u64::from_be_bytes(first) >> 1) as i64)
     }
 }
 

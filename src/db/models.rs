@@ -343,6 +343,9 @@ pub struct Run {
     pub confirmed_cap_usd: Option<f64>,
     /// The status comment's estimate line, as the acknowledgement made it.
     pub estimate: Option<String>,
+    /// GitHub's `mergeable_state` of the pull request when a merge run or `/kodx update`
+    /// decided on it.
+    pub mergeable_state: Option<String>,
 }
 
 impl Run {
@@ -525,7 +528,7 @@ macro_rules! run_columns {
          status_comment_id, stop_reason, \
          cost_usd, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
          api_calls, result, pr_url, cancelled_by, created_at, started_at, finished_at, \
-         held_until, confirmed_by, confirmed_cap_usd, estimate"
+         held_until, confirmed_by, confirmed_cap_usd, estimate, mergeable_state"
     };
 }
 

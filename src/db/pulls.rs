@@ -115,7 +115,7 @@ impl Db {
             "SELECT commit_sha, run_id, signature FROM repairs \
              WHERE repo = $1 AND pull = $2 AND repaired = 1 AND created_at >= COALESCE(( \
                SELECT MAX(created_at) FROM pull_commits \
-               WHERE repo = $1 AND pull = $2 AND kind <> 'repair'), 0) \
+               WHERE repo = $1 AND pull = $2 AND kind NOT IN ('repair', 'merge')), 0) \
              ORDER BY created_at DESC LIMIT 1000",
         )
         .bind(repo)

@@ -16,19 +16,19 @@ pub(super) const NOTIFY_CANCEL: &str = "SELECT pg_notify('kodx', 'cancel')";
 /// The agent runs a worker may start: the oldest queued one of an issue with none running.
 /// A run waiting for `/kodx go` (`held_until` set) is never one, and does not hold back the
 /// issue's later runs.
-const AGENT_RUN_CANDIDATES: &str = "q.kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair') \
+const AGENT_RUN_CANDIDATES: &str = "q.kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair', 'merge') \
     AND q.held_until IS NULL \
     AND NOT EXISTS (SELECT 1 FROM runs r \
       WHERE r.repo = q.repo AND r.issue_number = q.issue_number \
-      AND r.status = 'running' AND r.kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair')) \
+      AND r.status = 'running' AND r.kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair', 'merge')) \
     AND NOT EXISTS (SELECT 1 FROM runs o \
       WHERE o.repo = q.repo AND o.issue_number = q.issue_number \
       AND o.status = 'queued' AND o.held_until IS NULL \
-      AND o.kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair') AND o.seq < q.seq)";
+      AND o.kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair', 'merge') AND o.seq < q.seq)";
 
 /// Control jobs: every kind that is not agent work.
 const CONTROL_CANDIDATES: &str =
-    "q.kind NOT IN ('ask', 'code', 'continue', 'address_reviews', 'repair')";
+    "q.kind NOT IN ('ask', 'code', 'continue', 'address_reviews', 'repair', 'merge')";
 
 /// How long a claimed run stays its worker's without a renewal, unless the server's
 /// settings say otherwise (`lease_secs`, [`Db::with_lease`]).
@@ -340,7 +340,7 @@ impl Db {
             let mut running = sqlx::query_as::<_, Run>(concat!(
                 "UPDATE runs SET cancelled_by = COALESCE(cancelled_by, $1) \
                  WHERE repo = $2 AND issue_number = $3 AND status = 'running' \
-                 AND kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair') RETURNING ",
+                 AND kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair', 'merge') RETURNING ",
                 run_columns!()
             ))
             .bind(by)
@@ -351,7 +351,7 @@ impl Db {
             // The queue's order (RETURNING gives none, and two runs may share a millisecond).
             let order: Vec<String> = sqlx::query_scalar(
                 "SELECT id FROM runs WHERE repo = $1 AND issue_number = $2 AND status = 'queued' \
-                 AND kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair') ORDER BY seq",
+                 AND kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair', 'merge') ORDER BY seq",
             )
             .bind(repo)
             .bind(issue_number)
@@ -361,7 +361,7 @@ impl Db {
                 "UPDATE runs SET status = 'cancelled', stop_reason = $5, \
                  cancelled_by = $1, finished_at = $2 \
                  WHERE repo = $3 AND issue_number = $4 AND status = 'queued' \
-                 AND kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair') RETURNING ",
+                 AND kind IN ('ask', 'code', 'continue', 'address_reviews', 'repair', 'merge') RETURNING ",
                 run_columns!()
             ))
             .bind(by)

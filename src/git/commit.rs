@@ -71,6 +71,27 @@ pub fn commit_all(repo_dir: &Path, req: &CommitRequest<'_>) -> Result<Option<Com
 
     check_sizes(&repo, req.max_file_bytes)?;
 
+    let tree_id = stage_work_tree(&repo)?;
+
+    let old_tree = parent
+        .as_ref()
+        .map(|c| c.tree())
+        .transpose()
+        .map_err(other)?;
+    let committed = commit_tree(
+        &repo,
+        parent.as_ref(),
+        old_tree.as_ref(),
+        tree_id,
+        &signature,
+        &message,
+    )?;
+    Ok(committed.map(|(committed, _)| committed))
+}
+
+/// Stages every change of the work tree in the repository's index (an embedded repository
+/// left out) and writes the index's tree.
+pub(super) fn stage_work_tree(repo: &Repository) -> Result<Oid, GitError> {
     let workdir = repo
         .workdir()
         .ok_or_else(|| GitError::Other("the repository has no work tree".into()))?
@@ -93,21 +114,7 @@ pub fn commit_all(repo_dir: &Path, req: &CommitRequest<'_>) -> Result<Option<Com
     index.update_all(["*"], None).map_err(other)?;
     let tree_id = index.write_tree().map_err(other)?;
     index.write().map_err(other)?;
-
-    let old_tree = parent
-        .as_ref()
-        .map(|c| c.tree())
-        .transpose()
-        .map_err(other)?;
-    let committed = commit_tree(
-        &repo,
-        parent.as_ref(),
-        old_tree.as_ref(),
-        tree_id,
-        &signature,
-        &message,
-    )?;
-    Ok(committed.map(|(committed, _)| committed))
+    Ok(tree_id)
 }
 
 /// As [`commit_all`], for a clone whose files are not on disk
@@ -166,7 +173,7 @@ pub fn commit_change_set(
 }
 
 /// `req.author` as the signature of a commit made now.
-fn signature_of(req: &CommitRequest<'_>) -> Result<Signature<'static>, GitError> {
+pub(super) fn signature_of(req: &CommitRequest<'_>) -> Result<Signature<'static>, GitError> {
     Signature::now(&req.author.name, &req.author.email)
         .map_err(|e| GitError::Other(format!("invalid commit identity: {}", e.message())))
 }
@@ -184,7 +191,10 @@ fn head_parent(repo: &Repository) -> Result<Option<git2::Commit<'_>>, GitError> 
 /// top `.git`, refuses the commit, as does a file over `max_file_bytes`; anything inside a
 /// `.git` deeper down is left out, and so is all of a directory holding one (an embedded
 /// repository, with a warning in the log).
-fn changes_to_commit(changes: &ChangeSet, max_file_bytes: u64) -> Result<Vec<&Change>, GitError> {
+pub(super) fn changes_to_commit(
+    changes: &ChangeSet,
+    max_file_bytes: u64,
+) -> Result<Vec<&Change>, GitError> {
     let embedded = embedded_repositories(changes);
     let mut kept = Vec::new();
     for change in &changes.changes {
@@ -246,7 +256,7 @@ fn embedded_repositories(changes: &ChangeSet) -> Vec<&str> {
 
 /// Applies one change to `index`: a deletion removes the path; a new or modified entry is
 /// stored as a blob of `repo` and replaces whatever was at, under or above it.
-fn apply_change(
+pub(super) fn apply_change(
     repo: &Repository,
     index: &mut git2::Index,
     change: &Change,
@@ -368,7 +378,7 @@ fn commit_tree<'r>(
 }
 
 /// Fails with [`GitError::TooLarge`] for the first changed, not ignored file over `limit`.
-fn check_sizes(repo: &Repository, limit: u64) -> Result<(), GitError> {
+pub(super) fn check_sizes(repo: &Repository, limit: u64) -> Result<(), GitError> {
     let workdir = repo
         .workdir()
         .ok_or_else(|| GitError::Other("the repository has no work tree".into()))?;
@@ -402,7 +412,7 @@ fn check_sizes(repo: &Repository, limit: u64) -> Result<(), GitError> {
 }
 
 /// `subject`, a blank line, the body (if any), a blank line and the trailers (if any).
-fn commit_message(req: &CommitRequest<'_>) -> Result<String, GitError> {
+pub(super) fn commit_message(req: &CommitRequest<'_>) -> Result<String, GitError> {
     let mut message = clean_subject(req.subject);
     if message.is_empty() {
         message.push_str("Apply changes");

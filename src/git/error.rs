@@ -30,6 +30,12 @@ pub enum GitError {
         list_paths(paths)
     )]
     Conflict { paths: Vec<String> },
+    /// A merge's conflicted files still hold conflict markers: nothing was committed.
+    #[error(
+        "conflict markers are still in {}; a merge is committed only once every conflict is resolved",
+        list_paths(paths)
+    )]
+    MarkersLeft { paths: Vec<String> },
     /// A changed file is larger than the limit: nothing was committed.
     #[error(
         "the change to `{path}` is {bytes} bytes, over the limit of {limit} bytes for a \

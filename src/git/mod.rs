@@ -14,6 +14,7 @@ mod error;
 mod merge;
 mod mirror;
 mod push;
+mod resolve;
 mod session;
 
 pub use clone::{clone, fetch, Checkout, Cloned};
@@ -27,4 +28,8 @@ pub use mirror::{
     Linked, MirrorTip,
 };
 pub use push::{push, push_checked, push_rebasing, push_rebasing_checked, BeforeSend, PushOutcome};
+pub use resolve::{
+    commit_merge, has_marker, prepare_conflicted_merge, Conflict, ConflictKind, PrepareMerge,
+    PreparedMerge, MAX_CONFLICTED_FILES,
+};
 pub use session::init;

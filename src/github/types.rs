@@ -371,6 +371,12 @@ pub struct PullInfo {
     /// cannot push to it and opens a new PR instead.
     pub is_fork: bool,
     pub maintainer_can_modify: bool,
+    /// Whether it merges cleanly into its base; `None` while GitHub has not computed it
+    /// (it does so lazily after a push: ask again).
+    pub mergeable: Option<bool>,
+    /// GitHub's word for it (`clean`, `behind`, `dirty`, `blocked`, `unstable`,
+    /// `unknown`, …), when given.
+    pub mergeable_state: Option<String>,
 }
 
 /// A completed Check Run for [`Installation::create_check_run`](super::Installation::create_check_run).

@@ -217,6 +217,11 @@ pub(super) struct Pull {
     base: Side,
     #[serde(default)]
     maintainer_can_modify: bool,
+    /// `null` until GitHub has computed it (lazily, after a push to either side).
+    #[serde(default)]
+    mergeable: Option<bool>,
+    #[serde(default)]
+    mergeable_state: Option<String>,
 }
 
 impl Pull {
@@ -243,6 +248,8 @@ impl Pull {
             },
             is_fork,
             maintainer_can_modify: self.maintainer_can_modify,
+            mergeable: self.mergeable,
+            mergeable_state: self.mergeable_state,
         })
     }
 }

@@ -118,6 +118,9 @@ pub struct PrConfig {
     pub template: Option<String>,
     /// What a change whose checks stay red becomes.
     pub on_red: OnRed,
+    /// A push to the base that leaves one of kodx's pull requests conflicted starts a merge
+    /// run that resolves it (SPEC §12, "Mergeable pull requests").
+    pub keep_mergeable: bool,
 }
 
 /// `pr.on_red`: what a code run whose checks stay red delivers.
@@ -168,6 +171,7 @@ impl Default for PrConfig {
             on_limit: OnLimit::Draft,
             template: None,
             on_red: OnRed::Draft,
+            keep_mergeable: false,
         }
     }
 }
@@ -409,7 +413,7 @@ struct RawCostLimits {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with the keys draft, branch_prefix, on_limit, template, on_red"
+    expecting = "a mapping with the keys draft, branch_prefix, on_limit, template, on_red, keep_mergeable"
 )]
 struct RawPr {
     draft: Option<bool>,
@@ -417,6 +421,7 @@ struct RawPr {
     on_limit: Option<OnLimit>,
     template: Option<TemplateName>,
     on_red: Option<OnRed>,
+    keep_mergeable: Option<bool>,
 }
 
 /// `checks:` at most [`crate::checks::MAX_CHECKS`], names unique.
@@ -571,6 +576,7 @@ impl RawRepoConfig {
             on_limit: p.on_limit.unwrap_or_default(),
             template: p.template.map(|t| t.0),
             on_red: p.on_red.unwrap_or_default(),
+            keep_mergeable: p.keep_mergeable.unwrap_or(false),
         });
         RepoConfig {
             image: self.image.map(|t| t.0),
@@ -708,6 +714,7 @@ pr: { draft: false, branch_prefix: kodx/ }
                     on_limit: OnLimit::Draft,
                     template: None,
                     on_red: OnRed::Draft,
+                    keep_mergeable: false,
                 },
                 checks: Vec::new(),
                 check_repair: None,
@@ -812,6 +819,7 @@ pr: { draft: false, branch_prefix: kodx/ }
                 on_limit: OnLimit::Draft,
                 template: None,
                 on_red: OnRed::Draft,
+                keep_mergeable: false,
             }
         );
         assert_eq!(
@@ -850,7 +858,7 @@ pr: { draft: false, branch_prefix: kodx/ }
         assert_eq!(line, Some(3));
         assert_eq!(
             shown,
-            ".github/kodx.yml: line 3: unknown key \"pr.drafts\" (expected one of: draft, branch_prefix, on_limit, template, on_red)"
+            ".github/kodx.yml: line 3: unknown key \"pr.drafts\" (expected one of: draft, branch_prefix, on_limit, template, on_red, keep_mergeable)"
         );
         let (line, shown) = err("cost_limit: { code: 1, total: 2 }\n");
         assert_eq!(line, Some(1));

@@ -86,6 +86,7 @@ const KNOWN_EVENTS: &[&str] = &[
     "check_suite",
     "workflow_run",
     "pull_request",
+    "push",
     "installation",
     "installation_repositories",
     "ping",

@@ -75,6 +75,9 @@ pub struct Settings {
     /// How long a run waits for `/kodx go` (a repository's `confirm_above_usd`) before it
     /// ends by itself, in seconds.
     pub confirm_wait_secs: u64,
+    /// How long a merge run's admission asks GitHub again for a pull request's `mergeable`
+    /// (which GitHub computes lazily after a push), with backoff from 1 s, in seconds.
+    pub mergeable_wait_secs: u64,
     /// The sandboxes' network: `on` (a repository may ask for the cut after setup),
     /// `setup-only` (always cut after setup), `off` (none, not even for setup).
     pub network: NetworkMode,
@@ -154,6 +157,7 @@ impl Default for Settings {
             max_commit_file_bytes: 10 * 1024 * 1024,
             monthly_budget_usd: None,
             confirm_wait_secs: 86_400,
+            mergeable_wait_secs: 60,
             network: NetworkMode::On,
             network_allow: Vec::new(),
             max_disk_bytes: DEFAULT_MAX_DISK_BYTES,
@@ -185,6 +189,11 @@ impl Settings {
     /// Whether runs may use the setup cache at all.
     pub fn setup_cache_on(&self) -> bool {
         self.setup_cache_max_images > 0 && self.setup_cache_max_bytes > 0
+    }
+
+    /// How long GitHub is asked for a pull request's `mergeable` (`mergeable_wait_secs`).
+    pub fn mergeable_wait(&self) -> Duration {
+        Duration::from_secs(self.mergeable_wait_secs)
     }
 
     /// How long a run waits for `/kodx go` (`confirm_wait_secs`).
@@ -311,6 +320,9 @@ impl Settings {
                 "confirm_wait_secs",
                 "must be between 1 and 2592000 seconds (30 days)",
             );
+        }
+        if self.mergeable_wait_secs > 600 {
+            return bad("mergeable_wait_secs", "must be at most 600 seconds");
         }
         if self.max_commit_file_bytes == 0 {
             return bad("max_commit_file_bytes", "must be at least 1");

@@ -56,6 +56,7 @@ mod serve_continue;
 mod serve_estimate;
 mod serve_follow_up;
 mod serve_lifecycle;
+mod serve_merge;
 mod serve_network;
 mod serve_neutral;
 mod serve_operator;

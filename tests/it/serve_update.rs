@@ -2,8 +2,8 @@
 //! over smart HTTP, a fake GitHub, a scripted fake Anthropic and the real Docker engine. On
 //! a pull request kodx opened and its base moved on, the base is merged into the branch
 //! with a merge commit (first parent the old head, second the base's tip), pushed, without
-//! a model call; a branch someone else pushed to is left alone; conflicts are named and
-//! nothing is pushed.
+//! a model call; a branch someone else pushed to is left alone. Conflicts start a merge
+//! run (`serve_merge.rs`).
 
 use crate::common;
 use crate::common::follow_up::kodx_pull;
@@ -81,34 +81,6 @@ async fn update_merges_the_base_without_the_model_and_leaves_others_branches_alo
         s.git.branch_sha(REPO, &pr.head).unwrap(),
         theirs,
         "not touched"
-    );
-    s.finish().await;
-}
-
-#[tokio::test]
-async fn update_names_the_conflicts_and_pushes_nothing() {
-    let _engine = common::require_engine!();
-    let mut s = Served::with_workers().await;
-    let pr = kodx_pull(&s, "ci_repair: 0\n", "Added a.txt.").await;
-    let head = s.git.branch_sha(REPO, &pr.head).unwrap();
-    // The base writes the same file differently.
-    s.git.commit_on_branch(
-        REPO,
-        "main",
-        &[("a.txt", b"other\n", 0o644)],
-        "Another a.txt",
-    );
-    s.comment(pr.number, "alice", "/kodx update").await;
-    let answer = s
-        .bot_comment_where(pr.number, "the conflicts", |c| {
-            c.body.contains("conflicts in")
-        })
-        .await;
-    redactions(&[], &[]).bind(|| insta::assert_snapshot!(answer.body, @"@alice merging `main` into this pull request conflicts in `a.txt`; nothing was pushed. kodx does not resolve conflicts with a run yet: merge by hand, or ask for the change again with `/kodx code` on the issue."));
-    assert_eq!(
-        s.git.branch_sha(REPO, &pr.head).unwrap(),
-        head,
-        "nothing pushed"
     );
     s.finish().await;
 }

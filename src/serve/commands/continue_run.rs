@@ -108,9 +108,9 @@ pub(in crate::serve) fn resume_plan(plan: &mut RunPlan, earlier: &Earlier, cost:
     plan.checkout = Checkout::Branch(earlier.branch.clone());
     plan.depth = None;
     match &mut plan.target {
-        Some(Target::NewPull { branch, .. }) | Some(Target::PullBranch { branch }) => {
-            *branch = earlier.branch.clone()
-        }
+        Some(Target::NewPull { branch, .. })
+        | Some(Target::PullBranch { branch })
+        | Some(Target::Merge { branch, .. }) => *branch = earlier.branch.clone(),
         None => {}
     }
 }
@@ -246,6 +246,7 @@ mod tests {
             confirmed_by: None,
             confirmed_cap_usd: None,
             estimate: None,
+            mergeable_state: None,
         }
     }
 

@@ -11,6 +11,7 @@ pub(in crate::serve) mod cancel;
 pub(in crate::serve) mod code;
 pub(in crate::serve) mod continue_run;
 pub(in crate::serve) mod go;
+pub(in crate::serve) mod merge;
 pub(in crate::serve) mod repair;
 pub(in crate::serve) mod update;
 
@@ -33,6 +34,7 @@ pub(in crate::serve) async fn work(cx: &RunCtx<'_>) -> Result<Ending, RunFailure
         Job::Continue { more } => continue_run::run(cx, *more).await,
         Job::AddressReviews { .. } => address_reviews::run(cx).await,
         Job::Repair { .. } => repair::run(cx).await,
+        Job::Merge { .. } => merge::run(cx).await,
         Job::Cancel | Job::Go { .. } | Job::Update | Job::Help { .. } | Job::Refuse { .. } => {
             Err(RunFailure::Internal(anyhow::anyhow!(
                 "a {} job was claimed as a run",
@@ -80,7 +82,8 @@ async fn answer(svc: &Services, job: &Run) -> Result<Ending, RunFailure> {
         | Job::Continue { .. }
         | Job::Refuse { .. }
         | Job::AddressReviews { .. }
-        | Job::Repair { .. } => {
+        | Job::Repair { .. }
+        | Job::Merge { .. } => {
             Err(Refusal::BadRequest(job.request.job.argument().to_string()).into())
         }
     }

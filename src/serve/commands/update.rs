@@ -2,9 +2,9 @@
 //! base branch merged into its branch with a merge commit (first parent the branch's head,
 //! second the base's tip), made with git2 on the host and pushed, without the model.
 //!
-//! kodx leaves the branch alone when it is in a fork (not kodx's to push), when its head
-//! is a commit kodx did not make (someone else pushed), and when the merge conflicts: the
-//! answer names the files (a run that resolves them is not built yet).
+//! kodx leaves the branch alone when it is in a fork (not kodx's to push) and when its
+//! head is a commit kodx did not make (someone else pushed). When the merge conflicts, a
+//! merge run resolves it ([`super::merge`]): queued here, with its own status comment.
 
 use anyhow::Context as _;
 use secrecy::ExposeSecret as _;
@@ -40,6 +40,12 @@ pub(in crate::serve) async fn run(
         .pull_request(repo, pull as u64)
         .await
         .context("reading the pull request failed")?;
+    // What GitHub said of it, for the run page (`None` while GitHub computes it).
+    if let Some(state) = &pr.mergeable_state {
+        if let Err(e) = svc.db.set_mergeable_state(&job.id, state).await {
+            tracing::warn!("storing the mergeable state failed: {e}");
+        }
+    }
     let why = if pr.state != "open" {
         Some("it is not open".to_string())
     } else if pr.is_fork {
@@ -116,7 +122,36 @@ pub(in crate::serve) async fn run(
     };
     match merged {
         Merged::UpToDate { .. } => answer(says::up_to_date(&r.author, &branch, &base)).await,
-        Merged::Conflicts { paths, .. } => answer(says::conflicts(&r.author, &base, &paths)).await,
+        Merged::Conflicts {
+            paths,
+            base: base_sha,
+        } => {
+            // A run resolves them: an ordinary run with its own status comment and cost.
+            let mut request = r.clone();
+            request.job = crate::job::Job::Merge {
+                base: base_sha.clone(),
+                asked: true,
+            };
+            request.trigger = crate::job::Trigger::merge(pull, &pr.head.sha, &base_sha);
+            let record = crate::db::NewDelivery {
+                id: format!("update/{}", job.id),
+                event: "issue_comment".to_string(),
+                action: Some("update".to_string()),
+                installation_id: Some(r.installation_id),
+                repo: Some(r.repo.clone()),
+            };
+            match svc.db.accept(&record, Some(&request)).await {
+                Ok(crate::db::Accepted::Queued { run_id }) => {
+                    tracing::info!(%run_id, conflicts = paths.len(), "merge run queued");
+                    status::react(gh, repo, job, Reaction::Eyes).await;
+                }
+                Ok(_) => answer(says::merging_already(&r.author, &base)).await,
+                Err(e) => {
+                    tracing::warn!("queueing the merge run failed: {e}");
+                    answer(says::conflicts(&r.author, &base, &paths)).await
+                }
+            }
+        }
         Merged::Committed {
             sha,
             base: base_sha,

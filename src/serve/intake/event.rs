@@ -28,6 +28,16 @@ pub enum Triage {
     /// A completed check suite or workflow run on one of `pulls` (CI repair, SPEC §11): a
     /// repair request once the store knows which of them kodx opened, and who asked for it
     /// ([`RunRequest::issue_number`] and the author are filled in then).
+    /// A push to a branch of a repository (SPEC §12, "Mergeable pull requests"): a merge
+    /// request for each open pull request kodx opened into `branch`, once the store says
+    /// which they are ([`RunRequest::issue_number`], the author and the trigger are filled
+    /// in then).
+    Push {
+        request: Box<RunRequest>,
+        branch: String,
+        /// The branch's new tip.
+        after: String,
+    },
     Ci {
         request: Box<RunRequest>,
         pulls: Vec<i64>,
@@ -390,6 +400,7 @@ pub fn triage(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
     match event {
         "issues" if is_labeled(body) => labeled(event, body),
         "check_suite" | "workflow_run" => ci(event, body),
+        "push" => push(event, body),
         "issue_comment" => {
             let p: IssueCommentEvent = decode(event, body)?;
             if p.action != "created" {
@@ -587,6 +598,53 @@ fn ci(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
     })
 }
 
+#[derive(Deserialize)]
+struct PushEvent<'a> {
+    #[serde(borrow, rename = "ref")]
+    git_ref: Cow<'a, str>,
+    #[serde(borrow)]
+    after: Cow<'a, str>,
+    #[serde(default)]
+    deleted: bool,
+    #[serde(borrow)]
+    repository: Repository<'a>,
+    installation: Option<InstallationRef>,
+}
+
+/// A push: the branch and its new tip, for the pull requests kodx opened into it.
+fn push(event: &str, body: &[u8]) -> Result<Triage, BadRequest> {
+    let p: PushEvent = decode(event, body)?;
+    let Some(branch) = p.git_ref.strip_prefix("refs/heads/") else {
+        return ignore("only pushes to branches are read (not tags)");
+    };
+    if p.deleted {
+        return ignore("a deleted branch is no pull request's new base");
+    }
+    let after = p.after.to_ascii_lowercase();
+    if after.len() != 40 || !after.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(BadRequest(format!("`{event}.after` is not a commit id")));
+    }
+    Ok(Triage::Push {
+        branch: branch.to_string(),
+        request: Box::new(RunRequest {
+            installation_id: installation_id(p.installation)?,
+            repo: p.repository.full_name.into_owned(),
+            issue_number: 0,
+            is_pull_request: true,
+            author: String::new(),
+            author_id: 0,
+            clone_url: p.repository.clone_url.into_owned(),
+            default_branch: p.repository.default_branch.into_owned(),
+            job: Job::Merge {
+                base: after.clone(),
+                asked: false,
+            },
+            trigger: Trigger::Merge(0),
+        }),
+        after,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -669,8 +727,8 @@ mod tests {
         edited["action"] = json!("edited");
         let t = triage("issue_comment", edited.to_string().as_bytes()).unwrap();
         assert!(matches!(t, Triage::Ignore(r) if r.contains("edits")));
-        let t = triage("push", b"{}").unwrap();
-        assert!(matches!(t, Triage::Ignore(r) if r.contains("push")));
+        let t = triage("release", b"{}").unwrap();
+        assert!(matches!(t, Triage::Ignore(r) if r.contains("release")));
         assert!(
             matches!(triage("ping", b"{\"zen\":\"x\"}").unwrap(), Triage::Ignore(r) if r == "ping")
         );
@@ -864,6 +922,43 @@ mod tests {
         let mut bad = suite.clone();
         bad["check_suite"]["head_sha"] = json!("main");
         assert!(triage("check_suite", bad.to_string().as_bytes()).is_err());
+    }
+
+    #[test]
+    fn pushes_to_branches_are_read_and_tags_ignored() {
+        let data: Value =
+            serde_json::from_str(include_str!("../../../tests/data/webhooks-push.json")).unwrap();
+        let branch = serde_json::to_vec(&data["branch"]).unwrap();
+        match triage("push", &branch).unwrap() {
+            Triage::Push {
+                request,
+                branch,
+                after,
+            } => {
+                assert_eq!(branch, "master");
+                assert_eq!(after, "6113728f27ae82c7b1a177c8d03f9e96e0adf246");
+                assert_eq!(request.repo, "Codertocat/Hello-World");
+                assert_eq!(request.installation_id, 1);
+                assert_eq!(
+                    request.job,
+                    Job::Merge {
+                        base: after.clone(),
+                        asked: false
+                    }
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let tag = serde_json::to_vec(&data["tag"]).unwrap();
+        assert!(matches!(triage("push", &tag), Ok(Triage::Ignore(_))));
+        let mut deleted = data["branch"].clone();
+        deleted["deleted"] = json!(true);
+        let deleted = serde_json::to_vec(&deleted).unwrap();
+        assert!(matches!(triage("push", &deleted), Ok(Triage::Ignore(_))));
+        let mut bad = data["branch"].clone();
+        bad["after"] = json!("nope");
+        let bad = serde_json::to_vec(&bad).unwrap();
+        assert!(triage("push", &bad).is_err());
     }
 
     #[test]

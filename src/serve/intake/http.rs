@@ -273,6 +273,11 @@ pub(in crate::serve) async fn intake(
     let (record, run) = match &triaged {
         Triage::Ignore(reason) => return ignored(reason),
         Triage::Ci { .. } => unreachable!("CI events were resolved above"),
+        Triage::Push {
+            request,
+            branch,
+            after,
+        } => return push(st, event, delivery, request, branch, after).await,
         Triage::Installation {
             id,
             account,
@@ -335,6 +340,68 @@ pub(in crate::serve) async fn intake(
         }
         Err(e) => internal(st, event, &e.to_string()),
     }
+}
+
+/// A push to a branch (SPEC §12): a merge run for each open pull request kodx opened into
+/// it (at most [`crate::db::MAX_PULLS_PER_PUSH`]), each stored under the delivery's id (the
+/// second on under `<id>/<pull>`); its admission decides whether it runs.
+async fn push(
+    st: &HttpState,
+    event: &str,
+    delivery: &str,
+    request: &RunRequest,
+    branch: &str,
+    after: &str,
+) -> Response {
+    let pulls = match st.db.pulls_on_base(&request.repo, branch).await {
+        Ok(pulls) => pulls,
+        Err(e) => return internal(st, event, &e.to_string()),
+    };
+    if pulls.is_empty() {
+        st.metrics.webhook(event, "ignored");
+        return answer(
+            StatusCode::OK,
+            json!({ "ignored": "no open pull request kodx opened goes into this branch" }),
+        );
+    }
+    let mut queued = Vec::new();
+    for (i, p) in pulls.iter().enumerate() {
+        let mut run = request.clone();
+        run.issue_number = p.pull;
+        run.author = p.author.clone();
+        run.author_id = p.author_id;
+        run.trigger = crate::job::Trigger::merge(p.pull, "push", after);
+        let record = NewDelivery {
+            id: match i {
+                0 => delivery.to_string(),
+                _ => format!("{delivery}/{}", p.pull),
+            },
+            event: event.to_string(),
+            action: None,
+            installation_id: Some(run.installation_id),
+            repo: Some(run.repo.clone()),
+        };
+        match st.db.accept(&record, Some(&run)).await {
+            Ok(Accepted::Queued { run_id }) => {
+                tracing::info!(run_id = %run_id, repo = %run.repo, pull = p.pull, branch,
+                    "merge run queued after a push to the base");
+                queued.push(run_id);
+            }
+            // Handled before (a redelivery).
+            Ok(_) => {}
+            Err(e) => return internal(st, event, &e.to_string()),
+        }
+    }
+    if queued.is_empty() {
+        st.metrics.webhook(event, "duplicate");
+        return answer(
+            StatusCode::OK,
+            json!({ "ignored": "duplicate push (its merge runs were queued before)" }),
+        );
+    }
+    st.metrics.webhook(event, "queued");
+    st.wake.notify_one();
+    answer(StatusCode::ACCEPTED, json!({ "run_ids": queued }))
 }
 
 fn internal(st: &HttpState, event: &str, error: &str) -> Response {

@@ -267,7 +267,14 @@ impl RunContext {
             "issue"
         };
         let mut out = String::new();
-        if kind == JobKind::Repair {
+        if kind == JobKind::Merge {
+            out.push_str(&format!(
+                "The base of pull request #{} of {}, which kodx opened for @{}, moved on and \
+                 conflicts with it. This is a merge run: kodx started it to resolve the \
+                 conflicts. The repository is checked out in your workspace",
+                self.number, self.repo, self.author
+            ));
+        } else if kind == JobKind::Repair {
             out.push_str(&format!(
                 "CI failed on pull request #{} of {}, which kodx opened for @{}. This is a \
                  repair run: kodx started it itself, to make the failing checks pass. The \

@@ -19,6 +19,7 @@ use crate::sandbox::{
     ChangeSet, DockerSandbox, Exported, FeedOutput, Sandbox, SandboxError, SandboxSpec,
 };
 use crate::serve::metrics::Metrics;
+use crate::serve::pipeline::deliver::Target;
 use crate::serve::pipeline::plan::RunPlan;
 use crate::serve::pipeline::workspace::{CloneOf, Workspace};
 use crate::serve::texts;
@@ -97,7 +98,7 @@ pub(in crate::serve) async fn execute(
         lease: lease.clone(),
         since_webhook: parking_lot::Mutex::new(since_webhook),
     };
-    let workspace = workspace::workspace(
+    let mut workspace = workspace::workspace(
         svc,
         run,
         CloneOf {
@@ -110,6 +111,31 @@ pub(in crate::serve) async fn execute(
         timings,
     )
     .await?;
+    let mut messages = messages;
+    if let Some(Target::Merge { branch, base }) = &run_plan.target {
+        // A merge run starts from the base merged into the branch, conflicts left in.
+        let bot = svc
+            .app
+            .bot_identity(gh)
+            .await
+            .context("reading kodx's own identity failed")?;
+        let author = crate::git::Identity {
+            name: bot.login.clone(),
+            email: bot.noreply_email.clone(),
+        };
+        let token = gh.token().expose_secret().to_string();
+        let url = run.request.clone_url.clone();
+        let prepared = workspace
+            .prepare_merge(&url, token, branch, base, author, timings)
+            .await?;
+        if prepared.up_to_date {
+            return Err(RunFailure::User(texts::merge::nothing_to_merge(base)));
+        }
+        if messages.len() == 1 {
+            let brief = texts::merge::conflicts_brief(prepared, branch, base);
+            messages = vec![Message::user_text(format!("{}{brief}", run_plan.prompt))];
+        }
+    }
     if cancel.is_cancelled() {
         return Ok(Executed::Over(cancelled_early(run_plan)));
     }

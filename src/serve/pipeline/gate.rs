@@ -11,7 +11,7 @@ use crate::job::{Job, JobKind};
 use crate::repo_config::{AskPermission, RepoConfig, RepoConfigError, RunKind, ServerMaxima};
 use crate::serve::texts;
 
-use super::{finish, repair, status, Services};
+use super::{finish, mergeable, repair, status, Services};
 use crate::db::EndReason;
 
 /// Runs are capped at what is left of the monthly budget, so spend approaches it without
@@ -75,6 +75,8 @@ pub(in crate::serve) struct Admission {
     pub budget: Option<Budget>,
     /// The cap a writer's `/kodx go $N` asked for (USD): the run's cap is at most this.
     pub cap_asked: Option<f64>,
+    /// GitHub's `mergeable_state` of the pull request, as a merge run's admission read it.
+    pub mergeable_state: Option<String>,
 }
 
 impl Admission {
@@ -90,6 +92,7 @@ impl Admission {
             permission,
             budget,
             cap_asked: None,
+            mergeable_state: None,
         }
     }
 
@@ -335,10 +338,16 @@ async fn check(
             )));
         }
     }
-    let is_repair = matches!(run.request.job, Job::Repair { .. });
+    // kodx's own runs: dismissed quietly rather than refused with a comment.
+    let is_repair = matches!(run.request.job, Job::Repair { .. } | Job::Merge { .. });
+    let own = if matches!(run.request.job, Job::Merge { .. }) {
+        "merge run"
+    } else {
+        "CI repair"
+    };
     if is_repair && config.is_err() {
         return Err(Refusal::Dismissed(format!(
-            "CI repair: `{}` is invalid",
+            "{own}: `{}` is invalid",
             RepoConfig::PATH
         )));
     }
@@ -360,7 +369,7 @@ async fn check(
             };
             if has < needed && is_repair {
                 return Err(Refusal::Dismissed(format!(
-                    "CI repair: @{} no longer has write permission",
+                    "{own}: @{} no longer has write permission",
                     run.request.author
                 )));
             }
@@ -380,6 +389,12 @@ async fn check(
             .await
             .map_err(Refusal::Dismissed)?;
     }
+    let mut mergeable_state = None;
+    if let (Job::Merge { asked, .. }, Ok(c)) = (&run.request.job, &config) {
+        mergeable_state = mergeable::admit_merge(svc, gh, repo, run, c, *asked)
+            .await
+            .map_err(Refusal::Dismissed)?;
+    }
     let budget = budget(svc, run).await;
     if let Some(b) = budget.filter(|b| run.is_work() && b.is_spent()) {
         tracing::info!("refused: monthly budget spent");
@@ -389,7 +404,10 @@ async fn check(
         tracing::info!("refused: invalid repository config");
         Refusal::InvalidConfig(e)
     })?;
-    Ok(Admission::new(base, config, permission, budget))
+    Ok(Admission {
+        mergeable_state,
+        ..Admission::new(base, config, permission, budget)
+    })
 }
 
 /// The branch the run's work targets and its tip (SPEC §11), and the `--base` branch

@@ -31,6 +31,7 @@ pub(in crate::serve) mod execute;
 pub(in crate::serve) mod finish;
 pub(in crate::serve) mod gate;
 pub(in crate::serve) mod lease;
+pub(in crate::serve) mod mergeable;
 pub(in crate::serve) mod plan;
 pub(in crate::serve) mod repair;
 pub(in crate::serve) mod repo_context;

@@ -10,7 +10,7 @@ use super::{status, RunCtx, RunFailure};
 use crate::cost::Pricing;
 use crate::git::Checkout;
 use crate::github::PullInfo;
-use crate::job::RunRequest;
+use crate::job::{JobKind, RunRequest};
 use crate::program::{self, Overrides, Plan, Program};
 use crate::repo_config::{OnLimit, RepoConfig};
 use crate::sandbox::SetupCacheSpec;
@@ -116,6 +116,14 @@ pub(in crate::serve) fn prepare(
                 original: None,
             }),
         ),
+        // A merge run: the base merged into the branch, committed as a merge commit.
+        (RunKind::Code, Some(pr)) if !pr.is_fork && request.job.kind() == JobKind::Merge => (
+            Checkout::Branch(pr.head.ref_name.clone()),
+            Some(Target::Merge {
+                branch: pr.head.ref_name.clone(),
+                base: pr.base.ref_name.clone(),
+            }),
+        ),
         (RunKind::Code, Some(pr)) if !pr.is_fork => (
             Checkout::Branch(pr.head.ref_name.clone()),
             Some(Target::PullBranch {
@@ -175,7 +183,10 @@ impl RunCtx<'_> {
         context.template = rules.template_text();
         if let Some(f) = follow_up {
             // The request of a repair run is its commit, not words anybody wrote.
-            if self.run.request.job.kind() == crate::job::JobKind::Repair {
+            if matches!(
+                self.run.request.job.kind(),
+                crate::job::JobKind::Repair | crate::job::JobKind::Merge
+            ) {
                 context.request.clear();
             }
             context.follow_up = Some(f);
@@ -325,6 +336,8 @@ mod tests {
             },
             is_fork,
             maintainer_can_modify: false,
+            mergeable: None,
+            mergeable_state: None,
         }
     }
 

@@ -219,7 +219,11 @@ async fn deliver_change(
     done.commit = shipped.commit;
     if done.pr_url.is_some() || done.pushed.is_some() {
         *cx.log.branch.lock() = Some(to.target.branch().to_string());
-        record_pull_commit(cx, done.commit.as_deref(), done.pr_url.as_deref()).await;
+        let base = match to.target {
+            Target::NewPull { base, .. } => Some(base.as_str()),
+            _ => None,
+        };
+        record_pull_commit(cx, done.commit.as_deref(), done.pr_url.as_deref(), base).await;
     }
     // The checks, where GitHub shows them: a `kodx` Check Run on the pushed commit.
     if let (Some(sha), false) = (&done.commit, done.outcome.checks.is_empty()) {
@@ -232,7 +236,14 @@ async fn deliver_change(
 
 /// Remembers the commit this run made the head of a pull request (SPEC §11: CI repair acts
 /// only on pull requests kodx opened, while their head is kodx's).
-async fn record_pull_commit(cx: &RunCtx<'_>, commit: Option<&str>, pr_url: Option<&str>) {
+/// A pull request it opened into `base` is remembered with its base: a push there looks
+/// at it (SPEC §12).
+async fn record_pull_commit(
+    cx: &RunCtx<'_>,
+    commit: Option<&str>,
+    pr_url: Option<&str>,
+    base: Option<&str>,
+) {
     let Some(sha) = commit else {
         return;
     };
@@ -259,6 +270,11 @@ async fn record_pull_commit(cx: &RunCtx<'_>, commit: Option<&str>, pr_url: Optio
         .await
     {
         tracing::warn!("recording the pushed commit failed: {e}");
+    }
+    if let (true, Some(base)) = (opened, base) {
+        if let Err(e) = cx.svc.db.record_pull_base(&request.repo, pull, base).await {
+            tracing::warn!("recording the pull request's base failed: {e}");
+        }
     }
 }
 

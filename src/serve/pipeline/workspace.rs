@@ -31,6 +31,59 @@ pub(in crate::serve) struct Workspace {
     pub source: RepoSource,
     /// Where a tip-only clone's packed tar is kept for the next run on the same tip.
     pub ready: Option<ReadyRepo>,
+    /// A merge run's merge, prepared in the clone ([`Workspace::prepare_merge`]).
+    pub merge: Option<crate::git::PreparedMerge>,
+}
+
+impl Workspace {
+    /// Merges `base` into the clone's branch (`branch`, checked out), each conflicted file
+    /// left with conflict markers, as the commit the container is given (a merge run, SPEC
+    /// §12): what the run resolves, and what its delivery commits as the merge.
+    pub(in crate::serve) async fn prepare_merge(
+        &mut self,
+        url: &str,
+        token: String,
+        branch: &str,
+        base: &str,
+        author: crate::git::Identity,
+        timings: &Timings,
+    ) -> Result<&crate::git::PreparedMerge, RunFailure> {
+        let started = Instant::now();
+        let (dest, url, branch, base) = (
+            self.dest.clone(),
+            url.to_string(),
+            branch.to_string(),
+            base.to_string(),
+        );
+        let files = self.source == RepoSource::Files;
+        let prepared = tokio::task::spawn_blocking(move || {
+            let message = format!(
+                "Merge branch '{base}' into {branch}\n\nkodx merged it with the conflicts left in \
+                 the files; the run resolves them, and this commit is replaced by the resolved \
+                 merge before anything is pushed."
+            );
+            crate::git::prepare_conflicted_merge(
+                &dest,
+                &crate::git::PrepareMerge {
+                    url: &url,
+                    token: &token,
+                    base: &base,
+                    ours_label: &branch,
+                    theirs_label: &base,
+                    author,
+                    message: &message,
+                    files,
+                },
+            )
+        })
+        .await
+        .map_err(clone_task_failed)?
+        .map_err(|e| RunFailure::User(texts::merge::prepare_failed(&e.to_string())))?;
+        timings.add("merge", started.elapsed());
+        tracing::info!(head = %prepared.head, base = %prepared.base,
+            conflicts = prepared.conflicts.len(), "merged the base into the branch");
+        Ok(self.merge.insert(prepared))
+    }
 }
 
 /// What to clone, with what.
@@ -160,6 +213,7 @@ pub(in crate::serve) async fn workspace(
         dest,
         source,
         ready,
+        merge: None,
     })
 }
 

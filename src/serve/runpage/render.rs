@@ -291,6 +291,7 @@ pub(super) fn render_page(run: &Run, p: &PageParts<'_>) -> Markup {
                 p { "Cost: " strong.cost { (crate::cost::format_usd(cost)) } " · " (run.api_calls) " API calls" }
             }
             @if let Some(pr) = &run.pr_url { p { "Pull request: " a href=(pr) { (pr) } } }
+            @if let Some(m) = &run.mergeable_state { p { "Mergeable state (as GitHub said when kodx decided): " code { (m) } } }
             @if live { p.hint { "Live: new steps appear as the agent works." } }
         }
         @if let Some(given) = p.given { (render_context(given)) }

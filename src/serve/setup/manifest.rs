@@ -31,13 +31,15 @@ pub const OPTIONAL_PERMISSIONS: [(&str, &str); 3] = [
 /// The webhook events kodx acts on.
 pub const EVENTS: [&str; 3] = ["issue_comment", "issues", "pull_request_review_comment"];
 
-/// The events of the pull request's life (SPEC §11): commands in review bodies, and CI
-/// results for CI repair. Asked for; kodx works without them.
-pub const OPTIONAL_EVENTS: [&str; 4] = [
+/// The events of the pull request's life (SPEC §11, §12): commands in review bodies, CI
+/// results for CI repair, and pushes that may leave kodx's pull requests conflicted.
+/// Asked for; kodx works without them.
+pub const OPTIONAL_EVENTS: [&str; 5] = [
     "pull_request",
     "pull_request_review",
     "check_suite",
     "workflow_run",
+    "push",
 ];
 
 /// GitHub's longest App name.
@@ -300,7 +302,8 @@ mod tests {
                 "pull_request",
                 "pull_request_review",
                 "check_suite",
-                "workflow_run"
+                "workflow_run",
+                "push"
             ])
         );
     }

@@ -13,6 +13,7 @@ mod estimate;
 mod follow_up;
 mod help;
 pub mod markup;
+pub mod merge;
 mod pull;
 pub mod rerun;
 pub mod status;

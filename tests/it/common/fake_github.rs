@@ -324,6 +324,9 @@ struct StateInner {
     users: BTreeMap<String, (String, u64)>,
     /// Review threads and the GraphQL endpoint's own state (`fake_github_graphql.rs`).
     graphql: graphql_api::GraphqlState,
+    /// The pull requests (number, head, base tip) whose `mergeable` was asked once: GitHub
+    /// answers `null` the first time after a change and computes it meanwhile.
+    mergeable_asked: std::collections::HashSet<(u64, String, String)>,
 }
 
 impl StateInner {
@@ -417,6 +420,7 @@ impl FakeGitHub {
                     next_id: 1_000_000,
                     branch_sha: None,
                     git_dir: None,
+                    mergeable_asked: Default::default(),
                     check_runs: Vec::new(),
                     no_checks: false,
                     actions_read_only: false,
@@ -1621,6 +1625,7 @@ fn pull_json(fake: &FakeGitHub, st: &mut StateInner, key: &str, number: u64) -> 
             }
         }
     }
+    let (mergeable, mergeable_state) = mergeable_of(st, &full, number, &head.sha, &base.ref_name);
     let head_repo = match &head.repo {
         None => Value::Null,
         Some(full) if full.to_lowercase() == key => base_repo.clone(),
@@ -1660,7 +1665,8 @@ fn pull_json(fake: &FakeGitHub, st: &mut StateInner, key: &str, number: u64) -> 
         "user": issue["user"],
         "draft": draft,
         "merged": false,
-        "mergeable": null,
+        "mergeable": mergeable,
+        "mergeable_state": mergeable_state,
         "maintainer_can_modify": false,
         "url": format!("{}/repos/{}/pulls/{number}", fake.inner.url, base_repo["full_name"].as_str().unwrap()),
         "html_url": issue["pull_request"]["html_url"],
@@ -1682,6 +1688,51 @@ fn pull_json(fake: &FakeGitHub, st: &mut StateInner, key: &str, number: u64) -> 
             "repo": base_repo,
         },
     })
+}
+
+/// `mergeable` and `mergeable_state` as GitHub computes them lazily: `null` and `unknown`
+/// the first time a pull request is read after its head or its base moved, then from git
+/// in the repository's directory (`set_git_dir`): `dirty` when the two conflict (`git
+/// merge-tree`), `behind` when the base has commits the head lacks, else `clean`. Without a
+/// git directory it stays `null`.
+fn mergeable_of(
+    st: &mut StateInner,
+    full: &str,
+    number: u64,
+    head: &str,
+    base_branch: &str,
+) -> (Value, Value) {
+    let unknown = (Value::Null, json!("unknown"));
+    let (Some(dir), Some(tip)) = (
+        st.git_dir.as_ref().and_then(|f| f(full)),
+        st.branch_sha.as_ref().and_then(|f| f(full, base_branch)),
+    ) else {
+        return unknown;
+    };
+    if st
+        .mergeable_asked
+        .insert((number, head.to_string(), tip.clone()))
+    {
+        return unknown;
+    }
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("--git-dir")
+            .arg(&dir)
+            .args(args)
+            .output()
+            .map(|o| o.status.code())
+    };
+    match git(&["merge-base", "--is-ancestor", &tip, head]) {
+        Ok(Some(0)) => return (json!(true), json!("clean")),
+        Ok(Some(1)) => {}
+        _ => return unknown,
+    }
+    match git(&["merge-tree", "--write-tree", "--name-only", head, &tip]) {
+        Ok(Some(0)) => (json!(true), json!("behind")),
+        Ok(Some(1)) => (json!(false), json!("dirty")),
+        _ => unknown,
+    }
 }
 
 // -------------------------------------------------------------------------------------

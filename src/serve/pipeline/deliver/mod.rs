@@ -134,7 +134,9 @@ async fn push_and_open(
     done: &Done,
     commit: &mut Option<String>,
 ) -> Result<Delivered, DeliveryError> {
-    if changes.is_empty() {
+    // A merge is committed even when the run changed nothing (its conflicts were all
+    // files deleted on one side): the commit is the merge.
+    if changes.is_empty() && !matches!(change.target, Target::Merge { .. }) {
         return Ok(Delivered::Nothing);
     }
     tracing::info!(changes = %changes.summary(), "delivering");
@@ -216,6 +218,15 @@ async fn commit_and_push(
     let source = change.workspace.source;
     let url = run.request.clone_url.clone();
     let target = change.target.clone();
+    // A merge's files that were given conflict markers: none may be left in them.
+    let marked = matches!(target, Target::Merge { .. }).then(|| {
+        change
+            .workspace
+            .merge
+            .as_ref()
+            .map(|m| m.marked())
+            .unwrap_or_default()
+    });
     let identity = crate::git::Identity {
         name: bot.login.clone(),
         email: bot.noreply_email.clone(),
@@ -232,11 +243,17 @@ async fn commit_and_push(
             trailers: &trailers,
             max_file_bytes,
         };
-        let committed = match source {
-            RepoSource::Files => crate::git::commit_all(&dest, &request),
+        let committed = match (source, &marked) {
+            (RepoSource::Files, Some(marked)) => {
+                crate::git::commit_merge(&dest, None, &request, marked).map(Some)
+            }
+            (_, Some(marked)) => {
+                crate::git::commit_merge(&dest, Some(&changes), &request, marked).map(Some)
+            }
+            (RepoSource::Files, None) => crate::git::commit_all(&dest, &request),
             // The clone has no files: the change set goes onto the commit the container
             // was given, from the objects.
-            RepoSource::GitHead | RepoSource::GitTip => {
+            (RepoSource::GitHead | RepoSource::GitTip, None) => {
                 crate::git::commit_change_set(&dest, &changes, &request)
             }
         };
@@ -259,6 +276,12 @@ async fn commit_and_push(
             // attempt pushed there.
             Target::NewPull { branch, .. } => {
                 crate::git::push_checked(&dest, &url, &token, "HEAD", branch, true, &still_held)
+                    .map_err(pushed)?;
+                commit.sha
+            }
+            // A merge commit is pushed as it is: rebased, it would not be the merge.
+            Target::Merge { branch, .. } => {
+                crate::git::push_checked(&dest, &url, &token, "HEAD", branch, false, &still_held)
                     .map_err(pushed)?;
                 commit.sha
             }

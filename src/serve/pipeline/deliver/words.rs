@@ -14,13 +14,18 @@ pub enum Target {
     },
     /// Commits onto the pull request's own branch (same repository).
     PullBranch { branch: String },
+    /// The merge of `base` into the pull request's own branch, its conflicts resolved:
+    /// committed as a merge commit and pushed without rebasing (SPEC §12).
+    Merge { branch: String, base: String },
 }
 
 impl Target {
     /// The branch the change is pushed to.
     pub fn branch(&self) -> &str {
         match self {
-            Target::NewPull { branch, .. } | Target::PullBranch { branch } => branch,
+            Target::NewPull { branch, .. }
+            | Target::PullBranch { branch }
+            | Target::Merge { branch, .. } => branch,
         }
     }
 
