@@ -520,7 +520,7 @@ async fn missing_app_permissions_and_events_fail() {
     }
     // What the pull request's life needs is optional: a warning naming each and its use.
     let warn = out.expect("warn", "optional");
-    insta::assert_snapshot!(warn, @"warn  GitHub App lacks the optional permission checks: write (the `kodx` Check Run; CI repair), permission actions: write (job logs in CI repair reports; failed jobs re-run before a repair), permission statuses: read (commit statuses in CI repair), event pull_request_review (commands in a review's body), event check_suite (CI repair), event workflow_run (CI repair): kodx works without them, minus those; add them under the App's settings → Permissions & events");
+    insta::assert_snapshot!(warn, @"warn  GitHub App lacks the optional permission checks: write (the `kodx` Check Run; CI repair), permission actions: write (job logs in CI repair reports; failed jobs re-run before a repair), permission statuses: read (commit statuses in CI repair), event pull_request_review (commands in a review's body), event check_suite (CI repair), event workflow_run (CI repair), event push (keeping kodx's pull requests mergeable): kodx works without them, minus those; add them under the App's settings → Permissions & events");
     assert!(seen.load(Ordering::SeqCst) >= 1);
 }
 

@@ -4,13 +4,15 @@
 //! engine. A pull request kodx opened whose base conflicts with it gets an ordinary run
 //! whose workspace holds the merge with conflict markers; its change is pushed as a merge
 //! commit (first parent the old head, second the base's tip), never while a marker is
-//! left. A `push` to the base starts it with `pr.keep_mergeable`; a pull request that is
-//! only behind, or whose branch someone else pushed to, is left alone.
+//! left. A `push` to the base (GitHub's documented payload) starts it with
+//! `pr.keep_mergeable`; a pull request that is only behind, or whose branch someone else
+//! pushed to, is left alone. The fake's `mergeable` fits `@octokit/openapi`.
 
 use serde_json::{json, Value};
 
 use crate::common;
 use crate::common::follow_up::{ended, first_user_text, kodx_pull};
+use crate::common::openapi;
 use crate::common::serve::{delivery_id, text, tool, usage, Served, INSTALLATION, REPO};
 
 /// The parents of `rev` in the git server's repository.
@@ -58,6 +60,22 @@ async fn push_to_main(s: &Served, files: &[(&str, &[u8], u32)], message: &str) -
     }
 }
 
+/// The fake's answer to `GET …/pulls/{number}`, read with a token kodx was given.
+async fn pull_answer(s: &Served, number: u64) -> Value {
+    let token = s.github.token_grants().pop().expect("a token").token;
+    reqwest::Client::new()
+        .get(format!("{}/repos/{REPO}/pulls/{number}", s.github.url()))
+        .header("authorization", format!("token {token}"))
+        .header("accept", "application/vnd.github+json")
+        .header("user-agent", "kodx-test")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// The model resolves `a.txt` only if it holds conflict markers (else the markers check
 /// of the delivery would have nothing to refuse, and the test would prove nothing).
 fn script_resolution(s: &Served) {
@@ -76,7 +94,7 @@ fn script_resolution(s: &Served) {
 #[tokio::test]
 async fn update_on_a_conflicted_pull_request_resolves_it_in_a_merge_commit() {
     let _engine = common::require_engine!();
-    let mut s = Served::with_workers().await;
+    let mut s = Served::with_run_pages().await;
     let pr = kodx_pull(&s, "ci_repair: 0\n", "Added a.txt.").await;
     let head = s.git.branch_sha(REPO, &pr.head).unwrap();
     let base = s.git.commit_on_branch(
@@ -95,6 +113,11 @@ async fn update_on_a_conflicted_pull_request_resolves_it_in_a_merge_commit() {
         "{status}"
     );
     s.reaction(&s.trigger(&update), "eyes").await;
+    let page = s.linked_run_page(&status).await;
+    assert!(
+        page.contains("Mergeable state (as GitHub said when kodx decided): <code>dirty</code>"),
+        "{page}"
+    );
 
     // The model was told the files and both commits, in a workspace with the markers.
     let prompt = first_user_text(&s, calls);
@@ -245,6 +268,30 @@ async fn a_push_to_the_base_keeps_the_pull_request_mergeable_and_leaves_others_a
     );
     assert_eq!(s.git.branch_sha(REPO, &pr.head).unwrap(), theirs);
     assert_eq!(s.model.requests().len(), calls, "no model call");
+
+    // What the fake answers fits GitHub's description: `null` first, then computed.
+    s.git.commit_on_branch(
+        REPO,
+        "main",
+        &[("a.txt", b"fourth\n", 0o644)],
+        "A fourth a.txt",
+    );
+    let first = pull_answer(&s, pr.number).await;
+    let then = pull_answer(&s, pr.number).await;
+    assert_eq!(
+        (&first["mergeable"], &first["mergeable_state"]),
+        (&json!(null), &json!("unknown"))
+    );
+    assert_eq!(
+        (&then["mergeable"], &then["mergeable_state"]),
+        (&json!(false), &json!("dirty"))
+    );
+    let described = openapi::extract("actions");
+    let schema = &described["GET /repos/{owner}/{repo}/pulls/{pull_number} 200 (mergeable)"];
+    for answer in [&first, &then] {
+        let broken = openapi::violations(answer, schema, "pull");
+        assert!(broken.is_empty(), "{broken:#?}\n{answer:#}");
+    }
 
     // A push to another branch concerns none of kodx's pull requests.
     let other = s

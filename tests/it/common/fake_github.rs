@@ -1760,7 +1760,7 @@ async fn get_app(State(fake): State<FakeGitHub>, req: Req) -> Response {
             "created_at": "2024-01-01T00:00:00Z",
             "updated_at": "2024-01-01T00:00:00Z",
             "permissions": {"contents": "write", "issues": "write", "pull_requests": "write", "metadata": "read", "checks": "write", "actions": if st.actions_read_only { "read" } else { "write" }, "statuses": "read"},
-            "events": ["issue_comment", "issues", "pull_request_review_comment", "pull_request", "pull_request_review", "check_suite", "workflow_run"],
+            "events": ["issue_comment", "issues", "pull_request_review_comment", "pull_request", "pull_request_review", "check_suite", "workflow_run", "push"],
             "installations_count": st.installations.len(),
         }),
     )
