@@ -126,30 +126,11 @@ pub(in crate::serve) async fn run(
             paths,
             base: base_sha,
         } => {
-            // A run resolves them: an ordinary run with its own status comment and cost.
-            let mut request = r.clone();
-            request.job = crate::job::Job::Merge {
-                base: base_sha.clone(),
-                asked: true,
-            };
-            request.trigger = crate::job::Trigger::merge(pull, &pr.head.sha, &base_sha);
-            let record = crate::db::NewDelivery {
-                id: format!("update/{}", job.id),
-                event: "issue_comment".to_string(),
-                action: Some("update".to_string()),
-                installation_id: Some(r.installation_id),
-                repo: Some(r.repo.clone()),
-            };
-            match svc.db.accept(&record, Some(&request)).await {
-                Ok(crate::db::Accepted::Queued { run_id }) => {
-                    tracing::info!(%run_id, conflicts = paths.len(), "merge run queued");
-                    status::react(gh, repo, job, Reaction::Eyes).await;
-                }
-                Ok(_) => answer(says::merging_already(&r.author, &base)).await,
-                Err(e) => {
-                    tracing::warn!("queueing the merge run failed: {e}");
-                    answer(says::conflicts(&r.author, &base, &paths)).await
-                }
+            if let Err(why) =
+                queue_merge(svc, gh, repo, job, (&pr.head.sha, &base), &base_sha).await
+            {
+                tracing::warn!("queueing the merge run failed: {why}");
+                answer(says::conflicts(&r.author, &base, &paths)).await
             }
         }
         Merged::Committed {
@@ -174,4 +155,44 @@ pub(in crate::serve) async fn run(
         }
     }
     Ok(Ending::Answered(EndReason::Update))
+}
+
+/// Queues the merge run that resolves the conflicts of merging `base` (at `base_sha`) into
+/// the pull request at `head` (an ordinary run with its own status comment and cost), and
+/// marks the command seen; a second `/kodx update` on the same heads is told it runs.
+async fn queue_merge(
+    svc: &Services,
+    gh: &Installation,
+    repo: &RepoName,
+    job: &Run,
+    (head, base): (&str, &str),
+    base_sha: &str,
+) -> Result<(), crate::db::DbError> {
+    let r = &job.request;
+    let mut request = r.clone();
+    request.job = crate::job::Job::Merge {
+        base: base_sha.to_string(),
+        asked: true,
+    };
+    request.trigger = crate::job::Trigger::merge(r.issue_number, head, base_sha);
+    let record = crate::db::NewDelivery {
+        id: format!("update/{}", job.id),
+        event: "issue_comment".to_string(),
+        action: Some("update".to_string()),
+        installation_id: Some(r.installation_id),
+        repo: Some(r.repo.clone()),
+    };
+    match svc.db.accept(&record, Some(&request)).await? {
+        crate::db::Accepted::Queued { run_id } => {
+            tracing::info!(%run_id, "merge run queued");
+            status::react(gh, repo, job, Reaction::Eyes).await;
+        }
+        _ => {
+            let body = says::merging_already(&r.author, base);
+            if let Err(e) = gh.create_comment(repo, r.issue_number as u64, &body).await {
+                tracing::warn!("answering /kodx update failed: {e}");
+            }
+        }
+    }
+    Ok(())
 }

@@ -64,6 +64,48 @@ impl Executed {
     }
 }
 
+/// A merge run's workspace: the base merged into the branch, conflicts left in, and the
+/// files and both commits added to a new conversation's first message. Other runs'
+/// messages come back as they are.
+async fn merged_in(
+    svc: &Services,
+    gh: &crate::github::Installation,
+    run: &Run,
+    run_plan: &RunPlan,
+    workspace: &mut Workspace,
+    messages: Vec<Message>,
+    timings: &super::Timings,
+) -> Result<Vec<Message>, RunFailure> {
+    let Some(Target::Merge { branch, base }) = &run_plan.target else {
+        return Ok(messages);
+    };
+    let bot = svc
+        .app
+        .bot_identity(gh)
+        .await
+        .context("reading kodx's own identity failed")?;
+    let author = crate::git::Identity {
+        name: bot.login.clone(),
+        email: bot.noreply_email.clone(),
+    };
+    let token = gh.token().expose_secret().to_string();
+    let url = run.request.clone_url.clone();
+    let prepared = workspace
+        .prepare_merge(&url, token, branch, base, author, timings)
+        .await?;
+    if prepared.up_to_date {
+        return Err(RunFailure::User(texts::merge::nothing_to_merge(base)));
+    }
+    if messages.len() != 1 {
+        return Ok(messages);
+    }
+    let brief = texts::merge::conflicts_brief(prepared, branch, base);
+    Ok(vec![Message::user_text(format!(
+        "{}{brief}",
+        run_plan.prompt
+    ))])
+}
+
 /// Clones, starts the container and runs the agent to its end, from `messages` (the
 /// prompt, or a stopped run's conversation).
 pub(in crate::serve) async fn execute(
@@ -111,31 +153,7 @@ pub(in crate::serve) async fn execute(
         timings,
     )
     .await?;
-    let mut messages = messages;
-    if let Some(Target::Merge { branch, base }) = &run_plan.target {
-        // A merge run starts from the base merged into the branch, conflicts left in.
-        let bot = svc
-            .app
-            .bot_identity(gh)
-            .await
-            .context("reading kodx's own identity failed")?;
-        let author = crate::git::Identity {
-            name: bot.login.clone(),
-            email: bot.noreply_email.clone(),
-        };
-        let token = gh.token().expose_secret().to_string();
-        let url = run.request.clone_url.clone();
-        let prepared = workspace
-            .prepare_merge(&url, token, branch, base, author, timings)
-            .await?;
-        if prepared.up_to_date {
-            return Err(RunFailure::User(texts::merge::nothing_to_merge(base)));
-        }
-        if messages.len() == 1 {
-            let brief = texts::merge::conflicts_brief(prepared, branch, base);
-            messages = vec![Message::user_text(format!("{}{brief}", run_plan.prompt))];
-        }
-    }
+    let messages = merged_in(svc, gh, run, run_plan, &mut workspace, messages, timings).await?;
     if cancel.is_cancelled() {
         return Ok(Executed::Over(cancelled_early(run_plan)));
     }
