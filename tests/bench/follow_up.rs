@@ -14,6 +14,12 @@
 //! 3. **`/kodx address-reviews`**: three unresolved threads; from the comment to the
 //!    finished status comment (the threads read over GraphQL, the run, the push, three
 //!    replies and two resolves).
+//! 4. **Conflict** (`pr.keep_mergeable`, SPEC §12): a push to `main` that conflicts with the
+//!    pull request kodx opened; from the `push` delivery to the merge commit pushed to the
+//!    branch (GitHub's `mergeable` asked until computed — the fake answers `null` to the
+//!    first read after a push, which admission's read of the base rules takes, so no pause
+//!    of the backoff is in the figure; GitHub may take seconds —, the base merged in the
+//!    workspace with markers, the model, the merge commit, the push).
 //!
 //! Each prints the median and the slowest of `KODX_BENCH_RUNS` rounds (default 3), with the
 //! GitHub requests (REST and GraphQL) and the model calls the run made.
@@ -24,9 +30,9 @@ use std::time::{Duration, Instant};
 
 use common::fake_github::ACTIONS_SLUG;
 use common::follow_up::{
-    ci_event, config, ended, feature_pull, kodx_pull, red_actions_suite, thread,
+    ci_event, config, ended, feature_pull, kodx_pull, push_payload, red_actions_suite, thread,
 };
-use common::serve::{text, tool, usage, Served, INSTALLATION, REPO};
+use common::serve::{delivery_id, text, tool, usage, Served, INSTALLATION, REPO};
 use serde_json::json;
 
 fn rounds() -> usize {
@@ -201,6 +207,52 @@ async fn address_reviews_round() -> Round {
     }
 }
 
+/// The conflict path: a push to the base → the merge commit pushed to kodx's branch.
+async fn conflict_round() -> Round {
+    let mut s = Served::with_workers().await;
+    let pr = kodx_pull(&s, "pr: { keep_mergeable: true }\n", "Added a.txt.").await;
+    let head = s.git.branch_sha(REPO, &pr.head).unwrap();
+    s.model.reply(
+        tool("grep -q '^<<<<<<< ' a.txt && printf 'one\\nother\\n' > a.txt"),
+        "tool_use",
+        usage(1000, 10),
+    );
+    s.model
+        .reply(text("Kept both lines."), "end_turn", usage(1100, 10));
+    let before_main = s.git.branch_sha(REPO, "main").unwrap();
+    let after_main = s.git.commit_on_branch(
+        REPO,
+        "main",
+        &[("a.txt", b"other\n", 0o644)],
+        "Another a.txt",
+    );
+    let payload = push_payload(&s, &before_main, &after_main);
+    let (before, calls) = (s.github.requests().len(), s.model.requests().len());
+    let started = Instant::now();
+    let (status, answer) = s.deliver("push", &delivery_id(), &payload).await;
+    assert_eq!(status, 202, "{answer}");
+    s.until("the merge commit pushed", || {
+        s.git
+            .branch_sha(REPO, &pr.head)
+            .filter(|tip| *tip != head)
+            .map(|_| ())
+    })
+    .await;
+    let took = started.elapsed();
+    let run = answer["run_ids"][0].as_str().unwrap().to_string();
+    assert_eq!(ended(&s, &run).await, "end_turn", "{}", s.log());
+    s.finished_status(pr.number).await;
+    let (rest, graphql) = requests_since(&s, before);
+    let model = s.model.requests().len() - calls;
+    s.finish().await;
+    Round {
+        took,
+        rest,
+        graphql,
+        model,
+    }
+}
+
 #[tokio::test]
 #[ignore]
 async fn follow_up_runs() {
@@ -227,4 +279,9 @@ async fn follow_up_runs() {
         reviews.push(address_reviews_round().await);
     }
     print("address-reviews (comment → done)", &reviews);
+    let mut conflicts = Vec::new();
+    for _ in 0..n {
+        conflicts.push(conflict_round().await);
+    }
+    print("conflict (push → merge pushed)", &conflicts);
 }

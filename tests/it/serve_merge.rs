@@ -11,34 +11,15 @@
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::common::follow_up::{ended, first_user_text, kodx_pull};
+use crate::common::follow_up::{ended, first_user_text, kodx_pull, push_payload};
 use crate::common::openapi;
-use crate::common::serve::{delivery_id, text, tool, usage, Served, INSTALLATION, REPO};
+use crate::common::serve::{delivery_id, text, tool, usage, Served, REPO};
 
 /// The parents of `rev` in the git server's repository.
 fn parents(s: &Served, rev: &str) -> Vec<String> {
     let repo = git2::Repository::open_bare(s.git.bare_path(REPO)).unwrap();
     let commit = repo.revparse_single(rev).unwrap().peel_to_commit().unwrap();
     commit.parent_ids().map(|p| p.to_string()).collect()
-}
-
-/// GitHub's documented `push` payload (`tests/data/webhooks-push.json`, from
-/// `@octokit/webhooks-examples`) for a push to `main` from `before` to `after`.
-fn push_payload(s: &Served, before: &str, after: &str) -> Value {
-    let data: Value =
-        serde_json::from_str(include_str!("../data/webhooks-push.json")).expect("push examples");
-    let mut p = data["branch"].clone();
-    p["ref"] = json!("refs/heads/main");
-    p["before"] = json!(before);
-    p["after"] = json!(after);
-    p["installation"]["id"] = json!(INSTALLATION);
-    let r = &mut p["repository"];
-    r["full_name"] = json!(REPO);
-    r["name"] = json!("widgets");
-    r["clone_url"] = json!(s.clone_url);
-    r["default_branch"] = json!("main");
-    r["master_branch"] = json!("main");
-    p
 }
 
 /// Commits `files` on `main` and delivers the push; the merge runs it queued.

@@ -2,12 +2,12 @@
 //! repository config, a same-repository pull request, review threads, a failing Actions
 //! job, CI events and waiting for a run's end.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::fake_github::{
     FakeCheckRunSpec, FakeLog, FakePull, FakeSuite, FakeThread, ACTIONS_SLUG,
 };
-use super::serve::{delivery_id, text, tool, usage, BranchPull, Served, REPO};
+use super::serve::{delivery_id, text, tool, usage, BranchPull, Served, INSTALLATION, REPO};
 
 /// Commits `.github/kodx.yml` with `yaml` on `main`.
 pub fn config(s: &Served, yaml: &str) {
@@ -137,4 +137,23 @@ pub fn failing_tests() -> FakeCheckRunSpec {
         .with_output("Tests failed", "1 test failed")
         .with_annotations(&["Process completed with exit code 101."])
         .with_log(FakeLog::Text(log.into()))
+}
+
+/// GitHub's documented `push` payload (`tests/data/webhooks-push.json`, from
+/// `@octokit/webhooks-examples`) for a push to `main` from `before` to `after`.
+pub fn push_payload(s: &Served, before: &str, after: &str) -> Value {
+    let data: Value =
+        serde_json::from_str(include_str!("../../data/webhooks-push.json")).expect("push examples");
+    let mut p = data["branch"].clone();
+    p["ref"] = json!("refs/heads/main");
+    p["before"] = json!(before);
+    p["after"] = json!(after);
+    p["installation"]["id"] = json!(INSTALLATION);
+    let r = &mut p["repository"];
+    r["full_name"] = json!(REPO);
+    r["name"] = json!("widgets");
+    r["clone_url"] = json!(s.clone_url);
+    r["default_branch"] = json!("main");
+    r["master_branch"] = json!("main");
+    p
 }
