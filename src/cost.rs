@@ -456,6 +456,8 @@ pub fn messages_token_upper_bound(messages: &[Message]) -> u64 {
                     content,
                     ..
                 } => token_upper_bound(tool_use_id) + content.len() as u64,
+                // Images are billed by their pixels, not their bytes.
+                Block::Image { image } => image.token_upper_bound() + BLOCK_OVERHEAD_TOKENS,
             };
         }
     }

@@ -37,6 +37,7 @@ mod intake;
 #[macro_use]
 mod models;
 mod hold;
+mod images;
 mod notify;
 mod open;
 mod pulls;
@@ -58,6 +59,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use accept::AcceptJob;
 pub use error::DbError;
 pub use estimate::{Estimate, ESTIMATE_MIN_RUNS, ESTIMATE_WINDOW};
+pub use images::StoredImage;
 pub use models::{
     Accepted, CancelledRun, EndReason, Finish, Holder, InstallationRecord, Lease, NewDelivery,
     NewRun, Recovered, RecoveryAction, Run, RunCounts, RunStatus,

@@ -139,6 +139,11 @@ mod ci_api;
 #[allow(unused_imports)] // the binaries that include `common` without these tests
 pub use ci_api::{FakeCheckRunSpec, FakeLog, FakeSuite, ACTIONS_SLUG};
 
+#[path = "fake_github_assets.rs"]
+mod assets_api;
+#[allow(unused_imports)] // the binaries that include `common` without these tests
+pub use assets_api::Asset;
+
 #[path = "fake_github_graphql.rs"]
 mod graphql_api;
 #[allow(unused_imports)] // the binaries that include `common` without these tests
@@ -324,6 +329,8 @@ struct StateInner {
     users: BTreeMap<String, (String, u64)>,
     /// Review threads and the GraphQL endpoint's own state (`fake_github_graphql.rs`).
     graphql: graphql_api::GraphqlState,
+    /// Attachments on the web side (`fake_github_assets.rs`).
+    assets: assets_api::Assets,
 }
 
 impl StateInner {
@@ -424,6 +431,7 @@ impl FakeGitHub {
                     bot_user_id: None,
                     users: BTreeMap::new(),
                     graphql: Default::default(),
+                    assets: Default::default(),
                 }),
                 changes: tokio::sync::watch::channel(0).0,
             }),
@@ -3027,6 +3035,7 @@ fn web_routes() -> Router<FakeGitHub> {
     Router::new()
         .route("/settings/apps/new", post(new_app_form))
         .route("/organizations/{org}/settings/apps/new", post(new_app_form))
+        .route("/user-attachments/assets/{id}", get(assets_api::get_asset))
 }
 
 /// What GitHub's manifest validator refuses, as one line; `None` when it takes it.
