@@ -40,10 +40,12 @@ impl Gathered {
         if self.images.is_empty() {
             return None;
         }
-        let mut out = format!(
-            "[kodx: the {} image(s) of the description and the request follow, in the order they appear:",
-            self.images.len()
-        );
+        let mut out = match self.images.len() {
+            1 => "[kodx: the image of the description and the request follows:".to_string(),
+            n => format!(
+                "[kodx: the {n} images of the description and the request follow, in the order they appear:"
+            ),
+        };
         for (n, (image, alt)) in self.images.iter().enumerate() {
             out.push_str(&format!("\n{}. {}", n + 1, image.describe()));
             if !alt.is_empty() {
