@@ -664,6 +664,20 @@ mod tests {
         }
     }
 
+    /// An image counts by its pixels, the larger of the two providers' formulas, not by
+    /// its bytes.
+    #[test]
+    fn an_image_counts_by_its_pixels() {
+        let image =
+            crate::image::Image::from_bytes(crate::image::samples::png(1000, 1000)).unwrap();
+        let with = Message::user_with_images("go", &[image]);
+        let without = messages_token_upper_bound(&[Message::user_text("go")]);
+        assert_eq!(
+            messages_token_upper_bound(&[with]) - without,
+            1334 + BLOCK_OVERHEAD_TOKENS
+        );
+    }
+
     #[test]
     fn the_ledger_never_undercounts_under_adversarial_usage() {
         let tools = vec![ToolSpec {

@@ -227,11 +227,7 @@ pub fn images(text: &str, max: usize) -> (Vec<ImageRef>, usize) {
             }
             Event::Start(Tag::HtmlBlock) => html.clear(),
             // An HTML block comes a line at a time: its tags are read once it ends.
-            Event::Html(t) => {
-                if html.len() < MAX_HTML_BYTES {
-                    html.push_str(&t);
-                }
-            }
+            Event::Html(t) if html.len() < MAX_HTML_BYTES => html.push_str(&t),
             Event::End(TagEnd::HtmlBlock) => {
                 html_images(&html).into_iter().for_each(&mut push);
                 html.clear();

@@ -203,7 +203,7 @@ mod tests {
         https://github.com/user-attachments/assets/2 |
         ");
         assert_eq!(more, 0);
-        let many = "![a](https://github.com/x/1) ".repeat(1)
+        let many = "![a](https://github.com/x/1) ".to_string()
             + &(0..30)
                 .map(|i| format!("![i{i}](https://github.com/x/{i}) "))
                 .collect::<String>();

@@ -73,13 +73,10 @@ pub fn png(w: u32, h: u32, pad: usize) -> Vec<u8> {
         text.extend(std::iter::repeat_n(b'x', pad));
         chunk(&mut out, b"tEXt", &text);
     }
-    let mut raw = Vec::with_capacity((w as usize * 3 + 1) * h as usize);
-    for _ in 0..h {
-        raw.push(0);
-        for _ in 0..w {
-            raw.extend([200, 40, 40]);
-        }
-    }
+    // Each row: filter type 0, then its pixels.
+    let mut row = vec![0u8];
+    row.extend([200u8, 40, 40].repeat(w as usize));
+    let raw = row.repeat(h as usize);
     let mut z = ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
     z.write_all(&raw).unwrap();
     chunk(&mut out, b"IDAT", &z.finish().unwrap());
@@ -102,12 +99,15 @@ fn crc32(data: &[u8]) -> u32 {
     !crc
 }
 
+/// By name: content type and bytes.
+type Files = HashMap<String, (String, Vec<u8>)>;
+
 /// A host on loopback that is not GitHub's: serves `/{name}` from what it was given and
 /// records each request's path and headers.
 #[derive(Clone)]
 pub struct OtherHost {
     pub url: String,
-    files: Arc<Mutex<HashMap<String, (String, Vec<u8>)>>>,
+    files: Arc<Mutex<Files>>,
     seen: Arc<Mutex<Vec<(String, HeaderMap)>>>,
 }
 
