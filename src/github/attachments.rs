@@ -206,6 +206,7 @@ fn short(e: &reqwest::Error) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::StreamExt as _;
 
     #[test]
     fn only_githubs_own_hosts_are_fetched() {
@@ -237,6 +238,77 @@ mod tests {
         assert!(ghes
             .allows("https://github.com/user-attachments/assets/1")
             .is_none());
+    }
+
+    /// A server on loopback taken as GitHub's web origin: `/big` streams 6 MiB with no
+    /// length, `/loop` redirects to itself, `/gone` is 404, `/ftp` redirects to ftp, `/gif`
+    /// is a GIF whose `Content-Type` says text.
+    async fn github_on_loopback() -> (String, GitHubHosts) {
+        use axum::body::Body;
+        use axum::response::IntoResponse;
+        use axum::routing::get;
+        let app = axum::Router::new()
+            .route(
+                "/big",
+                get(|| async {
+                    let chunk = bytes::Bytes::from(vec![0u8; 64 << 10]);
+                    let stream = futures_util::stream::iter(
+                        (0..96).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
+                    );
+                    Body::from_stream(stream)
+                }),
+            )
+            .route(
+                "/loop",
+                get(|| async { (StatusCode::FOUND, [("location", "/loop")]).into_response() }),
+            )
+            .route("/gone", get(|| async { StatusCode::NOT_FOUND }))
+            .route(
+                "/ftp",
+                get(|| async { (StatusCode::FOUND, [("location", "ftp://x/y")]).into_response() }),
+            )
+            .route(
+                "/gif",
+                get(|| async {
+                    (
+                        [("content-type", "text/plain")],
+                        b"GIF89a\x02\0\x03\0".to_vec(),
+                    )
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let hosts = GitHubHosts::new(&url, &url);
+        (url, hosts)
+    }
+
+    #[tokio::test]
+    async fn a_fetch_is_bounded_and_says_why_it_failed() {
+        let (url, hosts) = github_on_loopback().await;
+        let token = SecretString::from("ghs_test_token_0123456789");
+        let fetch_ = |path: &str| {
+            let u = hosts.allows(&format!("{url}{path}")).unwrap();
+            let (token, hosts) = (token.clone(), hosts.clone());
+            async move { fetch(u, &token, &hosts).await }
+        };
+        assert_eq!(fetch_("/big").await.unwrap_err(), Skipped::TooLarge);
+        let words: Vec<String> = ["/loop", "/gone", "/ftp"]
+            .iter()
+            .map(|p| async move { fetch_(p).await.unwrap_err().to_string() })
+            .collect::<futures_util::stream::FuturesOrdered<_>>()
+            .collect()
+            .await;
+        insta::assert_snapshot!(words.join("\n"), @"
+        fetch failed: too many redirects
+        fetch failed: HTTP 404
+        fetch failed: a redirect without a usable location
+        ");
+        let gif = fetch_("/gif").await.unwrap();
+        assert_eq!(
+            (gif.kind, gif.dimensions),
+            (crate::image::ImageKind::Gif, Some((2, 3)))
+        );
     }
 
     #[test]
