@@ -175,3 +175,31 @@ async fn issue_images_reach_the_model_and_the_run_page_and_skipped_ones_are_name
     }
     s.finish().await;
 }
+
+/// A server whose model reads no images (`images = false`) fetches none and names none.
+#[tokio::test]
+async fn a_server_with_images_off_fetches_none() {
+    let _engine = common::require_engine!();
+    let mut s = Served::start(common::serve::Options {
+        workers: true,
+        settings: Some("images = false\n"),
+        ..Default::default()
+    })
+    .await;
+    let url = s.github.put_asset("shot", "image/png", png(4, 4, 0));
+    s.github
+        .add_issue(REPO, 7, "Dialog", &format!("![shot]({url})"), "carol");
+    s.model
+        .reply(text("No picture."), "end_turn", usage(2000, 10));
+    s.comment(7, "alice", "/kodx ask what is shown?").await;
+    let status = s.finished_status(7).await;
+    assert!(!status.contains("Images not given"), "{status}");
+    let content = &s.model.requests()[0].body["messages"][0]["content"];
+    assert_eq!(content.as_array().unwrap().len(), 1, "{content}");
+    assert!(!s
+        .github
+        .requests()
+        .iter()
+        .any(|r| r.path.starts_with("/user-attachments/")));
+    s.finish().await;
+}

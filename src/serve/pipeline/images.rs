@@ -133,9 +133,11 @@ pub(in crate::serve) async fn gather(
 impl RunCtx<'_> {
     /// The images of the run's description and request, fetched, stored for the run page
     /// and noted for the status comment. A `/kodx continue` gathers none: it goes on with
-    /// the stopped run's conversation (whose transcript keeps no image bytes).
+    /// the stopped run's conversation (whose transcript keeps no image bytes); nor does a
+    /// server with `images = false`.
     pub(in crate::serve) async fn gather_images(&self, context: &RunContext) -> Gathered {
-        if self.run.request.job.kind() == crate::job::JobKind::Continue {
+        let continues = self.run.request.job.kind() == crate::job::JobKind::Continue;
+        if continues || !self.svc.settings.images {
             return Gathered::default();
         }
         let (refs, unlooked) = find(&[&context.body, &context.request]);
