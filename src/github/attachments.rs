@@ -20,6 +20,8 @@ use crate::image::Image;
 
 /// The most bytes of one image (5 MiB; the model APIs take at most about that).
 pub const MAX_IMAGE_BYTES: u64 = 5 << 20;
+/// The most pixels on one side (the Anthropic API refuses a larger image).
+pub const MAX_IMAGE_SIDE: u32 = 8000;
 /// Redirects followed for one image.
 pub const MAX_REDIRECTS: usize = 3;
 /// How long one image may take, all its requests together.
@@ -32,6 +34,8 @@ pub enum Skipped {
     NotOnGitHub,
     /// Over [`MAX_IMAGE_BYTES`].
     TooLarge,
+    /// Over [`MAX_IMAGE_SIDE`] pixels wide or high.
+    TooManyPixels,
     /// Its bytes are not a PNG, JPEG, GIF or WebP.
     NotAnImage,
     /// After the first five.
@@ -45,6 +49,7 @@ impl std::fmt::Display for Skipped {
         match self {
             Skipped::NotOnGitHub => write!(f, "not on GitHub"),
             Skipped::TooLarge => write!(f, "too large (over {} MiB)", MAX_IMAGE_BYTES >> 20),
+            Skipped::TooManyPixels => write!(f, "too large (over {MAX_IMAGE_SIDE} pixels a side)"),
             Skipped::NotAnImage => write!(f, "not an image"),
             Skipped::MoreThanFive => write!(f, "more than 5 images"),
             Skipped::FetchFailed(why) => write!(f, "fetch failed: {why}"),
@@ -164,7 +169,11 @@ async fn fetch_within(
         s => return Err(Skipped::FetchFailed(format!("HTTP {}", s.as_u16()))),
     }
     let bytes = read_bounded(response).await?;
-    Image::from_bytes(bytes).ok_or(Skipped::NotAnImage)
+    let image = Image::from_bytes(bytes).ok_or(Skipped::NotAnImage)?;
+    match image.dimensions {
+        Some((w, h)) if w > MAX_IMAGE_SIDE || h > MAX_IMAGE_SIDE => Err(Skipped::TooManyPixels),
+        _ => Ok(image),
+    }
 }
 
 /// The body, or [`Skipped::TooLarge`] as soon as it is over [`MAX_IMAGE_BYTES`] (what it
@@ -268,6 +277,14 @@ mod tests {
                 get(|| async { (StatusCode::FOUND, [("location", "ftp://x/y")]).into_response() }),
             )
             .route(
+                "/wide",
+                get(|| async {
+                    let mut b = b"GIF89a".to_vec();
+                    b.extend([0x41, 0x1F, 0x01, 0x00]);
+                    b
+                }),
+            )
+            .route(
                 "/gif",
                 get(|| async {
                     (
@@ -293,6 +310,7 @@ mod tests {
             async move { fetch(u, &token, &hosts).await }
         };
         assert_eq!(fetch_("/big").await.unwrap_err(), Skipped::TooLarge);
+        assert_eq!(fetch_("/wide").await.unwrap_err(), Skipped::TooManyPixels);
         let words: Vec<String> = ["/loop", "/gone", "/ftp"]
             .iter()
             .map(|p| async move { fetch_(p).await.unwrap_err().to_string() })
@@ -316,6 +334,7 @@ mod tests {
         let all = [
             Skipped::NotOnGitHub,
             Skipped::TooLarge,
+            Skipped::TooManyPixels,
             Skipped::NotAnImage,
             Skipped::MoreThanFive,
             Skipped::FetchFailed("HTTP 404".into()),
@@ -324,6 +343,7 @@ mod tests {
         insta::assert_snapshot!(words.join("\n"), @r"
         not on GitHub
         too large (over 5 MiB)
+        too large (over 8000 pixels a side)
         not an image
         more than 5 images
         fetch failed: HTTP 404
