@@ -193,7 +193,6 @@ impl RunCtx<'_> {
             self.read_repo_context(self.kind == RunKind::Code)
         );
         let (mut context, pull) = issue.context("reading the issue from GitHub failed")?;
-        let images = self.gather_images(&context).await;
         context.instructions = rules.instructions_text(context.is_pull_request);
         context.template = rules.template_text();
         if let Some(f) = follow_up {
@@ -203,6 +202,7 @@ impl RunCtx<'_> {
             }
             context.follow_up = Some(f);
         }
+        let images = self.gather_images(&context).await;
         let mut plan = prepare(
             &self.run.id,
             self.kind,
