@@ -20,6 +20,9 @@ use crate::image::Image;
 
 /// The most bytes of one image (5 MiB; the model APIs take at most about that).
 pub const MAX_IMAGE_BYTES: u64 = 5 << 20;
+/// The most bytes of all the images of one run: base64 makes them a third larger, and the
+/// Anthropic API takes at most 32 MB in one request, the conversation included.
+pub const MAX_TOTAL_BYTES: u64 = 20 << 20;
 /// The most pixels on one side (the Anthropic API refuses a larger image).
 pub const MAX_IMAGE_SIDE: u32 = 8000;
 /// Redirects followed for one image.
@@ -40,6 +43,8 @@ pub enum Skipped {
     NotAnImage,
     /// After the first five.
     MoreThanFive,
+    /// Over [`MAX_TOTAL_BYTES`] with the images given before it.
+    TooLargeInAll,
     /// The fetch failed, with a short reason (never a URL).
     FetchFailed(String),
 }
@@ -52,6 +57,11 @@ impl std::fmt::Display for Skipped {
             Skipped::TooManyPixels => write!(f, "too large (over {MAX_IMAGE_SIDE} pixels a side)"),
             Skipped::NotAnImage => write!(f, "not an image"),
             Skipped::MoreThanFive => write!(f, "more than 5 images"),
+            Skipped::TooLargeInAll => write!(
+                f,
+                "too large with the images before it (over {} MiB in all)",
+                MAX_TOTAL_BYTES >> 20
+            ),
             Skipped::FetchFailed(why) => write!(f, "fetch failed: {why}"),
         }
     }
@@ -337,6 +347,7 @@ mod tests {
             Skipped::TooManyPixels,
             Skipped::NotAnImage,
             Skipped::MoreThanFive,
+            Skipped::TooLargeInAll,
             Skipped::FetchFailed("HTTP 404".into()),
         ];
         let words: Vec<String> = all.iter().map(ToString::to_string).collect();
@@ -346,6 +357,7 @@ mod tests {
         too large (over 8000 pixels a side)
         not an image
         more than 5 images
+        too large with the images before it (over 20 MiB in all)
         fetch failed: HTTP 404
         ");
     }

@@ -120,9 +120,16 @@ pub(in crate::serve) async fn gather(
             .map(|(_, _, url)| attachments::fetch(url.clone(), token, hosts)),
     )
     .await;
+    let mut total = 0;
     for ((n, alt, _), result) in fetches.into_iter().zip(fetched) {
         match result {
-            Ok(image) => out.images.push((image, alt)),
+            Ok(image) if total + image.size > attachments::MAX_TOTAL_BYTES => {
+                out.skipped.push((n, alt, Skipped::TooLargeInAll))
+            }
+            Ok(image) => {
+                total += image.size;
+                out.images.push((image, alt))
+            }
             Err(why) => out.skipped.push((n, alt, why)),
         }
     }
@@ -186,6 +193,52 @@ impl RunCtx<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Five images of 4.5 MiB each on a loopback "GitHub": the first four are given (18
+    /// MiB), the fifth would pass 20 MiB in all and is named instead; one elsewhere is
+    /// never fetched.
+    #[tokio::test]
+    async fn images_stop_at_the_total_a_request_can_carry() {
+        use axum::routing::get;
+        let mut big = crate::image::samples::png(100, 100);
+        big.resize((9 << 20) / 2, 0);
+        let app = axum::Router::new().route(
+            "/a/{n}",
+            get(move || {
+                let big = big.clone();
+                async move { big }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let mut refs: Vec<ImageRef> = (1..=5)
+            .map(|n| ImageRef {
+                url: format!("{url}/a/{n}"),
+                alt: format!("shot {n}"),
+            })
+            .collect();
+        refs.insert(
+            2,
+            ImageRef {
+                url: "https://example.com/x.png".into(),
+                alt: String::new(),
+            },
+        );
+        let hosts = GitHubHosts::new(&url, &url);
+        let token = secrecy::SecretString::from("ghs_test_token_0123456789");
+        let got = gather(refs, 0, &token, &hosts).await;
+        assert_eq!(got.images.len(), 4);
+        let skipped: Vec<String> = got
+            .skipped
+            .iter()
+            .map(|(n, alt, why)| format!("{n} {alt:?}: {why}"))
+            .collect();
+        insta::assert_snapshot!(skipped.join("\n"), @r#"
+        3 "": not on GitHub
+        6 "shot 5": too large with the images before it (over 20 MiB in all)
+        "#);
+    }
 
     #[test]
     fn images_are_found_once_in_order_with_hidden_text_gone() {
