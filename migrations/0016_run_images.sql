@@ -3,7 +3,7 @@
 --
 -- One row per image, `n` its place in the run's first message (0-based), `kind` what its
 -- bytes are (`png`, `jpeg`, `gif`, `webp`), `bytes` the image itself (at most 5 MiB, at
--- most 5 per run), deleted with the run's transcript when transcripts are pruned.
+-- most 5 and 20 MiB in all per run), deleted with the run's transcript when transcripts are pruned.
 -- `BYTEA` is PostgreSQL's bytes; SQLite stores the same blob under the name.
 CREATE TABLE run_images (
     run_id      TEXT NOT NULL REFERENCES runs(id),
