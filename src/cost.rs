@@ -456,6 +456,8 @@ pub fn messages_token_upper_bound(messages: &[Message]) -> u64 {
                     content,
                     ..
                 } => token_upper_bound(tool_use_id) + content.len() as u64,
+                // Images are billed by their pixels, not their bytes.
+                Block::Image { image } => image.token_upper_bound() + BLOCK_OVERHEAD_TOKENS,
             };
         }
     }
@@ -660,6 +662,20 @@ mod tests {
             }
             total
         }
+    }
+
+    /// An image counts by its pixels, the larger of the two providers' formulas, not by
+    /// its bytes.
+    #[test]
+    fn an_image_counts_by_its_pixels() {
+        let image =
+            crate::image::Image::from_bytes(crate::image::samples::png(1000, 1000)).unwrap();
+        let with = Message::user_with_images("go", &[image]);
+        let without = messages_token_upper_bound(&[Message::user_text("go")]);
+        assert_eq!(
+            messages_token_upper_bound(&[with]) - without,
+            1334 + BLOCK_OVERHEAD_TOKENS
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod cost;
 pub mod db;
 pub mod git;
 pub mod github;
+pub mod image;
 pub mod job;
 mod markdown;
 pub mod model;

@@ -177,9 +177,210 @@ pub fn remove(text: &str, ranges: &[Range<usize>]) -> String {
     out
 }
 
+/// An image written in Markdown (`![alt](url)`) or HTML (`<img src=… alt=…>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageRef {
+    pub url: String,
+    pub alt: String,
+}
+
+/// The images of `text` in order, outside code (as GitHub shows them; a reference
+/// `![alt][ref]` whose definition was removed is not one), at most `max` of them; the
+/// second value is how many more there are. Alt text is kept as written: the caller
+/// cleans it.
+pub fn images(text: &str, max: usize) -> (Vec<ImageRef>, usize) {
+    let mut found = Vec::new();
+    let mut more = 0;
+    let mut push = |r: ImageRef| {
+        if found.len() < max {
+            found.push(r);
+        } else {
+            more += 1;
+        }
+    };
+    // Inside an image: its URL and the alt text so far (nested images add to it).
+    let mut open: Option<(String, String)> = None;
+    let mut depth = 0usize;
+    let mut html = String::new();
+    for (event, _) in events(text) {
+        match event {
+            Event::Start(Tag::Image { dest_url, .. }) => {
+                if depth == 0 {
+                    open = Some((dest_url.to_string(), String::new()));
+                }
+                depth += 1;
+            }
+            Event::End(TagEnd::Image) => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    if let Some((url, alt)) = open.take() {
+                        push(ImageRef { url, alt });
+                    }
+                }
+            }
+            Event::Text(t) | Event::Code(t) if depth > 0 => {
+                if let Some((_, alt)) = open.as_mut() {
+                    if alt.len() < MAX_ALT_BYTES {
+                        alt.push_str(&t);
+                    }
+                }
+            }
+            Event::Start(Tag::HtmlBlock) => html.clear(),
+            // An HTML block comes a line at a time: its tags are read once it ends.
+            Event::Html(t) if html.len() < MAX_HTML_BYTES => html.push_str(&t),
+            Event::End(TagEnd::HtmlBlock) => {
+                html_images(&html).into_iter().for_each(&mut push);
+                html.clear();
+            }
+            Event::InlineHtml(t) => html_images(&t).into_iter().for_each(&mut push),
+            _ => {}
+        }
+    }
+    (found, more)
+}
+
+/// The longest alt text kept, in bytes.
+const MAX_ALT_BYTES: usize = 1000;
+/// The most of one HTML block read for images.
+const MAX_HTML_BYTES: usize = 256 << 10;
+
+/// The `<img>` tags of a piece of HTML with a `src`: one pass, each tag's attributes read
+/// by a small scanner (names, `=`, quoted or bare values).
+fn html_images(html: &str) -> Vec<ImageRef> {
+    let lower = html.to_ascii_lowercase();
+    let bytes = html.as_bytes();
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(found) = lower[at..].find("<img") {
+        let mut i = at + found + 4;
+        at = i;
+        if !bytes
+            .get(i)
+            .is_some_and(|b| b.is_ascii_whitespace() || *b == b'/' || *b == b'>')
+        {
+            continue;
+        }
+        let (mut src, mut alt) = (None, String::new());
+        loop {
+            while bytes
+                .get(i)
+                .is_some_and(|b| b.is_ascii_whitespace() || *b == b'/')
+            {
+                i += 1;
+            }
+            match bytes.get(i) {
+                None | Some(b'>') => break,
+                _ => {}
+            }
+            let name_start = i;
+            while bytes
+                .get(i)
+                .is_some_and(|b| !b.is_ascii_whitespace() && !matches!(b, b'=' | b'>' | b'/'))
+            {
+                i += 1;
+            }
+            let name = &lower[name_start..i];
+            while bytes.get(i).is_some_and(|b| b.is_ascii_whitespace()) {
+                i += 1;
+            }
+            let mut value = "";
+            if bytes.get(i) == Some(&b'=') {
+                i += 1;
+                while bytes.get(i).is_some_and(|b| b.is_ascii_whitespace()) {
+                    i += 1;
+                }
+                let (start, end, next) = match bytes.get(i) {
+                    Some(q @ (b'"' | b'\'')) => {
+                        let close = html[i + 1..]
+                            .find(*q as char)
+                            .map_or(html.len(), |e| i + 1 + e);
+                        (i + 1, close, (close + 1).min(html.len()))
+                    }
+                    _ => {
+                        let mut e = i;
+                        while bytes
+                            .get(e)
+                            .is_some_and(|b| !b.is_ascii_whitespace() && *b != b'>')
+                        {
+                            e += 1;
+                        }
+                        (i, e, e)
+                    }
+                };
+                value = &html[start..end];
+                i = next;
+            }
+            match name {
+                "src" if src.is_none() => src = Some(entities(value.trim())),
+                "alt" => alt = entities(value),
+                _ => {}
+            }
+            if name_start == i {
+                i += 1;
+            }
+        }
+        at = at.max(i);
+        if let Some(url) = src.filter(|u| !u.is_empty()) {
+            out.push(ImageRef { url, alt });
+        }
+    }
+    out
+}
+
+/// The few character references an attribute of an issue's HTML holds.
+fn entities(value: &str) -> String {
+    value
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn images_are_found_in_markdown_and_html_outside_code() {
+        let text = "Broken:\n\n![the *error* dialog](https://github.com/user-attachments/assets/a1)\n\n\
+            <img width=\"300\" alt='second &amp; last' src=\"https://x.githubusercontent.com/b.png?a=1&amp;b=2\">\n\n\
+            inline <IMG SRC=https://example.com/c.gif> here\n\n\
+            ```\n![in code](https://github.com/user-attachments/assets/no)\n```\n\n\
+            `<img src=\"https://github.com/no.png\">`\n\n\
+            <div>\n<img\n  src=\"https://github.com/user-attachments/assets/d4\"\n  alt=\"multi\nline\"\n/>\n</div>\n\n\
+            <imgx src=\"https://github.com/not-a-tag.png\"> <img alt=\"no src\">";
+        let (found, more) = images(text, 10);
+        let shown: Vec<String> = found
+            .iter()
+            .map(|r| format!("{} | {}", r.url, r.alt))
+            .collect();
+        insta::assert_snapshot!(shown.join("\n"), @"
+        https://github.com/user-attachments/assets/a1 | the error dialog
+        https://x.githubusercontent.com/b.png?a=1&b=2 | second & last
+        https://example.com/c.gif | 
+        https://github.com/user-attachments/assets/d4 | multi
+        line
+        ");
+        assert_eq!(more, 0);
+        let (first, more) = images(text, 2);
+        assert_eq!((first.len(), more), (2, 2));
+    }
+
+    #[test]
+    fn unclosed_tags_stay_in_bounds() {
+        for text in [
+            "<img src=\"https://github.com/a",
+            "<img src=",
+            "<img",
+            "<img alt='x' src",
+            "x <img/src=a>",
+        ] {
+            let _ = images(text, 5);
+            let _ = html_images(text);
+        }
+        assert_eq!(html_images("x <img/src=a>")[0].url, "a");
+    }
 
     fn without_definitions(text: &str) -> String {
         remove(text, &link_definitions(text))

@@ -5,6 +5,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::image::{Image, ImageKind};
+
 /// Who speaks in a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -32,6 +34,11 @@ pub enum Block {
         content: String,
         is_error: bool,
     },
+    /// An image the user gave (only in a user message, after its text). A transcript keeps
+    /// its kind, size and SHA-256, not its bytes.
+    Image {
+        image: Image,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,6 +53,14 @@ impl Message {
             role: Role::User,
             content: vec![Block::Text { text: text.into() }],
         }
+    }
+
+    /// A user message of `text` followed by `images`.
+    pub fn user_with_images(text: impl Into<String>, images: &[Image]) -> Self {
+        let mut m = Message::user_text(text);
+        m.content
+            .extend(images.iter().map(|i| Block::Image { image: i.clone() }));
+        m
     }
 
     /// The text blocks of the message, joined.

@@ -37,6 +37,7 @@ mod intake;
 #[macro_use]
 mod models;
 mod hold;
+mod images;
 mod mergeable;
 mod notify;
 mod open;
@@ -59,6 +60,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use accept::AcceptJob;
 pub use error::DbError;
 pub use estimate::{Estimate, ESTIMATE_MIN_RUNS, ESTIMATE_WINDOW};
+pub use images::StoredImage;
 pub use mergeable::{PullOnBase, MAX_PULLS_PER_PUSH};
 pub use models::{
     Accepted, CancelledRun, EndReason, Finish, Holder, InstallationRecord, Lease, NewDelivery,

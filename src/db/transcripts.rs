@@ -167,6 +167,16 @@ impl Db {
             .execute(&mut *tx)
             .await?
             .rows_affected();
+            // The images the runs gave the model go with their transcripts.
+            sqlx::query(
+                "DELETE FROM run_images WHERE run_id IN (\
+                   SELECT id FROM runs WHERE finished_at < $1 \
+                   AND status IN ('succeeded', 'failed', 'cancelled') \
+                   AND transcript_pruned_at IS NULL)",
+            )
+            .bind(before_ms)
+            .execute(&mut *tx)
+            .await?;
             sqlx::query(
                 "UPDATE runs SET transcript_pruned_at = $1 WHERE finished_at < $2 \
                  AND status IN ('succeeded', 'failed', 'cancelled') \

@@ -17,6 +17,7 @@
 //!   zeroed on drop).
 
 mod actions;
+pub mod attachments;
 mod check_runs;
 mod ci;
 mod clock;

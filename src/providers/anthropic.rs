@@ -126,6 +126,13 @@ fn message_json(m: &Message) -> Value {
                 "content": content,
                 "is_error": is_error,
             }),
+            Block::Image { image } => match image.base64() {
+                Some(data) => json!({
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": image.kind.media_type(), "data": data},
+                }),
+                None => json!({"type": "text", "text": image.not_sent_note()}),
+            },
         })
         .collect();
     json!({"role": role, "content": content})

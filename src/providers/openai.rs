@@ -116,7 +116,28 @@ pub fn request_body(req: &Request, official: bool) -> Value {
                     }
                 }
                 let text = m.text();
-                if !text.is_empty() {
+                let images: Vec<Value> = m
+                    .content
+                    .iter()
+                    .filter_map(|b| match b {
+                        Block::Image { image } => Some(match image.base64() {
+                            Some(data) => json!({"type": "image_url", "image_url": {
+                                "url": format!("data:{};base64,{data}", image.kind.media_type()),
+                            }}),
+                            None => json!({"type": "text", "text": image.not_sent_note()}),
+                        }),
+                        _ => None,
+                    })
+                    .collect();
+                if !images.is_empty() {
+                    // Text first, then the images, in one content array.
+                    let mut parts = Vec::with_capacity(images.len() + 1);
+                    if !text.is_empty() {
+                        parts.push(json!({"type": "text", "text": text}));
+                    }
+                    parts.extend(images);
+                    messages.push(json!({"role": "user", "content": parts}));
+                } else if !text.is_empty() {
                     messages.push(json!({"role": "user", "content": text}));
                 }
             }

@@ -336,6 +336,7 @@ async fn start(
         max_concurrent_runs = config.settings.max_concurrent_runs,
         "kodx serve is listening"
     );
+    let _ = workers.svc.github_web.set(config.github_url.clone());
     // The run pages, and links to them once the server knows its public address.
     let mut router = intake::http::router(state, options.intake);
     if let Some(pages) = pages {

@@ -67,6 +67,9 @@ pub struct Settings {
     pub context_comments: usize,
     /// The longest PR diff given to a run as context, in bytes.
     pub max_diff_bytes: usize,
+    /// Give the model the images of the issue and the request (at most 5, from GitHub's
+    /// own hosts); `false` for a model that reads no images.
+    pub images: bool,
     /// A changed file larger than this refuses a code run's commit, in bytes.
     pub max_commit_file_bytes: u64,
     /// Spend per installation per calendar month (UTC), in USD; new runs are refused once
@@ -154,6 +157,7 @@ impl Default for Settings {
             test_lease_ms: None,
             context_comments: 20,
             max_diff_bytes: 200_000,
+            images: true,
             max_commit_file_bytes: 10 * 1024 * 1024,
             monthly_budget_usd: None,
             confirm_wait_secs: 86_400,

@@ -446,6 +446,47 @@ mod tests {
         assert_eq!(all.matches(&"x".repeat(1200)).count(), 1);
     }
 
+    /// An image of the first message is stored as its kind, size and hash; the requests
+    /// after it keep it (no `replace`, though the replay has no bytes), and a resumed
+    /// conversation tells the model what was there instead of sending it.
+    #[test]
+    fn images_are_recorded_without_their_bytes_and_resumed_as_words() {
+        let image = crate::image::Image::from_bytes(crate::image::samples::png(800, 600)).unwrap();
+        let first = Message::user_with_images("look", std::slice::from_ref(&image));
+        let mut rec = Recorder::default();
+        let mut lines =
+            vec![serde_json::to_string(&rec.request(1, &request(vec![first.clone()]))).unwrap()];
+        let answer = vec![Block::Text {
+            text: "seen".into(),
+        }];
+        lines.push(serde_json::to_string(&rec.note(response(answer.clone()))).unwrap());
+        let second = vec![
+            first,
+            Message {
+                role: Role::Assistant,
+                content: answer,
+            },
+            Message::user_text("more"),
+        ];
+        let record = rec.request(2, &request(second));
+        let Record::ModelRequest { keep, replace, .. } = &record else {
+            panic!("{record:?}")
+        };
+        assert_eq!((*keep, replace.len()), (2, 0));
+        assert!(!lines[0].contains(&image.base64().unwrap()), "{}", lines[0]);
+        assert!(lines[0].contains(&image.sha256), "{}", lines[0]);
+        let mut resumer = Resumer::default();
+        for l in &lines {
+            resumer.push(l).unwrap();
+        }
+        let resumed = resumer.finish("").unwrap();
+        let words = resumed[0].text();
+        insta::assert_snapshot!(words, @"
+        look
+        [kodx: an image (PNG, 800×600, 1 KB) was shown here to an earlier run; it is not sent again]
+        ");
+    }
+
     #[test]
     fn the_earlier_format_replays_and_bad_records_are_named() {
         let req = request(vec![Message::user_text("hi")]);

@@ -82,6 +82,16 @@ the repository are gone (the setup script ran again). Continue the task.]";
 /// results for are answered as interrupted, and `note` (with what the user adds) is told
 /// in the newest user message.
 pub fn resumed_conversation(mut messages: Vec<Message>, note: &str) -> Vec<Message> {
+    // A transcript keeps no image's bytes: the model is told what was there instead.
+    for block in messages.iter_mut().flat_map(|m| m.content.iter_mut()) {
+        if let Block::Image { image } = block {
+            if image.bytes.is_none() {
+                *block = Block::Text {
+                    text: image.not_sent_note(),
+                };
+            }
+        }
+    }
     // Results already given, by the tool call they answer.
     let answered: std::collections::HashSet<String> = messages
         .iter()

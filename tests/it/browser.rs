@@ -3,7 +3,8 @@
 //! created App (the fake GitHub's web side of the manifest flow), then a webhook signed
 //! with the new secret is taken without a restart. 2: a live run page gets a new step
 //! without a reload; a wrong token shows nothing. 3: `/usage` draws a bar per day with
-//! spend and totals as `kodx usage` does. Screenshots of the pages at phone and desktop
+//! spend and totals as `kodx usage` does. 4: the run page's thumbnail of an image the
+//! model was given loads under the page's CSP. Screenshots of the pages at phone and desktop
 //! widths go to `docs/screenshots/`.
 //!
 //! Without chromium these tests fail, saying what to install, unless
@@ -327,6 +328,61 @@ async fn the_usage_page_draws_spend_per_day_and_totals_as_the_cli_does() {
     assert_eq!((total.as_str(), cli_total), ("$4.92", "$4.92"), "{out}");
     screenshot(&c, "usage-desktop", 1280, 900).await;
     screenshot(&c, "usage-phone", 390, 844).await;
+    c.close().await.unwrap();
+    s.finish().await;
+}
+
+/// The run page shows the image the model was given as a thumbnail that really loads in
+/// the browser under the page's CSP (`img-src 'self'`): its natural size is the image's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_page_shows_the_images_the_model_was_given() {
+    let _engine = common::require_engine!();
+    let Some((c, _driver)) = browser("a_run_page_shows_the_images_the_model_was_given").await
+    else {
+        return;
+    };
+    let mut s = Served::start(Options {
+        workers: true,
+        extra_env: vec![("KODX_PUBLIC_URL".into(), PUBLIC.into())],
+        ..Options::default()
+    })
+    .await;
+    let url = s
+        .github
+        .put_asset("shot", "image/png", common::images::png(64, 48, 0));
+    s.github
+        .add_issue(REPO, 7, "Broken", &format!("![the dialog]({url})"), "carol");
+    s.model.reply(
+        vec![json!({"type": "text", "text": "A red dialog."})],
+        "end_turn",
+        usage(1200, 10),
+    );
+    s.comment(7, "alice", "/kodx ask what is shown?").await;
+    let status = s.finished_status(7).await;
+    let start = status.find(&format!("{PUBLIC}/runs/")).unwrap() + PUBLIC.len();
+    let rest = &status[start..];
+    let page = rest[..rest.find('"').unwrap()].to_string();
+    c.goto(&format!("{}{page}", s.url)).await.unwrap();
+    let started = std::time::Instant::now();
+    let size = loop {
+        let size = c
+            .execute(
+                "const i = document.querySelector('#images img'); \
+                 return i && i.complete ? [i.naturalWidth, i.naturalHeight] : null;",
+                vec![],
+            )
+            .await
+            .unwrap();
+        if !size.is_null() || started.elapsed() > Duration::from_secs(20) {
+            break size;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(size, json!([64, 48]), "the thumbnail loaded");
+    let text = page_text(&c).await;
+    assert!(text.contains("Images given to the model"), "{text}");
+    assert!(text.contains("PNG, 64×48"), "{text}");
+    screenshot(&c, "run-page-images", 1280, 900).await;
     c.close().await.unwrap();
     s.finish().await;
 }

@@ -55,6 +55,7 @@ mod serve_context;
 mod serve_continue;
 mod serve_estimate;
 mod serve_follow_up;
+mod serve_images;
 mod serve_lifecycle;
 mod serve_merge;
 mod serve_network;

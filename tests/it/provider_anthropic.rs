@@ -281,3 +281,52 @@ async fn an_answer_over_16_mib_is_refused_not_buffered() {
         .unwrap_err();
     assert!(!err.to_string().contains("MiB"), "{err}");
 }
+
+/// An image of the first message reaches the Messages API as an `image` block with a
+/// base64 source after the text (the cache breakpoint on the last block, the image); the
+/// fake checks the block as the API does, and refuses a bad one.
+#[tokio::test]
+async fn images_go_as_base64_image_blocks_after_the_text() {
+    let fake = FakeAnthropic::start(KEY).await;
+    fake.reply(
+        vec![json!({"type": "text", "text": "A red square."})],
+        "end_turn",
+        json!({"input_tokens": 1300, "output_tokens": 5}),
+    );
+    let client = AnthropicClient::new(&fake.url, KEY).with_retry(fast_retry());
+    let bytes = crate::common::images::png(16, 8, 0);
+    let image = kodx::model::Image::from_bytes(bytes.clone()).unwrap();
+    let message = Message::user_with_images("What is in the picture?", &[image]);
+    client.complete(&request(vec![message])).await.unwrap();
+    assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+    let content = &fake.requests()[0].body["messages"][0]["content"];
+    use base64::Engine as _;
+    let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
+    assert_eq!(content[0]["text"], "What is in the picture?");
+    assert_eq!(
+        content[1],
+        json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data},
+               "cache_control": {"type": "ephemeral"}})
+    );
+
+    for source in [
+        json!({"type": "base64", "media_type": "image/png", "data": "%%%"}),
+        json!({"type": "base64", "media_type": "image/tiff", "data": data}),
+        json!({"type": "base64", "media_type": "image/gif", "data": data}),
+        json!({"type": "url", "url": "https://example.com/a.png"}),
+    ] {
+        let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 5, "messages": [{"role": "user",
+            "content": [{"type": "image", "source": source}]}]});
+        let status = reqwest::Client::new()
+            .post(format!("{}/v1/messages", fake.url))
+            .header("x-api-key", KEY)
+            .header("anthropic-version", "2023-06-01")
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 400, "{source}");
+    }
+    assert_eq!(fake.rejected().len(), 4, "{:?}", fake.rejected());
+}

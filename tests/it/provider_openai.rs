@@ -120,3 +120,58 @@ async fn rate_limits_are_retried_and_auth_errors_are_not() {
     );
     assert!(!err.to_string().contains("sk-wrong-key-111111"));
 }
+
+/// An image of the first message reaches Chat Completions as an `image_url` part with a
+/// base64 data URL, after the text, in one user message; one read back from a transcript
+/// (no bytes) is told as text instead. The fake checks the data URL's base64 and type.
+#[tokio::test]
+async fn images_go_as_data_url_parts_after_the_text() {
+    let fake = FakeOpenAi::start(Some("sk-test-openai-123456")).await;
+    fake.reply(Some("A red square."), &[], (1200, 5, 0));
+    let client =
+        OpenAiClient::new(&fake.url, Some("sk-test-openai-123456".into())).with_retry(fast());
+    let bytes = crate::common::images::png(16, 8, 0);
+    let image = kodx::model::Image::from_bytes(bytes.clone()).unwrap();
+    let mut earlier = image.clone();
+    earlier.bytes = None;
+    let message = Message::user_with_images("What is in the picture?", &[image, earlier]);
+    let answer = client.complete(&request(vec![message])).await.unwrap();
+    assert_eq!(answer.stop, ModelStop::EndTurn);
+    assert!(fake.rejected().is_empty(), "{:?}", fake.rejected());
+    let sent = &fake.requests()[0]["messages"][1];
+    assert_eq!(sent["role"], "user");
+    let parts = sent["content"].as_array().unwrap();
+    assert_eq!(parts.len(), 3, "{sent}");
+    assert_eq!(
+        parts[0],
+        json!({"type": "text", "text": "What is in the picture?"})
+    );
+    use base64::Engine as _;
+    let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
+    assert_eq!(
+        parts[1],
+        json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{data}")}})
+    );
+    insta::assert_snapshot!(parts[2]["text"].as_str().unwrap(), @"[kodx: an image (PNG, 16×8, 1 KB) was shown here to an earlier run; it is not sent again]");
+
+    // The fake refuses what the API refuses: bad base64, a type it does not take, bytes
+    // that are not the type said.
+    for url in [
+        "data:image/png;base64,not base64!".to_string(),
+        format!("data:image/bmp;base64,{data}"),
+        format!("data:image/jpeg;base64,{data}"),
+    ] {
+        let body = json!({"model": "gpt-4.1", "max_tokens": 5, "messages": [{"role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": url}}]}]});
+        let status = reqwest::Client::new()
+            .post(format!("{}/chat/completions", fake.url))
+            .bearer_auth("sk-test-openai-123456")
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 400, "{url:.40}");
+    }
+    assert_eq!(fake.rejected().len(), 3, "{:?}", fake.rejected());
+}

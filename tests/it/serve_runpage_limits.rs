@@ -63,7 +63,8 @@ async fn a_long_run_is_shown_by_bounded_pages_with_the_pages_headers() {
         assert_eq!(
             csp,
             "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; \
-             connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+             connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; \
+             frame-ancestors 'none'"
         );
         let body = r.text().await.unwrap();
         assert!(

@@ -4,7 +4,6 @@
 //! `reviews.resolve: fixed`.
 
 use crate::job::Job;
-use crate::model::Message;
 use crate::serve::pipeline::threads;
 use crate::serve::pipeline::work::{execute_and_deliver, Delivery};
 use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
@@ -29,7 +28,7 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure>
         }
     };
     let plan = cx.plan_with(Some(threads::follow_up(&found, &bot))).await?;
-    let messages = vec![Message::user_text(&plan.prompt)];
+    let messages = vec![plan.first_message()];
     // The list is for kodx (the status comment's text keeps it for the replies); the
     // commit, the pull request and the stored result get the summary without it.
     let delivery = Delivery {

@@ -2,7 +2,6 @@
 //! the answer. Nothing leaves the container.
 
 use crate::db::RunStatus;
-use crate::model::Message;
 use crate::sandbox::Sandbox as _;
 use crate::serve::pipeline::execute::execute;
 use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
@@ -11,7 +10,7 @@ use crate::serve::texts::status::Done;
 /// Runs an ask: planned, executed; the status comment shows its answer.
 pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure> {
     let plan = cx.plan().await?;
-    let messages = vec![Message::user_text(&plan.prompt)];
+    let messages = vec![plan.first_message()];
     let (workspace, sandbox, outcome, _) = match execute(cx, &plan, messages).await?.ran() {
         Ok(ran) => ran,
         Err(ending) => return Ok(ending),

@@ -4,7 +4,6 @@
 //! request's branch, with its status comment, budget and cost.
 
 use crate::job::Job;
-use crate::model::Message;
 use crate::serve::pipeline::repair::follow_up;
 use crate::serve::pipeline::work::{execute_and_deliver, Delivery};
 use crate::serve::pipeline::{Ending, RunCtx, RunFailure};
@@ -20,7 +19,7 @@ pub(in crate::serve) async fn run(cx: &RunCtx<'_>) -> Result<Ending, RunFailure>
         .map_err(|e| anyhow::anyhow!("reading the failure report failed: {e}"))?
         .ok_or_else(|| anyhow::anyhow!("the repair run has no failure report"))?;
     let plan = cx.plan_with(Some(follow_up(&report))).await?;
-    let messages = vec![Message::user_text(&plan.prompt)];
+    let messages = vec![plan.first_message()];
     let delivery = Delivery {
         // A failure that survived a re-run of the failed jobs: the report starts with it.
         note: texts::rerun::note_of(&report).map(str::to_string),

@@ -70,6 +70,9 @@ pub(in crate::serve) struct RunLog {
     pub placement: Mutex<Option<super::Placement>>,
     /// The run's container was a warm sandbox (counted as in use while the run goes on).
     pub warm: Mutex<Option<super::warm::InUse>>,
+    /// The images of the issue that were not given to the model, as the status comment
+    /// names them ([`super::images`]).
+    pub images_note: Mutex<Option<String>>,
 }
 
 impl RunLog {
@@ -243,6 +246,9 @@ pub(in crate::serve) async fn conclude_with(
     // A run that outlived its token (about an hour) takes a new one for the last edit.
     let mut done = done;
     done.wall = Some(run.since_acknowledged(crate::db::now_ms()));
+    if let Some(note) = log.images_note.lock().clone() {
+        done.notes.push(note);
+    }
     match comment.filter(|c| c.gh().valid_for(Duration::from_secs(60))) {
         Some(comment) => comment.finish(&done).await,
         None => status::post_done(svc, run, &done).await,

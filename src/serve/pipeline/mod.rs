@@ -30,6 +30,7 @@ pub(in crate::serve) mod engines;
 pub(in crate::serve) mod execute;
 pub(in crate::serve) mod finish;
 pub(in crate::serve) mod gate;
+pub(in crate::serve) mod images;
 pub(in crate::serve) mod lease;
 pub(in crate::serve) mod mergeable;
 pub(in crate::serve) mod plan;
@@ -77,6 +78,8 @@ pub struct Services {
     pub worker_id: String,
     /// `KODX_PUBLIC_URL` and the run pages' key, when status comments link to run pages.
     pub(in crate::serve) run_links: std::sync::OnceLock<(String, crate::serve::runpage::RunKey)>,
+    /// GitHub's web origin (`GITHUB_URL`), when it is not the one beside the API's.
+    pub(in crate::serve) github_web: std::sync::OnceLock<String>,
     /// The runs running in this process, by id.
     pub(in crate::serve) running: Mutex<HashMap<String, RunHandle>>,
     /// The acknowledgement of each run being acknowledged, or acknowledged and waiting for
@@ -146,6 +149,14 @@ impl Services {
         self.app
             .installation_for(run.request.installation_id as u64, &scope)
             .await
+    }
+
+    /// GitHub's web origin: `GITHUB_URL`, else the one beside the API's.
+    pub(in crate::serve) fn github_web(&self) -> String {
+        match self.github_web.get() {
+            Some(web) => web.clone(),
+            None => crate::serve::config::web_url_for(self.app.api_url()),
+        }
     }
 
     /// The address of run `run_id`'s page, when the pages are linked.

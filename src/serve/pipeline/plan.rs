@@ -41,9 +41,29 @@ pub(in crate::serve) struct RunPlan {
     pub on_limit: OnLimit,
     /// What the first message carries from the repository (set once read).
     pub repo_context: Option<RepoContext>,
+    /// The images of the description and the request given after the prompt, and kodx's
+    /// words telling the model about them ([`super::images`]).
+    pub images: Vec<crate::model::Image>,
+    pub images_preface: Option<String>,
 }
 
 impl RunPlan {
+    /// The run's first message: the prompt, then its images (when it has any).
+    pub fn first_message(&self) -> crate::model::Message {
+        let mut message = crate::model::Message::user_text(&self.prompt);
+        if let Some(preface) = &self.images_preface {
+            message.content.push(crate::model::Block::Text {
+                text: preface.clone(),
+            });
+        }
+        message.content.extend(
+            self.images
+                .iter()
+                .map(|i| crate::model::Block::Image { image: i.clone() }),
+        );
+        message
+    }
+
     /// Whether the run needs only the commit it starts from, not its history: an `ask`
     /// run, and a code run on an issue (on the default branch). A code run on a pull
     /// request gets the history (its commits, a rebase onto its base).
@@ -156,6 +176,8 @@ pub(in crate::serve) fn prepare(
         draft: config.pr.draft,
         on_limit: config.pr.on_limit,
         repo_context: None,
+        images: Vec::new(),
+        images_preface: None,
     })
 }
 
@@ -191,6 +213,7 @@ impl RunCtx<'_> {
             }
             context.follow_up = Some(f);
         }
+        let images = self.gather_images(&context).await;
         let mut plan = prepare(
             &self.run.id,
             self.kind,
@@ -202,6 +225,8 @@ impl RunCtx<'_> {
             &self.svc.pricing,
         )?;
         plan.repo_context = Some(rules);
+        plan.images = images.given();
+        plan.images_preface = images.preface();
         self.log.timings.add("prepare", self.started.elapsed());
         Ok(plan)
     }

@@ -3,6 +3,9 @@
 //! what it printed, the step's tokens and cost) — live while it runs (server-sent events at
 //! `/runs/{id}/events`, a few lines of inline JS). `GET /runs?token=…` is the operator's
 //! list of recent runs; `GET /usage?token=…` what finished runs cost ([`usage`]).
+//! `GET /runs/{id}/images/{n}?token=…` is image `n` the run gave the model, shown as a
+//! thumbnail on its page (served from the database under the run's own token, with the
+//! type its bytes were found to be and `nosniff`: no third-party address is embedded).
 //! Server-rendered with maud, no external assets.
 //!
 //! Access: each run's link carries a token, an HMAC-SHA256 of the run id under a server key
@@ -59,10 +62,13 @@ use render::{duration, status_class};
 const RENDERS_AT_ONCE: usize = 2;
 /// How often a live stream looks for new records.
 const POLL: Duration = Duration::from_millis(500);
-/// What the pages may load and do: their own inline style and script, live updates from
-/// this server, nothing else.
+/// What the pages may load and do: their own inline style and script, live updates and
+/// the run's images from this server, nothing else.
 const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; \
-                   connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+                   connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; \
+                   frame-ancestors 'none'";
+/// Images read from the database at once (each at most 5 MiB held while it is sent).
+const IMAGE_READS: usize = 4;
 
 /// The server's run pages: the key of their links, the operator's key (the list), and
 /// the database.
@@ -79,6 +85,8 @@ pub struct RunPages {
     /// `/usage` views read at once (each reads every run of its period: apart from
     /// `renders`, so run pages never wait for one).
     usage_reads: Semaphore,
+    /// Run images read at once ([`IMAGE_READS`]).
+    image_reads: Semaphore,
 }
 
 impl RunPages {
@@ -94,6 +102,7 @@ impl RunPages {
             renders: Semaphore::new(RENDERS_AT_ONCE),
             monthly_budget: None,
             usage_reads: Semaphore::new(1),
+            image_reads: Semaphore::new(IMAGE_READS),
         })
     }
 
@@ -135,6 +144,7 @@ pub fn routes(pages: Arc<RunPages>) -> Router {
         .route("/runs", get(list))
         .route("/runs/{id}", get(page))
         .route("/runs/{id}/events", get(events))
+        .route("/runs/{id}/images/{n}", get(image))
         .route("/usage", get(usage_page))
         .with_state(pages)
         .layer(axum::middleware::map_response(|r: Response| async move {
@@ -236,6 +246,10 @@ async fn render(
         0 => read::given_context(&pages.db, &run.id).await,
         _ => None,
     };
+    let images = match from {
+        0 => pages.db.run_images(&run.id).await?,
+        _ => Vec::new(),
+    };
     let spent = match live {
         true => Some(read::costs(&pages.db, &run.id, 0, i64::MAX).await?),
         false => None,
@@ -249,11 +263,47 @@ async fn render(
             next: chunk.next,
             live_from: chunk.last_step.unwrap_or(from),
             given: given.as_ref(),
+            images: &images,
             spent,
             token,
         },
     );
     Ok(Bytes::from(html.into_string()))
+}
+
+/// Image `n` the run gave the model, under the run's token: its bytes with the type they
+/// were found to be, never sniffed as anything else.
+async fn image(
+    State(pages): State<Arc<RunPages>>,
+    UrlPath((id, n)): UrlPath<(String, i64)>,
+    Query(q): Query<TokenQuery>,
+) -> Response {
+    if !pages.allows(&pages.token(&id), q.token.as_deref()) {
+        return not_found();
+    }
+    let _read = pages.image_reads.acquire().await;
+    let found = match pages.db.run_image(&id, n).await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(run_id = %id, "run image: {e}");
+            return (StatusCode::SERVICE_UNAVAILABLE, "try again\n").into_response();
+        }
+    };
+    let Some((kind, bytes)) = found else {
+        return not_found();
+    };
+    let Some(kind) = crate::image::ImageKind::parse(&kind) else {
+        return not_found();
+    };
+    (
+        [
+            ("content-type", kind.media_type()),
+            ("x-content-type-options", "nosniff"),
+            ("content-disposition", "inline"),
+        ],
+        bytes,
+    )
+        .into_response()
 }
 
 /// Where a live stream is.

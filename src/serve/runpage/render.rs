@@ -238,6 +238,40 @@ pub(super) fn render_context(c: &RepoContext) -> Markup {
     }
 }
 
+/// The images the model was given, as thumbnails served by kodx under the run's token.
+pub(super) fn render_images(
+    run_id: &str,
+    images: &[crate::db::StoredImage],
+    token: &str,
+) -> Markup {
+    html! {
+        div.card #images {
+            h2 { "Images given to the model" }
+            @for i in images {
+                @let src = format!("/runs/{run_id}/images/{}?token={token}", i.n);
+                @let words = describe(i);
+                figure style="display:inline-block;margin:0 1em 1em 0" {
+                    a href=(src) {
+                        img src=(src) alt={ "image " (i.n + 1) } loading="lazy"
+                            style="max-width:240px;max-height:180px;border:1px solid #ccc";
+                    }
+                    figcaption.hint { (i.n + 1) ". " (words) }
+                }
+            }
+        }
+    }
+}
+
+/// `PNG, 800×600, 12 KB` for a stored image.
+fn describe(i: &crate::db::StoredImage) -> String {
+    let kind = crate::image::ImageKind::parse(&i.kind).map_or("image", |k| k.name());
+    let size = format!("{} KB", (i.size.max(0) as u64).div_ceil(1024));
+    match (i.width, i.height) {
+        (Some(w), Some(h)) => format!("{kind}, {w}×{h}, {size}"),
+        _ => format!("{kind}, {size}"),
+    }
+}
+
 /// Replaces the steps from `data-seq` = the event's first line on, updates the cost, and
 /// reloads once the run has ended.
 const LIVE_JS: &str = "
@@ -267,6 +301,8 @@ pub(super) struct PageParts<'a> {
     pub live_from: i64,
     /// The repository context (first page only).
     pub given: Option<&'a RepoContext>,
+    /// The images the run gave the model (first page only).
+    pub images: &'a [crate::db::StoredImage],
     /// While the run works: what it has cost so far, and its API calls.
     pub spent: Option<(f64, u64)>,
     pub token: &'a str,
@@ -295,6 +331,7 @@ pub(super) fn render_page(run: &Run, p: &PageParts<'_>) -> Markup {
             @if live { p.hint { "Live: new steps appear as the agent works." } }
         }
         @if let Some(given) = p.given { (render_context(given)) }
+        @if !p.images.is_empty() { (render_images(&run.id, p.images, p.token)) }
         @if let Some((spent, calls)) = p.spent {
             p.card { "Spent so far: " strong.cost #spent { (crate::cost::format_usd(spent)) } " · " span #calls { (calls) } " API calls" }
         }

@@ -366,6 +366,31 @@ pub fn cost_summary(outcome: &Outcome, wall: Option<std::time::Duration>) -> Str
     )
 }
 
+/// The images of the issue not given to the model, each named with why (`skipped`: its
+/// number in the texts, its alt text, the reason in kodx's words), and how many were not
+/// looked at: a note under the result (`None` when every image was given).
+pub fn images_skipped(skipped: &[(usize, String, String)], unlooked: usize) -> Option<String> {
+    if skipped.is_empty() && unlooked == 0 {
+        return None;
+    }
+    let mut out = String::from("**Images not given to the model:**\n");
+    for (n, alt, why) in skipped {
+        let alt = match alt.is_empty() {
+            true => String::new(),
+            false => format!(" {}", neutral::code(alt)),
+        };
+        out.push_str(&format!("- image {n}{alt}: {}\n", neutral::words(why)));
+    }
+    if unlooked > 0 {
+        out.push_str(&format!(
+            "- {unlooked} more {} not looked at (more than 5 images)\n",
+            if unlooked == 1 { "image" } else { "images" }
+        ));
+    }
+    out.push('\n');
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -811,5 +836,30 @@ mod tests {
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(1_000), "1,000");
         assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn skipped_images_are_named_with_their_reason() {
+        assert_eq!(images_skipped(&[], 0), None);
+        let note = images_skipped(
+            &[
+                (
+                    1,
+                    "the `error` @dialog".into(),
+                    "too large (over 5 MiB)".into(),
+                ),
+                (2, String::new(), "not on GitHub".into()),
+                (7, "x".into(), "fetch failed: HTTP 404".into()),
+            ],
+            3,
+        )
+        .unwrap();
+        insta::assert_snapshot!(note, @"
+        **Images not given to the model:**
+        - image 1 ``the `error` @dialog``: too large (over 5 MiB)
+        - image 2: not on GitHub
+        - image 7 `x`: fetch failed: HTTP 404
+        - 3 more images not looked at (more than 5 images)
+        ");
     }
 }

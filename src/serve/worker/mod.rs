@@ -67,6 +67,7 @@ impl Workers {
                 providers,
                 pricing,
                 run_links: std::sync::OnceLock::new(),
+                github_web: std::sync::OnceLock::new(),
                 worker_id: format!(
                     "{}-{}-{:08x}",
                     hostname(),

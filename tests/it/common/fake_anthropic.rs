@@ -487,6 +487,7 @@ fn validate(headers: &HeaderMap, b: &Value, counting: bool) -> Result<(), String
                     }
                     answered.push(id.to_string());
                 }
+                Some("image") if role == "user" => image_block(blk, &at)?,
                 other => return Err(format!("{at}.type: {other:?} not allowed here")),
             }
         }
@@ -508,6 +509,32 @@ fn validate(headers: &HeaderMap, b: &Value, counting: bool) -> Result<(), String
         return Err(format!(
             "A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."
         ));
+    }
+    Ok(())
+}
+
+/// An `image` block as the API takes it: a base64 source of an allowed media type, whose
+/// data is valid base64 of at most 5 MB and is the kind of image the media type says.
+fn image_block(blk: &Value, at: &str) -> Result<(), String> {
+    let source = &blk["source"];
+    if source["type"] != "base64" {
+        return Err(format!("{at}.source.type: must be base64"));
+    }
+    let media_type = source["media_type"].as_str().unwrap_or("");
+    let data = source["data"]
+        .as_str()
+        .ok_or(format!("{at}.source.data: required"))?;
+    let bytes =
+        super::images::decode_image_data(data).map_err(|e| format!("{at}.source.data: {e}"))?;
+    super::images::check_image_kind(media_type, &bytes).map_err(|e| format!("{at}.source: {e}"))?;
+    let extra: Vec<&String> = blk
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| !["type", "source", "cache_control"].contains(&k.as_str()))
+        .collect();
+    if !extra.is_empty() {
+        return Err(format!("{at}.{}: Extra inputs are not permitted", extra[0]));
     }
     Ok(())
 }

@@ -139,6 +139,11 @@ mod ci_api;
 #[allow(unused_imports)] // the binaries that include `common` without these tests
 pub use ci_api::{FakeCheckRunSpec, FakeLog, FakeSuite, ACTIONS_SLUG};
 
+#[path = "fake_github_assets.rs"]
+mod assets_api;
+#[allow(unused_imports)] // the binaries that include `common` without these tests
+pub use assets_api::Asset;
+
 #[path = "fake_github_graphql.rs"]
 mod graphql_api;
 #[allow(unused_imports)] // the binaries that include `common` without these tests
@@ -327,6 +332,8 @@ struct StateInner {
     /// The pull requests (number, head, base tip) whose `mergeable` was asked once: GitHub
     /// answers `null` the first time after a change and computes it meanwhile.
     mergeable_asked: std::collections::HashSet<(u64, String, String)>,
+    /// Attachments on the web side (`fake_github_assets.rs`).
+    assets: assets_api::Assets,
 }
 
 impl StateInner {
@@ -428,6 +435,7 @@ impl FakeGitHub {
                     bot_user_id: None,
                     users: BTreeMap::new(),
                     graphql: Default::default(),
+                    assets: Default::default(),
                 }),
                 changes: tokio::sync::watch::channel(0).0,
             }),
@@ -3078,6 +3086,7 @@ fn web_routes() -> Router<FakeGitHub> {
     Router::new()
         .route("/settings/apps/new", post(new_app_form))
         .route("/organizations/{org}/settings/apps/new", post(new_app_form))
+        .route("/user-attachments/assets/{id}", get(assets_api::get_asset))
 }
 
 /// What GitHub's manifest validator refuses, as one line; `None` when it takes it.

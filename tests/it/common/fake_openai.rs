@@ -170,8 +170,16 @@ fn validate(b: &Value) -> Result<(), String> {
                         "messages[{i}]: tool_calls {open:?} were not answered"
                     ));
                 }
-                if !m["content"].is_string() {
-                    return Err(format!("messages[{i}].content must be a string"));
+                match &m["content"] {
+                    Value::String(_) => {}
+                    // A user's content parts: text and images (data URLs here).
+                    Value::Array(parts) if m["role"] == "user" && !parts.is_empty() => {
+                        for (j, part) in parts.iter().enumerate() {
+                            content_part(part)
+                                .map_err(|e| format!("messages[{i}].content[{j}]: {e}"))?;
+                        }
+                    }
+                    _ => return Err(format!("messages[{i}].content must be a string")),
                 }
             }
             Some("assistant") => {
@@ -208,4 +216,31 @@ fn validate(b: &Value) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// One part of a user message's content: `text`, or `image_url` with a base64 data URL of
+/// an allowed image type whose bytes are that type.
+fn content_part(part: &Value) -> Result<(), String> {
+    match part["type"].as_str() {
+        Some("text") if part["text"].is_string() => Ok(()),
+        Some("image_url") => {
+            let url = part["image_url"]["url"]
+                .as_str()
+                .ok_or("image_url.url is required")?;
+            if let Some(detail) = part["image_url"].get("detail") {
+                if !matches!(detail.as_str(), Some("auto" | "low" | "high")) {
+                    return Err("image_url.detail must be auto, low or high".into());
+                }
+            }
+            let rest = url
+                .strip_prefix("data:")
+                .ok_or("image_url.url: only data URLs are accepted here")?;
+            let (media_type, data) = rest
+                .split_once(";base64,")
+                .ok_or("image_url.url: a data URL must be base64")?;
+            let bytes = super::images::decode_image_data(data)?;
+            super::images::check_image_kind(media_type, &bytes)
+        }
+        other => Err(format!("type {other:?} is not a valid content part")),
+    }
 }

@@ -8,6 +8,7 @@ pub mod fake_github;
 pub mod fake_openai;
 pub mod follow_up;
 pub mod git_server;
+pub mod images;
 pub mod long_run;
 pub mod net;
 pub mod openapi;
