@@ -15,6 +15,7 @@ pub mod ci_log;
 pub mod command;
 pub mod cost;
 pub mod db;
+pub mod egress;
 pub mod git;
 pub mod github;
 pub mod image;

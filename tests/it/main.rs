@@ -17,6 +17,7 @@ mod cli_network;
 mod cli_run;
 mod db_queue;
 mod doctor;
+mod egress_proxy;
 mod engine_pool;
 mod engine_unreachable;
 mod git_clone;

@@ -30,7 +30,7 @@ pub use docker::{
 };
 pub use engines::EngineConfig;
 pub use error::{Result, SandboxError};
-pub use net::Cidr;
+pub use net::{Cidr, BLOCKED};
 pub use setup_cache::{SetupCacheSpec, SetupCacheUse, SetupReport};
 pub use shell::{FeedOutput, ShellStatus};
 
