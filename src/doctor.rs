@@ -119,7 +119,7 @@ pub async fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         check_docker(&mut out, &image, Engine::connect_to(e).await, Some(e), warm).await;
     }
     if let Some(config) = &config {
-        check_database(&mut out, &config.database_url).await;
+        check_database(&mut out, &config.database_url, &config.data_dir).await;
     }
     check_model_keys(&mut out, serve_intended).await;
 
@@ -580,7 +580,7 @@ async fn sandbox_limits(out: &mut Report, engine: &Engine) {
     }
 }
 
-async fn check_database(out: &mut Report, url: &str) {
+async fn check_database(out: &mut Report, url: &str, data_dir: &std::path::Path) {
     // A URL other than SQLite's could hold a password: name the variable, not the value.
     let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
     let shown = if url.starts_with("sqlite:") {
@@ -603,11 +603,52 @@ async fn check_database(out: &mut Report, url: &str) {
         Err(_) => return out.fail(format!("{shown}: did not open within 30 s"), fix),
     };
     match tokio::time::timeout(Duration::from_secs(10), db.ping()).await {
-        Ok(Ok(())) => out.ok(format!("{shown}: opens, schema up to date, answers")),
+        Ok(Ok(())) => {
+            out.ok(format!("{shown}: opens, schema up to date, answers"));
+            check_secrets(out, &db, data_dir).await;
+        }
         Ok(Err(e)) => out.fail(format!("{shown}: {e}"), fix),
         Err(_) => out.fail(format!("{shown}: no answer within 10 s"), fix),
     }
     db.close().await;
+}
+
+/// The secrets kept for repositories (names only), and whether this process's key opens
+/// them.
+async fn check_secrets(out: &mut Report, db: &Db, data_dir: &std::path::Path) {
+    let (counts, ids) = match (db.secret_counts().await, db.secret_key_ids().await) {
+        (Ok(c), Ok(i)) => (c, i),
+        (Err(e), _) | (_, Err(e)) => return out.warn(format!("secrets: could not be read: {e}")),
+    };
+    if counts.is_empty() {
+        return;
+    }
+    let mut shown = Vec::new();
+    for (repo, n) in counts.iter().take(10) {
+        let names: Vec<String> = match db.secret_names(repo).await {
+            Ok(e) => e.into_iter().take(10).map(|e| e.name).collect(),
+            Err(_) => Vec::new(),
+        };
+        shown.push(format!("{repo} {n} ({})", names.join(", ")));
+    }
+    if counts.len() > 10 {
+        shown.push(format!("and {} more repositories", counts.len() - 10));
+    }
+    let key = match kodx::secrets::SecretsKey::load(data_dir, false) {
+        Ok(k) => k,
+        Err(e) => return out.fail(format!("secrets: {e}"), "fix or remove the key"),
+    };
+    let have = key.as_ref().map(|k| k.id().to_string());
+    match ids.iter().find(|id| Some(id.as_str()) != have.as_deref()) {
+        Some(other) => out.fail(
+            format!(
+                "secrets: stored under key {other}, and this process has {}",
+                have.map_or_else(|| "no key".to_string(), |h| format!("key {h}"))
+            ),
+            "give every process of the deployment the same key (KODX_SECRETS_KEY, or the              same secrets.key in KODX_DATA_DIR)",
+        ),
+        None => out.ok(format!("secrets: {}", shown.join("; "))),
+    }
 }
 
 /// A model API that lists models for free: where, and how the key is sent.

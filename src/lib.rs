@@ -27,6 +27,7 @@ pub mod program;
 pub mod providers;
 pub mod repo_cache;
 pub mod repo_config;
+pub mod secrets;
 pub mod serve;
 pub mod transcript;
 pub mod webhook;

@@ -10,6 +10,7 @@ mod bench;
 mod doctor;
 mod operator_link;
 mod run;
+mod secret_cmd;
 mod serve_cmd;
 mod usage_cmd;
 
@@ -41,6 +42,9 @@ enum Command {
     /// What finished runs cost: spend, runs, success rate and median per repository,
     /// person or command, and the monthly budget left (also at /usage).
     Usage(usage_cmd::UsageArgs),
+    /// Secrets kodx keeps for a repository's runs: stored encrypted, values never printed.
+    #[command(subcommand)]
+    Secret(secret_cmd::SecretCommand),
 }
 
 fn init_tracing(default: &str) {
@@ -97,6 +101,7 @@ async fn main() -> ExitCode {
         Command::Bench(cmd) => bench::run(cmd).await,
         Command::OperatorLink(args) => operator_link::run(args),
         Command::Usage(args) => usage_cmd::run(args).await,
+        Command::Secret(cmd) => secret_cmd::run(cmd).await,
         Command::Serve(_) => unreachable!("handled above"),
     };
     if interrupted.load(Ordering::SeqCst) {

@@ -45,6 +45,7 @@ mod pulls;
 mod queue;
 mod reruns;
 mod result;
+mod secrets;
 #[macro_use]
 mod spend;
 #[doc(hidden)]
@@ -72,6 +73,7 @@ pub use pulls::{Repair, RepairTaken};
 pub use queue::DEFAULT_LEASE;
 pub use reruns::Rerun;
 pub use result::{AdmissionRecord, Continues, RunResult};
+pub use secrets::SecretEntry;
 pub use spend::to_micros;
 pub use usage::{
     micros_to_usd, month_start_ms, parse_since, MonthSpend, Usage, UsageBy, UsageRow, DAY_MS,

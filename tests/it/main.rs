@@ -15,6 +15,7 @@ mod agent_cache;
 mod browser;
 mod cli_network;
 mod cli_run;
+mod cli_secret;
 mod db_queue;
 mod doctor;
 mod egress_proxy;
