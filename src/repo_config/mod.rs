@@ -5,6 +5,7 @@
 //! the problem. Limits are clamped to the server's maxima: a repository can lower them
 //! freely and raise them only up to the maximum.
 
+mod secrets;
 mod values;
 
 use serde::Deserialize;
@@ -27,6 +28,7 @@ pub const DEFAULT_ASK_COST_LIMIT: f64 = 1.00;
 pub const DEFAULT_MAX_ITERATIONS: u32 = 50;
 /// Default prefix of the branches kodx pushes.
 pub const DEFAULT_BRANCH_PREFIX: &str = "kodx/";
+pub use secrets::{SecretSpec, MAX_SECRETS};
 pub use values::MAX_BRANCH_PREFIX_LEN;
 
 /// The settings of `.github/kodx.yml`. `None` means "not set here": a lower-precedence
@@ -65,6 +67,8 @@ pub struct RepoConfig {
     /// `confirm_above_usd`: a run whose estimate (or, without history, its cap) is above
     /// this waits for a writer's `/kodx go` (SPEC §12).
     pub confirm_above_usd: Option<f64>,
+    /// `secrets:`: the secrets kodx keeps for the repository that its runs use.
+    pub secrets: Vec<SecretSpec>,
 }
 
 /// `reviews.resolve`: `none` (reply only, the default) or `fixed` (also resolve the threads
@@ -350,7 +354,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr, checks, check_repair, checks_guard, ci_repair, ci_rerun, reviews, triggers, confirm_above_usd)"
+    expecting = "a mapping of settings (image, setup_script, disable_network_after_setup, setup_cache, setup_cache_key_files, model, cost_limit, max_iterations, ask_permission, pr, checks, check_repair, checks_guard, ci_repair, ci_rerun, reviews, triggers, confirm_above_usd, secrets)"
 )]
 struct RawRepoConfig {
     image: Option<Text>,
@@ -371,6 +375,7 @@ struct RawRepoConfig {
     reviews: Option<RawReviews>,
     triggers: Option<RawTriggers>,
     confirm_above_usd: Option<UsdOrZero>,
+    secrets: Option<secrets::Secrets>,
 }
 
 #[derive(Deserialize)]
@@ -597,6 +602,7 @@ impl RawRepoConfig {
             resolve_threads: self.reviews.and_then(|r| r.resolve).unwrap_or_default(),
             trigger_label: self.triggers.and_then(|t| t.label).map(|l| l.0),
             confirm_above_usd: self.confirm_above_usd.map(|u| u.0),
+            secrets: self.secrets.map(|s| s.0).unwrap_or_default(),
         }
     }
 }
@@ -724,8 +730,41 @@ pr: { draft: false, branch_prefix: kodx/ }
                 resolve_threads: ResolveThreads::None,
                 trigger_label: None,
                 confirm_above_usd: None,
+                secrets: Vec::new(),
             }
         );
+    }
+
+    #[test]
+    fn secrets_are_named_with_how_they_are_used() {
+        let c = RepoConfig::parse("secrets:\n  - { name: TEST_DB_PASSWORD, setup_only: true }\n")
+            .unwrap();
+        assert_eq!(
+            c.secrets,
+            [SecretSpec {
+                name: "TEST_DB_PASSWORD".into(),
+                setup_only: true
+            }]
+        );
+        for (text, says) in [
+            (
+                "secrets:\n  - { name: NPM_TOKEN, hosts: [npm.pkg.github.com] }\n",
+                "egress proxy",
+            ),
+            ("secrets:\n  - { name: X }\n", "say how the run uses it"),
+            (
+                "secrets:\n  - { name: bad-name, setup_only: true }\n",
+                "letters, digits",
+            ),
+            (
+                "secrets:\n  - { name: X, setup_only: true }\n  - { name: X, setup_only: true }\n",
+                "twice",
+            ),
+            ("secrets:\n  - { name: X, value: y }\n", "unknown key"),
+        ] {
+            let e = RepoConfig::parse(text).unwrap_err().to_string();
+            assert!(e.contains(says), "{text}: {e}");
+        }
     }
 
     #[test]
@@ -846,7 +885,7 @@ pr: { draft: false, branch_prefix: kodx/ }
         );
         assert!(
             shown.contains(
-                "ask_permission, pr, checks, check_repair, checks_guard, ci_repair, ci_rerun, reviews, triggers, confirm_above_usd)"
+                "ask_permission, pr, checks, check_repair, checks_guard, ci_repair, ci_rerun, reviews, triggers, confirm_above_usd, secrets)"
             ),
             "{shown}"
         );

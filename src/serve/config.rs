@@ -389,6 +389,7 @@ fn base_config(get: &dyn Fn(&str) -> Option<String>) -> Result<(SetupConfig, boo
     if settings.repo_cache_dir.is_none() {
         settings.repo_cache_dir = Some(self::data_dir(&database_url).join("mirrors"));
     }
+    settings.secrets_dir = Some(data_dir.clone());
     Ok((
         SetupConfig {
             listen: SocketAddr::new(ip, port),

@@ -63,6 +63,10 @@ pub struct Settings {
     /// a 3 s bound), so a taken-over run is taken over within a second or two.
     #[serde(skip)]
     pub test_lease_ms: Option<u64>,
+    /// `KODX_DATA_DIR`, where the secrets' key is kept when `KODX_SECRETS_KEY` is not set
+    /// (set from the environment, no config key).
+    #[serde(skip)]
+    pub secrets_dir: Option<PathBuf>,
     /// Recent issue comments given to an `ask` run as context.
     pub context_comments: usize,
     /// The longest PR diff given to a run as context, in bytes.
@@ -171,6 +175,7 @@ impl Default for Settings {
             body_timeout_secs: 15.0,
             unverified_body_bytes: 64 * 1024 * 1024,
             repo_cache_dir: None,
+            secrets_dir: None,
             repo_cache_max_bytes: crate::repo_cache::DEFAULT_MAX_BYTES,
             setup_cache_max_images: crate::sandbox::setup_cache::DEFAULT_MAX_IMAGES,
             setup_cache_max_bytes: crate::sandbox::setup_cache::DEFAULT_MAX_BYTES,

@@ -70,6 +70,7 @@ mod serve_rerun;
 mod serve_runpage;
 mod serve_runpage_limits;
 mod serve_runs;
+mod serve_secrets;
 mod serve_setup;
 mod serve_update;
 mod serve_usage;

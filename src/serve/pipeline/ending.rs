@@ -73,6 +73,9 @@ pub(in crate::serve) struct RunLog {
     /// The images of the issue that were not given to the model, as the status comment
     /// names them ([`super::images`]).
     pub images_note: Mutex<Option<String>>,
+    /// The secrets `.github/kodx.yml` names that the run did not get, as the status
+    /// comment names them ([`super::secrets`]).
+    pub secrets_note: Mutex<Option<String>>,
 }
 
 impl RunLog {
@@ -247,6 +250,9 @@ pub(in crate::serve) async fn conclude_with(
     let mut done = done;
     done.wall = Some(run.since_acknowledged(crate::db::now_ms()));
     if let Some(note) = log.images_note.lock().clone() {
+        done.notes.push(note);
+    }
+    if let Some(note) = log.secrets_note.lock().clone() {
         done.notes.push(note);
     }
     match comment.filter(|c| c.gh().valid_for(Duration::from_secs(60))) {

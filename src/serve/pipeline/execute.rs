@@ -157,7 +157,8 @@ pub(in crate::serve) async fn execute(
     if cancel.is_cancelled() {
         return Ok(Executed::Over(cancelled_early(run_plan)));
     }
-    let spec = sandbox_spec(run_plan, &workspace);
+    let mut spec = sandbox_spec(run_plan, &workspace);
+    spec.setup_secrets = super::secrets::setup_secrets(svc, run, &cx.admission.config, log).await;
     let sandbox = match container(svc, run, lease, run_plan, &spec, cancel, log).await? {
         Ok(sandbox) => sandbox,
         Err(over) => return Ok(Executed::Over(over)),

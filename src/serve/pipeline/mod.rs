@@ -38,6 +38,7 @@ pub(in crate::serve) mod repair;
 pub(in crate::serve) mod repo_context;
 pub(in crate::serve) mod rerun;
 pub(in crate::serve) mod resources;
+pub(in crate::serve) mod secrets;
 pub(in crate::serve) mod status;
 pub(in crate::serve) mod threads;
 pub(in crate::serve) mod warm;

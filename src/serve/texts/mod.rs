@@ -164,6 +164,21 @@ pub const BUDGET_SPENT_WHILE_WAITING: &str =
     "This installation's monthly budget was spent while the run waited; nothing was started.";
 
 /// The repository's model has no price, so its cost cap could not be kept.
+/// The setup secrets `.github/kodx.yml` names that the run did not get, with why and the
+/// command that sets one; the run went on without them.
+pub fn secrets_left_out(repo: &str, missing: &[(String, String)]) -> String {
+    let mut out = String::from("**Secrets the setup script did not get:**\n");
+    for (name, why) in missing {
+        out.push_str(&format!("- `{name}`: {}\n", crate::neutral::words(why)));
+    }
+    out.push_str(&format!(
+        "\nAn operator sets one with `kodx secret set {} NAME` (the value on standard \
+         input); the run went on without them.\n\n",
+        crate::redact::redact(repo)
+    ));
+    out
+}
+
 pub fn model_without_price(error: &str) -> String {
     format!(
         "{error}. Choose a model kodx knows in `{}` (`model:`), or ask the server's operator to add its price.",

@@ -34,7 +34,9 @@ pub(super) use cleanup::{creation_gate, register_live, remove, remove_blocking};
 pub use derived::{DERIVED_BASE_LABEL, DERIVED_LABEL, DERIVED_REPO};
 pub use engine::{Engine, EngineFacts};
 pub use sandbox::{DiskGuard, DockerSandbox, MAX_SHELLS};
-pub use spec::{NetworkMode, RepoSource, ResourceLimits, SandboxSpec, DEFAULT_MAX_DISK_BYTES};
+pub use spec::{
+    NetworkMode, RepoSource, ResourceLimits, SandboxSpec, SetupSecret, DEFAULT_MAX_DISK_BYTES,
+};
 pub use warm::{Shape, WarmSandbox, WarmSource};
 // The owner labels were first defined here; callers still name them through this module.
 pub use super::owner::{

@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 
 use super::engine::Engine;
 use super::sandbox::DockerSandbox;
-use super::spec::SandboxSpec;
+use super::spec::{SandboxSpec, SetupSecret};
 use super::streams::upload;
 use crate::archive::{self, Manifest};
 use crate::setup_cache::{self, SetupCacheSpec, SetupCacheUse, SetupReport};
@@ -27,6 +27,11 @@ impl Engine {
     /// for, no setup script, or the key cannot be made: then the run sets up as without it).
     pub(super) async fn setup_cache_plan(&self, spec: &SandboxSpec) -> Option<CachePlan> {
         let (cache, script) = (spec.setup_cache.as_ref()?, spec.setup_script.as_ref()?);
+        // A setup with secrets could leave them in the image's files: never cached.
+        if !spec.setup_secrets.is_empty() {
+            tracing::info!("setup cache off for this run: the setup has secrets");
+            return None;
+        }
         let base = match self.docker.inspect_image(&spec.image).await {
             Ok(i) => i,
             Err(e) => {
@@ -139,13 +144,18 @@ impl Engine {
     ) -> Result<SetupReport> {
         progress("running the setup script");
         let started = std::time::Instant::now();
-        run_setup(
+        let ran = run_setup(
             &self.docker,
             &sandbox.id,
             &sandbox.workdir,
             spec.setup_timeout,
+            &spec.setup_secrets,
         )
-        .await?;
+        .await;
+        if !spec.setup_secrets.is_empty() {
+            stop_holders(&self.docker, &sandbox.id, &spec.setup_secrets).await?;
+        }
+        ran?;
         let took = started.elapsed();
         if let Some(plan) = cache {
             progress("saving the setup to the cache");
@@ -320,7 +330,16 @@ async fn exec_checked(docker: &Docker, id: &str, command: &str, what: &str) -> R
 
 /// Runs `/tmp/setup.sh` with bash (sh when the image has no bash) in `workdir`, to the end
 /// or its timeout; removes the script afterwards.
-async fn run_setup(docker: &Docker, id: &str, workdir: &str, timeout: Duration) -> Result<()> {
+async fn run_setup(
+    docker: &Docker,
+    id: &str,
+    workdir: &str,
+    timeout: Duration,
+    secrets: &[SetupSecret],
+) -> Result<()> {
+    let mut env = vec!["DEBIAN_FRONTEND=noninteractive".to_string()];
+    env.extend(secrets.iter().map(|s| format!("{}={}", s.name, s.value)));
+    let env: Vec<&str> = env.iter().map(String::as_str).collect();
     // One stream (2>&1): the tail a maintainer reads keeps the order the script wrote it
     // in; two pipes read side by side can put an error line before the output it followed.
     let script = "if command -v bash >/dev/null 2>&1; then bash /tmp/setup.sh 2>&1; \
@@ -330,7 +349,7 @@ async fn run_setup(docker: &Docker, id: &str, workdir: &str, timeout: Duration) 
             id,
             CreateExecOptions {
                 cmd: Some(vec!["/bin/sh", "-c", script]),
-                env: Some(vec!["DEBIAN_FRONTEND=noninteractive"]),
+                env: Some(env),
                 working_dir: Some(workdir),
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
@@ -360,7 +379,7 @@ async fn run_setup(docker: &Docker, id: &str, workdir: &str, timeout: Duration) 
         }
     };
     let finished = tokio::time::timeout(timeout, collect).await.is_ok();
-    let tail_text = last_lines(&printed.take_text(2 * KEEP), 40);
+    let tail_text = without_secrets(last_lines(&printed.take_text(2 * KEEP), 40), secrets);
     if !finished {
         return Err(SandboxError::SetupTimedOut {
             timeout,
@@ -380,6 +399,51 @@ async fn run_setup(docker: &Docker, id: &str, workdir: &str, timeout: Duration) 
         });
     }
     Ok(())
+}
+
+/// `text` with every secret's value cut out.
+fn without_secrets(mut text: String, secrets: &[SetupSecret]) -> String {
+    for s in secrets.iter().filter(|s| !s.value.is_empty()) {
+        text = text.replace(&s.value, &format!("[{} REDACTED]", s.name));
+    }
+    text
+}
+
+/// Stops every process whose environment holds one of the setup's secrets (what the setup
+/// script started and left running: a database, a daemon), so no shell of the run can read
+/// them from `/proc/*/environ`.
+async fn stop_holders(docker: &Docker, id: &str, secrets: &[SetupSecret]) -> Result<()> {
+    // Names are `[A-Za-z_][A-Za-z0-9_]*` (checked when the config was read): safe in a
+    // pattern. A process is stopped when a line of its environment starts with `NAME=`.
+    let names: Vec<String> = secrets
+        .iter()
+        .filter(|s| {
+            s.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        })
+        .map(|s| format!("^{}=", s.name))
+        .collect();
+    let patterns = names
+        .iter()
+        .map(|n| format!("-e '{n}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let script = format!(
+        r#"command -v grep >/dev/null && command -v tr >/dev/null || {{ echo "the image has no grep or tr to find them" >&2; exit 1; }}
+for p in /proc/[0-9]*; do
+  n="${{p##*/}}"; [ "$n" = 1 ] && continue; [ "$n" = "$$" ] && continue
+  if tr '\000' '\n' < "$p/environ" 2>/dev/null | grep -q {patterns}; then kill -9 "$n" 2>/dev/null; fi
+done
+exit 0"#
+    );
+    exec_checked(
+        docker,
+        id,
+        &script,
+        "stopping what the setup left running with its secrets",
+    )
+    .await
 }
 
 /// The last `n` lines of `text` (at most 8,000 bytes), without trailing blanks (cursor

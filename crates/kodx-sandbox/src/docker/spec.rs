@@ -88,6 +88,12 @@ pub struct SandboxSpec {
     /// (only the delta goes in then). `None`: off.
     pub ready: Option<ReadyRepo>,
     pub setup_script: Option<String>,
+    /// Variables only the setup script's process gets (a repository's `setup_only`
+    /// secrets): not in the container's environment, not in any shell, not in a setup
+    /// cache image (a setup with them runs without the cache); processes the setup left
+    /// running with them are stopped when it ends, and their values are cut from what the
+    /// setup printed.
+    pub setup_secrets: Vec<SetupSecret>,
     pub setup_timeout: Duration,
     pub disable_network_after_setup: bool,
     /// No network at all, not even for the setup script (`network = "off"`).
@@ -133,6 +139,7 @@ impl SandboxSpec {
             repo_source: RepoSource::Files,
             ready: None,
             setup_script: None,
+            setup_secrets: Vec::new(),
             setup_timeout: Duration::from_secs(600),
             disable_network_after_setup: false,
             no_network: false,
@@ -148,6 +155,19 @@ impl SandboxSpec {
             checks_of: None,
             checks_ahead: false,
         }
+    }
+}
+
+/// A variable of the setup script's environment alone; its `Debug` never shows the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SetupSecret {
+    pub name: String,
+    pub value: String,
+}
+
+impl std::fmt::Debug for SetupSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SetupSecret({}=[REDACTED])", self.name)
     }
 }
 

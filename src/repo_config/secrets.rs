@@ -1,0 +1,82 @@
+//! `secrets:` of `.github/kodx.yml` (SPEC §12, "Egress by name"): which of the secrets kodx
+//! keeps for the repository (`kodx secret set`) a run uses, and how. A value is never in
+//! the file: only its name.
+//!
+//! ```yaml
+//! secrets:
+//!   - { name: TEST_DB_PASSWORD, setup_only: true }   # the setup script's environment only
+//! ```
+//!
+//! A secret injected on the wire for some hosts (`hosts: [...]`) needs kodx's egress proxy
+//! in the sandbox, which is not given to sandboxes yet: such an entry is refused with a
+//! sentence saying so, rather than read and ignored.
+
+use serde::Deserialize;
+
+use super::values::Text;
+
+/// The most secrets a repository's config names.
+pub const MAX_SECRETS: usize = 20;
+
+/// One secret a run uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretSpec {
+    /// As `kodx secret set` stored it (`NPM_TOKEN`), and the variable's name.
+    pub name: String,
+    /// In the setup script's environment only.
+    pub setup_only: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with the keys name, setup_only, hosts"
+)]
+struct RawSecret {
+    name: Text,
+    setup_only: Option<bool>,
+    hosts: Option<serde::de::IgnoredAny>,
+}
+
+/// `secrets:`, checked.
+pub(super) struct Secrets(pub(super) Vec<SecretSpec>);
+
+impl<'de> Deserialize<'de> for Secrets {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let list: Vec<RawSecret> = Vec::deserialize(deserializer)?;
+        if list.len() > MAX_SECRETS {
+            return Err(D::Error::custom(format!(
+                "must name at most {MAX_SECRETS} secrets, got {}",
+                list.len()
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::with_capacity(list.len());
+        for s in list {
+            let name = s.name.0;
+            crate::secrets::check_name(&name).map_err(|e| D::Error::custom(e.to_string()))?;
+            if !seen.insert(name.clone()) {
+                return Err(D::Error::custom(format!("names {name} twice")));
+            }
+            if s.hosts.is_some() {
+                return Err(D::Error::custom(format!(
+                    "{name}: a secret injected for `hosts:` needs kodx's egress proxy, which \
+                     this kodx does not give sandboxes yet; use `setup_only: true` (the setup \
+                     script's environment only) or leave it out"
+                )));
+            }
+            if s.setup_only != Some(true) {
+                return Err(D::Error::custom(format!(
+                    "{name}: say how the run uses it: `setup_only: true` (the setup script's \
+                     environment only)"
+                )));
+            }
+            out.push(SecretSpec {
+                name,
+                setup_only: true,
+            });
+        }
+        Ok(Secrets(out))
+    }
+}
