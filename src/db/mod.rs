@@ -47,6 +47,7 @@ mod reruns;
 mod result;
 #[macro_use]
 mod spend;
+mod steers;
 #[doc(hidden)]
 pub mod test_databases;
 #[cfg(test)]
@@ -73,6 +74,7 @@ pub use queue::DEFAULT_LEASE;
 pub use reruns::Rerun;
 pub use result::{AdmissionRecord, Continues, RunResult};
 pub use spend::to_micros;
+pub use steers::{SteerRow, SteerTarget};
 pub use usage::{
     micros_to_usd, month_start_ms, parse_since, MonthSpend, Usage, UsageBy, UsageRow, DAY_MS,
 };

@@ -16,6 +16,8 @@
 //!   `tool_use` block with that id;
 //! - `tool_result`: the call's `output` and `is_error`. The results of one response become
 //!   the conversation's next (user) message, in order, when the next request is made;
+//! - `steer`: words someone gave the run while it worked (`author`, `words`) and the text
+//!   the model got (`message`), the last block of the next (user) message;
 //! - `stop`: how the run ended (the outcome `kodx run --json` reports).
 //!
 //! One JSON object per line (`kodx run --transcript F.jsonl`) or per database row (`kodx
@@ -105,6 +107,15 @@ pub enum Record {
     Check {
         step: u32,
         result: crate::checks::CheckResult,
+    },
+    /// Words someone gave the run while it worked (`/kodx steer`, a line typed to `kodx
+    /// run`), taken before request `step`: `author` and their `words`, and the text block
+    /// the model was given (`message`), the conversation's next user message's last block.
+    Steer {
+        step: u32,
+        author: String,
+        words: String,
+        message: String,
     },
 }
 
@@ -204,6 +215,13 @@ impl Conversation {
                     tool_use_id: id.clone(),
                     content: output.clone(),
                     is_error: *is_error,
+                });
+                Ok(None)
+            }
+            Record::Steer { message, .. } => {
+                // With the results not yet sent, or as the next user message of its own.
+                self.results.push(Block::Text {
+                    text: message.clone(),
                 });
                 Ok(None)
             }

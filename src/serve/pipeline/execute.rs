@@ -200,12 +200,14 @@ pub(in crate::serve) async fn execute(
         inner: &sandbox,
         lease,
     };
+    let steering = super::steering::RunSteering::new(svc, &run.id, (*status).clone());
     let agent = Agent {
         provider: &provider,
         sandbox: &fenced,
         verifier: verifier.as_ref().map(|v| v as &dyn Verifier),
         config: plan.agent.clone(),
         cancel: cancel.clone(),
+        steering: Some(&steering),
     };
     let started = Instant::now();
     let outcome = agent
