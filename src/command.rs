@@ -743,8 +743,14 @@ mod tests {
         };
         check(&[
             ("/kodx steer use the v2 API", steer("use the v2 API")),
-            ("/kodx STEER  stop\r\nand test first\n", steer("stop\nand test first")),
-            ("/kodx steer\n\nleave the docs alone", steer("leave the docs alone")),
+            (
+                "/kodx STEER  stop\r\nand test first\n",
+                steer("stop\nand test first"),
+            ),
+            (
+                "/kodx steer\n\nleave the docs alone",
+                steer("leave the docs alone"),
+            ),
             ("/kodx steer", empty("steer")),
             ("/kodx steer   \n  ", empty("steer")),
             ("/kodx steering x", help(Some("steering"))),

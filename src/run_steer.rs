@@ -66,7 +66,10 @@ fn bounded(text: &str) -> String {
         return text.to_string();
     }
     let kept: String = text.chars().take(MAX_LINE_CHARS).collect();
-    format!("{kept}\n[… {} more characters not given]", total - MAX_LINE_CHARS)
+    format!(
+        "{kept}\n[… {} more characters not given]",
+        total - MAX_LINE_CHARS
+    )
 }
 
 #[cfg(test)]
@@ -86,8 +89,13 @@ mod tests {
         let taken = steering.take().await;
         assert_eq!(taken.len(), 2);
         assert_eq!(taken[0].words, "use the v2 API");
-        assert_eq!((taken[0].author.as_str(), taken[0].standing.as_str()), ("dev", "the local user"));
-        assert!(taken[1].words.ends_with("\n[… 3 more characters not given]"));
+        assert_eq!(
+            (taken[0].author.as_str(), taken[0].standing.as_str()),
+            ("dev", "the local user")
+        );
+        assert!(taken[1]
+            .words
+            .ends_with("\n[… 3 more characters not given]"));
         assert!(steering.take().await.is_empty());
     }
 }

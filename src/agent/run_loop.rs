@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use serde_json::Value;
 
-use super::steering::{add_to_conversation, steer_message};
 use super::context::{
     elide_old_results, Counts, LAST_CALL_NOTE, MIN_SUMMARY_TOKENS, MIN_USEFUL_TOKENS,
 };
+use super::steering::{add_to_conversation, steer_message};
 use super::tools::{describe_call, tools};
 use super::{Agent, AgentConfig, Outcome, Progress, StopReason};
 use crate::checks::CheckResult;

@@ -34,7 +34,11 @@ pub struct SteerRow {
 
 impl Db {
     /// The agent run running on `repo`#`issue_number`, or why there is none.
-    pub async fn steer_target(&self, repo: &str, issue_number: i64) -> Result<SteerTarget, DbError> {
+    pub async fn steer_target(
+        &self,
+        repo: &str,
+        issue_number: i64,
+    ) -> Result<SteerTarget, DbError> {
         let running = with_pool!(&self.pool, p => sqlx::query_as::<_, Run>(&format!(
             "SELECT {} FROM runs WHERE repo = $1 AND issue_number = $2 \
              AND status = 'running' AND kind IN {WORK_KINDS} ORDER BY seq LIMIT 1",
@@ -178,14 +182,20 @@ mod tests {
             assert!(db.add_steer(&id, "dave", "last", 14).await.unwrap());
             let later = db.take_steers(&id).await.unwrap();
             assert_eq!(later.len(), 1);
-            assert_eq!((later[0].author.as_str(), later[0].comment_id), ("dave", 14));
+            assert_eq!(
+                (later[0].author.as_str(), later[0].comment_id),
+                ("dave", 14)
+            );
             let by = db.holder_now(&id).await;
             assert!(db
                 .finish(&id, &by, &finish(RunStatus::Succeeded, 0.1))
                 .await
                 .unwrap());
             assert!(!db.add_steer(&id, "bob", "too late", 15).await.unwrap());
-            assert_eq!(db.steer_target("o/r", 1).await.unwrap(), SteerTarget::Nothing);
+            assert_eq!(
+                db.steer_target("o/r", 1).await.unwrap(),
+                SteerTarget::Nothing
+            );
         }
     }
 }

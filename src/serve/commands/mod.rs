@@ -41,12 +41,10 @@ pub(in crate::serve) async fn work(cx: &RunCtx<'_>) -> Result<Ending, RunFailure
         | Job::Update
         | Job::Steer { .. }
         | Job::Help { .. }
-        | Job::Refuse { .. } => {
-            Err(RunFailure::Internal(anyhow::anyhow!(
-                "a {} job was claimed as a run",
-                cx.run.kind()
-            )))
-        }
+        | Job::Refuse { .. } => Err(RunFailure::Internal(anyhow::anyhow!(
+            "a {} job was claimed as a run",
+            cx.run.kind()
+        ))),
     }
 }
 

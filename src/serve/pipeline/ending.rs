@@ -250,7 +250,8 @@ pub(in crate::serve) async fn conclude_with(
         done.notes.push(note);
     }
     if run.is_work() {
-        done.notes.extend(super::steering::too_late(svc, &run.id).await);
+        done.notes
+            .extend(super::steering::too_late(svc, &run.id).await);
     }
     match comment.filter(|c| c.gh().valid_for(Duration::from_secs(60))) {
         Some(comment) => comment.finish(&done).await,
