@@ -162,8 +162,7 @@ pub(in crate::serve) async fn execute(
         Ok(sandbox) => sandbox,
         Err(over) => return Ok(Executed::Over(over)),
     };
-    // The checks run apart from the agent (SPEC §12), in sandboxes made on the same engine
-    // as the run's, the first while the agent works.
+    // The checks run apart (SPEC §12), on the run's engine, the first while the agent works.
     let verifier = match (plan.agent.checks.is_empty(), log.engine()) {
         (false, Some(engine)) => Some(FreshSandboxes::new(engine, &spec)),
         _ => None,
