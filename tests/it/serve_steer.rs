@@ -231,3 +231,36 @@ async fn a_steer_taken_in_by_another_process_reaches_the_run_on_postgres() {
     common::serve::terminate(&mut other, Duration::from_secs(30)).await;
     s.finish().await;
 }
+
+/// A steer that comes while the model gives its last answer has no next step: the final
+/// status comment says it came too late, and the model never saw it.
+#[tokio::test]
+async fn a_steer_during_the_last_step_is_named_too_late() {
+    let _engine = common::require_engine!();
+    let mut s = Served::start(Options {
+        workers: true,
+        settings: Some(SETTINGS),
+        ..Options::default()
+    })
+    .await;
+    s.github.add_issue(REPO, 7, "Question", "", "carol");
+    let go_on = s
+        .model
+        .reply_held(text("It makes widgets."), "end_turn", usage(1000, 10));
+    s.comment(7, "alice", "/kodx ask what is this?").await;
+    s.wait_for("the model call", Duration::from_secs(120), || {
+        !s.model.requests().is_empty()
+    })
+    .await;
+    let steer = s.comment(7, "alice", "/kodx steer use the v2 API").await;
+    s.reaction(&s.trigger(&steer), "eyes").await;
+    go_on.send_replace(true);
+    let done = s.finished_status(7).await;
+    let note = done
+        .lines()
+        .find(|l| l.contains("arrived after"))
+        .unwrap_or_else(|| panic!("no too-late note: {done}"));
+    insta::assert_snapshot!(note, @"🧭 The steer of @alice arrived after the run's last step and was not given to the model.");
+    assert_eq!(s.model.requests().len(), 1);
+    s.finish().await;
+}

@@ -60,7 +60,8 @@ pub fn ended_meanwhile(author: &str) -> String {
     )
 }
 
-/// The final status comment's note about steers that came after the run's last step.
+/// The final status comment's note about steers that came after the run's last step (a
+/// paragraph of its own, like the delivery's other notes).
 pub fn too_late(authors: &[String]) -> String {
     let mut names: Vec<String> = Vec::new();
     for a in authors {
@@ -74,7 +75,7 @@ pub fn too_late(authors: &[String]) -> String {
         _ => ("The steers", "were"),
     };
     format!(
-        "🧭 {what} of {} arrived after the run's last step and {was} not given to the model.",
+        "🧭 {what} of {} arrived after the run's last step and {was} not given to the model.\n\n",
         names.join(", ")
     )
 }
@@ -91,8 +92,8 @@ mod tests {
         insta::assert_snapshot!(no_run("carol"), @"@carol there is no kodx run working here to steer. `/kodx steer` gives words to a run while it runs; to start one, use `/kodx code` or `/kodx ask`.");
         insta::assert_snapshot!(not_started("carol", true), @"@carol the run here is waiting for `/kodx go` and has not started, so there is nothing to steer yet. Say it again with `/kodx steer` once the run is working.");
         insta::assert_snapshot!(not_started("carol", false), @"@carol the run here is queued and has not started yet, so there is nothing to steer yet. Say it again with `/kodx steer` once the run is working.");
-        insta::assert_snapshot!(too_late(&["bob".into(), "bob".into()]), @"🧭 The steers of @bob arrived after the run's last step and were not given to the model.");
-        insta::assert_snapshot!(too_late(&["bob".into()]), @"🧭 The steer of @bob arrived after the run's last step and was not given to the model.");
+        assert_eq!(too_late(&["bob".into(), "bob".into()]), "🧭 The steers of @bob arrived after the run's last step and were not given to the model.\n\n");
+        assert_eq!(too_late(&["bob".into()]), "🧭 The steer of @bob arrived after the run's last step and was not given to the model.\n\n");
         let body = "### head\n\n> cmd\n\n<sub>kodx run <code>r1</code></sub>\n".to_string();
         insta::assert_snapshot!(with_line_above_footer(body, "🧭 steered by @alice"), @r"
         ### head
