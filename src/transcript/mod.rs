@@ -541,6 +541,68 @@ mod tests {
         assert_eq!(m[2].content, vec![result("t1", "done")]);
     }
 
+    /// A steer joins the tool results about to be sent: recorded once, the next request
+    /// replays exactly, and a run stopped before that request resumes with it.
+    #[test]
+    fn a_steer_is_recorded_once_and_replayed_with_the_results() {
+        let mut rec = Recorder::default();
+        let mut lines = Vec::new();
+        let first = request(vec![Message::user_text("go")]);
+        lines.push(serde_json::to_string(&rec.request(1, &first)).unwrap());
+        lines.push(serde_json::to_string(&rec.note(response(vec![call("t1")]))).unwrap());
+        let tool_result = Record::ToolResult {
+            step: 1,
+            id: "t1".into(),
+            output: "done".into(),
+            is_error: false,
+        };
+        lines.push(serde_json::to_string(&rec.note(tool_result)).unwrap());
+        let steer = Record::Steer {
+            step: 2,
+            author: "alice".into(),
+            words: "use v2".into(),
+            message: "@alice steered: use v2".into(),
+        };
+        lines.push(serde_json::to_string(&rec.note(steer)).unwrap());
+        // Stopped here: the resumed conversation holds the steer after the result.
+        let mut resumed = Conversation::default();
+        for l in &lines {
+            resumed.apply_json(l).unwrap();
+        }
+        let steered = Message {
+            role: Role::User,
+            content: vec![
+                result("t1", "done"),
+                Block::Text {
+                    text: "@alice steered: use v2".into(),
+                },
+            ],
+        };
+        assert_eq!(resumed.messages().last(), Some(&steered));
+        // Or the next request, sent with it: the record adds nothing to the conversation.
+        let mut messages = first.messages.clone();
+        messages.push(Message {
+            role: Role::Assistant,
+            content: vec![call("t1")],
+        });
+        messages.push(steered);
+        let second = request(messages);
+        let record = rec.request(2, &second);
+        let Record::ModelRequest {
+            keep,
+            ref replace,
+            ref new_messages,
+            ..
+        } = record
+        else {
+            unreachable!()
+        };
+        assert_eq!((keep, replace.len(), new_messages.len()), (3, 0, 0));
+        lines.push(serde_json::to_string(&record).unwrap());
+        let sent = requests(lines.iter().map(String::as_str)).unwrap();
+        assert_eq!(sent, vec![first, second]);
+    }
+
     #[test]
     fn a_resumer_rebuilds_the_conversation_and_tells_the_note() {
         let lines = [
