@@ -142,7 +142,7 @@ async fn a_steer_without_a_running_run_or_from_a_reader_is_refused() {
     s.github.add_issue(REPO, 7, "Question", "", "carol");
     s.github.add_user("bob", 1006);
     s.github.set_permission(REPO, "bob", "read");
-    s.comment(7, "alice", "/kodx steer use the v2 API").await;
+    let first = s.comment(7, "alice", "/kodx steer use the v2 API").await;
     let none = s
         .bot_comment_where(7, "the steer refused", |c| c.body.starts_with("@alice"))
         .await;
@@ -169,6 +169,8 @@ async fn a_steer_without_a_running_run_or_from_a_reader_is_refused() {
         .await;
     insta::assert_snapshot!(waiting.body, @"@alice the run here is waiting for `/kodx go` and has not started, so there is nothing to steer yet. Say it again with `/kodx steer` once the run is working.");
     assert!(s.model.requests().is_empty(), "nothing ran");
+    // A refused steer gets no `eyes`.
+    assert!(s.reactions_on(&s.trigger(&first)).is_empty());
     let cancel = s.comment(7, "alice", "/kodx cancel").await;
     s.reaction(&s.trigger(&cancel), "+1").await;
     s.finish().await;

@@ -14,7 +14,7 @@ use super::{Services, StatusComment};
 use crate::agent::{Steer, Steering};
 
 /// The longest a run goes without looking for steers it was not told of.
-pub(in crate::serve) const SAFETY_NET: Duration = Duration::from_secs(10);
+pub(in crate::serve) const SAFETY_NET: Duration = Duration::from_secs(30);
 
 impl Services {
     /// A steer was stored for some run: the runs of this process look at their next step.
