@@ -192,6 +192,7 @@ async fn a_steer_taken_in_by_another_process_reaches_the_run_on_postgres() {
         workers: true,
         settings: Some(SETTINGS),
         database_url: Some(url),
+        extra_env: vec![("KODX_PUBLIC_URL".into(), common::serve::PUBLIC_URL.into())],
         ..Options::default()
     })
     .await;
@@ -230,6 +231,15 @@ async fn a_steer_taken_in_by_another_process_reaches_the_run_on_postgres() {
     let done = s.finished_status(7).await;
     assert!(done.contains("🧭 steered by @alice"), "{done}");
     assert_steered(&s);
+    // The run page shows the steer in the transcript, where it was taken.
+    let page = s.linked_run_page(&done).await;
+    let card = page
+        .find(r#"<div class="card step steer""#)
+        .unwrap_or_else(|| panic!("no steer card: {page}"));
+    let card = &page[card..card + page[card..].find("</div>").unwrap()];
+    assert!(card.contains("🧭 steered by @alice"), "{card}");
+    assert!(card.contains("given to the model before step 2"), "{card}");
+    assert!(card.contains("use the v2 API"), "{card}");
     common::serve::terminate(&mut other, Duration::from_secs(30)).await;
     s.finish().await;
 }
