@@ -82,6 +82,9 @@ pub enum Job {
     /// base with `pr.keep_mergeable` (`asked: false`), or when `/kodx update` found
     /// conflicts (`asked: true`). `base` is the base's tip then. Never written in a comment.
     Merge { base: String, asked: bool },
+    /// `/kodx steer <words>`: words given to the run running here, at its next step
+    /// (SPEC §12, "Steering and pictures").
+    Steer { words: String },
 }
 
 /// The stored tag of a [`Job`] (the `kind` column).
@@ -102,6 +105,7 @@ pub enum JobKind {
     AddressReviews,
     Repair,
     Merge,
+    Steer,
 }
 
 impl JobKind {
@@ -119,6 +123,7 @@ impl JobKind {
             JobKind::AddressReviews => "address_reviews",
             JobKind::Repair => "repair",
             JobKind::Merge => "merge",
+            JobKind::Steer => "steer",
         }
     }
 
@@ -168,9 +173,12 @@ impl JobKind {
             | JobKind::AddressReviews
             | JobKind::Repair
             | JobKind::Merge => Some(RunKind::Code),
-            JobKind::Cancel | JobKind::Go | JobKind::Update | JobKind::Help | JobKind::Refuse => {
-                None
-            }
+            JobKind::Cancel
+            | JobKind::Go
+            | JobKind::Update
+            | JobKind::Help
+            | JobKind::Refuse
+            | JobKind::Steer => None,
         }
     }
 }
@@ -234,6 +242,7 @@ impl Job {
                     asked: false,
                 },
             },
+            JobKind::Steer => Job::Steer { words: argument },
         }
     }
 
@@ -250,6 +259,7 @@ impl Job {
             Job::AddressReviews { .. } => JobKind::AddressReviews,
             Job::Repair { .. } => JobKind::Repair,
             Job::Merge { .. } => JobKind::Merge,
+            Job::Steer { .. } => JobKind::Steer,
         }
     }
 
@@ -271,6 +281,7 @@ impl Job {
             Job::Merge { base, asked } => {
                 format!("{} {base}", if *asked { "update" } else { "push" }).into()
             }
+            Job::Steer { words } => words.into(),
         }
     }
 
@@ -577,6 +588,9 @@ fn parse_after_prefix(text: &str) -> Result<Job, ParseError> {
     } else if word.eq_ignore_ascii_case("ask") {
         let question = request("ask", argument)?;
         Ok(Job::Ask { question })
+    } else if word.eq_ignore_ascii_case("steer") {
+        let words = request("steer", argument)?;
+        Ok(Job::Steer { words })
     } else if word.eq_ignore_ascii_case("address-reviews") {
         // The words are optional: the unresolved threads are the request.
         let words = match request("address-reviews", argument) {
@@ -718,6 +732,43 @@ mod tests {
             .command_line(),
             "/kodx go $0.75"
         );
+    }
+
+    #[test]
+    fn steer_takes_words() {
+        let steer = |w: &str| {
+            Some(Ok(Job::Steer {
+                words: w.to_owned(),
+            }))
+        };
+        check(&[
+            ("/kodx steer use the v2 API", steer("use the v2 API")),
+            (
+                "/kodx STEER  stop\r\nand test first\n",
+                steer("stop\nand test first"),
+            ),
+            (
+                "/kodx steer\n\nleave the docs alone",
+                steer("leave the docs alone"),
+            ),
+            ("/kodx steer", empty("steer")),
+            ("/kodx steer   \n  ", empty("steer")),
+            ("/kodx steering x", help(Some("steering"))),
+        ]);
+        assert_eq!(
+            ParseError::EmptyRequest { command: "steer" }.to_string(),
+            "`/kodx steer` needs a request"
+        );
+        let job = Job::Steer {
+            words: "keep the old name".into(),
+        };
+        assert_eq!(job.kind(), JobKind::Steer);
+        assert!(!job.is_work());
+        assert_eq!(
+            Job::from_stored(job.kind(), job.stored_argument().into_owned()),
+            job
+        );
+        assert_eq!(job.command_line(), "/kodx steer keep the old name");
     }
 
     #[test]

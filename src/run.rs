@@ -316,12 +316,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // The checks run apart from the agent (SPEC §12): the first sandbox for them is made
     // while the agent works.
     let verifier = (!config.checks.is_empty()).then(|| FreshSandboxes::new(engine.clone(), &spec));
+    // A line typed on the terminal while the run works steers it.
+    let steering = crate::run_steer::TerminalSteering::start();
+    if steering.is_some() {
+        out.note("kodx: type a line and press Enter to steer the run at its next step");
+    }
     let agent = Agent {
         provider: provider.as_ref(),
         sandbox: &sandbox,
         verifier: verifier.as_ref().map(|v| v as &dyn Verifier),
         config,
         cancel: CancellationToken::new(),
+        steering: steering.as_ref().map(|s| s as &dyn kodx::agent::Steering),
     };
     let messages = resumed.unwrap_or_else(|| vec![kodx::model::Message::user_text(&prompt)]);
     let (outcome, write_error) = run_agent(&agent, messages, &mut out, transcript.as_mut()).await;

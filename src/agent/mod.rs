@@ -17,9 +17,11 @@ use crate::sandbox::Sandbox;
 
 mod context;
 mod run_loop;
+mod steering;
 mod tools;
 
 pub use crate::transcript::{resumed_conversation, Record, RESUMED_NOTE};
+pub use steering::{steer_message, Steer, Steering};
 pub use tools::tools;
 
 /// Why a run stopped (SPEC §7).
@@ -139,6 +141,9 @@ pub struct Agent<'a> {
     pub verifier: Option<&'a dyn Verifier>,
     pub config: AgentConfig,
     pub cancel: CancellationToken,
+    /// Where words given to the run while it works come from (SPEC §12, "Steering and
+    /// pictures"), taken before each model request.
+    pub steering: Option<&'a dyn Steering>,
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::context::{
     elide_old_results, Counts, LAST_CALL_NOTE, MIN_SUMMARY_TOKENS, MIN_USEFUL_TOKENS,
 };
+use super::steering::{add_to_conversation, steer_message};
 use super::tools::{describe_call, tools};
 use super::{Agent, AgentConfig, Outcome, Progress, StopReason};
 use crate::checks::CheckResult;
@@ -324,6 +325,7 @@ impl Agent<'_> {
         transcript: &mut impl FnMut(&Record),
     ) -> Step {
         self.check_limits(run)?;
+        self.take_steers(run, transcript).await;
         let (mut request, last_step) = run.next_request();
         self.plan_within_budget(run, &mut request).await?;
         if last_step && run.forced_by.is_none() {
@@ -384,6 +386,29 @@ impl Agent<'_> {
             ));
         }
         ControlFlow::Continue(())
+    }
+
+    /// The steers given since the last step, added to the conversation before the next
+    /// request (each told to the transcript).
+    async fn take_steers(&self, run: &mut RunState<'_>, transcript: &mut impl FnMut(&Record)) {
+        let Some(steering) = self.steering else {
+            return;
+        };
+        let steers = tokio::select! {
+            s = steering.take() => s,
+            _ = self.cancel.cancelled() => return,
+        };
+        let step = run.api_calls + 1;
+        for steer in steers {
+            let message = steer_message(&steer);
+            add_to_conversation(&mut run.messages, message.clone());
+            transcript(&run.recorder.note(Record::Steer {
+                step,
+                author: steer.author,
+                words: steer.words,
+                message,
+            }));
+        }
     }
 
     /// Stops the run before its next call when it was cancelled, the sandbox halted, the

@@ -48,6 +48,7 @@ mod result;
 mod secrets;
 #[macro_use]
 mod spend;
+mod steers;
 #[doc(hidden)]
 pub mod test_databases;
 #[cfg(test)]
@@ -75,6 +76,7 @@ pub use reruns::Rerun;
 pub use result::{AdmissionRecord, Continues, RunResult};
 pub use secrets::SecretEntry;
 pub use spend::to_micros;
+pub use steers::{SteerRow, SteerTarget};
 pub use usage::{
     micros_to_usd, month_start_ms, parse_since, MonthSpend, Usage, UsageBy, UsageRow, DAY_MS,
 };

@@ -104,6 +104,8 @@ pub enum EndReason {
     Update,
     /// `unconfirmed`: the run waited for `/kodx go` and nobody gave it in time.
     Unconfirmed,
+    /// `steer`: a `/kodx steer` command was carried out (or answered: nothing ran).
+    Steer,
     /// Any other stored word, kept as it was.
     Other(String),
 }
@@ -138,7 +140,7 @@ const fn agent_reason_index(reason: StopReason) -> usize {
 
 impl EndReason {
     /// The reasons kodx itself gives (not the agent's, not [`EndReason::Other`]).
-    pub const KODX: [EndReason; 11] = [
+    pub const KODX: [EndReason; 12] = [
         EndReason::NotPermitted,
         EndReason::Refused,
         EndReason::Help,
@@ -150,6 +152,7 @@ impl EndReason {
         EndReason::Go,
         EndReason::Update,
         EndReason::Unconfirmed,
+        EndReason::Steer,
     ];
 
     /// The stored word.
@@ -167,6 +170,7 @@ impl EndReason {
             EndReason::Go => "go",
             EndReason::Update => "update",
             EndReason::Unconfirmed => "unconfirmed",
+            EndReason::Steer => "steer",
             EndReason::Other(word) => word,
         }
     }

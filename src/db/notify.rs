@@ -1,5 +1,5 @@
 //! Wake-ups between processes sharing a PostgreSQL queue: `NOTIFY kodx` when a run is
-//! queued or a running run is asked to stop, `LISTEN kodx` in every process, so idle
+//! queued, a running run is asked to stop or steered, `LISTEN kodx` in every process, so idle
 //! workers start at once instead of at their next poll. Polling stays as the fallback
 //! (a notification sent while a listener reconnects is lost).
 
@@ -12,6 +12,8 @@ pub enum Wakeup {
     Queued,
     /// A running run was asked to stop (`/kodx cancel`, maybe received by another process).
     Cancel,
+    /// A running run was steered (`/kodx steer`, maybe received by another process).
+    Steer,
 }
 
 /// A listening connection ([`Db::listen`]).
@@ -38,6 +40,7 @@ impl Notifications {
             match n.payload() {
                 "queued" => return Ok(Wakeup::Queued),
                 "cancel" => return Ok(Wakeup::Cancel),
+                "steer" => return Ok(Wakeup::Steer),
                 _ => continue,
             }
         }

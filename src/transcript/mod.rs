@@ -16,6 +16,8 @@
 //!   `tool_use` block with that id;
 //! - `tool_result`: the call's `output` and `is_error`. The results of one response become
 //!   the conversation's next (user) message, in order, when the next request is made;
+//! - `steer`: words someone gave the run while it worked (`author`, `words`) and the text
+//!   the model got (`message`), the last block of the next (user) message;
 //! - `stop`: how the run ended (the outcome `kodx run --json` reports).
 //!
 //! One JSON object per line (`kodx run --transcript F.jsonl`) or per database row (`kodx
@@ -105,6 +107,15 @@ pub enum Record {
     Check {
         step: u32,
         result: crate::checks::CheckResult,
+    },
+    /// Words someone gave the run while it worked (`/kodx steer`, a line typed to `kodx
+    /// run`), taken before request `step`: `author` and their `words`, and the text block
+    /// the model was given (`message`), the conversation's next user message's last block.
+    Steer {
+        step: u32,
+        author: String,
+        words: String,
+        message: String,
     },
 }
 
@@ -204,6 +215,13 @@ impl Conversation {
                     tool_use_id: id.clone(),
                     content: output.clone(),
                     is_error: *is_error,
+                });
+                Ok(None)
+            }
+            Record::Steer { message, .. } => {
+                // With the results not yet sent, or as the next user message of its own.
+                self.results.push(Block::Text {
+                    text: message.clone(),
                 });
                 Ok(None)
             }
@@ -521,6 +539,68 @@ mod tests {
         let m = c.messages();
         assert_eq!(m.len(), 3);
         assert_eq!(m[2].content, vec![result("t1", "done")]);
+    }
+
+    /// A steer joins the tool results about to be sent: recorded once, the next request
+    /// replays exactly, and a run stopped before that request resumes with it.
+    #[test]
+    fn a_steer_is_recorded_once_and_replayed_with_the_results() {
+        let mut rec = Recorder::default();
+        let mut lines = Vec::new();
+        let first = request(vec![Message::user_text("go")]);
+        lines.push(serde_json::to_string(&rec.request(1, &first)).unwrap());
+        lines.push(serde_json::to_string(&rec.note(response(vec![call("t1")]))).unwrap());
+        let tool_result = Record::ToolResult {
+            step: 1,
+            id: "t1".into(),
+            output: "done".into(),
+            is_error: false,
+        };
+        lines.push(serde_json::to_string(&rec.note(tool_result)).unwrap());
+        let steer = Record::Steer {
+            step: 2,
+            author: "alice".into(),
+            words: "use v2".into(),
+            message: "@alice steered: use v2".into(),
+        };
+        lines.push(serde_json::to_string(&rec.note(steer)).unwrap());
+        // Stopped here: the resumed conversation holds the steer after the result.
+        let mut resumed = Conversation::default();
+        for l in &lines {
+            resumed.apply_json(l).unwrap();
+        }
+        let steered = Message {
+            role: Role::User,
+            content: vec![
+                result("t1", "done"),
+                Block::Text {
+                    text: "@alice steered: use v2".into(),
+                },
+            ],
+        };
+        assert_eq!(resumed.messages().last(), Some(&steered));
+        // Or the next request, sent with it: the record adds nothing to the conversation.
+        let mut messages = first.messages.clone();
+        messages.push(Message {
+            role: Role::Assistant,
+            content: vec![call("t1")],
+        });
+        messages.push(steered);
+        let second = request(messages);
+        let record = rec.request(2, &second);
+        let Record::ModelRequest {
+            keep,
+            ref replace,
+            ref new_messages,
+            ..
+        } = record
+        else {
+            unreachable!()
+        };
+        assert_eq!((keep, replace.len(), new_messages.len()), (3, 0, 0));
+        lines.push(serde_json::to_string(&record).unwrap());
+        let sent = requests(lines.iter().map(String::as_str)).unwrap();
+        assert_eq!(sent, vec![first, second]);
     }
 
     #[test]

@@ -47,6 +47,7 @@ async fn run(
         verifier: None,
         config: cfg,
         cancel,
+        steering: None,
     };
     let mut records = Vec::new();
     let outcome = agent
@@ -121,6 +122,7 @@ async fn a_tool_conversation_really_changes_the_workspace_and_costs_exactly() {
             Record::Stop { .. } => "stop",
             Record::Context { .. } => "context",
             Record::Check { .. } => "check",
+            Record::Steer { .. } => "steer",
         })
         .collect();
     assert_eq!(
@@ -323,6 +325,7 @@ async fn the_loop_works_the_same_over_an_openai_compatible_server() {
         verifier: None,
         config: cfg,
         cancel: CancellationToken::new(),
+        steering: None,
     };
     let outcome = agent.run("Write o.txt", |_| {}, |_| {}).await;
     assert_eq!(outcome.stop_reason, StopReason::EndTurn, "{outcome:?}");

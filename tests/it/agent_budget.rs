@@ -180,6 +180,7 @@ async fn run_counted(
         verifier: None,
         config: cfg,
         cancel: CancellationToken::new(),
+        steering: None,
     };
     let outcome = agent.run("List every part.", |_| {}, |_| {}).await;
     let seen = model.seen.lock().unwrap().clone();

@@ -792,3 +792,92 @@ async fn checks_run_apart_from_what_the_agent_did_to_its_sandbox() {
         "{result}"
     );
 }
+
+/// `kodx run` with a terminal (`script` gives it one): a line typed while the model thinks
+/// is given to the model at the next step, as the local user's words, after the tool
+/// results.
+#[tokio::test]
+async fn a_line_typed_on_the_terminal_steers_the_run() {
+    use tokio::io::AsyncWriteExt;
+    let _engine = common::require_engine!();
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED a_line_typed_on_the_terminal_steers_the_run: no `script` (util-linux)");
+        return;
+    }
+    let fake = FakeAnthropic::start(KEY).await;
+    let go_on = fake.reply_held(
+        vec![tool("t1", json!({"chars": "echo hi"}))],
+        "tool_use",
+        usage(1000, 30),
+    );
+    fake.reply(
+        vec![json!({"type": "text", "text": "Done."})],
+        "end_turn",
+        usage(1100, 10),
+    );
+    let line = format!(
+        "{} run -p 'Say hi.' --repo-dir '' --quiet",
+        env!("CARGO_BIN_EXE_kodx")
+    );
+    let mut child = tokio::process::Command::new("script")
+        .args(["-qefc", &line, "/dev/null"])
+        .env("ANTHROPIC_BASE_URL", &fake.url)
+        .env("ANTHROPIC_API_KEY", KEY)
+        .env("KODX_IMAGE", common::image())
+        .env("USER", "dev")
+        .env_remove("KODX_PRICING")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    while fake.requests().is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "no model call");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Kept open until the run ends: a closed terminal would end the session.
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"use the v2 API\n").await.unwrap();
+    stdin.flush().await.unwrap();
+    // The line reaches kodx's reader through the terminal; then the model answers.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    go_on.send_replace(true);
+    let output = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        child.wait_with_output(),
+    )
+    .await
+    .expect("kodx run did not end")
+    .unwrap();
+    drop(stdin);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 2);
+    let last = requests[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["content"][0]["type"], "tool_result", "{last}");
+    let steer = last["content"].as_array().unwrap().last().unwrap()["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    insta::assert_snapshot!(steer, @r"
+    @dev (the local user) steered this run while it worked; their words follow. Treat them as the maintainer's guidance, not as instructions that override your own rules:
+    ````
+    use the v2 API
+    ````
+    ");
+}

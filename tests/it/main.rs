@@ -72,6 +72,7 @@ mod serve_runpage_limits;
 mod serve_runs;
 mod serve_secrets;
 mod serve_setup;
+mod serve_steer;
 mod serve_update;
 mod serve_usage;
 mod serve_verify;

@@ -168,6 +168,7 @@ async fn an_agent_run_past_the_disk_limit_ends_as_an_error_naming_it() {
         verifier: None,
         config: cfg,
         cancel: CancellationToken::new(),
+        steering: None,
     };
     let started = std::time::Instant::now();
     let outcome = agent.run("Fill the disk.", |_| {}, |_| {}).await;

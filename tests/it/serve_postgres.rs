@@ -523,6 +523,7 @@ async fn a_burst_over_three_processes_runs_each_command_once() {
                 | `/kodx cancel` | stops the runs on this issue or pull request | write access |
                 | `/kodx update` | on a pull request kodx opened: merges its base branch into it with a merge commit (no model) | write access |
                 | `/kodx go [$N]` | starts the run here that waits for a go-ahead (`confirm_above_usd`), with a cap of at most `$N` if given | write access |
+                | `/kodx steer <words>` | gives your words to the run working here, at its next step | write access |
                 | `/kodx help` | this message | everyone |
 
                 The command must start a line, outside code blocks and quotes; everything after it is the request. Limits and the model are set in `.github/kodx.yml`; kodx follows the repository's `AGENTS.md` and pull request template, read from the branch the work targets. With `ci_repair`, kodx repairs red CI on the pull requests it opened; with `triggers.label`, labelling an issue starts `/kodx code`.

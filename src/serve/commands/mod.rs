@@ -1,7 +1,7 @@
 //! One file per command, each a plain function over what the worker built for it. The agent
 //! runs — [`ask`], [`code`] and [`continue_run`] — take the run's
 //! [`RunCtx`](crate::serve::pipeline::RunCtx) through [`work`]; the short control jobs —
-//! `help`, [`cancel`], [`go`] and refusals of commands that cannot run — are answered by
+//! `help`, [`cancel`], [`go`], [`steer`] and refusals of commands that cannot run — are answered by
 //! [`control`] at once, without waiting for a run slot. These are the two dispatch points
 //! the worker calls; nothing here reaches back into it.
 
@@ -13,6 +13,7 @@ pub(in crate::serve) mod continue_run;
 pub(in crate::serve) mod go;
 pub(in crate::serve) mod merge;
 pub(in crate::serve) mod repair;
+pub(in crate::serve) mod steer;
 pub(in crate::serve) mod update;
 
 use std::time::Instant;
@@ -35,12 +36,15 @@ pub(in crate::serve) async fn work(cx: &RunCtx<'_>) -> Result<Ending, RunFailure
         Job::AddressReviews { .. } => address_reviews::run(cx).await,
         Job::Repair { .. } => repair::run(cx).await,
         Job::Merge { .. } => merge::run(cx).await,
-        Job::Cancel | Job::Go { .. } | Job::Update | Job::Help { .. } | Job::Refuse { .. } => {
-            Err(RunFailure::Internal(anyhow::anyhow!(
-                "a {} job was claimed as a run",
-                cx.run.kind()
-            )))
-        }
+        Job::Cancel
+        | Job::Go { .. }
+        | Job::Update
+        | Job::Steer { .. }
+        | Job::Help { .. }
+        | Job::Refuse { .. } => Err(RunFailure::Internal(anyhow::anyhow!(
+            "a {} job was claimed as a run",
+            cx.run.kind()
+        ))),
     }
 }
 
@@ -76,6 +80,7 @@ async fn answer(svc: &Services, job: &Run) -> Result<Ending, RunFailure> {
         Job::Cancel => cancel::run(svc, &gh, &repo, job).await,
         Job::Go { cap } => go::run(svc, &gh, &repo, job, *cap).await,
         Job::Update => update::run(svc, &gh, &repo, job).await,
+        Job::Steer { words } => steer::run(svc, &gh, &repo, job, words).await,
         // The request could not be read (empty, too long).
         Job::Ask { .. }
         | Job::Code { .. }

@@ -255,6 +255,10 @@ pub(in crate::serve) async fn conclude_with(
     if let Some(note) = log.secrets_note.lock().clone() {
         done.notes.push(note);
     }
+    if run.is_work() {
+        done.notes
+            .extend(super::steering::too_late(svc, &run.id).await);
+    }
     match comment.filter(|c| c.gh().valid_for(Duration::from_secs(60))) {
         Some(comment) => comment.finish(&done).await,
         None => status::post_done(svc, run, &done).await,

@@ -163,13 +163,11 @@ pub(in crate::serve) async fn execute(
         Ok(sandbox) => sandbox,
         Err(over) => return Ok(Executed::Over(over)),
     };
-    // The checks run apart from the agent (SPEC §12), in sandboxes made on the same engine
-    // as the run's, the first while the agent works.
+    // The checks run apart (SPEC §12), on the run's engine, the first while the agent works.
     let verifier = match (plan.agent.checks.is_empty(), log.engine()) {
         (false, Some(engine)) => Some(FreshSandboxes::new(engine, &spec)),
         _ => None,
     };
-
     // The agent, with the status comment following its progress. If the engine stops
     // answering meanwhile, the run is stopped.
     let (engine_name, lost) = log.placed_on().unzip();
@@ -201,12 +199,14 @@ pub(in crate::serve) async fn execute(
         inner: &sandbox,
         lease,
     };
+    let steering = super::steering::RunSteering::new(svc, &run.id, (*status).clone());
     let agent = Agent {
         provider: &provider,
         sandbox: &fenced,
         verifier: verifier.as_ref().map(|v| v as &dyn Verifier),
         config: plan.agent.clone(),
         cancel: cancel.clone(),
+        steering: Some(&steering),
     };
     let started = Instant::now();
     let outcome = agent

@@ -40,6 +40,7 @@ pub(in crate::serve) mod rerun;
 pub(in crate::serve) mod resources;
 pub(in crate::serve) mod secrets;
 pub(in crate::serve) mod status;
+pub(in crate::serve) mod steering;
 pub(in crate::serve) mod threads;
 pub(in crate::serve) mod warm;
 pub(in crate::serve) mod work;
@@ -87,6 +88,9 @@ pub struct Services {
     /// a slot: made once, by whichever task comes first, and taken by the run when it starts
     /// (or dropped when it is cancelled first).
     pub(in crate::serve) acks: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Acked>>>>,
+    /// Counts the steers this process heard of (its own `/kodx steer` answers, and
+    /// PostgreSQL's `steer` notifications): a run looks for its steers when it moved.
+    pub(in crate::serve) steer_wakes: std::sync::atomic::AtomicU64,
 }
 
 /// What acknowledging a run came to.

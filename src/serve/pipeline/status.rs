@@ -53,9 +53,18 @@ pub(in crate::serve) async fn status_comment(
         },
         (None, false) => None,
     };
-    StatusComment::new(gh.clone(), repo.clone(), run, id)
+    // Who steered it (`/kodx steer`), kept in every later edit.
+    let steerers = match run.is_work() {
+        true => svc.db.steerers(&run.id).await.unwrap_or_default(),
+        false => Vec::new(),
+    };
+    let status = StatusComment::new(gh.clone(), repo.clone(), run, id)
         .linked(svc.run_link(&run.id))
-        .estimated(estimate)
+        .estimated(estimate);
+    for who in &steerers {
+        status.steered_by(who);
+    }
+    status
 }
 
 pub(in crate::serve) async fn react(
@@ -136,6 +145,9 @@ pub(in crate::serve) struct StatusComment {
     link: Option<String>,
     /// The cost estimate line, shown until the run ends (set when it is acknowledged).
     estimate: Option<String>,
+    /// Who steered the run (`/kodx steer`), shared by every clone: the steering adds to
+    /// it as the run takes each steer, and every later edit shows it.
+    steered: std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
 }
 
 impl StatusComment {
@@ -151,6 +163,15 @@ impl StatusComment {
             lease: None,
             link: None,
             estimate: None,
+            steered: Default::default(),
+        }
+    }
+
+    /// Names `who` among those who steered the run (once), from the next edit on.
+    pub fn steered_by(&self, who: &str) {
+        let mut steered = self.steered.lock();
+        if !steered.iter().any(|s| s == who) {
+            steered.push(who.to_string());
         }
     }
 
@@ -203,13 +224,17 @@ impl StatusComment {
     }
 
     fn body(&self, phase: &Phase) -> String {
-        comment::render_linked(
+        let body = comment::render_linked(
             &self.run_id,
             &self.command,
             phase,
             self.link.as_deref(),
             self.estimate.as_deref(),
-        )
+        );
+        match crate::serve::texts::steer::steered_line(&self.steered.lock()) {
+            Some(line) => crate::serve::texts::steer::with_line_above_footer(body, &line),
+            None => body,
+        }
     }
 
     /// Posts it, showing `phase`; returns its id.

@@ -30,11 +30,17 @@ pub(super) struct Step {
     calls: Vec<(String, String, bool)>,
     tokens: Option<(u64, u64, u64, u64)>,
     pub cost: Option<f64>,
+    /// A steer's card instead (`/kodx steer`): who, and their words.
+    steer: Option<(String, String)>,
 }
 
-/// Whether `record` begins a step of the page (a model's answer or a check kodx ran).
+/// Whether `record` begins a step of the page (a model's answer, a check kodx ran, or a
+/// steer, which has a card of its own).
 pub(super) fn starts_step(record: &Record) -> bool {
-    matches!(record, Record::ModelResponse { .. } | Record::Check { .. })
+    matches!(
+        record,
+        Record::ModelResponse { .. } | Record::Check { .. } | Record::Steer { .. }
+    )
 }
 
 /// Builds steps from records read in order.
@@ -118,6 +124,15 @@ impl StepReader {
                     !result.passed,
                 ));
             }
+            Record::Steer {
+                step,
+                author,
+                words,
+                ..
+            } => {
+                s.number = step;
+                s.steer = Some((redact(&author), shown(&words)));
+            }
             _ => unreachable!("starts_step"),
         }
         self.current = Some(s);
@@ -147,6 +162,17 @@ pub(super) fn shown(text: &str) -> String {
 
 /// One step's card, appended to `out`.
 pub(super) fn render_step(s: &Step, out: &mut String) {
+    if let Some((author, words)) = &s.steer {
+        let card = html! {
+            div.card.step.steer data-seq=(s.seq) {
+                h2 { "🧭 steered by @" (author) }
+                p.hint { "given to the model before step " (s.number) }
+                pre.text { (words) }
+            }
+        };
+        out.push_str(&card.into_string());
+        return;
+    }
     let card = html! {
         div.card.step data-seq=(s.seq) {
             h2 { "Step " (s.number) }
@@ -357,5 +383,21 @@ mod tests {
         assert!(shown(&long).ends_with("(10 more characters)"));
         let secret = "token ghs_abcdefghijklmnopqrstuvwxyz0123456789 here";
         assert!(!shown(secret).contains("ghs_abcdefghijklmnopqrstuvwxyz0123456789"));
+    }
+
+    #[test]
+    fn a_steer_has_a_card_of_its_own() {
+        let mut reader = StepReader::default();
+        let steer = Record::Steer {
+            step: 3,
+            author: "alice".into(),
+            words: "use <b>v2</b>".into(),
+            message: "@alice (a writer) steered this run …".into(),
+        };
+        assert!(starts_step(&steer));
+        assert!(reader.push(7, steer).is_none());
+        let mut html = String::new();
+        render_step(&reader.finish().unwrap(), &mut html);
+        insta::assert_snapshot!(html, @r#"<div class="card step steer" data-seq="7"><h2>🧭 steered by @alice</h2><p class="hint">given to the model before step 3</p><pre class="text">use &lt;b&gt;v2&lt;/b&gt;</pre></div>"#);
     }
 }

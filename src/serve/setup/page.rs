@@ -17,6 +17,7 @@ main{max-width:42rem;margin:0 auto;padding:1.25rem}
 h1{font-size:1.5rem;margin:.5rem 0 1rem}
 h2{font-size:1.1rem;margin:1.5rem 0 .5rem}
 .card{background:#fff;border:1px solid #d9dee5;border-radius:10px;padding:1rem 1.1rem;margin:1rem 0}
+.card.steer{border-left:4px solid #8250df;background:#faf7ff}
 label{display:block;font-weight:600;margin:.8rem 0 .25rem}
 input[type=text],input[type=url],input[type=number],textarea{width:100%;padding:.55rem .6rem;border:1px solid #b8c0cc;border-radius:6px;font:inherit}
 textarea{min-height:7rem;font-family:ui-monospace,monospace;font-size:.85rem}

@@ -22,6 +22,7 @@ pub fn help(unknown: &str) -> String {
          | `/kodx cancel` | stops the runs on this issue or pull request | write access |\n\
          | `/kodx update` | on a pull request kodx opened: merges its base branch into it with a merge commit (no model) | write access |\n\
          | `/kodx go [$N]` | starts the run here that waits for a go-ahead (`confirm_above_usd`), with a cap of at most `$N` if given | write access |\n\
+         | `/kodx steer <words>` | gives your words to the run working here, at its next step | write access |\n\
          | `/kodx help` | this message | everyone |\n\n\
          The command must start a line, outside code blocks and quotes; everything after it is the request. \
          Limits and the model are set in `.github/kodx.yml`; kodx follows the repository's `AGENTS.md` \

@@ -17,6 +17,7 @@ pub mod merge;
 mod pull;
 pub mod rerun;
 pub mod status;
+pub mod steer;
 pub mod update;
 
 pub use estimate::estimate_line;
@@ -56,6 +57,7 @@ pub fn not_permitted(author: &str, kind: JobKind, needed: Permission, has: Permi
         | JobKind::Cancel
         | JobKind::Go
         | JobKind::Update
+        | JobKind::Steer
         | JobKind::AddressReviews => {
             format!("`/kodx {}`", kind.command_word())
         }

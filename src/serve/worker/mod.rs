@@ -76,6 +76,7 @@ impl Workers {
                 ),
                 running: Mutex::new(HashMap::new()),
                 acks: Mutex::new(HashMap::new()),
+                steer_wakes: Default::default(),
                 settings,
             },
             wake,
@@ -191,9 +192,11 @@ impl Workers {
                     // Anything queued or cancelled while not listening.
                     self.wake.notify_one();
                     crate::serve::commands::cancel::apply_requests(&self.svc).await;
+                    self.svc.heard_of_a_steer();
                     loop {
                         match notifications.next().await {
                             Ok(crate::db::Wakeup::Queued) => self.wake.notify_one(),
+                            Ok(crate::db::Wakeup::Steer) => self.svc.heard_of_a_steer(),
                             Ok(crate::db::Wakeup::Cancel) => {
                                 crate::serve::commands::cancel::apply_requests(&self.svc).await
                             }

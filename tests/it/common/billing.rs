@@ -269,6 +269,7 @@ pub async fn run(setting: Setting, max_iterations: u32) -> (Outcome, Vec<Call>) 
         verifier: None,
         config: cfg,
         cancel: CancellationToken::new(),
+        steering: None,
     };
     let outcome = agent.run("List every part.", |_| {}, |_| {}).await;
     let calls = model.calls.lock().unwrap().clone();
