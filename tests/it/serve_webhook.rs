@@ -116,10 +116,10 @@ async fn status_codes_of_the_table() {
     assert_eq!(status, 400, "{answer}");
     // Other events, ping, edits, no command, bot authors: 200 with the reason.
     let (status, answer) = s
-        .deliver("push", &delivery_id(), &json!({"ref": "refs/heads/main"}))
+        .deliver("release", &delivery_id(), &json!({"action": "published"}))
         .await;
     assert_eq!(status, 200, "{answer}");
-    insta::assert_snapshot!(answer["ignored"].as_str().unwrap(), @"kodx does not act on `push` events");
+    insta::assert_snapshot!(answer["ignored"].as_str().unwrap(), @"kodx does not act on `release` events");
     let (status, answer) = s
         .deliver(
             "ping",
