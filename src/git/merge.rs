@@ -61,28 +61,11 @@ pub fn merge_base_into(dest: &Path, req: &MergeRequest<'_>) -> Result<Merged, Gi
             ),
         });
     }
-    let tracking = format!("refs/remotes/origin/{}", req.base);
-    fetch(
-        dest,
-        req.url,
-        req.token,
-        &[&format!("+refs/heads/{}:{tracking}", req.base)],
-    )?;
     let repo = Repository::open(dest).map_err(other)?;
-    let head = repo
-        .head()
-        .and_then(|h| h.peel_to_commit())
-        .map_err(other)?;
-    let base = repo
-        .find_reference(&tracking)
-        .and_then(|r| r.peel_to_commit())
-        .map_err(|_| GitError::RefNotFound(format!("branch {}", req.base)))?;
+    let tips = fetch_tips(&repo, dest, req.url, req.token, req.base)?;
+    let (head, base) = (tips.head, tips.base);
     let base_sha = base.id().to_string();
-    if head.id() == base.id()
-        || repo
-            .graph_descendant_of(head.id(), base.id())
-            .map_err(other)?
-    {
+    if tips.up_to_date {
         return Ok(Merged::UpToDate { base: base_sha });
     }
     let mut index = repo.merge_commits(&head, &base, None).map_err(other)?;
@@ -119,6 +102,49 @@ pub fn merge_base_into(dest: &Path, req: &MergeRequest<'_>) -> Result<Merged, Gi
     Ok(Merged::Committed {
         sha: sha.to_string(),
         base: base_sha,
+    })
+}
+
+/// The two tips of a merge of a base into the checked-out branch.
+pub(super) struct Tips<'r> {
+    pub head: git2::Commit<'r>,
+    pub base: git2::Commit<'r>,
+    /// The branch already holds the base.
+    pub up_to_date: bool,
+}
+
+/// Fetches branch `base` into `refs/remotes/origin/<base>` of the clone at `dir` (opened as
+/// `repo`) and reads its tip and `HEAD`'s.
+pub(super) fn fetch_tips<'r>(
+    repo: &'r Repository,
+    dir: &Path,
+    url: &str,
+    token: &str,
+    base: &str,
+) -> Result<Tips<'r>, GitError> {
+    let tracking = format!("refs/remotes/origin/{base}");
+    fetch(
+        dir,
+        url,
+        token,
+        &[&format!("+refs/heads/{base}:{tracking}")],
+    )?;
+    let head = repo
+        .head()
+        .and_then(|h| h.peel_to_commit())
+        .map_err(other)?;
+    let base = repo
+        .find_reference(&tracking)
+        .and_then(|r| r.peel_to_commit())
+        .map_err(|_| GitError::RefNotFound(format!("branch {base}")))?;
+    let up_to_date = head.id() == base.id()
+        || repo
+            .graph_descendant_of(head.id(), base.id())
+            .map_err(other)?;
+    Ok(Tips {
+        head,
+        base,
+        up_to_date,
     })
 }
 

@@ -8,12 +8,12 @@ use std::path::Path;
 
 use git2::{build::CheckoutBuilder, MergeFileOptions, Oid, Repository};
 
-use super::clone::fetch;
 use super::commit::{
     apply_change, changes_to_commit, check_sizes, commit_message, signature_of, stage_work_tree,
     CommitRequest, Committed, Identity,
 };
 use super::error::GitError;
+use super::merge::fetch_tips;
 use super::session::other;
 use crate::sandbox::ChangeSet;
 
@@ -87,30 +87,17 @@ pub fn prepare_conflicted_merge(
     repo_dir: &Path,
     req: &PrepareMerge<'_>,
 ) -> Result<PreparedMerge, GitError> {
-    let tracking = format!("refs/remotes/origin/{}", req.base);
-    fetch(
-        repo_dir,
-        req.url,
-        req.token,
-        &[&format!("+refs/heads/{}:{tracking}", req.base)],
-    )?;
     let repo = Repository::open(repo_dir).map_err(other)?;
-    let head_ref = repo.head().map_err(other)?;
-    let branch_ref = head_ref
+    let branch_ref = repo
+        .head()
+        .map_err(other)?
         .name()
         .map_err(|_| GitError::Other("HEAD has no name".into()))?
         .to_string();
-    let head = head_ref.peel_to_commit().map_err(other)?;
-    let base = repo
-        .find_reference(&tracking)
-        .and_then(|r| r.peel_to_commit())
-        .map_err(|_| GitError::RefNotFound(format!("branch {}", req.base)))?;
+    let tips = fetch_tips(&repo, repo_dir, req.url, req.token, req.base)?;
+    let (head, base) = (tips.head, tips.base);
     let (head_sha, base_sha) = (head.id().to_string(), base.id().to_string());
-    if head.id() == base.id()
-        || repo
-            .graph_descendant_of(head.id(), base.id())
-            .map_err(other)?
-    {
+    if tips.up_to_date {
         return Ok(PreparedMerge {
             head: head_sha,
             base: base_sha,

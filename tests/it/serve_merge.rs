@@ -11,7 +11,7 @@
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::common::follow_up::{ended, first_user_text, kodx_pull, push_payload};
+use crate::common::follow_up::{ended, first_user_text, github_get, kodx_pull, push_payload};
 use crate::common::openapi;
 use crate::common::serve::{delivery_id, text, tool, usage, Served, REPO};
 
@@ -44,17 +44,7 @@ async fn push_to_main(s: &Served, files: &[(&str, &[u8], u32)], message: &str) -
 /// The fake's answer to `GET …/pulls/{number}`, read with a token kodx was given.
 async fn pull_answer(s: &Served, number: u64) -> Value {
     let token = s.github.token_grants().pop().expect("a token").token;
-    reqwest::Client::new()
-        .get(format!("{}/repos/{REPO}/pulls/{number}", s.github.url()))
-        .header("authorization", format!("token {token}"))
-        .header("accept", "application/vnd.github+json")
-        .header("user-agent", "kodx-test")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    github_get(s, &token, &format!("pulls/{number}")).await
 }
 
 /// The model resolves `a.txt` only if it holds conflict markers (else the markers check

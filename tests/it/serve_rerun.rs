@@ -14,7 +14,9 @@ use serde_json::Value;
 
 use crate::common;
 use crate::common::fake_github::{FakeCheckRunSpec, FakeSuite, ACTIONS_SLUG};
-use crate::common::follow_up::{ci_event, ended, first_user_text, kodx_pull, red_actions_suite};
+use crate::common::follow_up::{
+    ci_event, ended, first_user_text, github_get, kodx_pull, red_actions_suite,
+};
 use crate::common::openapi;
 use crate::common::serve::{text, tool, usage, Served, INSTALLATION, REPO};
 
@@ -54,20 +56,7 @@ async fn job_fits_the_description(s: &Served, job: u64) {
         })
         .expect("a token with actions: write")
         .token;
-    let answer: Value = reqwest::Client::new()
-        .get(format!(
-            "{}/repos/{REPO}/actions/jobs/{job}",
-            s.github.url()
-        ))
-        .header("authorization", format!("token {token}"))
-        .header("accept", "application/vnd.github+json")
-        .header("user-agent", "kodx-test")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = github_get(s, &token, &format!("actions/jobs/{job}")).await;
     let described = openapi::extract("actions");
     let schema = &described["GET /repos/{owner}/{repo}/actions/jobs/{job_id} 200"];
     let broken = openapi::violations(&answer, schema, "job");

@@ -157,3 +157,19 @@ pub fn push_payload(s: &Served, before: &str, after: &str) -> Value {
     r["master_branch"] = json!("main");
     p
 }
+
+/// The fake GitHub's answer to `GET <path>` (under `/repos/{REPO}`), read as kodx reads it
+/// with `token`.
+pub async fn github_get(s: &Served, token: &str, path: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("{}/repos/{REPO}/{path}", s.github.url()))
+        .header("authorization", format!("token {token}"))
+        .header("accept", "application/vnd.github+json")
+        .header("user-agent", "kodx-test")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
