@@ -46,6 +46,31 @@ async fn ask_in_its_first_call(
     (run, go_on)
 }
 
+/// No edit of the status comment after the steer's answer named @alice dropped the name,
+/// not even those of the running process while the tool of the step the steer waited for
+/// ran (it hears of the steer within 500 ms and names whoever steered).
+fn assert_name_kept(s: &Served) {
+    let edits = s
+        .github
+        .all_comments(REPO)
+        .into_iter()
+        .map(|(_, c)| c)
+        .find(|c| c.is_bot && c.edits.iter().any(|e| e.contains("🧭 steered by @alice")))
+        .expect("a status comment naming the steerer")
+        .edits;
+    let from = edits
+        .iter()
+        .position(|e| e.contains("🧭 steered by @alice"))
+        .unwrap();
+    assert!(edits.len() > from + 1, "edits after the steer: {edits:#?}");
+    for e in &edits[from..] {
+        assert!(
+            e.contains("🧭 steered by @alice"),
+            "an edit without the name:\n{e}"
+        );
+    }
+}
+
 /// The second request carries the steer after the tool result, in the same user message.
 fn assert_steered(s: &Served) {
     let requests = s.model.requests();
@@ -112,10 +137,13 @@ async fn a_steer_reaches_the_running_models_next_request() {
     });
     // The model was thinking: nothing was sent to it meanwhile.
     assert_eq!(s.model.requests().len(), 1);
+    // The running run heard of the steer (it looks every 500 ms).
+    tokio::time::sleep(Duration::from_millis(700)).await;
     go_on.send_replace(true);
     let done = s.finished_status(7).await;
     assert!(done.contains("It uses the v2 API now."), "{done}");
     assert!(done.contains("🧭 steered by @alice\n"), "{done}");
+    assert_name_kept(&s);
     assert_steered(&s);
     let records = s.records(&run.0, "steer").await;
     assert_eq!(records.len(), 1, "{records:?}");
@@ -227,9 +255,12 @@ async fn a_steer_taken_in_by_another_process_reaches_the_run_on_postgres() {
     assert_eq!(running.attempts, 1, "the run never moved: {running:?}");
     db.close().await;
     s.signal("CONT");
+    // The running process hears of it by the notification (and looks every 500 ms).
+    tokio::time::sleep(Duration::from_millis(700)).await;
     go_on.send_replace(true);
     let done = s.finished_status(7).await;
     assert!(done.contains("🧭 steered by @alice"), "{done}");
+    assert_name_kept(&s);
     assert_steered(&s);
     // The run page shows the steer in the transcript, where it was taken.
     let page = s.linked_run_page(&done).await;

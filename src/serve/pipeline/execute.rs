@@ -209,19 +209,18 @@ pub(in crate::serve) async fn execute(
         steering: Some(&steering),
     };
     let started = Instant::now();
-    let outcome = agent
-        .resume(
-            messages,
-            |p| {
-                let _ = progress_tx.send(Some(p.clone()));
-            },
-            |r: &Record| {
-                if let Ok(line) = serde_json::to_string(r) {
-                    let _ = records_tx.send(line);
-                }
-            },
-        )
-        .await;
+    let work = agent.resume(
+        messages,
+        |p| {
+            let _ = progress_tx.send(Some(p.clone()));
+        },
+        |r: &Record| {
+            if let Ok(line) = serde_json::to_string(r) {
+                let _ = records_tx.send(line);
+            }
+        },
+    );
+    let outcome = steering.announcing(work).await;
     timings.add("agent", started.elapsed());
     drop(progress_tx);
     drop(records_tx);

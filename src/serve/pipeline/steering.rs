@@ -58,6 +58,39 @@ impl<'a> RunSteering<'a> {
     }
 }
 
+impl RunSteering<'_> {
+    /// Runs `work` (the agent), and names whoever steers meanwhile in the status comment as
+    /// soon as this process hears of it, so no progress edit before the next step drops
+    /// the name the `/kodx steer` answer put up (the words reach the model at that step).
+    pub(in crate::serve) async fn announcing<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+    ) -> T {
+        tokio::pin!(work);
+        let mut seen = self.svc.steer_wakes.load(Ordering::SeqCst);
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                _ = tokio::time::sleep(ANNOUNCE_EVERY) => {
+                    let now = self.svc.steer_wakes.load(Ordering::SeqCst);
+                    if now == seen {
+                        continue;
+                    }
+                    seen = now;
+                    match self.svc.db.steerers(&self.run_id).await {
+                        Ok(who) => who.iter().for_each(|w| self.status.steered_by(w)),
+                        Err(e) => tracing::warn!(run_id = %self.run_id, "reading who steered failed: {e}"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How often a running run looks whether this process heard of a steer (an atomic read;
+/// the database is read only when it did).
+const ANNOUNCE_EVERY: Duration = Duration::from_millis(500);
+
 #[async_trait::async_trait]
 impl Steering for RunSteering<'_> {
     async fn take(&self) -> Vec<Steer> {
