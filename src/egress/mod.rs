@@ -3,8 +3,8 @@
 //! refused ([`proxy`]).
 //!
 //! Status: the proxy and the allow list are built and tested on loopback; a sandbox is
-//! not yet given the proxy (its fence still cuts or keeps the whole network), so
-//! `network.allow` is not read from `.github/kodx.yml` yet.
+//! not yet given the proxy (its fence still cuts or keeps the whole network), so a
+//! `.github/kodx.yml` with `network:` is refused with that reason.
 
 pub mod allow;
 pub mod proxy;

@@ -80,3 +80,20 @@ impl<'de> Deserialize<'de> for Secrets {
         Ok(Secrets(out))
     }
 }
+
+/// `network:` (`network.allow`, SPEC §12): reaching hosts by name needs kodx's egress proxy
+/// in the sandbox, which this kodx does not give sandboxes yet. The key is known, so a
+/// repository that writes it is told exactly that instead of "unknown key".
+pub(super) struct NotYetNetwork;
+
+impl<'de> Deserialize<'de> for NotYetNetwork {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        serde::de::IgnoredAny::deserialize(deserializer)?;
+        Err(D::Error::custom(
+            "`network.allow` (hosts reached by name through kodx's egress proxy) is not \
+             available on this kodx yet: remove `network:`; the sandbox keeps the network \
+             the server gives it (see `disable_network_after_setup`)",
+        ))
+    }
+}
