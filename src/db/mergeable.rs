@@ -1,7 +1,8 @@
 //! What kodx remembers to keep its pull requests mergeable (SPEC §12, "Mergeable pull
 //! requests"; migration 0015): the base branch of each pull request it opened, so a `push`
 //! to a branch finds the pull requests it may have made conflicted, and GitHub's
-//! `mergeable_state` a run decided on, for its page.
+//! `mergeable_state` a run decided on, for its page; and what the egress proxy refused for a
+//! run (migration 0019), for its page too.
 
 use super::{now_ms, Db, DbError};
 
@@ -80,6 +81,20 @@ impl Db {
         .execute(p).await.map(|_| ()))?;
         Ok(())
     }
+
+    /// Keeps what the egress proxy refused for run `run_id` (its page shows it).
+    pub async fn set_egress_blocked(
+        &self,
+        run_id: &str,
+        blocked: &[crate::egress::Blocked],
+    ) -> Result<(), DbError> {
+        let json = serde_json::to_string(blocked).unwrap_or_else(|_| "[]".to_string());
+        with_pool!(&self.pool, p => sqlx::query("UPDATE runs SET egress_blocked = $2 WHERE id = $1")
+        .bind(run_id)
+        .bind(json)
+        .execute(p).await.map(|_| ()))?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -132,6 +147,22 @@ mod tests {
             db.set_mergeable_state(&opener, "dirty").await.unwrap();
             let run = db.get_run(&opener).await.unwrap().unwrap();
             assert_eq!(run.mergeable_state.as_deref(), Some("dirty"));
+            assert_eq!(run.egress_blocked, None);
+            let refused = crate::egress::Blocked {
+                host: "evil.example".into(),
+                port: 443,
+                count: 2,
+                first_ms: 5,
+                why: "not in network.allow".into(),
+                suggestion: Some("evil.example".into()),
+            };
+            db.set_egress_blocked(&opener, std::slice::from_ref(&refused))
+                .await
+                .unwrap();
+            let run = db.get_run(&opener).await.unwrap().unwrap();
+            let stored: Vec<crate::egress::Blocked> =
+                serde_json::from_str(run.egress_blocked.as_deref().unwrap()).unwrap();
+            assert_eq!(stored, vec![refused]);
         }
     }
 }

@@ -350,6 +350,9 @@ pub struct Run {
     /// GitHub's `mergeable_state` of the pull request when a merge run or `/kodx update`
     /// decided on it.
     pub mergeable_state: Option<String>,
+    /// What kodx's egress proxy refused for the run (a JSON list of
+    /// [`crate::egress::Blocked`]); `None`: the run did not go through the proxy.
+    pub egress_blocked: Option<String>,
 }
 
 impl Run {
@@ -532,7 +535,8 @@ macro_rules! run_columns {
          status_comment_id, stop_reason, \
          cost_usd, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
          api_calls, result, pr_url, cancelled_by, created_at, started_at, finished_at, \
-         held_until, confirmed_by, confirmed_cap_usd, estimate, mergeable_state"
+         held_until, confirmed_by, confirmed_cap_usd, estimate, mergeable_state, \
+         egress_blocked"
     };
 }
 

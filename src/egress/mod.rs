@@ -2,12 +2,15 @@
 //! reach ([`allow`]), and kodx's egress proxy that enforces it by name and records what it
 //! refused ([`proxy`]).
 //!
-//! Status: the proxy and the allow list are built and tested on loopback; a sandbox is
-//! not yet given the proxy (its fence still cuts or keeps the whole network), so a
-//! `.github/kodx.yml` with `network:` is refused with that reason.
+//! A run whose repository sets `network.allow` gets a sandbox narrowed to the proxy after
+//! its setup script (`kodx_sandbox::EgressSpec`); [`proxies`] keeps one listener per engine
+//! in this process, on that engine's sandbox network's gateway.
 
 pub mod allow;
+pub mod proxies;
 pub mod proxy;
+pub mod report;
 
 pub use allow::{AllowList, AllowRule};
+pub use proxies::Proxies;
 pub use proxy::{Blocked, EgressProxy, Policy, Registration, Resolver};

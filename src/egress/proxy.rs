@@ -48,12 +48,18 @@ pub enum Resolver {
     #[default]
     System,
     Hosts(HashMap<String, Vec<IpAddr>>),
+    /// These names as the table says, every other one through the system's resolver (the
+    /// server's `egress_resolve`).
+    Pinned(HashMap<String, Vec<IpAddr>>),
 }
 
 impl Resolver {
     async fn lookup(&self, host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
         match self {
-            Resolver::System => {
+            Resolver::Pinned(table) if table.contains_key(host) => {
+                Box::pin(Resolver::Hosts(table.clone()).lookup(host, port)).await
+            }
+            Resolver::System | Resolver::Pinned(_) => {
                 let found = tokio::time::timeout(
                     RESOLVE_TIMEOUT,
                     tokio::net::lookup_host((host.to_string(), port)),
@@ -81,7 +87,7 @@ pub struct Policy {
 }
 
 /// A request the proxy refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Blocked {
     pub host: String,
     pub port: u16,

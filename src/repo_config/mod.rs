@@ -69,6 +69,9 @@ pub struct RepoConfig {
     pub confirm_above_usd: Option<f64>,
     /// `secrets:`: the secrets kodx keeps for the repository that its runs use.
     pub secrets: Vec<SecretSpec>,
+    /// `network.allow`: after the setup script the sandbox reaches only kodx's egress
+    /// proxy, which lets these hosts through (`None`: not set).
+    pub network_allow: Option<crate::egress::AllowList>,
 }
 
 /// `reviews.resolve`: `none` (reply only, the default) or `fixed` (also resolve the threads
@@ -376,9 +379,7 @@ struct RawRepoConfig {
     triggers: Option<RawTriggers>,
     confirm_above_usd: Option<UsdOrZero>,
     secrets: Option<secrets::Secrets>,
-    /// Never read: deserializing it refuses the file with why.
-    #[allow(dead_code)]
-    network: Option<secrets::NotYetNetwork>,
+    network: Option<secrets::Network>,
 }
 
 #[derive(Deserialize)]
@@ -606,6 +607,7 @@ impl RawRepoConfig {
             trigger_label: self.triggers.and_then(|t| t.label).map(|l| l.0),
             confirm_above_usd: self.confirm_above_usd.map(|u| u.0),
             secrets: self.secrets.map(|s| s.0).unwrap_or_default(),
+            network_allow: self.network.map(|n| n.allow),
         }
     }
 }
@@ -734,6 +736,7 @@ pr: { draft: false, branch_prefix: kodx/ }
                 trigger_label: None,
                 confirm_above_usd: None,
                 secrets: Vec::new(),
+                network_allow: None,
             }
         );
     }
@@ -764,10 +767,9 @@ pr: { draft: false, branch_prefix: kodx/ }
                 "twice",
             ),
             ("secrets:\n  - { name: X, value: y }\n", "unknown key"),
-            (
-                "network:\n  allow: [crates.io]\n",
-                "not available on this kodx yet",
-            ),
+            ("network:\n  allow: [\"crates io\"]\n", "network.allow"),
+            ("network:\n  deny: [crates.io]\n", "unknown"),
+            ("network: open\n", "a mapping"),
         ] {
             let e = RepoConfig::parse(text).unwrap_err().to_string();
             assert!(e.contains(says), "{text}: {e}");

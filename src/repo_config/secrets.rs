@@ -81,19 +81,24 @@ impl<'de> Deserialize<'de> for Secrets {
     }
 }
 
-/// `network:` (`network.allow`, SPEC §12): reaching hosts by name needs kodx's egress proxy
-/// in the sandbox, which this kodx does not give sandboxes yet. The key is known, so a
-/// repository that writes it is told exactly that instead of "unknown key".
-pub(super) struct NotYetNetwork;
+/// `network:` of `.github/kodx.yml` (SPEC §12, "Egress by name"): `allow`, the hosts the
+/// sandbox reaches through kodx's egress proxy after its setup script.
+pub(super) struct Network {
+    pub(super) allow: crate::egress::AllowList,
+}
 
-impl<'de> Deserialize<'de> for NotYetNetwork {
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with the key allow")]
+struct RawNetwork {
+    allow: Vec<Text>,
+}
+
+impl<'de> Deserialize<'de> for Network {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         use serde::de::Error;
-        serde::de::IgnoredAny::deserialize(deserializer)?;
-        Err(D::Error::custom(
-            "`network.allow` (hosts reached by name through kodx's egress proxy) is not \
-             available on this kodx yet: remove `network:`; the sandbox keeps the network \
-             the server gives it (see `disable_network_after_setup`)",
-        ))
+        let raw = RawNetwork::deserialize(deserializer)?;
+        crate::egress::AllowList::parse(raw.allow.iter().map(|t| t.0.as_str()))
+            .map(|allow| Network { allow })
+            .map_err(|e| D::Error::custom(format!("network.allow: {e}")))
     }
 }

@@ -91,6 +91,14 @@ pub struct Settings {
     /// IPv4 ranges sandboxes may reach although they are private, link-local or the
     /// Docker host's (e.g. a package mirror on the internal network).
     pub network_allow: Vec<Cidr>,
+    /// Whether a repository's `network.allow` is honoured: after its setup script the
+    /// sandbox reaches the hosts it names through kodx's egress proxy. `false`: such a
+    /// repository's sandboxes are cut from the network after setup, and the status
+    /// comment says why.
+    pub allow_repo_network: bool,
+    /// Names kodx's egress proxy resolves to these addresses instead of asking the system's
+    /// resolver (an internal mirror's name, pinned); every other name as the system says.
+    pub egress_resolve: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
     /// Bytes one sandbox may write to its own filesystem; a program's
     /// `limits.max_disk_bytes` may lower it.
     pub max_disk_bytes: u64,
@@ -168,6 +176,8 @@ impl Default for Settings {
             mergeable_wait_secs: 60,
             network: NetworkMode::On,
             network_allow: Vec::new(),
+            allow_repo_network: true,
+            egress_resolve: Default::default(),
             max_disk_bytes: DEFAULT_MAX_DISK_BYTES,
             max_connections: 4096,
             header_timeout_secs: 10.0,

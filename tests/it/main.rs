@@ -55,6 +55,7 @@ mod serve_code;
 mod serve_confirm;
 mod serve_context;
 mod serve_continue;
+mod serve_egress;
 mod serve_estimate;
 mod serve_follow_up;
 mod serve_images;

@@ -32,6 +32,10 @@
  *   kodx-net unplug PID
  *       Removes the sandbox's `eth0` (and so its host end): the network cut. Prints the
  *       addresses left.
+ *   kodx-net narrow PID|- GATEWAY PORT ROUTE...
+ *       Leaves the sandbox (PID's network namespace; `-`: this one) only GATEWAY's TCP
+ *       PORT (kodx's egress proxy) and loopback, and removes the ROUTEs: see `narrow`.
+ *       Prints the addresses left.
  *   kodx-net addrs
  *       Prints every interface address of the current network namespace, one a line:
  *       `4 <8 hex digits>` or `6 <32 hex digits>` (network byte order).
@@ -208,6 +212,7 @@ static size_t slen(const char *s) {
 #define RTM_NEWADDR 20
 #define RTM_GETADDR 22
 #define RTM_NEWROUTE 24
+#define RTM_DELROUTE 25
 #define RT_TABLE_MAIN 254
 #define RTPROT_STATIC 4
 #define RT_SCOPE_UNIVERSE 0
@@ -215,6 +220,9 @@ static size_t slen(const char *s) {
 #define RTN_UNREACHABLE 7
 #define RTA_DST 1
 #define RTA_GATEWAY 5
+#define RTA_OIF 4
+#define RT_SCOPE_LINK 253
+#define NLM_F_REPLACE 0x100
 #define IFA_ADDRESS 1
 #define IFA_LOCAL 2
 #define IFA_BROADCAST 4
@@ -347,8 +355,9 @@ static const char *parse_addr(const char *s, u8 a[4]) {
     return s + 8;
 }
 
-/* Adds the route `spec`; returns the kernel's answer (0 or a negative errno). */
-static int route(int fd, const char *spec) {
+/* Adds (or with `del`, removes) the route `spec`; returns the kernel's answer (0 or a
+ * negative errno). A removal matches any protocol: the engine's routes are not kodx's. */
+static int route_op(int fd, const char *spec, int del) {
     struct {
         struct nlmsghdr h;
         struct rtmsg r;
@@ -372,7 +381,7 @@ static int route(int fd, const char *spec) {
     m.r.family = AF_INET;
     m.r.dst_len = (u8)prefix;
     m.r.table = RT_TABLE_MAIN;
-    m.r.protocol = RTPROT_STATIC;
+    m.r.protocol = del ? 0 : RTPROT_STATIC;
     m.r.scope = RT_SCOPE_UNIVERSE;
     m.dst_a.len = sizeof m.dst_a + sizeof m.dst;
     m.dst_a.type = RTA_DST;
@@ -387,8 +396,8 @@ static int route(int fd, const char *spec) {
         len += sizeof m.gw_a + sizeof m.gw;
     }
     m.h.len = len;
-    m.h.type = RTM_NEWROUTE;
-    m.h.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+    m.h.type = del ? RTM_DELROUTE : RTM_NEWROUTE;
+    m.h.flags = NLM_F_REQUEST | NLM_F_ACK | (del ? 0 : NLM_F_CREATE | NLM_F_EXCL);
     m.h.seq = ++seq;
     nl_send(fd, &m, len);
     long n = nl_recv(fd);
@@ -396,6 +405,8 @@ static int route(int fd, const char *spec) {
     if (n < (long)(sizeof *h + sizeof(int)) || h->type != NLMSG_ERROR) die("no answer to a route", 0, 1);
     return *(int *)(rbuf + sizeof *h);
 }
+
+static int route(int fd, const char *spec) { return route_op(fd, spec, 0); }
 
 static void add_route(int fd, const char *spec) {
     int err = route(fd, spec);
@@ -554,6 +565,8 @@ static void enter_netns(const char *pid) { enter_netns_fd(open_netns(pid)); }
 #define IN6_ADDR_GEN_MODE_NONE 1
 #define EAFNOSUPPORT 97
 #define EEXIST 17
+#define ENOENT 2
+#define ESRCH 3
 #define ENODEV 19
 
 struct ifinfomsg {
@@ -1261,6 +1274,69 @@ static void unplug(const char *pid) {
     sys6(SYS_close, fd, 0, 0, 0, 0, 0);
 }
 
+/*
+ * narrow PID|- GATEWAY PORT DROP...: the sandbox (PID's network namespace, or this process's
+ * with `-`) keeps its interface but reaches nothing but GATEWAY (8 hex digits) on TCP PORT,
+ * kodx's egress proxy: its output filter is replaced by "loopback, then that, nothing
+ * else", and the routes DROP (route specs, as `routes` takes them: its default route, the
+ * gateway's unreachable /32) are removed, so that every other connect fails at once
+ * instead of waiting for a timeout. A route already gone is fine.
+ */
+static void narrow(long argc, char **argv) {
+    if (!(argv[2][0] == '-' && !argv[2][1])) enter_netns(argv[2]);
+    u8 gw[4];
+    const char *p = parse_addr(argv[3], gw);
+    if (!p || *p) die("bad gateway", 0, 2);
+    long port = parse_dec(argv[4]);
+    if (port < 1 || port > 65535) die("bad port", 0, 2);
+    nft_begin("out", NF_INET_LOCAL_OUT);
+    memset(nft_iif, 0, sizeof nft_iif);
+    char lo[16];
+    name16(lo, "lo");
+    rule_begin();
+    ex_meta(7 /* NFT_META_OIFNAME */);
+    ex_cmp(0, lo, 16);
+    rule_end(NF_ACCEPT);
+    rule_begin();
+    ex_meta(15 /* NFT_META_NFPROTO */);
+    u8 v4 = NFPROTO_IPV4;
+    ex_cmp(0, &v4, 1);
+    ex_daddr_is(~0u, (u32)gw[0] << 24 | (u32)gw[1] << 16 | (u32)gw[2] << 8 | gw[3]);
+    ex_meta(16 /* NFT_META_L4PROTO */);
+    u8 tcp = 6;
+    ex_cmp(0, &tcp, 1);
+    ex_begin("payload");
+    nb_u32(1 /* NFTA_PAYLOAD_DREG */, 1);
+    nb_u32(2 /* NFTA_PAYLOAD_BASE */, 2 /* transport header */);
+    nb_u32(3 /* NFTA_PAYLOAD_OFFSET */, 2);
+    nb_u32(4 /* NFTA_PAYLOAD_LEN */, 2);
+    ex_end();
+    u8 be[2] = {(u8)(port >> 8), (u8)port};
+    ex_cmp(0, be, 2);
+    rule_end(NF_ACCEPT);
+    rule_begin();
+    rule_end(NF_DROP);
+    nft_commit("narrowing the sandbox's network to kodx's egress proxy (nftables)");
+    int fd = nl_open();
+    for (long i = 5; i < argc; i++) {
+        int err = route_op(fd, argv[i], 1);
+        if (err && err != -ESRCH && err != -ENOENT) die("removing a route of the sandbox", err, 1);
+    }
+    /* The gateway on its own link: a plugged sandbox's neighbours (its subnet's halves) are
+     * unreachable routes, and the gateway is in one of them. */
+    int eth0 = if_index("eth0");
+    if (!eth0) die("the sandbox's interface is missing", 0, 1);
+    msg_start(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE);
+    struct rtmsg r = {AF_INET, 32, 0, 0, RT_TABLE_MAIN, RTPROT_STATIC, RT_SCOPE_LINK, RTN_UNICAST, 0};
+    msg_raw(&r, sizeof r);
+    msg_attr(RTA_DST, gw, 4);
+    u32 oif = (u32)eth0;
+    msg_attr(RTA_OIF, &oif, 4);
+    int err = msg_send(fd);
+    if (err) die("routing the sandbox to the egress proxy", err, 1);
+    sys6(SYS_close, fd, 0, 0, 0, 0, 0);
+}
+
 /* struct termios as the kernel's TCGETS/TCSETS take it (the same on x86_64 and aarch64). */
 struct termios_ {
     u32 iflag, oflag, cflag, lflag;
@@ -1570,7 +1646,8 @@ void cmain(long *sp) {
     static const char usage[] =
         "usage: kodx-net hold | hold-idle SECS | gate | checks | snapshot[-on-line] MARKER ROOT | addrs | "
         "routes SPEC... | "
-        "fence PID SPEC... | plug PID BRIDGE NET/PREFIX GATEWAY FIRST COUNT DNS SPEC... | unplug PID";
+        "fence PID SPEC... | plug PID BRIDGE NET/PREFIX GATEWAY FIRST COUNT DNS SPEC... | unplug PID | "
+        "narrow PID|- GATEWAY PORT ROUTE...";
     if (argc < 2) die(usage, 0, 2);
     if (streq(argv[1], "hold")) {
         /* A signal whose default is to end the process (the engine's stop) ends it. */
@@ -1617,6 +1694,10 @@ void cmain(long *sp) {
     } else if (streq(argv[1], "unplug")) {
         if (argc != 3) die(usage, 0, 2);
         unplug(argv[2]);
+        first = argc;
+    } else if (streq(argv[1], "narrow")) {
+        if (argc < 5) die(usage, 0, 2);
+        narrow(argc, argv);
         first = argc;
     } else if (!streq(argv[1], "routes") && !streq(argv[1], "addrs")) {
         die(usage, 0, 2);

@@ -19,6 +19,10 @@ use tokio::task::JoinHandle;
 use super::term::{self, Decoder, PromptKind};
 use super::{Result, SandboxError};
 
+/// Variables every shell reads as it starts (`set -a`), when the file is there: kodx
+/// writes it after the setup script (the egress proxy's, [`crate::EgressSpec`]).
+pub const ENV_PATH: &str = "/tmp/.kodx/env";
+
 /// Where kodx's bash rc file lives in the container (written at container start).
 pub const BASHRC_PATH: &str = "/tmp/.kodx/bashrc";
 
@@ -187,7 +191,7 @@ fn shell_script(hang_up: Option<u32>, workdir: Option<&str>) -> String {
         .map(|w| format!("cd '{}' 2>/dev/null; ", w.replace('\'', r"'\''")))
         .unwrap_or_default();
     format!(
-        "{hang_up}{cd}if command -v bash >/dev/null 2>&1; then exec bash --noprofile --rcfile {BASHRC_PATH} -i; else exec sh -i; fi"
+        "{hang_up}{cd}if [ -r {ENV_PATH} ]; then set -a; . {ENV_PATH}; set +a; fi; if command -v bash >/dev/null 2>&1; then exec bash --noprofile --rcfile {BASHRC_PATH} -i; else exec sh -i; fi"
     )
 }
 

@@ -247,6 +247,7 @@ mod tests {
             confirmed_cap_usd: None,
             estimate: None,
             mergeable_state: None,
+            egress_blocked: None,
         }
     }
 

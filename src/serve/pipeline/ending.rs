@@ -76,6 +76,11 @@ pub(in crate::serve) struct RunLog {
     /// The secrets `.github/kodx.yml` names that the run did not get, as the status
     /// comment names them ([`super::secrets`]).
     pub secrets_note: Mutex<Option<String>>,
+    /// The run's sandbox at kodx's egress proxy, while it works ([`super::egress`]).
+    pub egress: Mutex<Option<crate::egress::Registration>>,
+    /// What the egress proxy refused, or why `network.allow` was not used, as the status
+    /// comment (and the pull request) says it; taken by whichever shows it first.
+    pub egress_note: Mutex<Option<String>>,
 }
 
 impl RunLog {
@@ -253,6 +258,9 @@ pub(in crate::serve) async fn conclude_with(
         done.notes.push(note);
     }
     if let Some(note) = log.secrets_note.lock().clone() {
+        done.notes.push(note);
+    }
+    if let Some(note) = log.egress_note.lock().take() {
         done.notes.push(note);
     }
     if run.is_work() {

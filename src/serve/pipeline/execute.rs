@@ -157,9 +157,8 @@ pub(in crate::serve) async fn execute(
     if cancel.is_cancelled() {
         return Ok(Executed::Over(cancelled_early(run_plan)));
     }
-    let mut spec = sandbox_spec(run_plan, &workspace);
-    spec.setup_secrets = super::secrets::setup_secrets(svc, run, &cx.admission.config, log).await;
-    let sandbox = match container(svc, run, lease, run_plan, &spec, cancel, log).await? {
+    let (spec, egress) = run_spec(cx, run_plan, &workspace).await;
+    let sandbox = match container(svc, run, lease, run_plan, (&spec, egress), cancel, log).await? {
         Ok(sandbox) => sandbox,
         Err(over) => return Ok(Executed::Over(over)),
     };
@@ -249,6 +248,7 @@ pub(in crate::serve) async fn execute(
             done,
         }));
     }
+    super::egress::finish(svc, run, log).await;
     let verified = close_verifier(verifier, timings).await;
     Ok(Executed::Ran {
         workspace,
@@ -287,6 +287,20 @@ async fn close_verifier(
 /// How long a refill waits after the run that took a warm sandbox has started.
 const REFILL_DELAY: Duration = Duration::from_millis(1500);
 
+/// The run's sandbox spec with its clone, its setup secrets and (when its repository's
+/// `network.allow` is used) what it may reach through the egress proxy.
+async fn run_spec(
+    cx: &RunCtx<'_>,
+    run_plan: &RunPlan,
+    workspace: &Workspace,
+) -> (SandboxSpec, Option<crate::egress::Policy>) {
+    let (svc, config, log) = (cx.svc, &cx.admission.config, cx.log);
+    let mut spec = sandbox_spec(run_plan, workspace);
+    spec.setup_secrets = super::secrets::setup_secrets(svc, cx.run, config, log).await;
+    let egress = super::egress::policy(svc, config, &mut spec, log);
+    (spec, egress)
+}
+
 /// The run's sandbox spec, with its clone.
 fn sandbox_spec(run_plan: &RunPlan, workspace: &Workspace) -> SandboxSpec {
     let mut spec = run_plan.plan.sandbox.clone();
@@ -305,7 +319,7 @@ async fn container(
     run: &Run,
     lease: &Lease,
     run_plan: &RunPlan,
-    spec: &SandboxSpec,
+    (spec, egress): (&SandboxSpec, Option<crate::egress::Policy>),
     cancel: &CancellationToken,
     log: &RunLog,
 ) -> Result<Result<DockerSandbox, Ending>, RunFailure> {
@@ -337,10 +351,15 @@ async fn container(
                 }
             }
         }
+        // Narrowed to this engine's egress proxy after setup, when the repository says so.
+        let (placed, proxy) = match &egress {
+            Some(_) => super::egress::on_engine(svc, &placement, spec, log).await,
+            None => (spec.clone(), None),
+        };
         let warm = placement.warm();
         let sandbox = tokio::select! {
             s = engine.start_from(
-                spec,
+                &placed,
                 warm.map(|w| w as &dyn crate::sandbox::WarmSource),
                 |line| tracing::info!("{line}"),
             ) => s,
@@ -352,6 +371,9 @@ async fn container(
         placement.refill_after(REFILL_DELAY);
         return match sandbox {
             Ok(s) => {
+                if let (Some(proxy), Some(policy)) = (&proxy, egress.clone()) {
+                    super::egress::register(proxy, &s, policy, log);
+                }
                 if warm.is_some() {
                     svc.metrics.warm_start(&placement.name, s.warm_start());
                 }

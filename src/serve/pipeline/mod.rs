@@ -25,6 +25,7 @@
 pub(in crate::serve) mod checks;
 pub(in crate::serve) mod context;
 pub(in crate::serve) mod deliver;
+mod egress;
 pub(in crate::serve) mod ending;
 pub(in crate::serve) mod engines;
 pub(in crate::serve) mod execute;
@@ -91,6 +92,8 @@ pub struct Services {
     /// Counts the steers this process heard of (its own `/kodx steer` answers, and
     /// PostgreSQL's `steer` notifications): a run looks for its steers when it moved.
     pub(in crate::serve) steer_wakes: std::sync::atomic::AtomicU64,
+    /// kodx's egress proxies, one per engine, started when a run first needs one.
+    pub(in crate::serve) egress: crate::egress::Proxies,
 }
 
 /// What acknowledging a run came to.

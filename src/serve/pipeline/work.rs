@@ -109,6 +109,10 @@ pub(in crate::serve) async fn execute_and_deliver(
     if let Some(note) = &delivery.note {
         done.notes.push(format!("{note}\n\n"));
     }
+    // What the egress proxy refused goes in the pull request too.
+    if let Some(note) = cx.log.egress_note.lock().take() {
+        done.notes.push(note);
+    }
     if red {
         done.notes
             .push(checks::red_note(&done.outcome.checks, on_red, new_pull));

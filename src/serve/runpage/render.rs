@@ -356,6 +356,7 @@ pub(super) fn render_page(run: &Run, p: &PageParts<'_>) -> Markup {
             @if let Some(m) = &run.mergeable_state { p { "Mergeable state (as GitHub said when kodx decided): " code { (m) } } }
             @if live { p.hint { "Live: new steps appear as the agent works." } }
         }
+        @if let Some(blocked) = &run.egress_blocked { (render_blocked(blocked)) }
         @if let Some(given) = p.given { (render_context(given)) }
         @if !p.images.is_empty() { (render_images(&run.id, p.images, p.token)) }
         @if let Some((spent, calls)) = p.spent {
@@ -371,6 +372,34 @@ pub(super) fn render_page(run: &Run, p: &PageParts<'_>) -> Markup {
         @if live && p.next.is_none() { script { (PreEscaped(LIVE_JS)) } }
     };
     layout(&format!("Run {}", run.id), body)
+}
+
+/// What kodx's egress proxy refused for the run (stored as JSON): host, port, count, the
+/// first time and the `network.allow` entry that would allow it.
+fn render_blocked(stored: &str) -> Markup {
+    use crate::egress::report::{clean_host, clock};
+    let blocked: Vec<crate::egress::Blocked> = serde_json::from_str(stored).unwrap_or_default();
+    html! {
+        div.card #egress {
+            @if blocked.is_empty() {
+                p { "Network: through kodx's egress proxy; it refused nothing." }
+            } @else {
+                p { "Network: kodx's egress proxy refused these requests. Add a host's entry to " code { "network.allow" } " in " code { ".github/kodx.yml" } " to allow it." }
+                table {
+                    tr { th { "host" } th { "port" } th { "requests" } th { "first" } th { "add to network.allow" } }
+                    @for b in &blocked {
+                        tr {
+                            td { code { (clean_host(&b.host)) } }
+                            td { (b.port) }
+                            td { (b.count) }
+                            td { (clock(b.first_ms)) }
+                            td { @if let Some(s) = &b.suggestion { code { (clean_host(s)) } } @else { (b.why) } }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

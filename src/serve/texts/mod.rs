@@ -9,6 +9,7 @@
 
 pub mod checks;
 pub mod confirm;
+pub mod egress;
 mod estimate;
 mod follow_up;
 mod help;

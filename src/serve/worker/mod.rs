@@ -44,6 +44,10 @@ pub struct Workers {
     slots: Arc<Semaphore>,
 }
 
+/// Connections one egress proxy (one per engine) serves at once; more wait in the
+/// kernel's backlog.
+const EGRESS_MAX_CONNECTIONS: usize = 1024;
+
 impl Workers {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -77,6 +81,12 @@ impl Workers {
                 running: Mutex::new(HashMap::new()),
                 acks: Mutex::new(HashMap::new()),
                 steer_wakes: Default::default(),
+                egress: crate::egress::Proxies::new(
+                    crate::egress::Resolver::Pinned(
+                        settings.egress_resolve.clone().into_iter().collect(),
+                    ),
+                    EGRESS_MAX_CONNECTIONS,
+                ),
                 settings,
             },
             wake,

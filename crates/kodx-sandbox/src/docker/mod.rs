@@ -4,7 +4,8 @@
 //! One file per job: `spec` (what a run asks of its sandbox), `engine` (the connection,
 //! images and the sweeps of orphaned containers), `provision` (making and preparing a
 //! sandbox's container), `derived` (the image a sandbox is made from, kodx's files in),
-//! `setup` (the setup script and the setup cache's part in it), `exec` (a command run to
+//! `setup` (the setup script and the setup cache's part in it), `egress` (the network
+//! narrowed to kodx's egress proxy after the setup), `exec` (a command run to
 //! its end as an engine exec of its own), `runner` and `frames` (the check runner: every
 //! check of an attempt through one exec, and its wire format),
 //! `streams` (the tar streams in and out), `sandbox` (one run's container and its shells),
@@ -16,6 +17,7 @@
 mod apply;
 mod cleanup;
 mod derived;
+mod egress;
 mod engine;
 mod exec;
 mod frames;
@@ -35,7 +37,8 @@ pub use derived::{DERIVED_BASE_LABEL, DERIVED_LABEL, DERIVED_REPO};
 pub use engine::{Engine, EngineFacts};
 pub use sandbox::{DiskGuard, DockerSandbox, MAX_SHELLS};
 pub use spec::{
-    NetworkMode, RepoSource, ResourceLimits, SandboxSpec, SetupSecret, DEFAULT_MAX_DISK_BYTES,
+    EgressSpec, NetworkMode, RepoSource, ResourceLimits, SandboxSpec, SetupSecret,
+    DEFAULT_MAX_DISK_BYTES,
 };
 pub use warm::{Shape, WarmSandbox, WarmSource};
 // The owner labels were first defined here; callers still name them through this module.

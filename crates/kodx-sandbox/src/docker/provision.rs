@@ -453,9 +453,16 @@ impl Engine {
             (None, _) => SetupReport::default(),
         };
         *sandbox.setup.lock() = report;
-        if spec.disable_network_after_setup && !spec.no_network {
-            progress("cutting the network");
-            cut_network(&self.docker, &self.host, &sandbox.id).await?;
+        match &spec.egress {
+            Some(egress) if !spec.no_network => {
+                progress("narrowing the network to the egress proxy");
+                self.narrow_network(sandbox, egress).await?;
+            }
+            _ if spec.disable_network_after_setup && !spec.no_network => {
+                progress("cutting the network");
+                cut_network(&self.docker, &self.host, &sandbox.id).await?;
+            }
+            _ => {}
         }
         progress("starting the shell");
         sandbox.open_first_shell(early).await

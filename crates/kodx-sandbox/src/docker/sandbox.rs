@@ -64,6 +64,8 @@ pub struct DockerSandbox {
     /// The check runner, started before anything of the repository ran; `None` without
     /// it (or once it was lost): then each check is an engine exec of its own.
     pub(super) runner: tokio::sync::Mutex<Option<Runner>>,
+    /// Its address on the sandboxes' network once it was narrowed to the egress proxy.
+    pub(super) egress_address: Mutex<Option<std::net::Ipv4Addr>>,
 }
 
 /// Most shells one sandbox keeps at once.
@@ -95,6 +97,7 @@ impl DockerSandbox {
             warm_start: AtomicBool::new(false),
             snapshot: Snapshot::new(spec.change_set_ahead),
             runner: tokio::sync::Mutex::new(None),
+            egress_address: Mutex::new(None),
         }
     }
 
@@ -105,6 +108,12 @@ impl DockerSandbox {
     /// Whether the setup came from the cache, and how long it took.
     pub fn setup_report(&self) -> SetupReport {
         *self.setup.lock()
+    }
+
+    /// The address kodx's egress proxy knows this sandbox by, once its network was narrowed
+    /// to the proxy ([`super::EgressSpec`]); `None` without it.
+    pub fn egress_address(&self) -> Option<std::net::Ipv4Addr> {
+        *self.egress_address.lock()
     }
 
     /// Whether its container was a warm sandbox, made ahead of the run.

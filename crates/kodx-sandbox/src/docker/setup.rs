@@ -293,7 +293,12 @@ pub(super) struct CachePlan {
 }
 
 /// Runs `sh -c command` in the container to its end; fails unless it exits 0.
-async fn exec_checked(docker: &Docker, id: &str, command: &str, what: &str) -> Result<()> {
+pub(super) async fn exec_checked(
+    docker: &Docker,
+    id: &str,
+    command: &str,
+    what: &str,
+) -> Result<()> {
     let exec = docker
         .create_exec(
             id,

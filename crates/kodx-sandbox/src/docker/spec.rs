@@ -101,6 +101,9 @@ pub struct SandboxSpec {
     /// Ranges the sandbox may reach although they are private, link-local or the host's
     /// (the operator's `network_allow`).
     pub allowed_cidrs: Vec<Cidr>,
+    /// After the setup script, the sandbox reaches only kodx's egress proxy (a
+    /// repository's `network.allow`) instead of what `disable_network_after_setup` says.
+    pub egress: Option<EgressSpec>,
     /// Bytes the container may write to its own filesystem (the workspace, /tmp, installed
     /// packages); `None`: no limit. A storage quota where the engine has one, else a
     /// watchdog that stops the run past it.
@@ -144,6 +147,7 @@ impl SandboxSpec {
             disable_network_after_setup: false,
             no_network: false,
             allowed_cidrs: Vec::new(),
+            egress: None,
             max_disk_bytes: Some(DEFAULT_MAX_DISK_BYTES),
             disk_check_interval: Duration::from_secs(10),
             disk_quota: None,
@@ -155,6 +159,30 @@ impl SandboxSpec {
             checks_of: None,
             checks_ahead: false,
         }
+    }
+}
+
+/// kodx's egress proxy as a sandbox sees it (SPEC §12, "Egress by name"): after the setup
+/// script the sandbox keeps its interface but reaches only the proxy, at its network's
+/// gateway (the engine's host) on `port`; its shells get `HTTP_PROXY`, `HTTPS_PROXY` (and
+/// lower-case) pointing there and `NO_PROXY` for its own servers.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EgressSpec {
+    /// The proxy's port on the gateway.
+    pub port: u16,
+    /// A CA certificate (PEM) the sandbox trusts besides the image's own: the run's, for
+    /// secrets injected on the wire. Added to the system bundle where the setup left it
+    /// writable, and named by `SSL_CERT_FILE`, `NODE_EXTRA_CA_CERTS`, `REQUESTS_CA_BUNDLE`,
+    /// `PIP_CERT`, `CARGO_HTTP_CAINFO`, `GIT_SSL_CAINFO` and `CURL_CA_BUNDLE`.
+    pub ca_pem: Option<String>,
+}
+
+impl std::fmt::Debug for EgressSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressSpec")
+            .field("port", &self.port)
+            .field("ca", &self.ca_pem.is_some())
+            .finish()
     }
 }
 

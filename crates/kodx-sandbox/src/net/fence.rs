@@ -110,6 +110,65 @@ pub async fn unplug(docker: &Docker, engine: &str, id: &str) -> Result<()> {
     Ok(())
 }
 
+/// Narrows the running sandbox `id` on `net` to kodx's egress proxy at the gateway's TCP
+/// `port` (SPEC §12, "Egress by name"): its output filter keeps loopback and that port
+/// alone, and its default route and the gateway's unreachable route go, so any other
+/// connect fails at once. A plugged sandbox is narrowed by the engine's fencer; one that
+/// joined through the engine by a helper container in its namespace. Returns the
+/// sandbox's address on `net`: the one the proxy knows it by.
+pub async fn narrow(
+    docker: &Docker,
+    engine: &str,
+    id: &str,
+    run_id: &str,
+    net: &SandboxNetwork,
+    port: u16,
+) -> Result<Ipv4Addr> {
+    let plugged = docker
+        .inspect_container(id, None)
+        .await
+        .map_err(|e| SandboxError::docker("inspecting the sandbox's network", e))?
+        .host_config
+        .and_then(|h| h.network_mode)
+        .as_deref()
+        == Some("none");
+    let gw = format!("{:08x}", u32::from(net.gateway));
+    let mut args = vec![
+        "narrow".to_string(),
+        "-".to_string(),
+        gw.clone(),
+        port.to_string(),
+        format!("g00000000/0/{gw}"),
+        format!("u{gw}/32"),
+    ];
+    let out = if plugged {
+        args[1] = init_pid(docker, id).await?.to_string();
+        in_fencer(docker, engine, &args).await?
+    } else {
+        run_helper(
+            docker,
+            run_id,
+            &format!("container:{id}"),
+            &["NET_ADMIN"],
+            &args,
+        )
+        .await?
+    };
+    let addrs = parse_addresses(&out)?;
+    addrs
+        .v4
+        .iter()
+        .copied()
+        .find(|a| net.subnet.contains_addr(*a))
+        .ok_or_else(|| {
+            SandboxError::NetworkFence(format!(
+                "narrowing the network to the egress proxy left the sandbox no address on {} \
+                 (it has {:?})",
+                net.subnet, addrs.v4
+            ))
+        })
+}
+
 /// What the helper with `args` printed in `engine`'s fencer (made when there is none); a
 /// fencer found gone is made again once, one that failed is looked up afresh next.
 async fn in_fencer(docker: &Docker, engine: &str, args: &[String]) -> Result<String> {
