@@ -12,6 +12,9 @@
 //! `kodx doctor --healthz URL` does nothing but GET the URL: exit 0 on `200`, else 1 with one
 //! line saying why (a container `HEALTHCHECK` that needs no curl in the image).
 
+mod egress;
+mod healthz;
+
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -86,7 +89,7 @@ pub async fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     // reqwest is built without a default TLS provider; GitHubApp installs the same one.
     let _ = rustls::crypto::ring::default_provider().install_default();
     if let Some(url) = &args.healthz {
-        return Ok(healthz(url).await);
+        return Ok(healthz::healthz(url).await);
     }
     let mut out = Report::new(secrets_from_env());
 
@@ -479,6 +482,12 @@ async fn check_docker(
                 )),
             }
             sandbox_limits(out, &engine).await;
+            match egress::check(&engine, image).await {
+                egress::Line::Ok(text) => out.ok(text),
+                egress::Line::Note(text) => out.note(text),
+                egress::Line::Warn(text) => out.warn(text),
+                egress::Line::Fail(text, fix) => out.fail(text, fix),
+            }
             match engine.sweep_dead_owners().await {
                 Ok(0) => {}
                 Ok(n) => out.ok(format!(
@@ -741,58 +750,7 @@ async fn check_model_key(out: &mut Report, api: &ModelApi, request: reqwest::Req
         )),
         Err(e) => out.note(format!(
             "{var}: cannot reach {base} ({}); the key is set but was not checked",
-            error_chain(&e.without_url())
+            healthz::error_chain(&e.without_url())
         )),
-    }
-}
-
-/// An error and its causes on one line (reqwest's own message is only the outermost).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let message = s.to_string();
-        if !text.contains(&message) {
-            text.push_str(": ");
-            text.push_str(&message);
-        }
-        source = s.source();
-    }
-    text
-}
-
-/// `--healthz URL`: exit 0 on 200; otherwise one line saying why, exit 1.
-async fn healthz(url: &str) -> ExitCode {
-    let client = match reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(3))
-        .timeout(Duration::from_secs(10))
-        .user_agent(USER_AGENT)
-        .build()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            println!("unhealthy: cannot build an HTTP client: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match client.get(url).send().await {
-        Ok(r) if r.status().as_u16() == 200 => ExitCode::SUCCESS,
-        Ok(r) => {
-            let status = r.status().as_u16();
-            let body = r.text().await.unwrap_or_default();
-            let body: String = body
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-                .chars()
-                .take(300)
-                .collect();
-            println!("unhealthy: {url} answered {status}: {body}");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            println!("unhealthy: {url}: {}", error_chain(&e.without_url()));
-            ExitCode::FAILURE
-        }
     }
 }

@@ -10,6 +10,7 @@ mod bench;
 mod doctor;
 mod operator_link;
 mod run;
+mod run_egress;
 mod run_steer;
 mod secret_cmd;
 mod serve_cmd;

@@ -62,6 +62,11 @@ pub struct RunArgs {
     /// (e.g. 10.20.0.0/16, or 192.168.1.5 for one address); repeatable.
     #[arg(long, value_name = "CIDR")]
     network_allow: Vec<Cidr>,
+    /// After the setup script, the container reaches only this host, through kodx's
+    /// egress proxy (`host`, `*.suffix` or an address, optional `:port`; 80 and 443
+    /// without one); repeatable. What the proxy refused is printed at the end.
+    #[arg(long, value_name = "HOST")]
+    allow_host: Vec<String>,
     /// Print the result as JSON instead of the last message.
     #[arg(long)]
     json: bool,
@@ -269,7 +274,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (program, repo_cost_limit) = load_program(&args, repo.as_deref())?;
     let Plan {
         program,
-        sandbox: spec,
+        sandbox: mut spec,
         agent: config,
     } = plan_run(&args, repo, program, repo_cost_limit)?;
     let provider = provider_for(&program)?;
@@ -280,6 +285,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         kodx::providers::prepare_http_client,
     ));
     let engine = Engine::connect().await?;
+    let egress = crate::run_egress::CliEgress::prepare(
+        &engine,
+        &args.allow_host,
+        &args.network_allow,
+        &mut spec,
+    )
+    .await?;
 
     let started = std::time::Instant::now();
     // Dead processes' containers are removed while this one starts: none of them is
@@ -313,6 +325,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
+    let registration = egress.as_ref().and_then(|e| e.register(&sandbox));
     // The checks run apart from the agent (SPEC §12): the first sandbox for them is made
     // while the agent works.
     let verifier = (!config.checks.is_empty()).then(|| FreshSandboxes::new(engine.clone(), &spec));
@@ -332,6 +345,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let messages = resumed.unwrap_or_else(|| vec![kodx::model::Message::user_text(&prompt)]);
     let (outcome, write_error) = run_agent(&agent, messages, &mut out, transcript.as_mut()).await;
     drop(agent);
+    if let Some(registration) = registration {
+        for line in kodx::egress::report::plain(&registration.blocked()) {
+            out.note(&line);
+        }
+    }
     if let Some(verifier) = verifier {
         verifier.close().await;
     }

@@ -76,7 +76,7 @@ mod tests {
         let lines = plain(&[blocked("evil.example|`x`", Some("evil.example"))]);
         insta::assert_snapshot!(lines.join("\n"), @r"
         kodx: the egress proxy refused 1 host(s) (add one to network.allow to allow it):
-        kodx:   evil.example:443 ×3 from 00:12:00 UTC (not in network.allow; allow with `evil.example`)
+        kodx:   evil.examplex:443 ×3 from 00:12:00 UTC (not in network.allow; allow with `evil.example`)
         ");
         let many: Vec<Blocked> = (0..25)
             .map(|i| blocked(&format!("h{i}.test"), None))

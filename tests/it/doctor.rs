@@ -252,6 +252,13 @@ async fn all_checks_pass_without_printing_a_secret() {
     let net = out.expect("ok", "sandbox network: plugged in and fenced");
     let arch = [(std::env::consts::ARCH, "[arch]")];
     common::serve::redactions(&[], &arch).bind(|| insta::assert_snapshot!(net, @"ok    sandbox network: plugged in and fenced by kodx's helper for [arch] (host, link-local and private ranges unreachable), through the engine's fencer container kodx-fencer-[hex]"));
+    // A sandbox narrowed to the egress proxy reaches it (the proxy's 403 for a name nobody
+    // allows is the proof).
+    let egress = out.expect("ok", "egress proxy:");
+    assert!(
+        egress.contains("a sandbox reaches it on the sandboxes' gateway"),
+        "{egress}"
+    );
     let disk = out.expect("ok", "sandbox disk:");
     assert!(disk.contains("watchdog"), "{disk}");
     // The warm sandboxes: the shipped setting, and how many wait on the engine now.

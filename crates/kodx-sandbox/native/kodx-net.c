@@ -36,6 +36,9 @@
  *       Leaves the sandbox (PID's network namespace; `-`: this one) only GATEWAY's TCP
  *       PORT (kodx's egress proxy) and loopback, and removes the ROUTEs: see `narrow`.
  *       Prints the addresses left.
+ *   kodx-net probe ADDR PORT
+ *       Asks the HTTP proxy at ADDR:PORT for a name nobody allows and prints the first line
+ *       of its answer (`kodx doctor`'s check that a narrowed sandbox reaches the proxy).
  *   kodx-net addrs
  *       Prints every interface address of the current network namespace, one a line:
  *       `4 <8 hex digits>` or `6 <32 hex digits>` (network byte order).
@@ -96,6 +99,7 @@ typedef unsigned int u32;
 #define SYS_getdents64 217
 #define SYS_readlinkat 267
 #define SYS_connect 42
+#define SYS_setsockopt 54
 #define SYS_lseek 8
 #define SYS_ftruncate 77
 #define O_DIRECTORY 0200000
@@ -138,6 +142,7 @@ static long sys6(long n, long a, long b, long c, long d, long e, long f) {
 #define SYS_getdents64 61
 #define SYS_readlinkat 78
 #define SYS_connect 203
+#define SYS_setsockopt 208
 #define SYS_lseek 62
 #define SYS_ftruncate 46
 #define O_DIRECTORY 040000
@@ -549,6 +554,7 @@ static void enter_netns(const char *pid) { enter_netns_fd(open_netns(pid)); }
 
 #define AF_UNSPEC 0
 #define SOCK_DGRAM 2
+#define SOCK_STREAM 1
 #define RTM_NEWLINK 16
 #define RTM_DELLINK 17
 #define IFF_UP 0x1
@@ -1337,6 +1343,53 @@ static void narrow(long argc, char **argv) {
     sys6(SYS_close, fd, 0, 0, 0, 0, 0);
 }
 
+/*
+ * probe ADDR PORT: asks an HTTP proxy at ADDR (8 hex digits) on TCP PORT for
+ * http://kodx-doctor.invalid/ and prints the first line of its answer (or why it could not),
+ * within 5 s: `kodx doctor` runs it in a sandbox narrowed to kodx's egress proxy, whose
+ * image may have no HTTP client of its own.
+ */
+static void probe(const char *addr, const char *port_s) {
+    u8 a[4];
+    const char *p = parse_addr(addr, a);
+    long port = parse_dec(port_s);
+    if (!p || *p || port < 1 || port > 65535) die("bad address or port", 0, 2);
+    long s = sys6(SYS_socket, AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0, 0, 0, 0);
+    if (s < 0) die("probe: opening a socket", s, 1);
+    struct { long sec, usec; } tv = {5, 0};
+    sys6(SYS_setsockopt, s, 1 /* SOL_SOCKET */, 21 /* SO_SNDTIMEO */, (long)&tv, sizeof tv, 0);
+    sys6(SYS_setsockopt, s, 1 /* SOL_SOCKET */, 20 /* SO_RCVTIMEO */, (long)&tv, sizeof tv, 0);
+    struct {
+        u16 family, port;
+        u8 addr[4];
+        u8 zero[8];
+    } to;
+    memset(&to, 0, sizeof to);
+    to.family = AF_INET;
+    to.port = (u16)((port & 0xff) << 8 | (port >> 8));
+    memcpy(to.addr, a, 4);
+    long r = sys6(SYS_connect, s, (long)&to, sizeof to, 0, 0, 0);
+    if (r < 0) die("probe: connecting", r, 1);
+    static const char req[] = "GET http://kodx-doctor.invalid/ HTTP/1.0\r\nHost: kodx-doctor.invalid\r\n\r\n";
+    r = sys6(SYS_sendto, s, (long)req, sizeof req - 1, 0, 0, 0);
+    if (r < 0) die("probe: sending", r, 1);
+    char line[128];
+    long n = 0;
+    while (n < (long)sizeof line - 1) {
+        r = sys6(SYS_read, s, (long)(line + n), 1, 0, 0, 0);
+        if (r == -4) continue;
+        if (r < 0) die("probe: reading the answer", r, 1);
+        if (r == 0 || line[n] == '\r' || line[n] == '\n') break;
+        n++;
+    }
+    if (n == 0) die("probe: the proxy closed the connection without an answer", 0, 1);
+    line[n] = 0;
+    put(line);
+    put("\n");
+    flush(1);
+    sys6(SYS_exit_group, 0, 0, 0, 0, 0, 0);
+}
+
 /* struct termios as the kernel's TCGETS/TCSETS take it (the same on x86_64 and aarch64). */
 struct termios_ {
     u32 iflag, oflag, cflag, lflag;
@@ -1647,7 +1700,7 @@ void cmain(long *sp) {
         "usage: kodx-net hold | hold-idle SECS | gate | checks | snapshot[-on-line] MARKER ROOT | addrs | "
         "routes SPEC... | "
         "fence PID SPEC... | plug PID BRIDGE NET/PREFIX GATEWAY FIRST COUNT DNS SPEC... | unplug PID | "
-        "narrow PID|- GATEWAY PORT ROUTE...";
+        "narrow PID|- GATEWAY PORT ROUTE... | probe ADDR PORT";
     if (argc < 2) die(usage, 0, 2);
     if (streq(argv[1], "hold")) {
         /* A signal whose default is to end the process (the engine's stop) ends it. */
@@ -1675,6 +1728,10 @@ void cmain(long *sp) {
             }
         }
         snapshot(argv[2], argv[3]);
+    }
+    if (streq(argv[1], "probe")) {
+        if (argc != 4) die(usage, 0, 2);
+        probe(argv[2], argv[3]);
     }
     if (streq(argv[1], "hold-idle")) {
         if (argc != 3) die(usage, 0, 2);
