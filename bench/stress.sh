@@ -26,7 +26,8 @@
 #                    channel streams one endless `data:` line at full speed for 30 s
 #   egress           the egress proxy (issue 39): RSS < 150 MB and an allowed CONNECT
 #                    answered <= 2 s under 1,000 idle connections, 5,000 refused CONNECTs
-#                    and 500 tunnels
+#                    and 500 tunnels; then the same flood from inside a real sandbox against
+#                    the real `kodx serve`: its RSS < 150 MB and /healthz <= 2 s throughout
 # KODX_STRESS_BIN=/path/to/kodx measures another build with the same cases (not
 # snapshot_flood, which drives this build's `kodx serve`). It needs the
 # Docker engine and the test images (`bash tests/images/build.sh`).

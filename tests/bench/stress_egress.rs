@@ -7,8 +7,12 @@
 //! how long an allowed plain request took while it all went on (target: answered within
 //! 2 s, as `/healthz`).
 //!
-//! The proxy is not yet started by `kodx serve` (issue 39's wiring is left), so the figure is
-//! the bench process's, which holds nothing else of weight.
+//! `serve_under_load` does the same from inside a real sandbox against the real `kodx
+//! serve` (this build's binary): a `/kodx ask` whose repository sets `network.allow`, and
+//! whose scripted model runs the flood in the sandbox (Python's asyncio, through the proxy
+//! the sandbox's `HTTPS_PROXY` names). Printed: `kodx serve`'s resident memory (VmRSS,
+//! sampled every 100 ms) before and at its highest, and the slowest `/healthz` answer
+//! while the flood went on (targets: under 150 MB, within 2 s).
 //!
 //!     cargo test --release --test bench -- --ignored --nocapture stress_egress::
 
@@ -190,4 +194,153 @@ async fn egress_proxy_under_load() {
         "the allowed CONNECT was not answered in time"
     );
     assert_eq!(refused, 5000, "every refused CONNECT answered 403");
+}
+
+/// The flood, run in the sandbox: 1,000 idle connections to the proxy, then 5,000
+/// `CONNECT`s to names not allowed and 500 tunnels to the allowed echo upstream, 200 at a
+/// time; prints what came of them.
+fn in_sandbox_flood(echo_port: u16) -> String {
+    format!(
+        r#"python3 - <<'PY'
+import asyncio, os, time
+from collections import Counter
+host, port = os.environ['HTTPS_PROXY'].rsplit('/', 1)[1].split(':')
+port = int(port)
+async def connect(target, payload=None):
+    try:
+        r, w = await asyncio.wait_for(asyncio.open_connection(host, port), 60)
+        w.write(('CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n' % (target, target)).encode())
+        await w.drain()
+        head = await asyncio.wait_for(r.readuntil(b'\r\n\r\n'), 60)
+        code = head.split()[1].decode()
+        if code == '200' and payload:
+            w.write(payload)
+            await w.drain()
+            got = await asyncio.wait_for(r.readexactly(len(payload)), 60)
+            code = 'echoed' if got == payload else 'garbled'
+        w.close()
+        return code
+    except Exception as e:
+        return type(e).__name__
+async def main():
+    t = time.time()
+    idle = []
+    for i in range(1000):
+        try:
+            idle.append((await asyncio.open_connection(host, port))[1])
+        except Exception:
+            pass
+    print('idle connections:', len(idle), flush=True)
+    sem = asyncio.Semaphore(200)
+    async def limited(c):
+        async with sem:
+            return await c
+    jobs = [limited(connect('blocked-%d.test:443' % i)) for i in range(5000)]
+    jobs += [limited(connect('allowed.test:{echo_port}', b'ping\n')) for i in range(500)]
+    got = Counter(await asyncio.gather(*jobs))
+    print('flood:', dict(got), 'in %.1f s' % (time.time() - t), flush=True)
+    for w in idle:
+        w.close()
+asyncio.run(main())
+PY"#
+    )
+}
+
+fn rss_of_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn serve_under_load() {
+    use crate::common::serve::{text, usage, Options, Served, REPO};
+    let echo = echo_upstream().await;
+    let mut s = Served::start(Options {
+        workers: true,
+        settings: Some(
+            "network_allow = [\"127.0.0.2/32\"]\negress_resolve = { \"allowed.test\" = [\"127.0.0.2\"] }\n",
+        ),
+        ..Options::default()
+    })
+    .await;
+    s.github.set_file(
+        REPO,
+        ".github/kodx.yml",
+        &format!("network:\n  allow: [\"allowed.test:{}\"]\n", echo.port()),
+    );
+    s.model.reply(
+        vec![
+            serde_json::json!({"type": "tool_use", "id": "t1", "name": "feed_chars",
+            "input": {"chars": in_sandbox_flood(echo.port()), "yield_time_ms": 290000}}),
+        ],
+        "tool_use",
+        usage(1000, 10),
+    );
+    s.model.reply(text("Flooded."), "end_turn", usage(1100, 10));
+    s.github.add_issue(REPO, 7, "Flood", "", "carol");
+    let pid = s.kodx_pid();
+    let before = rss_of_kb(pid);
+    let client = reqwest::Client::new();
+    let health = format!("{}/healthz", s.url);
+    s.comment(7, "alice", "/kodx ask flood the proxy").await;
+    let started = Instant::now();
+    let (mut peak_kb, mut slowest_ms, mut answered) = (before, 0.0f64, true);
+    while s.model.requests().len() < 2 && started.elapsed() < Duration::from_secs(300) {
+        peak_kb = peak_kb.max(rss_of_kb(pid));
+        let asked = Instant::now();
+        let ok = tokio::time::timeout(Duration::from_secs(5), client.get(&health).send())
+            .await
+            .is_ok_and(|r| r.is_ok_and(|r| r.status().is_success()));
+        answered &= ok;
+        slowest_ms = slowest_ms.max(asked.elapsed().as_secs_f64() * 1000.0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = started.elapsed();
+    let requests = s.model.requests();
+    let seen = requests
+        .get(1)
+        .map(|r| r.body.to_string())
+        .unwrap_or_default();
+    let summary: Vec<&str> = seen
+        .split("\\n")
+        .filter(|l| l.starts_with("idle connections:") || l.starts_with("flood:"))
+        .collect();
+    println!(
+        "\nkodx serve's egress proxy, flooded from a sandbox in {:.1} s: {}",
+        took.as_secs_f64(),
+        summary.join("; ")
+    );
+    println!(
+        "  kodx serve RSS before {} MB, highest {} MB (target: under 150 MB: {})",
+        before / 1024,
+        peak_kb / 1024,
+        if peak_kb < 150 * 1024 {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+    println!(
+        "  /healthz slowest answer {slowest_ms:.0} ms, every one answered: {answered} (target <= 2000 ms: {})",
+        if answered && slowest_ms <= 2000.0 { "met" } else { "MISSED" }
+    );
+    let status = s.finished_status(7).await;
+    assert!(
+        status.contains("**The egress proxy refused these requests.**"),
+        "{status}"
+    );
+    s.finish().await;
+    assert!(summary.len() == 2, "the flood did not report: {seen}");
+    assert!(peak_kb < 150 * 1024, "RSS over the target");
+    assert!(
+        answered && slowest_ms <= 2000.0,
+        "/healthz was not answered in time"
+    );
 }
