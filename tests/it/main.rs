@@ -34,6 +34,7 @@ mod repo_cache;
 mod repo_cache_commit;
 mod sandbox_checks;
 mod sandbox_disk;
+mod sandbox_egress;
 mod sandbox_export;
 mod sandbox_fencer;
 mod sandbox_floods;
