@@ -47,6 +47,7 @@ impl CliEgress {
         spec.egress = Some(EgressSpec {
             port: proxy.addr().port(),
             ca_pem: None,
+            placeholders: Vec::new(),
         });
         spec.disable_network_after_setup = true;
         let policy = Policy {

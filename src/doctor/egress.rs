@@ -53,6 +53,7 @@ pub(super) async fn check(engine: &Engine, image: &str) -> Line {
     spec.egress = Some(EgressSpec {
         port: addr.port(),
         ca_pem: None,
+        placeholders: Vec::new(),
     });
     let sandbox = match engine.start(&spec).await {
         Ok(s) => s,

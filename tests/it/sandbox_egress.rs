@@ -54,6 +54,7 @@ async fn narrowed(engine: &Engine, name: &str) {
     spec.egress = Some(EgressSpec {
         port: proxy_port,
         ca_pem: Some(CA.to_string()),
+        placeholders: vec!["NPM_TOKEN".into()],
     });
     let sb = start(engine, &spec).await;
     let addr = sb
@@ -69,7 +70,7 @@ async fn narrowed(engine: &Engine, name: &str) {
         .feed_chars(
             "default",
             &format!(
-                "cat /tmp/setup.txt; echo \"proxy=$HTTPS_PROXY no=$NO_PROXY\"; grep -c TESTCA \"$SSL_CERT_FILE\" \"$NODE_EXTRA_CA_CERTS\"; {}",
+                "cat /tmp/setup.txt; echo \"proxy=$HTTPS_PROXY no=$NO_PROXY token=$NPM_TOKEN\"; grep -c TESTCA \"$SSL_CERT_FILE\" \"$NODE_EXTRA_CA_CERTS\"; {}",
                 connects(&targets)
             ),
             60 * SEC,

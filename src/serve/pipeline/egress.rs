@@ -77,6 +77,7 @@ pub(super) async fn on_engine(
             spec.egress = Some(EgressSpec {
                 port: proxy.addr().port(),
                 ca_pem: None,
+                placeholders: Vec::new(),
             });
             (spec, Some(proxy))
         }

@@ -90,7 +90,19 @@ fn env_file(gateway: &str, egress: &EgressSpec) -> String {
             ("NODE_EXTRA_CA_CERTS", CA_PATH),
         ]);
     }
-    vars.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+    let mut out: String = vars.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    for name in &egress.placeholders {
+        // Names are checked where they come from (`[A-Z_][A-Z0-9_]*`); anything else is
+        // left out rather than written into a file the shells source.
+        if !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        {
+            out.push_str(&format!("{name}=kodx-secret:{name}\n"));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -102,6 +114,7 @@ mod tests {
         let plain = EgressSpec {
             port: 41234,
             ca_pem: None,
+            placeholders: Vec::new(),
         };
         let env = env_file("172.18.0.1", &plain);
         assert!(
@@ -113,6 +126,7 @@ mod tests {
         let with_ca = EgressSpec {
             port: 1,
             ca_pem: Some("-----BEGIN CERTIFICATE-----".into()),
+            placeholders: vec!["NPM_TOKEN".into(), "bad name; rm -rf /".into()],
         };
         let env = env_file("10.0.0.1", &with_ca);
         assert!(
@@ -123,6 +137,11 @@ mod tests {
             env.contains("NODE_EXTRA_CA_CERTS=/tmp/.kodx/egress-ca.pem\n"),
             "{env}"
         );
-        assert_eq!(format!("{with_ca:?}"), "EgressSpec { port: 1, ca: true }");
+        assert!(env.contains("\nNPM_TOKEN=kodx-secret:NPM_TOKEN\n"), "{env}");
+        assert!(!env.contains("rm -rf"), "{env}");
+        assert_eq!(
+            format!("{with_ca:?}"),
+            "EgressSpec { port: 1, ca: true, placeholders: [\"NPM_TOKEN\", \"bad name; rm -rf /\"] }"
+        );
     }
 }

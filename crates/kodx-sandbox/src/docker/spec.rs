@@ -175,6 +175,9 @@ pub struct EgressSpec {
     /// writable, and named by `SSL_CERT_FILE`, `NODE_EXTRA_CA_CERTS`, `REQUESTS_CA_BUNDLE`,
     /// `PIP_CERT`, `CARGO_HTTP_CAINFO`, `GIT_SSL_CAINFO` and `CURL_CA_BUNDLE`.
     pub ca_pem: Option<String>,
+    /// Secrets injected on the wire: each variable holds the placeholder
+    /// `kodx-secret:NAME`, which the proxy replaces for that secret's hosts only.
+    pub placeholders: Vec<String>,
 }
 
 impl std::fmt::Debug for EgressSpec {
@@ -182,6 +185,7 @@ impl std::fmt::Debug for EgressSpec {
         f.debug_struct("EgressSpec")
             .field("port", &self.port)
             .field("ca", &self.ca_pem.is_some())
+            .field("placeholders", &self.placeholders)
             .finish()
     }
 }
