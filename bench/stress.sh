@@ -4,7 +4,7 @@
 #
 #   bash bench/stress.sh            # all of them (~11 min after the release build)
 #   bash bench/stress.sh term tar   # some: term tar snapshot_flood webhook transcripts
-#                                   #   sandbox_network proxy egress
+#                                   #   sandbox_network proxy egress egress_inject
 #
 # Each case runs the real release binary (`kodx run` against a scripted fake model and the
 # real Docker engine, or `kodx serve` on loopback, with a fake GitHub where it runs a code
@@ -28,6 +28,8 @@
 #                    answered <= 2 s under 1,000 idle connections, 5,000 refused CONNECTs
 #                    and 500 tunnels; then the same flood from inside a real sandbox against
 #                    the real `kodx serve`: its RSS < 150 MB and /healthz <= 2 s throughout
+#   egress_inject    secrets injected on the wire: RSS < 150 MB with 500 tunnels whose TLS
+#                    the proxy terminates held open; the time to open one and of a request
 # KODX_STRESS_BIN=/path/to/kodx measures another build with the same cases (not
 # snapshot_flood, which drives this build's `kodx serve`). It needs the
 # Docker engine and the test images (`bash tests/images/build.sh`).
@@ -35,7 +37,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(term tar snapshot_flood webhook transcripts sandbox_network proxy egress)
+[ ${#cases[@]} -gt 0 ] || cases=(term tar snapshot_flood webhook transcripts sandbox_network proxy egress egress_inject)
 for c in "${cases[@]}"; do
     [ -f "tests/bench/stress_$c.rs" ] || { echo "bench/stress.sh: no stress case '$c'" >&2; exit 2; }
 done

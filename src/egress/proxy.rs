@@ -11,6 +11,11 @@
 //! Everything else gets `403` with the line to add, and is recorded for the run's
 //! reports: host, port, count, first time (at most [`MAX_BLOCKED`] distinct ones).
 //!
+//! A sandbox whose policy has an [`Injector`] (secrets injected on the wire,
+//! [`super::inject`]) also reaches the hosts its secrets' `hosts:` name; its `CONNECT`
+//! tunnels are read inside their TLS ([`super::intercept`]) and its plain HTTP requests
+//! have their placeholders replaced, or are refused, before anything is sent upstream.
+//!
 //! Bounds: at most `max_connections` connections at once (more wait in the kernel's
 //! backlog), a request head read within 10 s and at most 16 KiB, each upstream connect
 //! within 5 s and each resolution within 5 s.
@@ -21,8 +26,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
-use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -31,15 +35,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use super::allow::{normalize_host, AllowList, AllowRule};
+use super::inject::Injector;
+use super::intercept;
+use super::reply::{empty, text, Body, CONNECT_TIMEOUT, HEADER_TIMEOUT, MAX_HEAD_BYTES};
 
 /// The most distinct blocked `(host, port)` a run records.
 pub const MAX_BLOCKED: usize = 100;
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
-const MAX_HEAD_BYTES: usize = 16 * 1024;
-
-type Body = BoxBody<Bytes, hyper::Error>;
 
 /// How names are resolved: the system's resolver, or a fixed table (tests, and operators
 /// who pin names).
@@ -84,6 +86,18 @@ pub struct Policy {
     /// The operator's `network_allow` ranges: addresses in them are reachable although
     /// private.
     pub operator: Vec<ipnet::IpNet>,
+    /// The run's secrets injected on the wire. Naming a host in a secret's `hosts:`
+    /// allows it, as if `network.allow` named it; with an injector every `CONNECT` whose
+    /// client speaks TLS is terminated by the proxy (the sandbox trusts the run's CA) so
+    /// that placeholders are replaced for their hosts and refused everywhere else.
+    pub inject: Option<Arc<Injector>>,
+}
+
+impl Policy {
+    /// Whether `host:port` may be reached by name.
+    fn allows(&self, host: &str, port: u16) -> bool {
+        self.allow.allows(host, port) || self.inject.as_ref().is_some_and(|i| i.allows(host, port))
+    }
 }
 
 /// A request the proxy refused.
@@ -246,7 +260,7 @@ impl Shared {
             let (shared, tunnels) = (self.clone(), tunnels.clone());
             hyper::service::service_fn(move |req| {
                 let (shared, entry, tunnels) = (shared.clone(), entry.clone(), tunnels.clone());
-                async move { Ok::<_, Infallible>(shared.serve(req, &entry, &tunnels).await) }
+                async move { Ok::<_, Infallible>(shared.serve(req, entry, &tunnels).await) }
             })
         };
         let conn = hyper::server::conn::http1::Builder::new()
@@ -266,9 +280,9 @@ impl Shared {
     }
 
     async fn serve(
-        &self,
-        req: Request<Incoming>,
-        entry: &Entry,
+        self: Arc<Self>,
+        mut req: Request<Incoming>,
+        entry: Arc<Entry>,
         tunnels: &Mutex<Vec<tokio::task::JoinHandle<()>>>,
     ) -> Response<Body> {
         let connect = req.method() == Method::CONNECT;
@@ -290,25 +304,72 @@ impl Shared {
             );
         };
         let host = normalize_host(&host);
-        let upstream = match self.open(entry, &host, port).await {
+        let inject = entry.policy.inject.clone();
+        if let (false, Some(injector)) = (connect, &inject) {
+            // Plain HTTP: placeholders replaced, or the request refused before anything is
+            // sent (a name not allowed at all is refused as such by `open`).
+            if entry.policy.allows(&host, port) {
+                let target = req
+                    .uri()
+                    .path_and_query()
+                    .map(|p| p.as_str().to_string())
+                    .unwrap_or_default();
+                if let Err(refused) = injector.apply(&host, port, &target, req.headers_mut()) {
+                    entry.block(&host, port, &refused.why, false);
+                    return text(StatusCode::FORBIDDEN, &refused.message(&host, port));
+                }
+            }
+        }
+        let upstream = match self.open(&entry, &host, port).await {
             Ok(s) => s,
             Err(refused) => return refused,
         };
-        if connect {
-            let on = hyper::upgrade::on(req);
-            tunnels.lock().push(tokio::spawn(async move {
-                match on.await {
-                    Ok(upgraded) => {
-                        let mut client = TokioIo::new(upgraded);
-                        let mut upstream = upstream;
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-                    }
-                    Err(e) => tracing::debug!("egress proxy: the tunnel did not open: {e}"),
-                }
-            }));
-            return Response::new(empty());
+        if !connect {
+            let mut answer = forward(req, upstream).await;
+            if let Some(injector) = &inject {
+                injector.scrub(answer.headers_mut());
+            }
+            return answer;
         }
-        forward(req, upstream).await
+        let on = hyper::upgrade::on(req);
+        let tunnel = inject.map(|injector| self.tunnel(injector, &entry, &host, port));
+        tunnels.lock().push(tokio::spawn(async move {
+            match (on.await, tunnel) {
+                (Ok(upgraded), Some(tunnel)) => intercept::serve(tunnel, upgraded, upstream).await,
+                (Ok(upgraded), None) => {
+                    let mut client = TokioIo::new(upgraded);
+                    let mut upstream = upstream;
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+                (Err(e), _) => tracing::debug!("egress proxy: the tunnel did not open: {e}"),
+            }
+        }));
+        Response::new(empty())
+    }
+
+    /// What an intercepted tunnel to `host:port` needs of the proxy: another connection
+    /// through the same checks, and the record of what it refused.
+    fn tunnel(
+        self: &Arc<Self>,
+        injector: Arc<Injector>,
+        entry: &Arc<Entry>,
+        host: &str,
+        port: u16,
+    ) -> intercept::Tunnel {
+        let (shared, at, name) = (self.clone(), entry.clone(), host.to_string());
+        let reconnect: intercept::Reconnect = Arc::new(move || {
+            let (shared, entry, host) = (shared.clone(), at.clone(), name.clone());
+            Box::pin(async move { shared.open(&entry, &host, port).await })
+        });
+        let (at, name) = (entry.clone(), host.to_string());
+        let record: intercept::Record = Arc::new(move |why| at.block(&name, port, why, false));
+        intercept::Tunnel {
+            injector,
+            host: host.to_string(),
+            port,
+            reconnect,
+            record,
+        }
     }
 
     /// Decides and connects: the upstream stream, or the refusal to answer (recorded).
@@ -319,7 +380,7 @@ impl Shared {
         port: u16,
     ) -> Result<TcpStream, Response<Body>> {
         let policy = &entry.policy;
-        if !policy.allow.allows(host, port) {
+        if !policy.allows(host, port) {
             entry.block(host, port, "not in network.allow", true);
             return Err(text(
                 StatusCode::FORBIDDEN,
@@ -452,26 +513,6 @@ pub fn never_reached(ip: IpAddr) -> bool {
                 || (first & 0xfe00) == 0xfc00
         }
     }
-}
-
-fn empty() -> Body {
-    Full::new(Bytes::new())
-        .map_err(|never| match never {})
-        .boxed()
-}
-
-fn text(status: StatusCode, body: &str) -> Response<Body> {
-    let mut r = Response::new(
-        Full::new(Bytes::from(body.to_string()))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
 }
 
 #[cfg(test)]

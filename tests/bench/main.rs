@@ -15,6 +15,7 @@ mod follow_up;
 mod postgres;
 mod pr;
 mod stress_egress;
+mod stress_egress_inject;
 mod stress_proxy;
 mod stress_repo_cache;
 mod stress_sandbox_network;

@@ -90,6 +90,7 @@ async fn egress_proxy_under_load() {
         Policy {
             allow: AllowList::parse([format!("allowed.test:{}", echo.port()).as_str()]).unwrap(),
             operator: vec!["127.0.0.2/32".parse().unwrap()],
+            inject: None,
         },
     );
     let before = rss_kb();

@@ -91,6 +91,7 @@ async fn the_proxy_reaches_allowed_names_only_and_records_the_rest() {
             allow,
             // The operator opened 127.0.0.2 only.
             operator: vec!["127.0.0.2/32".parse().unwrap()],
+            inject: None,
         },
     );
     let http = client(proxy.addr());

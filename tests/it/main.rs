@@ -18,6 +18,7 @@ mod cli_run;
 mod cli_secret;
 mod db_queue;
 mod doctor;
+mod egress_inject;
 mod egress_proxy;
 mod engine_pool;
 mod engine_unreachable;
