@@ -56,6 +56,7 @@ impl CliEgress {
                 .iter()
                 .map(|c| ipnet::IpNet::V4((*c).into()))
                 .collect(),
+            inject: None,
         };
         Ok(Some(CliEgress { proxy, policy }))
     }

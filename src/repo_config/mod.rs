@@ -749,13 +749,31 @@ pr: { draft: false, branch_prefix: kodx/ }
             c.secrets,
             [SecretSpec {
                 name: "TEST_DB_PASSWORD".into(),
-                setup_only: true
+                setup_only: true,
+                hosts: None,
             }]
         );
+        let c = RepoConfig::parse(
+            "secrets:\n  - { name: NPM_TOKEN, hosts: [npm.pkg.github.com, \"*.npmjs.org:443\"] }\nnetwork:\n  allow: [crates.io]\n",
+        )
+        .unwrap();
+        let hosts = c.secrets[0].hosts.as_ref().unwrap();
+        assert!(!c.secrets[0].setup_only);
+        assert!(hosts.allows("npm.pkg.github.com", 443) && hosts.allows("registry.npmjs.org", 443));
+        assert!(!hosts.allows("crates.io", 443));
+        assert!(c.network_allow.unwrap().allows("crates.io", 443));
         for (text, says) in [
             (
-                "secrets:\n  - { name: NPM_TOKEN, hosts: [npm.pkg.github.com] }\n",
-                "egress proxy",
+                "secrets:\n  - { name: NPM_TOKEN, hosts: [] }\n",
+                "names no host",
+            ),
+            (
+                "secrets:\n  - { name: NPM_TOKEN, hosts: [\"a b\"] }\n",
+                "NPM_TOKEN: hosts:",
+            ),
+            (
+                "secrets:\n  - { name: NPM_TOKEN, setup_only: true, hosts: [x.org] }\n",
+                "not both",
             ),
             ("secrets:\n  - { name: X }\n", "say how the run uses it"),
             (

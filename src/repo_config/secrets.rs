@@ -4,12 +4,13 @@
 //!
 //! ```yaml
 //! secrets:
-//!   - { name: TEST_DB_PASSWORD, setup_only: true }   # the setup script's environment only
+//!   - { name: NPM_TOKEN, hosts: [npm.pkg.github.com] }   # injected on the wire, never in the sandbox
+//!   - { name: TEST_DB_PASSWORD, setup_only: true }       # the setup script's environment only
 //! ```
 //!
-//! A secret injected on the wire for some hosts (`hosts: [...]`) needs kodx's egress proxy
-//! in the sandbox, which is not given to sandboxes yet: such an entry is refused with a
-//! sentence saying so, rather than read and ignored.
+//! A secret with `hosts:` is a placeholder in the sandbox, replaced by kodx's egress proxy
+//! in requests to those hosts only: a repository that names one gets the proxy after setup
+//! even without `network.allow`, and those hosts are reachable.
 
 use serde::Deserialize;
 
@@ -25,6 +26,9 @@ pub struct SecretSpec {
     pub name: String,
     /// In the setup script's environment only.
     pub setup_only: bool,
+    /// Injected on the wire by the egress proxy in requests to these hosts (written like
+    /// `network.allow` entries); `None` for a `setup_only` secret.
+    pub hosts: Option<crate::egress::AllowList>,
 }
 
 #[derive(Deserialize)]
@@ -35,7 +39,7 @@ pub struct SecretSpec {
 struct RawSecret {
     name: Text,
     setup_only: Option<bool>,
-    hosts: Option<serde::de::IgnoredAny>,
+    hosts: Option<Vec<Text>>,
 }
 
 /// `secrets:`, checked.
@@ -59,22 +63,38 @@ impl<'de> Deserialize<'de> for Secrets {
             if !seen.insert(name.clone()) {
                 return Err(D::Error::custom(format!("names {name} twice")));
             }
-            if s.hosts.is_some() {
-                return Err(D::Error::custom(format!(
-                    "{name}: a secret injected for `hosts:` needs kodx's egress proxy, which \
-                     this kodx does not give sandboxes yet; use `setup_only: true` (the setup \
-                     script's environment only) or leave it out"
-                )));
-            }
-            if s.setup_only != Some(true) {
-                return Err(D::Error::custom(format!(
-                    "{name}: say how the run uses it: `setup_only: true` (the setup script's \
-                     environment only)"
-                )));
+            let hosts = match s.hosts {
+                Some(hosts) if hosts.is_empty() => {
+                    return Err(D::Error::custom(format!(
+                        "{name}: `hosts:` names no host; list where the secret is sent"
+                    )))
+                }
+                Some(hosts) => Some(
+                    crate::egress::AllowList::parse(hosts.iter().map(|h| h.0.as_str()))
+                        .map_err(|e| D::Error::custom(format!("{name}: hosts: {e}")))?,
+                ),
+                None => None,
+            };
+            match (s.setup_only == Some(true), hosts.is_some()) {
+                (true, true) => {
+                    return Err(D::Error::custom(format!(
+                        "{name}: either `setup_only: true` (the setup script's environment) or \
+                         `hosts:` (injected on the wire), not both"
+                    )))
+                }
+                (false, false) => {
+                    return Err(D::Error::custom(format!(
+                        "{name}: say how the run uses it: `setup_only: true` (the setup \
+                         script's environment only) or `hosts: [...]` (injected on the wire \
+                         by kodx's egress proxy in requests to those hosts)"
+                    )))
+                }
+                _ => {}
             }
             out.push(SecretSpec {
                 name,
-                setup_only: true,
+                setup_only: hosts.is_none(),
+                hosts,
             });
         }
         Ok(Secrets(out))

@@ -23,16 +23,16 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 const VALUE: &str = "npm_REAL_v4lue_8f2c";
 const PLACEHOLDER: &str = "Bearer kodx-secret:NPM_TOKEN";
 
-type Seen = Arc<Mutex<Vec<HeaderMap>>>;
+pub(crate) type Seen = Arc<Mutex<Vec<HeaderMap>>>;
 
 /// A CA for the test's upstream servers.
-struct TestCa {
-    pem: String,
+pub(crate) struct TestCa {
+    pub(crate) pem: String,
     der: CertificateDer<'static>,
     issuer: Issuer<'static, KeyPair>,
 }
 
-fn test_ca(name: &str) -> TestCa {
+pub(crate) fn test_ca(name: &str) -> TestCa {
     let key = KeyPair::generate().unwrap();
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
     params
@@ -49,7 +49,7 @@ fn test_ca(name: &str) -> TestCa {
 
 /// A TLS server for `name` (certificate signed by `ca`) on 127.0.0.1 that keeps every
 /// request's headers and answers `hello from <name> <path>`.
-async fn tls_upstream(name: &'static str, ca: &TestCa) -> (u16, Seen) {
+pub(crate) async fn tls_upstream(name: &'static str, ca: &TestCa) -> (u16, Seen) {
     let key = KeyPair::generate().unwrap();
     let cert = CertificateParams::new(vec![name.to_string()])
         .unwrap()

@@ -153,3 +153,127 @@ async fn an_operator_who_forbids_it_gets_a_sandbox_cut_after_setup() {
     );
     s.finish().await;
 }
+
+const SECRET: &str = "npm_REAL_v4lue_7d31";
+
+/// A secret with `hosts:` (SPEC §12): the shells hold only the placeholder; the proxy puts
+/// the value on the wire to the secret's host (a TLS server whose certificate comes from a
+/// CA `kodx serve` trusts through `SSL_CERT_FILE`; the sandbox trusts the run's CA), and
+/// refuses the same placeholder sent to another allowed host, which gets nothing. The value
+/// is in no model request, transcript, comment or log.
+#[tokio::test]
+async fn a_secret_goes_on_the_wire_to_its_host_only() {
+    use crate::egress_inject::{test_ca, tls_upstream};
+    use base64::Engine as _;
+    let _engine = common::require_engine!();
+    let ca = test_ca("kodx test upstreams");
+    let (secret_port, secret_seen) = tls_upstream("secret.test", &ca).await;
+    let (other_port, other_seen) = tls_upstream("other.test", &ca).await;
+    let dir = tempfile::tempdir().unwrap();
+    let roots = dir.path().join("upstream-roots.pem");
+    std::fs::write(&roots, &ca.pem).unwrap();
+    let key = [7u8; 32];
+    let url = format!("sqlite://{}", dir.path().join("kodx.db").display());
+    let sealed = kodx::secrets::SecretsKey::from_bytes(key)
+        .seal(REPO, "NPM_TOKEN", SECRET.as_bytes())
+        .unwrap();
+    let db = kodx::db::Db::open(&url).await.unwrap();
+    db.put_secret(REPO, "NPM_TOKEN", &sealed).await.unwrap();
+    db.close().await;
+    let mut s = Served::start(Options {
+        workers: true,
+        database_url: Some(url),
+        settings: Some(
+            "network_allow = [\"127.0.0.1/32\"]\n\
+             egress_resolve = { \"secret.test\" = [\"127.0.0.1\"], \"other.test\" = [\"127.0.0.1\"] }\n",
+        ),
+        extra_env: vec![
+            (
+                "KODX_SECRETS_KEY".into(),
+                base64::engine::general_purpose::STANDARD.encode(key),
+            ),
+            ("SSL_CERT_FILE".into(), roots.display().to_string()),
+        ],
+        ..Options::default()
+    })
+    .await;
+    config(
+        &s,
+        &format!(
+            "network:\n  allow: [\"other.test:{other_port}\"]\nsecrets:\n  - {{ name: NPM_TOKEN, hosts: [\"secret.test:{secret_port}\"] }}\n"
+        ),
+    );
+    let script = format!(
+        r#"echo "token=$NPM_TOKEN"; python3 - <<'PY'
+import os, urllib.request as u, urllib.error as e
+for url in ['https://secret.test:{secret_port}/pkg', 'https://other.test:{other_port}/pkg']:
+    q = u.Request(url, headers={{'Authorization': 'Bearer ' + os.environ['NPM_TOKEN']}})
+    try:
+        print(url, 'ok', u.urlopen(q, timeout=10).read().decode())
+    except e.HTTPError as x:
+        print(url, 'http', x.code)
+    except Exception as x:
+        print(url, 'error', x)
+PY"#
+    );
+    s.model.reply(tool(&script), "tool_use", usage(1000, 10));
+    s.model.reply(text("Fetched."), "end_turn", usage(1100, 10));
+    s.github
+        .add_issue(REPO, 9, "Fetch the package", "", "carol");
+    let run = s.comment(9, "alice", "/kodx ask fetch the package").await;
+    let status = s.finished_status(9).await;
+    let seen = s.model.requests()[1].body.to_string();
+    assert!(
+        seen.contains("token=kodx-secret:NPM_TOKEN"),
+        "{seen}\n{}",
+        s.log()
+    );
+    assert!(
+        seen.contains(&format!(
+            "https://secret.test:{secret_port}/pkg ok hello from secret.test"
+        )),
+        "{seen}\n{}",
+        s.log()
+    );
+    assert!(
+        seen.contains(&format!("https://other.test:{other_port}/pkg http 403")),
+        "{seen}"
+    );
+    // The secret's host got the value; the other host got nothing.
+    let got: Vec<String> = secret_seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|h| {
+            h.get("authorization")
+                .map(|v| v.to_str().unwrap().to_string())
+        })
+        .collect();
+    assert_eq!(got, vec![format!("Bearer {SECRET}")]);
+    assert!(
+        other_seen.lock().unwrap().is_empty(),
+        "other.test got a request"
+    );
+    // Refused and reported, with why.
+    assert!(
+        status.contains(&format!("| `other.test` | {other_port} | 1 |"))
+            && status.contains("carried the placeholder of NPM\\_TOKEN to a host it is not for"),
+        "{status}"
+    );
+    // The value is nowhere the model, a person or the log can see.
+    for (i, r) in s.model.requests().iter().enumerate() {
+        assert!(
+            !r.body.to_string().contains(SECRET),
+            "the secret in model request {i}"
+        );
+    }
+    for r in s.records(&run.0, "tool_result").await {
+        assert!(
+            !r.to_string().contains(SECRET),
+            "the secret in the transcript"
+        );
+    }
+    assert!(!status.contains(SECRET));
+    assert!(!s.log().contains(SECRET), "the secret in the server log");
+    s.finish().await;
+}

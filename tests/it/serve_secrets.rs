@@ -90,7 +90,7 @@ async fn a_setup_only_secret_reaches_the_setup_script_and_nothing_else() {
     assert!(!s.log().contains(VALUE), "the secret in the server log");
     // The one nobody set is named, with what to do.
     assert!(
-        status.contains("**Secrets the setup script did not get:**"),
+        status.contains("**Secrets the run did not get:**"),
         "{status}"
     );
     assert!(status.contains("- `NOT_SET`: not set"), "{status}");

@@ -1,8 +1,10 @@
 //! A run's sandbox and kodx's egress proxy (SPEC §12, "Egress by name"). A repository
-//! that sets `network.allow` gets, after its setup script, a sandbox that reaches only the
-//! proxy of its engine ([`crate::egress::Proxies`]), which lets the allowed names through
-//! and records what it refused; the run's end shows that (status comment, pull request,
-//! run page).
+//! that sets `network.allow` (or names a secret with `hosts:`) gets, after its setup
+//! script, a sandbox that reaches only the proxy of its engine
+//! ([`crate::egress::Proxies`]), which lets the allowed names through, puts the run's
+//! injected secrets on the wire to their hosts only (terminating TLS with the run's own
+//! CA, which the sandbox trusts), and records what it refused; the run's end shows that
+//! (status comment, pull request, run page).
 //!
 //! Such a repository never keeps the whole network after setup: when the proxy cannot be
 //! used (the operator forbids it, the server gives no network after setup, or kodx is not
@@ -10,25 +12,48 @@
 //! comment says why.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::ending::RunLog;
 use super::{Placement, Services};
 use crate::db::Run;
-use crate::egress::{EgressProxy, Policy};
+use crate::egress::{AllowList, EgressProxy, Injection, Injector, Policy, RunCa};
 use crate::repo_config::RepoConfig;
 use crate::sandbox::{DockerSandbox, EgressSpec, NetworkMode, SandboxSpec};
 use crate::serve::texts;
 
-/// What the run's sandbox may reach through the proxy, when the repository's `network.allow`
-/// is used. The spec is set to cut the network after setup either way; why it is not used
-/// goes to `log`.
+/// What a run's sandbox may reach through the proxy, and the placeholders its shells hold
+/// for the secrets the proxy injects.
+#[derive(Clone)]
+pub(super) struct RunEgress {
+    policy: Policy,
+    placeholders: Vec<String>,
+}
+
+/// Upstreams' TLS is checked against the system's roots, read once per process.
+fn roots() -> rustls::RootCertStore {
+    static ROOTS: std::sync::OnceLock<rustls::RootCertStore> = std::sync::OnceLock::new();
+    ROOTS.get_or_init(crate::egress::upstream_roots).clone()
+}
+
+/// What the run's sandbox may reach through the proxy, when the repository's
+/// `network.allow` (or a secret's `hosts:`) is used; `injected`, the secrets with `hosts:`
+/// the run got. The spec is set to cut the network after setup either way; why the proxy
+/// is not used goes to `log`.
 pub(super) fn policy(
     svc: &Services,
+    run: &Run,
     config: &RepoConfig,
     spec: &mut SandboxSpec,
+    injected: Vec<Injection>,
     log: &RunLog,
-) -> Option<Policy> {
-    let allow = config.network_allow.as_ref()?;
+) -> Option<RunEgress> {
+    let injects = config.secrets.iter().any(|s| s.hosts.is_some());
+    let allow = match &config.network_allow {
+        Some(allow) => allow.clone(),
+        None if injects => AllowList::default(),
+        None => return None,
+    };
     let settings = &svc.settings;
     let refused = if !settings.allow_repo_network {
         Some("this kodx's operator does not allow it (`allow_repo_network = false`)")
@@ -44,13 +69,34 @@ pub(super) fn policy(
         *log.egress_note.lock() = Some(texts::egress::not_used(why));
         return None;
     }
-    Some(Policy {
-        allow: allow.clone(),
+    let placeholders: Vec<String> = injected.iter().map(|i| i.name.clone()).collect();
+    let inject = match injected.is_empty() {
+        true => None,
+        false => match RunCa::new(&run.id) {
+            Ok(ca) => Some(Arc::new(Injector::new(ca, injected, roots()))),
+            Err(e) => {
+                tracing::error!("the run's CA could not be made: {e}");
+                *log.egress_note.lock() = Some(texts::egress::not_injected(&e));
+                None
+            }
+        },
+    };
+    let placeholders = match inject {
+        Some(_) => placeholders,
+        None => Vec::new(),
+    };
+    let policy = Policy {
+        allow,
         operator: settings
             .network_allow
             .iter()
             .map(|c| ipnet::IpNet::V4((*c).into()))
             .collect(),
+        inject,
+    };
+    Some(RunEgress {
+        policy,
+        placeholders,
     })
 }
 
@@ -59,7 +105,7 @@ pub(super) fn policy(
 pub(super) async fn on_engine(
     svc: &Services,
     placement: &Placement,
-    spec: &SandboxSpec,
+    (spec, egress): (&SandboxSpec, &RunEgress),
     log: &RunLog,
 ) -> (SandboxSpec, Option<EgressProxy>) {
     let mut spec = spec.clone();
@@ -76,8 +122,12 @@ pub(super) async fn on_engine(
         Ok(proxy) => {
             spec.egress = Some(EgressSpec {
                 port: proxy.addr().port(),
-                ca_pem: None,
-                placeholders: Vec::new(),
+                ca_pem: egress
+                    .policy
+                    .inject
+                    .as_ref()
+                    .map(|i| i.ca().cert_pem().to_string()),
+                placeholders: egress.placeholders.clone(),
             });
             (spec, Some(proxy))
         }
@@ -90,10 +140,18 @@ pub(super) async fn on_engine(
     }
 }
 
-/// Registers the started sandbox at `proxy` with `policy`, for as long as the run works.
-pub(super) fn register(proxy: &EgressProxy, sandbox: &DockerSandbox, policy: Policy, log: &RunLog) {
+/// Registers the started sandbox at `proxy` with the run's policy, for as long as the run
+/// works.
+pub(super) fn register(
+    proxy: &EgressProxy,
+    sandbox: &DockerSandbox,
+    egress: &RunEgress,
+    log: &RunLog,
+) {
     match sandbox.egress_address() {
-        Some(addr) => *log.egress.lock() = Some(proxy.register(IpAddr::V4(addr), policy)),
+        Some(addr) => {
+            *log.egress.lock() = Some(proxy.register(IpAddr::V4(addr), egress.policy.clone()))
+        }
         None => tracing::warn!("the sandbox was not narrowed to the egress proxy"),
     }
 }

@@ -293,11 +293,12 @@ async fn run_spec(
     cx: &RunCtx<'_>,
     run_plan: &RunPlan,
     workspace: &Workspace,
-) -> (SandboxSpec, Option<crate::egress::Policy>) {
+) -> (SandboxSpec, Option<super::egress::RunEgress>) {
     let (svc, config, log) = (cx.svc, &cx.admission.config, cx.log);
     let mut spec = sandbox_spec(run_plan, workspace);
-    spec.setup_secrets = super::secrets::setup_secrets(svc, cx.run, config, log).await;
-    let egress = super::egress::policy(svc, config, &mut spec, log);
+    let secrets = super::secrets::run_secrets(svc, cx.run, config, log).await;
+    spec.setup_secrets = secrets.setup;
+    let egress = super::egress::policy(svc, cx.run, config, &mut spec, secrets.injected, log);
     (spec, egress)
 }
 
@@ -319,7 +320,7 @@ async fn container(
     run: &Run,
     lease: &Lease,
     run_plan: &RunPlan,
-    (spec, egress): (&SandboxSpec, Option<crate::egress::Policy>),
+    (spec, egress): (&SandboxSpec, Option<super::egress::RunEgress>),
     cancel: &CancellationToken,
     log: &RunLog,
 ) -> Result<Result<DockerSandbox, Ending>, RunFailure> {
@@ -353,7 +354,7 @@ async fn container(
         }
         // Narrowed to this engine's egress proxy after setup, when the repository says so.
         let (placed, proxy) = match &egress {
-            Some(_) => super::egress::on_engine(svc, &placement, spec, log).await,
+            Some(e) => super::egress::on_engine(svc, &placement, (spec, e), log).await,
             None => (spec.clone(), None),
         };
         let warm = placement.warm();
@@ -371,8 +372,8 @@ async fn container(
         placement.refill_after(REFILL_DELAY);
         return match sandbox {
             Ok(s) => {
-                if let (Some(proxy), Some(policy)) = (&proxy, egress.clone()) {
-                    super::egress::register(proxy, &s, policy, log);
+                if let (Some(proxy), Some(egress)) = (&proxy, &egress) {
+                    super::egress::register(proxy, &s, egress, log);
                 }
                 if warm.is_some() {
                     svc.metrics.warm_start(&placement.name, s.warm_start());

@@ -1,40 +1,46 @@
-//! The secrets a run's setup script gets (SPEC §12, "Egress by name"): the `setup_only`
-//! ones `.github/kodx.yml` names, read from the database and opened with this process's
-//! key ([`crate::secrets`]). One that is not set, or that this process cannot open, is
-//! left out and named in the status comment with what to do; the run goes on.
+//! The secrets a run uses (SPEC §12, "Egress by name"): the ones `.github/kodx.yml` names,
+//! read from the database and opened with this process's key ([`crate::secrets`]) — the
+//! `setup_only` ones for the setup script's environment, the ones with `hosts:` for the
+//! egress proxy to inject on the wire. One that is not set, or that this process cannot
+//! open, is left out and named in the status comment with what to do; the run goes on.
 
 use secrecy::ExposeSecret as _;
 
 use super::ending::RunLog;
 use super::Services;
 use crate::db::Run;
+use crate::egress::Injection;
 use crate::repo_config::RepoConfig;
 use crate::sandbox::SetupSecret;
 use crate::secrets::SecretsKey;
 use crate::serve::texts;
 
-/// The run's setup secrets; what was left out goes to `log` for the status comment.
-pub(super) async fn setup_secrets(
+/// The secrets a run got, by how it uses them.
+#[derive(Default)]
+pub(super) struct RunSecrets {
+    /// For the setup script's environment alone.
+    pub setup: Vec<SetupSecret>,
+    /// For the egress proxy to put on the wire, to their hosts only.
+    pub injected: Vec<Injection>,
+}
+
+/// The run's secrets; what was left out goes to `log` for the status comment.
+pub(super) async fn run_secrets(
     svc: &Services,
     run: &Run,
     config: &RepoConfig,
     log: &RunLog,
-) -> Vec<SetupSecret> {
-    let wanted: Vec<&str> = config
-        .secrets
-        .iter()
-        .filter(|s| s.setup_only)
-        .map(|s| s.name.as_str())
-        .collect();
-    if wanted.is_empty() {
-        return Vec::new();
+) -> RunSecrets {
+    let mut out = RunSecrets::default();
+    if config.secrets.is_empty() {
+        return out;
     }
     let repo = &run.request.repo;
     let dir = svc.settings.secrets_dir.clone().unwrap_or_default();
     let key = SecretsKey::load(&dir, false);
-    let mut got = Vec::new();
     let mut missing = Vec::new();
-    for name in wanted {
+    for spec in &config.secrets {
+        let name = spec.name.as_str();
         let why = match (&key, svc.db.sealed_secret(repo, name).await) {
             (_, Ok(None)) => "not set".to_string(),
             (_, Err(e)) => format!("it could not be read: {e}"),
@@ -42,20 +48,28 @@ pub(super) async fn setup_secrets(
             (Err(e), Ok(Some(_))) => e.to_string(),
             (Ok(Some(key)), Ok(Some(sealed))) => match key.open(repo, name, &sealed) {
                 Ok(value) => {
-                    got.push(SetupSecret {
-                        name: name.to_string(),
-                        value: value.expose_secret().to_string(),
-                    });
+                    let value = value.expose_secret().to_string();
+                    match &spec.hosts {
+                        Some(hosts) => out.injected.push(Injection {
+                            name: name.to_string(),
+                            value,
+                            hosts: hosts.clone(),
+                        }),
+                        None => out.setup.push(SetupSecret {
+                            name: name.to_string(),
+                            value,
+                        }),
+                    }
                     continue;
                 }
                 Err(e) => e.to_string(),
             },
         };
-        tracing::warn!(secret = name, "a setup secret was left out: {why}");
+        tracing::warn!(secret = name, "a secret was left out: {why}");
         missing.push((name.to_string(), why));
     }
     if !missing.is_empty() {
         *log.secrets_note.lock() = Some(texts::secrets_left_out(repo, &missing));
     }
-    got
+    out
 }

@@ -50,6 +50,16 @@ pub fn not_used(why: &str) -> String {
     )
 }
 
+/// The run's secrets with `hosts:` could not be injected (its CA could not be made): the
+/// sandbox holds no placeholder, and the run goes on.
+pub fn not_injected(why: &str) -> String {
+    format!(
+        "**Secrets with `hosts:` were not injected:** the run's certificate authority could \
+         not be made ({}).\n\n",
+        crate::neutral::words(why)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -170,7 +170,7 @@ pub const BUDGET_SPENT_WHILE_WAITING: &str =
 /// The setup secrets `.github/kodx.yml` names that the run did not get, with why and the
 /// command that sets one; the run went on without them.
 pub fn secrets_left_out(repo: &str, missing: &[(String, String)]) -> String {
-    let mut out = String::from("**Secrets the setup script did not get:**\n");
+    let mut out = String::from("**Secrets the run did not get:**\n");
     for (name, why) in missing {
         out.push_str(&format!("- `{name}`: {}\n", crate::neutral::words(why)));
     }
