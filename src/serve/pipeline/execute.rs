@@ -220,6 +220,8 @@ pub(in crate::serve) async fn execute(
         },
     );
     let outcome = steering.announcing(work).await;
+    // Out of the proxy before the container can go (its address may be another's next).
+    super::egress::finish(svc, run, log).await;
     timings.add("agent", started.elapsed());
     drop(progress_tx);
     drop(records_tx);
@@ -248,7 +250,6 @@ pub(in crate::serve) async fn execute(
             done,
         }));
     }
-    super::egress::finish(svc, run, log).await;
     let verified = close_verifier(verifier, timings).await;
     Ok(Executed::Ran {
         workspace,
