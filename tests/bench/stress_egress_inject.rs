@@ -135,6 +135,8 @@ async fn ask(sender: &mut Sender, port: u16) {
         .header("authorization", "Bearer kodx-secret:NPM_TOKEN")
         .body(Empty::new())
         .unwrap();
+    // The connection takes the next request once it is done with the last one.
+    sender.ready().await.unwrap();
     let resp = sender.send_request(req).await.unwrap();
     assert_eq!(resp.status(), 200);
     resp.into_body().collect().await.unwrap();
