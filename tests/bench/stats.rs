@@ -44,3 +44,20 @@ pub fn vm_hwm_kb(pid: u32) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// The resident memory (VmRSS) of process `pid` (`None`: this process) in kB; 0 when it
+/// cannot be read.
+pub fn vm_rss_kb(pid: Option<u32>) -> u64 {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}

@@ -35,14 +35,7 @@ const REQUESTS: usize = 200;
 const VALUE: &str = "npm_bench_v4lue";
 
 fn rss_kb() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+    crate::stats::vm_rss_kb(None)
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {

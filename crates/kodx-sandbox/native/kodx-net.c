@@ -950,6 +950,19 @@ static void drop_not_unicast_v4(u32 bcast, int frames) {
     rule_end(NF_DROP);
 }
 
+/* Starts the batch that writes the sandbox's output chain anew, its first rule letting
+ * loopback through as it is. */
+static void out_chain_from_loopback(void) {
+    nft_begin("out", NF_INET_LOCAL_OUT);
+    memset(nft_iif, 0, sizeof nft_iif);
+    char lo[16];
+    name16(lo, "lo");
+    rule_begin();
+    ex_meta(7 /* NFT_META_OIFNAME */);
+    ex_cmp(0, lo, 16);
+    rule_end(NF_ACCEPT);
+}
+
 /* The engine host's input from `bridge` (subnet `net`/`mask`): unicast IPv4 only. */
 static void host_filter(const char *bridge, u32 net, u32 mask) {
     nft_begin(bridge, NF_INET_LOCAL_IN);
@@ -962,14 +975,7 @@ static void host_filter(const char *bridge, u32 net, u32 mask) {
  * only; nothing for its subnet but what an allowed range (`a<addr>/<prefix>` specs)
  * covers. */
 static void sandbox_filter(u32 net, u32 mask, char **specs, long n) {
-    nft_begin("out", NF_INET_LOCAL_OUT);
-    memset(nft_iif, 0, sizeof nft_iif);
-    char lo[16];
-    name16(lo, "lo");
-    rule_begin();
-    ex_meta(7 /* NFT_META_OIFNAME */);
-    ex_cmp(0, lo, 16);
-    rule_end(NF_ACCEPT);
+    out_chain_from_loopback();
     drop_not_unicast_v4((net & mask) | ~mask, 0);
     for (long k = 0; k < n; k++) {
         u8 a[4];
@@ -1295,14 +1301,7 @@ static void narrow(long argc, char **argv) {
     if (!p || *p) die("bad gateway", 0, 2);
     long port = parse_dec(argv[4]);
     if (port < 1 || port > 65535) die("bad port", 0, 2);
-    nft_begin("out", NF_INET_LOCAL_OUT);
-    memset(nft_iif, 0, sizeof nft_iif);
-    char lo[16];
-    name16(lo, "lo");
-    rule_begin();
-    ex_meta(7 /* NFT_META_OIFNAME */);
-    ex_cmp(0, lo, 16);
-    rule_end(NF_ACCEPT);
+    out_chain_from_loopback();
     rule_begin();
     ex_meta(15 /* NFT_META_NFPROTO */);
     u8 v4 = NFPROTO_IPV4;
