@@ -11,6 +11,7 @@
 mod clone;
 mod commit;
 mod error;
+mod local;
 mod merge;
 mod mirror;
 mod push;
@@ -22,6 +23,7 @@ pub use commit::{
     commit_all, commit_change_set, CommitRequest, Committed, Identity, MAX_SUBJECT_CHARS,
 };
 pub use error::{explain_rejection, GitError};
+pub use local::{blob_head, commit_tree, LocalEntry};
 pub use merge::{merge_base_into, MergeRequest, Merged};
 pub use mirror::{
     clone_from_mirror, fetch_mirror, fetch_mirror_for, link_objects, FetchProgress, History,
