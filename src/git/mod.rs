@@ -4,12 +4,15 @@
 //! URL, never written to `.git/config` or any other file, and never part of an error
 //! message. The callback answers once per connection; a second request means the server
 //! refused the token, and the operation ends with [`GitError::Auth`] instead of libgit2
-//! asking again and again.
+//! asking again and again. The one push libgit2 does not make, a run's new branch in one
+//! request ([`push_new_branch`]), sends the token in a basic `Authorization` header to the
+//! URL's origin only (no redirect followed, no proxy), and never in a URL or a message.
 //!
 //! All functions block: callers run them in `spawn_blocking`.
 
 mod clone;
 mod commit;
+mod direct;
 mod error;
 mod local;
 mod merge;
@@ -22,6 +25,7 @@ pub use clone::{clone, fetch, Checkout, Cloned};
 pub use commit::{
     commit_all, commit_change_set, CommitRequest, Committed, Identity, MAX_SUBJECT_CHARS,
 };
+pub use direct::{push_new_branch, Direct};
 pub use error::{explain_rejection, GitError};
 pub use local::{blob_head, commit_tree, LocalEntry};
 pub use merge::{merge_base_into, MergeRequest, Merged};

@@ -1,7 +1,9 @@
-//! Benchmark (ignored by default; `bash bench/push.sh` runs it): a code run's push alone,
+//! Benchmark (ignored by default; `cargo test --release --test bench -- --ignored
+//! --nocapture push::`): a code run's push alone,
 //! as `kodx serve` makes it, on a cargo-sized repository (3,000 files, 20,000 commits,
 //! synthetic): a tip-only clone from the repository cache, one new file committed on the
-//! tip, pushed to a new branch over smart HTTP (the real `git http-backend`). Prints the
+//! tip, pushed to a new branch over smart HTTP (the real `git http-backend`), through
+//! libgit2 and in one request (`git::push_new_branch`, what a run does now). Prints each
 //! push's time and each request the git server answered (what it took there, and the
 //! bytes sent), so the client's part and the server's part can be told apart.
 
@@ -33,7 +35,7 @@ fn commit_one_file(dir: &std::path::Path, name: &str) -> git2::Oid {
 }
 
 #[test]
-#[ignore = "benchmark: bash bench/push.sh"]
+#[ignore = "benchmark: cargo test --release --test bench -- --ignored --nocapture push::"]
 fn one_commit_push() {
     let runs = env_usize("KODX_BENCH_RUNS", 5);
     let files = env_usize("KODX_BENCH_FILES", 3_000);
@@ -44,7 +46,13 @@ fn one_commit_push() {
     let tmp = tempfile::tempdir().unwrap();
     let cache = RepoCache::new(tmp.path().join("mirrors"), 8 << 30);
     let key = RepoKey::parse(REPO).unwrap();
-    let mut totals = Vec::new();
+    let mut totals = std::collections::BTreeMap::new();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let runtime = rt.handle().clone();
     for i in 0..runs.max(2) {
         let dest = tmp.path().join(format!("run-{i}"));
         cache
@@ -58,38 +66,55 @@ fn one_commit_push() {
                 false,
             )
             .unwrap();
-        let made = commit_one_file(&dest, &format!("bench-{i}.txt"));
-        let before = srv.requests().len();
-        let branch = format!("kodx/issue-{i}-bench");
-        let started = Instant::now();
-        git::push_checked(&dest, &url, TOKEN, "HEAD", &branch, true, &|| true).unwrap();
-        let took = started.elapsed().as_secs_f64() * 1000.0;
-        assert_eq!(srv.branch_sha(REPO, &branch).unwrap(), made.to_string());
-        let requests = srv.requests();
-        let server: f64 = requests[before..]
-            .iter()
-            .map(|r| r.took.as_secs_f64() * 1000.0)
-            .sum();
-        println!(
-            "push {i}: {took:.1} ms, of which the server {server:.1} ms over {} request(s):",
-            requests.len() - before
-        );
-        for r in &requests[before..] {
-            println!(
-                "    {} {} -> {} in {:.1} ms, {} bytes sent",
-                r.method,
-                r.path_and_query,
-                r.status,
-                r.took.as_secs_f64() * 1000.0,
-                r.body_bytes
+        // libgit2's push, then the one-request push of the next commit (its parent is
+        // on the server now, as a run's tip is).
+        for (way, branch) in [
+            ("libgit2", format!("kodx/issue-{i}-libgit2")),
+            ("one request", format!("kodx/issue-{i}-direct")),
+        ] {
+            let made = commit_one_file(
+                &dest,
+                &format!("bench-{i}-{}.txt", &branch[branch.len() - 3..]),
             );
-        }
-        if i > 0 {
-            totals.push(took);
+            let before = srv.requests().len();
+            let started = Instant::now();
+            if way == "libgit2" {
+                git::push_checked(&dest, &url, TOKEN, "HEAD", &branch, true, &|| true).unwrap();
+            } else {
+                let pushed =
+                    git::push_new_branch(&dest, &url, TOKEN, &branch, &runtime, &|| true).unwrap();
+                assert!(matches!(pushed, git::Direct::Pushed { .. }), "{pushed:?}");
+            }
+            let took = started.elapsed().as_secs_f64() * 1000.0;
+            assert_eq!(srv.branch_sha(REPO, &branch).unwrap(), made.to_string());
+            let requests = srv.requests();
+            let server: f64 = requests[before..]
+                .iter()
+                .map(|r| r.took.as_secs_f64() * 1000.0)
+                .sum();
+            println!(
+                "push {i} ({way}): {took:.1} ms, of which the server {server:.1} ms over {} request(s):",
+                requests.len() - before
+            );
+            for r in &requests[before..] {
+                println!(
+                    "    {} {} -> {} in {:.1} ms, {} bytes sent",
+                    r.method,
+                    r.path_and_query,
+                    r.status,
+                    r.took.as_secs_f64() * 1000.0,
+                    r.body_bytes
+                );
+            }
+            if i > 0 {
+                totals.entry(way).or_insert_with(Vec::new).push(took);
+            }
         }
     }
-    println!(
-        "one-commit push, {files} files and {commits} commits: median of the later pushes {:.1} ms",
-        median(totals)
-    );
+    for (way, took) in totals {
+        println!(
+            "one-commit push ({way}), {files} files and {commits} commits: median of the later pushes {:.1} ms",
+            median(took)
+        );
+    }
 }
