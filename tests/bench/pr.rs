@@ -135,7 +135,11 @@ fn print_timeline(s: &Served, webhook: Instant, gh_before: usize, git_before: us
         .iter()
         .map(|r| {
             let took = r.took.map_or(f64::NAN, |t| t.as_secs_f64() * 1000.0);
-            let query = r.query.as_deref().map(|q| format!("?{q}")).unwrap_or_default();
+            let query = r
+                .query
+                .as_deref()
+                .map(|q| format!("?{q}"))
+                .unwrap_or_default();
             (
                 ms(r.at),
                 format!("github {} {}{query} ({took:.1} ms)", r.method, r.path),
