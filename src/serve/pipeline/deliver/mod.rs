@@ -272,10 +272,10 @@ async fn commit_and_push(
         };
         let still_held = || lease.holds_blocking(&runtime);
         let sha = match &target {
-            // The run's own branch: a re-run after a restart replaces what an earlier
-            // attempt pushed there.
-            // Created in one request when it is new (the usual case); else, or when the
-            // server says anything but yes, pushed as before.
+            // The run's own branch: created in one request when it is new (the usual
+            // case); else (a re-run after a restart replaces what an earlier attempt
+            // pushed there), or when the server says anything but yes, pushed through
+            // libgit2 as before.
             Target::NewPull { branch, .. } => {
                 let direct =
                     crate::git::push_new_branch(&dest, &url, &token, branch, &runtime, &still_held);
