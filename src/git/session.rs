@@ -11,7 +11,7 @@ use git2::{AutotagOption, CredentialType, ErrorClass, ErrorCode, FetchOptions, R
 use super::error::GitError;
 
 /// The user name GitHub expects with an installation token.
-const USERNAME: &str = "x-access-token";
+pub(super) const USERNAME: &str = "x-access-token";
 /// How long connecting to the git server may take.
 const CONNECT_TIMEOUT_MS: i32 = 15_000;
 /// How long the git server may stay silent in the middle of an exchange.

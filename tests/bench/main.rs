@@ -14,6 +14,7 @@ mod estimate;
 mod follow_up;
 mod postgres;
 mod pr;
+mod push;
 mod stress_egress;
 mod stress_egress_inject;
 mod stress_proxy;

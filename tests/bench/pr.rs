@@ -75,6 +75,7 @@ async fn code_once(s: &Served, db: &kodx::db::Db, number: u64) -> Measured {
     );
     let before = s.github.created_pulls(REPO).len();
     let calls_before = s.model.requests().len();
+    let (gh_before, git_before) = (s.github.requests().len(), s.git.requests().len());
     let body = format!("/kodx code write bench-{number}.txt");
     let id = s.github.add_comment(REPO, number, "alice", &body, false);
     let payload = issue_comment(&IssueComment {
@@ -102,6 +103,9 @@ async fn code_once(s: &Served, db: &kodx::db::Db, number: u64) -> Measured {
     }
     let total_ms = started.elapsed().as_secs_f64() * 1000.0;
     let (run, result) = finished(db, &run_id).await;
+    if std::env::var("KODX_BENCH_TIMELINE").is_ok() {
+        print_timeline(s, started, gh_before, git_before);
+    }
     let phases = result["timings_ms"]
         .as_object()
         .unwrap_or_else(|| panic!("no timings: {result}\n{}", s.log()))
@@ -120,6 +124,44 @@ async fn code_once(s: &Served, db: &kodx::db::Db, number: u64) -> Measured {
         ack_ms: ack_ms.unwrap_or(total_ms),
         queue_ms: run.started_at.unwrap_or(run.created_at) as f64 - run.created_at as f64,
         phases,
+    }
+}
+
+/// With KODX_BENCH_TIMELINE: each request the fake GitHub and the git server answered
+/// during the run, in ms since the webhook, and what it took there.
+fn print_timeline(s: &Served, webhook: Instant, gh_before: usize, git_before: usize) {
+    let ms = |at: Instant| at.saturating_duration_since(webhook).as_secs_f64() * 1000.0;
+    let mut lines: Vec<(f64, String)> = s.github.requests()[gh_before..]
+        .iter()
+        .map(|r| {
+            let took = r.took.map_or(f64::NAN, |t| t.as_secs_f64() * 1000.0);
+            let query = r
+                .query
+                .as_deref()
+                .map(|q| format!("?{q}"))
+                .unwrap_or_default();
+            (
+                ms(r.at),
+                format!("github {} {}{query} ({took:.1} ms)", r.method, r.path),
+            )
+        })
+        .collect();
+    lines.extend(s.git.requests()[git_before..].iter().map(|r| {
+        (
+            ms(r.at),
+            format!(
+                "git {} {} -> {} ({:.1} ms, {} bytes sent)",
+                r.method,
+                r.path_and_query,
+                r.status,
+                r.took.as_secs_f64() * 1000.0,
+                r.body_bytes
+            ),
+        )
+    }));
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (at, line) in lines {
+        println!("    {at:>8.1} ms  {line}");
     }
 }
 
@@ -467,6 +509,15 @@ async fn webhook_to_pull_request() {
     let commits = env_usize("KODX_BENCH_COMMITS", 20_000);
 
     let journaled = std::env::var("KODX_BENCH_ENGINE").is_ok_and(|e| e == "journaled");
+    if std::env::var("KODX_BENCH_ONLY").is_ok_and(|v| v == "cargo") {
+        // The cargo-sized code runs alone: a quicker look at their phases.
+        let s = server(true).await;
+        common::synthetic::fill_bare(&s.git.bare_path(REPO), files, commits);
+        let label = format!("cargo-sized repository ({files} files, {commits} commits)");
+        measure(&label, &s, runs, 100).await;
+        print_copy_ins(&s);
+        return;
+    }
     let s = server(false).await;
     let rss_cold = idle_rss_mb(&s).await;
     let (_, cold_small) = measure(

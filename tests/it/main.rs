@@ -24,6 +24,7 @@ mod engine_pool;
 mod engine_unreachable;
 mod git_clone;
 mod git_commit;
+mod git_push_direct;
 mod github_app;
 mod github_ci;
 mod hostfs;

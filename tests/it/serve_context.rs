@@ -658,3 +658,79 @@ async fn hostile_instruction_files_end_bounded_and_said() {
     assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
     s.finish().await;
 }
+
+/// A run whose base commit the repository cache already holds (a later run on the same
+/// tip) reads the repository's context from its mirror, not through GitHub's tree and blob
+/// calls, and gets the same context: the link out of the repository not followed, the
+/// fallback file cut at 32 KiB with its whole size said, the nested `AGENTS.md` listed.
+#[tokio::test]
+async fn a_later_run_on_the_same_tip_reads_the_context_from_the_repository_cache() {
+    let _engine = common::require_engine!();
+    let mut s = Served::with_run_pages().await;
+    let line = "Always run the linters. ".repeat(4) + "\n";
+    let big = line.repeat(40 * 1024 / line.len());
+    s.git.commit_on_branch(
+        REPO,
+        "main",
+        &[
+            ("AGENTS.md", b"../../../../etc/passwd", 0o120000),
+            ("CLAUDE.md", big.as_bytes(), 0o644),
+            ("crates/core/AGENTS.md", b"core rules\n", 0o644),
+        ],
+        "rules",
+    );
+    let mut seen = Vec::new();
+    for (n, answer) in [(7, "one"), (8, "two")] {
+        s.github.add_issue(REPO, n, "Q", "", "carol");
+        s.model.reply(text(answer), "end_turn", usage(1000, 10));
+        let before = s.github.requests().len();
+        let run = s.comment(n, "alice", "/kodx ask what are the rules?").await;
+        s.bot_comment_where(n, "the answer", |c| {
+            c.body.lines().any(|l| l == "### ✅ answered")
+        })
+        .await;
+        let reads: Vec<String> = s.github.requests()[before..]
+            .iter()
+            .filter(|r| r.path.contains("/git/trees/") || r.path.contains("/git/blobs/"))
+            .map(|r| r.path.clone())
+            .collect();
+        let prompt = s.model.requests().last().unwrap().body["messages"][0]["content"].to_string();
+        seen.push((reads, prompt, given(&s, &run.0).await));
+    }
+    let (first_reads, first_prompt, first) = &seen[0];
+    let (later_reads, later_prompt, later) = &seen[1];
+    // The first run had no mirror yet: GitHub listed the tree and gave the blobs.
+    assert!(
+        first_reads.iter().any(|p| p.contains("/git/trees/")),
+        "{first_reads:?}"
+    );
+    assert!(
+        later_reads.is_empty(),
+        "read through GitHub: {later_reads:?}"
+    );
+    assert_eq!(later, first, "the same context from the mirror");
+    let rules = |p: &str| {
+        p.split_once("The repository's instructions")
+            .map(|(_, rest)| rest.to_string())
+            .unwrap_or_else(|| panic!("no instructions: {p}"))
+    };
+    assert_eq!(rules(later_prompt), rules(first_prompt));
+    assert!(
+        later_prompt.contains("Always run the linters."),
+        "{later_prompt}"
+    );
+    assert!(
+        later_prompt.contains("crates/core/AGENTS.md"),
+        "{later_prompt}"
+    );
+    assert_eq!(later["instructions"]["path"], "CLAUDE.md");
+    assert_eq!(later["instructions"]["cut"], true);
+    assert_eq!(
+        later["instructions"]["bytes"].as_u64().unwrap(),
+        big.len() as u64
+    );
+    let notes = later["notes"].to_string();
+    assert!(notes.contains("`AGENTS.md` is a link"), "{notes}");
+    assert!(s.github.refused().is_empty(), "{:?}", s.github.refused());
+    s.finish().await;
+}

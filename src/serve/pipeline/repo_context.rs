@@ -1,5 +1,6 @@
 //! What the repository tells an agent about itself (SPEC §11), read from the branch the
-//! work targets ([`Base`]) through GitHub, never from a pull request's head:
+//! work targets ([`Base`]) through GitHub (or, when it holds the base's commit, from the
+//! repository cache's mirror: the same files), never from a pull request's head:
 //!
 //! - its instructions: the root `AGENTS.md`, else `CLAUDE.md`, else
 //!   `.github/copilot-instructions.md`; at most [`MAX_INSTRUCTIONS_BYTES`] are read, and
@@ -125,10 +126,89 @@ impl RepoContext {
 
 impl RunCtx<'_> {
     /// The repository's context at the run's base; `with_template`: a code run, whose
-    /// pull request body may follow a template.
+    /// pull request body may follow a template. Read from the repository cache's mirror
+    /// when it holds the base commit (a commit's files are the same wherever they are
+    /// read, and a later run on a busy repository finds its tip there), else from GitHub.
     pub(in crate::serve) async fn read_repo_context(&self, with_template: bool) -> RepoContext {
         let template_name = with_template.then_some(self.admission.config.pr.template.as_deref());
-        read(&self.gh, &self.repo, &self.admission.base, template_name).await
+        let base = &self.admission.base;
+        if let Some((mirror, tree)) = mirror_tree(self.svc, &self.run.request.repo, base).await {
+            tracing::debug!(commit = ?base.commit, "the repository's context read from the repository cache");
+            return read_tree(&Source::Mirror(mirror), Ok(Some(tree)), base, template_name).await;
+        }
+        read(&self.gh, &self.repo, base, template_name).await
+    }
+}
+
+/// The tree of `base`'s commit from the repository cache's mirror of `repo`, when the
+/// mirror holds it whole.
+async fn mirror_tree(
+    svc: &super::Services,
+    repo: &str,
+    base: &Base,
+) -> Option<(std::path::PathBuf, Tree)> {
+    let commit = base.commit.clone()?;
+    let cache = super::workspace::repo_cache(svc)?;
+    let key = crate::repo_cache::RepoKey::parse(repo).ok()?;
+    let mirror = cache.mirror_path(&key);
+    if !mirror.exists() {
+        return None;
+    }
+    let dir = mirror.clone();
+    let entries = tokio::task::spawn_blocking(move || crate::git::commit_tree(&dir, &commit))
+        .await
+        .ok()?
+        .ok()??;
+    let entries = entries
+        .into_iter()
+        .map(|e| TreeEntry {
+            path: e.path,
+            mode: format!("{:06o}", e.mode),
+            sha: e.sha,
+            size: None,
+        })
+        .collect();
+    Some((
+        mirror,
+        Tree {
+            entries,
+            truncated: false,
+        },
+    ))
+}
+
+/// Where the repository's files are read.
+pub(in crate::serve) enum Source<'a> {
+    GitHub(&'a Installation, &'a RepoName),
+    /// The repository cache's mirror, which holds the base commit.
+    Mirror(std::path::PathBuf),
+}
+
+impl Source<'_> {
+    /// The first `max` bytes of blob `sha`, whether it has more, and its size when known.
+    async fn blob_head(
+        &self,
+        sha: &str,
+        max: usize,
+    ) -> Result<(Vec<u8>, bool, Option<u64>), String> {
+        match self {
+            Source::GitHub(gh, repo) => gh
+                .blob_head(repo, sha, max)
+                .await
+                .map(|(bytes, cut)| (bytes, cut, None))
+                .map_err(|e| e.to_string()),
+            Source::Mirror(dir) => {
+                let (dir, sha) = (dir.clone(), sha.to_string());
+                match tokio::task::spawn_blocking(move || crate::git::blob_head(&dir, &sha, max))
+                    .await
+                {
+                    Ok(Ok(Some((bytes, cut, size)))) => Ok((bytes, cut, Some(size))),
+                    Ok(Ok(None)) => Err("it is not in kodx's repository cache".into()),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        }
     }
 }
 
@@ -141,8 +221,22 @@ pub(in crate::serve) async fn read(
     base: &Base,
     template: Option<Option<&str>>,
 ) -> RepoContext {
+    let tree = gh
+        .tree(repo, base.rules_ref())
+        .await
+        .map_err(|e| e.to_string());
+    read_tree(&Source::GitHub(gh, repo), tree, base, template).await
+}
+
+/// [`read`] from `tree`, the base's tree as `source` listed it (`None`: no such commit).
+async fn read_tree(
+    source: &Source<'_>,
+    tree: Result<Option<Tree>, String>,
+    base: &Base,
+    template: Option<Option<&str>>,
+) -> RepoContext {
     let mut cx = RepoContext::empty(base);
-    let tree = match gh.tree(repo, base.rules_ref()).await {
+    let tree = match tree {
         Ok(Some(tree)) => tree,
         Ok(None) => return cx,
         Err(e) => {
@@ -162,13 +256,13 @@ pub(in crate::serve) async fn read(
         );
     }
     let files = Files::new(&tree);
-    cx.instructions = instructions(gh, repo, &files, &mut cx.notes).await;
+    cx.instructions = instructions(source, &files, &mut cx.notes).await;
     let (nested, more) = nested_agents(&files);
     cx.nested = nested;
     cx.nested_more = more;
     if let Some(name) = template {
         cx.template = match choose_template(&files, name) {
-            Ok(Some(entry)) => read_template(gh, repo, entry, &mut cx.notes).await,
+            Ok(Some(entry)) => read_template(source, entry, &mut cx.notes).await,
             Ok(None) => None,
             Err(note) => {
                 cx.notes.push(note);
@@ -226,8 +320,7 @@ pub(in crate::serve) fn resolve_link(link: &str, target: &str) -> Option<String>
 /// The instruction file to read: the first of [`INSTRUCTION_FILES`] that is a file, or a
 /// link to a file inside the repository. Returns `(file entry, the link's name)`.
 async fn instruction_file<'t>(
-    gh: &Installation,
-    repo: &RepoName,
+    source: &Source<'_>,
     files: &Files<'t>,
     notes: &mut Vec<String>,
 ) -> Option<(&'t TreeEntry, Option<String>)> {
@@ -241,9 +334,9 @@ async fn instruction_file<'t>(
         if !entry.is_link() {
             continue;
         }
-        let target = match gh.blob_head(repo, &entry.sha, MAX_LINK_BYTES).await {
-            Ok((bytes, false)) => String::from_utf8(bytes).ok(),
-            Ok((_, true)) => None,
+        let target = match source.blob_head(&entry.sha, MAX_LINK_BYTES).await {
+            Ok((bytes, false, _)) => String::from_utf8(bytes).ok(),
+            Ok((_, true, _)) => None,
             Err(e) => {
                 notes.push(format!("`{name}` is a link that could not be read ({e})."));
                 continue;
@@ -266,13 +359,12 @@ async fn instruction_file<'t>(
 }
 
 async fn instructions(
-    gh: &Installation,
-    repo: &RepoName,
+    source: &Source<'_>,
     files: &Files<'_>,
     notes: &mut Vec<String>,
 ) -> Option<Instructions> {
-    let (entry, via) = instruction_file(gh, repo, files, notes).await?;
-    let (bytes, cut) = match gh.blob_head(repo, &entry.sha, MAX_INSTRUCTIONS_BYTES).await {
+    let (entry, via) = instruction_file(source, files, notes).await?;
+    let (bytes, cut, size) = match source.blob_head(&entry.sha, MAX_INSTRUCTIONS_BYTES).await {
         Ok(read) => read,
         Err(e) => {
             tracing::warn!("reading {} failed: {e}", entry.path);
@@ -289,7 +381,7 @@ async fn instructions(
         ));
         return None;
     }
-    let size = entry.size.unwrap_or(bytes.len() as u64);
+    let size = entry.size.or(size).unwrap_or(bytes.len() as u64);
     if cut {
         notes.push(format!(
             "`{}` is {size} bytes; only its first {} KiB were given.",
@@ -384,13 +476,12 @@ pub(in crate::serve) fn choose_template<'t>(
 }
 
 async fn read_template(
-    gh: &Installation,
-    repo: &RepoName,
+    source: &Source<'_>,
     entry: &TreeEntry,
     notes: &mut Vec<String>,
 ) -> Option<Template> {
-    match gh.blob_head(repo, &entry.sha, MAX_TEMPLATE_BYTES).await {
-        Ok((bytes, cut)) => {
+    match source.blob_head(&entry.sha, MAX_TEMPLATE_BYTES).await {
+        Ok((bytes, cut, _)) => {
             let text = clean(&bytes);
             if text.trim().is_empty() {
                 return None;

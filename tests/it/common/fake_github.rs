@@ -158,6 +158,9 @@ pub struct FakeRequest {
     pub authorization: Option<String>,
     pub body: String,
     pub headers: HeaderMap,
+    /// When it arrived, and how long the fake took to answer it (`None` until it did).
+    pub at: std::time::Instant,
+    pub took: Option<std::time::Duration>,
 }
 
 struct Pull {
@@ -1103,8 +1106,11 @@ async fn record(State(fake): State<FakeGitHub>, req: Request, next: Next) -> Res
             .map(str::to_string)
     };
     let what = format!("{} {path}", parts.method);
+    let arrived = std::time::Instant::now();
+    let index;
     let ((failure, failure_after), held) = {
         let mut st = fake.state();
+        index = st.requests.len();
         st.requests.push(FakeRequest {
             method: parts.method.to_string(),
             path: path.clone(),
@@ -1112,6 +1118,8 @@ async fn record(State(fake): State<FakeGitHub>, req: Request, next: Next) -> Res
             authorization: header("authorization"),
             body: String::from_utf8_lossy(&bytes).into_owned(),
             headers: parts.headers.clone(),
+            at: arrived,
+            took: None,
         });
         if header("user-agent").is_none_or(|ua| ua.trim().is_empty()) {
             st.refused.push(format!("{what}: no User-Agent"));
@@ -1170,6 +1178,9 @@ async fn record(State(fake): State<FakeGitHub>, req: Request, next: Next) -> Res
     let response = next
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
+    if let Some(r) = fake.state().requests.get_mut(index) {
+        r.took = Some(arrived.elapsed());
+    }
     fake.notify();
     match failure_after {
         Some(status) => status_error(status),

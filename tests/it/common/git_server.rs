@@ -82,6 +82,12 @@ pub struct RecordedRequest {
     pub content_encoding: Option<String>,
     /// The status answered.
     pub status: u16,
+    /// When it arrived.
+    pub at: std::time::Instant,
+    /// How long the server took to answer (the `git http-backend` it ran, for most).
+    pub took: std::time::Duration,
+    /// The request body's size in bytes (a push's commands and pack).
+    pub body_bytes: usize,
 }
 
 struct Shared {
@@ -451,6 +457,8 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let headers = req.headers().clone();
     let content_encoding = header_str(&headers, header::CONTENT_ENCODING);
     let wants = GitUse::of(&path, &query);
+    let began = std::time::Instant::now();
+    let body_bytes = std::sync::atomic::AtomicUsize::new(0);
     let (username, verdict) = match credentials(&headers) {
         Some((user, token)) => {
             let verdict = if user == USERNAME {
@@ -473,6 +481,9 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             push,
             content_encoding: content_encoding.clone(),
             status: status.as_u16(),
+            at: began,
+            took: began.elapsed(),
+            body_bytes: body_bytes.load(std::sync::atomic::Ordering::Relaxed),
         });
     };
     match verdict {
@@ -504,7 +515,10 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         return (StatusCode::BAD_REQUEST, "bad path\n").into_response();
     }
     let body = match axum::body::to_bytes(req.into_body(), 256 << 20).await {
-        Ok(b) => b,
+        Ok(b) => {
+            body_bytes.store(b.len(), std::sync::atomic::Ordering::Relaxed);
+            b
+        }
         Err(e) => {
             record(StatusCode::BAD_REQUEST);
             return (StatusCode::BAD_REQUEST, format!("bad body: {e}\n")).into_response();

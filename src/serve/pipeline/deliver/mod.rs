@@ -272,11 +272,32 @@ async fn commit_and_push(
         };
         let still_held = || lease.holds_blocking(&runtime);
         let sha = match &target {
-            // The run's own branch: a re-run after a restart replaces what an earlier
-            // attempt pushed there.
+            // The run's own branch: created in one request when it is new (the usual
+            // case); else (a re-run after a restart replaces what an earlier attempt
+            // pushed there), or when the server says anything but yes, pushed through
+            // libgit2 as before.
             Target::NewPull { branch, .. } => {
-                crate::git::push_checked(&dest, &url, &token, "HEAD", branch, true, &still_held)
-                    .map_err(pushed)?;
+                let direct =
+                    crate::git::push_new_branch(&dest, &url, &token, branch, &runtime, &still_held);
+                match direct {
+                    Ok(crate::git::Direct::Pushed { objects, .. }) => {
+                        tracing::debug!(objects, "pushed the new branch in one request");
+                    }
+                    Err(GitError::Withheld) => return Err(DeliveryError::LeaseLost),
+                    not_pushed => {
+                        tracing::info!(?not_pushed, "pushing the branch through libgit2");
+                        crate::git::push_checked(
+                            &dest,
+                            &url,
+                            &token,
+                            "HEAD",
+                            branch,
+                            true,
+                            &still_held,
+                        )
+                        .map_err(pushed)?;
+                    }
+                }
                 commit.sha
             }
             // A merge commit is pushed as it is: rebased, it would not be the merge.
