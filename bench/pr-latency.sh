@@ -15,7 +15,9 @@
 #       the sandboxes on an engine whose data root is journaled ext4 (bench/journaled-engine.sh),
 #       for machines whose own disk is ext4 without a journal
 #   KODX_BENCH_LOG=1: each run's copy-in line (kodx's time, the engine's, entries skipped)
-#   KODX_BENCH_ONLY=cargo: only the cargo-sized code runs (their phases, no targets)
+#   KODX_BENCH_ONLY=cargo: only the cargo-sized code runs (their phases, no targets),
+#       then pairs of runs whose second command comes right after the first one's PR,
+#       and 10 s after it (issue 43's rhythm: do they find a warm sandbox?)
 #   KODX_BENCH_TIMELINE=1: each code run's requests to the fake GitHub and the git server,
 #       in ms since the webhook, and what each took there (where prepare and push wait)
 set -euo pipefail

@@ -298,6 +298,23 @@ async fn measure_runs(
     (all, figures)
 }
 
+/// `runs` pairs of code runs: the first once the pool has a warm sandbox, the second
+/// `gap` after the first one's pull request opened (without waiting for the pool); prints
+/// the second runs' figures (the first line of the report is the first pair's second run,
+/// "later" the median of the others') and how many of them found a warm sandbox.
+async fn second_commands(s: &Served, runs: usize, first_issue: u64, gap: Duration, label: &str) {
+    let db = open_db(s).await;
+    let mut seconds = Vec::new();
+    for i in 0..runs.max(2) as u64 {
+        until_warm(s).await;
+        code_once(s, &db, first_issue + 2 * i).await;
+        tokio::time::sleep(gap).await;
+        seconds.push(code_once(s, &db, first_issue + 2 * i + 1).await);
+    }
+    db.close().await;
+    report(label, &seconds);
+}
+
 /// As [`measure`], calling `between(i)` before each run after the first.
 async fn measure_with(
     label: &str,
@@ -515,6 +532,21 @@ async fn webhook_to_pull_request() {
         common::synthetic::fill_bare(&s.git.bare_path(REPO), files, commits);
         let label = format!("cargo-sized repository ({files} files, {commits} commits)");
         measure(&label, &s, runs, 100).await;
+        // Issue 43's rhythm: a second command right after the first one's pull request
+        // (no wait for the pool's refill), and one 10 s later.
+        for (gap, what, first_issue) in [
+            (Duration::ZERO, "immediately after the first's PR", 300),
+            (Duration::from_secs(10), "10 s after the first's PR", 400),
+        ] {
+            second_commands(
+                &s,
+                runs,
+                first_issue,
+                gap,
+                &format!("{label}, second command {what}"),
+            )
+            .await;
+        }
         print_copy_ins(&s);
         return;
     }
