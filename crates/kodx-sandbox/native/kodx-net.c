@@ -1090,10 +1090,8 @@ static void plug(long argc, char **argv) {
 #define RESOLVE_IN_ROOT 0x10
 static char rc_in[16384], rc_out[16384 + 512];
 
-static int reachable(const u8 a[4]) {
-    if (a[0] == 127) return 0;
-    long s = sys6(SYS_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0, 0, 0, 0);
-    if (s < 0) die("opening a socket", s, 1);
+/* connect(2) of socket `s` to IPv4 address `a`, `port`: the kernel's answer. */
+static long connect_v4(long s, const u8 a[4], long port) {
     struct {
         u16 family, port;
         u8 addr[4];
@@ -1101,9 +1099,16 @@ static int reachable(const u8 a[4]) {
     } to;
     memset(&to, 0, sizeof to);
     to.family = AF_INET;
-    to.port = (u16)(53 << 8);
+    to.port = (u16)((port & 0xff) << 8 | (port >> 8));
     memcpy(to.addr, a, 4);
-    long r = sys6(SYS_connect, s, (long)&to, sizeof to, 0, 0, 0);
+    return sys6(SYS_connect, s, (long)&to, sizeof to, 0, 0, 0);
+}
+
+static int reachable(const u8 a[4]) {
+    if (a[0] == 127) return 0;
+    long s = sys6(SYS_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0, 0, 0, 0);
+    if (s < 0) die("opening a socket", s, 1);
+    long r = connect_v4(s, a, 53);
     sys6(SYS_close, s, 0, 0, 0, 0, 0);
     return r == 0;
 }
@@ -1358,16 +1363,7 @@ static void probe(const char *addr, const char *port_s) {
     struct { long sec, usec; } tv = {5, 0};
     sys6(SYS_setsockopt, s, 1 /* SOL_SOCKET */, 21 /* SO_SNDTIMEO */, (long)&tv, sizeof tv, 0);
     sys6(SYS_setsockopt, s, 1 /* SOL_SOCKET */, 20 /* SO_RCVTIMEO */, (long)&tv, sizeof tv, 0);
-    struct {
-        u16 family, port;
-        u8 addr[4];
-        u8 zero[8];
-    } to;
-    memset(&to, 0, sizeof to);
-    to.family = AF_INET;
-    to.port = (u16)((port & 0xff) << 8 | (port >> 8));
-    memcpy(to.addr, a, 4);
-    long r = sys6(SYS_connect, s, (long)&to, sizeof to, 0, 0, 0);
+    long r = connect_v4(s, a, port);
     if (r < 0) die("probe: connecting", r, 1);
     static const char req[] = "GET http://kodx-doctor.invalid/ HTTP/1.0\r\nHost: kodx-doctor.invalid\r\n\r\n";
     r = sys6(SYS_sendto, s, (long)req, sizeof req - 1, 0, 0, 0);
