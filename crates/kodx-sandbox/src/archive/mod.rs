@@ -18,12 +18,14 @@
 //!
 //! One file per layer, each naming only the ones before it: [`limits`] (the limits and
 //! helpers all share), [`names`] (the checks of entry names and symlink targets),
-//! [`manifest`] (the baseline), [`tip`] and [`pack`] (host directory → tar), [`bounded`]
-//! (the byte-level bounds of a hostile tar), [`contents`] (changed file data, in memory or
-//! spooled), [`disk`] (where a path under a host directory may be written), [`ignore`] (the
-//! `.gitignore` rules met on the way), [`untrusted`] (the reader that checks every entry of
-//! a hostile tar), [`changes`] (the change-set diff against the manifest) and [`write`]
-//! (trees and change sets onto the host disk). This file only declares them.
+//! [`manifest`] (the baseline), [`tip`] (the pack of a tip-only `.git`), [`treecheck`] (the
+//! rules a git tree keeps), [`pack`] (host directory or git tree → tar), [`delta`] (the tar
+//! that brings a tip-only checkout to a newer tip), [`bounded`] (the byte-level bounds of a
+//! hostile tar), [`contents`] (changed file data, in memory or spooled), [`disk`] (where a
+//! path under a host directory may be written), [`ignore`] (the `.gitignore` rules met on
+//! the way), [`untrusted`] (the reader that checks every entry of a hostile tar),
+//! [`changes`] (the change-set diff against the manifest) and [`write`] (trees and change
+//! sets onto the host disk). This file only declares them.
 
 mod bounded;
 mod changes;
@@ -37,6 +39,7 @@ mod pack;
 #[cfg(test)]
 mod testutil;
 mod tip;
+mod treecheck;
 mod untrusted;
 mod write;
 

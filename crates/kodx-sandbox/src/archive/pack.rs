@@ -10,10 +10,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sha2::{Digest, Sha256};
 use tar::{EntryType, Header};
 
-use super::limits::{human, io_at, ArchiveLimits, MAX_NAME_BYTES};
+use super::limits::{io_at, ArchiveLimits};
 use super::manifest::{Manifest, ManifestEntry};
 use super::names::check_rel;
 use super::tip::TipPack;
+use super::treecheck::{
+    missing, read_blob, refused, symlink_size, symlink_target, tree_path, TreeBudget,
+};
 use crate::error::{Result, SandboxError};
 
 /// Packs the host directory `src` into a tar written to `out`, whose entries live under
@@ -184,25 +187,9 @@ fn pack_head<W: Write>(
             .append_data(&mut h, format!("{prefix}/"), io::empty())
             .map_err(io_at("archiving", repo_dir))?;
     }
-    let dot_git = repo.path().to_path_buf();
-    let meta = fs::metadata(&dot_git).map_err(io_at("reading", &dot_git))?;
-    let mode = meta.mode() & 0o7777;
-    let mut h = header(EntryType::Directory, mode, self::mtime(&meta), 0);
-    packer
-        .builder
-        .append_data(&mut h, packer.path_in_tar(".git") + "/", io::empty())
-        .map_err(io_at("archiving", &dot_git))?;
-    packer
-        .manifest
-        .entries
-        .insert(".git".into(), ManifestEntry::Dir { mode });
+    packer.dot_git(repo.path(), tip_only.then_some((commit.id(), mtime)))?;
     let mut tip = None;
     if tip_only {
-        packer.walk_skipping(&dot_git, ".git", &["objects", "shallow"])?;
-        let shallow = format!("{}\n", commit.id());
-        packer
-            .append_file(".git/shallow", 0o644, mtime, shallow.as_bytes())
-            .map_err(io_at("archiving", &dot_git))?;
         let mut pack = TipPack::new().map_err(|e| SandboxError::io("making the tip's pack", e))?;
         let odb = repo.odb().map_err(|e| git("opening the objects", e))?;
         for id in [commit.id(), tree.id()] {
@@ -211,8 +198,6 @@ fn pack_head<W: Write>(
                 .map_err(|e| SandboxError::io("making the tip's pack", e))?;
         }
         tip = Some(pack);
-    } else {
-        packer.walk(&dot_git, ".git")?;
     }
     let mut budget = TreeBudget {
         limits,
@@ -231,32 +216,6 @@ fn pack_head<W: Write>(
         .and_then(|mut out| out.flush())
         .map_err(|e| SandboxError::io("finishing the tar", e))?;
     Ok((packer.manifest, packer.skipped))
-}
-
-/// What [`Packer::walk_tree`] has used of the limits so far.
-struct TreeBudget<'l> {
-    limits: &'l ArchiveLimits,
-    entries: usize,
-    bytes: u64,
-    names: u64,
-    /// The pack of a tip-only `.git`, taking every tree and blob met.
-    tip: Option<TipPack>,
-}
-
-/// Why a name in a git tree cannot be checked out, if it cannot: not a single component,
-/// or `.git` in any spelling git refuses (case, trailing dots and spaces, `git~1`).
-fn bad_tree_name(name: &str) -> Option<&'static str> {
-    if name.is_empty() || name == "." || name == ".." {
-        return Some("an empty, `.` or `..` name");
-    }
-    if name.contains('/') || name.contains('\0') {
-        return Some("a name with `/` or a NUL byte");
-    }
-    let folded = name.trim_end_matches([' ', '.']).to_ascii_lowercase();
-    if folded == ".git" || folded == "git~1" {
-        return Some("a `.git` entry, which git refuses to check out");
-    }
-    None
 }
 
 /// [`pack_dir_to`] into memory: the tar and the manifest. For small trees and tests.
@@ -461,7 +420,7 @@ impl<W: Write> Packer<'_, W> {
     }
 
     /// `rel` with the prefix, as the tar names it.
-    fn path_in_tar(&self, rel: &str) -> String {
+    pub(super) fn path_in_tar(&self, rel: &str) -> String {
         if self.prefix.is_empty() {
             rel.to_string()
         } else {
@@ -493,143 +452,121 @@ impl<W: Write> Packer<'_, W> {
         mtime: u64,
         budget: &mut TreeBudget<'_>,
     ) -> Result<()> {
-        let at = |rel: &str, what: String| {
-            SandboxError::InvalidInput(format!(
-                "the repository's tree holds {what} at `{}`; it cannot go into the sandbox",
-                rel.chars().take(300).collect::<String>()
-            ))
-        };
-        let missing = |rel: &str, e: git2::Error| {
-            SandboxError::InvalidInput(format!(
-                "the object of `{rel}` cannot be read from the repository: {}",
-                e.message()
-            ))
-        };
         for entry in tree.iter() {
-            let raw = String::from_utf8_lossy(entry.name_bytes()).into_owned();
-            let shown = if rel.is_empty() {
-                raw.clone()
-            } else {
-                format!("{rel}/{raw}")
-            };
-            let name = std::str::from_utf8(entry.name_bytes())
-                .map_err(|_| at(&shown, "a name that is not UTF-8".into()))?;
-            if let Some(why) = bad_tree_name(name) {
-                return Err(at(&shown, why.into()));
+            let rel = tree_path(rel, entry.name_bytes())?;
+            budget.count(&rel)?;
+            let filemode = entry.filemode();
+            let out = self.tree_entry(odb, &rel, entry.id(), filemode, mtime, budget)?;
+            self.manifest.entries.insert(rel.clone(), out);
+            if filemode == 0o040000 {
+                let sub = repo.find_tree(entry.id()).map_err(|e| missing(&rel, e))?;
+                self.walk_tree_in(repo, odb, &sub, &rel, mtime, budget)?;
             }
-            let rel = shown;
-            budget.entries += 1;
-            budget.names += rel.len() as u64;
-            if budget.entries > budget.limits.max_entries {
-                return Err(at(
-                    &rel,
-                    format!("more than {} entries", budget.limits.max_entries),
-                ));
-            }
-            if budget.names > budget.limits.max_name_bytes {
-                return Err(at(
-                    &rel,
-                    format!("more than {} of names", human(budget.limits.max_name_bytes)),
-                ));
-            }
-            let tar_path = self.path_in_tar(&rel);
-            let archiving = |e: io::Error| SandboxError::io(format!("archiving `{rel}`"), e);
-            let entry_out = match entry.filemode() {
-                0o040000 => {
-                    let sub = repo.find_tree(entry.id()).map_err(|e| missing(&rel, e))?;
-                    if let Some(pack) = budget.tip.as_mut() {
-                        let raw = odb.read(entry.id()).map_err(|e| missing(&rel, e))?;
-                        pack.add(entry.id(), raw.kind(), raw.data())
-                            .map_err(|e| SandboxError::io("making the tip's pack", e))?;
-                    }
-                    let entry = self.tree_dir(&rel, &tar_path, mtime).map_err(archiving)?;
-                    self.manifest.entries.insert(rel.clone(), entry);
-                    self.walk_tree_in(repo, odb, &sub, &rel, mtime, budget)?;
-                    continue;
-                }
-                // A submodule: checkout makes an empty directory.
-                0o160000 => self.tree_dir(&rel, &tar_path, mtime).map_err(archiving)?,
-                0o120000 => {
-                    let (size, _) = odb.read_header(entry.id()).map_err(|e| missing(&rel, e))?;
-                    if size > MAX_NAME_BYTES {
-                        return Err(at(
-                            &rel,
-                            format!("a symlink target longer than {MAX_NAME_BYTES} bytes"),
-                        ));
-                    }
-                    let blob = repo.find_blob(entry.id()).map_err(|e| missing(&rel, e))?;
-                    if let Some(pack) = budget.tip.as_mut() {
-                        pack.add(entry.id(), git2::ObjectType::Blob, blob.content())
-                            .map_err(|e| SandboxError::io("making the tip's pack", e))?;
-                    }
-                    let target = std::str::from_utf8(blob.content())
-                        .map_err(|_| at(&rel, "a symlink target that is not UTF-8".into()))?
-                        .to_string();
-                    if target.is_empty() || target.contains('\0') {
-                        return Err(at(&rel, "an empty symlink target or one with NUL".into()));
-                    }
-                    let entry = ManifestEntry::Symlink {
-                        target: target.clone(),
-                    };
-                    if !self.already_there(&rel, &entry) {
-                        self.append_symlink(&tar_path, &target, 0o777, mtime)
-                            .map_err(archiving)?;
-                    }
-                    entry
-                }
-                mode @ (0o100644 | 0o100755 | 0o100664) => {
-                    let mode = if mode == 0o100755 { 0o755 } else { 0o644 };
-                    let (size, _) = odb.read_header(entry.id()).map_err(|e| missing(&rel, e))?;
-                    let size = size as u64;
-                    if size > budget.limits.max_file_bytes {
-                        return Err(at(
-                            &rel,
-                            format!(
-                                "a file of {}, over the limit of {}",
-                                human(size),
-                                human(budget.limits.max_file_bytes)
-                            ),
-                        ));
-                    }
-                    budget.bytes += size;
-                    if budget.bytes > budget.limits.max_total_bytes {
-                        return Err(at(
-                            &rel,
-                            format!(
-                                "files adding up to more than {}",
-                                human(budget.limits.max_total_bytes)
-                            ),
-                        ));
-                    }
-                    let blob = repo.find_blob(entry.id()).map_err(|e| missing(&rel, e))?;
-                    let data = blob.content();
-                    if let Some(pack) = budget.tip.as_mut() {
-                        pack.add(entry.id(), git2::ObjectType::Blob, data)
-                            .map_err(|e| SandboxError::io("making the tip's pack", e))?;
-                    }
-                    let entry = ManifestEntry::File {
-                        mode,
-                        size: data.len() as u64,
-                        sha256: sha256_of(data),
-                    };
-                    if !self.already_there(&rel, &entry) {
-                        let mut h = header(EntryType::Regular, mode, mtime, data.len() as u64);
-                        self.builder
-                            .append_data(&mut h, &tar_path, data)
-                            .map_err(archiving)?;
-                    }
-                    entry
-                }
-                other => return Err(at(&rel, format!("an entry of unknown mode {other:o}"))),
-            };
-            self.manifest.entries.insert(rel, entry_out);
         }
         Ok(())
     }
 
+    /// Appends the entry `id` of a git tree (`filemode` as the tree gives it) at `rel`, its
+    /// path accepted by [`tree_path`] and counted, with its object into `budget`'s pack;
+    /// returns its manifest entry. A directory's contents are the caller's to walk.
+    pub(super) fn tree_entry(
+        &mut self,
+        odb: &git2::Odb<'_>,
+        rel: &str,
+        id: git2::Oid,
+        filemode: i32,
+        mtime: u64,
+        budget: &mut TreeBudget<'_>,
+    ) -> Result<ManifestEntry> {
+        let tar_path = self.path_in_tar(rel);
+        let archiving = |e: io::Error| SandboxError::io(format!("archiving `{rel}`"), e);
+        let packing = |e: io::Error| SandboxError::io("making the tip's pack", e);
+        let entry = match filemode {
+            0o040000 => {
+                if let Some(pack) = budget.tip.as_mut() {
+                    let raw = odb.read(id).map_err(|e| missing(rel, e))?;
+                    pack.add(id, raw.kind(), raw.data()).map_err(packing)?;
+                }
+                self.tree_dir(rel, &tar_path, mtime).map_err(archiving)?
+            }
+            // A submodule: checkout makes an empty directory.
+            0o160000 => self.tree_dir(rel, &tar_path, mtime).map_err(archiving)?,
+            0o120000 => {
+                let (size, _) = odb.read_header(id).map_err(|e| missing(rel, e))?;
+                symlink_size(rel, size)?;
+                let blob = read_blob(odb, rel, id)?;
+                if let Some(pack) = budget.tip.as_mut() {
+                    pack.add(id, git2::ObjectType::Blob, blob.data())
+                        .map_err(packing)?;
+                }
+                let target = symlink_target(rel, blob.data())?;
+                let entry = ManifestEntry::Symlink {
+                    target: target.clone(),
+                };
+                if !self.already_there(rel, &entry) {
+                    self.append_symlink(&tar_path, &target, 0o777, mtime)
+                        .map_err(archiving)?;
+                }
+                entry
+            }
+            mode @ (0o100644 | 0o100755 | 0o100664) => {
+                let mode = if mode == 0o100755 { 0o755 } else { 0o644 };
+                let (size, _) = odb.read_header(id).map_err(|e| missing(rel, e))?;
+                budget.file(rel, size as u64)?;
+                let blob = read_blob(odb, rel, id)?;
+                let data = blob.data();
+                if let Some(pack) = budget.tip.as_mut() {
+                    pack.add(id, git2::ObjectType::Blob, data)
+                        .map_err(packing)?;
+                }
+                let entry = ManifestEntry::File {
+                    mode,
+                    size: data.len() as u64,
+                    sha256: sha256_of(data),
+                };
+                if !self.already_there(rel, &entry) {
+                    let mut h = header(EntryType::Regular, mode, mtime, data.len() as u64);
+                    self.builder
+                        .append_data(&mut h, &tar_path, data)
+                        .map_err(archiving)?;
+                }
+                entry
+            }
+            other => return Err(refused(rel, format!("an entry of unknown mode {other:o}"))),
+        };
+        Ok(entry)
+    }
+
+    /// Appends the repository's `.git` directory `dot_git` (a directory entry, then its
+    /// contents). For a tip-only checkout of `(commit, mtime)`: without the object store and
+    /// `shallow`, and with a `shallow` naming `commit` (the objects are the caller's).
+    pub(super) fn dot_git(&mut self, dot_git: &Path, tip: Option<(git2::Oid, u64)>) -> Result<()> {
+        let meta = fs::metadata(dot_git).map_err(io_at("reading", dot_git))?;
+        let mode = meta.mode() & 0o7777;
+        let mut h = header(EntryType::Directory, mode, mtime(&meta), 0);
+        self.builder
+            .append_data(&mut h, self.path_in_tar(".git") + "/", io::empty())
+            .map_err(io_at("archiving", dot_git))?;
+        self.manifest
+            .entries
+            .insert(".git".into(), ManifestEntry::Dir { mode });
+        let Some((commit, mtime)) = tip else {
+            return self.walk(dot_git, ".git");
+        };
+        self.walk_skipping(dot_git, ".git", &["objects", "shallow"])?;
+        let shallow = format!("{commit}\n");
+        self.append_file(".git/shallow", 0o644, mtime, shallow.as_bytes())
+            .map_err(io_at("archiving", dot_git))
+    }
+
     /// A directory of a git tree (mode 0755, as a checkout makes it), appended unless the
     /// destination has it already; its manifest entry.
-    fn tree_dir(&mut self, rel: &str, tar_path: &str, mtime: u64) -> io::Result<ManifestEntry> {
+    pub(super) fn tree_dir(
+        &mut self,
+        rel: &str,
+        tar_path: &str,
+        mtime: u64,
+    ) -> io::Result<ManifestEntry> {
         let entry = ManifestEntry::Dir { mode: 0o755 };
         if !self.already_there(rel, &entry) {
             let mut h = header(EntryType::Directory, 0o755, mtime, 0);
@@ -656,7 +593,7 @@ impl<W: Write> Packer<'_, W> {
     }
 
     /// Appends `.git/objects/pack/` with the tip's pack and its index.
-    fn append_pack(&mut self, pack: TipPack, mtime: u64) -> Result<()> {
+    pub(super) fn append_pack(&mut self, pack: TipPack, mtime: u64) -> Result<()> {
         let failed = |e: io::Error| SandboxError::io("archiving the tip's pack", e);
         let done = pack.finish().map_err(failed)?;
         for dir in [".git/objects", ".git/objects/pack"] {

@@ -78,6 +78,19 @@ impl TipPack {
         })
     }
 
+    /// As [`TipPack::new`], for a `.git` that holds the objects `known` already: they are
+    /// not added.
+    pub fn without(known: HashSet<git2::Oid>) -> io::Result<TipPack> {
+        let mut pack = TipPack::new()?;
+        pack.seen = known;
+        Ok(pack)
+    }
+
+    /// Whether no object went in.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// Adds the object `id` of `kind` whose contents are `data` (unless it is in already).
     pub fn add(&mut self, id: git2::Oid, kind: git2::ObjectType, data: &[u8]) -> io::Result<()> {
         if !self.seen.insert(id) {
