@@ -30,6 +30,7 @@
 mod bounded;
 mod changes;
 mod contents;
+mod delta;
 mod disk;
 mod ignore;
 mod limits;
@@ -48,6 +49,7 @@ pub use changes::{
     change_set, change_set_from, change_set_from_snapshot, Change, ChangeKind, ChangeSet, NewEntry,
 };
 pub use contents::Contents;
+pub use delta::{plan_tip_delta, TipDelta};
 pub use limits::{human, ArchiveLimits, Open, STREAM_HEADROOM};
 pub use manifest::{Manifest, ManifestEntry};
 pub use pack::{
