@@ -43,6 +43,10 @@ pub struct RunResult {
     /// The run's container was a warm sandbox.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub warm_start: bool,
+    /// The warm sandbox held the repository's checkout: how the copy-in used it
+    /// (`same_tip`, `difference`, `packed_over`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preloaded: Option<String>,
 
     /// Why the run was refused (its end reason: `not_permitted`, `budget_exceeded`…), or
     /// what a control job answered (`help`, `cancel`).

@@ -345,18 +345,23 @@ fn base_config(get: &dyn Fn(&str) -> Option<String>) -> Result<(SetupConfig, boo
             ))
         })?;
     }
-    if let Some(n) = get("KODX_WARM_SANDBOXES") {
-        settings.warm_sandboxes = n
-            .trim()
+    let warm = |name: &str, n: String| -> Result<usize, ConfigError> {
+        n.trim()
             .parse()
             .ok()
             .filter(|n| *n <= crate::sandbox::engines::MAX_WARM)
             .ok_or_else(|| {
                 ConfigError(format!(
-                    "KODX_WARM_SANDBOXES must be a number from 0 (none) to {}, got {n:?}",
+                    "{name} must be a number from 0 (none) to {}, got {n:?}",
                     crate::sandbox::engines::MAX_WARM
                 ))
-            })?;
+            })
+    };
+    if let Some(n) = get("KODX_WARM_SANDBOXES") {
+        settings.warm_sandboxes = warm("KODX_WARM_SANDBOXES", n)?;
+    }
+    if let Some(n) = get("KODX_WARM_REPOSITORIES") {
+        settings.warm_repositories = warm("KODX_WARM_REPOSITORIES", n)?;
     }
     let seconds = |name: &str, v: String| -> Result<u64, ConfigError> {
         v.trim().parse().map_err(|_| {

@@ -64,6 +64,7 @@ pub struct Metrics {
     engine_capacity: Family<EngineLabels, Gauge>,
     engine_warm: Family<EngineLabels, Gauge>,
     engine_warm_in_use: Family<EngineLabels, Gauge>,
+    engine_warm_preloaded: Family<EngineLabels, Gauge>,
     warm_starts: Family<WarmLabels, Counter>,
     warm_hit_ratio: Family<EngineLabels, Gauge<f64, AtomicU64>>,
     first_call: Histogram,
@@ -154,7 +155,7 @@ impl Metrics {
         let engine_warm = Family::<EngineLabels, Gauge>::default();
         registry.register(
             "engine_warm_sandboxes",
-            "Warm sandboxes (started, fenced, empty) waiting on the Docker engine for a run",
+            "Warm sandboxes (started and fenced; empty, or preloaded with a repository) waiting on the Docker engine for a run",
             engine_warm.clone(),
         );
         let warm_starts = Family::<WarmLabels, Counter>::default();
@@ -180,6 +181,12 @@ impl Metrics {
             "first_model_call_recent_seconds",
             "Quantiles (0.5, 0.95) of the time from a webhook to its run's first model call, over the newest 512 runs",
             first_call_quantiles.clone(),
+        );
+        let engine_warm_preloaded = Family::<EngineLabels, Gauge>::default();
+        registry.register(
+            "engine_warm_preloaded",
+            "Warm sandboxes waiting on the Docker engine that already hold a repository's checkout (warm_repositories), among engine_warm_sandboxes",
+            engine_warm_preloaded.clone(),
         );
         let engine_warm_in_use = Family::<EngineLabels, Gauge>::default();
         registry.register(
@@ -230,6 +237,7 @@ impl Metrics {
             engine_capacity,
             engine_warm,
             engine_warm_in_use,
+            engine_warm_preloaded,
             warm_starts,
             warm_hit_ratio,
             first_call,
@@ -248,6 +256,9 @@ impl Metrics {
         self.engine_warm_in_use
             .get_or_create(&labels)
             .set(e.warm_in_use as i64);
+        self.engine_warm_preloaded
+            .get_or_create(&labels)
+            .set(e.warm_preloaded as i64);
         self.engine_up.get_or_create(&labels).set(i64::from(up));
         self.engine_runs.get_or_create(&labels).set(runs as i64);
         self.engine_capacity

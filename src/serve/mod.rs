@@ -362,8 +362,9 @@ async fn start(
     })
 }
 
-/// The warm pools' settings: the server's `warm_sandboxes` and `warm_idle_secs`, and the
-/// shape of a run with the server's defaults (its image, network, disk limit).
+/// The warm pools' settings: the server's `warm_sandboxes`, `warm_repositories` and
+/// `warm_idle_secs`, and the shape of a run with the server's defaults (its image, network,
+/// disk limit).
 fn warm_settings(settings: &config::Settings) -> pipeline::WarmSettings {
     let mut spec = crate::sandbox::SandboxSpec::new("warm", settings.image.clone());
     spec.repo_dir = Some(std::path::PathBuf::from("."));
@@ -372,6 +373,7 @@ fn warm_settings(settings: &config::Settings) -> pipeline::WarmSettings {
     spec.max_disk_bytes = Some(settings.max_disk_bytes);
     pipeline::WarmSettings {
         per_engine: settings.warm_sandboxes,
+        repositories: settings.warm_repositories,
         idle: std::time::Duration::from_secs(settings.warm_idle_secs),
         default: Some(crate::sandbox::Shape::of(&spec, &settings.image)),
     }

@@ -140,6 +140,10 @@ pub struct Settings {
     /// Sandboxes kept started and fenced on each engine ahead of runs (an engine's own
     /// `warm_sandboxes` first); `0`: none, every run starts its own.
     pub warm_sandboxes: usize,
+    /// Warm sandboxes per engine that already hold a repository's checkout (its latest run's
+    /// tip), for the repositories with the most recent runs (one each, the rest to the most
+    /// recent); `0`: none. Besides `warm_sandboxes`.
+    pub warm_repositories: usize,
     /// A warm sandbox waiting this long is removed (and the default image's made again);
     /// an image no run used for this long gets none.
     pub warm_idle_secs: u64,
@@ -192,6 +196,7 @@ impl Default for Settings {
             engines: Vec::new(),
             engine_check_secs: 5.0,
             warm_sandboxes: 1,
+            warm_repositories: 2,
             warm_idle_secs: 600,
         }
     }
@@ -377,6 +382,15 @@ impl Settings {
         if self.warm_sandboxes > crate::sandbox::engines::MAX_WARM {
             return bad(
                 "warm_sandboxes",
+                &format!(
+                    "must be between 0 and {}",
+                    crate::sandbox::engines::MAX_WARM
+                ),
+            );
+        }
+        if self.warm_repositories > crate::sandbox::engines::MAX_WARM {
+            return bad(
+                "warm_repositories",
                 &format!(
                     "must be between 0 and {}",
                     crate::sandbox::engines::MAX_WARM

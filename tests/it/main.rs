@@ -69,6 +69,7 @@ mod serve_neutral;
 mod serve_operator;
 mod serve_postgres;
 mod serve_postgres_fencing;
+mod serve_preload;
 mod serve_proxy;
 mod serve_rerun;
 mod serve_runpage;

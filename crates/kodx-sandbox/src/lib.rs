@@ -25,8 +25,9 @@ use async_trait::async_trait;
 
 pub use archive::{Change, ChangeKind, ChangeSet, Contents, Exported, NewEntry};
 pub use docker::{
-    DiskGuard, DockerSandbox, EgressSpec, Engine, NetworkMode, RepoSource, ResourceLimits,
-    SandboxSpec, SetupSecret, Shape, WarmSandbox, WarmSource, DEFAULT_MAX_DISK_BYTES,
+    DiskGuard, DockerSandbox, EgressSpec, Engine, NetworkMode, PreloadKey, PreloadWant, RepoSource,
+    ResourceLimits, SandboxSpec, SetupSecret, Shape, WarmSandbox, WarmSource,
+    DEFAULT_MAX_DISK_BYTES,
 };
 pub use engines::EngineConfig;
 pub use error::{Result, SandboxError};

@@ -26,6 +26,9 @@ pub const PROCESS_LABEL: &str = "kodx.process";
 /// Label on a container made warm, ahead of any run (`1`). Its [`RUN_LABEL`] is its own
 /// `warm-<hex>` id, and its name `kodx-warm-<hex>` until a run claims it by renaming it.
 pub const WARM_LABEL: &str = "kodx.warm";
+/// Label on a preloaded warm sandbox: the server's key of the runs it is kept for (the
+/// installation and the repository, `<installation>/<owner>/<name>`).
+pub const PRELOADED_LABEL: &str = "kodx.preloaded";
 /// Names of warm sandboxes no run has claimed start with it (after the engine's `/`).
 pub const WARM_NAME_PREFIX: &str = "kodx-warm-";
 

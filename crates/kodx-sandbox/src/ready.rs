@@ -179,7 +179,7 @@ impl ReadyRepo {
         limits: &ArchiveLimits,
     ) -> Option<ReadyKey> {
         match key(repo_dir, prefix, limits) {
-            Ok(key) => key.map(ReadyKey),
+            Ok(key) => key.map(|(hash, commit)| ReadyKey { hash, commit }),
             Err(e) => {
                 tracing::warn!("the ready checkout cannot be keyed: {e}; packing without it");
                 None
@@ -190,7 +190,7 @@ impl ReadyRepo {
     /// The ready checkout under `key`: a hit to stream, or a miss with a spool to tee the
     /// pack into (`None` when the spool cannot be made; the reason is logged).
     pub(crate) fn lookup(&self, key: &ReadyKey) -> Lookup {
-        let path = self.dir().join(format!("{}.{EXT}", key.0));
+        let path = self.path_of(key);
         match Hit::open(&path) {
             Ok(Some(hit)) => return Lookup::Hit(hit),
             Ok(None) => {}
@@ -206,6 +206,15 @@ impl ReadyRepo {
                 Lookup::Miss(None)
             }
         }
+    }
+
+    fn path_of(&self, key: &ReadyKey) -> PathBuf {
+        self.dir().join(format!("{}.{EXT}", key.hash))
+    }
+
+    /// The ready checkout under `key` to stream, if it is (still) kept; never makes one.
+    pub(crate) fn open(&self, key: &ReadyKey) -> io::Result<Option<Hit>> {
+        Hit::open(&self.path_of(key))
     }
 
     /// Keeps this repository's [`KEEP_PER_REPO`] most recently used entries, removes
@@ -233,9 +242,20 @@ impl ReadyRepo {
     }
 }
 
-/// A ready checkout's key: the hex SHA-256 of what makes its bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ReadyKey(String);
+/// A ready checkout's key: the hex SHA-256 of what makes its bytes, and the commit it
+/// holds (also in the hash).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ReadyKey {
+    hash: String,
+    commit: String,
+}
+
+impl ReadyKey {
+    /// The commit the checkout holds (hex).
+    pub fn commit(&self) -> &str {
+        &self.commit
+    }
+}
 
 /// What [`ReadyRepo::lookup`] found.
 pub(crate) enum Lookup {
@@ -413,21 +433,29 @@ impl<W: Write> Write for Tee<W> {
     }
 }
 
-/// Commits `spool` with `manifest` when the pack succeeded; logs the outcome. A spool not
-/// committed is dropped, and its temporary file with it.
-pub(crate) fn finish(spool: Option<Spool>, manifest: Option<&Manifest>) {
+/// Commits `spool` with `manifest` when the pack succeeded; logs the outcome, and says
+/// whether it was kept. A spool not committed is dropped, and its temporary file with it.
+pub(crate) fn finish(spool: Option<Spool>, manifest: Option<&Manifest>) -> bool {
     if let (Some(spool), Some(manifest)) = (spool, manifest) {
         let bytes = spool.bytes;
         match spool.commit(manifest) {
-            Ok(path) => tracing::info!(bytes, path = %path.display(), "kept the ready checkout"),
+            Ok(path) => {
+                tracing::info!(bytes, path = %path.display(), "kept the ready checkout");
+                return true;
+            }
             Err(e) => tracing::warn!("keeping the ready checkout failed: {e}"),
         }
     }
+    false
 }
 
 /// The key of the tip-only pack of the clone at `repo_dir` (see the module's doc).
 /// `Ok(None)`: its `.git` is too big to key cheaply.
-fn key(repo_dir: &Path, prefix: &str, limits: &ArchiveLimits) -> io::Result<Option<String>> {
+fn key(
+    repo_dir: &Path,
+    prefix: &str,
+    limits: &ArchiveLimits,
+) -> io::Result<Option<(String, String)>> {
     let repo = git2::Repository::open(repo_dir).map_err(io::Error::other)?;
     // The commit's id without reading the commit: the object need not be read to key.
     let commit = repo
@@ -453,7 +481,7 @@ fn key(repo_dir: &Path, prefix: &str, limits: &ArchiveLimits) -> io::Result<Opti
     if !hash_dir(&mut h, repo.path(), "", &mut budget)? {
         return Ok(None);
     }
-    Ok(Some(hex::encode(h.finalize())))
+    Ok(Some((hex::encode(h.finalize()), commit.to_string())))
 }
 
 /// Hashes the names, kinds, modes and contents under `dir`, in name order, leaving out
@@ -587,7 +615,7 @@ mod tests {
                 let mut tee = Tee::new(Vec::new(), spool);
                 let manifest = archive::pack_tip_to(dir, PREFIX, &limits, &mut tee).unwrap();
                 let (out, spool) = tee.into_parts();
-                finish(spool, Some(&manifest));
+                let _ = finish(spool, Some(&manifest));
                 (out, manifest, false)
             }
         }
@@ -673,7 +701,7 @@ mod tests {
         tee.write_all(&[0; 10_000]).unwrap();
         let (_, spool) = tee.into_parts();
         assert!(spool.is_some());
-        finish(spool, None);
+        let _ = finish(spool, None);
         assert_eq!(names(&repo.dir()), Vec::<String>::new());
         // Over a quarter of a 100 KiB budget: not kept.
         let small = ReadyCache::new(tmp.path().join("ready"), 100 << 10)

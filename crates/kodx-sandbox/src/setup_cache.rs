@@ -511,6 +511,26 @@ pub fn delta_script(workdir: &str, stored: &Manifest, new: &Manifest) -> Option<
     Some(removal_script(workdir, gone, false))
 }
 
+/// A script removing `paths` (relative to `workdir`, a directory with what it holds),
+/// never anything under `.git`; what is already gone is not an error.
+pub fn removal_of_paths(workdir: &str, paths: &[String]) -> String {
+    let quote = |p: &str| format!("'{}'", p.replace('\'', r"'\''"));
+    let mut out = format!("cd {} || exit 1\n", quote(workdir));
+    let paths: Vec<&String> = paths
+        .iter()
+        .filter(|p| !p.is_empty() && *p != ".git" && !p.starts_with(".git/"))
+        .collect();
+    for chunk in paths.chunks(200) {
+        out.push_str("rm -rf --");
+        for p in chunk {
+            out.push(' ');
+            out.push_str(&quote(&format!("./{p}")));
+        }
+        out.push('\n');
+    }
+    out
+}
+
 fn removal_script<'m>(
     workdir: &str,
     entries: impl Iterator<Item = (&'m str, &'m ManifestEntry)>,

@@ -70,6 +70,8 @@ pub(in crate::serve) struct RunLog {
     pub placement: Mutex<Option<super::Placement>>,
     /// The run's container was a warm sandbox (counted as in use while the run goes on).
     pub warm: Mutex<Option<super::warm::InUse>>,
+    /// How the copy-in used it, when it held the repository's checkout.
+    pub preloaded: Mutex<Option<crate::sandbox::docker::PreloadUse>>,
     /// The images of the issue that were not given to the model, as the status comment
     /// names them ([`super::images`]).
     pub images_note: Mutex<Option<String>>,
@@ -215,6 +217,7 @@ pub(in crate::serve) async fn conclude_with(
             continues: log.continues.lock().clone(),
             engine: log.placed_on().map(|(name, _)| name),
             warm_start: log.warm.lock().is_some(),
+            preloaded: log.preloaded.lock().map(|u| u.as_str().to_string()),
             ..RunResult::default()
         }
         .to_text(),

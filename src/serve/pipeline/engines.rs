@@ -74,6 +74,8 @@ pub struct EngineStatus {
     /// Warm sandboxes waiting there, and runs going on in one that was warm.
     pub warm: usize,
     pub warm_in_use: usize,
+    /// Warm sandboxes waiting there that hold a repository's checkout.
+    pub warm_preloaded: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -104,15 +106,6 @@ impl Placement {
     pub fn refill(&self) {
         refill(&self.member, &self.engine);
     }
-
-    /// As [`Placement::refill`], `delay` from now.
-    pub fn refill_after(&self, delay: Duration) {
-        let (member, engine) = (self.member.clone(), self.engine.clone());
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            refill(&member, &engine);
-        });
-    }
 }
 
 /// Brings `member`'s warm pool up to its target on `engine`, in the background.
@@ -130,6 +123,8 @@ fn refill(member: &Arc<Member>, engine: &Engine) {
 #[derive(Debug, Clone)]
 pub struct WarmSettings {
     pub per_engine: usize,
+    /// Preloaded sandboxes per engine ([`crate::sandbox::PreloadWant`]).
+    pub repositories: usize,
     pub idle: Duration,
     pub default: Option<Shape>,
 }
@@ -206,12 +201,10 @@ impl Engines {
                 Target::Environment => warm.per_engine,
             };
             if let Some(m) = Arc::get_mut(m) {
-                m.warm = Arc::new(WarmPool::new(
-                    &m.name,
-                    per_engine,
-                    warm.idle,
-                    warm.default.clone(),
-                ));
+                m.warm = Arc::new(
+                    WarmPool::new(&m.name, per_engine, warm.idle, warm.default.clone())
+                        .preloading(warm.repositories),
+                );
             }
         }
         self
@@ -508,6 +501,7 @@ impl Engines {
                     max_runs: m.max_runs,
                     warm: m.warm.warm(),
                     warm_in_use: m.warm.in_use(),
+                    warm_preloaded: m.warm.preloaded(),
                     error: st.error.clone(),
                 }
             })

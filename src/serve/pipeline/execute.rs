@@ -3,7 +3,7 @@
 //! the database. [`ask`](super::ask) and [`code`](super::code) do what comes after.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use secrecy::ExposeSecret;
 use tokio_util::sync::CancellationToken;
@@ -285,9 +285,6 @@ async fn close_verifier(
     verified
 }
 
-/// How long a refill waits after the run that took a warm sandbox has started.
-const REFILL_DELAY: Duration = Duration::from_millis(1500);
-
 /// The run's sandbox spec with its clone, its setup secrets and (when its repository's
 /// `network.allow` is used) what it may reach through the egress proxy.
 async fn run_spec(
@@ -296,7 +293,7 @@ async fn run_spec(
     workspace: &Workspace,
 ) -> (SandboxSpec, Option<super::egress::RunEgress>) {
     let (svc, config, log) = (cx.svc, &cx.admission.config, cx.log);
-    let mut spec = sandbox_spec(run_plan, workspace);
+    let mut spec = sandbox_spec(cx.run, run_plan, workspace);
     let secrets = super::secrets::run_secrets(svc, cx.run, config, log).await;
     spec.setup_secrets = secrets.setup;
     let egress = super::egress::policy(svc, cx.run, config, &mut spec, secrets.injected, log);
@@ -304,8 +301,13 @@ async fn run_spec(
 }
 
 /// The run's sandbox spec, with its clone.
-fn sandbox_spec(run_plan: &RunPlan, workspace: &Workspace) -> SandboxSpec {
+fn sandbox_spec(run: &Run, run_plan: &RunPlan, workspace: &Workspace) -> SandboxSpec {
     let mut spec = run_plan.plan.sandbox.clone();
+    // Preloaded sandboxes are the installation's, for this repository alone.
+    spec.preload = Some(format!(
+        "{}/{}",
+        run.request.installation_id, run.request.repo
+    ));
     spec.repo_dir = Some(workspace.dest.clone());
     spec.repo_source = workspace.source;
     spec.ready = workspace.ready.clone();
@@ -359,6 +361,8 @@ async fn container(
             None => (spec.clone(), None),
         };
         let warm = placement.warm();
+        // No warm sandbox is made on the engine while this one starts.
+        let busy = warm.map(|w| w.busy_guard());
         let sandbox = tokio::select! {
             s = engine.start_from(
                 &placed,
@@ -367,10 +371,15 @@ async fn container(
             ) => s,
             _ = cancel.cancelled() => return Ok(Err(cancelled_early(run_plan))),
         };
-        // A warm sandbox taken (or this run's shape newly wanted): the pool catches up,
-        // after a moment — a new container's start would take the engine and the CPUs
-        // from this run's first steps (and, for a short run, its change set).
-        placement.refill_after(REFILL_DELAY);
+        drop(busy);
+        if let (Some(pool), Ok(s)) = (warm, &sandbox) {
+            if let Some(want) = s.preload_want() {
+                pool.want_preload(want);
+            }
+        }
+        // A warm sandbox taken (or this run's shape or repository newly wanted): the pool
+        // catches up once no run on the engine is starting or reading its change set.
+        placement.refill();
         return match sandbox {
             Ok(s) => {
                 if let (Some(proxy), Some(egress)) = (&proxy, &egress) {
@@ -381,6 +390,7 @@ async fn container(
                 }
                 if s.warm_start() {
                     *log.warm.lock() = warm.map(|w| w.in_use_guard());
+                    *log.preloaded.lock() = s.preload_use();
                 }
                 let setup = s.setup_report();
                 // The container phase is the whole start; the setup is its part.

@@ -96,7 +96,18 @@ pub(in crate::serve) async fn execute_and_deliver(
         // What the last checks judged, when nothing changed after them; else read now.
         let changes = match verified {
             Some(verified) => Ok(verified),
-            None => sandbox.change_set().await,
+            None => {
+                // No warm sandbox is made on the engine while the change set is read.
+                let busy = cx
+                    .log
+                    .placement
+                    .lock()
+                    .as_ref()
+                    .and_then(|p| p.warm().map(|w| w.busy_guard()));
+                let changes = sandbox.change_set().await;
+                drop(busy);
+                changes
+            }
         };
         cx.log.timings.add("export", started.elapsed());
         Some(changes)

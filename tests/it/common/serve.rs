@@ -199,6 +199,12 @@ impl Served {
         if !opts.settings.is_some_and(|s| s.contains("warm_sandboxes")) {
             env.push(("KODX_WARM_SANDBOXES".into(), "0".into()));
         }
+        if !opts
+            .settings
+            .is_some_and(|s| s.contains("warm_repositories"))
+        {
+            env.push(("KODX_WARM_REPOSITORIES".into(), "0".into()));
+        }
         if opts.setup_mode {
             env.retain(|(k, _)| {
                 !["APP_ID", "PRIVATE_KEY_PATH", "WEBHOOK_SECRET"].contains(&k.as_str())

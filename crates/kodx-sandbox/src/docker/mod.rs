@@ -9,7 +9,8 @@
 //! its end as an engine exec of its own), `runner` and `frames` (the check runner: every
 //! check of an attempt through one exec, and its wire format),
 //! `streams` (the tar streams in and out), `sandbox` (one run's container and its shells),
-//! `spare` (a sandbox's next shell, started ahead), `warm` (containers made ahead of runs)
+//! `spare` (a sandbox's next shell, started ahead), `warm` (containers made ahead of runs),
+//! `preload` (warm ones holding a repository's checkout)
 //! and `cleanup` (removal on every path). Who owns a container — its labels and this
 //! process's identity — is [`crate::owner`], shared with the network fence and the
 //! setup cache.
@@ -21,6 +22,7 @@ mod egress;
 mod engine;
 mod exec;
 mod frames;
+mod preload;
 mod provision;
 mod runner;
 mod sandbox;
@@ -35,14 +37,16 @@ pub use cleanup::remove_all_live;
 pub(super) use cleanup::{creation_gate, register_live, remove, remove_blocking};
 pub use derived::{DERIVED_BASE_LABEL, DERIVED_LABEL, DERIVED_REPO};
 pub use engine::{Engine, EngineFacts};
+pub use preload::{PreloadKey, PreloadSource, PreloadUse, PreloadWant, MAX_DELTA_CHANGES};
 pub use sandbox::{DiskGuard, DockerSandbox, MAX_SHELLS};
+pub use spec::Shape;
 pub use spec::{
     EgressSpec, NetworkMode, RepoSource, ResourceLimits, SandboxSpec, SetupSecret,
     DEFAULT_MAX_DISK_BYTES,
 };
-pub use warm::{Shape, WarmSandbox, WarmSource};
+pub use warm::{WarmSandbox, WarmSource};
 // The owner labels were first defined here; callers still name them through this module.
 pub use super::owner::{
-    owner_id, process_identity, ProcessIdentity, INSTANCE_LABEL, OWNER_LABEL, PROCESS_LABEL,
-    RUN_LABEL, WARM_LABEL, WARM_NAME_PREFIX,
+    owner_id, process_identity, ProcessIdentity, INSTANCE_LABEL, OWNER_LABEL, PRELOADED_LABEL,
+    PROCESS_LABEL, RUN_LABEL, WARM_LABEL, WARM_NAME_PREFIX,
 };

@@ -17,16 +17,18 @@ use bollard::Docker;
 use super::cleanup::{creation_gate, register_live, remove};
 use super::derived::{kodx_files, SandboxImage};
 use super::engine::Engine;
+use super::preload::{PreloadKey, PreloadSource, PreloadUse, PreloadWant, Preloaded};
 use super::runner::Runner;
 use super::sandbox::{DiskGuard, DockerSandbox};
-use super::setup::CachePlan;
+use super::setup::{exec_checked, CachePlan};
 use super::spare::spawn_ahead;
+use super::spec::Shape;
 use super::spec::{SandboxSpec, DEFAULT_OUTPUT_CAP};
-use super::streams::{upload, upload_options, PackTask};
-use super::warm::{Shape, WarmSandbox, WarmSource};
+use super::streams::{upload, upload_options, Decided, Have, PackTask};
+use super::warm::{WarmSandbox, WarmSource};
 use crate::archive::{self, Manifest};
 use crate::net::{self, NETWORK_NAME};
-use crate::owner::{run_labels, CHECKS_OF_LABEL, RUN_LABEL, WARM_LABEL};
+use crate::owner::{run_labels, CHECKS_OF_LABEL, PRELOADED_LABEL, RUN_LABEL, WARM_LABEL};
 use crate::setup_cache::{SetupCacheUse, SetupReport};
 use crate::shell::Spawned;
 use crate::{Result, Sandbox, SandboxError};
@@ -92,7 +94,12 @@ impl Engine {
         let mut cache = self.setup_cache_plan(spec).await;
         let cached = cache.as_ref().and_then(|c| c.hit.clone());
         let shape = Shape::of(spec, cached.as_deref().unwrap_or(&spec.image));
-        let claimed = match warm.and_then(|w| w.take(&shape)) {
+        // A preloaded sandbox is tied to the server's key and this setup cache key.
+        let preload = spec.preload.as_ref().map(|repo| PreloadKey {
+            repo: repo.clone(),
+            setup: cache.as_ref().map(|c| c.key.clone()),
+        });
+        let claimed = match warm.and_then(|w| w.take(&shape, preload.as_ref())) {
             Some(w) => match w.claim(&spec.run_id).await {
                 Ok(claimed) => Some(claimed),
                 // Gone meanwhile (a sweep, an engine restart): start one as without it.
@@ -104,8 +111,8 @@ impl Engine {
             None => None,
         };
         let warm_start = claimed.is_some();
-        let (id, guard, fencing, shell) = match claimed {
-            Some((id, guard, shell)) => (id, guard, None, shell),
+        let (id, guard, fencing, shell, preloaded) = match claimed {
+            Some(c) => (c.id, c.guard, None, c.shell, c.preloaded),
             None => {
                 progress("creating container");
                 let name = format!("kodx-{}", spec.run_id);
@@ -129,7 +136,7 @@ impl Engine {
                     }
                     Err(e) => return Err(e),
                 };
-                (made.0, made.1, made.2, None)
+                (made.0, made.1, made.2, None, None)
             }
         };
         let sandbox = DockerSandbox::new(self.docker.clone(), id, spec, shape.workdir, guard);
@@ -138,8 +145,9 @@ impl Engine {
                 sandbox.watch_disk(limit, spec.disk_check_interval);
             }
         }
+        let preloaded_at = preloaded.as_ref().map(|p| p.source.commit().to_string());
         let prepared = tokio::select! {
-            r = self.prepare(&sandbox, spec, cache.as_ref(), pack, (fencing, shell), &mut progress) => r,
+            r = self.prepare(&sandbox, spec, cache.as_ref(), (pack, preloaded), (fencing, shell), &mut progress) => r,
             e = sandbox.disk_exceeded() => Err(e),
         };
         // A setup script killed by the watchdog fails too: the disk limit is the reason.
@@ -150,6 +158,19 @@ impl Engine {
         match prepared {
             Ok(()) => {
                 sandbox.warm_start.store(warm_start, Ordering::Relaxed);
+                // What the next run of this repository can start from.
+                let source = sandbox.preload_source.lock().take();
+                if let (Some(key), Some(source)) = (preload, source) {
+                    *sandbox.preload_want.lock() = Some(PreloadWant {
+                        key,
+                        shape: Shape::of(spec, cached_image(&cache).unwrap_or(&spec.image)),
+                        source,
+                        cached: cached_image(&cache).is_some(),
+                    });
+                }
+                if let Some(commit) = preloaded_at {
+                    tracing::info!(preloaded = %commit, "the run took a preloaded sandbox");
+                }
                 Ok(sandbox)
             }
             Err(e) => {
@@ -163,10 +184,22 @@ impl Engine {
     /// with kodx's files in, started and fenced, carrying this process's owner labels (so
     /// the sweeps of dead processes' containers remove it) and [`WARM_LABEL`].
     pub async fn make_warm(&self, shape: &Shape) -> Result<WarmSandbox> {
+        self.make_warm_labelled(shape, None).await
+    }
+
+    /// As [`Engine::make_warm`], with the label `label` (name, value) too.
+    pub(super) async fn make_warm_labelled(
+        &self,
+        shape: &Shape,
+        label: Option<(&str, &str)>,
+    ) -> Result<WarmSandbox> {
         let made = std::time::Instant::now();
         let warm_id = format!("warm-{:016x}", rand::random::<u64>());
         let mut labels = run_labels(&warm_id, self.instance.as_deref());
         labels.insert(WARM_LABEL.to_string(), "1".to_string());
+        if let Some((name, value)) = label {
+            labels.insert(name.to_string(), value.to_string());
+        }
         let name = format!("kodx-{warm_id}");
         let (id, guard, fencing) = self.make_container(shape, &name, labels).await?;
         let mut warm = WarmSandbox::new(self.docker.clone(), id, shape.clone(), guard, made);
@@ -177,6 +210,34 @@ impl Engine {
             Some(Err(e)) => tracing::debug!("no shell started ahead in a warm sandbox: {e}"),
             None => {}
         }
+        Ok(warm)
+    }
+
+    /// Makes a warm sandbox of `want.shape` and copies `want.source` into it: a preloaded
+    /// sandbox for the runs of `want.key`. Fails when the ready checkout is no longer kept.
+    pub async fn make_preloaded(&self, want: &PreloadWant) -> Result<WarmSandbox> {
+        let label = (PRELOADED_LABEL, want.key.repo.as_str());
+        let mut warm = self.make_warm_labelled(&want.shape, Some(label)).await?;
+        let (id, workdir) = (warm.id().to_string(), want.shape.workdir);
+        // Over a cached setup image's checkout, as a run from it: only what differs.
+        let stored = match want.cached {
+            true => self.clear_cached_workspace(&id, workdir).await?,
+            false => None,
+        };
+        let mark = !want.cached;
+        let pack =
+            PackTask::ready_checkout(want.source.ready.clone(), want.source.key.clone(), mark);
+        let marked = pack.marked.clone();
+        let manifest = self.copy_repository(&id, pack, &mut |_| {}).await?;
+        if let Some(stored) = &stored {
+            self.delete_gone((&id, workdir), stored, &manifest).await?;
+        }
+        warm.set_preloaded(Preloaded {
+            key: want.key.clone(),
+            source: want.source.clone(),
+            manifest: Arc::new(manifest),
+            snapshot_ready: mark && marked.load(std::sync::atomic::Ordering::Relaxed),
+        });
         Ok(warm)
     }
 
@@ -395,7 +456,7 @@ impl Engine {
         sandbox: &DockerSandbox,
         spec: &SandboxSpec,
         cache: Option<&CachePlan>,
-        pack: Option<PackTask>,
+        (pack, preloaded): (Option<PackTask>, Option<Preloaded>),
         (fencing, ready): (Option<net::Fencing>, Option<Spawned>),
         progress: &mut impl FnMut(&str),
     ) -> Result<()> {
@@ -427,7 +488,7 @@ impl Engine {
             async {
                 tokio::try_join!(
                     raise_fence(&self.docker, &sandbox.id, fencing),
-                    self.copy_in(sandbox, spec, hit, pack, progress)
+                    self.copy_in(sandbox, spec, hit, (pack, preloaded), progress)
                 )
             },
             early,
@@ -470,16 +531,17 @@ impl Engine {
 
     /// Copies the setup script and the repository into the started container. On a cache
     /// hit the repository goes in over the cached image's checkout, and the result is how
-    /// long bringing that up to date took.
+    /// long bringing that up to date took. Into a preloaded sandbox, only what differs
+    /// from its checkout goes.
     async fn copy_in(
         &self,
         sandbox: &DockerSandbox,
         spec: &SandboxSpec,
         hit: bool,
-        pack: Option<PackTask>,
+        (pack, preloaded): (Option<PackTask>, Option<Preloaded>),
         progress: &mut impl FnMut(&str),
     ) -> Result<Option<Duration>> {
-        let id = sandbox.id.as_str();
+        let (id, workdir) = (sandbox.id.as_str(), sandbox.workdir.as_str());
         match &spec.setup_script {
             Some(script) if !hit => {
                 let files = [("tmp/setup.sh", script.as_bytes(), 0o700)];
@@ -488,42 +550,110 @@ impl Engine {
             _ => {}
         }
         let started = std::time::Instant::now();
-        let stored = if hit && pack.is_some() {
-            self.clear_cached_workspace(sandbox).await?
-        } else {
-            None
+        let Some(mut pack) = pack else {
+            return Ok(hit.then(|| started.elapsed()));
         };
-        if let Some(pack) = pack {
-            let marked = pack.marked.clone();
-            let manifest = self
-                .copy_repository(id, pack, stored.clone(), progress)
-                .await?;
-            // Only a whole checkout, in a container nothing has run in, gets a snapshot.
-            sandbox
-                .snapshot
-                .set_ready(marked.load(Ordering::Relaxed) && !hit);
-            if let Some(stored) = &stored {
-                self.delete_gone(sandbox, stored, &manifest).await?;
+        let (marked, kept) = (pack.marked.clone(), pack.source.clone());
+        let (manifest, snapshot_ready) = match preloaded {
+            Some(pre) => {
+                *sandbox.preload_source.lock() = Some(pre.source.clone());
+                self.copy_over_preloaded(sandbox, pack, pre, progress)
+                    .await?
             }
-            *sandbox.baseline.lock() = manifest;
-        }
+            None => {
+                let stored = match hit {
+                    true => self.clear_cached_workspace(id, workdir).await?,
+                    false => None,
+                };
+                pack.tell(match &stored {
+                    Some(m) => Have::Stored(m.clone()),
+                    None => Have::Nothing,
+                });
+                let manifest = self.copy_repository(id, pack, progress).await?;
+                if let Some(stored) = &stored {
+                    self.delete_gone((id, workdir), stored, &manifest).await?;
+                }
+                if let (Some(ready), Some(key)) = (&spec.ready, kept.lock().take()) {
+                    *sandbox.preload_source.lock() = Some(PreloadSource {
+                        ready: ready.clone(),
+                        key,
+                    });
+                }
+                // Only a whole checkout, in a container nothing has run in, gets a snapshot.
+                (manifest, marked.load(Ordering::Relaxed) && !hit)
+            }
+        };
+        sandbox.snapshot.set_ready(snapshot_ready);
+        *sandbox.baseline.lock() = manifest;
         Ok(hit.then(|| started.elapsed()))
     }
 
-    /// Streams the repository, as `pack` packs it, into the container: all of it, or what
-    /// `stored` (the checkout already there) does not have the same. Returns the manifest
-    /// of the repository.
-    async fn copy_repository(
+    /// Brings a preloaded sandbox's checkout (`pre`) to the run's tip: nothing at the same
+    /// tip, the difference at one the clone can diff with, else the tree packed over it.
+    /// Returns the run's baseline and whether a snapshot can give the change set.
+    async fn copy_over_preloaded(
+        &self,
+        sandbox: &DockerSandbox,
+        mut pack: PackTask,
+        pre: Preloaded,
+        progress: &mut impl FnMut(&str),
+    ) -> Result<(Manifest, bool)> {
+        let (id, workdir) = (sandbox.id.as_str(), sandbox.workdir.as_str());
+        let marked = pack.marked.clone();
+        pack.tell(Have::Preloaded {
+            key: pre.source.key.clone(),
+            manifest: pre.manifest.clone(),
+            mark: pre.snapshot_ready,
+        });
+        let decided = pack.decision().await;
+        *sandbox.preload_use.lock() = Some(match decided {
+            Some(Decided::Same) => PreloadUse::SameTip,
+            Some(Decided::Delta(_)) => PreloadUse::Difference,
+            _ => PreloadUse::PackedOver,
+        });
+        match decided {
+            Some(Decided::Same) => {
+                progress("the preloaded checkout is at this tip: nothing to copy");
+                let manifest = pack.task.await.map_err(|e| {
+                    SandboxError::InvalidInput(format!("packing the repository: {e}"))
+                })??;
+                Ok((manifest, pre.snapshot_ready))
+            }
+            Some(Decided::Delta(removed)) => {
+                progress("copying what changed since the preloaded tip");
+                self.remove_paths(id, workdir, &removed).await?;
+                let manifest = self.copy_repository(id, pack, progress).await?;
+                Ok((
+                    manifest,
+                    pre.snapshot_ready && marked.load(Ordering::Relaxed),
+                ))
+            }
+            // `None`: the pack failed before deciding; the copy says why.
+            Some(Decided::Over) | None => {
+                exec_checked(
+                    &self.docker,
+                    id,
+                    &format!("cd '{workdir}' && rm -rf ./.git"),
+                    "clearing the preloaded checkout's .git",
+                )
+                .await?;
+                let manifest = self.copy_repository(id, pack, progress).await?;
+                self.delete_gone((id, workdir), &pre.manifest, &manifest)
+                    .await?;
+                Ok((manifest, false))
+            }
+        }
+    }
+
+    /// Streams the repository, as `pack` packs it, into the container. Returns the
+    /// manifest of the repository.
+    pub(super) async fn copy_repository(
         &self,
         id: &str,
         pack: PackTask,
-        stored: Option<Arc<Manifest>>,
         progress: &mut impl FnMut(&str),
     ) -> Result<Manifest> {
-        let PackTask {
-            task, body, have, ..
-        } = pack;
-        let _ = have.send(stored);
+        let PackTask { task, body, .. } = pack;
         progress("copying the repository");
         let chunks = futures_util::stream::unfold(body, |mut rx| async move {
             rx.recv().await.map(|chunk| (chunk, rx))
@@ -551,6 +681,11 @@ impl Engine {
             (Err(e), _) | (Ok(_), Err(e)) => Err(e),
         }
     }
+}
+
+/// The cached setup image a run starts from, on a hit.
+fn cached_image(cache: &Option<CachePlan>) -> Option<&str> {
+    cache.as_ref().and_then(|c| c.hit.as_deref())
 }
 
 /// Adds the fence's routes in the started sandbox `id`, when there is a fence to raise.

@@ -14,6 +14,7 @@ use bollard::query_parameters::{InspectContainerOptions, KillContainerOptions};
 use bollard::Docker;
 
 use super::cleanup::{remove, remove_blocking};
+use super::preload::{PreloadSource, PreloadUse, PreloadWant};
 use super::runner::Runner;
 use super::snapshot::{Snapshot, Workspace};
 use super::spare::{open_or_start, SpareShell, FIRST_SPARE_AFTER};
@@ -66,6 +67,13 @@ pub struct DockerSandbox {
     pub(super) runner: tokio::sync::Mutex<Option<Runner>>,
     /// Its address on the sandboxes' network once it was narrowed to the egress proxy.
     pub(super) egress_address: Mutex<Option<std::net::Ipv4Addr>>,
+    /// The ready checkout its workspace holds whole, or was brought to from (a preloaded
+    /// sandbox's), found by the copy-in.
+    pub(super) preload_source: Mutex<Option<PreloadSource>>,
+    /// A preloaded sandbox for the next run of its repository ([`super::preload`]).
+    pub(super) preload_want: Mutex<Option<PreloadWant>>,
+    /// How the copy-in used the preloaded sandbox it was made from, if it was.
+    pub(super) preload_use: Mutex<Option<PreloadUse>>,
 }
 
 /// Most shells one sandbox keeps at once.
@@ -98,6 +106,9 @@ impl DockerSandbox {
             snapshot: Snapshot::new(spec.change_set_ahead),
             runner: tokio::sync::Mutex::new(None),
             egress_address: Mutex::new(None),
+            preload_source: Mutex::new(None),
+            preload_want: Mutex::new(None),
+            preload_use: Mutex::new(None),
         }
     }
 
@@ -119,6 +130,18 @@ impl DockerSandbox {
     /// Whether its container was a warm sandbox, made ahead of the run.
     pub fn warm_start(&self) -> bool {
         self.warm_start.load(Ordering::Relaxed)
+    }
+
+    /// A preloaded sandbox for the next run of this one's repository: its key, shape and
+    /// the ready checkout to fill it from (once; `None` for a run without a key, or whose
+    /// checkout is not kept whole).
+    pub fn preload_want(&self) -> Option<PreloadWant> {
+        self.preload_want.lock().take()
+    }
+
+    /// How the copy-in used a preloaded sandbox, when the run's container was one.
+    pub fn preload_use(&self) -> Option<PreloadUse> {
+        *self.preload_use.lock()
     }
 
     /// How this sandbox's disk use is bounded: the engine's quota or kodx's watchdog.

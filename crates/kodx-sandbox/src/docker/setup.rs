@@ -178,16 +178,17 @@ impl Engine {
     /// image without it (made by an older kodx) is cleaned first, and the result is `None`.
     pub(super) async fn clear_cached_workspace(
         &self,
-        sandbox: &DockerSandbox,
+        id: &str,
+        workdir: &str,
     ) -> Result<Option<Arc<Manifest>>> {
-        let stored = stored_manifest(&self.docker, &sandbox.id).await;
+        let stored = stored_manifest(&self.docker, id).await;
         let command = match stored {
-            Some(_) => format!("cd '{}' && rm -rf ./.git", sandbox.workdir),
+            Some(_) => format!("cd '{workdir}' && rm -rf ./.git"),
             None => format!("sh {}", setup_cache::CLEAN_SCRIPT),
         };
         exec_checked(
             &self.docker,
-            &sandbox.id,
+            id,
             &command,
             "clearing the cached image's workspace",
         )
@@ -199,21 +200,50 @@ impl Engine {
     /// run's (`new`) does not.
     pub(super) async fn delete_gone(
         &self,
-        sandbox: &DockerSandbox,
+        (id, workdir): (&str, &str),
         stored: &Manifest,
         new: &Manifest,
     ) -> Result<()> {
-        let Some(script) = setup_cache::delta_script(&sandbox.workdir, stored, new) else {
+        let Some(script) = setup_cache::delta_script(workdir, stored, new) else {
             return Ok(());
         };
-        let id = sandbox.id.as_str();
+        self.run_removal(
+            id,
+            &script,
+            "removing what the cached image has and this checkout does not",
+        )
+        .await
+    }
+
+    /// Removes `paths` (relative to `workdir`; a directory with what it holds) from the
+    /// workspace: what a preloaded checkout has and a newer tip does not.
+    pub(super) async fn remove_paths(
+        &self,
+        id: &str,
+        workdir: &str,
+        paths: &[String],
+    ) -> Result<()> {
+        if paths.is_empty() {
+            return Ok(());
+        }
+        let script = setup_cache::removal_of_paths(workdir, paths);
+        self.run_removal(
+            id,
+            &script,
+            "removing what the preloaded checkout has and this tip does not",
+        )
+        .await
+    }
+
+    /// Runs the removal `script` in the container.
+    async fn run_removal(&self, id: &str, script: &str, what: &str) -> Result<()> {
         let files = [(&DELTA_SCRIPT[1..], script.as_bytes(), 0o644)];
         upload(&self.docker, id, "/", archive::pack_files(&files)).await?;
         exec_checked(
             &self.docker,
             id,
             &format!("sh {DELTA_SCRIPT}; rm -f {DELTA_SCRIPT}"),
-            "removing what the cached image has and this checkout does not",
+            what,
         )
         .await
     }
@@ -284,7 +314,7 @@ async fn stored_manifest(docker: &Docker, id: &str) -> Option<Manifest> {
 
 /// What the setup cache has for one run ([`Engine::setup_cache_plan`]).
 pub(super) struct CachePlan {
-    key: String,
+    pub(super) key: String,
     base_id: String,
     base_config: bollard::models::ImageConfig,
     /// The cached image's id when there is one.

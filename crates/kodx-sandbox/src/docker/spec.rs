@@ -87,6 +87,10 @@ pub struct SandboxSpec {
     /// and kept there when it was not. Unused for other sources and on a setup cache hit
     /// (only the delta goes in then). `None`: off.
     pub ready: Option<ReadyRepo>,
+    /// The runs whose preloaded warm sandboxes this run may take, and keep one for next
+    /// ([`super::preload`]): the server's key of the run's installation and repository.
+    /// `None`: none (a checks' sandbox, `kodx run`).
+    pub preload: Option<String>,
     pub setup_script: Option<String>,
     /// Variables only the setup script's process gets (a repository's `setup_only`
     /// secrets): not in the container's environment, not in any shell, not in a setup
@@ -141,6 +145,7 @@ impl SandboxSpec {
             repo_dir: None,
             repo_source: RepoSource::Files,
             ready: None,
+            preload: None,
             setup_script: None,
             setup_secrets: Vec::new(),
             setup_timeout: Duration::from_secs(600),
@@ -218,4 +223,40 @@ pub enum RepoSource {
     /// repository: [`crate::archive::pack_tip_to`]) instead of the clone's whole history: for runs
     /// that need only the tip (issues and `ask`).
     GitTip,
+}
+
+/// What the engine fixes of a container when it creates it: two runs of one shape can
+/// start from the same kind of warm sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// The image the container is made from (a setup cache image on a hit).
+    pub image: String,
+    pub workdir: &'static str,
+    pub limits: ResourceLimits,
+    pub no_network: bool,
+    pub allowed_cidrs: Vec<Cidr>,
+    pub max_disk_bytes: Option<u64>,
+    pub disk_quota: Option<bool>,
+}
+
+impl Shape {
+    /// The shape of `spec`'s container, made from `image`.
+    pub fn of(spec: &SandboxSpec, image: &str) -> Shape {
+        let mut allowed_cidrs = spec.allowed_cidrs.clone();
+        allowed_cidrs.sort();
+        allowed_cidrs.dedup();
+        Shape {
+            image: image.to_string(),
+            workdir: if spec.repo_dir.is_some() {
+                "/workspace/repo"
+            } else {
+                "/workspace"
+            },
+            limits: spec.limits.clone(),
+            no_network: spec.no_network,
+            allowed_cidrs,
+            max_disk_bytes: spec.max_disk_bytes,
+            disk_quota: spec.disk_quota,
+        }
+    }
 }

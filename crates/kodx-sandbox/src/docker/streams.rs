@@ -15,9 +15,10 @@ use bollard::Docker;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 
+use super::preload::MAX_DELTA_CHANGES;
 use super::spec::{RepoSource, SandboxSpec};
 use crate::archive::{self, Manifest};
-use crate::ready;
+use crate::ready::{self, ReadyKey, ReadyRepo};
 use crate::{Result, SandboxError};
 
 /// Chunks of tar in flight between a blocking thread and the Docker connection (64 KiB
@@ -42,12 +43,44 @@ const REPO_PREFIX: &str = "workspace/repo";
 pub(super) struct PackTask {
     pub(super) task: tokio::task::JoinHandle<Result<Manifest>>,
     pub(super) body: tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
-    /// What the container already holds of the tree (a cached setup image's checkout),
-    /// told before anything is packed: those entries stay out of the tar. Dropped: nothing.
-    pub(super) have: tokio::sync::oneshot::Sender<Option<Arc<Manifest>>>,
+    /// What the container already holds of the tree, told before anything is packed
+    /// ([`PackTask::tell`]). Dropped: nothing.
+    have: Option<tokio::sync::oneshot::Sender<Have>>,
+    /// Over a preloaded checkout ([`Have::Preloaded`]): what the pack does, told before it
+    /// writes anything.
+    decided: Option<tokio::sync::oneshot::Receiver<Decided>>,
     /// Set when the tar ended with the copy-in's marker ([`super::snapshot`]): the whole
     /// checkout went in, and the marker after it.
     pub(super) marked: Arc<AtomicBool>,
+    /// The ready checkout the container got whole (streamed, or kept from this pack): what
+    /// a preloaded sandbox of the repository can be made from.
+    pub(super) source: Arc<Mutex<Option<ReadyKey>>>,
+}
+
+/// What the container holds of the tree before the copy-in.
+pub(super) enum Have {
+    Nothing,
+    /// A cached setup image's checkout: the entries it has the same stay out of the tar.
+    Stored(Arc<Manifest>),
+    /// A preloaded warm sandbox's checkout of the ready checkout `key`, whose manifest is
+    /// `manifest`; `mark`: a marker goes after what the copy-in writes (nothing ran there).
+    Preloaded {
+        key: ReadyKey,
+        manifest: Arc<Manifest>,
+        mark: bool,
+    },
+}
+
+/// What the copy-in over a preloaded checkout does.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Decided {
+    /// The same tip: nothing goes in (the tar stays empty and is not uploaded).
+    Same,
+    /// A newer tip: these paths go first, then the tar with what changed.
+    Delta(Vec<String>),
+    /// Another tip too far away: `.git` goes, the tree is packed over the checkout (what
+    /// it has the same stays out), then what it has and the new tip does not is removed.
+    Over,
 }
 
 impl PackTask {
@@ -58,32 +91,92 @@ impl PackTask {
         let (source, limits) = (spec.repo_source, spec.archive_limits.clone());
         let ready = spec.ready.clone();
         let (tx, body) = tokio::sync::mpsc::channel(PIPE_CHUNKS);
-        let (have, had) = tokio::sync::oneshot::channel::<Option<Arc<Manifest>>>();
+        let (have, had) = tokio::sync::oneshot::channel::<Have>();
+        let (decide, decided) = tokio::sync::oneshot::channel::<Decided>();
         let marked = Arc::new(AtomicBool::new(false));
-        let marks = marked.clone();
+        let kept = Arc::new(Mutex::new(None));
+        let (marks, keeps) = (marked.clone(), kept.clone());
         let task = tokio::task::spawn_blocking(move || {
             // Keyed while the container is made: that hashes the clone's `.git`.
             let keyed = ready
                 .filter(|_| source == RepoSource::GitTip)
                 .and_then(|r| Some((r.key(&dir, REPO_PREFIX, &limits)?, r)));
-            let had = had.blocking_recv().ok().flatten();
+            let had = had.blocking_recv().unwrap_or(Have::Nothing);
             let started = std::time::Instant::now();
             let pipe = Pipe {
                 tx,
                 buf: BytesMut::new(),
                 waited: Duration::ZERO,
             };
-            // A whole checkout ends with the marker the change set's snapshot compares with.
-            let whole = had.is_none();
             let pipe = Marked::new(pipe);
+            let (had, mark) = match had {
+                Have::Nothing => (None, true),
+                Have::Stored(m) => (Some(m), false),
+                Have::Preloaded { key, manifest, .. }
+                    if keyed.as_ref().is_some_and(|(k, _)| *k == key) =>
+                {
+                    let _ = decide.send(Decided::Same);
+                    *keeps.lock() = Some(key);
+                    tracing::info!("the preloaded checkout is this run's: nothing to copy");
+                    return Ok(Manifest::clone(&manifest));
+                }
+                Have::Preloaded {
+                    key,
+                    manifest,
+                    mark,
+                } => {
+                    let planned = match source {
+                        RepoSource::GitTip => archive::plan_tip_delta(
+                            &dir,
+                            key.commit(),
+                            &manifest,
+                            &limits,
+                            MAX_DELTA_CHANGES,
+                        ),
+                        _ => Ok(None),
+                    };
+                    match planned {
+                        Ok(Some(delta)) => {
+                            let removed = delta.removed().to_vec();
+                            let (changed, gone) = (delta.changed(), removed.len());
+                            let _ = decide.send(Decided::Delta(removed));
+                            let mut pipe = pipe;
+                            let packed = delta.pack_to(REPO_PREFIX, &mut pipe);
+                            let (pipe, packed) = end_tar(pipe, packed, mark, &marks);
+                            tracing::info!(
+                                took_ms = started.elapsed().as_millis() as u64,
+                                engine_ms = pipe.waited.as_millis() as u64,
+                                changed,
+                                removed = gone,
+                                "copied what changed since the preloaded tip"
+                            );
+                            return packed;
+                        }
+                        Ok(None) => {}
+                        Err(e) => tracing::warn!(
+                            "no difference from the preloaded tip ({e}); packing over it"
+                        ),
+                    }
+                    let _ = decide.send(Decided::Over);
+                    (Some(manifest), false)
+                }
+            };
+            // A whole checkout ends with the marker the change set's snapshot compares with.
+            let whole = had.is_none() && mark;
             // A checkout already in the container (a setup cache hit) takes only the delta,
             // and the ready checkouts are neither read nor written.
             let looked = keyed
                 .filter(|_| had.is_none())
-                .map(|(key, r)| r.lookup(&key));
+                .map(|(key, r)| (r.lookup(&key), key));
             let spool = match looked {
-                Some(ready::Lookup::Hit(hit)) => return stream_ready(hit, pipe, started, &marks),
-                Some(ready::Lookup::Miss(spool)) => spool,
+                Some((ready::Lookup::Hit(hit), key)) => {
+                    let streamed = stream_ready(hit, pipe, started, &marks);
+                    if streamed.is_ok() {
+                        *keeps.lock() = Some(key);
+                    }
+                    return streamed;
+                }
+                Some((ready::Lookup::Miss(spool), key)) => spool.map(|s| (s, key)),
                 None => None,
             };
             let source = match source {
@@ -91,6 +184,7 @@ impl PackTask {
                 RepoSource::GitHead => archive::PackSource::Checkout,
                 RepoSource::GitTip => archive::PackSource::Tip,
             };
+            let (spool, spool_key) = spool.unzip();
             let mut tee = ready::Tee::new(pipe, spool);
             let packed =
                 archive::pack_over_to(&dir, source, REPO_PREFIX, &limits, had.as_deref(), &mut tee);
@@ -111,14 +205,66 @@ impl PackTask {
                 already_there = skipped.entries,
                 "packed the repository into the container"
             );
-            ready::finish(spool, packed.as_ref().ok().map(|(m, _)| m));
+            if ready::finish(spool, packed.as_ref().ok().map(|(m, _)| m)) {
+                *keeps.lock() = spool_key;
+            }
             packed.map(|(m, _)| m)
         });
         PackTask {
             task,
             body,
-            have,
+            have: Some(have),
+            decided: Some(decided),
             marked,
+            source: kept,
+        }
+    }
+
+    /// Tells the pack what the container already holds (once; later calls do nothing).
+    pub(super) fn tell(&mut self, have: Have) {
+        if let Some(tx) = self.have.take() {
+            let _ = tx.send(have);
+        }
+    }
+
+    /// What the pack over a preloaded checkout does; `None` when it failed first.
+    pub(super) async fn decision(&mut self) -> Option<Decided> {
+        self.decided.take()?.await.ok()
+    }
+
+    /// Streams the ready checkout `key` of `ready` (into a preloaded warm sandbox), with the
+    /// marker after it when `mark`. Fails when the entry is no longer kept.
+    pub(super) fn ready_checkout(ready: ReadyRepo, key: ReadyKey, mark: bool) -> PackTask {
+        let (tx, body) = tokio::sync::mpsc::channel(PIPE_CHUNKS);
+        let marked = Arc::new(AtomicBool::new(false));
+        let marks = marked.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            let pipe = Marked::new(Pipe {
+                tx,
+                buf: BytesMut::new(),
+                waited: Duration::ZERO,
+            });
+            let hit = ready
+                .open(&key)
+                .map_err(|e| SandboxError::io("opening the ready checkout", e))?
+                .ok_or_else(|| {
+                    SandboxError::InvalidInput("the ready checkout is no longer kept".into())
+                })?;
+            let streamed = stream_hit(hit, pipe, mark, &marks);
+            tracing::debug!(
+                took_ms = started.elapsed().as_millis() as u64,
+                "streamed a ready checkout into a preloaded sandbox"
+            );
+            streamed
+        });
+        PackTask {
+            task,
+            body,
+            have: None,
+            decided: None,
+            marked,
+            source: Arc::new(Mutex::new(None)),
         }
     }
 }
@@ -142,6 +288,18 @@ fn end_tar<T, E: std::fmt::Display>(
         }
     }
     (pipe.into_inner(), packed)
+}
+
+/// Streams the ready checkout `hit` into `pipe`, ended with the marker when `mark`.
+fn stream_hit(
+    hit: ready::Hit,
+    mut pipe: Marked<Pipe>,
+    mark: bool,
+    marks: &AtomicBool,
+) -> Result<Manifest> {
+    let streamed = hit.stream_to(&mut pipe);
+    let (_, streamed) = end_tar(pipe, streamed, mark, marks);
+    streamed.map_err(|e| SandboxError::io("streaming the ready checkout", e))
 }
 
 /// Streams a ready checkout into the upload; its stored manifest is the baseline.

@@ -1,12 +1,15 @@
 //! Warm sandboxes: containers made ahead of any run — created with a run's limits, kodx's
 //! files in, started and fenced — so that a run only copies its repository in and opens
-//! its shell. Nothing of any run or repository has touched one; it is handed to one run
+//! its shell. Nothing of any run has touched one (nor of any repository, but the one a
+//! preloaded sandbox was filled with, from a ready checkout); it is handed to one run
 //! ([`WarmSandbox::claim`] renames it `kodx-<run id>`, as a container made for the run
 //! would be named) and removed with that run's sandbox, never given to a second.
 //!
 //! [`Shape`] is what a container is made as; a run takes a warm sandbox only of its own
 //! shape, from a [`WarmSource`] (the server's pool). They are made by
-//! [`super::Engine::make_warm`] (in `provision`, with the other containers).
+//! [`super::Engine::make_warm`] (in `provision`, with the other containers). A preloaded
+//! one ([`super::preload`]) also holds a repository's checkout, for that repository's runs
+//! alone.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -15,53 +18,28 @@ use bollard::query_parameters::RenameContainerOptions;
 use bollard::Docker;
 
 use super::cleanup::{remove, remove_blocking};
+use super::preload::{PreloadKey, Preloaded};
 use super::sandbox::DiskGuard;
-use super::spec::{ResourceLimits, SandboxSpec};
-use crate::net::Cidr;
+use super::spec::Shape;
 use crate::shell::Spawned;
 use crate::{Result, SandboxError};
-
-/// What the engine fixes of a container when it creates it: two runs of one shape can
-/// start from the same kind of warm sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Shape {
-    /// The image the container is made from (a setup cache image on a hit).
-    pub image: String,
-    pub workdir: &'static str,
-    pub limits: ResourceLimits,
-    pub no_network: bool,
-    pub allowed_cidrs: Vec<Cidr>,
-    pub max_disk_bytes: Option<u64>,
-    pub disk_quota: Option<bool>,
-}
-
-impl Shape {
-    /// The shape of `spec`'s container, made from `image`.
-    pub fn of(spec: &SandboxSpec, image: &str) -> Shape {
-        let mut allowed_cidrs = spec.allowed_cidrs.clone();
-        allowed_cidrs.sort();
-        allowed_cidrs.dedup();
-        Shape {
-            image: image.to_string(),
-            workdir: if spec.repo_dir.is_some() {
-                "/workspace/repo"
-            } else {
-                "/workspace"
-            },
-            limits: spec.limits.clone(),
-            no_network: spec.no_network,
-            allowed_cidrs,
-            max_disk_bytes: spec.max_disk_bytes,
-            disk_quota: spec.disk_quota,
-        }
-    }
-}
 
 /// Where a run may find a warm sandbox of its shape.
 pub trait WarmSource: Send + Sync {
     /// A warm sandbox of `shape`, taken out for good (no one else can take it), if there is
-    /// one. Taking also tells the source that this shape is in use.
-    fn take(&self, shape: &Shape) -> Option<WarmSandbox>;
+    /// one: one preloaded for `preload` first ([`super::preload`]), else an empty one.
+    /// Never one preloaded for another key, or for any when `preload` is `None`. Taking
+    /// also tells the source that this shape is in use.
+    fn take(&self, shape: &Shape, preload: Option<&PreloadKey>) -> Option<WarmSandbox>;
+}
+
+/// A warm sandbox made a run's container ([`WarmSandbox::claim`]).
+pub(super) struct Claimed {
+    pub(super) id: String,
+    pub(super) guard: DiskGuard,
+    /// Its first shell's exec, when one was started ahead.
+    pub(super) shell: Option<Spawned>,
+    pub(super) preloaded: Option<Preloaded>,
 }
 
 /// A container made warm; removed when dropped unless a run claimed it.
@@ -74,6 +52,8 @@ pub struct WarmSandbox {
     done: AtomicBool,
     /// Its first shell's exec, started ahead and waiting to be opened.
     shell: Option<Spawned>,
+    /// The repository checkout it holds, if it was preloaded.
+    preloaded: Option<Preloaded>,
 }
 
 impl WarmSandbox {
@@ -94,7 +74,23 @@ impl WarmSandbox {
             made,
             done: AtomicBool::new(false),
             shell: None,
+            preloaded: None,
         }
+    }
+
+    /// Records the checkout copied into it ([`super::Engine::make_preloaded`]).
+    pub(super) fn set_preloaded(&mut self, preloaded: Preloaded) {
+        self.preloaded = Some(preloaded);
+    }
+
+    /// The runs it is kept for, when it holds a repository's checkout.
+    pub fn preloaded_for(&self) -> Option<&PreloadKey> {
+        self.preloaded.as_ref().map(|p| &p.key)
+    }
+
+    /// The commit of the checkout it holds, when preloaded.
+    pub fn preloaded_commit(&self) -> Option<&str> {
+        self.preloaded.as_ref().map(|p| p.source.commit())
     }
 
     /// Keeps `shell`, its first shell's exec started ahead, for the run that claims it.
@@ -118,10 +114,7 @@ impl WarmSandbox {
     /// Makes it the container of run `run_id` (named `kodx-<run id>`): its id, how its
     /// disk is bounded, and its first shell's exec when one was started ahead. Fails when
     /// the container is gone or no longer running; it is then removed.
-    pub(super) async fn claim(
-        mut self,
-        run_id: &str,
-    ) -> Result<(String, DiskGuard, Option<Spawned>)> {
+    pub(super) async fn claim(mut self, run_id: &str) -> Result<Claimed> {
         let claimed = async {
             self.docker
                 .rename_container(
@@ -153,7 +146,12 @@ impl WarmSandbox {
         match claimed.await {
             Ok(()) => {
                 self.done.store(true, Ordering::SeqCst);
-                Ok((self.id.clone(), self.guard, self.shell.take()))
+                Ok(Claimed {
+                    id: self.id.clone(),
+                    guard: self.guard,
+                    shell: self.shell.take(),
+                    preloaded: self.preloaded.take(),
+                })
             }
             Err(e) => {
                 self.remove().await;

@@ -1,0 +1,400 @@
+//! Preloaded warm sandboxes (`warm_repositories`, issue 43) through the real `kodx serve`
+//! on the real Docker engine, with a real git server: after a repository's run, a warm
+//! sandbox holding its checkout waits; the next run at that tip copies nothing, one at a
+//! tip twenty commits newer gets only the difference (removals included), and what each
+//! pushes is exactly its own change. A preloaded sandbox never goes to another repository
+//! or installation.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common;
+use crate::common::serve::{
+    delivery_id, issue_comment, text, tool, usage, IssueComment, Options, RunId, Served, REPO,
+};
+use serde_json::Value;
+
+const LONG: Duration = Duration::from_secs(120);
+
+/// `kodx serve` keeping one preloaded sandbox per engine and no empty ones.
+async fn preload_server() -> Served {
+    Served::start(Options {
+        workers: true,
+        settings: Some(
+            "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nwarm_sandboxes = 0\n\
+             warm_repositories = 1\nwarm_idle_secs = 600\n",
+        ),
+        ..Options::default()
+    })
+    .await
+}
+
+/// Waits until a preloaded sandbox for `key` (`<installation>/<owner>/<name>`) waits on
+/// the engine, and `/metrics` counts it; its container id.
+async fn until_preloaded(s: &Served, key: &str) -> String {
+    let engine = kodx::sandbox::Engine::connect().await.unwrap();
+    let deadline = std::time::Instant::now() + LONG;
+    let pid = s.kodx_pid().to_string();
+    loop {
+        let waiting: Vec<String> =
+            common::summaries_labelled(&engine, kodx::sandbox::docker::PRELOADED_LABEL)
+                .await
+                .into_iter()
+                .filter(|c| {
+                    let labels = c.labels.clone().unwrap_or_default();
+                    let label = |name: &str| labels.get(name).cloned().unwrap_or_default();
+                    // This server's: tests run side by side, on the same repository.
+                    label(kodx::sandbox::docker::PROCESS_LABEL)
+                        .split('/')
+                        .nth(2)
+                        == Some(pid.as_str())
+                        && label(kodx::sandbox::docker::PRELOADED_LABEL) == key
+                        && c.names.iter().flatten().any(|n| {
+                            n.trim_start_matches('/')
+                                .starts_with(kodx::sandbox::docker::WARM_NAME_PREFIX)
+                        })
+                })
+                .filter_map(|c| c.id)
+                .collect();
+        let (_, metrics) = s.get("/metrics").await;
+        let counted = metrics
+            .lines()
+            .any(|l| l == "kodx_engine_warm_preloaded{engine=\"local\"} 1");
+        if waiting.len() == 1 && counted {
+            return waiting[0].clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no preloaded sandbox for {key} (have {waiting:?})\n--- kodx serve log ---\n{}",
+            s.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The run's stored result once it ended.
+async fn result_of(s: &Served, run: &RunId) -> Value {
+    let db = s.db().await;
+    let deadline = std::time::Instant::now() + LONG;
+    let result = loop {
+        let r = db.get_run(run).await.unwrap().unwrap();
+        if r.status.is_final() {
+            break r.result.unwrap_or_default();
+        }
+        assert!(std::time::Instant::now() < deadline, "the run never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    db.close().await;
+    serde_json::from_str(&result).unwrap()
+}
+
+/// `/kodx code` on issue `number` whose one command is `script`; the run, its result and
+/// its branch.
+async fn code_run(s: &Served, number: u64, script: &str) -> (RunId, Value, String) {
+    s.github.add_issue(REPO, number, "Look", "", "carol");
+    s.model.reply(tool(script), "tool_use", usage(1000, 10));
+    s.model.reply(text("Done."), "end_turn", usage(1100, 10));
+    let run = s.comment(number, "alice", "/kodx code look around").await;
+    let result = result_of(s, &run).await;
+    let branch = format!("kodx/issue-{number}-{}", &run.0[..8]);
+    (run, result, branch)
+}
+
+/// `git diff --name-status base..rev` in the bare repository, one line per path.
+fn changed(s: &Served, base: &str, rev: &str) -> String {
+    let out = s.git.git(
+        &s.git.bare_path(REPO),
+        &["diff", "--name-status", "--no-renames", base, rev],
+    );
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A file of the run's branch, as text.
+fn file(s: &Served, branch: &str, name: &str, result: &Value) -> String {
+    let bytes = s
+        .git
+        .file_at(REPO, branch, name)
+        .unwrap_or_else(|| panic!("no {name}: {result}\n{}", s.log()));
+    String::from_utf8(bytes).unwrap()
+}
+
+/// Runs git in `dir`, failing the test with its output when it fails.
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Twenty commits on `main` of the bare repository `bare`, as a project moves: edits, a
+/// deletion, a rename, a new directory, an exec bit, a file that becomes a directory and a
+/// directory that becomes a file. Returns the new tip.
+fn twenty_commits(bare: &Path) -> String {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    git(w, &["clone", "-q", bare.to_str().unwrap(), "."]);
+    git(w, &["config", "user.email", "m@example.com"]);
+    git(w, &["config", "user.name", "Maintainer"]);
+    for i in 0..20 {
+        match i {
+            0 => {
+                git(w, &["rm", "-q", "old/gone.txt"]);
+            }
+            1 => {
+                git(w, &["mv", "docs/page-1.md", "docs/renamed.md"]);
+            }
+            2 => {
+                std::fs::create_dir_all(w.join("new/deep")).unwrap();
+                std::fs::write(w.join("new/deep/file.txt"), "new\n").unwrap();
+            }
+            3 => {
+                use std::os::unix::fs::PermissionsExt;
+                let exec = std::fs::Permissions::from_mode(0o755);
+                std::fs::set_permissions(w.join("tool.sh"), exec).unwrap();
+            }
+            4 => {
+                git(w, &["rm", "-q", "becomes-dir"]);
+                std::fs::create_dir_all(w.join("becomes-dir")).unwrap();
+                std::fs::write(w.join("becomes-dir/inner.txt"), "inner\n").unwrap();
+            }
+            5 => {
+                git(w, &["rm", "-q", "-r", "becomes-file"]);
+                std::fs::write(w.join("becomes-file"), "a file now\n").unwrap();
+            }
+            _ => {
+                std::fs::write(w.join("README.md"), format!("# widgets {i}\n")).unwrap();
+                std::fs::write(w.join(format!("docs/page-{}.md", 10 + i)), format!("{i}\n"))
+                    .unwrap();
+            }
+        }
+        git(w, &["add", "-A"]);
+        git(w, &["commit", "-q", "-m", &format!("step {i}")]);
+    }
+    git(w, &["push", "-q", "origin", "HEAD:main"]);
+    git(w, &["rev-parse", "HEAD"]).trim().to_string()
+}
+
+/// What the run's diagnostics script writes into the workspace before its one change.
+const LOOK: &str = "git status --porcelain > /tmp/status; git log -1 --format=%H > /tmp/one; \
+    cat .git/shallow > /tmp/shallow; (git fsck --no-dangling; echo exit=$?) > /tmp/fsck 2>&1; \
+    ls -la old becomes-dir becomes-file tool.sh > /tmp/ls 2>&1; \
+    for f in status one shallow fsck ls; do cp /tmp/$f $f.txt; done; echo ran > ran.txt";
+
+#[tokio::test]
+async fn a_preloaded_sandbox_gives_its_tip_at_once_and_a_newer_tip_only_the_difference() {
+    let _engine = common::require_engine!();
+    let s = preload_server().await;
+    // A repository of some size, so that a difference is visibly not the whole tree.
+    let mut files: Vec<(String, Vec<u8>, u32)> = (0..300)
+        .map(|i| {
+            (
+                format!("docs/page-{i}.md"),
+                format!("page {i}\n").into_bytes(),
+                0o644,
+            )
+        })
+        .collect();
+    files.push(("old/gone.txt".into(), b"going\n".to_vec(), 0o644));
+    files.push(("tool.sh".into(), b"#!/bin/sh\necho tool\n".to_vec(), 0o644));
+    files.push(("becomes-dir".into(), b"a file first\n".to_vec(), 0o644));
+    files.push((
+        "becomes-file/x.txt".into(),
+        b"in a dir first\n".to_vec(),
+        0o644,
+    ));
+    let borrowed: Vec<(&str, &[u8], u32)> = files
+        .iter()
+        .map(|(p, c, m)| (p.as_str(), c.as_slice(), *m))
+        .collect();
+    let t0 = s
+        .git
+        .commit_on_branch(REPO, "main", &borrowed, "a bigger tree");
+    let key = format!("{}/{REPO}", common::serve::INSTALLATION);
+
+    // The first run copies the repository in; its checkout is then preloaded.
+    let (_, first, _) = code_run(&s, 7, "echo one > first.txt").await;
+    assert_eq!(first["preloaded"], Value::Null, "{first}");
+    let waiting = until_preloaded(&s, &key).await;
+
+    // At the same tip: the preloaded sandbox, nothing copied, a clean checkout, and the
+    // change set holds the run's files alone.
+    let (same_run, same, branch) = code_run(&s, 8, LOOK).await;
+    assert_eq!(same["preloaded"], "same_tip", "{same}\n{}", s.log());
+    assert_eq!(same["warm_start"], true, "{same}");
+    assert_eq!(file(&s, &branch, "one.txt", &same), format!("{t0}\n"));
+    assert_eq!(file(&s, &branch, "status.txt", &same), "");
+    assert!(file(&s, &branch, "fsck.txt", &same).ends_with("exit=0\n"));
+    insta::assert_snapshot!(changed(&s, &t0, &branch), @"
+    A	fsck.txt
+    A	ls.txt
+    A	one.txt
+    A	ran.txt
+    A	shallow.txt
+    A	status.txt
+    ");
+    // Made again from the same checkout, in another container.
+    let again = until_preloaded(&s, &key).await;
+    assert_ne!(again, waiting);
+
+    // Twenty commits later: only the difference goes in; what the newer tree lacks is gone.
+    let t1 = twenty_commits(&s.git.bare_path(REPO));
+    let (newer_run, newer, branch) = code_run(&s, 9, LOOK).await;
+    assert_eq!(newer["preloaded"], "difference", "{newer}\n{}", s.log());
+    assert_eq!(file(&s, &branch, "one.txt", &newer), format!("{t1}\n"));
+    assert_eq!(
+        file(&s, &branch, "shallow.txt", &newer).lines().next(),
+        Some(t1.as_str())
+    );
+    assert_eq!(
+        file(&s, &branch, "status.txt", &newer),
+        "",
+        "a clean work tree"
+    );
+    let fsck = file(&s, &branch, "fsck.txt", &newer);
+    assert!(fsck.ends_with("exit=0\n"), "{fsck}");
+    let ls = file(&s, &branch, "ls.txt", &newer);
+    assert!(ls.contains("'old': No such file"), "{ls}");
+    assert!(ls.contains("-rwxr-xr-x") && ls.contains("tool.sh"), "{ls}");
+    assert!(ls.contains("inner.txt"), "a file became a directory: {ls}");
+    assert!(
+        ls.contains("-rw-r--r--") && ls.contains("becomes-file"),
+        "{ls}"
+    );
+    // Both change sets came from the snapshot: what the copy-in wrote (the whole checkout
+    // at preload, the difference now) is older than its marker, so only what the runs
+    // touched was read back.
+    for run in [&same_run, &newer_run] {
+        // By the run's id: the log's fields may be coloured.
+        let snapshot = |l: &str| {
+            l.contains(&run.0) && l.contains("read the change set from the workspace's snapshot")
+        };
+        s.wait_for(&format!("run {run}'s snapshot"), LONG, || {
+            s.log().lines().any(snapshot)
+        })
+        .await;
+    }
+    let log = s.log();
+    assert!(!log.contains("snapshot failed"), "{log}");
+    // What the branch holds beyond the new tip is the run's own files.
+    insta::assert_snapshot!(changed(&s, &t1, &branch), @"
+    A	fsck.txt
+    A	ls.txt
+    A	one.txt
+    A	ran.txt
+    A	shallow.txt
+    A	status.txt
+    ");
+}
+
+/// An `issue_comment` on issue `number` of `repo` (installation `installation`) asking
+/// `/kodx ask`, whose one command is `command`; the run.
+async fn ask_in(
+    s: &Served,
+    (repo, installation, clone_url): (&str, u64, &str),
+    number: u64,
+    command: &str,
+) -> RunId {
+    s.github
+        .add_issue(repo, number, "Q", "A question.", "carol");
+    s.model.reply(tool(command), "tool_use", usage(100, 10));
+    s.model.reply(text("Answered."), "end_turn", usage(100, 10));
+    let mut payload = issue_comment(&IssueComment {
+        clone_url,
+        number,
+        comment_id: 9000 + number,
+        body: "/kodx ask what is here?",
+        ..IssueComment::default()
+    });
+    let (owner, name) = repo.split_once('/').unwrap();
+    payload["repository"]["full_name"] = repo.into();
+    payload["repository"]["name"] = name.into();
+    payload["repository"]["owner"]["login"] = owner.into();
+    payload["installation"]["id"] = installation.into();
+    let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
+    assert_eq!(status, 202, "{answer}");
+    RunId(answer["run_id"].as_str().unwrap().to_string())
+}
+
+/// What the run's one command printed (its tool result in the model's last request).
+fn last_tool_output(s: &Served) -> String {
+    let requests = s.model.requests();
+    let last = requests.last().expect("a model request");
+    last.body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|b| b["type"] == "tool_result")
+        .map(|b| b["content"].to_string())
+        .next_back()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_preloaded_sandbox_goes_to_its_own_repository_and_installation_alone() {
+    let _engine = common::require_engine!();
+    let s = preload_server().await;
+    let installation = common::serve::INSTALLATION;
+    // Another repository of the installation, and one of another installation.
+    let gadgets = s.git.create_repo(
+        "acme/gadgets",
+        "main",
+        &[("README.md", b"# gadgets\n", 0o644)],
+    );
+    s.github
+        .add_repo(installation, "acme/gadgets", "main", &gadgets, true);
+    s.github.set_permission("acme/gadgets", "alice", "admin");
+    s.github.add_installation(installation + 1, "globex");
+    let things = s.git.create_repo(
+        "globex/things",
+        "main",
+        &[("README.md", b"# things\n", 0o644)],
+    );
+    s.github
+        .add_repo(installation + 1, "globex/things", "main", &things, true);
+    s.github.set_permission("globex/things", "alice", "admin");
+
+    let widgets = (REPO, installation, s.clone_url.as_str());
+    let run = ask_in(&s, widgets, 7, "cat README.md").await;
+    result_of(&s, &run).await;
+    let preloaded = until_preloaded(&s, &format!("{installation}/{REPO}")).await;
+
+    for (n, (repo, inst, url)) in [
+        (8, ("acme/gadgets", installation, gadgets.as_str())),
+        (9, ("globex/things", installation + 1, things.as_str())),
+    ] {
+        let run = ask_in(&s, (repo, inst, url), n, "hostname; cat README.md; ls").await;
+        let result = result_of(&s, &run).await;
+        let printed = last_tool_output(&s);
+        assert!(
+            printed.contains("README.md"),
+            "{repo}: {result}\n{printed}\n{:?}\n{:?}",
+            s.github.forbidden(),
+            s.github
+                .requests()
+                .iter()
+                .map(|r| format!("{} {}", r.method, r.path))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(result["preloaded"], Value::Null, "{repo}: {result}");
+        assert_eq!(result["warm_start"], Value::Null, "{repo}: {result}");
+        assert!(!printed.contains(&preloaded[..12]), "{repo}: {printed}");
+        let name = repo.split('/').nth(1).unwrap();
+        assert!(printed.contains(&format!("# {name}")), "{repo}: {printed}");
+        assert!(
+            !printed.contains("widgets") && !printed.contains("src"),
+            "{repo}: {printed}"
+        );
+        // The slot goes to the repository with the most recent run.
+        until_preloaded(&s, &format!("{inst}/{repo}")).await;
+    }
+    // The widgets run after them finds the other installation's sandbox, not its own.
+    let run = ask_in(&s, widgets, 10, "hostname; cat README.md").await;
+    let result = result_of(&s, &run).await;
+    assert_eq!(result["preloaded"], Value::Null, "{result}");
+    assert!(last_tool_output(&s).contains("# widgets"));
+}
