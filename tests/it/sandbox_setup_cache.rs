@@ -19,7 +19,7 @@ use kodx::sandbox::setup_cache::{KEY_LABEL, SCOPE_LABEL};
 use kodx::sandbox::{Engine, RepoSource, Sandbox, SandboxSpec, SetupCacheSpec, SetupCacheUse};
 
 /// Held while a test relies on cached images staying (shared) or evicts (exclusive).
-fn cache_lock(exclusive: bool) -> std::fs::File {
+pub(crate) fn cache_lock(exclusive: bool) -> std::fs::File {
     let path = std::env::temp_dir().join("kodx-setup-cache-tests.lock");
     let f = std::fs::OpenOptions::new()
         .create(true)

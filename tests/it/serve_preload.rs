@@ -29,9 +29,9 @@ async fn preload_server() -> Served {
     .await
 }
 
-/// Waits until a preloaded sandbox for `key` (`<installation>/<owner>/<name>`) waits on
-/// the engine, and `/metrics` counts it; its container id.
-async fn until_preloaded(s: &Served, key: &str) -> String {
+/// Waits until one preloaded sandbox for `key` (`<installation>/<owner>/<name>`) waits on
+/// the engine, none of `not`, and `/metrics` counts it; its container id.
+async fn until_preloaded(s: &Served, key: &str, not: &[&str]) -> String {
     let engine = kodx::sandbox::Engine::connect().await.unwrap();
     let deadline = std::time::Instant::now() + LONG;
     let pid = s.kodx_pid().to_string();
@@ -60,7 +60,7 @@ async fn until_preloaded(s: &Served, key: &str) -> String {
         let counted = metrics
             .lines()
             .any(|l| l == "kodx_engine_warm_preloaded{engine=\"local\"} 1");
-        if waiting.len() == 1 && counted {
+        if waiting.len() == 1 && counted && !not.contains(&waiting[0].as_str()) {
             return waiting[0].clone();
         }
         assert!(
@@ -218,7 +218,7 @@ async fn a_preloaded_sandbox_gives_its_tip_at_once_and_a_newer_tip_only_the_diff
     // The first run copies the repository in; its checkout is then preloaded.
     let (_, first, _) = code_run(&s, 7, "echo one > first.txt").await;
     assert_eq!(first["preloaded"], Value::Null, "{first}");
-    let waiting = until_preloaded(&s, &key).await;
+    let waiting = until_preloaded(&s, &key, &[]).await;
 
     // At the same tip: the preloaded sandbox, nothing copied, a clean checkout, and the
     // change set holds the run's files alone.
@@ -237,7 +237,7 @@ async fn a_preloaded_sandbox_gives_its_tip_at_once_and_a_newer_tip_only_the_diff
     A	status.txt
     ");
     // Made again from the same checkout, in another container.
-    let again = until_preloaded(&s, &key).await;
+    let again = until_preloaded(&s, &key, &[&waiting]).await;
     assert_ne!(again, waiting);
 
     // Twenty commits later: only the difference goes in; what the newer tree lacks is gone.
@@ -361,7 +361,7 @@ async fn a_preloaded_sandbox_goes_to_its_own_repository_and_installation_alone()
     let widgets = (REPO, installation, s.clone_url.as_str());
     let run = ask_in(&s, widgets, 7, "cat README.md").await;
     result_of(&s, &run).await;
-    let preloaded = until_preloaded(&s, &format!("{installation}/{REPO}")).await;
+    let preloaded = until_preloaded(&s, &format!("{installation}/{REPO}"), &[]).await;
 
     for (n, (repo, inst, url)) in [
         (8, ("acme/gadgets", installation, gadgets.as_str())),
@@ -390,11 +390,64 @@ async fn a_preloaded_sandbox_goes_to_its_own_repository_and_installation_alone()
             "{repo}: {printed}"
         );
         // The slot goes to the repository with the most recent run.
-        until_preloaded(&s, &format!("{inst}/{repo}")).await;
+        until_preloaded(&s, &format!("{inst}/{repo}"), &[]).await;
     }
     // The widgets run after them finds the other installation's sandbox, not its own.
     let run = ask_in(&s, widgets, 10, "hostname; cat README.md").await;
     let result = result_of(&s, &run).await;
     assert_eq!(result["preloaded"], Value::Null, "{result}");
     assert!(last_tool_output(&s).contains("# widgets"));
+}
+
+/// An `/kodx ask` on issue `number` of the widgets whose one command is `command`; what it
+/// printed and the run's result.
+async fn ask(s: &Served, number: u64, command: &str) -> (String, Value) {
+    let widgets = (REPO, common::serve::INSTALLATION, s.clone_url.as_str());
+    let run = ask_in(s, widgets, number, command).await;
+    let result = result_of(s, &run).await;
+    (last_tool_output(s), result)
+}
+
+/// A repository with a setup script: a preloaded sandbox is made from the image its run
+/// started from (the cached setup image on a hit) and goes only to runs with the same
+/// setup cache key; a changed setup script's run starts its own.
+#[tokio::test]
+async fn a_preloaded_sandbox_is_tied_to_its_setup_cache_key() {
+    let _engine = common::require_engine!();
+    let _lock = crate::sandbox_setup_cache::cache_lock(false);
+    let s = preload_server().await;
+    let key = format!("{}/{REPO}", common::serve::INSTALLATION);
+    // A script of its own, so that no other test's cached image is this one's.
+    let token = format!("{:08x}", rand::random::<u32>());
+    let script = |n: &str| format!("setup_script: |\n  echo {n}-{token} > /var/tmp/setup\n");
+    s.github.set_file(REPO, ".github/kodx.yml", &script("one"));
+
+    let (_, first) = ask(&s, 7, "cat /var/tmp/setup").await;
+    assert_eq!(first["setup_cache"], "miss", "{first}");
+    let plain = until_preloaded(&s, &key, &[]).await;
+    // From the cached image now: the sandbox preloaded from the plain image is not its
+    // shape; the next one is made from the cached image.
+    let (_, second) = ask(&s, 8, "cat /var/tmp/setup").await;
+    assert_eq!(second["setup_cache"], "hit", "{second}");
+    assert_eq!(second["preloaded"], Value::Null, "{second}");
+    let cached = until_preloaded(&s, &key, &[&plain]).await;
+    let (printed, third) = ask(
+        &s,
+        9,
+        "cat /var/tmp/setup; cat README.md; git status --porcelain",
+    )
+    .await;
+    assert_eq!(third["setup_cache"], "hit", "{third}");
+    assert_eq!(third["preloaded"], "same_tip", "{third}\n{}", s.log());
+    assert!(printed.contains(&format!("one-{token}")), "{printed}");
+    assert!(printed.contains("# widgets"), "{printed}");
+    let waiting = until_preloaded(&s, &key, &[&cached]).await;
+
+    // Another setup script: another key; the cached image's preloaded sandbox is not used.
+    s.github.set_file(REPO, ".github/kodx.yml", &script("two"));
+    let (printed, fourth) = ask(&s, 10, "hostname; cat /var/tmp/setup").await;
+    assert_eq!(fourth["setup_cache"], "miss", "{fourth}");
+    assert_eq!(fourth["preloaded"], Value::Null, "{fourth}");
+    assert!(printed.contains(&format!("two-{token}")), "{printed}");
+    assert!(!printed.contains(&waiting[..12]), "{printed}");
 }

@@ -212,6 +212,12 @@ impl ReadyRepo {
         self.dir().join(format!("{}.{EXT}", key.hash))
     }
 
+    /// Whether the ready checkout under `key` is kept (a preloaded sandbox can be made from
+    /// it).
+    pub(crate) fn has(&self, key: &ReadyKey) -> bool {
+        self.path_of(key).is_file()
+    }
+
     /// The ready checkout under `key` to stream, if it is (still) kept; never makes one.
     pub(crate) fn open(&self, key: &ReadyKey) -> io::Result<Option<Hit>> {
         Hit::open(&self.path_of(key))

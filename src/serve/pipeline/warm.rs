@@ -336,9 +336,11 @@ impl WarmPool {
                     None => stale.push(w),
                     Some((p, n)) => {
                         let kept = current.entry(key.clone()).or_default();
-                        let same = w.shape() == &p.shape
-                            && w.preloaded_commit() == Some(p.source.commit());
-                        if !same {
+                        let same = w.preloaded_commit() == Some(p.source.commit());
+                        if w.shape() != &p.shape {
+                            // No run of the repository takes it now (another image, limits).
+                            stale.push(w);
+                        } else if !same {
                             older.push(w);
                         } else if *kept >= *n {
                             stale.push(w);

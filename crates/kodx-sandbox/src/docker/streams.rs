@@ -163,6 +163,14 @@ impl PackTask {
             };
             // A whole checkout ends with the marker the change set's snapshot compares with.
             let whole = had.is_none() && mark;
+            // Over a cached setup image's checkout the ready checkouts are neither read nor
+            // written; one kept for this tip still makes the preloaded sandboxes.
+            if had.is_some() {
+                *keeps.lock() = keyed
+                    .as_ref()
+                    .filter(|(key, r)| r.has(key))
+                    .map(|(key, _)| key.clone());
+            }
             // A checkout already in the container (a setup cache hit) takes only the delta,
             // and the ready checkouts are neither read nor written.
             let looked = keyed
