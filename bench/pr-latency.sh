@@ -15,9 +15,18 @@
 #       the sandboxes on an engine whose data root is journaled ext4 (bench/journaled-engine.sh),
 #       for machines whose own disk is ext4 without a journal
 #   KODX_BENCH_LOG=1: each run's copy-in line (kodx's time, the engine's, entries skipped)
-#   KODX_BENCH_ONLY=cargo: only the cargo-sized code runs (their phases, no targets),
-#       then pairs of runs whose second command comes right after the first one's PR,
-#       and 10 s after it (issue 43's rhythm: do they find a warm sandbox?)
+#   KODX_BENCH_ONLY=cargo: only the cargo-sized code runs (their phases), then issue 43's
+#       scenarios, each with its breakdown: pairs of runs whose second command comes right
+#       after the first one's PR, and 10 s after it (each pair once a preloaded sandbox
+#       waits); asks (webhook → answer posted, with their phases); runs at a tip 20 commits
+#       newer than the preloaded sandbox's (main moves 20 commits of 1-3 files each, some
+#       added, one deleted, before each); the host's memory per idle preloaded sandbox (its
+#       containerd shim's RSS, its cgroup's anon and page cache, kodx serve's RSS against
+#       before any preload); the warm hit rate from /metrics; and the targets (<= 1 s, 1 s,
+#       1.5 s, 1.2 s, 50 MB) with "N of M targets met". Waiting for a preloaded sandbox
+#       (kodx_engine_warm_preloaded in /metrics) gives up after 30 s with a note.
+#   KODX_BENCH_PRELOAD=1: the cargo server gets warm_repositories = 2 (preloaded sandboxes
+#       per engine); a build that does not know the setting refuses to start with it
 #   KODX_BENCH_TIMELINE=1: each code run's requests to the fake GitHub and the git server,
 #       in ms since the webhook, and what each took there (where prepare and push wait)
 set -euo pipefail

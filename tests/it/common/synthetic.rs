@@ -195,3 +195,87 @@ pub fn fill_bare(bare: &Path, files: usize, commits: usize) {
     git(&["repack", "-a", "-d", "-q", "--window=10", "--depth=50"]);
     git(&["prune"]);
 }
+
+/// Moves `main` of the bare repository `bare` by `commits` commits as a project moves:
+/// each touches 1–3 files, mostly an edited line or two of an existing file, every fifth
+/// adds a new file, and one deletes a file. `round` seeds the choice (and names the added
+/// files), so successive calls move on from each other. Returns the new tip.
+pub fn advance_main(bare: &Path, round: u64, commits: usize) -> String {
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("--git-dir")
+            .arg(bare)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (round + 1).wrapping_mul(0x2545_F491));
+    let mut paths: Vec<String> = git(&["ls-tree", "-r", "--name-only", "refs/heads/main"])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let mut edited: std::collections::HashMap<String, String> = Default::default();
+    let mut time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut stream = Vec::new();
+    for c in 0..commits {
+        time += 1;
+        let message = format!("Move {round}.{c}: {}", line(&mut rng).trim());
+        write!(
+            stream,
+            "commit refs/heads/main\ncommitter Bench <bench@example.com> {time} +0000\ndata {}\n{message}\n",
+            message.len() + 1
+        )
+        .unwrap();
+        if c == 0 {
+            stream.extend_from_slice(b"from refs/heads/main^0\n");
+        }
+        for k in 0..1 + rng.below(3) {
+            if c == commits / 2 && k == 0 {
+                let gone = paths.swap_remove(rng.below(paths.len()));
+                edited.remove(&gone);
+                writeln!(stream, "D {gone}").unwrap();
+                continue;
+            }
+            let (path, body) = if c % 5 == 2 && k == 0 {
+                let path = format!("src/cargo/core/moved/r{round}c{c}.rs");
+                let body: String = (0..40 + rng.below(100)).map(|_| line(&mut rng)).collect();
+                paths.push(path.clone());
+                (path, body)
+            } else {
+                let path = paths[rng.below(paths.len())].clone();
+                let mut body = match edited.get(&path) {
+                    Some(body) => body.clone(),
+                    None => git(&["cat-file", "blob", &format!("refs/heads/main:{path}")]),
+                };
+                body.push_str(&line(&mut rng));
+                (path, body)
+            };
+            write!(
+                stream,
+                "M 100644 inline {path}\ndata {}\n{body}\n",
+                body.len()
+            )
+            .unwrap();
+            edited.insert(path, body);
+        }
+    }
+    let mut child = Command::new("git")
+        .arg("--git-dir")
+        .arg(bare)
+        .args(["fast-import", "--quiet"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&stream).unwrap();
+    assert!(child.wait().unwrap().success(), "git fast-import failed");
+    git(&["rev-parse", "refs/heads/main"]).trim().to_string()
+}
