@@ -25,8 +25,8 @@
 #       before any preload); the warm hit rate from /metrics; and the targets (<= 1 s, 1 s,
 #       1.5 s, 1.2 s, 50 MB) with "N of M targets met". Waiting for a preloaded sandbox
 #       (kodx_engine_warm_preloaded in /metrics) gives up after 30 s with a note.
-#   KODX_BENCH_PRELOAD=1: the cargo server gets warm_repositories = 2 (preloaded sandboxes
-#       per engine); a build that does not know the setting refuses to start with it
+#   KODX_BENCH_PRELOAD=0: the cargo server keeps no preloaded sandboxes (warm_repositories
+#       = 0), for a comparison; by default it keeps two per engine, as kodx serve does
 #   KODX_BENCH_TIMELINE=1: each code run's requests to the fake GitHub and the git server,
 #       in ms since the webhook, and what each took there (where prepare and push wait)
 set -euo pipefail

@@ -270,9 +270,9 @@ async fn server(warm: bool) -> Served {
     Served::start(common::serve::Options {
         workers: true,
         settings: Some(if warm {
-            "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nwarm_sandboxes = 1\n"
+            "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nwarm_sandboxes = 1\nwarm_repositories = 2\n"
         } else {
-            "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nwarm_sandboxes = 0\n"
+            "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nwarm_sandboxes = 0\nwarm_repositories = 0\n"
         }),
         ..Default::default()
     })

@@ -13,15 +13,15 @@ use crate::common;
 use crate::common::serve::{Served, REPO};
 use crate::stats::median;
 
-/// `kodx serve` with one warm sandbox per engine and, with KODX_BENCH_PRELOAD=1, two
-/// preloaded ones (`warm_repositories`, issue 43).
+/// `kodx serve` with one warm sandbox per engine and two preloaded ones
+/// (`warm_repositories`, issue 43), or none with KODX_BENCH_PRELOAD=0.
 async fn server() -> Served {
     common::serve::Served::start(common::serve::Options {
         workers: true,
         settings: Some(if preload::enabled() {
             "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nwarm_sandboxes = 1\nwarm_repositories = 2\n"
         } else {
-            "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nwarm_sandboxes = 1\n"
+            "status_interval_secs = 0.2\nshutdown_grace_secs = 5\nwarm_sandboxes = 1\nwarm_repositories = 0\n"
         }),
         ..Default::default()
     })
@@ -37,9 +37,9 @@ pub(super) async fn only(runs: usize, files: usize, commits: usize, journaled: b
     println!(
         "preloaded sandboxes: {}",
         if preload::enabled() {
-            "warm_repositories = 2 (KODX_BENCH_PRELOAD=1)"
+            "warm_repositories = 2 (the default; KODX_BENCH_PRELOAD=0 turns them off)"
         } else {
-            "not asked for (KODX_BENCH_PRELOAD=1 adds warm_repositories = 2)"
+            "off (warm_repositories = 0, KODX_BENCH_PRELOAD=0)"
         }
     );
     // Before any run: nothing preloaded yet (the comparison for the memory figure).

@@ -12,13 +12,14 @@ use super::{code_once, open_db, report, Measured};
 use crate::common::serve::{Served, REPO};
 use crate::common::synthetic::advance_main;
 
-/// The label the preloaded sandboxes carry: `<owner>/<name>` of the repository they hold.
-const PRELOADED_LABEL: &str = "kodx.preloaded";
+/// The label the preloaded sandboxes carry: `<installation>/<owner>/<name>` of the runs
+/// they are kept for.
+use kodx::sandbox::docker::PRELOADED_LABEL;
 
-/// KODX_BENCH_PRELOAD=1: the cargo server is given `warm_repositories = 2`. A guard while
-/// the setting is new: the server refuses a settings file with a key it does not know.
+/// The cargo server keeps preloaded sandboxes (`warm_repositories = 2`, the default) unless
+/// KODX_BENCH_PRELOAD=0 asks for a comparison without them.
 pub(super) fn enabled() -> bool {
-    std::env::var("KODX_BENCH_PRELOAD").is_ok_and(|v| v == "1")
+    std::env::var("KODX_BENCH_PRELOAD").map_or(true, |v| v != "0")
 }
 
 /// Set once a wait saw no `kodx_engine_warm_preloaded` gauge at all: this build keeps no
