@@ -12,8 +12,8 @@ use super::{code_once, open_db, report, Measured};
 use crate::common::serve::{Served, REPO};
 use crate::common::synthetic::advance_main;
 
-/// The label the preloaded sandboxes carry: `<installation>/<owner>/<name>` of the runs
-/// they are kept for.
+// The label the preloaded sandboxes carry: `<installation>/<owner>/<name>` of the runs
+// they are kept for.
 use kodx::sandbox::docker::PRELOADED_LABEL;
 
 /// The cargo server keeps preloaded sandboxes (`warm_repositories = 2`, the default) unless
