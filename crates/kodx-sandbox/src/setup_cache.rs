@@ -1052,6 +1052,31 @@ mod tests {
         assert!(dir.join(".git").exists());
     }
 
+    /// Names as a repository may have them (a quote, spaces, a newline, a leading dash)
+    /// are removed, a directory with what it holds, and nothing under `.git` ever.
+    #[test]
+    fn removal_of_paths_removes_exactly_the_paths_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("repo");
+        let odd = ["it's here", "-rf", "two words", "line\nbreak"];
+        for name in odd {
+            std::fs::create_dir_all(dir.join("d")).unwrap();
+            std::fs::write(dir.join(name), "x").unwrap();
+        }
+        std::fs::create_dir_all(dir.join("gone/deep")).unwrap();
+        std::fs::write(dir.join("gone/deep/f"), "x").unwrap();
+        std::fs::create_dir_all(dir.join(".git/refs")).unwrap();
+        std::fs::write(dir.join("kept"), "k").unwrap();
+        let mut paths: Vec<String> = odd.iter().map(|s| s.to_string()).collect();
+        paths.extend(["gone".into(), ".git".into(), ".git/refs".into(), "absent".into()]);
+        run_sh(&removal_of_paths(dir.to_str().unwrap(), &paths));
+        for name in odd.iter().chain(&["gone"]) {
+            assert!(!dir.join(name).exists(), "{name:?} is left");
+        }
+        assert!(dir.join(".git/refs").exists() && dir.join("kept").exists());
+        assert!(dir.join("d").exists());
+    }
+
     #[test]
     fn delta_script_never_deletes_through_a_directory_turned_into_a_symlink() {
         let pack = |make: &dyn Fn(&std::path::Path)| {
