@@ -31,6 +31,9 @@ struct Measured {
     first_call_ms: Option<f64>,
     /// Its container was a warm sandbox.
     warm: bool,
+    /// It held the repository's checkout: how the copy-in used it (`same_tip`,
+    /// `difference`, `packed_over`).
+    preloaded: Option<String>,
     phases: std::collections::BTreeMap<String, f64>,
 }
 
@@ -124,6 +127,7 @@ async fn code_once(s: &Served, db: &kodx::db::Db, number: u64) -> Measured {
         total_ms,
         first_call_ms,
         warm: result["warm_start"] == true,
+        preloaded: result["preloaded"].as_str().map(str::to_string),
         ack_ms: ack_ms.unwrap_or(total_ms),
         queue_ms: run.started_at.unwrap_or(run.created_at) as f64 - run.created_at as f64,
         phases,
@@ -224,10 +228,15 @@ fn report(label: &str, runs: &[Measured]) -> (f64, Option<f64>) {
             show(med(f))
         );
     }
+    let preloaded: Vec<&str> = runs
+        .iter()
+        .map(|m| m.preloaded.as_deref().unwrap_or("-"))
+        .collect();
     println!(
-        "  warm starts: {} of {} run(s)",
+        "  warm starts: {} of {} run(s); preloaded checkout used: {}",
         runs.iter().filter(|m| m.warm).count(),
-        runs.len()
+        runs.len(),
+        preloaded.join(", ")
     );
     (runs[0].total_ms, med(&|m| Some(m.total_ms)))
 }
@@ -301,8 +310,9 @@ async fn measure_runs(
     (all, figures)
 }
 
-/// `runs` pairs of code runs: the first once the pool has a warm sandbox and a preloaded
-/// one (issue 43; a note when none comes), the second `gap` after the first one's pull
+/// `runs` pairs of code runs: the first once the pool has a warm sandbox and its two
+/// preloaded ones (issue 43, as after a moment without commands; a note when they do not
+/// come), the second `gap` after the first one's pull
 /// request opened (without waiting for the pool); prints the second runs' figures (the
 /// first line of the report is the first pair's second run, "later" the median of the
 /// others') and how many of them found a warm sandbox; returns the second runs.
@@ -317,7 +327,7 @@ async fn second_commands(
     let mut seconds = Vec::new();
     for i in 0..runs.max(2) as u64 {
         until_warm(s).await;
-        preload::until_preloaded(s).await;
+        preload::until_preloaded(s, 2).await;
         code_once(s, &db, first_issue + 2 * i).await;
         tokio::time::sleep(gap).await;
         seconds.push(code_once(s, &db, first_issue + 2 * i + 1).await);
@@ -387,7 +397,7 @@ async fn ask_latency(
     for i in 0..runs {
         until_warm(s).await;
         if preloaded {
-            preload::until_preloaded(s).await;
+            preload::until_preloaded(s, 1).await;
         }
         let calls_before = s.model.requests().len();
         let number = first_issue + i as u64;

@@ -1068,7 +1068,12 @@ mod tests {
         std::fs::create_dir_all(dir.join(".git/refs")).unwrap();
         std::fs::write(dir.join("kept"), "k").unwrap();
         let mut paths: Vec<String> = odd.iter().map(|s| s.to_string()).collect();
-        paths.extend(["gone".into(), ".git".into(), ".git/refs".into(), "absent".into()]);
+        paths.extend([
+            "gone".into(),
+            ".git".into(),
+            ".git/refs".into(),
+            "absent".into(),
+        ]);
         run_sh(&removal_of_paths(dir.to_str().unwrap(), &paths));
         for name in odd.iter().chain(&["gone"]) {
             assert!(!dir.join(name).exists(), "{name:?} is left");

@@ -26,9 +26,9 @@ pub(super) fn enabled() -> bool {
 /// preloaded sandboxes, and later waits return at once.
 static NO_GAUGE: AtomicBool = AtomicBool::new(false);
 
-/// Waits (up to 30 s) until `/metrics` shows a preloaded sandbox waiting on an engine
-/// (`kodx_engine_warm_preloaded{…} N`, N ≥ 1); prints whether it came, and returns it.
-pub(super) async fn until_preloaded(s: &Served) -> bool {
+/// Waits (up to 30 s) until `/metrics` shows `want` preloaded sandboxes waiting on the
+/// engines (`kodx_engine_warm_preloaded{…} N`, N ≥ `want`); prints whether they came.
+pub(super) async fn until_preloaded(s: &Served, want: u64) -> bool {
     if NO_GAUGE.load(Ordering::Relaxed) {
         return false;
     }
@@ -43,9 +43,9 @@ pub(super) async fn until_preloaded(s: &Served) -> bool {
             .map(|n| n as u64)
             .collect();
         gauge |= !waiting.is_empty();
-        if waiting.iter().sum::<u64>() >= 1 {
+        if waiting.iter().sum::<u64>() >= want {
             println!(
-                "  (a preloaded sandbox was waiting after {:.1} s)",
+                "  ({want} preloaded sandbox(es) waiting after {:.1} s)",
                 started.elapsed().as_secs_f64()
             );
             return true;
@@ -53,7 +53,7 @@ pub(super) async fn until_preloaded(s: &Served) -> bool {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     if gauge {
-        println!("  note: no preloaded sandbox waiting after 30 s");
+        println!("  note: fewer than {want} preloaded sandbox(es) waiting after 30 s");
     } else {
         NO_GAUGE.store(true, Ordering::Relaxed);
         println!(
@@ -76,7 +76,7 @@ pub(super) async fn newer_tips(
     let mut all = Vec::new();
     for i in 0..runs.max(2) as u64 {
         super::until_warm(s).await;
-        until_preloaded(s).await;
+        until_preloaded(s, 1).await;
         let moved = Instant::now();
         let tip = advance_main(&s.git.bare_path(REPO), i, 20);
         println!(
@@ -110,7 +110,7 @@ struct Held {
 /// kodx's increase shared among them), or `None` when none was found.
 pub(super) async fn idle_memory(s: &Served, rss_before: f64) -> Option<f64> {
     println!("\nidle memory with a preloaded sandbox waiting (host side)");
-    until_preloaded(s).await;
+    until_preloaded(s, 1).await;
     let rss_after = super::idle_rss_mb(s).await;
     let held = warm_sandboxes(s.kodx_pid()).await;
     let preloaded: Vec<&Held> = held.iter().filter(|h| h.repository.is_some()).collect();
