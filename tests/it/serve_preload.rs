@@ -12,6 +12,7 @@ use crate::common;
 use crate::common::serve::{
     delivery_id, issue_comment, text, tool, usage, IssueComment, Options, RunId, Served, REPO,
 };
+use crate::serve_warm::last_tool_output;
 use serde_json::Value;
 
 const LONG: Duration = Duration::from_secs(120);
@@ -317,21 +318,6 @@ async fn ask_in(
     let (status, answer) = s.deliver("issue_comment", &delivery_id(), &payload).await;
     assert_eq!(status, 202, "{answer}");
     RunId(answer["run_id"].as_str().unwrap().to_string())
-}
-
-/// What the run's one command printed (its tool result in the model's last request).
-fn last_tool_output(s: &Served) -> String {
-    let requests = s.model.requests();
-    let last = requests.last().expect("a model request");
-    last.body["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
-        .filter(|b| b["type"] == "tool_result")
-        .map(|b| b["content"].to_string())
-        .next_back()
-        .unwrap_or_default()
 }
 
 #[tokio::test]

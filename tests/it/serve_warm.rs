@@ -96,7 +96,7 @@ async fn engine_health(s: &Served) -> Value {
 }
 
 /// What the run's one command printed (its tool result in the model's last request).
-fn last_tool_output(s: &Served) -> String {
+pub(crate) fn last_tool_output(s: &Served) -> String {
     let requests = s.model.requests();
     let last = requests.last().expect("a model request");
     last.body["messages"]

@@ -159,21 +159,27 @@ fn fast_import_stream(files: usize, commits: usize, out: &mut impl Write) -> io:
     Ok(total)
 }
 
+/// Runs git on the bare repository `bare`, failing with its stderr; its stdout.
+fn git_in(bare: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("--git-dir")
+        .arg(bare)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// Fills the bare repository `bare` (made if absent; its `main` replaced) with `commits`
 /// commits over `files` files on `refs/heads/main`, in one well-deltified pack.
 pub fn fill_bare(bare: &Path, files: usize, commits: usize) {
     let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .arg("--git-dir")
-            .arg(bare)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        git_in(bare, args);
     };
     if !bare.exists() {
         std::fs::create_dir_all(bare).unwrap();
@@ -201,20 +207,7 @@ pub fn fill_bare(bare: &Path, files: usize, commits: usize) {
 /// adds a new file, and one deletes a file. `round` seeds the choice (and names the added
 /// files), so successive calls move on from each other. Returns the new tip.
 pub fn advance_main(bare: &Path, round: u64, commits: usize) -> String {
-    let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .arg("--git-dir")
-            .arg(bare)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let git = |args: &[&str]| git_in(bare, args);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (round + 1).wrapping_mul(0x2545_F491));
     let mut paths: Vec<String> = git(&["ls-tree", "-r", "--name-only", "refs/heads/main"])
         .lines()

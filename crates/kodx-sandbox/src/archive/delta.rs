@@ -16,12 +16,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use tar::EntryType;
-
-use super::limits::{io_at, ArchiveLimits};
+use super::limits::ArchiveLimits;
 use super::manifest::{Manifest, ManifestEntry};
 use super::names::{check_rel, is_git};
-use super::pack::{header, Packer, Skipped};
+use super::pack::{Packer, Skipped};
 use super::tip::TipPack;
 use super::treecheck::{
     missing, read_blob, refused, symlink_size, symlink_target, tree_path, TreeBudget,
@@ -196,13 +194,7 @@ impl TipDelta {
             have: None,
             skipped: Skipped::default(),
         };
-        if !prefix.is_empty() {
-            let mut h = header(EntryType::Directory, 0o755, mtime, 0);
-            packer
-                .builder
-                .append_data(&mut h, format!("{prefix}/"), io::empty())
-                .map_err(io_at("archiving", &self.repo_dir))?;
-        }
+        packer.prefix_dir(mtime, &self.repo_dir)?;
         packer.dot_git(repo.path(), Some((self.head, mtime)))?;
         let packing = |e: io::Error| SandboxError::io("making the delta's pack", e);
         let mut pack = TipPack::without(self.known).map_err(packing)?;

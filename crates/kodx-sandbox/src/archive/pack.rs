@@ -97,13 +97,7 @@ fn pack_dir_over<W: Write>(
         have,
         skipped: Skipped::default(),
     };
-    if !prefix.is_empty() {
-        let mut h = header(EntryType::Directory, 0o755, mtime(&meta), 0);
-        packer
-            .builder
-            .append_data(&mut h, format!("{prefix}/"), io::empty())
-            .map_err(io_at("archiving", src))?;
-    }
+    packer.prefix_dir(mtime(&meta), src)?;
     packer.walk(src, "")?;
     packer
         .builder
@@ -180,13 +174,7 @@ fn pack_head<W: Write>(
         have,
         skipped: Skipped::default(),
     };
-    if !prefix.is_empty() {
-        let mut h = header(EntryType::Directory, 0o755, mtime, 0);
-        packer
-            .builder
-            .append_data(&mut h, format!("{prefix}/"), io::empty())
-            .map_err(io_at("archiving", repo_dir))?;
-    }
+    packer.prefix_dir(mtime, repo_dir)?;
     packer.dot_git(repo.path(), tip_only.then_some((commit.id(), mtime)))?;
     let mut tip = None;
     if tip_only {
@@ -265,6 +253,18 @@ pub(super) struct Packer<'p, W: Write> {
 }
 
 impl<W: Write> Packer<'_, W> {
+    /// The directory entry (mode 0755) of a non-empty prefix, first in the tar; `from`
+    /// names what is packed, in errors.
+    pub(super) fn prefix_dir(&mut self, mtime: u64, from: &Path) -> Result<()> {
+        if self.prefix.is_empty() {
+            return Ok(());
+        }
+        let mut h = header(EntryType::Directory, 0o755, mtime, 0);
+        self.builder
+            .append_data(&mut h, format!("{}/", self.prefix), io::empty())
+            .map_err(io_at("archiving", from))
+    }
+
     /// Whether the destination already holds `entry` at `rel` (never for `.git`): then it
     /// is counted as skipped and the caller leaves it out of the tar.
     fn already_there(&mut self, rel: &str, entry: &ManifestEntry) -> bool {
