@@ -44,7 +44,7 @@ pub struct RunResult {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub warm_start: bool,
     /// The warm sandbox held the repository's checkout: how the copy-in used it
-    /// (`same_tip`, `difference`, `packed_over`).
+    /// (`same_tip`, `difference`, `whole`, `packed_over`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preloaded: Option<String>,
 

@@ -32,7 +32,7 @@ struct Measured {
     /// Its container was a warm sandbox.
     warm: bool,
     /// It held the repository's checkout: how the copy-in used it (`same_tip`,
-    /// `difference`, `packed_over`).
+    /// `difference`, `whole`, `packed_over`).
     preloaded: Option<String>,
     phases: std::collections::BTreeMap<String, f64>,
 }

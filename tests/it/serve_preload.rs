@@ -289,6 +289,52 @@ async fn a_preloaded_sandbox_gives_its_tip_at_once_and_a_newer_tip_only_the_diff
     A	shallow.txt
     A	status.txt
     ");
+
+    // Made again, still holding the first tip (a difference writes no ready checkout).
+    let held = until_preloaded(&s, &key, &[&again]).await;
+    // Most of the tree rewritten: too far for a difference. The workspace is emptied and
+    // the tip goes in whole; its ready checkout is kept, so the next preloaded sandbox
+    // holds it and the next run at that tip copies nothing.
+    let rewritten: Vec<(String, Vec<u8>, u32)> = (0..250)
+        .map(|i| {
+            (
+                format!("docs/page-{i}.md"),
+                format!("rewritten {i}\n").into_bytes(),
+                0o644,
+            )
+        })
+        .collect();
+    let borrowed: Vec<(&str, &[u8], u32)> = rewritten
+        .iter()
+        .map(|(p, c, m)| (p.as_str(), c.as_slice(), *m))
+        .collect();
+    let t2 = s
+        .git
+        .commit_on_branch(REPO, "main", &borrowed, "rewrite the docs");
+    let (_, far, branch) = code_run(&s, 10, LOOK).await;
+    assert_eq!(far["preloaded"], "whole", "{far}\n{}", s.log());
+    assert_eq!(file(&s, &branch, "one.txt", &far), format!("{t2}\n"));
+    assert_eq!(
+        file(&s, &branch, "status.txt", &far),
+        "",
+        "a clean work tree"
+    );
+    assert_eq!(
+        String::from_utf8(s.git.file_at(REPO, &branch, "docs/page-7.md").unwrap()).unwrap(),
+        "rewritten 7\n"
+    );
+    insta::assert_snapshot!(changed(&s, &t2, &branch), @"
+    A	fsck.txt
+    A	ls.txt
+    A	one.txt
+    A	ran.txt
+    A	shallow.txt
+    A	status.txt
+    ");
+    until_preloaded(&s, &key, &[&held]).await;
+    let (_, next, branch) = code_run(&s, 11, LOOK).await;
+    assert_eq!(next["preloaded"], "same_tip", "{next}\n{}", s.log());
+    assert_eq!(file(&s, &branch, "one.txt", &next), format!("{t2}\n"));
 }
 
 /// An `issue_comment` on issue `number` of `repo` (installation `installation`) asking

@@ -8,8 +8,11 @@
 //! - at the tip it holds, nothing is copied in;
 //! - at another tip whose commit the clone has, only the difference goes in: what the
 //!   newer tree lacks is removed, then a tar of what changed ([`crate::archive::plan_tip_delta`]);
-//! - further away than [`MAX_DELTA_CHANGES`] entries, the tree is packed over the checkout
-//!   (what it has the same stays out) as on a setup cache hit.
+//! - further away (more than [`MAX_DELTA_CHANGES`] entries or half the tree differ, or a
+//!   commit the clone lacks), the workspace is emptied and the whole checkout goes in as
+//!   into a new sandbox, its ready checkout read or kept, so the next preloaded sandbox
+//!   holds the newer tip; over a cached setup image's checkout (whose setup results stay),
+//!   the tree is packed over it (what it has the same stays out) as on a setup cache hit.
 //!
 //! A preloaded sandbox is tied to exactly one [`PreloadKey`]: the server's key (the
 //! installation and the repository, [`super::SandboxSpec::preload`]) and the setup cache
@@ -67,7 +70,10 @@ pub enum PreloadUse {
     SameTip,
     /// Only the difference from its tip went in.
     Difference,
-    /// The tree was packed over its checkout (what it had the same stayed out).
+    /// Too far from its tip: the workspace was emptied and the whole checkout copied in.
+    Whole,
+    /// Too far from its tip, from a cached setup image: the tree was packed over its
+    /// checkout (what it had the same stayed out).
     PackedOver,
 }
 
@@ -76,6 +82,7 @@ impl PreloadUse {
         match self {
             PreloadUse::SameTip => "same_tip",
             PreloadUse::Difference => "difference",
+            PreloadUse::Whole => "whole",
             PreloadUse::PackedOver => "packed_over",
         }
     }

@@ -556,9 +556,19 @@ impl Engine {
         let (marked, kept) = (pack.marked.clone(), pack.source.clone());
         let (manifest, snapshot_ready) = match preloaded {
             Some(pre) => {
-                *sandbox.preload_source.lock() = Some(pre.source.clone());
-                self.copy_over_preloaded(sandbox, pack, pre, progress)
-                    .await?
+                let held = pre.source.clone();
+                let copied = self
+                    .copy_over_preloaded(sandbox, pack, pre, progress)
+                    .await?;
+                // A whole copy names the run's tip; else the held checkout stays the source.
+                *sandbox.preload_source.lock() = Some(match (&spec.ready, kept.lock().take()) {
+                    (Some(ready), Some(key)) => PreloadSource {
+                        ready: ready.clone(),
+                        key,
+                    },
+                    _ => held,
+                });
+                copied
             }
             None => {
                 let stored = match hit {
@@ -589,7 +599,8 @@ impl Engine {
     }
 
     /// Brings a preloaded sandbox's checkout (`pre`) to the run's tip: nothing at the same
-    /// tip, the difference at one the clone can diff with, else the tree packed over it.
+    /// tip, the difference at one the clone can diff with, else the whole checkout into the
+    /// emptied workspace (or, over a cached setup image's, the tree packed over it).
     /// Returns the run's baseline and whether a snapshot can give the change set.
     async fn copy_over_preloaded(
         &self,
@@ -609,6 +620,7 @@ impl Engine {
         *sandbox.preload_use.lock() = Some(match decided {
             Some(Decided::Same) => PreloadUse::SameTip,
             Some(Decided::Delta(_)) => PreloadUse::Difference,
+            Some(Decided::Whole) => PreloadUse::Whole,
             _ => PreloadUse::PackedOver,
         });
         match decided {
@@ -627,6 +639,17 @@ impl Engine {
                     manifest,
                     pre.snapshot_ready && marked.load(Ordering::Relaxed),
                 ))
+            }
+            Some(Decided::Whole) => {
+                exec_checked(
+                    &self.docker,
+                    id,
+                    &format!("cd '{workdir}' && rm -rf -- ..?* .[!.]* *"),
+                    "emptying the preloaded checkout",
+                )
+                .await?;
+                let manifest = self.copy_repository(id, pack, progress).await?;
+                Ok((manifest, marked.load(Ordering::Relaxed)))
             }
             // `None`: the pack failed before deciding; the copy says why.
             Some(Decided::Over) | None => {

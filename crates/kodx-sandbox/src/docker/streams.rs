@@ -78,9 +78,13 @@ pub(super) enum Decided {
     Same,
     /// A newer tip: these paths go first, then the tar with what changed.
     Delta(Vec<String>),
-    /// Another tip too far away: `.git` goes, the tree is packed over the checkout (what
-    /// it has the same stays out), then what it has and the new tip does not is removed.
+    /// Another tip too far away, over a cached setup image's checkout: `.git` goes, the
+    /// tree is packed over the checkout (what it has the same stays out), then what it has
+    /// and the new tip does not is removed.
     Over,
+    /// Another tip too far away, over a plain image's checkout: the workspace is emptied,
+    /// then the whole checkout goes in as into a new sandbox (with its marker).
+    Whole,
 }
 
 impl PackTask {
@@ -126,12 +130,14 @@ impl PackTask {
                     mark,
                 } => {
                     let planned = match source {
+                        // Past half the tree, a whole copy is as cheap and keeps a ready
+                        // checkout of the new tip.
                         RepoSource::GitTip => archive::plan_tip_delta(
                             &dir,
                             key.commit(),
                             &manifest,
                             &limits,
-                            MAX_DELTA_CHANGES,
+                            MAX_DELTA_CHANGES.min(manifest.len() / 2),
                         ),
                         _ => Ok(None),
                     };
@@ -157,8 +163,17 @@ impl PackTask {
                             "no difference from the preloaded tip ({e}); packing over it"
                         ),
                     }
-                    let _ = decide.send(Decided::Over);
-                    (Some(manifest), false)
+                    // Too far: over a plain image's checkout (its marker went in: `mark`),
+                    // the whole tip goes into the emptied workspace, as into a new sandbox,
+                    // and its ready checkout is read or kept, so the next preloaded sandbox
+                    // holds it; over a cached setup image's, the tree is packed over it.
+                    if mark {
+                        let _ = decide.send(Decided::Whole);
+                        (None, true)
+                    } else {
+                        let _ = decide.send(Decided::Over);
+                        (Some(manifest), false)
+                    }
                 }
             };
             // A whole checkout ends with the marker the change set's snapshot compares with.
