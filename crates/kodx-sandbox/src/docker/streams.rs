@@ -143,20 +143,8 @@ impl PackTask {
                     };
                     match planned {
                         Ok(Some(delta)) => {
-                            let removed = delta.removed().to_vec();
-                            let (changed, gone) = (delta.changed(), removed.len());
-                            let _ = decide.send(Decided::Delta(removed));
-                            let mut pipe = pipe;
-                            let packed = delta.pack_to(REPO_PREFIX, &mut pipe);
-                            let (pipe, packed) = end_tar(pipe, packed, mark, &marks);
-                            tracing::info!(
-                                took_ms = started.elapsed().as_millis() as u64,
-                                engine_ms = pipe.waited.as_millis() as u64,
-                                changed,
-                                removed = gone,
-                                "copied what changed since the preloaded tip"
-                            );
-                            return packed;
+                            let _ = decide.send(Decided::Delta(delta.removed().to_vec()));
+                            return pack_difference(delta, pipe, (mark, &marks), started);
                         }
                         Ok(None) => {}
                         Err(e) => tracing::warn!(
@@ -311,6 +299,27 @@ fn end_tar<T, E: std::fmt::Display>(
         }
     }
     (pipe.into_inner(), packed)
+}
+
+/// Writes the difference from a preloaded checkout into `pipe`, ended with the marker
+/// when `mark` (set in `marks`); its manifest.
+fn pack_difference(
+    delta: archive::TipDelta,
+    mut pipe: Marked<Pipe>,
+    (mark, marks): (bool, &AtomicBool),
+    started: std::time::Instant,
+) -> Result<Manifest> {
+    let (changed, removed) = (delta.changed(), delta.removed().len());
+    let packed = delta.pack_to(REPO_PREFIX, &mut pipe);
+    let (pipe, packed) = end_tar(pipe, packed, mark, marks);
+    tracing::info!(
+        took_ms = started.elapsed().as_millis() as u64,
+        engine_ms = pipe.waited.as_millis() as u64,
+        changed,
+        removed,
+        "copied what changed since the preloaded tip"
+    );
+    packed
 }
 
 /// Streams the ready checkout `hit` into `pipe`, ended with the marker when `mark`.
