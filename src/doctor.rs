@@ -114,11 +114,13 @@ pub async fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         .map(|c| c.settings.engines.clone())
         .unwrap_or_default();
     let warm = config.as_ref().map(|c| c.settings.warm_sandboxes);
+    let repositories = config.as_ref().map(|c| c.settings.warm_repositories);
     if engines.is_empty() {
-        check_docker(&mut out, &image, Engine::connect().await, None, warm).await;
+        let engine = Engine::connect().await;
+        check_docker(&mut out, &image, engine, None, (warm, repositories)).await;
     }
     for e in &engines {
-        let warm = e.warm_sandboxes.or(warm);
+        let warm = (e.warm_sandboxes.or(warm), repositories);
         check_docker(&mut out, &image, Engine::connect_to(e).await, Some(e), warm).await;
     }
     if let Some(config) = &config {
@@ -435,8 +437,9 @@ fn check_optional_grants(out: &mut Report, info: &AppInfo, level: &dyn Fn(&str) 
     }
 }
 
-/// The warm sandboxes waiting on `engine` (made by any kodx serve), against the setting.
-async fn warm_pool(out: &mut Report, engine: &Engine, warm: Option<usize>) {
+/// The warm sandboxes waiting on `engine` (made by any kodx serve), against the settings:
+/// `warm_sandboxes`, then `warm_repositories` (those holding a repository's checkout).
+async fn warm_pool(out: &mut Report, engine: &Engine, (warm, repositories): Warm) {
     let waiting = match engine.unclaimed_warm_sandboxes().await {
         Ok(n) => n,
         Err(e) => return out.warn(format!("could not list the warm sandboxes: {e}")),
@@ -453,16 +456,38 @@ async fn warm_pool(out: &mut Report, engine: &Engine, warm: Option<usize>) {
         None if waiting > 0 => out.ok(format!("warm sandboxes: {waiting} waiting on this engine")),
         None => {}
     }
+    let preloaded = match engine.unclaimed_preloaded_sandboxes().await {
+        Ok(n) => n,
+        Err(e) => return out.warn(format!("could not list the preloaded sandboxes: {e}")),
+    };
+    match repositories {
+        Some(0) if preloaded == 0 => out.note(
+            "preloaded sandboxes are off (warm_repositories = 0): a repository's next run copies its checkout in",
+        ),
+        Some(n) => out.ok(format!(
+            "preloaded sandboxes: {preloaded} waiting on this engine (warm_repositories = {n} \
+             per engine; `kodx serve` makes them after a repository's runs, each holding its \
+             latest checkout for its runs alone)"
+        )),
+        None if preloaded > 0 => out.ok(format!(
+            "preloaded sandboxes: {preloaded} waiting on this engine"
+        )),
+        None => {}
+    }
 }
 
+/// The warm sandboxes a server keeps on an engine: `warm_sandboxes` and
+/// `warm_repositories` (`None`: no server config).
+type Warm = (Option<usize>, Option<usize>);
+
 /// One engine: `listed` names it when it comes from the server config's `[[engines]]`;
-/// `warm`, the warm sandboxes the server keeps there (`None`: no server config).
+/// `warm`, the warm sandboxes the server keeps there.
 async fn check_docker(
     out: &mut Report,
     image: &str,
     connected: kodx::sandbox::Result<Engine>,
     listed: Option<&kodx::sandbox::EngineConfig>,
-    warm: Option<usize>,
+    warm: Warm,
 ) {
     let named = listed.map_or(String::new(), |e| {
         format!("`{}` (max_runs {}) ", e.name, e.max_runs)

@@ -267,6 +267,9 @@ async fn all_checks_pass_without_printing_a_secret() {
     let mut waiting = common::serve::redactions(&[], &[]);
     waiting.add_filter(r"sandboxes: \d+ waiting", "sandboxes: [n] waiting");
     waiting.bind(|| insta::assert_snapshot!(warm, @"ok    warm sandboxes: [n] waiting on this engine (warm_sandboxes = 1 per server; `kodx serve` makes them at start, each an idle container with a run's limits)"));
+    // And those holding a repository's checkout (`warm_repositories`).
+    let preloaded = out.expect("ok", "preloaded sandboxes:");
+    waiting.bind(|| insta::assert_snapshot!(preloaded, @"ok    preloaded sandboxes: [n] waiting on this engine (warm_repositories = 2 per engine; `kodx serve` makes them after a repository's runs, each holding its latest checkout for its runs alone)"));
     out.expect("ok", "database");
     out.expect("ok", "ANTHROPIC_API_KEY");
     // The webhook secret is long enough: no note about it.

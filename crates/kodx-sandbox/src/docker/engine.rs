@@ -16,7 +16,7 @@ use crate::engines::{EngineConfig, EnvEngine};
 use crate::net::{self, NETWORK_NAME};
 use crate::owner::{
     owner_id, process_alive, process_identity, CHECKS_OF_LABEL, INSTANCE_LABEL, OWNER_LABEL,
-    PROCESS_LABEL, RUN_LABEL, WARM_LABEL, WARM_NAME_PREFIX,
+    PRELOADED_LABEL, PROCESS_LABEL, RUN_LABEL, WARM_LABEL, WARM_NAME_PREFIX,
 };
 use crate::setup_cache;
 use crate::{Result, SandboxError};
@@ -358,8 +358,17 @@ impl Engine {
 
     /// Warm sandboxes no run has claimed on this engine now, made by any kodx process.
     pub async fn unclaimed_warm_sandboxes(&self) -> Result<usize> {
+        self.unclaimed_labelled(WARM_LABEL).await
+    }
+
+    /// Those of them that hold a repository's checkout ([`super::preload`]).
+    pub async fn unclaimed_preloaded_sandboxes(&self) -> Result<usize> {
+        self.unclaimed_labelled(PRELOADED_LABEL).await
+    }
+
+    async fn unclaimed_labelled(&self, label: &str) -> Result<usize> {
         Ok(self
-            .labelled(WARM_LABEL, false)
+            .labelled(label, false)
             .await?
             .iter()
             .filter(|c| is_unclaimed_warm(c))

@@ -37,7 +37,9 @@ pub use cleanup::remove_all_live;
 pub(super) use cleanup::{creation_gate, register_live, remove, remove_blocking};
 pub use derived::{DERIVED_BASE_LABEL, DERIVED_LABEL, DERIVED_REPO};
 pub use engine::{Engine, EngineFacts};
-pub use preload::{PreloadKey, PreloadSource, PreloadUse, PreloadWant, MAX_DELTA_CHANGES};
+pub use preload::{
+    PreloadKey, PreloadSource, PreloadUse, PreloadWant, MAX_DELTA_CHANGES, MAX_PRELOADED_ENTRIES,
+};
 pub use sandbox::{DiskGuard, DockerSandbox, MAX_SHELLS};
 pub use spec::Shape;
 pub use spec::{

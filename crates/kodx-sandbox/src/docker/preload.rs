@@ -27,6 +27,10 @@ use crate::ready::{ReadyKey, ReadyRepo};
 
 /// Most entries a newer tip may differ by for its difference alone to go in.
 pub const MAX_DELTA_CHANGES: usize = 5_000;
+/// Most entries of a checkout kept preloaded: kodx holds its manifest in memory while the
+/// sandbox waits (~150 bytes an entry, so 15 MB at most); a larger repository's runs take
+/// an empty warm sandbox.
+pub const MAX_PRELOADED_ENTRIES: usize = 100_000;
 
 /// Which runs may take a preloaded sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -17,7 +17,9 @@ use bollard::Docker;
 use super::cleanup::{creation_gate, register_live, remove};
 use super::derived::{kodx_files, SandboxImage};
 use super::engine::Engine;
-use super::preload::{PreloadKey, PreloadSource, PreloadUse, PreloadWant, Preloaded};
+use super::preload::{
+    PreloadKey, PreloadSource, PreloadUse, PreloadWant, Preloaded, MAX_PRELOADED_ENTRIES,
+};
 use super::runner::Runner;
 use super::sandbox::{DiskGuard, DockerSandbox};
 use super::setup::{exec_checked, CachePlan};
@@ -160,7 +162,10 @@ impl Engine {
                 sandbox.warm_start.store(warm_start, Ordering::Relaxed);
                 // What the next run of this repository can start from.
                 let source = sandbox.preload_source.lock().take();
-                if let (Some(key), Some(source)) = (preload, source) {
+                let entries = sandbox.baseline.lock().len();
+                if let (Some(key), Some(source), true) =
+                    (preload, source, entries <= MAX_PRELOADED_ENTRIES)
+                {
                     *sandbox.preload_want.lock() = Some(PreloadWant {
                         key,
                         shape: Shape::of(spec, cached_image(&cache).unwrap_or(&spec.image)),
