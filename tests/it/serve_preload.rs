@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::serve::{
-    delivery_id, issue_comment, text, tool, usage, IssueComment, Options, RunId, Served, REPO,
+    delivery_id, issue_comment, text, tool, usage, BranchPull, IssueComment, Options, RunId,
+    Served, REPO,
 };
 use crate::serve_warm::last_tool_output;
 use serde_json::Value;
@@ -335,6 +336,40 @@ async fn a_preloaded_sandbox_gives_its_tip_at_once_and_a_newer_tip_only_the_diff
     let (_, next, branch) = code_run(&s, 11, LOOK).await;
     assert_eq!(next["preloaded"], "same_tip", "{next}\n{}", s.log());
     assert_eq!(file(&s, &branch, "one.txt", &next), format!("{t2}\n"));
+
+    // A pull request's run (its clone has the history) leaves the preloaded sandbox to the
+    // repository's next issue run.
+    let waiting = until_preloaded(&s, &key, &[]).await;
+    let head = s
+        .git
+        .commit_on_branch(REPO, "feature", &[("f.txt", b"f\n", 0o644)], "feature");
+    s.git
+        .commit(REPO, "refs/pull/12/head", Some(&head), &[], "same");
+    s.add_branch_pull(BranchPull {
+        number: 12,
+        title: "Feature",
+        body: "Adds f.txt",
+        author: "alice",
+        branch: "feature",
+        head: &head,
+        base: &t2,
+        diff: "+f\n",
+    });
+    s.model.reply(
+        tool("git log --format=%H | wc -l > count.txt"),
+        "tool_use",
+        usage(1000, 10),
+    );
+    s.model.reply(text("Counted."), "end_turn", usage(1100, 10));
+    let run = s.comment(12, "alice", "/kodx code count the commits").await;
+    let pull = result_of(&s, &run).await;
+    assert_eq!(pull["preloaded"], Value::Null, "{pull}");
+    assert!(
+        s.git.file_at(REPO, "feature", "count.txt").is_some(),
+        "{pull}\n{}",
+        s.log()
+    );
+    assert_eq!(until_preloaded(&s, &key, &[]).await, waiting);
 }
 
 /// An `issue_comment` on issue `number` of `repo` (installation `installation`) asking

@@ -303,11 +303,14 @@ async fn run_spec(
 /// The run's sandbox spec, with its clone.
 fn sandbox_spec(run: &Run, run_plan: &RunPlan, workspace: &Workspace) -> SandboxSpec {
     let mut spec = run_plan.plan.sandbox.clone();
-    // Preloaded sandboxes are the installation's, for this repository alone.
-    spec.preload = Some(format!(
-        "{}/{}",
-        run.request.installation_id, run.request.repo
-    ));
+    // Preloaded sandboxes are the installation's, for this repository alone, and hold a
+    // tip-only checkout: a run with the history (a pull request's) starts from an empty one.
+    if workspace.source == crate::sandbox::RepoSource::GitTip {
+        spec.preload = Some(format!(
+            "{}/{}",
+            run.request.installation_id, run.request.repo
+        ));
+    }
     spec.repo_dir = Some(workspace.dest.clone());
     spec.repo_source = workspace.source;
     spec.ready = workspace.ready.clone();
