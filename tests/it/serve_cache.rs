@@ -376,28 +376,7 @@ async fn an_issue_run_gets_the_tip_alone_and_git_works_in_it() {
 
     // A pull request's run needs the history: the mirror is deepened, and its container
     // has all of it.
-    let head = s
-        .git
-        .commit_on_branch(REPO, "feature", &[("f.txt", b"f\n", 0o644)], "feature");
-    s.git
-        .commit(REPO, "refs/pull/8/head", Some(&head), &[], "same");
-    s.add_branch_pull(BranchPull {
-        number: 8,
-        title: "Feature",
-        body: "Adds f.txt",
-        author: "alice",
-        branch: "feature",
-        head: &head,
-        base: &main,
-        diff: "+f\n",
-    });
-    s.model.reply(
-        tool("git log --format=%H | wc -l > count.txt"),
-        "tool_use",
-        usage(1000, 10),
-    );
-    s.model.reply(text("Counted."), "end_turn", usage(1100, 10));
-    let run = s.comment(8, "alice", "/kodx code count the commits").await;
+    let run = s.code_run_counting_a_pulls_commits(8, &main).await;
     let result = result_of(&s, &run.0).await;
     let count = s
         .git

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use crate::common;
 use crate::common::serve::{
-    delivery_id, issue_comment, text, tool, usage, BranchPull, IssueComment, Options, RunId,
-    Served, REPO,
+    delivery_id, issue_comment, text, tool, usage, IssueComment, Options, RunId, Served, REPO,
 };
 use crate::serve_warm::last_tool_output;
 use serde_json::Value;
@@ -121,6 +120,15 @@ fn file(s: &Served, branch: &str, name: &str, result: &Value) -> String {
     String::from_utf8(bytes).unwrap()
 }
 
+/// Commits `files` (path, contents, mode) on `main` of the test repository; the new tip.
+fn commit_on_main(s: &Served, files: &[(String, Vec<u8>, u32)], message: &str) -> String {
+    let borrowed: Vec<(&str, &[u8], u32)> = files
+        .iter()
+        .map(|(p, c, m)| (p.as_str(), c.as_slice(), *m))
+        .collect();
+    s.git.commit_on_branch(REPO, "main", &borrowed, message)
+}
+
 /// Runs git in `dir`, failing the test with its output when it fails.
 fn git(dir: &Path, args: &[&str]) -> String {
     let out = std::process::Command::new("git")
@@ -208,13 +216,7 @@ async fn a_preloaded_sandbox_gives_its_tip_at_once_and_a_newer_tip_only_the_diff
         b"in a dir first\n".to_vec(),
         0o644,
     ));
-    let borrowed: Vec<(&str, &[u8], u32)> = files
-        .iter()
-        .map(|(p, c, m)| (p.as_str(), c.as_slice(), *m))
-        .collect();
-    let t0 = s
-        .git
-        .commit_on_branch(REPO, "main", &borrowed, "a bigger tree");
+    let t0 = commit_on_main(&s, &files, "a bigger tree");
     let key = format!("{}/{REPO}", common::serve::INSTALLATION);
 
     // The first run copies the repository in; its checkout is then preloaded.
@@ -305,13 +307,7 @@ async fn a_preloaded_sandbox_gives_its_tip_at_once_and_a_newer_tip_only_the_diff
             )
         })
         .collect();
-    let borrowed: Vec<(&str, &[u8], u32)> = rewritten
-        .iter()
-        .map(|(p, c, m)| (p.as_str(), c.as_slice(), *m))
-        .collect();
-    let t2 = s
-        .git
-        .commit_on_branch(REPO, "main", &borrowed, "rewrite the docs");
+    let t2 = commit_on_main(&s, &rewritten, "rewrite the docs");
     let (_, far, branch) = code_run(&s, 10, LOOK).await;
     assert_eq!(far["preloaded"], "whole", "{far}\n{}", s.log());
     assert_eq!(file(&s, &branch, "one.txt", &far), format!("{t2}\n"));
@@ -340,28 +336,7 @@ async fn a_preloaded_sandbox_gives_its_tip_at_once_and_a_newer_tip_only_the_diff
     // A pull request's run (its clone has the history) leaves the preloaded sandbox to the
     // repository's next issue run.
     let waiting = until_preloaded(&s, &key, &[]).await;
-    let head = s
-        .git
-        .commit_on_branch(REPO, "feature", &[("f.txt", b"f\n", 0o644)], "feature");
-    s.git
-        .commit(REPO, "refs/pull/12/head", Some(&head), &[], "same");
-    s.add_branch_pull(BranchPull {
-        number: 12,
-        title: "Feature",
-        body: "Adds f.txt",
-        author: "alice",
-        branch: "feature",
-        head: &head,
-        base: &t2,
-        diff: "+f\n",
-    });
-    s.model.reply(
-        tool("git log --format=%H | wc -l > count.txt"),
-        "tool_use",
-        usage(1000, 10),
-    );
-    s.model.reply(text("Counted."), "end_turn", usage(1100, 10));
-    let run = s.comment(12, "alice", "/kodx code count the commits").await;
+    let run = s.code_run_counting_a_pulls_commits(12, &t2).await;
     let pull = result_of(&s, &run).await;
     assert_eq!(pull["preloaded"], Value::Null, "{pull}");
     assert!(

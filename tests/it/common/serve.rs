@@ -372,6 +372,41 @@ impl Served {
         run
     }
 
+    /// Pull request `number` from a new branch `feature` (adding `f.txt`) onto `base`, and
+    /// `/kodx code` on it whose one command writes the number of commits its container's
+    /// history holds into `count.txt` on the branch; the run.
+    pub async fn code_run_counting_a_pulls_commits(&self, number: u64, base: &str) -> RunId {
+        let head =
+            self.git
+                .commit_on_branch(REPO, "feature", &[("f.txt", b"f\n", 0o644)], "feature");
+        self.git.commit(
+            REPO,
+            &format!("refs/pull/{number}/head"),
+            Some(&head),
+            &[],
+            "same",
+        );
+        self.add_branch_pull(BranchPull {
+            number,
+            title: "Feature",
+            body: "Adds f.txt",
+            author: "alice",
+            branch: "feature",
+            head: &head,
+            base,
+            diff: "+f\n",
+        });
+        self.model.reply(
+            tool("git log --format=%H | wc -l > count.txt"),
+            "tool_use",
+            usage(1000, 10),
+        );
+        self.model
+            .reply(text("Counted."), "end_turn", usage(1100, 10));
+        self.comment(number, "alice", "/kodx code count the commits")
+            .await
+    }
+
     /// Adds pull request `pull.number` from a branch of the test repository onto `main`.
     pub fn add_branch_pull(&self, pull: BranchPull<'_>) {
         self.github.add_pull(
