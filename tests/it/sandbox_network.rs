@@ -327,6 +327,116 @@ async fn file_mtime(docker: &bollard::Docker, id: &str, path: &str) -> u64 {
     entry.header().mtime().unwrap()
 }
 
+/// A plug whose end was lost (the fencer went away before the engine said how it ended,
+/// here: on purpose, after it ran whole) is taken back and done again: the sandbox starts
+/// with one interface, fenced, with the routes a sandbox plugged once has.
+#[tokio::test]
+async fn a_plug_lost_in_the_fencer_is_taken_back_and_done_again() {
+    let engine = common::require_engine!();
+    let (port, server) = host_listener().await;
+    let targets = host_targets(&engine).await;
+    let plain = start(&engine, &spec("net-plug-once")).await;
+    kodx::sandbox::net::lose_next_fencer_exec(engine.host(), "plug");
+    let replugged = start(&engine, &spec("net-plug-again")).await;
+    // Reject routes (unreachable) show with the flags 0201 and no interface.
+    let show = "ls /sys/class/net; sort /proc/net/route";
+    let mut seen = Vec::new();
+    for sandbox in [&plain, &replugged] {
+        let out = sandbox
+            .feed_chars("default", show, 10 * SEC)
+            .await
+            .unwrap()
+            .output;
+        assert!(out.contains("eth0") && out.contains("0201"), "{out}");
+        let fenced = sandbox
+            .feed_chars("default", &probe(port, &targets), 30 * SEC)
+            .await
+            .unwrap();
+        assert_fenced(&fenced.output, &targets);
+        seen.push(out);
+    }
+    assert_eq!(
+        seen[0], seen[1],
+        "the same interfaces and routes as a sandbox plugged once"
+    );
+    plain.destroy().await.unwrap();
+    replugged.destroy().await.unwrap();
+    server.abort();
+}
+
+/// A fencer removed while an exec runs in it ends the wait at once (the engine may keep
+/// such an exec's output open for a minute): the exec runs again in the fencer made
+/// anew, and when each of three goes too, the error says so. Seconds, not the minute.
+/// (It runs alone: a sandbox of another test plugged by those three fencers would fail.)
+#[tokio::test]
+async fn a_fencer_removed_during_an_exec_ends_the_wait_and_the_exec_runs_again() {
+    let engine = common::require_engine!();
+    let docker = engine.docker().clone();
+    let name = kodx::sandbox::net::fencer_name();
+    let began = std::time::Instant::now();
+    let host = engine.host().to_string();
+    let running = {
+        let docker = docker.clone();
+        // `hold` never ends on its own: only the fencer's removal ends it.
+        tokio::spawn(async move {
+            kodx::sandbox::net::run_in_fencer(&docker, &host, &["hold".to_string()]).await
+        })
+    };
+    let mut removed = Vec::new();
+    while removed.len() < 3 && !running.is_finished() {
+        let holding = docker
+            .top_processes(&name, None::<bollard::query_parameters::TopOptions>)
+            .await
+            .ok()
+            .filter(|top| {
+                top.processes
+                    .iter()
+                    .flatten()
+                    .any(|p| p.last().is_some_and(|cmd| cmd.ends_with("kodx-net hold")))
+            });
+        let id = match holding {
+            Some(_) => docker
+                .inspect_container(&name, None)
+                .await
+                .ok()
+                .and_then(|c| c.id),
+            None => None,
+        };
+        match id {
+            Some(id) if !removed.contains(&id) => {
+                let _ = docker
+                    .remove_container(
+                        &id,
+                        Some(bollard::query_parameters::RemoveContainerOptions {
+                            force: true,
+                            ..Default::default()
+                        }),
+                    )
+                    .await;
+                removed.push(id);
+            }
+            _ => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+        assert!(began.elapsed() < 40 * SEC, "removed {removed:?} so far");
+    }
+    let err = running.await.unwrap().unwrap_err().to_string();
+    assert_eq!(removed.len(), 3, "{err}");
+    assert!(
+        err.contains("`hold` never finished in the engine's fencer in 3 tries"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the fencer was removed during the exec")
+            || err.contains("the fencer stopped during the exec"),
+        "{err}"
+    );
+    assert!(
+        began.elapsed() < 30 * SEC,
+        "the wait ended with the fencer, not after the helper's timeout: {:?}",
+        began.elapsed()
+    );
+}
+
 /// The fencer `info` is made from kodx's own image (the helper, nothing else), runs the
 /// helper, and has no healthcheck.
 async fn assert_fencer_is_kodx(

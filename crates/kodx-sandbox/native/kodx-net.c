@@ -1277,17 +1277,29 @@ static void block_peers(int fd, char **specs, long n, u32 gateway) {
     }
 }
 
-/* unplug PID: the sandbox's interface (and its host end) removed; none is fine. */
-static void unplug(const char *pid) {
+/*
+ * unplug PID SPEC... / unroute PID SPEC...: the routes SPEC (as `routes` takes them; the
+ * other specs are skipped) removed, one already gone is fine; with unplug, then the
+ * sandbox's interface (and its host end, and the routes through it), none is fine. What
+ * takes back an interrupted `plug` (unplug) or `fence` (unroute) with the same SPECs
+ * before it runs again: both refuse to add a route or an interface that is there.
+ */
+static void unplug(const char *pid, char **specs, long n, int iface) {
     enter_netns(pid);
-    int eth0 = if_index("eth0");
-    if (!eth0) return;
     int fd = nl_open();
-    msg_start(RTM_DELLINK, 0);
-    struct ifinfomsg ifi = {AF_UNSPEC, 0, 0, eth0, 0, 0};
-    msg_raw(&ifi, sizeof ifi);
-    int err = msg_send(fd);
-    if (err && err != -ENODEV) die("removing the sandbox's interface", err, 1);
+    for (long i = 0; i < n; i++) {
+        if (specs[i][0] != 'u' && specs[i][0] != 'g') continue;
+        int err = route_op(fd, specs[i], 1);
+        if (err && err != -ESRCH && err != -ENOENT) die("removing a route of the sandbox", err, 1);
+    }
+    int eth0 = iface ? if_index("eth0") : 0;
+    if (eth0) {
+        msg_start(RTM_DELLINK, 0);
+        struct ifinfomsg ifi = {AF_UNSPEC, 0, 0, eth0, 0, 0};
+        msg_raw(&ifi, sizeof ifi);
+        int err = msg_send(fd);
+        if (err && err != -ENODEV) die("removing the sandbox's interface", err, 1);
+    }
     sys6(SYS_close, fd, 0, 0, 0, 0, 0);
 }
 
@@ -1694,7 +1706,8 @@ void cmain(long *sp) {
     static const char usage[] =
         "usage: kodx-net hold | hold-idle SECS | gate | checks | snapshot[-on-line] MARKER ROOT | addrs | "
         "routes SPEC... | "
-        "fence PID SPEC... | plug PID BRIDGE NET/PREFIX GATEWAY FIRST COUNT DNS SPEC... | unplug PID | "
+        "fence PID SPEC... | plug PID BRIDGE NET/PREFIX GATEWAY FIRST COUNT DNS SPEC... | "
+        "unplug PID [SPEC...] | unroute PID SPEC... | "
         "narrow PID|- GATEWAY PORT ROUTE... | probe ADDR PORT";
     if (argc < 2) die(usage, 0, 2);
     if (streq(argv[1], "hold")) {
@@ -1743,9 +1756,9 @@ void cmain(long *sp) {
         rootfd = open_proc(argv[2], "root", O_PATH | O_DIRECTORY);
         plug(argc, argv);
         first = 9;
-    } else if (streq(argv[1], "unplug")) {
-        if (argc != 3) die(usage, 0, 2);
-        unplug(argv[2]);
+    } else if (streq(argv[1], "unplug") || streq(argv[1], "unroute")) {
+        if (argc < 3) die(usage, 0, 2);
+        unplug(argv[2], argv + 3, argc - 3, streq(argv[1], "unplug"));
         first = argc;
     } else if (streq(argv[1], "narrow")) {
         if (argc < 5) die(usage, 0, 2);

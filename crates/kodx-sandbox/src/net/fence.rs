@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bollard::Docker;
 
 use super::fencer;
-use super::helper::{exec_in, parse_addresses, run_helper, Helper};
+use super::helper::{exec_in, parse_addresses, run_helper, FencerExec, Helper};
 use super::network::{SandboxNetwork, NETWORK_NAME};
 use super::policy::{Cidr, Fence};
 use crate::error::{Result, SandboxError};
@@ -86,6 +86,34 @@ pub fn refuse_fencer(engine: &str) {
     );
 }
 
+/// Makes the next exec of the helper's `command` in `engine`'s fencer count as lost once it
+/// ran (as when the fencer goes away before its end is known), so that it is taken back
+/// and run again. For tests of that path.
+#[doc(hidden)]
+pub fn lose_next_fencer_exec(engine: &str, command: &str) {
+    to_lose()
+        .lock()
+        .insert((engine.to_string(), command.to_string()));
+}
+
+/// Runs the helper with `args` in `engine`'s fencer, as kodx runs its commands there (an
+/// exec lost is run again once). For tests of the fencer's execs.
+#[doc(hidden)]
+pub async fn run_in_fencer(docker: &Docker, engine: &str, args: &[String]) -> Result<String> {
+    in_fencer(docker, engine, args, &[]).await
+}
+
+fn to_lose() -> &'static Mutex<std::collections::HashSet<(String, String)>> {
+    static TO_LOSE: OnceLock<Mutex<std::collections::HashSet<(String, String)>>> = OnceLock::new();
+    TO_LOSE.get_or_init(Default::default)
+}
+
+fn lose_on_purpose(engine: &str, command: &str) -> bool {
+    to_lose()
+        .lock()
+        .remove(&(engine.to_string(), command.to_string()))
+}
+
 fn refuse(engine: &str, e: &SandboxError) {
     refused().lock().insert(engine.to_string(), Instant::now());
     tracing::warn!(
@@ -100,7 +128,7 @@ fn refuse(engine: &str, e: &SandboxError) {
 pub async fn unplug(docker: &Docker, engine: &str, id: &str) -> Result<()> {
     let pid = init_pid(docker, id).await?;
     let args = ["unplug".to_string(), pid.to_string()];
-    let out = in_fencer(docker, engine, &args).await?;
+    let out = in_fencer(docker, engine, &args, &[]).await?;
     let addrs = parse_addresses(&out)?;
     if let Some(a) = addrs.v4.iter().find(|a| !a.is_loopback()) {
         return Err(SandboxError::NetworkFence(format!(
@@ -143,7 +171,8 @@ pub async fn narrow(
     ];
     let out = if plugged {
         args[1] = init_pid(docker, id).await?.to_string();
-        in_fencer(docker, engine, &args).await?
+        // Narrowing again is narrowing: nothing to undo.
+        in_fencer(docker, engine, &args, &[]).await?
     } else {
         run_helper(
             docker,
@@ -169,25 +198,73 @@ pub async fn narrow(
         })
 }
 
-/// What the helper with `args` printed in `engine`'s fencer (made when there is none); a
-/// fencer found gone is made again once, one that failed is looked up afresh next.
-async fn in_fencer(docker: &Docker, engine: &str, args: &[String]) -> Result<String> {
-    let mut tries = 0;
-    loop {
-        tries += 1;
+/// How many times one helper command is tried in an engine's fencer.
+const FENCER_TRIES: usize = 3;
+
+/// What the helper with `args` printed in `engine`'s fencer (made when there is none). A
+/// fencer found gone is made again; one that failed is looked up afresh next. An exec
+/// whose end was lost (its fencer went away during it) runs again, in the fencer made
+/// anew, after `undo` (the helper's arguments that take back whatever part of `args` was
+/// done; empty when `args` can simply run again). [`FENCER_TRIES`] tries in all.
+async fn in_fencer(
+    docker: &Docker,
+    engine: &str,
+    args: &[String],
+    undo: &[String],
+) -> Result<String> {
+    // Why the tries so far ended without an answer.
+    let mut lost: Vec<String> = Vec::new();
+    let mut undone = true;
+    for attempt in 0..FENCER_TRIES {
         let fencer = fencer::fencer(docker, engine).await?;
-        match exec_in(docker, &fencer, args).await {
-            // Exited idle or removed since it was last seen: made again.
-            Err(SandboxError::Docker { source, .. }) if tries == 1 && gone(&source) => {
-                fencer::forget(engine);
+        if !undone {
+            match exec_in(docker, &fencer, undo).await {
+                FencerExec::Ran(Ok(_)) => undone = true,
+                FencerExec::Ran(Err(e)) => {
+                    fencer::forget(engine);
+                    return Err(e);
+                }
+                FencerExec::Lost(why) => {
+                    fencer::forget(engine);
+                    lost.push(format!("its undo: {why}"));
+                    continue;
+                }
             }
-            Err(e) => {
+        }
+        match exec_in(docker, &fencer, args).await {
+            FencerExec::Ran(Ok(_)) if attempt == 0 && lose_on_purpose(engine, &args[0]) => {
+                fencer::forget(engine);
+                lost.push("lost on purpose after it ran".to_string());
+                undone = undo.is_empty();
+            }
+            FencerExec::Ran(Ok(out)) => return Ok(out),
+            // Exited idle or removed since it was last seen: made again. Nothing ran.
+            FencerExec::Ran(Err(SandboxError::Docker { source, .. })) if gone(&source) => {
+                fencer::forget(engine);
+                lost.push(format!("the fencer was gone ({source})"));
+            }
+            FencerExec::Ran(Err(e)) => {
                 fencer::forget(engine);
                 return Err(e);
             }
-            Ok(out) => return Ok(out),
+            FencerExec::Lost(why) => {
+                tracing::warn!(
+                    command = %args[0],
+                    "the network helper's exec in the engine's fencer was lost ({why}); \
+                     it runs again"
+                );
+                fencer::forget(engine);
+                lost.push(why);
+                undone = undo.is_empty();
+            }
         }
     }
+    Err(SandboxError::NetworkFence(format!(
+        "the network helper's `{}` never finished in the engine's fencer in {FENCER_TRIES} \
+         tries ({})",
+        args[0],
+        lost.join("; ")
+    )))
 }
 
 /// The engine host's addresses, read by the engine's fencer on the host's network (or a
@@ -208,7 +285,7 @@ pub async fn host_addresses(
     }
     // From the engine's fencer, on the host's network (one exec); else from a helper
     // container there.
-    let out = match in_fencer(docker, engine, &["addrs".to_string()]).await {
+    let out = match in_fencer(docker, engine, &["addrs".to_string()], &[]).await {
         Ok(out) => out,
         Err(e) => {
             tracing::debug!("reading the host's addresses through the fencer failed ({e}); using a helper container");
@@ -337,7 +414,14 @@ impl Fencing {
             false => vec!["fence".to_string(), pid.to_string()],
         };
         args.extend(self.routes.iter().cloned());
-        in_fencer(docker, &self.engine, &args).await
+        // What an interrupted plug or fence left (the routes added, the interface made)
+        // goes before it runs again: both refuse to add what is there already.
+        let mut undo = vec![
+            if self.plug { "unplug" } else { "unroute" }.to_string(),
+            pid.to_string(),
+        ];
+        undo.extend(self.routes.iter().cloned());
+        in_fencer(docker, &self.engine, &args, &undo).await
     }
 
     /// `plug PID BRIDGE NET GATEWAY FIRST COUNT DNS`: the upper half of the subnet (but its

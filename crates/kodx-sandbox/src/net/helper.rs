@@ -110,13 +110,31 @@ pub fn snapshot_command(marker: &str, root: &str, on_line: bool) -> Option<Vec<S
     })
 }
 
+/// How an exec of the helper in the fencer ended.
+#[derive(Debug)]
+pub(super) enum FencerExec {
+    /// It ran to its end: what it printed, or why it failed.
+    Ran(Result<String>),
+    /// Its end was never known: the fencer stopped or went away during it (removed, an
+    /// engine restart), or the engine never closed its output. What the helper did (all,
+    /// part or nothing of it) is unknown; the reason says which.
+    Lost(String),
+}
+
+/// How often a running exec (and its fencer) is looked at, after the first look.
+const EXEC_WATCH_EVERY: Duration = Duration::from_millis(500);
+/// How long the output of an exec the engine says has exited may take to end.
+const EXEC_OUTPUT_GRACE: Duration = Duration::from_secs(2);
+
 /// Runs the helper with `args` in the running container `id` (the fencer) as an engine
-/// exec. Returns what it printed; its exit code is the engine's.
-pub(super) async fn exec_in(docker: &Docker, id: &str, args: &[String]) -> Result<String> {
+/// exec. The exec is watched while it runs: a fencer removed or stopped meanwhile ends the
+/// wait at once ([`FencerExec::Lost`]) instead of leaving it to the engine, which may keep
+/// the output of such an exec open until [`HELPER_TIMEOUT`].
+pub(super) async fn exec_in(docker: &Docker, id: &str, args: &[String]) -> FencerExec {
     let mut cmd = vec![IMAGE_HELPER_PATH.to_string()];
     cmd.extend(args.iter().cloned());
     let run = async {
-        let exec = docker
+        let exec = match docker
             .create_exec(
                 id,
                 CreateExecOptions {
@@ -129,33 +147,133 @@ pub(super) async fn exec_in(docker: &Docker, id: &str, args: &[String]) -> Resul
                 },
             )
             .await
-            .map_err(|e| SandboxError::docker("running the network helper", e))?;
-        let StartExecResults::Attached { mut output, .. } = docker
-            .start_exec(&exec.id, None)
-            .await
-            .map_err(|e| SandboxError::docker("running the network helper", e))?
-        else {
-            return Err(SandboxError::NetworkFence(
-                "the network helper started detached".into(),
+        {
+            Ok(exec) => exec,
+            Err(e) => {
+                return FencerExec::Ran(Err(SandboxError::docker("running the network helper", e)))
+            }
+        };
+        let mut output = match docker.start_exec(&exec.id, None).await {
+            Ok(StartExecResults::Attached { output, .. }) => output,
+            Ok(StartExecResults::Detached) => {
+                return FencerExec::Ran(Err(SandboxError::NetworkFence(
+                    "the network helper started detached".into(),
+                )))
+            }
+            Err(e) => {
+                return lost_or(
+                    docker,
+                    id,
+                    Err(SandboxError::docker("running the network helper", e)),
+                )
+                .await
+            }
+        };
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let ended = {
+            let collected = collect_into(&mut output, &mut stdout, &mut stderr);
+            tokio::pin!(collected);
+            tokio::select! {
+                () = &mut collected => None,
+                seen = watch_exec(docker, id, &exec.id) => match seen {
+                    Watched::FencerGone(why) => Some(why),
+                    Watched::Exited => tokio::time::timeout(EXEC_OUTPUT_GRACE, &mut collected)
+                        .await
+                        .err()
+                        .map(|_| {
+                            format!(
+                                "the engine said the helper exited but kept its output open \
+                                 for {}s more",
+                                EXEC_OUTPUT_GRACE.as_secs()
+                            )
+                        }),
+                },
+            }
+        };
+        if let Some(why) = ended {
+            return FencerExec::Lost(why);
+        }
+        let code = match docker.inspect_exec(&exec.id).await {
+            Ok(inspected) => match (inspected.running, inspected.exit_code) {
+                (Some(false), Some(code)) => code,
+                _ => -1,
+            },
+            Err(e) => {
+                return lost_or(
+                    docker,
+                    id,
+                    Err(SandboxError::docker(
+                        "reading the network helper's exit code",
+                        e,
+                    )),
+                )
+                .await
+            }
+        };
+        // The helper never exits 126 or 127 itself: the engine could not run it (in a
+        // fencer stopping: "cannot exec in a stopped state"), and said nothing on stderr.
+        if matches!(code, 126 | 127) && stderr.is_empty() {
+            return FencerExec::Lost(format!(
+                "the engine could not run the helper in the fencer (exit code {code})"
             ));
-        };
-        let (stdout, stderr) = collect(&mut output).await;
-        let inspected = docker
-            .inspect_exec(&exec.id)
-            .await
-            .map_err(|e| SandboxError::docker("reading the network helper's exit code", e))?;
-        let code = match (inspected.running, inspected.exit_code) {
-            (Some(false), Some(code)) => code,
-            _ => -1,
-        };
-        verdict(code, &stdout, &stderr)
+        }
+        lost_or(docker, id, verdict(code, &stdout, &stderr)).await
     };
     match tokio::time::timeout(HELPER_TIMEOUT, run).await {
         Ok(r) => r,
-        Err(_) => Err(SandboxError::NetworkFence(format!(
+        Err(_) => FencerExec::Ran(Err(SandboxError::NetworkFence(format!(
             "the network helper did not finish within {}s",
             HELPER_TIMEOUT.as_secs()
-        ))),
+        )))),
+    }
+}
+
+/// `result`, unless it is a failure and the fencer `id` no longer runs: then the exec was
+/// lost with it.
+async fn lost_or(docker: &Docker, id: &str, result: Result<String>) -> FencerExec {
+    if result.is_err() {
+        if let Some(why) = fencer_gone(docker, id).await {
+            return FencerExec::Lost(why);
+        }
+    }
+    FencerExec::Ran(result)
+}
+
+/// Why the fencer `id` no longer runs; `None` while it runs (or cannot be looked at).
+async fn fencer_gone(docker: &Docker, id: &str) -> Option<String> {
+    match docker.inspect_container(id, None).await {
+        Ok(c) if c.state.as_ref().and_then(|s| s.running) == Some(true) => None,
+        Ok(_) => Some("the fencer stopped during the exec".to_string()),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => Some("the fencer was removed during the exec".to_string()),
+        Err(_) => None,
+    }
+}
+
+/// What watching an exec found.
+enum Watched {
+    /// The engine says it exited.
+    Exited,
+    /// Its fencer no longer runs: why.
+    FencerGone(String),
+}
+
+/// Looks at the exec `exec_id` and its fencer `id` every [`EXEC_WATCH_EVERY`] (most execs
+/// end before the first look) until one of them says the exec is over.
+async fn watch_exec(docker: &Docker, id: &str, exec_id: &str) -> Watched {
+    loop {
+        tokio::time::sleep(EXEC_WATCH_EVERY).await;
+        if let Some(why) = fencer_gone(docker, id).await {
+            return Watched::FencerGone(why);
+        }
+        match docker.inspect_exec(exec_id).await {
+            Ok(e) if e.running == Some(false) && e.exit_code.is_some() => return Watched::Exited,
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return Watched::FencerGone("the engine forgot the exec".to_string()),
+            _ => {}
+        }
     }
 }
 
@@ -164,8 +282,18 @@ async fn collect(
     output: &mut (impl futures_util::Stream<Item = std::result::Result<LogOutput, bollard::errors::Error>>
               + Unpin),
 ) -> (Vec<u8>, Vec<u8>) {
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    collect_into(output, &mut stdout, &mut stderr).await;
+    (stdout, stderr)
+}
+
+/// Reads a helper's output to its end into `stdout` and `stderr`, each bounded.
+async fn collect_into(
+    output: &mut (impl futures_util::Stream<Item = std::result::Result<LogOutput, bollard::errors::Error>>
+              + Unpin),
+    stdout: &mut Vec<u8>,
+    stderr: &mut Vec<u8>,
+) {
     while let Some(item) = output.next().await {
         match item {
             Ok(LogOutput::StdOut { message }) if stdout.len() < HELPER_OUTPUT_CAP => {
@@ -178,7 +306,6 @@ async fn collect(
             Err(_) => break,
         }
     }
-    (stdout, stderr)
 }
 
 /// What a helper that exited with `code` says: its output, or why it failed.

@@ -41,7 +41,8 @@ mod network;
 mod policy;
 
 pub use fence::{
-    fencer_ready, host_addresses, narrow, plugs, refuse_fencer, unplug, Fencing, FALLBACK_RESOLVERS,
+    fencer_ready, host_addresses, lose_next_fencer_exec, narrow, plugs, refuse_fencer,
+    run_in_fencer, unplug, Fencing, FALLBACK_RESOLVERS,
 };
 pub use fencer::{fencer_name, FENCER_CAPABILITIES, FENCER_PREFIX, IDLE_SECS as FENCER_IDLE_SECS};
 pub use helper::{
