@@ -61,15 +61,7 @@ async fn image_with_healthcheck(docker: &bollard::Docker) -> String {
         )
         .await
         .unwrap();
-    let _ = docker
-        .remove_container(
-            &created.id,
-            Some(bollard::query_parameters::RemoveContainerOptions {
-                force: true,
-                ..Default::default()
-            }),
-        )
-        .await;
+    let _ = common::remove_forced(docker, &created.id).await;
     NAME.to_string()
 }
 
@@ -88,15 +80,7 @@ async fn a_repository_image_never_runs_in_the_fencer_or_outside_what_kodx_runs()
     // The impostor: the repository's image under the fencer's name, running, with the
     // capabilities a fencer has.
     let name = kodx::sandbox::net::fencer_name();
-    let _ = docker
-        .remove_container(
-            &name,
-            Some(bollard::query_parameters::RemoveContainerOptions {
-                force: true,
-                ..Default::default()
-            }),
-        )
-        .await;
+    let _ = common::remove_forced(docker, &name).await;
     let impostor = docker
         .create_container(
             Some(bollard::query_parameters::CreateContainerOptions {

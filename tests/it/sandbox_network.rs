@@ -283,14 +283,7 @@ async fn one_hardened_fencer_fences_every_sandbox_and_is_made_again_when_gone() 
     let again = docker.inspect_container(&name, None).await.unwrap();
     assert_eq!(again.id, first.id);
     // Gone (it exited idle, or someone removed it): made again, and the fence still holds.
-    docker
-        .remove_container(
-            first.id.as_deref().unwrap(),
-            Some(bollard::query_parameters::RemoveContainerOptions {
-                force: true,
-                ..Default::default()
-            }),
-        )
+    common::remove_forced(docker, first.id.as_deref().unwrap())
         .await
         .unwrap();
     let before = std::time::SystemTime::now()
@@ -404,15 +397,7 @@ async fn a_fencer_removed_during_an_exec_ends_the_wait_and_the_exec_runs_again()
         };
         match id {
             Some(id) if !removed.contains(&id) => {
-                let _ = docker
-                    .remove_container(
-                        &id,
-                        Some(bollard::query_parameters::RemoveContainerOptions {
-                            force: true,
-                            ..Default::default()
-                        }),
-                    )
-                    .await;
+                let _ = common::remove_forced(&docker, &id).await;
                 removed.push(id);
             }
             _ => tokio::time::sleep(std::time::Duration::from_millis(50)).await,

@@ -348,24 +348,14 @@ async fn kill_9_of_kodx_as_pid_1_then_restart_removes_the_orphan_and_finishes_th
 #[tokio::test]
 async fn a_requeued_run_removes_an_earlier_container_of_its_own_first() {
     use bollard::models::ContainerCreateBody;
-    use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
+    use bollard::query_parameters::CreateContainerOptions;
     let engine = common::require_engine!();
     let mut s = Served::with_workers().await;
     let run_id = start_a_long_run(&engine, &s).await;
     s.kill().await;
     let label = format!("kodx-{run_id}");
     for id in common::containers_of(&engine, &label).await {
-        engine
-            .docker()
-            .remove_container(
-                &id,
-                Some(RemoveContainerOptions {
-                    force: true,
-                    ..Default::default()
-                }),
-            )
-            .await
-            .unwrap();
+        common::remove_forced(engine.docker(), &id).await.unwrap();
     }
     let old = engine
         .docker()

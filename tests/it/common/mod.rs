@@ -205,6 +205,23 @@ pub async fn start(engine: &Engine, spec: &SandboxSpec) -> DockerSandbox {
 
 pub const SEC: Duration = Duration::from_secs(1);
 
+/// Removes the container `id` (or name) as `docker rm -f` does: what the engine said.
+#[allow(dead_code)]
+pub async fn remove_forced(
+    docker: &bollard::Docker,
+    id: &str,
+) -> Result<(), bollard::errors::Error> {
+    docker
+        .remove_container(
+            id,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+}
+
 /// A change set as `path kind` lines in its order (`added`, `deleted`, `modified
 /// content=B mode=B`).
 #[allow(dead_code)]
