@@ -234,7 +234,12 @@ async fn a_killed_servers_warm_sandbox_is_swept_by_the_next_start() {
     let mut s = warm_server(600).await;
     let first = one_warm(&s, &[]).await;
     s.kill().await;
-    assert!(exists(&engine, &first).await, "a kill -9 leaves it");
+    // A kill -9 leaves it. Any kodx process on this engine may sweep a dead owner's
+    // containers, so another test's start may remove it before this one's: what is checked
+    // is that it does not outlive the next start.
+    if !exists(&engine, &first).await {
+        eprintln!("another kodx process on this engine swept {first} before the restart");
+    }
     s.restart().await;
     let second = one_warm(&s, &[&first]).await;
     assert_ne!(second, first);
