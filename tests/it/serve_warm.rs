@@ -188,15 +188,21 @@ async fn a_warm_sandbox_goes_to_one_run_fenced_and_empty_and_is_made_again() {
     settings.bind(|| insta::assert_snapshot!(printed, @r#""[second]\nls: cannot access '/tmp/run-one-was-here': No such file or directory\n[exit status: 0]""#));
     assert_eq!(result["warm_start"], true, "{result}");
 
-    let (_, metrics) = s.get("/metrics").await;
+    // The answer is posted before the run's container goes: the gauge falls right after.
+    let deadline = std::time::Instant::now() + LONG;
+    let metrics = loop {
+        let (_, metrics) = s.get("/metrics").await;
+        let idle = metrics
+            .lines()
+            .any(|l| l == "kodx_engine_warm_sandboxes_in_use{engine=\"local\"} 0");
+        if idle || std::time::Instant::now() > deadline {
+            assert!(idle, "{metrics}");
+            break metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(
         metrics.contains("kodx_engine_warm_sandboxes{engine=\"local\"}"),
-        "{metrics}"
-    );
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l == "kodx_engine_warm_sandboxes_in_use{engine=\"local\"} 0"),
         "{metrics}"
     );
     // Two runs, both took a warm sandbox; each run's first model call was timed from its

@@ -13,6 +13,7 @@
 //! [`pack_tip_to`]: super::pack_tip_to
 
 use std::collections::{BTreeMap, HashSet};
+use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -117,6 +118,7 @@ pub fn plan_tip_delta(
         }
     }
     let odb = repo.odb().map_err(|e| git("opening the objects", e))?;
+    diff.removed.extend(stale_git(have, repo.path()));
     diff.removed.sort();
     unpack_known(&mut diff.writes, &diff.known);
     check_budget(&odb, have, &diff.removed, &diff.writes, limits)?;
@@ -141,8 +143,10 @@ impl TipDelta {
 
     /// Paths (relative to the checkout's root, as the manifest's) to remove, with what is
     /// under them, before the tar goes in: entries of `have` the new tree lacks, and entries
-    /// whose kind changes (file, symlink, directory, submodule). Sorted; none lies under
-    /// another, none under `.git`, and each is a path of `have`.
+    /// whose kind changes (file, symlink, directory, submodule); under `.git`, outside its
+    /// objects, what the clone's `.git` no longer has or has as another kind (a ref
+    /// deleted, a file become a directory). Sorted; none lies under another, and each is a
+    /// path of `have`.
     pub fn removed(&self) -> &[String] {
         &self.removed
     }
@@ -225,6 +229,38 @@ impl TipDelta {
             .map_err(|e| SandboxError::io("finishing the tar", e))?;
         Ok(packer.manifest)
     }
+}
+
+/// The `.git` paths of `have`, outside the object store and `shallow` (what
+/// [`Packer::dot_git`] writes anew), that the clone's `.git` at `dot_git` no longer has,
+/// or has as another kind; none under another.
+fn stale_git(have: &Manifest, dot_git: &Path) -> Vec<String> {
+    let mut stale: Vec<String> = Vec::new();
+    for (path, entry) in have.entries() {
+        let Some(rest) = path.strip_prefix(".git/") else {
+            continue;
+        };
+        let top = rest.split('/').next().unwrap_or(rest);
+        if top == "objects" || top == "shallow" {
+            continue;
+        }
+        let below_stale = stale.iter().any(|s| {
+            path.strip_prefix(s.as_str())
+                .is_some_and(|r| r.starts_with('/'))
+        });
+        if below_stale {
+            continue;
+        }
+        let same_kind = fs::symlink_metadata(dot_git.join(rest)).is_ok_and(|m| match entry {
+            ManifestEntry::Dir { .. } => m.is_dir(),
+            ManifestEntry::File { .. } => m.is_file(),
+            ManifestEntry::Symlink { .. } => m.file_type().is_symlink(),
+        });
+        if !same_kind {
+            stale.push(path.to_string());
+        }
+    }
+    stale
 }
 
 /// The entry at `rel` of `manifest` and those under it.
@@ -750,6 +786,68 @@ mod tests {
         git(&a_repo, &["commit", "-q", "-am", "in the sandbox"]);
         assert_eq!(git(&a_repo, &["log", "-1", "--format=%P"]).trim(), t1);
         assert_eq!(git(&a_repo, &["status", "--porcelain"]), "");
+    }
+
+    /// What the clone's `.git` no longer has (a branch deleted), or has as another kind (a
+    /// ref file become a directory), goes from the container's copy too: its `.git` is then
+    /// a fresh copy's but for the object store, and the manifest says so.
+    #[test]
+    fn delta_removes_what_the_clones_git_no_longer_has() {
+        let tmp = TempDir::new().unwrap();
+        let clone = tmp.path().join("clone");
+        fs::create_dir(&clone).unwrap();
+        git(&clone, &["init", "-q"]);
+        put(&clone, "a.txt", "a\n", 0o644);
+        let t0 = commit(&clone, "T0");
+        git(&clone, &["branch", "gone"]);
+        git(&clone, &["branch", "topic"]);
+        let (t0_tar, t0_manifest) = tip(&clone);
+        assert!(t0_manifest.get(".git/refs/heads/gone").is_some());
+        put(&clone, "a.txt", "a, later\n", 0o644);
+        commit(&clone, "T1");
+        git(&clone, &["branch", "-D", "gone", "topic"]);
+        git(&clone, &["branch", "topic/inner"]);
+
+        let plan = delta(&clone, &t0, &t0_manifest);
+        assert_eq!(
+            plan.removed(),
+            [
+                ".git/logs/refs/heads/gone",
+                ".git/logs/refs/heads/topic",
+                ".git/refs/heads/gone",
+                ".git/refs/heads/topic"
+            ]
+        );
+        let mut tar = Vec::new();
+        let manifest = plan.pack_to("repo", &mut tar).unwrap();
+        let a = tmp.path().join("a");
+        unpack(&t0_tar, &a);
+        let a_repo = a.join("repo");
+        remove(&a_repo, &removed_of(&clone, &t0, &t0_manifest));
+        unpack(&tar, &a);
+        let b = tmp.path().join("b");
+        unpack(&tip(&clone).0, &b);
+        let outside_objects = |root: &Path| {
+            let mut snap = snapshot(root);
+            snap.retain(|p, _| !p.starts_with(".git/objects"));
+            snap
+        };
+        let on_disk = outside_objects(&a_repo);
+        assert_eq!(on_disk, outside_objects(&b.join("repo")));
+        assert!(on_disk.contains_key(".git/refs/heads/topic/inner"));
+        assert!(manifest.get(".git/refs/heads/gone").is_none());
+        assert!(matches!(
+            manifest.get(".git/refs/heads/topic"),
+            Some(ManifestEntry::Dir { .. })
+        ));
+        let listed: Vec<&str> = manifest.entries().map(|(p, _)| p).collect();
+        assert_eq!(
+            listed,
+            snapshot(&a_repo)
+                .keys()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+        );
     }
 
     fn removed_of(clone: &Path, base: &str, have: &Manifest) -> Vec<String> {
