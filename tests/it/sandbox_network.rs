@@ -273,6 +273,11 @@ async fn one_hardened_fencer_fences_every_sandbox_and_is_made_again_when_gone() 
     assert_eq!(hc.network_mode.as_deref(), Some("host"));
     assert_eq!(hc.pid_mode.as_deref(), Some("host"));
     assert_eq!(hc.auto_remove, Some(true));
+    assert!(
+        hc.pids_limit.is_some_and(|n| (16..=64).contains(&n)),
+        "bounded, with room for a few execs starting at once: {:?}",
+        hc.pids_limit
+    );
     assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
     let mut caps = hc.cap_add.clone().unwrap();
     caps.sort();

@@ -209,7 +209,10 @@ async fn make(docker: &Docker, name: &str, image: &str) -> Result<String> {
             cap_add: Some(FENCER_CAPABILITIES.map(String::from).to_vec()),
             security_opt: Some(vec!["no-new-privileges:true".to_string()]),
             memory: Some(32 << 20),
-            pids_limit: Some(16),
+            // Each exec is the helper (one task) and, while it starts, the runtime's init
+            // (several threads): 8 sandboxes starting at once held 11 here. A limit hit
+            // fails the exec ("exit code 126"), which kodx then runs again.
+            pids_limit: Some(64),
             auto_remove: Some(true),
             ..Default::default()
         }),
