@@ -618,9 +618,7 @@ mod tests {
     #[test]
     fn delta_turns_the_old_tip_into_the_new_one() {
         let tmp = TempDir::new().unwrap();
-        let clone = tmp.path().join("clone");
-        fs::create_dir(&clone).unwrap();
-        git(&clone, &["init", "-q"]);
+        let clone = new_clone(&tmp);
         put(&clone, "keep/unchanged.txt", "same\n", 0o644);
         put(&clone, "mod.txt", "v1\n", 0o644);
         put(&clone, "del.txt", "bye\n", 0o644);
@@ -794,9 +792,7 @@ mod tests {
     #[test]
     fn delta_removes_what_the_clones_git_no_longer_has() {
         let tmp = TempDir::new().unwrap();
-        let clone = tmp.path().join("clone");
-        fs::create_dir(&clone).unwrap();
-        git(&clone, &["init", "-q"]);
+        let clone = new_clone(&tmp);
         put(&clone, "a.txt", "a\n", 0o644);
         let t0 = commit(&clone, "T0");
         git(&clone, &["branch", "gone"]);
@@ -848,6 +844,14 @@ mod tests {
                 .map(String::as_str)
                 .collect::<Vec<_>>()
         );
+    }
+
+    /// An empty repository at `clone` in `tmp`.
+    fn new_clone(tmp: &TempDir) -> PathBuf {
+        let clone = tmp.path().join("clone");
+        fs::create_dir(&clone).unwrap();
+        git(&clone, &["init", "-q"]);
+        clone
     }
 
     fn removed_of(clone: &Path, base: &str, have: &Manifest) -> Vec<String> {
