@@ -97,7 +97,7 @@ pub fn lose_next_fencer_exec(engine: &str, command: &str) {
 }
 
 /// Runs the helper with `args` in `engine`'s fencer, as kodx runs its commands there (an
-/// exec lost is run again once). For tests of the fencer's execs.
+/// exec lost runs again, three tries in all). For tests of the fencer's execs.
 #[doc(hidden)]
 pub async fn run_in_fencer(docker: &Docker, engine: &str, args: &[String]) -> Result<String> {
     in_fencer(docker, engine, args, &[]).await
