@@ -297,14 +297,9 @@ async fn credentials_in_the_git_config_never_reach_the_container() {
     )
     .unwrap();
     let git = |args: &[&str]| {
-        let out = common::git_server::git_command(home.path(), repo.path())
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        common::git_server::git_ok(
+            common::git_server::git_command(home.path(), repo.path()),
+            args,
         );
     };
     git(&["init", "-q", "--initial-branch", "main"]);

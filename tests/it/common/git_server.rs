@@ -408,6 +408,17 @@ impl Drop for GitServer {
 }
 
 /// A `git` command in `dir` that ignores the host's system and global configuration.
+/// Runs `cmd` (git) with `args`, failing the test with git's stderr; its stdout.
+pub fn git_ok(mut cmd: Command, args: &[&str]) -> String {
+    let out = cmd.args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 pub fn git_command(home: &Path, dir: &Path) -> Command {
     let mut cmd = Command::new("git");
     cmd.current_dir(dir)

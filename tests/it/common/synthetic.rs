@@ -161,18 +161,9 @@ fn fast_import_stream(files: usize, commits: usize, out: &mut impl Write) -> io:
 
 /// Runs git on the bare repository `bare`, failing with its stderr; its stdout.
 fn git_in(bare: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("--git-dir")
-        .arg(bare)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    let mut cmd = Command::new("git");
+    cmd.arg("--git-dir").arg(bare);
+    super::git_server::git_ok(cmd, args)
 }
 
 /// Fills the bare repository `bare` (made if absent; its `main` replaced) with `commits`
